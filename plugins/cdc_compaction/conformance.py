@@ -1,0 +1,340 @@
+"""Run conformance scenarios (``../shared/conformance/*.json``) through the pipeline.
+
+Two modes, same storage, metastore, SQL and views:
+
+* ``inprocess``: the task functions in order inside this process, with one
+  SparkSession for the DDL and the compaction job -- fast, for many scenarios;
+* ``dag``: every ``compact`` step is a real ``airflow dags test`` run of the table's
+  DAG (SparkSubmitOperator, spark-submit and all).
+
+Either way the base table and the view are read back through the metastore with
+Spark SQL and compared, as sets of rows, with the scenario's expectations.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import re
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdc_compaction import sql
+from cdc_compaction.engine import SessionEngine
+from cdc_compaction.lake import Lake
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+from cdc_compaction.tasks import Runtime, archive, ensure_tables, plan, publish, refresh_view, validate
+
+log = logging.getLogger(__name__)
+
+DATABASE = "conformance"
+
+
+@dataclass
+class Scenario:
+    """One scenario file."""
+
+    path: Path
+    name: str
+    about: str
+    table: dict[str, Any]
+    steps: list[dict[str, Any]]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Scenario:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        return cls(Path(path), doc["name"], doc.get("about", ""), doc["table"], doc["steps"])
+
+    @property
+    def table_name(self) -> str:
+        return "s_" + re.sub(r"[^a-z0-9_]", "_", self.name.lower())[:100]
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    ok: bool
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def registry_doc(scn: Scenario, lake_dir: Path, suffix: str = "") -> dict[str, Any]:
+    """A registry entry for a scenario's table: compact whatever landed, at once."""
+    t = scn.table
+    return {
+        "database": DATABASE,
+        "table": scn.table_name + suffix,
+        "description": scn.about,
+        "columns": t["columns"],
+        "primary_key": t["primary_key"],
+        "order_by": t["order_by"],
+        "op_column": t.get("op_column", "op"),
+        "storage_root": str(lake_dir / (scn.table_name + suffix)),
+        "increments": {"settle_seconds": 0, "wait_for_hour_end": False},
+        "schedule": None,
+        "retries": 1,
+        "retry_delay": "5s",
+        "owner": "conformance",
+        "tags": ["conformance"],
+        "spark": {"conf": {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}},
+    }
+
+
+# ------------------------------------------------------------------ landing files
+def _arrow_type(hive_type: str) -> Any:
+    import pyarrow as pa
+
+    simple = {
+        "tinyint": pa.int8(),
+        "smallint": pa.int16(),
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "float": pa.float32(),
+        "double": pa.float64(),
+        "string": pa.string(),
+        "boolean": pa.bool_(),
+        "date": pa.date32(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "binary": pa.binary(),
+    }
+    if hive_type in simple:
+        return simple[hive_type]
+    m = re.match(r"decimal\((\d+),(\d+)\)", hive_type)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    if hive_type == "decimal":
+        return pa.decimal128(10, 0)
+    return pa.string()  # varchar / char
+
+
+def _arrow_value(value: Any, hive_type: str) -> Any:
+    if value is None:
+        return None
+    if hive_type.startswith("decimal"):
+        return Decimal(str(value))
+    if hive_type == "date" and isinstance(value, str):
+        return date.fromisoformat(value)
+    if hive_type == "timestamp" and isinstance(value, str):
+        ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+    return value
+
+
+def land(cfg: TableConfig, increment: str, files: list[list[dict[str, Any]]]) -> list[str]:
+    """Write each inner list as one Parquet file of the increment, as the CDC sink would."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(c.name, _arrow_type(c.type)) for c in cfg.columns])
+    d = Path(Lake(cfg).layout.incremental) / increment
+    d.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, rows in enumerate(files):
+        cols = {c.name: [_arrow_value(r.get(c.name), c.type) for r in rows] for c in cfg.columns}
+        table = pa.table({n: pa.array(v, type=schema.field(n).type) for n, v in cols.items()}, schema=schema)
+        path = d / f"part-{i:05d}.parquet"
+        tmp = d / f".part-{i:05d}.parquet.tmp"
+        pq.write_table(table, tmp)
+        tmp.rename(path)  # the sink publishes whole files only
+        written.append(str(path))
+    return written
+
+
+# -------------------------------------------------------------------- comparing
+def _norm(value: Any, hive_type: str) -> Any:
+    if value is None:
+        return None
+    if hive_type.startswith("decimal"):
+        return Decimal(str(value)).normalize()
+    if hive_type in {"double", "float"}:
+        return float(value)
+    if hive_type in {"tinyint", "smallint", "int", "bigint"}:
+        return int(value)
+    if hive_type == "date":
+        return value.isoformat() if isinstance(value, date) else str(value)
+    if hive_type == "timestamp":
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc).isoformat()
+    return value
+
+
+def _row_key(row: dict[str, Any], types: dict[str, str]) -> tuple[Any, ...]:
+    return tuple(sorted((k, repr(_norm(row.get(k), t))) for k, t in types.items()))
+
+
+def diff_rows(expected: list[dict[str, Any]], actual: list[dict[str, Any]], types: dict[str, str]) -> list[str]:
+    """Multiset difference of rows, as readable lines (empty when equal)."""
+    e = Counter(_row_key(r, types) for r in expected)
+    a = Counter(_row_key(r, types) for r in actual)
+    lines = []
+    for k in sorted((e - a).elements()):
+        lines.append("  - missing:    " + ", ".join(f"{c}={v}" for c, v in k))
+    for k in sorted((a - e).elements()):
+        lines.append("  + unexpected: " + ", ".join(f"{c}={v}" for c, v in k))
+    return lines
+
+
+# ---------------------------------------------------------------------- runners
+class Reader:
+    """Reads the base table and the views back through the metastore with Spark SQL."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def _refresh(self, cfg: TableConfig) -> None:
+        names = sql.table_names(cfg)
+        for t in ("base_table", "incremental_table"):
+            self.spark.catalog.refreshTable(f"`{cfg.database}`.`{names[t]}`")
+
+    def _rows(self, query: str) -> list[dict[str, Any]]:
+        return [r.asDict() for r in self.spark.sql(query).collect()]
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        self._refresh(cfg)
+        names = sql.table_names(cfg)
+        cols = ", ".join(f"`{c}`" for c in cfg.column_names)
+        rule = sql.rule_sql(cfg)
+        return self._rows(f"SELECT {cols} FROM `{cfg.database}`.`{names['base_table']}` WHERE NOT {rule.is_delete}")
+
+    def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        self._refresh(cfg)
+        return self._rows(f"SELECT * FROM `{cfg.database}`.`{sql.table_names(cfg)['view_name']}`")
+
+    def pending_rejects(self, cfg: TableConfig) -> int:
+        self._refresh(cfg)
+        return int(self.spark.sql(f"SELECT count(*) AS n FROM `{cfg.database}`.`{sql.table_names(cfg)['rejects_view']}`").first()["n"])
+
+
+class InProcessRunner:
+    """Runs the DAG's task functions in order, in this process."""
+
+    mode = "inprocess"
+
+    def __init__(self, spark: Any, endpoint: MetastoreEndpoint) -> None:
+        self.spark = spark
+        self.endpoint = endpoint
+        self.engine = SessionEngine(spark)
+
+    def runtime(self, cfg: TableConfig) -> Runtime:
+        return Runtime(cfg=cfg, lake=Lake(cfg), metastore=self.endpoint, engine=self.engine)
+
+    def setup(self, cfg: TableConfig) -> None:
+        rt = self.runtime(cfg)
+        ensure_tables(rt)
+        refresh_view(rt)
+
+    def compact(self, cfg: TableConfig) -> dict[str, Any] | None:
+        """One whole run; returns the stats of the version it published (None: nothing to do)."""
+        rt = self.runtime(cfg)
+        ensure_tables(rt)
+        plan_path = plan(rt, run_id=f"inprocess__{uuid.uuid4().hex[:12]}")
+        if not plan_path:
+            refresh_view(rt)
+            return None
+        self.engine.compact(json.loads(rt.lake.storage.read_text(plan_path)))
+        validate(rt, plan_path)
+        publish(rt, plan_path)
+        archive(rt, plan_path)
+        refresh_view(rt)
+        return dict(rt.lake.latest_commit().stats)
+
+
+class DagRunner(InProcessRunner):
+    """Runs every compaction as a real DAG run with ``airflow dags test``."""
+
+    mode = "dag"
+
+    def __init__(self, spark: Any, endpoint: MetastoreEndpoint, env: dict[str, str]) -> None:
+        super().__init__(spark, endpoint)
+        self.env = env
+
+    def compact(self, cfg: TableConfig) -> dict[str, Any] | None:
+        rt = self.runtime(cfg)
+        before = rt.lake.latest_commit().seq
+        airflow = str(Path(sys.executable).parent / "airflow")
+        proc = subprocess.run(
+            [airflow, "dags", "test", cfg.dag_id],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+        out = proc.stdout + proc.stderr
+        failed = proc.returncode != 0 or re.search(r"state=failed|DagRunState.FAILED|'failed'", out) is not None
+        if failed:
+            tail = "\n".join(out.splitlines()[-60:])
+            raise RuntimeError(f"DAG run of {cfg.dag_id} failed (exit {proc.returncode}):\n{tail}")
+        after = rt.lake.latest_commit()
+        return dict(after.stats) if after.seq > before else None
+
+
+def run_scenario(scn: Scenario, runner: InProcessRunner, reader: Reader, lake_dir: Path, registry_dir: Path | None = None) -> ScenarioResult:
+    """Run one scenario; every failed check becomes a line of the result."""
+    import time
+
+    start = time.monotonic()
+    doc = registry_doc(scn, lake_dir)
+    if registry_dir is not None:
+        registry_dir.mkdir(parents=True, exist_ok=True)
+        (registry_dir / f"{DATABASE}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    cfg = TableConfig.model_validate(doc)
+    types = {c.name: c.type for c in cfg.columns if c.name != cfg.op_column}
+    result = ScenarioResult(scn.name, True)
+    try:
+        runner.setup(cfg)
+        for i, step in enumerate(scn.steps, 1):
+            (kind, body), = step.items()
+            if kind == "land":
+                land(cfg, body["increment"], body["files"])
+            elif kind == "check_view":
+                refresh_view(runner.runtime(cfg))
+                got = [{k: v for k, v in r.items() if k != cfg.op_column} for r in reader.view(cfg)]
+                diff = diff_rows(body["expect"], got, types)
+                if diff:
+                    result.failures.append(f"step {i} check_view: rows differ\n" + "\n".join(diff))
+                rej = reader.pending_rejects(cfg)
+                if rej != body.get("rejected_pending", 0):
+                    result.failures.append(f"step {i} check_view: rejected_pending {rej}, expected {body.get('rejected_pending', 0)}")
+            elif kind == "compact":
+                stats = runner.compact(cfg)
+                diff = diff_rows(body["expect"], reader.visible_base(cfg), types)
+                if diff:
+                    result.failures.append(f"step {i} compact: base rows differ\n" + "\n".join(diff))
+                rejected = int(stats["rejected_rows"]) if stats else 0
+                if rejected != body.get("rejected", 0):
+                    result.failures.append(f"step {i} compact: rejected {rejected}, expected {body.get('rejected', 0)}")
+            else:
+                result.failures.append(f"step {i}: unknown step kind {kind!r}")
+    except Exception as exc:  # noqa: BLE001 - a crashed scenario is reported as FAIL with its error
+        log.exception("scenario %s crashed", scn.name)
+        result.failures.append(f"crashed: {type(exc).__name__}: {exc}")
+    result.ok = not result.failures
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def expand(patterns: list[str]) -> list[Path]:
+    """Scenario files for glob patterns (or directories), sorted, without duplicates."""
+    out: set[Path] = set()
+    for p in patterns:
+        path = Path(p)
+        if path.is_dir():
+            out.update(path.glob("*.json"))
+        else:
+            out.update(Path(x) for x in glob.glob(p, recursive=True))
+    return sorted(out)

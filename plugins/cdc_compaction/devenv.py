@@ -1,0 +1,73 @@
+"""Environment of the embedded default: a project-local Airflow on SQLite.
+
+One function builds the environment variables that make ``airflow`` use the
+project's ``dags/`` and ``plugins/``, a SQLite database under ``AIRFLOW_HOME``, and
+connections for Spark (``local[*]``) and the local metastore.  The Makefile, the demo,
+the DAG-mode conformance runner and the tests all use it, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cdc_compaction import settings
+
+
+def airflow_env(
+    airflow_home: Path,
+    metastore_uri: str,
+    *,
+    registry_dir: Path | None = None,
+    spark_master: str = "local[*]",
+    warehouse_dir: Path | None = None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment for running ``airflow`` against this project."""
+    env = dict(os.environ if base is None else base)
+    host, _, port = metastore_uri.split("://", 1)[-1].partition(":")
+    venv_bin = str(Path(sys.executable).parent)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(settings.PROJECT_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(settings.PROJECT_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+                {"conn_type": "spark", "host": spark_master, "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"}}
+            ),
+            "AIRFLOW_CONN_METASTORE_DEFAULT": json.dumps(
+                {
+                    "conn_type": "hive_metastore",
+                    "host": host,
+                    "port": int(port or 9083),
+                    "extra": {"warehouse_dir": str(warehouse_dir or settings.PROJECT_ROOT / ".lake" / "warehouse")},
+                }
+            ),
+            "CDC_METASTORE_URI": metastore_uri,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT / "plugins"), env.get("PYTHONPATH")])),
+            "PATH": os.pathsep.join([venv_bin, env.get("PATH", "")]),
+            "PYSPARK_PYTHON": sys.executable,
+        }
+    )
+    if registry_dir is not None:
+        env["CDC_REGISTRY_DIR"] = str(registry_dir)
+    return env
+
+
+def ensure_airflow_db(env: dict[str, str]) -> None:
+    """Create or migrate the SQLite metadata database of ``env['AIRFLOW_HOME']``."""
+    home = Path(env["AIRFLOW_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    marker = home / ".db-migrated"
+    if marker.exists() and (home / "airflow.db").exists():
+        return
+    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+    marker.write_text("ok\n")

@@ -1,0 +1,130 @@
+"""Engines that run Spark work: spark-submit (what the DAG uses) or one in-process session.
+
+Both run the same job code from ``include/spark_jobs`` and the same rendered SQL, so the
+in-process engine (used by ``make conformance MODE=inprocess`` and the tests) exercises
+exactly what a DAG run submits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import tempfile
+from functools import lru_cache
+from types import ModuleType
+from typing import Any, Protocol
+
+from cdc_compaction import settings
+from cdc_compaction.exceptions import CompactionFailed, MetastoreError
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+
+log = logging.getLogger(__name__)
+
+#: Spark settings every submission gets: UTC everywhere, no UI port to collide on.
+BASE_SPARK_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.sources.partitionOverwriteMode": "static",
+    "spark.sql.parquet.compression.codec": "snappy",
+}
+
+
+@lru_cache(maxsize=4)
+def load_job(name: str) -> ModuleType:
+    """Import a job module from ``include/spark_jobs`` by file path (it is not a package)."""
+    path = settings.SPARK_JOBS_DIR / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"cdc_spark_jobs_{name}", path)
+    if spec is None or spec.loader is None:  # pragma: no cover - file missing from the checkout
+        raise CompactionFailed(f"cannot load Spark job {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compaction_conf(cfg: TableConfig) -> dict[str, str]:
+    """Spark conf of the compaction job: defaults, then the registry's overrides."""
+    return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **cfg.spark.conf}
+
+
+def hive_conf(endpoint: MetastoreEndpoint, warehouse_dir: str) -> dict[str, str]:
+    """Spark conf that attaches a session to the shared Hive metastore."""
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.hive.metastore.uris": endpoint.uri,
+        "spark.sql.warehouse.dir": warehouse_dir,
+    }
+
+
+class Engine(Protocol):
+    """What the tasks need from Spark besides the compaction job itself."""
+
+    def run_sql(self, cfg: TableConfig, statements: list[str]) -> None: ...
+
+
+class SessionEngine:
+    """Runs everything in one SparkSession of this process (metastore-backed)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
+        load_job("run_sql").run_statements(self.spark, statements)
+
+    def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
+        return load_job("compact").run(self.spark, plan)
+
+
+class SparkSubmitEngine:
+    """Runs SQL through ``spark-submit include/spark_jobs/run_sql.py`` (one JVM per call)."""
+
+    def __init__(self, endpoint: MetastoreEndpoint, warehouse_dir: str) -> None:
+        self.endpoint = endpoint
+        self.warehouse_dir = warehouse_dir
+
+    def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="cdc-ddl-", delete=False) as fh:
+            json.dump(statements, fh)
+            path = fh.name
+        try:
+            conf = {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hive_conf(self.endpoint, self.warehouse_dir)}
+            hook = SparkSubmitHook(
+                conn_id=cfg.spark.conn_id,
+                conf=conf,
+                name=f"cdc-ddl-{cfg.qualified_name}",
+                application_args=["--statements", path],
+                driver_memory=cfg.spark.driver_memory,
+            )
+            try:
+                hook.submit(application=str(settings.SPARK_JOBS_DIR / "run_sql.py"))
+            except Exception as exc:
+                raise MetastoreError(
+                    f"DDL for {cfg.qualified_name} failed in spark-submit ({exc}); the statements are in "
+                    f"the task log above. Check the metastore at {self.endpoint.uri} and the registry schema"
+                ) from exc
+        finally:
+            os.unlink(path)
+
+
+def local_session(endpoint: MetastoreEndpoint, warehouse_dir: str, app_name: str = "cdc-compaction", master: str = "local[2]") -> Any:
+    """A Hive-enabled SparkSession in this process, attached to the shared metastore."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    conf = {
+        **BASE_SPARK_CONF,
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.memory": "1g",
+        **hive_conf(endpoint, warehouse_dir),
+    }
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.enableHiveSupport().getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

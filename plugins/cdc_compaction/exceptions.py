@@ -1,0 +1,63 @@
+"""Project-specific exceptions.
+
+Every error raised on purpose by this package derives from :class:`CdcCompactionError`
+and carries a message that says what failed, for which table / file / row, and what
+to do about it.
+"""
+
+from __future__ import annotations
+
+
+class CdcCompactionError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class RegistryError(CdcCompactionError):
+    """A registry file is missing, unreadable or invalid."""
+
+    def __init__(self, file: str, table: str | None, problems: list[str]) -> None:
+        self.file = file
+        self.table = table
+        self.problems = problems
+        where = f"{file} (table {table})" if table else file
+        super().__init__(f"invalid registry entry {where}: " + "; ".join(problems))
+
+
+class IdentifierError(CdcCompactionError, ValueError):
+    """A database, table or column name is not a safe SQL identifier."""
+
+
+class StorageError(CdcCompactionError):
+    """A lake storage operation failed."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional write lost: the object exists already or changed meanwhile."""
+
+
+class MetastoreError(CdcCompactionError):
+    """A Hive metastore call failed or returned something unexpected."""
+
+
+class PlanError(CdcCompactionError):
+    """The set of pending increments could not be planned safely."""
+
+
+class CompactionFailed(CdcCompactionError):
+    """The Spark compaction job failed or left no usable output."""
+
+
+class ValidationFailed(CdcCompactionError):
+    """The new base version did not pass the checks that gate publishing."""
+
+
+class ConcurrentCommitError(CdcCompactionError):
+    """Another run committed a version for the same table first."""
+
+
+class ArchiveError(CdcCompactionError):
+    """Processed increments could not be archived safely."""
+
+
+class SchemaChangeError(CdcCompactionError):
+    """The registry schema changed in a way that cannot be applied automatically."""

@@ -1,0 +1,411 @@
+"""The table registry: one YAML file per table, validated with pydantic v2.
+
+A registry directory holds files named ``<database>.<table>.yaml``.  Loading never
+raises for a single bad file: every file becomes a :class:`RegistryEntry` that holds
+either a validated :class:`TableConfig` or the :class:`RegistryError` that explains,
+field by field, what is wrong with it.  That is what lets a bad file break only its
+own table's DAG.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cdc_compaction.exceptions import IdentifierError, RegistryError
+from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
+
+REGISTRY_SUFFIXES = (".yaml", ".yml")
+
+# Storage roots end up inside SQL string literals (LOCATION '...') and in file system
+# calls: a conservative character set plus a ban on '..' segments keeps both safe.
+_PATH_CHARS = re.compile(r"^[A-Za-z0-9_./:\-+=@]+$")
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_OP_CODE = re.compile(r"^[A-Za-z0-9_+\-]{1,16}$")
+_TAG = re.compile(r"^[\w.\-:/ ]{1,100}$")
+_EMAIL = re.compile(r"^[^@\s'\";`]+@[^@\s'\";`]+\.[^@\s'\";`]+$")
+
+
+def _parse_duration(value: Any) -> Any:
+    """Accept ``"7d"``, ``"36h"``, ``"90m"``, an int of seconds, or a timedelta."""
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return timedelta(**{_DURATION_UNITS[m.group(2)]: int(m.group(1))})
+    if isinstance(value, bool):
+        raise ValueError("a duration such as '7d', '36h', '90m' or a number of seconds")
+    if isinstance(value, int):
+        return timedelta(seconds=value)
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Column(_Strict):
+    """A column of the source table, with its Hive type."""
+
+    name: str
+    type: str
+    comment: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        check_identifier(v, "column name")
+        if v.lower().startswith(RESERVED_PREFIX):
+            raise ValueError(f"column names starting with {RESERVED_PREFIX!r} are reserved for the package")
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        return normalize_hive_type(v)
+
+    @field_validator("comment")
+    @classmethod
+    def _comment(cls, v: str) -> str:
+        if len(v) > 1000 or any(c in v for c in "\n\r\x00"):
+            raise ValueError("comments are single-line text of at most 1000 characters")
+        return v
+
+
+class OpCodes(_Strict):
+    """The op column's codes; Debezium's ``c r u d`` by default."""
+
+    create: str = "c"
+    read: str = "r"
+    update: str = "u"
+    delete: str = "d"
+
+    @model_validator(mode="after")
+    def _codes(self) -> OpCodes:
+        codes = [self.create, self.read, self.update, self.delete]
+        for c in codes:
+            if not _OP_CODE.match(c):
+                raise ValueError(f"op code {c!r} must be 1-16 letters, digits, '_', '+' or '-'")
+        if len(set(codes)) != 4:
+            raise ValueError("the four op codes must be distinct")
+        return self
+
+    @property
+    def upserts(self) -> list[str]:
+        return [self.create, self.read, self.update]
+
+
+class Increments(_Strict):
+    """Where change files land and when an increment counts as complete."""
+
+    directory: str = "incremental"
+    prefix: str = "increment_"
+    time_format: str = "%Y%m%d%H"
+    completion: Literal["settle", "marker"] = "settle"
+    settle_seconds: int = Field(default=120, ge=0)
+    marker_file: str = "_SUCCESS"
+    wait_for_hour_end: bool = True
+
+    @field_validator("directory", "prefix", "marker_file")
+    @classmethod
+    def _simple(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_\-.]+$", v) or v in {".", ".."}:
+            raise ValueError(f"{v!r} must be a plain name (letters, digits, '_', '-', '.')")
+        return v
+
+    @field_validator("time_format")
+    @classmethod
+    def _fmt(cls, v: str) -> str:
+        if "%" not in v or "/" in v:
+            raise ValueError("time_format must be a strftime pattern without '/' such as '%Y%m%d%H'")
+        return v
+
+
+class Alerts(_Strict):
+    """Who hears about failures, and through which connection."""
+
+    emails: list[str] = Field(default_factory=list)
+    smtp_conn_id: str = "smtp_default"
+    on_rejected_rows: bool = True
+
+    @field_validator("emails")
+    @classmethod
+    def _emails(cls, v: list[str]) -> list[str]:
+        for e in v:
+            if not _EMAIL.match(e):
+                raise ValueError(f"{e!r} is not an e-mail address")
+        return v
+
+
+class SparkSettings(_Strict):
+    """How the compaction job is submitted."""
+
+    conn_id: str = "spark_default"
+    conf: dict[str, str] = Field(default_factory=dict)
+    driver_memory: str | None = None
+    executor_memory: str | None = None
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _conf(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            out = {}
+            for k, val in v.items():
+                if not isinstance(k, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", k):
+                    raise ValueError(f"spark conf key {k!r} is not a valid property name")
+                out[k] = str(val).lower() if isinstance(val, bool) else str(val)
+            return out
+        return v
+
+
+class TableConfig(_Strict):
+    """One registry entry: everything the DAG for one table needs."""
+
+    mode: Literal["cdc"] = "cdc"
+    database: str
+    table: str
+    description: str = ""
+    columns: list[Column] = Field(min_length=1)
+    primary_key: list[str] = Field(min_length=1)
+    order_by: list[str] = Field(min_length=1)
+    op_column: str = "op"
+    op_codes: OpCodes = Field(default_factory=OpCodes)
+    storage_root: str
+    increments: Increments = Field(default_factory=Increments)
+    schedule: str | None = "@hourly"
+    start_date: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    catchup: bool = False
+    owner: str = "data-platform"
+    retries: int = Field(default=3, ge=0, le=100)
+    retry_delay: Duration = timedelta(minutes=5)
+    max_retry_delay: Duration = timedelta(hours=1)
+    alerts: Alerts = Field(default_factory=Alerts)
+    tags: list[str] = Field(default_factory=list)
+    tombstone_retention: Duration = timedelta(days=7)
+    keep_versions: int = Field(default=3, ge=1, le=1000)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+
+    @field_validator("database", "table")
+    @classmethod
+    def _ident(cls, v: str, info: Any) -> str:
+        check_identifier(v, info.field_name)
+        return v
+
+    @field_validator("primary_key", "order_by")
+    @classmethod
+    def _ident_list(cls, v: list[str], info: Any) -> list[str]:
+        for name in v:
+            check_identifier(name, f"{info.field_name} column")
+        if len({n.lower() for n in v}) != len(v):
+            raise ValueError("lists a column twice")
+        return v
+
+    @field_validator("op_column")
+    @classmethod
+    def _op(cls, v: str, info: Any) -> str:
+        return check_identifier(v, info.field_name)
+
+    @field_validator("owner")
+    @classmethod
+    def _owner(cls, v: str) -> str:
+        if not _TAG.match(v):
+            raise ValueError(f"owner {v!r} must be 1-100 word characters, spaces or . - : /")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _desc(cls, v: str) -> str:
+        if len(v) > 4000:
+            raise ValueError("at most 4000 characters")
+        return v
+
+    @field_validator("storage_root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        if not v or not _PATH_CHARS.match(v):
+            raise ValueError(
+                f"{v!r} may only contain letters, digits and _ . / : - + = @ (no spaces, quotes or ';')"
+            )
+        if ".." in v.split("/"):
+            raise ValueError(f"{v!r} must not contain '..' segments")
+        if "://" in v and not v.startswith(("file://",)):
+            raise ValueError(f"{v!r}: only local paths are supported by this version (s3:// comes later)")
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: list[str]) -> list[str]:
+        for t in v:
+            if not _TAG.match(t):
+                raise ValueError(f"tag {t!r} must be 1-100 word characters, spaces or . - : /")
+        return v
+
+    @field_validator("start_date")
+    @classmethod
+    def _start(cls, v: datetime) -> datetime:
+        return v if v.tzinfo else v.replace(tzinfo=timezone.utc)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> TableConfig:
+        names = [c.name for c in self.columns]
+        lower = [n.lower() for n in names]
+        dupes = sorted({n for n in lower if lower.count(n) > 1})
+        if dupes:
+            raise ValueError(f"columns: duplicate column names {dupes} (Hive names are case-insensitive)")
+        known = set(names)
+        for field in ("primary_key", "order_by"):
+            missing = [c for c in getattr(self, field) if c not in known]
+            if missing:
+                raise ValueError(f"{field}: {missing} not among the columns {names}")
+        if self.op_column not in known:
+            raise ValueError(f"op_column: {self.op_column!r} is not among the columns {names}")
+        if self.op_column in self.primary_key or self.op_column in self.order_by:
+            raise ValueError("op_column must not be part of primary_key or order_by")
+        types = {c.name: c.type for c in self.columns}
+        if types[self.op_column] != "string":
+            raise ValueError(f"op_column: column {self.op_column!r} must have type string")
+        for c in self.order_by:
+            if types[c] in {"binary", "boolean"}:
+                raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
+        if self.max_retry_delay < self.retry_delay:
+            raise ValueError("max_retry_delay must be at least retry_delay")
+        return self
+
+    # -- names derived from the entry ------------------------------------------------
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    @property
+    def dag_id(self) -> str:
+        return dag_id_for(self.database, self.table)
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def value_columns(self) -> list[str]:
+        return [c.name for c in self.columns if c.name not in self.primary_key]
+
+
+def dag_id_for(database: str, table: str) -> str:
+    """The DAG id of a table: ``cdc__<database>__<table>``."""
+    return f"cdc__{database}__{table}"
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """One registry file: its validated config, or the error that makes it unusable."""
+
+    path: Path
+    config: TableConfig | None
+    error: RegistryError | None
+
+    @property
+    def dag_id(self) -> str:
+        if self.config is not None:
+            return self.config.dag_id
+        stem = self.path.name.rsplit(".", 1)[0]
+        safe = re.sub(r"[^A-Za-z0-9_]", "_", stem.replace(".", "__"))
+        return f"cdc__{safe}"
+
+
+def _format_pydantic(err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(entry)"
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        problems.append(f"field '{loc}': {msg}")
+    return problems
+
+
+def parse_entry(path: Path, text: str) -> TableConfig:
+    """Parse and validate one registry file's text; raise :class:`RegistryError`."""
+    file = str(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
+    if not isinstance(data, dict):
+        raise RegistryError(file, None, ["the file must hold one mapping (database, table, columns, ...)"])
+    table = f"{data.get('database', '?')}.{data.get('table', '?')}"
+    try:
+        cfg = TableConfig.model_validate(data)
+    except ValidationError as exc:
+        raise RegistryError(file, table, _format_pydantic(exc)) from exc
+    except IdentifierError as exc:  # pragma: no cover - pydantic wraps these as ValueError
+        raise RegistryError(file, table, [str(exc)]) from exc
+    expected = f"{cfg.database}.{cfg.table}"
+    if path.name.rsplit(".", 1)[0] != expected:
+        raise RegistryError(file, expected, [f"file name must be '{expected}.yaml' to match database and table"])
+    return cfg
+
+
+def registry_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The registry files of a directory, sorted by name (deterministic DAG order)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.suffix in REGISTRY_SUFFIXES and p.is_file())
+
+
+def load_registry(directory: str | os.PathLike[str]) -> list[RegistryEntry]:
+    """Load every registry file of ``directory``; cached per process until a file changes."""
+    files = registry_files(directory)
+    signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+    return list(_load_cached(str(Path(directory).resolve()), signature))
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(directory: str, signature: tuple[tuple[str, int, int], ...]) -> tuple[RegistryEntry, ...]:
+    entries: list[RegistryEntry] = []
+    for file, _mtime, _size in signature:
+        path = Path(file)
+        try:
+            entries.append(RegistryEntry(path, parse_entry(path, path.read_text(encoding="utf-8")), None))
+        except RegistryError as exc:
+            entries.append(RegistryEntry(path, None, exc))
+        except OSError as exc:
+            entries.append(RegistryEntry(path, None, RegistryError(file, None, [f"cannot read: {exc}"])))
+    # Two files claiming the same table would fight over one lake location: refuse both.
+    by_name: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        if e.config is not None:
+            by_name.setdefault(e.config.qualified_name.lower(), []).append(i)
+    for name, idxs in by_name.items():
+        if len(idxs) > 1:
+            others = [entries[i].path.name for i in idxs]
+            for i in idxs:
+                e = entries[i]
+                entries[i] = RegistryEntry(
+                    e.path,
+                    None,
+                    RegistryError(str(e.path), name, [f"field 'table': {name} is defined by several files {others}"]),
+                )
+    return tuple(entries)
+
+
+def load_table(directory: str | os.PathLike[str], qualified_name: str) -> TableConfig:
+    """Return one valid table config by ``database.table``, or raise its registry error."""
+    for e in load_registry(directory):
+        name = e.config.qualified_name if e.config else e.path.name.rsplit(".", 1)[0]
+        if name == qualified_name:
+            if e.error is not None:
+                raise e.error
+            assert e.config is not None
+            return e.config
+    raise RegistryError(str(directory), qualified_name, ["no registry file defines this table"])

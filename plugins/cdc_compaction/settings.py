@@ -1,0 +1,67 @@
+"""Where things are: project directories and the run-time service endpoints.
+
+Paths are computed from this file's location so that the package works from a
+clone without installation.  Every setting can be overridden with an environment
+variable, which is how tests, the demo and real deployments point it elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(os.environ.get("CDC_PROJECT_ROOT", Path(__file__).resolve().parents[2]))
+INCLUDE_DIR = PROJECT_ROOT / "include"
+SQL_DIR = INCLUDE_DIR / "sql"
+SPARK_JOBS_DIR = INCLUDE_DIR / "spark_jobs"
+
+#: Connection ids used at task run time (never at parse time).
+METASTORE_CONN_ID = "metastore_default"
+DEFAULT_METASTORE_URI = "thrift://127.0.0.1:9083"
+
+
+def registry_dir() -> Path:
+    """The registry directory: ``$CDC_REGISTRY_DIR`` or ``include/registry``."""
+    return Path(os.environ.get("CDC_REGISTRY_DIR", INCLUDE_DIR / "registry"))
+
+
+def resolve_storage_root(root: str) -> str:
+    """Absolute local path for a registry ``storage_root`` (relative ones hang off the project root)."""
+    if root.startswith("file://"):
+        root = root[len("file://") :]
+    p = Path(root)
+    if not p.is_absolute():
+        p = Path(os.environ.get("CDC_LAKE_BASE", PROJECT_ROOT)) / p
+    return str(p.resolve())
+
+
+@dataclass(frozen=True)
+class MetastoreEndpoint:
+    """Host and port of the Hive metastore's Thrift service."""
+
+    host: str
+    port: int
+
+    @property
+    def uri(self) -> str:
+        return f"thrift://{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, uri: str) -> MetastoreEndpoint:
+        rest = uri.split("://", 1)[-1].rstrip("/")
+        host, _, port = rest.partition(":")
+        return cls(host or "127.0.0.1", int(port or 9083))
+
+
+def metastore_from_env() -> MetastoreEndpoint:
+    """Metastore endpoint outside Airflow (CLI, in-process runner): ``$CDC_METASTORE_URI``."""
+    return MetastoreEndpoint.parse(os.environ.get("CDC_METASTORE_URI", DEFAULT_METASTORE_URI))
+
+
+def metastore_from_airflow(conn_id: str = METASTORE_CONN_ID) -> MetastoreEndpoint:
+    """Metastore endpoint inside a task: the ``metastore_default`` connection (host, port)."""
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    return MetastoreEndpoint(conn.host or "127.0.0.1", int(conn.port or 9083))

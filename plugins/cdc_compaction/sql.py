@@ -1,0 +1,163 @@
+"""Rendering of the HiveQL / Spark SQL templates in ``include/sql``.
+
+The templates are the single source of truth for the DDL, the views and the
+compaction rule.  :func:`rule_sql` renders the rule's macros into the SQL fragments
+the Spark job applies, so the job and the view share one definition.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from cdc_compaction import settings
+from cdc_compaction.identifiers import quote
+from cdc_compaction.registry import TableConfig
+
+
+def sql_literal(value: object) -> str:
+    """A single-quoted SQL string literal with backslashes and quotes escaped."""
+    s = str(value)
+    if "\x00" in s:
+        raise ValueError("NUL bytes cannot appear in SQL literals")
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(settings.SQL_DIR)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # SQL, not HTML: every value goes through q or lit instead
+        trim_blocks=False,
+        keep_trailing_newline=False,
+    )
+    env.filters["q"] = quote
+    env.filters["lit"] = sql_literal
+    return env
+
+
+def schema_fingerprint(cfg: TableConfig) -> str:
+    """A short hash of everything that shapes the tables and views of ``cfg``."""
+    doc = {
+        "columns": [[c.name, c.type, c.comment] for c in cfg.columns],
+        "primary_key": cfg.primary_key,
+        "order_by": cfg.order_by,
+        "op_column": cfg.op_column,
+        "op_codes": cfg.op_codes.model_dump(),
+        "rule_version": 1,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TableSqlContext:
+    """What the templates see as ``t``."""
+
+    database: str
+    table: str
+    qualified_name: str
+    columns: list[Any]
+    column_names: list[str]
+    primary_key: list[str]
+    order_by: list[str]
+    op_column: str
+    op_codes: Any
+    op_codes_all: list[str]
+    base_table: str
+    incremental_table: str
+    compactor_table: str
+    view_name: str
+    rejects_view: str
+    fingerprint: str
+
+
+def table_names(cfg: TableConfig) -> dict[str, str]:
+    """Names of the Hive objects of one registry table."""
+    t = cfg.table
+    return {
+        "base_table": f"{t}_base",
+        "incremental_table": f"{t}_incremental",
+        "compactor_table": f"{t}_compactor",
+        "view_name": f"{t}_view",
+        "rejects_view": f"{t}_pending_rejects",
+    }
+
+
+def context(cfg: TableConfig) -> TableSqlContext:
+    codes = cfg.op_codes
+    return TableSqlContext(
+        database=cfg.database,
+        table=cfg.table,
+        qualified_name=cfg.qualified_name,
+        columns=list(cfg.columns),
+        column_names=cfg.column_names,
+        primary_key=list(cfg.primary_key),
+        order_by=list(cfg.order_by),
+        op_column=cfg.op_column,
+        op_codes=codes,
+        op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
+        fingerprint=schema_fingerprint(cfg),
+        **table_names(cfg),
+    )
+
+
+def render(template: str, cfg: TableConfig, **extra: Any) -> str:
+    """Render one template of ``include/sql`` for ``cfg``."""
+    return _env().get_template(template).render(t=context(cfg), **extra).strip()
+
+
+@dataclass(frozen=True)
+class RuleSql:
+    """The compaction rule as SQL expressions, for the Spark job."""
+
+    reject_reason: str
+    rank: str
+    is_delete: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"reject_reason": self.reject_reason, "rank": self.rank, "is_delete": self.is_delete}
+
+
+def rule_sql(cfg: TableConfig) -> RuleSql:
+    """Render the rule macros of ``_rule.sql.j2`` into expressions."""
+    module = _env().get_template("_rule.sql.j2").make_module({})
+    t = context(cfg)
+    return RuleSql(
+        reject_reason=str(module.reject_reason(t)).strip(),
+        rank=str(module.rank(t)).strip(),
+        is_delete=str(module.is_delete(t)).strip(),
+    )
+
+
+def spark_schema_ddl(cfg: TableConfig) -> str:
+    """The registry columns as a Spark DDL schema string (for reading change files)."""
+    return ", ".join(f"{quote(c.name)} {c.type}" for c in cfg.columns)
+
+
+def create_statements(cfg: TableConfig, *, base_location: str, incremental_location: str, compactor_location: str) -> list[str]:
+    """DDL that creates the database and the three tables (idempotent)."""
+    return [
+        render("create_database.sql.j2", cfg),
+        render("create_base.sql.j2", cfg, location=base_location),
+        render("create_incremental.sql.j2", cfg, location=incremental_location),
+        render("create_compactor.sql.j2", cfg, location=compactor_location),
+    ]
+
+
+def add_columns_statement(cfg: TableConfig, table: str, columns: list[Any]) -> str:
+    return render("add_columns.sql.j2", cfg, table=table, columns=columns)
+
+
+def set_fingerprint_statement(cfg: TableConfig, table: str, kind: str = "TABLE") -> str:
+    return render("set_fingerprint.sql.j2", cfg, table=table, kind=kind)
+
+
+def view_statements(cfg: TableConfig) -> list[str]:
+    """The deduplicating view and the pending-rejects view."""
+    return [render("view.sql.j2", cfg), render("rejects_view.sql.j2", cfg)]

@@ -1,0 +1,151 @@
+"""Lake storage behind one small interface.
+
+The transactional protocol (plans, commit records, the pointer, archiving) is
+written against :class:`Storage`, so that other back ends (S3) can slot in without
+touching it.  :class:`LocalStorage` covers local and HDFS-style mounted paths.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Protocol
+
+from cdc_compaction.exceptions import PreconditionFailed, StorageError
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One entry of a directory listing."""
+
+    path: str
+    name: str
+    is_dir: bool
+    size: int
+    mtime: float
+
+
+class Storage(Protocol):
+    """What the compaction protocol needs from a file system."""
+
+    def exists(self, path: str) -> bool: ...
+    def list_dir(self, path: str) -> list[FileInfo]: ...
+    def read_text(self, path: str) -> str: ...
+    def write_text(self, path: str, text: str) -> None: ...
+    def create_exclusive(self, path: str, text: str) -> None: ...
+    def copy(self, src: str, dst: str) -> None: ...
+    def size(self, path: str) -> int: ...
+    def delete(self, path: str) -> None: ...
+    def delete_tree(self, path: str) -> None: ...
+    def remove_dir_if_empty(self, path: str) -> bool: ...
+    def join(self, *parts: str) -> str: ...
+
+
+class LocalStorage:
+    """A POSIX file system: atomic renames, ``link()`` for create-if-absent."""
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(*parts)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def list_dir(self, path: str) -> list[FileInfo]:
+        try:
+            with os.scandir(path) as it:
+                out = []
+                for e in it:
+                    st = e.stat()
+                    out.append(FileInfo(e.path, e.name, e.is_dir(), 0 if e.is_dir() else st.st_size, st.st_mtime))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"cannot list {path}: {exc}") from exc
+        return sorted(out, key=lambda f: f.name)
+
+    def read_text(self, path: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc}") from exc
+
+    def _temp_beside(self, path: str, text: str) -> str:
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=f".{uuid.uuid4().hex[:8]}.tmp", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return tmp
+
+    def write_text(self, path: str, text: str) -> None:
+        """Replace ``path`` atomically: readers see the old or the new content, never a mix."""
+        tmp = self._temp_beside(path, text)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            os.unlink(tmp)
+            raise StorageError(f"cannot write {path}: {exc}") from exc
+
+    def create_exclusive(self, path: str, text: str) -> None:
+        """Create ``path`` with ``text`` only if it does not exist (complete content or nothing)."""
+        tmp = self._temp_beside(path, text)
+        try:
+            os.link(tmp, path)
+        except FileExistsError as exc:
+            raise PreconditionFailed(f"{path} exists already") from exc
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                raise PreconditionFailed(f"{path} exists already") from exc
+            raise StorageError(f"cannot create {path}: {exc}") from exc
+        finally:
+            os.unlink(tmp)
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy to a temporary name, then rename: ``dst`` is complete whenever it exists."""
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        tmp = f"{dst}.{uuid.uuid4().hex[:8]}.copying"
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+        except OSError as exc:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise StorageError(f"cannot copy {src} to {dst}: {exc}") from exc
+
+    def size(self, path: str) -> int:
+        try:
+            return os.path.getsize(path)
+        except OSError as exc:
+            raise StorageError(f"cannot stat {path}: {exc}") from exc
+
+    def delete(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError(f"cannot delete {path}: {exc}") from exc
+
+    def delete_tree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=False) if os.path.isdir(path) else None
+
+    def remove_dir_if_empty(self, path: str) -> bool:
+        try:
+            os.rmdir(path)
+            return True
+        except OSError:
+            return False
+
+
+def storage_for(root: str) -> Storage:
+    """The storage implementation for a resolved storage root."""
+    if "://" in root and not root.startswith("file://"):
+        raise StorageError(f"no storage implementation for {root!r} in this version")
+    return LocalStorage()

@@ -1,0 +1,511 @@
+"""The steps of one compaction run, as plain functions.
+
+The DAG wraps each of them in a task; the in-process conformance runner calls them
+in the same order.  Each step is idempotent and safe to retry:
+
+* ``plan`` records the exact input files, so a retry reads the same input;
+* ``compact`` writes a new version directory beside the live one (never over it);
+* ``validate`` checks that version before anything is published;
+* ``publish`` creates the commit record (the one atomic decision), then moves the
+  metastore location and the pointer; a retry rolls forward, never applies twice;
+* ``archive`` copies, verifies, then deletes -- only files of a committed version;
+* ``refresh_view`` registers pending increments and keeps the views current.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import posixpath
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from cdc_compaction import sql
+from cdc_compaction.engine import Engine
+from cdc_compaction.exceptions import (
+    ArchiveError,
+    CompactionFailed,
+    ConcurrentCommitError,
+    PlanError,
+    SchemaChangeError,
+    ValidationFailed,
+)
+from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile
+from cdc_compaction.metastore import Metastore, connect
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+
+log = logging.getLogger(__name__)
+
+META_COLUMNS = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
+STATS_FILE = "_cdc_stats.json"
+_VERSION = re.compile(r"^v(\d{8})-([0-9a-z]+)$")
+
+
+@dataclass
+class Runtime:
+    """Everything a step needs: the table, its lake, the metastore and a Spark engine."""
+
+    cfg: TableConfig
+    lake: Lake
+    metastore: MetastoreEndpoint
+    engine: Engine
+
+    @property
+    def names(self) -> dict[str, str]:
+        return sql.table_names(self.cfg)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# --------------------------------------------------------------------------- helpers
+def is_data_file(name: str) -> bool:
+    """Spark's and Hive's rule: names starting with '_' or '.' are not data; nor are checksums."""
+    return not name.startswith(("_", ".")) and not name.endswith(".crc")
+
+
+def increment_hour(cfg: TableConfig, name: str) -> datetime | None:
+    """The hour an increment directory stands for, or None if the name does not match."""
+    inc = cfg.increments
+    if not name.startswith(inc.prefix):
+        return None
+    try:
+        return datetime.strptime(name[len(inc.prefix) :], inc.time_format).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def increment_dirs(rt: Runtime) -> dict[str, str]:
+    """Increment name -> directory, for every increment directory of the landing area."""
+    out = {}
+    for entry in rt.lake.storage.list_dir(rt.lake.layout.incremental):
+        if not entry.is_dir:
+            continue
+        if increment_hour(rt.cfg, entry.name) is None:
+            log.warning(
+                "%s: %s does not match the increment layout %s%s; it is ignored until renamed or removed",
+                rt.cfg.qualified_name,
+                entry.path,
+                rt.cfg.increments.prefix,
+                rt.cfg.increments.time_format,
+            )
+            continue
+        out[entry.name] = entry.path
+    return out
+
+
+def _read_json(rt: Runtime, path: str) -> dict[str, Any]:
+    return json.loads(rt.lake.storage.read_text(path))
+
+
+def load_plan(rt: Runtime, plan_path: str) -> dict[str, Any]:
+    if not plan_path or not rt.lake.storage.exists(plan_path):
+        raise PlanError(f"{rt.cfg.qualified_name}: plan file {plan_path!r} does not exist; clear the run's plan task")
+    return _read_json(rt, plan_path)
+
+
+def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """Roll the metastore and the pointer forward to ``commit`` (idempotent)."""
+    db, base = rt.cfg.database, rt.names["base_table"]
+    target = rt.lake.layout.version_dir(commit.version)
+    if ms.get_table(db, base) is not None:
+        ms.set_location(db, base, target)
+    pointer = rt.lake.read_pointer()
+    if pointer is None or int(pointer["seq"]) != commit.seq:
+        if commit.seq > 0 or pointer is not None:
+            rt.lake.write_pointer(commit)
+
+
+# ---------------------------------------------------------------------- ensure tables
+def _check_columns(rt: Runtime, table: str, existing: list[str], extra: list[str]) -> list[Any]:
+    """Registry columns missing from ``table``; refuse drops and renames."""
+    registry = {c.name.lower(): c for c in rt.cfg.columns}
+    have = [c.lower() for c in existing if c.lower() not in extra]
+    gone = [c for c in have if c not in registry]
+    if gone:
+        raise SchemaChangeError(
+            f"{rt.cfg.qualified_name}: table {table} has columns {gone} that the registry no longer lists. "
+            "Dropping or renaming columns is not automatic: add them back to the registry, or migrate the "
+            "table by hand (see README, 'Changing a schema')"
+        )
+    return [c for name, c in registry.items() if name not in have]
+
+
+def ensure_tables(rt: Runtime) -> dict[str, Any]:
+    """Create the database and the base / incremental / compactor tables; add new columns."""
+    cfg, lay, st = rt.cfg, rt.lake.layout, rt.lake.storage
+    db, names = cfg.database, rt.names
+    fingerprint = sql.schema_fingerprint(cfg)
+    for d in (lay.version_dir(EMPTY_VERSION), lay.incremental, lay.staging):
+        if not st.exists(d):
+            import os
+
+            os.makedirs(d, exist_ok=True)
+    statements: list[str] = []
+    with connect(rt.metastore) as ms:
+        latest = rt.lake.latest_commit()
+        live = lay.version_dir(latest.version)
+        tables = {
+            names["base_table"]: ms.get_table(db, names["base_table"]),
+            names["incremental_table"]: ms.get_table(db, names["incremental_table"]),
+            names["compactor_table"]: ms.get_table(db, names["compactor_table"]),
+        }
+        if any(t is None for t in tables.values()):
+            statements += sql.create_statements(
+                cfg, base_location=live, incremental_location=lay.incremental, compactor_location=lay.staging
+            )
+        for name, t in tables.items():
+            if t is None or (t.parameters or {}).get("cdc.fingerprint") == fingerprint:
+                continue
+            extra = META_COLUMNS if name != names["incremental_table"] else ["_cdc_increment"]
+            missing = _check_columns(rt, name, [c.name for c in t.sd.cols], extra)
+            if missing:
+                statements.append(sql.add_columns_statement(cfg, name, missing))
+            statements.append(sql.set_fingerprint_statement(cfg, name))
+        if statements:
+            log.info("%s: running %d DDL statements", cfg.qualified_name, len(statements))
+            rt.engine.run_sql(cfg, statements)
+        _sync_base_location(rt, ms, latest)
+    return {"ddl_statements": len(statements), "live_version": latest.version}
+
+
+# ------------------------------------------------------------------------------ plan
+def _plan_id(cfg: TableConfig, run_id: str, seq: int) -> str:
+    return hashlib.sha1(f"{cfg.qualified_name}|{run_id}|{seq}".encode()).hexdigest()[:12]
+
+
+def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[PlannedFile], dict[str, str]]:
+    """Complete increments' data files not yet compacted, and every increment dir seen."""
+    cfg, st = rt.cfg, rt.lake.storage
+    inc = cfg.increments
+    files: list[PlannedFile] = []
+    dirs = increment_dirs(rt)
+    for name, path in sorted(dirs.items()):
+        entries = st.list_dir(path)
+        data = [e for e in entries if not e.is_dir and is_data_file(e.name)]
+        hour = increment_hour(cfg, name)
+        if inc.wait_for_hour_end and hour is not None and hour + timedelta(hours=1) > now:
+            log.info("%s: %s is the current hour; it waits until the hour ends", cfg.qualified_name, name)
+            continue
+        if inc.completion == "marker" and not any(e.name == inc.marker_file for e in entries):
+            log.info("%s: %s has no %s marker yet; not complete", cfg.qualified_name, name, inc.marker_file)
+            continue
+        if data and inc.settle_seconds and max(e.mtime for e in data) > now.timestamp() - inc.settle_seconds:
+            log.info("%s: %s changed within %ss; waiting for it to settle", cfg.qualified_name, name, inc.settle_seconds)
+            continue
+        for e in data:
+            pf = PlannedFile(increment=name, name=e.name, path=e.path, size=e.size)
+            if pf.rel not in exclude:
+                files.append(pf)
+    return files, dirs
+
+
+def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
+    """Record the exact input of this run; return the plan file path, or '' if nothing is pending."""
+    now = now or utcnow()
+    cfg, lake = rt.cfg, rt.lake
+    with connect(rt.metastore) as ms:
+        latest = lake.latest_commit()
+        # Roll forward whatever a crashed earlier run left half-done.
+        _sync_base_location(rt, ms, latest)
+        if not lake.is_archived(latest.seq):
+            log.info("%s: finishing the archive of commit %d first", cfg.qualified_name, latest.seq)
+            archive_commit(rt, ms, latest)
+        seq = latest.seq + 1
+        plan_id = _plan_id(cfg, run_id, seq)
+        path = lake.layout.plan_path(plan_id)
+        if lake.storage.exists(path):
+            log.info("%s: reusing plan %s of this run (retry)", cfg.qualified_name, plan_id)
+            return path
+        committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
+        files, dirs = pending_files(rt, now, committed)
+        ms.add_partitions(cfg.database, rt.names["incremental_table"], dirs)
+    if not files:
+        log.info("%s: nothing to compact", cfg.qualified_name)
+        return ""
+    version = f"v{seq:08d}-{plan_id}"
+    rule = sql.rule_sql(cfg)
+    doc = {
+        "plan_id": plan_id,
+        "run_id": run_id,
+        "table": cfg.qualified_name,
+        "seq": seq,
+        "parent_seq": latest.seq,
+        "parent_version": latest.version,
+        "version": version,
+        "base_location": lake.layout.version_dir(latest.version),
+        "output_location": lake.layout.version_dir(version),
+        "quarantine_location": lake.layout.quarantine_dir(version),
+        "files": [{"increment": f.increment, "name": f.name, "path": f.path, "size": f.size} for f in files],
+        "increments": sorted({f.increment for f in files}),
+        "ingested_at": now.isoformat(),
+        "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
+        "column_names": cfg.column_names,
+        "primary_key": cfg.primary_key,
+        "schema_ddl": sql.spark_schema_ddl(cfg),
+        "rule": rule.to_dict(),
+        "planned_at": now.isoformat(),
+    }
+    lake.storage.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
+    log.info(
+        "%s: planned %s: %d files from %d increments on top of %s",
+        cfg.qualified_name,
+        plan_id,
+        len(files),
+        len(doc["increments"]),
+        latest.version,
+    )
+    return path
+
+
+# -------------------------------------------------------------------------- validate
+_ARROW_TYPES = {
+    "tinyint": "int8",
+    "smallint": "int16",
+    "int": "int32",
+    "bigint": "int64",
+    "float": "float",
+    "double": "double",
+    "string": "string",
+    "boolean": "bool",
+    "date": "date32[day]",
+    "binary": "binary",
+}
+
+
+def _arrow_type_ok(hive_type: str, arrow_type: str) -> bool:
+    if hive_type in _ARROW_TYPES:
+        return _ARROW_TYPES[hive_type] == arrow_type
+    if hive_type == "timestamp":
+        return arrow_type.startswith("timestamp")
+    if hive_type.startswith("decimal"):
+        return arrow_type.startswith("decimal")
+    if hive_type.startswith(("varchar", "char")):
+        return arrow_type == "string"
+    return False
+
+
+def _parquet_rows(path: str) -> tuple[int, Any]:
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path)
+    return meta.num_rows, meta.schema.to_arrow_schema()
+
+
+def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
+    """Check the new version before it may be published; raise :class:`ValidationFailed`."""
+    cfg, lake = rt.cfg, rt.lake
+    p = load_plan(rt, plan_path)
+    out = p["output_location"]
+    stats_path = posixpath.join(out, STATS_FILE)
+    if not lake.storage.exists(stats_path):
+        raise CompactionFailed(
+            f"{cfg.qualified_name}: the compaction job left no {STATS_FILE} in {out}; "
+            "it did not finish. Clear the compact task to run it again"
+        )
+    stats = _read_json(rt, stats_path)
+    problems: list[str] = []
+    if stats.get("plan_id") != p["plan_id"]:
+        problems.append(f"stats belong to plan {stats.get('plan_id')}, not {p['plan_id']}")
+    if stats["duplicate_keys"]:
+        problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output")
+    expected = (
+        stats["base_rows"] + stats["increment_rows"] - stats["rejected_rows"] - stats["superseded_rows"] - stats["expired_tombstones"]
+    )
+    if expected != stats["output_rows"]:
+        problems.append(
+            f"row counts do not reconcile: base {stats['base_rows']} + increments {stats['increment_rows']} "
+            f"- rejected {stats['rejected_rows']} - superseded {stats['superseded_rows']} "
+            f"- expired tombstones {stats['expired_tombstones']} = {expected}, but the output has {stats['output_rows']}"
+        )
+    # The job must have read the whole previous base and every planned file.
+    parent = lake.read_commit(p["parent_seq"])
+    parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
+    if stats["base_rows"] != parent_rows:
+        problems.append(f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}")
+    planned_rows = 0
+    for f in p["files"]:
+        try:
+            planned_rows += _parquet_rows(f["path"])[0]
+        except Exception as exc:  # noqa: BLE001 - any unreadable footer is a validation failure
+            problems.append(f"cannot read planned input {f['path']}: {exc}")
+    if planned_rows != stats["increment_rows"]:
+        problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files hold {planned_rows}")
+    # What is on storage must be what the job reported, with the expected schema.
+    on_disk = {e.name: e.size for e in lake.storage.list_dir(out) if not e.is_dir and is_data_file(e.name)}
+    reported = {f["name"]: f["size"] for f in stats["output_files"]}
+    if on_disk != reported:
+        problems.append(f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}")
+    footer_rows = 0
+    want = [(c.name, c.type) for c in cfg.columns] + [
+        ("_cdc_increment", "string"),
+        ("_cdc_file", "string"),
+        ("_cdc_pos", "bigint"),
+        ("_cdc_ingested_at", "timestamp"),
+    ]
+    for name in sorted(on_disk):
+        rows, schema = _parquet_rows(posixpath.join(out, name))
+        footer_rows += rows
+        got = [(f.name, str(f.type)) for f in schema]
+        if [n for n, _ in got] != [n for n, _ in want] or not all(
+            _arrow_type_ok(h, a) for (_, h), (_, a) in zip(want, got, strict=True)
+        ):
+            problems.append(f"{name} has schema {got}, expected {want}")
+            break
+    if footer_rows != stats["output_rows"]:
+        problems.append(f"Parquet footers hold {footer_rows} rows, the job reported {stats['output_rows']}")
+    if problems:
+        raise ValidationFailed(
+            f"{cfg.qualified_name}: version {p['version']} failed validation and was not published: "
+            + "; ".join(problems)
+            + ". Nothing changed for readers; inspect the version directory and the compact task log"
+        )
+    with connect(rt.metastore) as ms:
+        # Let people inspect the staged output through the compactor table.
+        ms.set_location(cfg.database, rt.names["compactor_table"], out)
+    log.info("%s: version %s validated (%d rows)", cfg.qualified_name, p["version"], stats["output_rows"])
+    return {k: v for k, v in stats.items() if k != "output_files"}
+
+
+# --------------------------------------------------------------------------- publish
+def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[str, Any]:
+    """Commit the validated version and make it live; safe to retry at any point."""
+    cfg, lake = rt.cfg, rt.lake
+    p = load_plan(rt, plan_path)
+    stats = _read_json(rt, posixpath.join(p["output_location"], STATS_FILE))
+    commit = Commit(
+        seq=p["seq"],
+        version=p["version"],
+        plan_id=p["plan_id"],
+        run_id=p["run_id"],
+        parent_seq=p["parent_seq"],
+        files=p["files"],
+        increments=p["increments"],
+        stats={k: v for k, v in stats.items() if k != "output_files"},
+        committed_at=(now or utcnow()).isoformat(),
+    )
+    existing = lake.read_commit(commit.seq)
+    if existing is None:
+        latest = lake.latest_commit()
+        if latest.seq != p["parent_seq"]:
+            raise ConcurrentCommitError(
+                f"{cfg.qualified_name}: plan {p['plan_id']} was made on commit {p['parent_seq']} but the table is "
+                f"at commit {latest.seq} now; another run published first. Nothing was changed: re-run the DAG"
+            )
+        if lake.try_commit(commit):
+            log.info("%s: committed %s as commit %d", cfg.qualified_name, commit.version, commit.seq)
+        existing = lake.read_commit(commit.seq)
+    assert existing is not None
+    if existing.plan_id != commit.plan_id:
+        raise ConcurrentCommitError(
+            f"{cfg.qualified_name}: commit {commit.seq} was taken by plan {existing.plan_id} (run {existing.run_id}); "
+            f"this run's version {commit.version} is discarded. Nothing was changed: re-run the DAG"
+        )
+    with connect(rt.metastore) as ms:
+        _sync_base_location(rt, ms, existing)
+    removed = cleanup_versions(rt, existing.seq)
+    return {"seq": existing.seq, "version": existing.version, "removed_versions": removed}
+
+
+def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
+    """Delete base versions beyond ``keep_versions`` and stale uncommitted ones."""
+    lake = rt.lake
+    keep = {c.version for s in range(max(0, live_seq - rt.cfg.keep_versions + 1), live_seq + 1) if (c := lake.read_commit(s))}
+    removed = []
+    for e in lake.storage.list_dir(lake.layout.base):
+        m = _VERSION.match(e.name)
+        if not e.is_dir or e.name in keep or m is None:
+            continue
+        seq = int(m.group(1))
+        # Versions of a later seq may belong to a run in flight: leave them alone.
+        if seq <= live_seq:
+            lake.storage.delete_tree(e.path)
+            removed.append(e.name)
+    for e in lake.storage.list_dir(lake.layout.plans):
+        try:
+            doc = _read_json(rt, e.path)
+        except Exception:  # noqa: BLE001 - a torn plan file from a crash is garbage too
+            lake.storage.delete(e.path)
+            continue
+        if int(doc.get("seq", 0)) <= live_seq - rt.cfg.keep_versions:
+            lake.storage.delete(e.path)
+    if removed:
+        log.info("%s: removed old versions %s", rt.cfg.qualified_name, removed)
+    return removed
+
+
+# --------------------------------------------------------------------------- archive
+def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]:
+    """Move a committed version's input files to the archive: copy, verify, delete."""
+    lake, st, cfg = rt.lake, rt.lake.storage, rt.cfg
+    if commit.seq == 0 or lake.is_archived(commit.seq):
+        return {"archived_files": 0}
+    moved = 0
+    for f in commit.files:
+        src = f["path"]
+        dst = posixpath.join(lake.layout.archive, f"c{commit.seq:08d}", f["increment"], f["name"])
+        if st.exists(src):
+            if not (st.exists(dst) and st.size(dst) == f["size"]):
+                st.copy(src, dst)
+            if st.size(dst) != f["size"]:
+                raise ArchiveError(
+                    f"{cfg.qualified_name}: archived copy {dst} has {st.size(dst)} bytes, expected {f['size']}; "
+                    f"the source {src} was kept. Check the archive storage and re-run"
+                )
+            st.delete(src)
+            moved += 1
+        elif not (st.exists(dst) and st.size(dst) == f["size"]):
+            raise ArchiveError(
+                f"{cfg.qualified_name}: {src} of commit {commit.seq} is neither in the landing area nor archived "
+                f"at {dst}. It was compacted, so the table is complete, but the archive is missing it; restore it "
+                "from the source or remove it from the commit record to continue"
+            )
+    emptied = []
+    for inc in commit.increments:
+        d = posixpath.join(lake.layout.incremental, inc)
+        rest = [e for e in st.list_dir(d) if e.is_dir or is_data_file(e.name)]
+        if not rest:
+            for e in st.list_dir(d):
+                st.delete(e.path)  # markers and checksums of a fully archived increment
+            st.remove_dir_if_empty(d)
+            emptied.append(inc)
+    ms.drop_partitions(cfg.database, rt.names["incremental_table"], emptied)
+    st.write_text(lake.layout.archived_marker(commit.seq), json.dumps({"seq": commit.seq, "files": len(commit.files)}))
+    log.info("%s: archived %d files of commit %d; dropped partitions %s", cfg.qualified_name, moved, commit.seq, emptied)
+    return {"archived_files": moved, "dropped_partitions": emptied}
+
+
+def archive(rt: Runtime, plan_path: str) -> dict[str, Any]:
+    """Archive the increments of this run's commit (or of any commit not yet archived)."""
+    p = load_plan(rt, plan_path)
+    commit = rt.lake.read_commit(p["seq"])
+    if commit is None or commit.plan_id != p["plan_id"]:
+        raise ArchiveError(
+            f"{rt.cfg.qualified_name}: plan {p['plan_id']} was never committed, so its increments stay pending. "
+            "Nothing is lost; the next run compacts them"
+        )
+    with connect(rt.metastore) as ms:
+        return archive_commit(rt, ms, commit)
+
+
+# ---------------------------------------------------------------------- refresh view
+def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
+    """Register pending increments as partitions and (re)create the views if they changed."""
+    cfg, names = rt.cfg, rt.names
+    fingerprint = sql.schema_fingerprint(cfg)
+    with connect(rt.metastore) as ms:
+        dirs = {k: v for k, v in increment_dirs(rt).items() if rt.lake.storage.list_dir(v)}
+        added = ms.add_partitions(cfg.database, names["incremental_table"], dirs)
+        gone = [v for v in ms.partitions(cfg.database, names["incremental_table"]) if v not in dirs]
+        dropped = ms.drop_partitions(cfg.database, names["incremental_table"], gone)
+        stale = [
+            v for v in (names["view_name"], names["rejects_view"]) if ms.table_property(cfg.database, v, "cdc.fingerprint") != fingerprint
+        ]
+    if stale or force:
+        rt.engine.run_sql(cfg, sql.view_statements(cfg))
+    return {"partitions_added": added, "partitions_dropped": dropped, "views_recreated": bool(stale or force)}
