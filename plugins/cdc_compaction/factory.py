@@ -1,0 +1,211 @@
+"""Build one Airflow DAG per registry table.
+
+Nothing here touches the network, the metastore, Spark or Airflow Variables at parse
+time: the heavy modules are imported inside the task callables.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Asset, task
+
+from cdc_compaction import settings
+from cdc_compaction.notifications import CdcAlertNotifier
+from cdc_compaction.registry import RegistryEntry, TableConfig
+
+PLAN_XCOM = "{{ ti.xcom_pull(task_ids='plan') }}"
+
+
+def base_asset(cfg: TableConfig) -> Asset:
+    """The asset downstream DAGs can be scheduled on: the table's compacted base."""
+    from cdc_compaction.sql import table_names
+
+    return Asset(
+        name=f"{cfg.database}.{table_names(cfg)['base_table']}",
+        uri=f"hive://metastore/{cfg.database}/{table_names(cfg)['base_table']}",
+        group="cdc_compaction",
+        extra={"registry_table": cfg.qualified_name},
+    )
+
+
+def doc_md(cfg: TableConfig) -> str:
+    """The DAG's documentation, generated from its registry entry."""
+    from cdc_compaction.lake import Layout
+    from cdc_compaction.sql import table_names
+
+    lay = Layout.for_table(cfg)
+    names = table_names(cfg)
+    rows = "\n".join(
+        f"| `{c.name}` | `{c.type}` | {'key' if c.name in cfg.primary_key else ''}"
+        f"{'order ' + str(cfg.order_by.index(c.name) + 1) if c.name in cfg.order_by else ''}"
+        f"{'op' if c.name == cfg.op_column else ''} | {c.comment} |"
+        for c in cfg.columns
+    )
+    return f"""### CDC compaction of `{cfg.qualified_name}`
+
+{cfg.description}
+
+| column | type | role | comment |
+|---|---|---|---|
+{rows}
+
+* **Primary key:** {", ".join(f"`{k}`" for k in cfg.primary_key)}
+* **Event order:** {", ".join(f"`{k}`" for k in cfg.order_by)}, then increment name, file name, row position
+* **Op column:** `{cfg.op_column}` (create `{cfg.op_codes.create}`, read `{cfg.op_codes.read}`, update `{cfg.op_codes.update}`, delete `{cfg.op_codes.delete}`)
+* **Tables:** `{cfg.database}.{names["base_table"]}`, `{cfg.database}.{names["incremental_table"]}`, `{cfg.database}.{names["compactor_table"]}`; views `{cfg.database}.{names["view_name"]}`, `{cfg.database}.{names["rejects_view"]}`
+* **Landing area:** `{lay.incremental}/{cfg.increments.prefix}<{cfg.increments.time_format}>/`
+* **Base versions:** `{lay.base}` (live one named in `{lay.pointer}`); archive `{lay.archive}`; quarantine `{lay.quarantine}`
+* **Tombstones kept for:** {cfg.tombstone_retention}; **versions kept:** {cfg.keep_versions}
+
+Every task is idempotent: after fixing a failure, clear the failed task.
+"""
+
+
+def _runtime(cfg: TableConfig) -> Any:
+    """Build the task runtime from Airflow connections (called inside tasks only)."""
+    from airflow.sdk import BaseHook
+
+    from cdc_compaction.engine import SparkSubmitEngine
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.settings import MetastoreEndpoint
+    from cdc_compaction.tasks import Runtime
+
+    conn = BaseHook.get_connection(settings.METASTORE_CONN_ID)
+    endpoint = MetastoreEndpoint(conn.host or "127.0.0.1", int(conn.port or 9083))
+    warehouse = (conn.extra_dejson or {}).get("warehouse_dir") or str(settings.PROJECT_ROOT / ".lake" / "warehouse")
+    return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse))
+
+
+def build_dag(cfg: TableConfig) -> DAG:
+    """The compaction DAG of one table."""
+    from cdc_compaction.engine import compaction_conf
+
+    notifier = CdcAlertNotifier(table=cfg.qualified_name, emails=cfg.alerts.emails, smtp_conn_id=cfg.alerts.smtp_conn_id)
+    default_args = {
+        "owner": cfg.owner,
+        "retries": cfg.retries,
+        "retry_delay": cfg.retry_delay,
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": cfg.max_retry_delay,
+        "on_failure_callback": [notifier],
+    }
+    with DAG(
+        dag_id=cfg.dag_id,
+        description=f"CDC compaction of {cfg.qualified_name}",
+        schedule=cfg.schedule,
+        start_date=cfg.start_date,
+        catchup=cfg.catchup,
+        max_active_runs=1,
+        default_args=default_args,
+        tags=sorted({"cdc", f"database:{cfg.database}", f"table:{cfg.table}", f"owner:{cfg.owner}", *cfg.tags}),
+        doc_md=doc_md(cfg),
+        render_template_as_native_obj=False,
+    ) as dag:
+
+        @task(task_id="ensure_tables")
+        def ensure_tables_task() -> dict[str, Any]:
+            """Create the database and the base / incremental / compactor tables; add new columns."""
+            from cdc_compaction.tasks import ensure_tables
+
+            return ensure_tables(_runtime(cfg))
+
+        @task.short_circuit(task_id="plan")
+        def plan_task(**context: Any) -> str:
+            """Record the exact input files; an empty result skips the rest of the run."""
+            from cdc_compaction.tasks import plan
+
+            return plan(_runtime(cfg), run_id=context["run_id"])
+
+        compact = SparkSubmitOperator(
+            task_id="compact",
+            application=str(settings.SPARK_JOBS_DIR / "compact.py"),
+            application_args=["--plan", PLAN_XCOM],
+            conn_id=cfg.spark.conn_id,
+            conf=compaction_conf(cfg),
+            name=f"cdc-compact-{cfg.qualified_name}",
+            driver_memory=cfg.spark.driver_memory,
+            executor_memory=cfg.spark.executor_memory,
+            doc_md="Run `include/spark_jobs/compact.py` on the planned files; writes a new version directory.",
+        )
+
+        @task(task_id="validate")
+        def validate_task(plan_path: str) -> dict[str, Any]:
+            """Check the new version (keys, counts, schema) before anything is published."""
+            from cdc_compaction.notifications import alert_rejected_rows
+            from cdc_compaction.tasks import load_plan, validate
+
+            rt = _runtime(cfg)
+            stats = validate(rt, plan_path)
+            if cfg.alerts.on_rejected_rows:
+                alert_rejected_rows(
+                    cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, stats, load_plan(rt, plan_path)["quarantine_location"]
+                )
+            return stats
+
+        @task(task_id="publish", outlets=[base_asset(cfg)])
+        def publish_task(plan_path: str) -> dict[str, Any]:
+            """Commit the version and swap the base table's location (atomic)."""
+            from cdc_compaction.tasks import publish
+
+            return publish(_runtime(cfg), plan_path)
+
+        @task(task_id="archive")
+        def archive_task(plan_path: str) -> dict[str, Any]:
+            """Move compacted increments to the archive (copy, verify, delete)."""
+            from cdc_compaction.tasks import archive
+
+            return archive(_runtime(cfg), plan_path)
+
+        @task(task_id="refresh_view")
+        def refresh_view_task() -> dict[str, Any]:
+            """Register pending increments and keep the deduplicating views current."""
+            from cdc_compaction.tasks import refresh_view
+
+            return refresh_view(_runtime(cfg))
+
+        ensured = ensure_tables_task()
+        planned = plan_task()
+        ensured >> planned >> compact
+        validated = validate_task(planned)
+        compact >> validated
+        published = publish_task(planned)
+        validated >> published
+        archived = archive_task(planned)
+        published >> archived
+        archived >> refresh_view_task()
+    return dag
+
+
+class RegistryErrorDag(DAG):
+    """Stands in for a table whose registry file is invalid.
+
+    Airflow validates every DAG it finds before adding it to the DagBag; this one fails
+    that validation with the registry error, so the bad file shows up as an import
+    error in the UI while every other table's DAG still loads.
+    """
+
+    def validate(self) -> None:  # type: ignore[override]
+        raise self.doc_md_error  # type: ignore[attr-defined]
+
+
+def broken_dag(entry: RegistryEntry, all_errors: list[RegistryEntry]) -> DAG:
+    """A DAG object that reports the registry errors when Airflow validates it."""
+    from cdc_compaction.exceptions import RegistryError
+
+    dag = RegistryErrorDag(dag_id=entry.dag_id, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    message = "\n".join(str(e.error) for e in all_errors)
+    err = RegistryError(str(entry.path), None, [f"{len(all_errors)} registry file(s) invalid:\n{message}"])
+    object.__setattr__(dag, "doc_md_error", err)
+    return dag
+
+
+def build_dags(entries: list[RegistryEntry]) -> dict[str, DAG]:
+    """DAGs for every registry entry, keyed by DAG id, in registry (file name) order."""
+    bad = [e for e in entries if e.error is not None]
+    dags: dict[str, DAG] = {}
+    for e in entries:
+        dags[e.dag_id] = build_dag(e.config) if e.config is not None else broken_dag(e, bad)
+    return dags

@@ -1,0 +1,83 @@
+"""Per-table alerting: a notifier that logs, and e-mails the table's alert targets.
+
+Attached to every task of a table's DAG as ``on_failure_callback``; the ``validate``
+task also calls :func:`alert_rejected_rows` when a compaction refused rows.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from typing import Any
+
+from airflow.sdk import BaseNotifier
+
+log = logging.getLogger(__name__)
+
+
+def _describe(context: dict[str, Any]) -> dict[str, str]:
+    ti = context.get("ti") or context.get("task_instance")
+    exc = context.get("exception")
+    return {
+        "dag_id": str(getattr(ti, "dag_id", "") or context.get("dag", "")),
+        "task_id": str(getattr(ti, "task_id", "")),
+        "run_id": str(context.get("run_id", getattr(ti, "run_id", ""))),
+        "try_number": str(getattr(ti, "try_number", "")),
+        "log_url": str(getattr(ti, "log_url", "") or ""),
+        "error": f"{type(exc).__name__}: {exc}" if exc is not None else "(no exception in context)",
+    }
+
+
+class CdcAlertNotifier(BaseNotifier):
+    """Tell a table's owners that one of its tasks failed: the table, task, error and log URL."""
+
+    template_fields = ("table", "emails", "smtp_conn_id")
+
+    def __init__(self, *, table: str, emails: list[str], smtp_conn_id: str = "smtp_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.table = table
+        self.emails = list(emails)
+        self.smtp_conn_id = smtp_conn_id
+
+    def message(self, context: dict[str, Any]) -> tuple[str, str]:
+        d = _describe(context)
+        subject = f"[cdc-compaction] {self.table}: task {d['task_id']} failed (try {d['try_number']})"
+        body = (
+            f"<p>Table <b>{html.escape(self.table)}</b>, DAG {html.escape(d['dag_id'])}, run {html.escape(d['run_id'])}</p>"
+            f"<p>Task <b>{html.escape(d['task_id'])}</b> failed: <pre>{html.escape(d['error'])}</pre></p>"
+            f"<p>Log: <a href=\"{html.escape(d['log_url'])}\">{html.escape(d['log_url'])}</a></p>"
+            "<p>Every task is safe to retry: fix the cause, then clear the task in the Airflow UI.</p>"
+        )
+        return subject, body
+
+    def notify(self, context: dict[str, Any]) -> None:
+        subject, body = self.message(context)
+        d = _describe(context)
+        log.error("%s | error: %s | log: %s", subject, d["error"], d["log_url"])
+        if self.emails:
+            send_email(self.smtp_conn_id, self.emails, subject, body)
+
+
+def send_email(smtp_conn_id: str, to: list[str], subject: str, body: str) -> None:
+    """Send one HTML e-mail through an Airflow SMTP connection."""
+    from airflow.providers.smtp.hooks.smtp import SmtpHook
+
+    with SmtpHook(smtp_conn_id=smtp_conn_id) as hook:
+        hook.send_email_smtp(to=to, subject=subject, html_content=body, from_email=hook.from_email or "airflow@localhost")
+
+
+def alert_rejected_rows(table: str, emails: list[str], smtp_conn_id: str, stats: dict[str, Any], quarantine: str) -> None:
+    """Warn that a compaction refused rows (they are kept in quarantine, not lost)."""
+    n = int(stats.get("rejected_rows", 0))
+    if n <= 0:
+        return
+    reasons = stats.get("rejected_by_reason", {})
+    log.warning("%s: %d rows refused and quarantined at %s, by reason %s", table, n, quarantine, reasons)
+    if emails:
+        subject = f"[cdc-compaction] {table}: {n} change events refused"
+        body = (
+            f"<p>{n} change events of <b>{html.escape(table)}</b> were refused and kept in quarantine at "
+            f"<code>{html.escape(quarantine)}</code>.</p><p>By reason: {html.escape(str(reasons))}</p>"
+            "<p>Fix them at the source, or correct the files and re-land them as a new increment.</p>"
+        )
+        send_email(smtp_conn_id, emails, subject, body)
