@@ -16,7 +16,7 @@ import argparse
 import json
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -79,14 +79,14 @@ def new_base(ranked_events: DataFrame, is_delete_sql: str, cutoff: datetime | No
 
 
 def _ts(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value).astimezone(timezone.utc).replace(tzinfo=None) if value else None
+    return datetime.fromisoformat(value).astimezone(UTC).replace(tzinfo=None) if value else None
 
 
 def _write_text(spark: SparkSession, path: str, text: str) -> None:
     """Write a small file through Hadoop's FileSystem, so any Spark-readable URI works."""
-    jvm = spark._jvm  # noqa: SLF001 - the documented way to reach Hadoop's FS API from PySpark
+    jvm = spark._jvm
     p = jvm.org.apache.hadoop.fs.Path(path)
-    fs = p.getFileSystem(spark._jsc.hadoopConfiguration())  # noqa: SLF001
+    fs = p.getFileSystem(spark._jsc.hadoopConfiguration())
     out = fs.create(p, True)
     try:
         out.write(bytearray(text.encode("utf-8")))
@@ -95,9 +95,9 @@ def _write_text(spark: SparkSession, path: str, text: str) -> None:
 
 
 def _list_output(spark: SparkSession, path: str) -> list[dict[str, Any]]:
-    jvm = spark._jvm  # noqa: SLF001
+    jvm = spark._jvm
     p = jvm.org.apache.hadoop.fs.Path(path)
-    fs = p.getFileSystem(spark._jsc.hadoopConfiguration())  # noqa: SLF001
+    fs = p.getFileSystem(spark._jsc.hadoopConfiguration())
     files = []
     for st in fs.listStatus(p):
         name = st.getPath().getName()
@@ -174,7 +174,7 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
         "output_visible_rows": int(check["rows"]) - int(check["tombstones"]),
         "duplicate_keys": int(duplicate_keys),
         "output_files": _list_output(spark, out),
-        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
     }
     _write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
     log.info("compacted %s: %s", plan["table"], {k: v for k, v in stats.items() if k != "output_files"})

@@ -98,7 +98,9 @@ def _conformance(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cdc_compaction", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m cdc_compaction", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     reg = sub.add_parser("registry", help="registry commands")
     reg_sub = reg.add_subparsers(dest="action", required=True)

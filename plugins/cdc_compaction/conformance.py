@@ -22,7 +22,7 @@ import sys
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ def _arrow_value(value: Any, hive_type: str) -> Any:
         return date.fromisoformat(value)
     if hive_type == "timestamp" and isinstance(value, str):
         ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+        return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
     return value
 
 
@@ -167,8 +167,8 @@ def _norm(value: Any, hive_type: str) -> Any:
         if isinstance(value, str):
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc).isoformat()
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC).isoformat()
     return value
 
 
@@ -216,7 +216,11 @@ class Reader:
 
     def pending_rejects(self, cfg: TableConfig) -> int:
         self._refresh(cfg)
-        return int(self.spark.sql(f"SELECT count(*) AS n FROM `{cfg.database}`.`{sql.table_names(cfg)['rejects_view']}`").first()["n"])
+        return int(
+            self.spark.sql(
+                f"SELECT count(*) AS n FROM `{cfg.database}`.`{sql.table_names(cfg)['rejects_view']}`"
+            ).first()["n"]
+        )
 
 
 class InProcessRunner:
@@ -283,7 +287,9 @@ class DagRunner(InProcessRunner):
         return dict(after.stats) if after.seq > before else None
 
 
-def run_scenario(scn: Scenario, runner: InProcessRunner, reader: Reader, lake_dir: Path, registry_dir: Path | None = None) -> ScenarioResult:
+def run_scenario(
+    scn: Scenario, runner: InProcessRunner, reader: Reader, lake_dir: Path, registry_dir: Path | None = None
+) -> ScenarioResult:
     """Run one scenario; every failed check becomes a line of the result."""
     import time
 
@@ -298,7 +304,7 @@ def run_scenario(scn: Scenario, runner: InProcessRunner, reader: Reader, lake_di
     try:
         runner.setup(cfg)
         for i, step in enumerate(scn.steps, 1):
-            (kind, body), = step.items()
+            ((kind, body),) = step.items()
             if kind == "land":
                 land(cfg, body["increment"], body["files"])
             elif kind == "check_view":
@@ -309,7 +315,9 @@ def run_scenario(scn: Scenario, runner: InProcessRunner, reader: Reader, lake_di
                     result.failures.append(f"step {i} check_view: rows differ\n" + "\n".join(diff))
                 rej = reader.pending_rejects(cfg)
                 if rej != body.get("rejected_pending", 0):
-                    result.failures.append(f"step {i} check_view: rejected_pending {rej}, expected {body.get('rejected_pending', 0)}")
+                    result.failures.append(
+                        f"step {i} check_view: rejected_pending {rej}, expected {body.get('rejected_pending', 0)}"
+                    )
             elif kind == "compact":
                 stats = runner.compact(cfg)
                 diff = diff_rows(body["expect"], reader.visible_base(cfg), types)
@@ -320,7 +328,7 @@ def run_scenario(scn: Scenario, runner: InProcessRunner, reader: Reader, lake_di
                     result.failures.append(f"step {i} compact: rejected {rejected}, expected {body.get('rejected', 0)}")
             else:
                 result.failures.append(f"step {i}: unknown step kind {kind!r}")
-    except Exception as exc:  # noqa: BLE001 - a crashed scenario is reported as FAIL with its error
+    except Exception as exc:
         log.exception("scenario %s crashed", scn.name)
         result.failures.append(f"crashed: {type(exc).__name__}: {exc}")
     result.ok = not result.failures

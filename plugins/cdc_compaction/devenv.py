@@ -41,7 +41,11 @@ def airflow_env(
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
-                {"conn_type": "spark", "host": spark_master, "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"}}
+                {
+                    "conn_type": "spark",
+                    "host": spark_master,
+                    "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
+                }
             ),
             "AIRFLOW_CONN_METASTORE_DEFAULT": json.dumps(
                 {
@@ -52,7 +56,9 @@ def airflow_env(
                 }
             ),
             "CDC_METASTORE_URI": metastore_uri,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT / "plugins"), env.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(settings.PROJECT_ROOT / "plugins"), env.get("PYTHONPATH")])
+            ),
             "PATH": os.pathsep.join([venv_bin, env.get("PATH", "")]),
             "PYSPARK_PYTHON": sys.executable,
         }
@@ -69,5 +75,7 @@ def ensure_airflow_db(env: dict[str, str]) -> None:
     marker = home / ".db-migrated"
     if marker.exists() and (home / "airflow.db").exists():
         return
-    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True
+    )
     marker.write_text("ok\n")

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from cdc_compaction import settings
-from cdc_compaction.exceptions import CompactionFailed, MetastoreError
+from cdc_compaction.exceptions import CompactionError, MetastoreError
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -39,7 +39,7 @@ def load_job(name: str) -> ModuleType:
     path = settings.SPARK_JOBS_DIR / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"cdc_spark_jobs_{name}", path)
     if spec is None or spec.loader is None:  # pragma: no cover - file missing from the checkout
-        raise CompactionFailed(f"cannot load Spark job {path}")
+        raise CompactionError(f"cannot load Spark job {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -111,7 +111,9 @@ class SparkSubmitEngine:
             os.unlink(path)
 
 
-def local_session(endpoint: MetastoreEndpoint, warehouse_dir: str, app_name: str = "cdc-compaction", master: str = "local[2]") -> Any:
+def local_session(
+    endpoint: MetastoreEndpoint, warehouse_dir: str, app_name: str = "cdc-compaction", master: str = "local[2]"
+) -> Any:
     """A Hive-enabled SparkSession in this process, attached to the shared metastore."""
     from pyspark.sql import SparkSession
 

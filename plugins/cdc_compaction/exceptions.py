@@ -31,7 +31,7 @@ class StorageError(CdcCompactionError):
     """A lake storage operation failed."""
 
 
-class PreconditionFailed(StorageError):
+class PreconditionFailedError(StorageError):
     """A conditional write lost: the object exists already or changed meanwhile."""
 
 
@@ -43,11 +43,11 @@ class PlanError(CdcCompactionError):
     """The set of pending increments could not be planned safely."""
 
 
-class CompactionFailed(CdcCompactionError):
+class CompactionError(CdcCompactionError):
     """The Spark compaction job failed or left no usable output."""
 
 
-class ValidationFailed(CdcCompactionError):
+class PublishValidationError(CdcCompactionError):
     """The new base version did not pass the checks that gate publishing."""
 
 

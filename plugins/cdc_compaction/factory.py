@@ -6,7 +6,7 @@ time: the heavy modules are imported inside the task callables.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -37,31 +37,41 @@ def doc_md(cfg: TableConfig) -> str:
     from cdc_compaction.sql import table_names
 
     lay = Layout.for_table(cfg)
-    names = table_names(cfg)
-    rows = "\n".join(
-        f"| `{c.name}` | `{c.type}` | {'key' if c.name in cfg.primary_key else ''}"
-        f"{'order ' + str(cfg.order_by.index(c.name) + 1) if c.name in cfg.order_by else ''}"
-        f"{'op' if c.name == cfg.op_column else ''} | {c.comment} |"
-        for c in cfg.columns
-    )
-    return f"""### CDC compaction of `{cfg.qualified_name}`
-
-{cfg.description}
-
-| column | type | role | comment |
-|---|---|---|---|
-{rows}
-
-* **Primary key:** {", ".join(f"`{k}`" for k in cfg.primary_key)}
-* **Event order:** {", ".join(f"`{k}`" for k in cfg.order_by)}, then increment name, file name, row position
-* **Op column:** `{cfg.op_column}` (create `{cfg.op_codes.create}`, read `{cfg.op_codes.read}`, update `{cfg.op_codes.update}`, delete `{cfg.op_codes.delete}`)
-* **Tables:** `{cfg.database}.{names["base_table"]}`, `{cfg.database}.{names["incremental_table"]}`, `{cfg.database}.{names["compactor_table"]}`; views `{cfg.database}.{names["view_name"]}`, `{cfg.database}.{names["rejects_view"]}`
-* **Landing area:** `{lay.incremental}/{cfg.increments.prefix}<{cfg.increments.time_format}>/`
-* **Base versions:** `{lay.base}` (live one named in `{lay.pointer}`); archive `{lay.archive}`; quarantine `{lay.quarantine}`
-* **Tombstones kept for:** {cfg.tombstone_retention}; **versions kept:** {cfg.keep_versions}
-
-Every task is idempotent: after fixing a failure, clear the failed task.
-"""
+    names = {k: f"`{cfg.database}.{v}`" for k, v in table_names(cfg).items()}
+    codes = cfg.op_codes
+    rows = []
+    for c in cfg.columns:
+        role = []
+        if c.name in cfg.primary_key:
+            role.append("key")
+        if c.name in cfg.order_by:
+            role.append(f"order {cfg.order_by.index(c.name) + 1}")
+        if c.name == cfg.op_column:
+            role.append("op")
+        rows.append(f"| `{c.name}` | `{c.type}` | {', '.join(role)} | {c.comment} |")
+    lines = [
+        f"### CDC compaction of `{cfg.qualified_name}`",
+        "",
+        cfg.description,
+        "",
+        "| column | type | role | comment |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        "* **Primary key:** " + ", ".join(f"`{k}`" for k in cfg.primary_key),
+        "* **Event order:** " + ", ".join(f"`{k}`" for k in cfg.order_by) + ", then increment, file, row position",
+        f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
+        f"update `{codes.update}`, delete `{codes.delete}`",
+        f"* **Tables:** {names['base_table']}, {names['incremental_table']}, {names['compactor_table']}",
+        f"* **Views:** {names['view_name']} (current state), {names['rejects_view']} (refused pending events)",
+        f"* **Landing area:** `{lay.incremental}/{cfg.increments.prefix}<{cfg.increments.time_format}>/`",
+        f"* **Base versions:** `{lay.base}`; live version named in `{lay.pointer}`",
+        f"* **Archive:** `{lay.archive}`; **quarantine:** `{lay.quarantine}`",
+        f"* **Tombstones kept for:** {cfg.tombstone_retention}; **versions kept:** {cfg.keep_versions}",
+        "",
+        "Every task is idempotent: after fixing a failure, clear the failed task.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _runtime(cfg: TableConfig) -> Any:
@@ -83,7 +93,9 @@ def build_dag(cfg: TableConfig) -> DAG:
     """The compaction DAG of one table."""
     from cdc_compaction.engine import compaction_conf
 
-    notifier = CdcAlertNotifier(table=cfg.qualified_name, emails=cfg.alerts.emails, smtp_conn_id=cfg.alerts.smtp_conn_id)
+    notifier = CdcAlertNotifier(
+        table=cfg.qualified_name, emails=cfg.alerts.emails, smtp_conn_id=cfg.alerts.smtp_conn_id
+    )
     default_args = {
         "owner": cfg.owner,
         "retries": cfg.retries,
@@ -141,7 +153,11 @@ def build_dag(cfg: TableConfig) -> DAG:
             stats = validate(rt, plan_path)
             if cfg.alerts.on_rejected_rows:
                 alert_rejected_rows(
-                    cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, stats, load_plan(rt, plan_path)["quarantine_location"]
+                    cfg.qualified_name,
+                    cfg.alerts.emails,
+                    cfg.alerts.smtp_conn_id,
+                    stats,
+                    load_plan(rt, plan_path)["quarantine_location"],
                 )
             return stats
 
@@ -195,7 +211,7 @@ def broken_dag(entry: RegistryEntry, all_errors: list[RegistryEntry]) -> DAG:
     """A DAG object that reports the registry errors when Airflow validates it."""
     from cdc_compaction.exceptions import RegistryError
 
-    dag = RegistryErrorDag(dag_id=entry.dag_id, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    dag = RegistryErrorDag(dag_id=entry.dag_id, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC))
     message = "\n".join(str(e.error) for e in all_errors)
     err = RegistryError(str(entry.path), None, [f"{len(all_errors)} registry file(s) invalid:\n{message}"])
     object.__setattr__(dag, "doc_md_error", err)

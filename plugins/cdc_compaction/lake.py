@@ -24,7 +24,7 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cdc_compaction.exceptions import PreconditionFailed, StorageError
+from cdc_compaction.exceptions import PreconditionFailedError, StorageError
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import resolve_storage_root
 from cdc_compaction.storage import Storage, storage_for
@@ -175,7 +175,9 @@ class Lake:
 
     def commit_seqs(self) -> list[int]:
         return sorted(
-            int(f.name[:-5]) for f in self.storage.list_dir(self.layout.commits) if f.name.endswith(".json") and f.name[:-5].isdigit()
+            int(f.name[:-5])
+            for f in self.storage.list_dir(self.layout.commits)
+            if f.name.endswith(".json") and f.name[:-5].isdigit()
         )
 
     def try_commit(self, commit: Commit) -> bool:
@@ -183,7 +185,7 @@ class Lake:
         try:
             self.storage.create_exclusive(self.layout.commit_path(commit.seq), commit.to_json())
             return True
-        except PreconditionFailed:
+        except PreconditionFailedError:
             return False
 
     def write_pointer(self, commit: Commit) -> None:

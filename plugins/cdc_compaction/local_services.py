@@ -7,6 +7,7 @@ directory, binds to 127.0.0.1 only, and is stopped by the PID it was started wit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -51,7 +52,9 @@ def java_major_version(java: str = "java") -> int:
     """The major version of ``java`` on PATH, or raise with what to install."""
     exe = shutil.which(java)
     if exe is None:
-        raise ServiceError("Java is not installed: install a JDK 17 or newer (e.g. apt-get install openjdk-17-jdk-headless)")
+        raise ServiceError(
+            "Java is not installed: install a JDK 17 or newer (e.g. apt-get install openjdk-17-jdk-headless)"
+        )
     out = subprocess.run([exe, "-version"], capture_output=True, text=True, check=False).stderr
     m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     if not m:
@@ -63,7 +66,9 @@ def java_major_version(java: str = "java") -> int:
 def require_java17() -> None:
     major = java_major_version()
     if major < 17:
-        raise ServiceError(f"Java {major} found, but Spark 4 needs Java 17 or newer: install a JDK 17+ and put it on PATH")
+        raise ServiceError(
+            f"Java {major} found, but Spark 4 needs Java 17 or newer: install a JDK 17+ and put it on PATH"
+        )
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -108,7 +113,9 @@ class LocalMetastore:
             return classes
         javac = shutil.which("javac")
         if javac is None:
-            raise ServiceError("javac is missing: install a full JDK 17+ (not only a JRE), e.g. openjdk-17-jdk-headless")
+            raise ServiceError(
+                "javac is missing: install a full JDK 17+ (not only a JRE), e.g. openjdk-17-jdk-headless"
+            )
         classes.mkdir(parents=True, exist_ok=True)
         subprocess.run([javac, "-d", str(classes), "-cp", jars, str(LAUNCHER_SOURCE)], check=True, capture_output=True)
         return classes
@@ -153,7 +160,9 @@ class LocalMetastore:
                 return proc.pid
             time.sleep(0.5)
         self.stop()
-        raise ServiceError(f"the metastore did not open {self.host}:{self.port} within {timeout_s:.0f}s; see {self.log_file}")
+        raise ServiceError(
+            f"the metastore did not open {self.host}:{self.port} within {timeout_s:.0f}s; see {self.log_file}"
+        )
 
     def stop(self, timeout_s: float = 20.0) -> bool:
         """Stop the service by its PID; True if one was running."""
@@ -169,10 +178,8 @@ class LocalMetastore:
             except OSError:
                 break
             # Reap it if it is our child; ignore if it is not.
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
             time.sleep(0.2)
         else:
             os.kill(pid, signal.SIGKILL)

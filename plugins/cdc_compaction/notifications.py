@@ -43,9 +43,10 @@ class CdcAlertNotifier(BaseNotifier):
         d = _describe(context)
         subject = f"[cdc-compaction] {self.table}: task {d['task_id']} failed (try {d['try_number']})"
         body = (
-            f"<p>Table <b>{html.escape(self.table)}</b>, DAG {html.escape(d['dag_id'])}, run {html.escape(d['run_id'])}</p>"
+            f"<p>Table <b>{html.escape(self.table)}</b>, DAG {html.escape(d['dag_id'])}, "
+            f"run {html.escape(d['run_id'])}</p>"
             f"<p>Task <b>{html.escape(d['task_id'])}</b> failed: <pre>{html.escape(d['error'])}</pre></p>"
-            f"<p>Log: <a href=\"{html.escape(d['log_url'])}\">{html.escape(d['log_url'])}</a></p>"
+            f'<p>Log: <a href="{html.escape(d["log_url"])}">{html.escape(d["log_url"])}</a></p>'
             "<p>Every task is safe to retry: fix the cause, then clear the task in the Airflow UI.</p>"
         )
         return subject, body
@@ -63,10 +64,14 @@ def send_email(smtp_conn_id: str, to: list[str], subject: str, body: str) -> Non
     from airflow.providers.smtp.hooks.smtp import SmtpHook
 
     with SmtpHook(smtp_conn_id=smtp_conn_id) as hook:
-        hook.send_email_smtp(to=to, subject=subject, html_content=body, from_email=hook.from_email or "airflow@localhost")
+        hook.send_email_smtp(
+            to=to, subject=subject, html_content=body, from_email=hook.from_email or "airflow@localhost"
+        )
 
 
-def alert_rejected_rows(table: str, emails: list[str], smtp_conn_id: str, stats: dict[str, Any], quarantine: str) -> None:
+def alert_rejected_rows(
+    table: str, emails: list[str], smtp_conn_id: str, stats: dict[str, Any], quarantine: str
+) -> None:
     """Warn that a compaction refused rows (they are kept in quarantine, not lost)."""
     n = int(stats.get("rejected_rows", 0))
     if n <= 0:

@@ -13,7 +13,7 @@ import functools
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -184,7 +184,7 @@ class TableConfig(_Strict):
     storage_root: str
     increments: Increments = Field(default_factory=Increments)
     schedule: str | None = "@hourly"
-    start_date: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    start_date: datetime = datetime(2026, 1, 1, tzinfo=UTC)
     catchup: bool = False
     owner: str = "data-platform"
     retries: int = Field(default=3, ge=0, le=100)
@@ -234,9 +234,7 @@ class TableConfig(_Strict):
     @classmethod
     def _root(cls, v: str) -> str:
         if not v or not _PATH_CHARS.match(v):
-            raise ValueError(
-                f"{v!r} may only contain letters, digits and _ . / : - + = @ (no spaces, quotes or ';')"
-            )
+            raise ValueError(f"{v!r} may only contain letters, digits and _ . / : - + = @ (no spaces, quotes or ';')")
         if ".." in v.split("/"):
             raise ValueError(f"{v!r} must not contain '..' segments")
         if "://" in v and not v.startswith(("file://",)):
@@ -254,7 +252,7 @@ class TableConfig(_Strict):
     @field_validator("start_date")
     @classmethod
     def _start(cls, v: datetime) -> datetime:
-        return v if v.tzinfo else v.replace(tzinfo=timezone.utc)
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
 
     @model_validator(mode="after")
     def _cross_field(self) -> TableConfig:

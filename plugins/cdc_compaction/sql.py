@@ -140,7 +140,9 @@ def spark_schema_ddl(cfg: TableConfig) -> str:
     return ", ".join(f"{quote(c.name)} {c.type}" for c in cfg.columns)
 
 
-def create_statements(cfg: TableConfig, *, base_location: str, incremental_location: str, compactor_location: str) -> list[str]:
+def create_statements(
+    cfg: TableConfig, *, base_location: str, incremental_location: str, compactor_location: str
+) -> list[str]:
     """DDL that creates the database and the three tables (idempotent)."""
     return [
         render("create_database.sql.j2", cfg),

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
-from cdc_compaction.exceptions import PreconditionFailed, StorageError
+from cdc_compaction.exceptions import PreconditionFailedError, StorageError
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Storage(Protocol):
     def delete_tree(self, path: str) -> None: ...
     def remove_dir_if_empty(self, path: str) -> bool: ...
     def join(self, *parts: str) -> str: ...
+    def makedirs(self, path: str) -> None: ...
 
 
 class LocalStorage:
@@ -53,6 +54,9 @@ class LocalStorage:
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
 
     def list_dir(self, path: str) -> list[FileInfo]:
         try:
@@ -77,7 +81,9 @@ class LocalStorage:
     def _temp_beside(self, path: str, text: str) -> str:
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=f".{uuid.uuid4().hex[:8]}.tmp", dir=directory)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(path)}.", suffix=f".{uuid.uuid4().hex[:8]}.tmp", dir=directory
+        )
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -99,10 +105,10 @@ class LocalStorage:
         try:
             os.link(tmp, path)
         except FileExistsError as exc:
-            raise PreconditionFailed(f"{path} exists already") from exc
+            raise PreconditionFailedError(f"{path} exists already") from exc
         except OSError as exc:
             if exc.errno == errno.EEXIST:
-                raise PreconditionFailed(f"{path} exists already") from exc
+                raise PreconditionFailedError(f"{path} exists already") from exc
             raise StorageError(f"cannot create {path}: {exc}") from exc
         finally:
             os.unlink(tmp)
@@ -134,7 +140,8 @@ class LocalStorage:
             raise StorageError(f"cannot delete {path}: {exc}") from exc
 
     def delete_tree(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=False) if os.path.isdir(path) else None
+        if os.path.isdir(path):
+            shutil.rmtree(path)
 
     def remove_dir_if_empty(self, path: str) -> bool:
         try:

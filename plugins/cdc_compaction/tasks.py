@@ -20,18 +20,18 @@ import logging
 import posixpath
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cdc_compaction import sql
 from cdc_compaction.engine import Engine
 from cdc_compaction.exceptions import (
     ArchiveError,
-    CompactionFailed,
+    CompactionError,
     ConcurrentCommitError,
     PlanError,
+    PublishValidationError,
     SchemaChangeError,
-    ValidationFailed,
 )
 from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile
 from cdc_compaction.metastore import Metastore, connect
@@ -60,7 +60,7 @@ class Runtime:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -75,7 +75,7 @@ def increment_hour(cfg: TableConfig, name: str) -> datetime | None:
     if not name.startswith(inc.prefix):
         return None
     try:
-        return datetime.strptime(name[len(inc.prefix) :], inc.time_format).replace(tzinfo=timezone.utc)
+        return datetime.strptime(name[len(inc.prefix) :], inc.time_format).replace(tzinfo=UTC)
     except ValueError:
         return None
 
@@ -116,9 +116,9 @@ def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
     if ms.get_table(db, base) is not None:
         ms.set_location(db, base, target)
     pointer = rt.lake.read_pointer()
-    if pointer is None or int(pointer["seq"]) != commit.seq:
-        if commit.seq > 0 or pointer is not None:
-            rt.lake.write_pointer(commit)
+    # No pointer is needed before the first commit; after it, it must name the latest one.
+    if (pointer is None and commit.seq > 0) or (pointer is not None and int(pointer["seq"]) != commit.seq):
+        rt.lake.write_pointer(commit)
 
 
 # ---------------------------------------------------------------------- ensure tables
@@ -142,10 +142,7 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
     db, names = cfg.database, rt.names
     fingerprint = sql.schema_fingerprint(cfg)
     for d in (lay.version_dir(EMPTY_VERSION), lay.incremental, lay.staging):
-        if not st.exists(d):
-            import os
-
-            os.makedirs(d, exist_ok=True)
+        st.makedirs(d)
     statements: list[str] = []
     with connect(rt.metastore) as ms:
         latest = rt.lake.latest_commit()
@@ -196,7 +193,9 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[P
             log.info("%s: %s has no %s marker yet; not complete", cfg.qualified_name, name, inc.marker_file)
             continue
         if data and inc.settle_seconds and max(e.mtime for e in data) > now.timestamp() - inc.settle_seconds:
-            log.info("%s: %s changed within %ss; waiting for it to settle", cfg.qualified_name, name, inc.settle_seconds)
+            log.info(
+                "%s: %s changed within %ss; waiting for it to settle", cfg.qualified_name, name, inc.settle_seconds
+            )
             continue
         for e in data:
             pf = PlannedFile(increment=name, name=e.name, path=e.path, size=e.size)
@@ -298,13 +297,13 @@ def _parquet_rows(path: str) -> tuple[int, Any]:
 
 
 def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
-    """Check the new version before it may be published; raise :class:`ValidationFailed`."""
+    """Check the new version before it may be published; raise :class:`PublishValidationError`."""
     cfg, lake = rt.cfg, rt.lake
     p = load_plan(rt, plan_path)
     out = p["output_location"]
     stats_path = posixpath.join(out, STATS_FILE)
     if not lake.storage.exists(stats_path):
-        raise CompactionFailed(
+        raise CompactionError(
             f"{cfg.qualified_name}: the compaction job left no {STATS_FILE} in {out}; "
             "it did not finish. Clear the compact task to run it again"
         )
@@ -315,19 +314,26 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     if stats["duplicate_keys"]:
         problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output")
     expected = (
-        stats["base_rows"] + stats["increment_rows"] - stats["rejected_rows"] - stats["superseded_rows"] - stats["expired_tombstones"]
+        stats["base_rows"]
+        + stats["increment_rows"]
+        - stats["rejected_rows"]
+        - stats["superseded_rows"]
+        - stats["expired_tombstones"]
     )
     if expected != stats["output_rows"]:
         problems.append(
             f"row counts do not reconcile: base {stats['base_rows']} + increments {stats['increment_rows']} "
             f"- rejected {stats['rejected_rows']} - superseded {stats['superseded_rows']} "
-            f"- expired tombstones {stats['expired_tombstones']} = {expected}, but the output has {stats['output_rows']}"
+            f"- expired tombstones {stats['expired_tombstones']} = {expected}, "
+            f"but the output has {stats['output_rows']}"
         )
     # The job must have read the whole previous base and every planned file.
     parent = lake.read_commit(p["parent_seq"])
     parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
     if stats["base_rows"] != parent_rows:
-        problems.append(f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}")
+        problems.append(
+            f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}"
+        )
     planned_rows = 0
     for f in p["files"]:
         try:
@@ -340,7 +346,9 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     on_disk = {e.name: e.size for e in lake.storage.list_dir(out) if not e.is_dir and is_data_file(e.name)}
     reported = {f["name"]: f["size"] for f in stats["output_files"]}
     if on_disk != reported:
-        problems.append(f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}")
+        problems.append(
+            f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}"
+        )
     footer_rows = 0
     want = [(c.name, c.type) for c in cfg.columns] + [
         ("_cdc_increment", "string"),
@@ -360,7 +368,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     if footer_rows != stats["output_rows"]:
         problems.append(f"Parquet footers hold {footer_rows} rows, the job reported {stats['output_rows']}")
     if problems:
-        raise ValidationFailed(
+        raise PublishValidationError(
             f"{cfg.qualified_name}: version {p['version']} failed validation and was not published: "
             + "; ".join(problems)
             + ". Nothing changed for readers; inspect the version directory and the compact task log"
@@ -415,7 +423,11 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
 def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     """Delete base versions beyond ``keep_versions`` and stale uncommitted ones."""
     lake = rt.lake
-    keep = {c.version for s in range(max(0, live_seq - rt.cfg.keep_versions + 1), live_seq + 1) if (c := lake.read_commit(s))}
+    keep = {
+        c.version
+        for s in range(max(0, live_seq - rt.cfg.keep_versions + 1), live_seq + 1)
+        if (c := lake.read_commit(s))
+    }
     removed = []
     for e in lake.storage.list_dir(lake.layout.base):
         m = _VERSION.match(e.name)
@@ -476,7 +488,9 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
             emptied.append(inc)
     ms.drop_partitions(cfg.database, rt.names["incremental_table"], emptied)
     st.write_text(lake.layout.archived_marker(commit.seq), json.dumps({"seq": commit.seq, "files": len(commit.files)}))
-    log.info("%s: archived %d files of commit %d; dropped partitions %s", cfg.qualified_name, moved, commit.seq, emptied)
+    log.info(
+        "%s: archived %d files of commit %d; dropped partitions %s", cfg.qualified_name, moved, commit.seq, emptied
+    )
     return {"archived_files": moved, "dropped_partitions": emptied}
 
 
@@ -504,7 +518,9 @@ def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
         gone = [v for v in ms.partitions(cfg.database, names["incremental_table"]) if v not in dirs]
         dropped = ms.drop_partitions(cfg.database, names["incremental_table"], gone)
         stale = [
-            v for v in (names["view_name"], names["rejects_view"]) if ms.table_property(cfg.database, v, "cdc.fingerprint") != fingerprint
+            v
+            for v in (names["view_name"], names["rejects_view"])
+            if ms.table_property(cfg.database, v, "cdc.fingerprint") != fingerprint
         ]
     if stale or force:
         rt.engine.run_sql(cfg, sql.view_statements(cfg))

@@ -1,0 +1,74 @@
+# cdc-compaction: `make demo` and `make test` set everything up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SCENARIOS ?= ../shared/conformance/*.json
+MODE ?= inprocess
+PYTEST_ARGS ?=
+
+export PYTHONPATH := $(CURDIR)/plugins
+export SPARK_LOCAL_IP := 127.0.0.1
+export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help install check-java test test-fast demo conformance lint lint-registry metastore-start metastore-stop airflow-ui lock clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+
+check-java:  ## fail early, with a clear message, without Java 17+
+	@command -v java >/dev/null || { echo "Java is not installed: install a JDK 17+ (e.g. apt-get install openjdk-17-jdk-headless)"; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java $$v found; Spark 4 needs Java 17 or newer"; exit 1; fi
+	@command -v javac >/dev/null || { echo "javac is missing: install a full JDK 17+ (the local metastore launcher is compiled once)"; exit 1; }
+
+$(STAMP): requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	@$(BIN)/python -c 'import pyspark; assert pyspark.__version__ == "4.2.0", pyspark.__version__'
+	touch $(STAMP)
+
+install: check-java $(STAMP)  ## create .venv and install the pinned requirements
+
+test: install  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install  ## the quick suites only (no DAG runs)
+	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
+
+demo: install  ## generate CDC files for two tables and compact them with the real DAGs
+	$(BIN)/python -m cdc_compaction demo
+
+conformance: install  ## run scenario files: make conformance SCENARIOS='<glob>' MODE=inprocess|dag
+	$(BIN)/python -m cdc_compaction conformance --mode $(MODE) $(SCENARIOS)
+
+lint: install  ## ruff (with Airflow's AIR rules)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+lint-registry: install  ## validate every registry file; non-zero exit on any error
+	$(BIN)/python -m cdc_compaction registry validate
+
+metastore-start: install  ## start the local Thrift metastore on 127.0.0.1:9083
+	$(BIN)/python -m cdc_compaction metastore start
+
+metastore-stop:  ## stop it
+	$(BIN)/python -m cdc_compaction metastore stop
+
+airflow-ui: install  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs (Ctrl-C stops it)
+	$(BIN)/python -m cdc_compaction airflow-ui
+
+lock:  ## re-pin requirements.txt from requirements.in in a clean venv
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -r requirements.in
+	(echo "# Generated from requirements.in by 'make lock' (pip freeze of a clean venv). Do not edit by hand."; \
+	  .venv-lock/bin/pip freeze | sort -f) > requirements.txt && rm -rf .venv-lock
+
+clean:  ## remove the local lake, Airflow home, metastore and test output (keeps .venv)
+	-$(BIN)/python -m cdc_compaction metastore stop 2>/dev/null
+	rm -rf .lake .airflow .metastore .run spark-warehouse metastore_db derby.log
