@@ -385,19 +385,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
     """Commit the validated version and make it live; safe to retry at any point."""
     cfg, lake = rt.cfg, rt.lake
     p = load_plan(rt, plan_path)
-    stats = _read_json(rt, posixpath.join(p["output_location"], STATS_FILE))
-    commit = Commit(
-        seq=p["seq"],
-        version=p["version"],
-        plan_id=p["plan_id"],
-        run_id=p["run_id"],
-        parent_seq=p["parent_seq"],
-        files=p["files"],
-        increments=p["increments"],
-        stats={k: v for k, v in stats.items() if k != "output_files"},
-        committed_at=(now or utcnow()).isoformat(),
-    )
-    existing = lake.read_commit(commit.seq)
+    existing = lake.read_commit(p["seq"])
     if existing is None:
         latest = lake.latest_commit()
         if latest.seq != p["parent_seq"]:
@@ -405,14 +393,28 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
                 f"{cfg.qualified_name}: plan {p['plan_id']} was made on commit {p['parent_seq']} but the table is "
                 f"at commit {latest.seq} now; another run published first. Nothing was changed: re-run the DAG"
             )
+        stats = _read_json(rt, posixpath.join(p["output_location"], STATS_FILE))
+        commit = Commit(
+            seq=p["seq"],
+            version=p["version"],
+            plan_id=p["plan_id"],
+            run_id=p["run_id"],
+            parent_seq=p["parent_seq"],
+            files=p["files"],
+            increments=p["increments"],
+            stats={k: v for k, v in stats.items() if k != "output_files"},
+            committed_at=(now or utcnow()).isoformat(),
+        )
+        # The one atomic decision: create-if-absent of the commit record.
         if lake.try_commit(commit):
             log.info("%s: committed %s as commit %d", cfg.qualified_name, commit.version, commit.seq)
         existing = lake.read_commit(commit.seq)
     assert existing is not None
-    if existing.plan_id != commit.plan_id:
+    if existing.plan_id != p["plan_id"]:
         raise ConcurrentCommitError(
-            f"{cfg.qualified_name}: commit {commit.seq} was taken by plan {existing.plan_id} (run {existing.run_id}); "
-            f"this run's version {commit.version} is discarded. Nothing was changed: re-run the DAG"
+            f"{cfg.qualified_name}: commit {existing.seq} was taken by plan {existing.plan_id} "
+            f"(run {existing.run_id}); this run's version {p['version']} is discarded. "
+            "Nothing was changed: re-run the DAG"
         )
     with connect(rt.metastore) as ms:
         _sync_base_location(rt, ms, existing)
@@ -431,7 +433,8 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     removed = []
     for e in lake.storage.list_dir(lake.layout.base):
         m = _VERSION.match(e.name)
-        if not e.is_dir or e.name in keep or m is None:
+        # The empty genesis version stays: ensure_tables points new tables at it.
+        if not e.is_dir or e.name in keep or e.name == EMPTY_VERSION or m is None:
             continue
         seq = int(m.group(1))
         # Versions of a later seq may belong to a run in flight: leave them alone.

@@ -1,0 +1,311 @@
+"""The run's steps and their transaction guarantees, on real storage, metastore and Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_compaction import tasks
+from cdc_compaction.conformance import land
+from cdc_compaction.engine import SessionEngine
+from cdc_compaction.exceptions import (
+    ArchiveError,
+    ConcurrentCommitError,
+    PublishValidationError,
+    SchemaChangeError,
+)
+from cdc_compaction.lake import Lake
+from cdc_compaction.metastore import connect
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+from cdc_compaction.sql import table_names
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+
+@pytest.fixture
+def runtime(spark: Any, endpoint: MetastoreEndpoint) -> Callable[[TableConfig], tasks.Runtime]:
+    def _rt(cfg: TableConfig) -> tasks.Runtime:
+        return tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
+
+    return _rt
+
+
+def _rows(*items: tuple[int, str | None, str, int]) -> list[dict[str, Any]]:
+    return [{"id": i, "full_name": n, "op": op, "ts_ms": ts} for i, n, op, ts in items]
+
+
+def _compact(rt: tasks.Runtime, run_id: str, now: datetime | None = None) -> str:
+    """plan + compact + validate + publish + archive, as one DAG run does."""
+    path = tasks.plan(rt, run_id, now=now)
+    if path:
+        rt.engine.compact(json.loads(rt.lake.storage.read_text(path)))  # type: ignore[attr-defined]
+        tasks.validate(rt, path)
+        tasks.publish(rt, path, now=now)
+        tasks.archive(rt, path)
+    return path
+
+
+def _visible(spark: Any, cfg: TableConfig) -> dict[int, str]:
+    name = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
+    spark.catalog.refreshTable(name)
+    return {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {name} WHERE op <> 'd'").collect()}
+
+
+def test_plan_is_empty_without_increments_and_reused_on_retry(make_cfg, runtime) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    assert tasks.plan(rt, "run-1") == ""
+    land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
+    first = tasks.plan(rt, "run-2")
+    # A new file landing before the retry must not change the retried plan's input.
+    land(rt.cfg, "increment_2026112201", [_rows((2, "b", "c", 1))])
+    again = tasks.plan(rt, "run-2")
+    assert first == again
+    doc = json.loads(Path(first).read_text())
+    assert [f["increment"] for f in doc["files"]] == ["increment_2026112200"]
+    other = json.loads(Path(tasks.plan(rt, "run-3")).read_text())
+    assert [f["increment"] for f in other["files"]] == ["increment_2026112200", "increment_2026112201"]
+
+
+def test_incomplete_increments_wait(make_cfg, runtime) -> None:
+    now = datetime(2026, 11, 22, 10, 30, tzinfo=timezone.utc)
+    rt = runtime(make_cfg(increments={"settle_seconds": 600, "wait_for_hour_end": True}))
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112210", [_rows((1, "current hour", "c", 1))])
+    land(rt.cfg, "increment_2026112208", [_rows((2, "settled", "c", 1))])
+    land(rt.cfg, "increment_2026112209", [_rows((3, "just written", "c", 1))])
+    inc = Path(rt.lake.layout.incremental)
+    old = now.timestamp() - 3600
+    for f in (inc / "increment_2026112208").iterdir():
+        os.utime(f, (old, old))
+    for f in (inc / "increment_2026112209").iterdir():
+        os.utime(f, (now.timestamp() - 5, now.timestamp() - 5))
+    doc = json.loads(Path(tasks.plan(rt, "r", now=now)).read_text())
+    assert doc["increments"] == ["increment_2026112208"]
+
+    marker = runtime(make_cfg(increments={"completion": "marker", "settle_seconds": 0, "wait_for_hour_end": False}))
+    tasks.ensure_tables(marker)
+    land(marker.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
+    land(marker.cfg, "increment_2026112201", [_rows((2, "b", "c", 1))])
+    (Path(marker.lake.layout.incremental) / "increment_2026112201" / "_SUCCESS").write_text("")
+    doc = json.loads(Path(tasks.plan(marker, "r")).read_text())
+    assert doc["increments"] == ["increment_2026112201"]
+    assert {f["name"] for f in doc["files"]} == {"part-00000.parquet"}, "markers are not data"
+
+
+def test_full_run_publishes_archives_and_is_idempotent(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
+    path = _compact(rt, "run-1")
+    assert _visible(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+    commit = rt.lake.latest_commit()
+    assert commit.seq == 1 and commit.increments == ["increment_2026112200"]
+    pointer = rt.lake.read_pointer()
+    assert pointer is not None and pointer["version"] == commit.version
+    with connect(rt.metastore) as ms:
+        assert ms.table_location(rt.cfg.database, table_names(rt.cfg)["base_table"]) == pointer["location"]
+        assert ms.partitions(rt.cfg.database, table_names(rt.cfg)["incremental_table"]) == {}
+    archived = Path(rt.lake.layout.archive) / "c00000001" / "increment_2026112200" / "part-00000.parquet"
+    assert archived.exists()
+    assert not (Path(rt.lake.layout.incremental) / "increment_2026112200").exists()
+    # Retrying publish and archive after success changes nothing and applies nothing twice.
+    assert tasks.publish(rt, path)["seq"] == 1
+    assert tasks.archive(rt, path)["archived_files"] == 0
+    assert rt.lake.latest_commit().seq == 1
+    assert tasks.plan(rt, "run-2") == ""
+
+
+def test_publish_retry_after_unknown_commit_state(make_cfg, runtime, spark) -> None:
+    """The commit record was written, then publish died: the retry rolls forward."""
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    _compact(rt, "run-1")
+    land(rt.cfg, "increment_2026112201", [_rows((1, "Alicia", "u", 2))])
+    path = tasks.plan(rt, "run-2")
+    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
+    tasks.validate(rt, path)
+    p = json.loads(Path(path).read_text())
+    stats = json.loads((Path(p["output_location"]) / "_cdc_stats.json").read_text())
+    from cdc_compaction.lake import Commit
+
+    assert rt.lake.try_commit(
+        Commit(p["seq"], p["version"], p["plan_id"], p["run_id"], p["parent_seq"], p["files"], p["increments"], stats)
+    )
+    # The crash: neither the metastore nor the pointer moved.
+    assert _visible(spark, rt.cfg) == {1: "Alice"}
+    assert rt.lake.read_pointer()["seq"] == 1  # type: ignore[index]
+    assert tasks.publish(rt, path)["seq"] == 2
+    assert _visible(spark, rt.cfg) == {1: "Alicia"}
+    assert rt.lake.read_pointer()["seq"] == 2  # type: ignore[index]
+
+
+def test_next_plan_rolls_forward_a_crashed_publish_and_archive(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
+    tasks.validate(rt, path)
+    p = json.loads(Path(path).read_text())
+    from cdc_compaction.lake import Commit
+
+    stats = json.loads((Path(p["output_location"]) / "_cdc_stats.json").read_text())
+    rt.lake.try_commit(Commit(p["seq"], p["version"], p["plan_id"], "run-1", 0, p["files"], p["increments"], stats))
+    # The run died after the commit record; the next run's plan repairs everything.
+    assert tasks.plan(rt, "run-2") == ""
+    assert _visible(spark, rt.cfg) == {1: "Alice"}
+    assert rt.lake.is_archived(1)
+    assert not (Path(rt.lake.layout.incremental) / "increment_2026112200").exists()
+
+
+def test_concurrent_runs_exactly_one_publishes(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    a = tasks.plan(rt, "scheduled")
+    b = tasks.plan(rt, "manual")
+    assert a != b
+    for p in (a, b):
+        rt.engine.compact(json.loads(Path(p).read_text()))  # type: ignore[attr-defined]
+        tasks.validate(rt, p)
+    tasks.publish(rt, a)
+    with pytest.raises(ConcurrentCommitError, match="another run published first|was taken by plan"):
+        tasks.publish(rt, b)
+    with pytest.raises(ArchiveError, match="never committed"):
+        tasks.archive(rt, b)
+    tasks.archive(rt, a)
+    assert rt.lake.latest_commit().seq == 1
+    assert _visible(spark, rt.cfg) == {1: "Alice"}
+    # The loser's version directory is garbage, removed by the next publish's cleanup.
+    loser = json.loads(Path(b).read_text())["version"]
+    land(rt.cfg, "increment_2026112201", [_rows((2, "Bob", "c", 1))])
+    _compact(rt, "next")
+    assert not (Path(rt.lake.layout.base) / loser).exists()
+
+
+def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
+    out = Path(json.loads(Path(path).read_text())["output_location"])
+    stats_file = out / "_cdc_stats.json"
+    stats = json.loads(stats_file.read_text())
+    stats_file.write_text(json.dumps({**stats, "output_rows": 3}))
+    with pytest.raises(PublishValidationError, match="do not reconcile"):
+        tasks.validate(rt, path)
+    stats_file.write_text(json.dumps(stats))
+    for f in out.glob("*.parquet"):
+        f.unlink()
+    with pytest.raises(PublishValidationError, match="output files differ"):
+        tasks.validate(rt, path)
+    assert rt.lake.latest_commit().seq == 0, "nothing was published"
+    assert _visible(spark, rt.cfg) == {}
+
+
+def test_archive_survives_half_done_state_and_refuses_lost_files(make_cfg, runtime) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1)), _rows((2, "b", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
+    tasks.validate(rt, path)
+    tasks.publish(rt, path)
+    inc = Path(rt.lake.layout.incremental) / "increment_2026112200"
+    arch = Path(rt.lake.layout.archive) / "c00000001" / "increment_2026112200"
+    # Half-archived: the first file copied and deleted, the second copied only.
+    arch.mkdir(parents=True)
+    (arch / "part-00000.parquet").write_bytes((inc / "part-00000.parquet").read_bytes())
+    (inc / "part-00000.parquet").unlink()
+    (arch / "part-00001.parquet").write_bytes((inc / "part-00001.parquet").read_bytes())
+    result = tasks.archive(rt, path)
+    assert result["archived_files"] == 1
+    assert sorted(p.name for p in arch.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    assert not inc.exists()
+
+    rt2 = runtime(make_cfg())
+    tasks.ensure_tables(rt2)
+    land(rt2.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
+    path2 = tasks.plan(rt2, "run-1")
+    rt2.engine.compact(json.loads(Path(path2).read_text()))  # type: ignore[attr-defined]
+    tasks.validate(rt2, path2)
+    tasks.publish(rt2, path2)
+    (Path(rt2.lake.layout.incremental) / "increment_2026112200" / "part-00000.parquet").unlink()
+    with pytest.raises(ArchiveError, match="neither in the landing area nor archived"):
+        tasks.archive(rt2, path2)
+
+
+def test_old_versions_are_cleaned_up(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg(keep_versions=2))
+    tasks.ensure_tables(rt)
+    for hour in range(4):
+        land(rt.cfg, f"increment_20261122{hour:02d}", [_rows((1, f"v{hour}", "u", hour))])
+        _compact(rt, f"run-{hour}")
+    versions = sorted(p.name for p in Path(rt.lake.layout.base).iterdir() if p.name.startswith("v0000000"))
+    live = rt.lake.latest_commit()
+    assert live.seq == 4
+    # The empty genesis directory and the last two versions remain.
+    assert [v.split("-")[0] for v in versions] == ["v00000000", "v00000003", "v00000004"]
+    assert _visible(spark, rt.cfg) == {1: "v3"}
+
+
+def test_tombstones_expire_after_retention(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg(tombstone_retention="1d"))
+    tasks.ensure_tables(rt)
+    t0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    land(rt.cfg, "increment_2026110100", [_rows((1, "a", "c", 1), (2, "b", "c", 1))])
+    _compact(rt, "r1", now=t0)
+    land(rt.cfg, "increment_2026110101", [_rows((2, None, "d", 2))])
+    _compact(rt, "r2", now=t0 + timedelta(hours=1))
+    assert rt.lake.latest_commit().stats["output_tombstones"] == 1
+    land(rt.cfg, "increment_2026110300", [_rows((3, "c", "c", 3))])
+    _compact(rt, "r3", now=t0 + timedelta(days=3))
+    stats = rt.lake.latest_commit().stats
+    assert stats["expired_tombstones"] == 1 and stats["output_tombstones"] == 0
+    assert _visible(spark, rt.cfg) == {1: "a", 3: "c"}
+
+
+def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runtime, spark, tmp_path) -> None:
+    cfg = make_cfg()
+    rt = runtime(cfg)
+    first = tasks.ensure_tables(rt)
+    assert first["ddl_statements"] >= 4
+    assert tasks.ensure_tables(rt)["ddl_statements"] == 0, "unchanged registry: no DDL, no JVM"
+    land(cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
+    _compact(rt, "r1")
+    grown = cfg.model_copy(update={"columns": [*cfg.columns, cfg.columns[1].model_copy(update={"name": "email"})]})
+    rt2 = runtime(grown)
+    assert tasks.ensure_tables(rt2)["ddl_statements"] == 6  # ADD COLUMNS + fingerprint, on three tables
+    base = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
+    spark.catalog.refreshTable(base)
+    assert "email" in spark.table(base).columns
+    land(grown, "increment_2026112201", [[{"id": 2, "full_name": "b", "email": "b@x", "op": "c", "ts_ms": 2}]])
+    _compact(rt2, "r2")
+    spark.catalog.refreshTable(base)
+    got = {r["id"]: r["email"] for r in spark.sql(f"SELECT id, email FROM {base}").collect()}
+    assert got == {1: None, 2: "b@x"}
+    shrunk = cfg.model_copy(update={"columns": [c for c in cfg.columns if c.name != "full_name"]})
+    with pytest.raises(SchemaChangeError, match="full_name"):
+        tasks.ensure_tables(runtime(shrunk))
+
+
+def test_refresh_view_only_recreates_changed_views(make_cfg, runtime) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    assert tasks.refresh_view(rt)["views_recreated"] is True
+    land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
+    start = time.monotonic()
+    result = tasks.refresh_view(rt)
+    assert result == {"partitions_added": ["increment_2026112200"], "partitions_dropped": [], "views_recreated": False}
+    assert time.monotonic() - start < 30
