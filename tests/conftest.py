@@ -15,6 +15,16 @@ import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Airflow reads its configuration once, at first import: point it at a test-only home
+# (SQLite, this project's dags/ and plugins/) before any test imports it.
+_AIRFLOW_HOME = PROJECT_ROOT / ".run" / "airflow-tests"
+if "AIRFLOW_HOME" not in os.environ or os.environ.get("CDC_TESTS_OWN_AIRFLOW_HOME") == "1":
+    from cdc_compaction.devenv import airflow_env
+
+    os.environ.update(airflow_env(_AIRFLOW_HOME, "thrift://127.0.0.1:9083"))
+    os.environ["CDC_TESTS_OWN_AIRFLOW_HOME"] = "1"
+
 from cdc_compaction.lake import Lake  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
 from cdc_compaction.registry import TableConfig  # noqa: E402

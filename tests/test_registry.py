@@ -253,14 +253,8 @@ class Bad:
     mutate: Callable[[Doc], None]
     field: str
     fragment: str
-    # True where the check lives in TableConfig's model validator: see CROSS_FIELD_BUG.
+    # True where the check lives in TableConfig's model validator (no pydantic location of its own).
     cross_field: bool = False
-
-
-CROSS_FIELD_BUG = (
-    "registry.py _format_pydantic: errors raised by TableConfig._cross_field have an empty pydantic loc, so "
-    "the problem reads \"field '(entry)': primary_key: [...]\" instead of naming the field as \"field 'primary_key': ...\""
-)
 
 
 def _bad_cases() -> list[Any]:
@@ -268,11 +262,11 @@ def _bad_cases() -> list[Any]:
         pytest.param(Bad(dropping("primary_key"), "primary_key", "Field required"), id="primary_key-missing"),
         pytest.param(Bad(setting("primary_key", []), "primary_key", "at least 1 item"), id="primary_key-empty"),
         pytest.param(
-            Bad(setting("primary_key", ["nope"]), "primary_key", "['nope'] not among the columns", True),
+            Bad(setting("primary_key", ["nope"]), "primary_key", "['nope'] not among the columns", cross_field=True),
             id="primary_key-not-a-column",
         ),
         pytest.param(
-            Bad(setting("primary_key", ["ID"]), "primary_key", "['ID'] not among the columns", True),
+            Bad(setting("primary_key", ["ID"]), "primary_key", "['ID'] not among the columns", cross_field=True),
             id="primary_key-wrong-case",
         ),
         pytest.param(
@@ -285,27 +279,42 @@ def _bad_cases() -> list[Any]:
         ),
         pytest.param(Bad(dropping("order_by"), "order_by", "Field required"), id="order_by-missing"),
         pytest.param(
-            Bad(setting("order_by", ["nope"]), "order_by", "['nope'] not among the columns", True),
+            Bad(setting("order_by", ["nope"]), "order_by", "['nope'] not among the columns", cross_field=True),
             id="order_by-not-a-column",
         ),
         pytest.param(
-            Bad(set_column(3, type="boolean"), "order_by", "column 'ts_ms' of type boolean cannot order events", True),
+            Bad(
+                set_column(3, type="boolean"),
+                "order_by",
+                "column 'ts_ms' of type boolean cannot order events",
+                cross_field=True,
+            ),
             id="order_by-boolean",
         ),
         pytest.param(
-            Bad(setting("op_column", "nope"), "op_column", "'nope' is not among the columns", True),
+            Bad(setting("op_column", "nope"), "op_column", "'nope' is not among the columns", cross_field=True),
             id="op_column-not-a-column",
         ),
         pytest.param(
-            Bad(set_column(2, type="int"), "op_column", "column 'op' must have type string", True),
+            Bad(set_column(2, type="int"), "op_column", "column 'op' must have type string", cross_field=True),
             id="op_column-not-string",
         ),
         pytest.param(
-            Bad(setting("primary_key", ["id", "op"]), "op_column", "must not be part of primary_key or order_by", True),
+            Bad(
+                setting("primary_key", ["id", "op"]),
+                "op_column",
+                "must not be part of primary_key or order_by",
+                cross_field=True,
+            ),
             id="op_column-in-primary_key",
         ),
         pytest.param(
-            Bad(setting("order_by", ["ts_ms", "op"]), "op_column", "must not be part of primary_key or order_by", True),
+            Bad(
+                setting("order_by", ["ts_ms", "op"]),
+                "op_column",
+                "must not be part of primary_key or order_by",
+                cross_field=True,
+            ),
             id="op_column-in-order_by",
         ),
         pytest.param(
@@ -313,11 +322,11 @@ def _bad_cases() -> list[Any]:
             id="op_column-injection",
         ),
         pytest.param(
-            Bad(with_extra_column("id", "int"), "columns", "duplicate column names ['id']", True),
+            Bad(with_extra_column("id", "int"), "columns", "duplicate column names ['id']", cross_field=True),
             id="columns-duplicate",
         ),
         pytest.param(
-            Bad(with_extra_column("Id", "int"), "columns", "duplicate column names ['id']", True),
+            Bad(with_extra_column("Id", "int"), "columns", "duplicate column names ['id']", cross_field=True),
             id="columns-duplicate-case-insensitive",
         ),
         pytest.param(Bad(setting("columns", []), "columns", "at least 1 item"), id="columns-empty"),
@@ -346,7 +355,9 @@ def _bad_cases() -> list[Any]:
             id="comment-newline",
         ),
         pytest.param(
-            Bad(with_extra_column("x", "string", nullable=True), "columns.4.nullable", "Extra inputs are not permitted"),
+            Bad(
+                with_extra_column("x", "string", nullable=True), "columns.4.nullable", "Extra inputs are not permitted"
+            ),
             id="column-unknown-key",
         ),
         pytest.param(
@@ -364,7 +375,9 @@ def _bad_cases() -> list[Any]:
             id="duration-bool",
         ),
         pytest.param(
-            Bad(setting("alerts", {"emails": ["not-an-address"]}), "alerts.emails", "'not-an-address' is not an e-mail"),
+            Bad(
+                setting("alerts", {"emails": ["not-an-address"]}), "alerts.emails", "'not-an-address' is not an e-mail"
+            ),
             id="email-no-at",
         ),
         pytest.param(
@@ -405,7 +418,9 @@ def _bad_cases() -> list[Any]:
         (name,) = p.values
         cases.append(
             pytest.param(
-                Bad(with_extra_column(name, "int"), "columns.4.name", f"column name {name!r} is not a valid identifier"),
+                Bad(
+                    with_extra_column(name, "int"), "columns.4.name", f"column name {name!r} is not a valid identifier"
+                ),
                 id=f"column-{p.id}",
             )
         )
@@ -423,7 +438,9 @@ def _bad_cases() -> list[Any]:
         ("hdfs://nn/lake", "only local paths are supported", "hdfs"),
     ]
     for root, fragment, ident in roots:
-        cases.append(pytest.param(Bad(setting("storage_root", root), "storage_root", fragment), id=f"storage_root-{ident}"))
+        cases.append(
+            pytest.param(Bad(setting("storage_root", root), "storage_root", fragment), id=f"storage_root-{ident}")
+        )
     return cases
 
 
@@ -435,7 +452,7 @@ def _field_cases() -> list[Any]:
     out = []
     for p in BAD_CASES:
         (bad,) = p.values
-        marks = [pytest.mark.xfail(strict=True, reason=CROSS_FIELD_BUG)] if bad.cross_field else []
+        marks: list[Any] = []
         out.append(pytest.param(bad, id=p.id, marks=marks))
     return out
 
@@ -488,25 +505,12 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
     assert len(err.problems) == 3
 
 
-NEGATIVE_DURATION_BUG = (
-    "registry.py Duration/_parse_duration: negative durations are accepted (-3600 -> -1 h, '-1d' via pydantic); "
-    "tasks.py computes tombstone_cutoff = now - tombstone_retention, so a negative retention puts the cutoff in "
-    "the future and expires every tombstone at once"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NEGATIVE_DURATION_BUG)
 @pytest.mark.parametrize("value", [pytest.param(-3600, id="int"), pytest.param("-1d", id="string")])
 def test_negative_tombstone_retention_is_refused(tmp_path: Path, value: Any) -> None:
     err = refusal(write_yaml(tmp_path, "tests.student.yaml", good_doc(tombstone_retention=value)))
     assert names_field(err, "tombstone_retention")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="identifiers.py _PARAM_TYPES: decimal precision is checked only as 1-2 digits, so decimal(39,0) "
-    "(beyond Hive/Spark's maximum of 38) passes the registry and only fails later in the CREATE TABLE",
-)
 def test_decimal_precision_above_38_is_refused(tmp_path: Path) -> None:
     doc = good_doc()
     with_extra_column("big", "decimal(39,0)")(doc)
@@ -516,7 +520,7 @@ def test_decimal_precision_above_38_is_refused(tmp_path: Path) -> None:
 
 def test_max_retry_delay_below_retry_delay_is_refused(tmp_path: Path) -> None:
     err = refusal(write_yaml(tmp_path, "tests.student.yaml", good_doc(retry_delay="2h", max_retry_delay="1h")))
-    assert "max_retry_delay must be at least retry_delay" in str(err)
+    assert "field 'max_retry_delay': must be at least retry_delay" in str(err)
 
 
 @pytest.mark.parametrize(

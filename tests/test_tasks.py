@@ -6,7 +6,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ def test_plan_is_empty_without_increments_and_reused_on_retry(make_cfg, runtime)
 
 
 def test_incomplete_increments_wait(make_cfg, runtime) -> None:
-    now = datetime(2026, 11, 22, 10, 30, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 22, 10, 30, tzinfo=UTC)
     rt = runtime(make_cfg(increments={"settle_seconds": 600, "wait_for_hour_end": True}))
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112210", [_rows((1, "current hour", "c", 1))])
@@ -179,7 +179,7 @@ def test_concurrent_runs_exactly_one_publishes(make_cfg, runtime, spark) -> None
         rt.engine.compact(json.loads(Path(p).read_text()))  # type: ignore[attr-defined]
         tasks.validate(rt, p)
     tasks.publish(rt, a)
-    with pytest.raises(ConcurrentCommitError, match="another run published first|was taken by plan"):
+    with pytest.raises(ConcurrentCommitError, match=r"another run published first|was taken by plan"):
         tasks.publish(rt, b)
     with pytest.raises(ArchiveError, match="never committed"):
         tasks.archive(rt, b)
@@ -263,7 +263,7 @@ def test_old_versions_are_cleaned_up(make_cfg, runtime, spark) -> None:
 def test_tombstones_expire_after_retention(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg(tombstone_retention="1d"))
     tasks.ensure_tables(rt)
-    t0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
     land(rt.cfg, "increment_2026110100", [_rows((1, "a", "c", 1), (2, "b", "c", 1))])
     _compact(rt, "r1", now=t0)
     land(rt.cfg, "increment_2026110101", [_rows((2, None, "d", 2))])

@@ -34,8 +34,10 @@ _PRIMITIVE_TYPES = {
     "binary",
 }
 _PARAM_TYPES = re.compile(
-    r"^(?:decimal\(\s*(?P<p>\d{1,2})\s*,\s*(?P<s>\d{1,2})\s*\)|decimal|varchar\(\s*\d{1,5}\s*\)|char\(\s*\d{1,3}\s*\))$"
+    r"^(?:decimal\((?P<p>\d{1,2}),(?P<s>\d{1,2})\)|decimal|varchar\((?P<v>\d{1,5})\)|char\((?P<c>\d{1,3})\))$"
 )
+# Hive's limits: decimal precision 1-38, varchar 1-65535, char 1-255.
+_LIMITS = {"p": (1, 38), "v": (1, 65535), "c": (1, 255)}
 
 
 def check_identifier(name: str, what: str = "identifier") -> str:
@@ -65,6 +67,9 @@ def normalize_hive_type(type_name: str) -> str:
         return t
     m = _PARAM_TYPES.match(t)
     if m:
+        for group, (lo, hi) in _LIMITS.items():
+            if m.group(group) is not None and not lo <= int(m.group(group)) <= hi:
+                raise IdentifierError(f"type {type_name!r}: the length or precision must be between {lo} and {hi}")
         if m.group("p") is not None and int(m.group("s")) > int(m.group("p")):
             raise IdentifierError(f"type {type_name!r}: decimal scale is larger than its precision")
         return t

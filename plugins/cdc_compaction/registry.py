@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
@@ -32,6 +41,7 @@ _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
 _DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _OP_CODE = re.compile(r"^[A-Za-z0-9_+\-]{1,16}$")
 _TAG = re.compile(r"^[\w.\-:/ ]{1,100}$")
+_PRESETS = {"@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly"}
 _EMAIL = re.compile(r"^[^@\s'\";`]+@[^@\s'\";`]+\.[^@\s'\";`]+$")
 
 
@@ -48,7 +58,13 @@ def _parse_duration(value: Any) -> Any:
     return value
 
 
-Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+def _non_negative(value: timedelta) -> timedelta:
+    if value < timedelta(0):
+        raise ValueError("must not be negative")
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_parse_duration), AfterValidator(_non_negative)]
 
 
 class _Strict(BaseModel):
@@ -249,6 +265,17 @@ class TableConfig(_Strict):
                 raise ValueError(f"tag {t!r} must be 1-100 word characters, spaces or . - : /")
         return v
 
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str | None) -> str | None:
+        if v is None or v in _PRESETS:
+            return v
+        from croniter import croniter
+
+        if not croniter.is_valid(v):
+            raise ValueError(f"{v!r} is neither a cron expression nor one of {sorted(_PRESETS)}")
+        return v
+
     @field_validator("start_date")
     @classmethod
     def _start(cls, v: datetime) -> datetime:
@@ -269,7 +296,7 @@ class TableConfig(_Strict):
         if self.op_column not in known:
             raise ValueError(f"op_column: {self.op_column!r} is not among the columns {names}")
         if self.op_column in self.primary_key or self.op_column in self.order_by:
-            raise ValueError("op_column must not be part of primary_key or order_by")
+            raise ValueError("op_column: must not be part of primary_key or order_by")
         types = {c.name: c.type for c in self.columns}
         if types[self.op_column] != "string":
             raise ValueError(f"op_column: column {self.op_column!r} must have type string")
@@ -277,7 +304,7 @@ class TableConfig(_Strict):
             if types[c] in {"binary", "boolean"}:
                 raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
         if self.max_retry_delay < self.retry_delay:
-            raise ValueError("max_retry_delay must be at least retry_delay")
+            raise ValueError("max_retry_delay: must be at least retry_delay")
         return self
 
     # -- names derived from the entry ------------------------------------------------
@@ -320,14 +347,21 @@ class RegistryEntry:
         return f"cdc__{safe}"
 
 
+_FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
+
+
 def _format_pydantic(err: ValidationError) -> list[str]:
     problems = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(entry)"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        problems.append(f"field '{loc}': {msg}")
+        # Cross-field checks have no location of their own: their message starts with the field.
+        m = _FIELD_PREFIX.match(msg) if not loc else None
+        if m and m.group(1) in TableConfig.model_fields:
+            loc, msg = m.group(1), m.group(2)
+        problems.append(f"field '{loc or '(entry)'}': {msg}")
     return problems
 
 
