@@ -33,7 +33,9 @@ def write_bytes(path: Path, data: bytes) -> Path:
 
 
 # ----------------------------------------------------------------------------- write_text
-def test_write_text_creates_parents_and_replaces_content_without_leftovers(storage: LocalStorage, tmp_path: Path) -> None:
+def test_write_text_creates_parents_and_replaces_content_without_leftovers(
+    storage: LocalStorage, tmp_path: Path
+) -> None:
     target = tmp_path / "a" / "b" / "pointer.json"
     storage.write_text(str(target), '{"seq": 1}')
     assert target.read_text(encoding="utf-8") == '{"seq": 1}'
@@ -157,14 +159,6 @@ def test_copy_of_a_missing_source_raises_storage_error_and_leaves_nothing(
     assert names_in(dst.parent) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "package bug: LocalStorage.copy calls os.makedirs(os.path.dirname(dst)) outside its try block; for a "
-        "destination without a directory part dirname is '' and makedirs('') raises a bare FileNotFoundError "
-        "(not even a StorageError), while write_text/create_exclusive handle the same path via `or '.'`"
-    ),
-)
 def test_copy_to_a_bare_file_name_in_the_working_directory(
     storage: LocalStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,15 +202,6 @@ def test_list_dir_of_a_regular_file_raises_storage_error(storage: LocalStorage, 
         storage.list_dir(str(f))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "package bug: LocalStorage.list_dir wraps the whole scandir loop in `except FileNotFoundError: return []`, "
-        "so an entry whose stat() fails with ENOENT (a dangling symlink, or a file renamed/deleted between readdir "
-        "and stat, e.g. a landing writer's temp file) makes the listing of a non-empty directory come back empty. "
-        "archive_commit then takes the increment dir for empty and deletes whatever the next listing shows"
-    ),
-)
 def test_list_dir_keeps_other_entries_when_one_vanishes_during_listing(storage: LocalStorage, tmp_path: Path) -> None:
     d = tmp_path / "increment_2026112200"
     write_bytes(d / "part-00000.parquet", b"data")

@@ -79,7 +79,8 @@ def new_base(ranked_events: DataFrame, is_delete_sql: str, cutoff: datetime | No
 
 
 def _ts(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value).astimezone(UTC).replace(tzinfo=None) if value else None
+    # Keep the time zone: PySpark reads a naive datetime literal as driver-local time.
+    return datetime.fromisoformat(value).astimezone(UTC) if value else None
 
 
 def _write_text(spark: SparkSession, path: str, text: str) -> None:

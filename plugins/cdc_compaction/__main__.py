@@ -90,6 +90,10 @@ def _conformance(args: argparse.Namespace) -> int:
             for line in res.failures:
                 print("    " + line.replace("\n", "\n    "), flush=True)
             failed += not res.ok
+        if isinstance(runner, conf.DagRunner) and args.timings:
+            for t in runner.timings:
+                tasks = ", ".join(f"{x['task_id']} {x['seconds']}s ({x['state']})" for x in t.get("tasks", []))
+                print(f"    timing {t['dag_id']} {t.get('state')}: {tasks}")
         spark.stop()
     finally:
         ms.stop()
@@ -112,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     cf.add_argument("scenarios", nargs="+", help="scenario files, globs or directories")
     cf.add_argument("--mode", choices=["inprocess", "dag"], default="inprocess")
     cf.add_argument("--work-dir", default=str(settings.PROJECT_ROOT / ".run" / "conformance"))
+    cf.add_argument("--timings", action="store_true", help="dag mode: print each DAG run's task durations")
     cf.set_defaults(func=_conformance)
 
     ms = sub.add_parser("metastore", help="the local Thrift Hive metastore")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from cdc_compaction import settings
 
@@ -79,3 +81,24 @@ def ensure_airflow_db(env: dict[str, str]) -> None:
         [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True
     )
     marker.write_text("ok\n")
+
+
+def last_run_timings(airflow_home: Path, dag_id: str) -> dict[str, Any]:
+    """State and per-task durations of the latest run of ``dag_id``, from the metadata DB."""
+    with sqlite3.connect(airflow_home / "airflow.db") as db:
+        run = db.execute(
+            "SELECT run_id, state, start_date, end_date FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+            (dag_id,),
+        ).fetchone()
+        if run is None:
+            return {"dag_id": dag_id, "run_id": None}
+        tasks = db.execute(
+            "SELECT task_id, state, duration FROM task_instance WHERE dag_id = ? AND run_id = ? ORDER BY start_date",
+            (dag_id, run[0]),
+        ).fetchall()
+    return {
+        "dag_id": dag_id,
+        "run_id": run[0],
+        "state": run[1],
+        "tasks": [{"task_id": t, "state": st, "seconds": round(d or 0.0, 1)} for t, st, d in tasks],
+    }

@@ -101,9 +101,12 @@ class Metastore:
         if t is None:
             raise MetastoreError(f"table {db}.{name} does not exist; run ensure_tables first")
         have = self.partitions(db, name)
+        moved = [v for v, loc in wanted.items() if v in have and have[v] != normalize_location(loc)]
+        # A partition registered at another location (the storage root moved) is re-registered.
+        self.drop_partitions(db, name, moved)
         new = []
         for value, location in sorted(wanted.items()):
-            if value in have:
+            if value in have and value not in moved:
                 continue
             sd = copy.deepcopy(t.sd)
             sd.location = to_uri(location)

@@ -8,6 +8,7 @@ touching it.  :class:`LocalStorage` covers local and HDFS-style mounted paths.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import tempfile
@@ -16,6 +17,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cdc_compaction.exceptions import PreconditionFailedError, StorageError
+
+log = logging.getLogger(__name__)
+
+
+def _default_file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _default_file_mode()
 
 
 @dataclass(frozen=True)
@@ -59,11 +71,17 @@ class LocalStorage:
         os.makedirs(path, exist_ok=True)
 
     def list_dir(self, path: str) -> list[FileInfo]:
+        out = []
         try:
             with os.scandir(path) as it:
-                out = []
                 for e in it:
-                    st = e.stat()
+                    try:
+                        st = e.stat()
+                    except FileNotFoundError:
+                        # Renamed or deleted between the listing and the stat (a writer's temp
+                        # file), or a dangling link: it is not a file to read, so skip it alone.
+                        log.warning("%s vanished or is a dangling link; skipped", e.path)
+                        continue
                     out.append(FileInfo(e.path, e.name, e.is_dir(), 0 if e.is_dir() else st.st_size, st.st_mtime))
         except FileNotFoundError:
             return []
@@ -84,6 +102,7 @@ class LocalStorage:
         fd, tmp = tempfile.mkstemp(
             prefix=f".{os.path.basename(path)}.", suffix=f".{uuid.uuid4().hex[:8]}.tmp", dir=directory
         )
+        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; other readers (Spark, auditors) need access
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -115,7 +134,7 @@ class LocalStorage:
 
     def copy(self, src: str, dst: str) -> None:
         """Copy to a temporary name, then rename: ``dst`` is complete whenever it exists."""
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
         tmp = f"{dst}.{uuid.uuid4().hex[:8]}.copying"
         try:
             shutil.copyfile(src, tmp)

@@ -167,6 +167,12 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
         if statements:
             log.info("%s: running %d DDL statements", cfg.qualified_name, len(statements))
             rt.engine.run_sql(cfg, statements)
+        # The registry's storage root is the truth: follow it if it moved.
+        inc_table = names["incremental_table"]
+        if tables[inc_table] is not None and ms.table_location(db, inc_table) != lay.incremental:
+            log.warning("%s: incremental table moves to %s", cfg.qualified_name, lay.incremental)
+            ms.set_location(db, inc_table, lay.incremental)
+            ms.drop_partitions(db, inc_table, list(ms.partitions(db, inc_table)))
         _sync_base_location(rt, ms, latest)
     return {"ddl_statements": len(statements), "live_version": latest.version}
 

@@ -1,0 +1,692 @@
+"""The PySpark compaction job: its pure transformations and one end-to-end ``run``.
+
+The rule fragments come from ``rule_sql(cfg)``, exactly as the DAG's plan task hands them
+to the job, so these tests exercise the rule the job and the view share
+(see shared/conformance/README.md for the rule itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cdc_compaction.engine import load_job
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.sql import rule_sql, spark_schema_ddl
+
+pytestmark = pytest.mark.spark
+
+job = load_job("compact")
+
+INC0 = "increment_2026112200"
+INC1 = "increment_2026112201"
+INC2 = "increment_2026112202"
+F0 = "part-00000.parquet"
+F1 = "part-00001.parquet"
+F9 = "part-00009.parquet"
+T0 = datetime(2026, 11, 22, 0, 0)  # naive UTC, as the job's _ts() produces
+PROVENANCE_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint"
+
+STUDENT_COLUMNS: list[dict[str, str]] = [
+    {"name": "id", "type": "int"},
+    {"name": "full_name", "type": "string"},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": "bigint"},
+]
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "string": pa.string(),
+    "double": pa.float64(),
+}
+
+MakeCfg = Callable[..., TableConfig]
+
+
+# ---------------------------------------------------------------------------- helpers
+def lsn_cfg(make_cfg: MakeCfg) -> TableConfig:
+    """The student table ordered by (ts_ms, lsn)."""
+    return make_cfg(columns=[*STUDENT_COLUMNS, {"name": "lsn", "type": "bigint"}], order_by=["ts_ms", "lsn"])
+
+
+def composite_cfg(make_cfg: MakeCfg) -> TableConfig:
+    """The conformance suite's composite-key table: key (tenant, order_no)."""
+    return make_cfg(
+        columns=[
+            {"name": "tenant", "type": "string"},
+            {"name": "order_no", "type": "bigint"},
+            {"name": "amount", "type": "double"},
+            {"name": "status", "type": "string"},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": "bigint"},
+        ],
+        primary_key=["tenant", "order_no"],
+    )
+
+
+def ev(
+    cfg: TableConfig, *, inc: str = INC0, file: str = F0, pos: int = 0, at: datetime = T0, **values: Any
+) -> tuple[Any, ...]:
+    """One event as a tuple: registry columns (missing ones NULL), then the four _cdc_ columns."""
+    unknown = set(values) - set(cfg.column_names)
+    assert not unknown, f"not columns of the table: {unknown}"
+    return (*(values.get(c) for c in cfg.column_names), inc, file, pos, at)
+
+
+def raw_ev(cfg: TableConfig, *, inc: str = INC0, file: str = F0, pos: int = 0, **values: Any) -> tuple[Any, ...]:
+    """An event as ``with_provenance`` yields it (no ``_cdc_ingested_at`` yet)."""
+    return ev(cfg, inc=inc, file=file, pos=pos, **values)[:-1]
+
+
+def events_df(spark: Any, cfg: TableConfig, rows: list[tuple[Any, ...]]) -> Any:
+    return spark.createDataFrame(rows, schema=f"{spark_schema_ddl(cfg)}, {job.META_DDL}")
+
+
+def raw_df(spark: Any, cfg: TableConfig, rows: list[tuple[Any, ...]]) -> Any:
+    return spark.createDataFrame(rows, schema=f"{spark_schema_ddl(cfg)}, {PROVENANCE_DDL}")
+
+
+def compact_events(
+    spark: Any, cfg: TableConfig, rows: list[tuple[Any, ...]], cutoff: datetime | None = None
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """ranked + new_base over ``rows``: key tuple -> the surviving row as a dict."""
+    rule = rule_sql(cfg)
+    result = job.new_base(job.ranked(events_df(spark, cfg, rows), rule.rank), rule.is_delete, cutoff)
+    assert result.columns == cfg.column_names + job.META_COLUMNS
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in result.collect():
+        d = r.asDict()
+        key = tuple(d[c] for c in cfg.primary_key)
+        assert key not in out, f"key {key} survives twice"
+        out[key] = d
+    return out
+
+
+def names_by_key(survivors: dict[tuple[Any, ...], dict[str, Any]], column: str = "full_name") -> dict[Any, Any]:
+    return {k[0] if len(k) == 1 else k: v[column] for k, v in survivors.items()}
+
+
+def write_parquet(
+    root: Path,
+    cfg: TableConfig,
+    increment: str,
+    name: str,
+    rows: list[dict[str, Any]],
+    row_group_size: int | None = None,
+) -> dict[str, Any]:
+    """Land one change file like Debezium's sink would; return its plan entry."""
+    schema = pa.schema([(c.name, ARROW_TYPES[c.type]) for c in cfg.columns])
+    path = root / increment / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, row_group_size=row_group_size)
+    return {"increment": increment, "name": name, "path": str(path), "size": path.stat().st_size}
+
+
+def make_plan(
+    cfg: TableConfig,
+    plan_id: str,
+    *,
+    base: Path,
+    files: list[dict[str, Any]],
+    out: Path,
+    quarantine: Path,
+    ingested_at: datetime,
+    retention: timedelta = timedelta(days=7),
+) -> dict[str, Any]:
+    """A plan in the format tasks.plan() writes (the keys the job reads)."""
+    return {
+        "plan_id": plan_id,
+        "table": cfg.qualified_name,
+        "column_names": cfg.column_names,
+        "primary_key": cfg.primary_key,
+        "schema_ddl": spark_schema_ddl(cfg),
+        "rule": rule_sql(cfg).to_dict(),
+        "base_location": str(base),
+        "files": files,
+        "output_location": str(out),
+        "quarantine_location": str(quarantine),
+        "ingested_at": ingested_at.isoformat(),
+        "tombstone_cutoff": (ingested_at - retention).isoformat(),
+    }
+
+
+def data_files_on_disk(directory: Path) -> list[dict[str, Any]]:
+    return sorted(
+        (
+            {"name": p.name, "size": p.stat().st_size}
+            for p in directory.iterdir()
+            if p.is_file() and not p.name.startswith(("_", "."))
+        ),
+        key=lambda f: f["name"],
+    )
+
+
+def read_rows(directory: Path, sort_by: str = "id") -> list[dict[str, Any]]:
+    """The Parquet rows Spark left in ``directory`` (pyarrow skips _ and . files)."""
+    rows = pq.read_table(str(directory)).to_pylist()
+    return sorted(rows, key=lambda r: (r[sort_by] is None, r[sort_by]))
+
+
+def assert_reconciles(stats: dict[str, Any]) -> None:
+    expected = (
+        stats["base_rows"]
+        + stats["increment_rows"]
+        - stats["rejected_rows"]
+        - stats["superseded_rows"]
+        - stats["expired_tombstones"]
+    )
+    assert expected == stats["output_rows"], stats
+    assert stats["output_visible_rows"] == stats["output_rows"] - stats["output_tombstones"]
+    assert stats["duplicate_keys"] == 0
+
+
+@pytest.fixture
+def local_tz() -> Iterator[Callable[[str], None]]:
+    """Switch this Python process's local time zone (the JVM keeps its own); restored afterwards."""
+    old = os.environ.get("TZ")
+
+    def _set(tz: str) -> None:
+        os.environ["TZ"] = tz
+        time.tzset()
+
+    try:
+        yield _set
+    finally:
+        if old is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+
+
+# ------------------------------------------------------------------------- ranking
+def test_greater_order_by_value_wins_regardless_of_provenance(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = make_cfg()
+    rule = rule_sql(cfg)
+    rows = [
+        # key 1: the greater ts_ms wins although the other event is later in every provenance field
+        ev(cfg, id=1, full_name="ts200", op="u", ts_ms=200, inc=INC0, file=F0, pos=0),
+        ev(cfg, id=1, full_name="ts100", op="u", ts_ms=100, inc=INC1, file=F9, pos=9),
+        # key 2: numeric, not lexical, comparison of the ordering column
+        ev(cfg, id=2, full_name="ts10", op="c", ts_ms=10, pos=1),
+        ev(cfg, id=2, full_name="ts9", op="u", ts_ms=9, pos=2),
+        # key 3: three events, ranked newest first
+        ev(cfg, id=3, full_name="ts1", op="c", ts_ms=1, pos=3),
+        ev(cfg, id=3, full_name="ts3", op="u", ts_ms=3, pos=4),
+        ev(cfg, id=3, full_name="ts2", op="u", ts_ms=2, pos=5),
+    ]
+    ranks = {
+        (r["id"], r["full_name"]): r["_cdc_rank"]
+        for r in job.ranked(events_df(spark, cfg, rows), rule.rank).select("id", "full_name", "_cdc_rank").collect()
+    }
+    assert ranks == {
+        (1, "ts200"): 1,
+        (1, "ts100"): 2,
+        (2, "ts10"): 1,
+        (2, "ts9"): 2,
+        (3, "ts3"): 1,
+        (3, "ts2"): 2,
+        (3, "ts1"): 3,
+    }
+    assert names_by_key(compact_events(spark, cfg, rows)) == {1: "ts200", 2: "ts10", 3: "ts3"}
+
+
+def test_second_order_by_column_breaks_a_tie_of_the_first(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = lsn_cfg(make_cfg)
+    rows = [
+        # key 1: equal ts_ms, greater lsn wins over a later increment/file/row
+        ev(cfg, id=1, full_name="lsn7", op="u", ts_ms=5, lsn=7, inc=INC0, file=F0, pos=0),
+        ev(cfg, id=1, full_name="lsn5", op="u", ts_ms=5, lsn=5, inc=INC1, file=F9, pos=9),
+        # key 2: the first ordering column dominates the second
+        ev(cfg, id=2, full_name="ts6-lsn1", op="u", ts_ms=6, lsn=1),
+        ev(cfg, id=2, full_name="ts5-lsn99", op="u", ts_ms=5, lsn=99, inc=INC1),
+    ]
+    survivors = compact_events(spark, cfg, rows)
+    assert names_by_key(survivors) == {1: "lsn7", 2: "ts6-lsn1"}
+    assert survivors[(1,)]["lsn"] == 7
+
+
+@pytest.mark.parametrize(
+    ("winner", "loser"),
+    [
+        pytest.param((INC1, F0, 0), (INC0, F9, 9), id="later-increment-wins"),
+        pytest.param((INC0, F1, 0), (INC0, F0, 5), id="later-file-wins"),
+        pytest.param((INC0, F0, 10), (INC0, F0, 9), id="later-row-wins-numerically"),
+    ],
+)
+def test_full_tie_is_broken_by_provenance(
+    spark: Any, make_cfg: MakeCfg, winner: tuple[str, str, int], loser: tuple[str, str, int]
+) -> None:
+    cfg = make_cfg()
+    rows = [
+        # key 1: winner listed first; key 2: loser listed first (input order must not matter)
+        ev(cfg, id=1, full_name="winner", op="u", ts_ms=100, inc=winner[0], file=winner[1], pos=winner[2]),
+        ev(cfg, id=1, full_name="loser", op="u", ts_ms=100, inc=loser[0], file=loser[1], pos=loser[2]),
+        ev(cfg, id=2, full_name="loser", op="c", ts_ms=100, inc=loser[0], file=loser[1], pos=loser[2]),
+        ev(cfg, id=2, full_name="winner", op="c", ts_ms=100, inc=winner[0], file=winner[1], pos=winner[2]),
+    ]
+    survivors = compact_events(spark, cfg, rows)
+    assert names_by_key(survivors) == {1: "winner", 2: "winner"}
+    assert (survivors[(1,)]["_cdc_increment"], survivors[(1,)]["_cdc_file"], survivors[(1,)]["_cdc_pos"]) == winner
+
+
+def test_delete_winner_stays_as_a_tombstone(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = make_cfg()
+    rows = [
+        ev(cfg, id=1, full_name="Ann", op="c", ts_ms=1, pos=0),
+        ev(cfg, id=1, full_name="Ann B", op="u", ts_ms=2, pos=1),
+        ev(cfg, id=1, full_name=None, op="d", ts_ms=3, pos=2),
+        # key 2: deleted, then created again: the re-insert wins
+        ev(cfg, id=2, full_name=None, op="d", ts_ms=1, pos=3),
+        ev(cfg, id=2, full_name="Bob again", op="c", ts_ms=2, pos=4),
+        ev(cfg, id=3, full_name="Cy", op="r", ts_ms=1, pos=5),
+    ]
+    survivors = compact_events(spark, cfg, rows, cutoff=T0 - timedelta(days=7))
+    assert {k[0]: (v["op"], v["ts_ms"], v["full_name"]) for k, v in survivors.items()} == {
+        1: ("d", 3, None),
+        2: ("c", 2, "Bob again"),
+        3: ("r", 1, "Cy"),
+    }
+
+
+def test_older_event_does_not_resurrect_a_tombstone(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = make_cfg()
+    late = T0 + timedelta(hours=3)
+    rows = [
+        # the base holds a tombstone from an earlier compaction
+        ev(cfg, id=1, full_name=None, op="d", ts_ms=300, inc=INC0, at=T0),
+        # late deliveries in newer increments, but older in ts_ms
+        ev(cfg, id=1, full_name="late update", op="u", ts_ms=200, inc=INC2, file=F9, pos=7, at=late),
+        ev(cfg, id=1, full_name="late create", op="c", ts_ms=100, inc=INC2, file=F9, pos=8, at=late),
+        ev(cfg, id=2, full_name="other key", op="c", ts_ms=1, inc=INC2, at=late),
+    ]
+    survivors = compact_events(spark, cfg, rows, cutoff=late - timedelta(days=7))
+    assert {k[0]: (v["op"], v["ts_ms"], v["_cdc_increment"]) for k, v in survivors.items()} == {
+        1: ("d", 300, INC0),
+        2: ("c", 1, INC2),
+    }
+
+
+def test_expired_tombstones_are_dropped_and_fresh_ones_kept(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = make_cfg()
+    old, fresh = datetime(2026, 11, 1), datetime(2026, 11, 21)
+    cutoff = datetime(2026, 11, 15)
+    rows = [
+        ev(cfg, id=1, op="d", ts_ms=5, at=old),  # expired tombstone
+        ev(cfg, id=2, op="d", ts_ms=5, at=fresh),  # tombstone within retention
+        ev(cfg, id=3, full_name="old upsert", op="u", ts_ms=5, at=old),  # upserts never expire
+        # key 4: the expired tombstone goes, and its loser must not come back in its place
+        ev(cfg, id=4, full_name="deleted long ago", op="c", ts_ms=1, at=old),
+        ev(cfg, id=4, op="d", ts_ms=2, at=old),
+    ]
+    expiring = compact_events(spark, cfg, rows, cutoff=cutoff)
+    assert {k[0]: v["op"] for k, v in expiring.items()} == {2: "d", 3: "u"}
+    assert expiring[(3,)]["full_name"] == "old upsert"
+
+    keep_all = compact_events(spark, cfg, rows, cutoff=None)
+    assert {k[0]: v["op"] for k, v in keep_all.items()} == {1: "d", 2: "d", 3: "u", 4: "d"}
+
+
+def test_composite_primary_key_partitions_by_all_key_columns(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = composite_cfg(make_cfg)
+    rows = [
+        ev(cfg, tenant="a", order_no=1, amount=1.5, status="new", op="c", ts_ms=1, pos=0),
+        ev(cfg, tenant="b", order_no=1, amount=2.5, status="new", op="c", ts_ms=1, pos=1),
+        ev(cfg, tenant="a", order_no=1, amount=1.5, status="paid", op="u", ts_ms=2, pos=2),
+        ev(cfg, tenant="a", order_no=2, amount=9.0, status="new", op="c", ts_ms=1, pos=3),
+        ev(cfg, tenant="b", order_no=2, amount=4.0, status="new", op="c", ts_ms=3, pos=4),
+        ev(cfg, tenant="b", order_no=2, op="d", ts_ms=4, pos=5),
+    ]
+    survivors = compact_events(spark, cfg, rows)
+    assert {k: (v["status"], v["op"], v["ts_ms"]) for k, v in survivors.items()} == {
+        ("a", 1): ("paid", "u", 2),
+        ("b", 1): ("new", "c", 1),
+        ("a", 2): ("new", "c", 1),
+        ("b", 2): (None, "d", 4),
+    }
+
+
+# ------------------------------------------------------------------------ classify
+def test_classify_gives_the_reason_of_each_refused_row(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = make_cfg()
+    rows = [
+        raw_ev(cfg, id=1, full_name="ok-c", op="c", ts_ms=1),
+        raw_ev(cfg, id=2, full_name="ok-r", op="r", ts_ms=1),
+        raw_ev(cfg, id=3, full_name="ok-u", op="u", ts_ms=1),
+        raw_ev(cfg, id=4, full_name="ok-d", op="d", ts_ms=1),
+        raw_ev(cfg, id=None, full_name="no-key", op="c", ts_ms=1),
+        raw_ev(cfg, id=5, full_name="no-ts", op="u", ts_ms=None),
+        raw_ev(cfg, id=6, full_name="bad-op", op="x", ts_ms=1),
+        raw_ev(cfg, id=7, full_name="no-op", op=None, ts_ms=1),
+        raw_ev(cfg, id=8, full_name="upper-D", op="D", ts_ms=1),
+        raw_ev(cfg, id=9, full_name="empty-op", op="", ts_ms=1),
+        raw_ev(cfg, id=None, full_name="nothing", op=None, ts_ms=None),  # the key check comes first
+    ]
+    classified = job.classify(raw_df(spark, cfg, rows), rule_sql(cfg).reject_reason)
+    assert classified.columns == [*cfg.column_names, "_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_reject_reason"]
+    reasons = {r["full_name"]: r["_cdc_reject_reason"] for r in classified.collect()}
+    assert reasons == {
+        "ok-c": None,
+        "ok-r": None,
+        "ok-u": None,
+        "ok-d": None,
+        "no-key": "null_key:id",
+        "no-ts": "null_order_by:ts_ms",
+        "bad-op": "unknown_op",
+        "no-op": "null_op",
+        "upper-D": "unknown_op",
+        "empty-op": "unknown_op",
+        "nothing": "null_key:id",
+    }
+
+
+def test_classify_names_the_offending_column(spark: Any, make_cfg: MakeCfg) -> None:
+    lsn = lsn_cfg(make_cfg)
+    lsn_rows = [
+        raw_ev(lsn, id=1, full_name="no-lsn", op="u", ts_ms=1, lsn=None),
+        raw_ev(lsn, id=2, full_name="no-ts", op="u", ts_ms=None, lsn=None),
+        raw_ev(lsn, id=3, full_name="ok", op="u", ts_ms=1, lsn=1),
+    ]
+    got = job.classify(raw_df(spark, lsn, lsn_rows), rule_sql(lsn).reject_reason).collect()
+    assert {r["full_name"]: r["_cdc_reject_reason"] for r in got} == {
+        "no-lsn": "null_order_by:lsn",
+        "no-ts": "null_order_by:ts_ms",
+        "ok": None,
+    }
+
+    comp = composite_cfg(make_cfg)
+    comp_rows = [
+        raw_ev(comp, tenant="a", order_no=None, status="no-order-no", op="c", ts_ms=1),
+        raw_ev(comp, tenant=None, order_no=1, status="no-tenant", op="c", ts_ms=1),
+        raw_ev(comp, tenant="a", order_no=1, status="ok", op="c", ts_ms=1),
+    ]
+    got = job.classify(raw_df(spark, comp, comp_rows), rule_sql(comp).reject_reason).collect()
+    assert {r["status"]: r["_cdc_reject_reason"] for r in got} == {
+        "no-order-no": "null_key:order_no",
+        "no-tenant": "null_key:tenant",
+        "ok": None,
+    }
+
+
+def test_accepted_and_rejected_split_classified_events(spark: Any, make_cfg: MakeCfg) -> None:
+    cfg = make_cfg()
+    rows = [
+        raw_ev(cfg, id=1, full_name="good", op="c", ts_ms=1, inc=INC0, file=F0, pos=0),
+        raw_ev(cfg, id=None, full_name="keyless", op="c", ts_ms=1, inc=INC0, file=F0, pos=1),
+        raw_ev(cfg, id=2, full_name="gone", op="d", ts_ms=2, inc=INC1, file=F1, pos=0),
+        raw_ev(cfg, id=3, full_name="weird", op="x", ts_ms=2, inc=INC1, file=F1, pos=1),
+    ]
+    classified = job.classify(raw_df(spark, cfg, rows), rule_sql(cfg).reject_reason)
+    ingested_at = datetime(2026, 11, 22, 13, 45, 10)
+
+    good = job.accepted(classified, ingested_at)
+    assert good.columns == cfg.column_names + job.META_COLUMNS
+    assert sorted(tuple(r) for r in good.collect()) == [
+        (1, "good", "c", 1, INC0, F0, 0, ingested_at),
+        (2, "gone", "d", 2, INC1, F1, 0, ingested_at),
+    ]
+
+    bad = job.rejected(classified, "plan-abc")
+    assert bad.columns == [
+        *cfg.column_names,
+        "_cdc_increment",
+        "_cdc_file",
+        "_cdc_pos",
+        "_cdc_reject_reason",
+        "_cdc_plan_id",
+    ]
+    assert sorted(
+        (r["full_name"], r["_cdc_reject_reason"], r["_cdc_plan_id"], r["_cdc_pos"]) for r in bad.collect()
+    ) == [
+        ("keyless", "null_key:id", "plan-abc", 1),
+        ("weird", "unknown_op", "plan-abc", 1),
+    ]
+
+
+# ------------------------------------------------------------------ with_provenance
+def test_with_provenance_reads_increment_file_and_row_position(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
+    cfg = make_cfg()
+    landing = tmp_path / "landing"
+    a = write_parquet(
+        landing,
+        cfg,
+        INC0,
+        F0,
+        [{"id": i, "full_name": f"a{i}", "op": "c", "ts_ms": i} for i in range(5)],
+        row_group_size=2,  # the position is within the file, not within a row group
+    )
+    b = write_parquet(
+        landing, cfg, INC1, F1, [{"id": 10 + i, "full_name": f"b{i}", "op": "u", "ts_ms": i} for i in range(3)]
+    )
+    empty = write_parquet(landing, cfg, INC1, F9, [])
+
+    raw = spark.read.schema(spark_schema_ddl(cfg)).parquet(a["path"], b["path"], empty["path"])
+    events = job.with_provenance(raw, cfg.column_names)
+
+    assert events.columns == [*cfg.column_names, "_cdc_increment", "_cdc_file", "_cdc_pos"]
+    got = sorted((r["full_name"], r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in events.collect())
+    assert got == [
+        ("a0", INC0, F0, 0),
+        ("a1", INC0, F0, 1),
+        ("a2", INC0, F0, 2),
+        ("a3", INC0, F0, 3),
+        ("a4", INC0, F0, 4),
+        ("b0", INC1, F1, 0),
+        ("b1", INC1, F1, 1),
+        ("b2", INC1, F1, 2),
+    ]
+
+
+# ------------------------------------------------------------------------------ run
+def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
+    cfg = make_cfg()
+    landing, versions, quarantine = tmp_path / "incremental", tmp_path / "base", tmp_path / "quarantine"
+    empty_base = versions / "v00000000"
+    empty_base.mkdir(parents=True)
+
+    # ---- first run: empty base + two increments, three refused rows
+    files = [
+        write_parquet(
+            landing,
+            cfg,
+            INC0,
+            F0,
+            [
+                {"id": 1, "full_name": "Ann", "op": "c", "ts_ms": 1},
+                {"id": 2, "full_name": "Bob", "op": "c", "ts_ms": 1},
+                {"id": 1, "full_name": "Ann B", "op": "u", "ts_ms": 2},
+                {"id": None, "full_name": "keyless", "op": "c", "ts_ms": 1},
+                {"id": 3, "full_name": "odd op", "op": "x", "ts_ms": 1},
+            ],
+        ),
+        write_parquet(
+            landing,
+            cfg,
+            INC1,
+            F0,
+            [
+                {"id": 3, "full_name": "Cy", "op": "c", "ts_ms": 5},
+                {"id": 2, "full_name": "Bob 2", "op": "u", "ts_ms": 3},
+                {"id": 4, "full_name": "no time", "op": "c", "ts_ms": None},
+            ],
+        ),
+    ]
+    at1 = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
+    out1 = versions / "v00000001"
+    plan1 = make_plan(
+        cfg, "plan-1", base=empty_base, files=files, out=out1, quarantine=quarantine / "v1", ingested_at=at1
+    )
+
+    stats1 = job.run(spark, plan1)
+
+    assert {k: stats1[k] for k in stats1 if k not in ("output_files", "finished_at")} == {
+        "plan_id": "plan-1",
+        "table": cfg.qualified_name,
+        "base_rows": 0,
+        "increment_rows": 8,
+        "rejected_rows": 3,
+        "rejected_by_reason": {"null_key:id": 1, "unknown_op": 1, "null_order_by:ts_ms": 1},
+        "superseded_rows": 2,
+        "expired_tombstones": 0,
+        "output_rows": 3,
+        "output_tombstones": 0,
+        "output_visible_rows": 3,
+        "duplicate_keys": 0,
+    }
+    assert_reconciles(stats1)
+
+    rows1 = read_rows(out1)
+    assert [(r["id"], r["full_name"], r["op"], r["ts_ms"]) for r in rows1] == [
+        (1, "Ann B", "u", 2),
+        (2, "Bob 2", "u", 3),
+        (3, "Cy", "c", 5),
+    ]
+    assert list(rows1[0]) == cfg.column_names + job.META_COLUMNS
+    assert [(r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows1] == [
+        (INC0, F0, 2),
+        (INC1, F0, 1),
+        (INC1, F0, 0),
+    ]
+    assert {r["_cdc_ingested_at"] for r in rows1} == {datetime(2026, 11, 22, 2, 0)}
+
+    refused = read_rows(quarantine / "v1")
+    assert [(r["full_name"], r["_cdc_reject_reason"], r["_cdc_plan_id"]) for r in refused] == [
+        ("odd op", "unknown_op", "plan-1"),
+        ("no time", "null_order_by:ts_ms", "plan-1"),
+        ("keyless", "null_key:id", "plan-1"),
+    ]
+    assert [(r["_cdc_increment"], r["_cdc_pos"]) for r in refused] == [(INC0, 4), (INC1, 2), (INC0, 3)]
+
+    stats_file = out1 / job.STATS_FILE
+    assert json.loads(stats_file.read_text(encoding="utf-8")) == stats1
+    assert stats1["output_files"] == data_files_on_disk(out1)
+    assert stats1["output_files"], "no data file written"
+
+    # ---- second run: the first output is the base; an update, a delete, a stale late event
+    files2 = [
+        write_parquet(
+            landing,
+            cfg,
+            INC2,
+            F0,
+            [
+                {"id": 1, "full_name": "Ann C", "op": "u", "ts_ms": 10},
+                {"id": 2, "full_name": None, "op": "d", "ts_ms": 10},
+                {"id": 3, "full_name": "stale Cy", "op": "u", "ts_ms": 4},
+            ],
+        )
+    ]
+    at2 = at1 + timedelta(hours=1)
+    out2 = versions / "v00000002"
+    plan2 = make_plan(cfg, "plan-2", base=out1, files=files2, out=out2, quarantine=quarantine / "v2", ingested_at=at2)
+
+    stats2 = job.run(spark, plan2)
+
+    assert (
+        stats2["base_rows"],
+        stats2["increment_rows"],
+        stats2["rejected_rows"],
+        stats2["rejected_by_reason"],
+        stats2["superseded_rows"],
+        stats2["expired_tombstones"],
+    ) == (3, 3, 0, {}, 3, 0)
+    assert (stats2["output_rows"], stats2["output_tombstones"], stats2["output_visible_rows"]) == (3, 1, 2)
+    assert_reconciles(stats2)
+    assert not (quarantine / "v2").exists()  # nothing refused, nothing quarantined
+
+    rows2 = read_rows(out2)
+    assert [(r["id"], r["full_name"], r["op"], r["ts_ms"], r["_cdc_increment"]) for r in rows2] == [
+        (1, "Ann C", "u", 10, INC2),
+        (2, None, "d", 10, INC2),
+        (3, "Cy", "c", 5, INC1),
+    ]
+    # a carried-over base row keeps the time it was first compacted
+    assert {r["id"]: r["_cdc_ingested_at"] for r in rows2} == {
+        1: datetime(2026, 11, 22, 3, 0),
+        2: datetime(2026, 11, 22, 3, 0),
+        3: datetime(2026, 11, 22, 2, 0),
+    }
+    assert stats2["output_files"] == data_files_on_disk(out2)
+    assert json.loads((out2 / job.STATS_FILE).read_text(encoding="utf-8")) == stats2
+
+
+def test_run_drops_a_tombstone_once_its_retention_has_passed(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
+    cfg = make_cfg()
+    landing, versions = tmp_path / "incremental", tmp_path / "base"
+    empty_base = versions / "v0"
+    empty_base.mkdir(parents=True)
+    at1 = datetime(2026, 11, 1, 0, 0, tzinfo=UTC)
+    first = [
+        write_parquet(
+            landing,
+            cfg,
+            INC0,
+            F0,
+            [
+                {"id": 1, "full_name": "Ann", "op": "c", "ts_ms": 1},
+                {"id": 1, "full_name": None, "op": "d", "ts_ms": 2},
+                {"id": 2, "full_name": "Bob", "op": "c", "ts_ms": 1},
+            ],
+        )
+    ]
+    out1 = versions / "v1"
+    stats1 = job.run(
+        spark,
+        make_plan(cfg, "p1", base=empty_base, files=first, out=out1, quarantine=tmp_path / "q1", ingested_at=at1),
+    )
+    assert (stats1["output_rows"], stats1["output_tombstones"], stats1["expired_tombstones"]) == (2, 1, 0)
+
+    # three weeks later (retention 7 days) the tombstone of key 1 expires; a late stale create stays dead
+    second = [write_parquet(landing, cfg, INC1, F0, [{"id": 3, "full_name": "Cy", "op": "c", "ts_ms": 1}])]
+    out2 = versions / "v2"
+    stats2 = job.run(
+        spark,
+        make_plan(
+            cfg,
+            "p2",
+            base=out1,
+            files=second,
+            out=out2,
+            quarantine=tmp_path / "q2",
+            ingested_at=at1 + timedelta(days=21),
+        ),
+    )
+    assert (stats2["base_rows"], stats2["increment_rows"], stats2["expired_tombstones"]) == (2, 1, 1)
+    assert (stats2["output_rows"], stats2["output_tombstones"], stats2["output_visible_rows"]) == (2, 0, 2)
+    assert_reconciles(stats2)
+    assert [(r["id"], r["op"]) for r in read_rows(out2)] == [(2, "c"), (3, "c")]
+
+
+def test_run_stamps_ingested_at_in_utc_whatever_the_driver_time_zone(
+    spark: Any, make_cfg: MakeCfg, tmp_path: Path, local_tz: Callable[[str], None]
+) -> None:
+    cfg = make_cfg()
+    empty_base = tmp_path / "base" / "v0"
+    empty_base.mkdir(parents=True)
+    files = [
+        write_parquet(tmp_path / "incremental", cfg, INC0, F0, [{"id": 1, "full_name": "A", "op": "c", "ts_ms": 1}])
+    ]
+    out = tmp_path / "base" / "v1"
+    plan = make_plan(
+        cfg,
+        "p-tz",
+        base=empty_base,
+        files=files,
+        out=out,
+        quarantine=tmp_path / "q",
+        ingested_at=datetime(2026, 11, 22, 12, 0, tzinfo=UTC),
+    )
+
+    local_tz("Asia/Kolkata")  # UTC+05:30, no DST
+    job.run(spark, plan)
+
+    assert [r["_cdc_ingested_at"] for r in read_rows(out)] == [datetime(2026, 11, 22, 12, 0)]

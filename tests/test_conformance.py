@@ -1,0 +1,156 @@
+"""The shared conformance scenarios, through the real pipeline.
+
+Every scenario of ../shared/conformance runs in-process (the task functions in order,
+one SparkSession); a representative handful also run as real DAG runs
+(``airflow dags test``: SparkSubmitOperator, spark-submit and all).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_compaction import conformance as conf
+from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+from cdc_compaction.local_services import LocalMetastore
+from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+SHARED_CONFORMANCE = PROJECT_ROOT.parent / "shared" / "conformance"
+
+SCENARIOS = sorted(SHARED_CONFORMANCE.glob("*.json"))
+# One per behaviour that matters most in a real DAG run: tombstones against late
+# events over three runs, refused rows, several and empty files, a no-op run that
+# short-circuits, and composite keys.
+DAG_HANDFUL = [
+    "late_update_for_deleted_key",
+    "null_key_rejected",
+    "several_files_per_increment",
+    "no_pending_increments",
+    "composite_key",
+]
+
+
+def test_the_shared_scenarios_are_there() -> None:
+    assert len(SCENARIOS) >= 19, f"expected the shared scenarios in {SHARED_CONFORMANCE}"
+    assert set(DAG_HANDFUL) <= {p.stem for p in SCENARIOS}
+
+
+@pytest.fixture(scope="module")
+def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> conf.InProcessRunner:
+    return conf.InProcessRunner(spark, endpoint)
+
+
+@pytest.fixture(scope="module")
+def reader(spark: Any) -> conf.Reader:
+    return conf.Reader(spark)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_scenario_inprocess(path: Path, inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path) -> None:
+    result = conf.run_scenario(conf.Scenario.load(path), inprocess, reader, tmp_path / "lake", suffix="_ip")
+    assert result.ok, "\n".join(result.failures)
+
+
+def _tampered(path: Path, tmp_path: Path, change: Any) -> conf.Scenario:
+    doc = json.loads(path.read_text())
+    change(doc)
+    out = tmp_path / path.name
+    out.write_text(json.dumps(doc))
+    return conf.Scenario.load(out)
+
+
+def test_a_wrong_expectation_fails_with_a_row_diff(
+    inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path
+) -> None:
+    def change(doc: dict[str, Any]) -> None:
+        step = next(s for s in doc["steps"] if "compact" in s)
+        step["compact"]["expect"][0]["full_name"] = "Mallory"
+
+    scn = _tampered(SHARED_CONFORMANCE / "update_latest_wins.json", tmp_path, change)
+    result = conf.run_scenario(scn, inprocess, reader, tmp_path / "lake", suffix="_neg1")
+    assert not result.ok
+    text = "\n".join(result.failures)
+    assert "compact: base rows differ" in text
+    assert "missing:    full_name='Mallory'" in text and "unexpected: full_name='Angela'" in text
+
+
+def test_a_wrong_rejected_count_fails(inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path) -> None:
+    def change(doc: dict[str, Any]) -> None:
+        for s in doc["steps"]:
+            if "compact" in s:
+                s["compact"]["rejected"] = 0
+            if "check_view" in s:
+                s["check_view"]["rejected_pending"] = 5
+
+    scn = _tampered(SHARED_CONFORMANCE / "null_key_rejected.json", tmp_path, change)
+    result = conf.run_scenario(scn, inprocess, reader, tmp_path / "lake", suffix="_neg2")
+    assert sorted(f.split(": ", 1)[1] for f in result.failures) == [
+        "rejected 1, expected 0",
+        "rejected_pending 1, expected 5",
+    ]
+
+
+def test_cli_runs_scenarios_from_any_directory_and_exits_nonzero_on_mismatch(tmp_path: Path) -> None:
+    """`make conformance` is this command: one line per scenario, exit 1 on any FAIL."""
+    scenarios = tmp_path / "elsewhere"
+    scenarios.mkdir()
+    good = json.loads((SHARED_CONFORMANCE / "insert_only.json").read_text())
+    bad = copy.deepcopy(good)
+    bad["name"] = "insert_only_wrong"
+    bad["steps"][-1]["compact"]["expect"].pop()
+    (scenarios / "a.json").write_text(json.dumps(good))
+    (scenarios / "b.json").write_text(json.dumps(bad))
+    command = ["-m", "cdc_compaction", "conformance", "--mode", "inprocess", "--work-dir", str(tmp_path / "w")]
+    proc = subprocess.run(
+        [sys.executable, *command, str(scenarios / "*.json")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins")},
+        timeout=600,
+        check=False,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(("PASS", "FAIL"))]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith("PASS insert_only ") and lines[1].startswith("FAIL insert_only_wrong ")
+    assert "unexpected: full_name='Bob'" in proc.stdout
+    assert "1 passed, 1 failed" in proc.stdout
+    assert not LocalMetastore(tmp_path / "w" / "metastore").pid(), "the CLI stops the metastore it started"
+
+
+@pytest.fixture(scope="module")
+def dag_runner(
+    spark: Any, endpoint: MetastoreEndpoint, metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
+) -> conf.DagRunner:
+    work = tmp_path_factory.mktemp("dagmode")
+    env = airflow_env(
+        work / "airflow", metastore.uri, registry_dir=work / "registry", warehouse_dir=metastore.home / "warehouse"
+    )
+    ensure_airflow_db(env)
+    runner = conf.DagRunner(spark, endpoint, env)
+    runner.work = work  # type: ignore[attr-defined]
+    return runner
+
+
+@pytest.mark.dag
+@pytest.mark.parametrize("name", DAG_HANDFUL)
+def test_scenario_dag(name: str, dag_runner: conf.DagRunner, reader: conf.Reader) -> None:
+    work: Path = dag_runner.work  # type: ignore[attr-defined]
+    scn = conf.Scenario.load(SHARED_CONFORMANCE / f"{name}.json")
+    result = conf.run_scenario(scn, dag_runner, reader, work / "lake", registry_dir=work / "registry", suffix="_dag")
+    assert result.ok, "\n".join(result.failures)
+    runs = [t for t in dag_runner.timings if t["dag_id"].endswith(scn.table_name + "_dag")]
+    assert runs and all(t["state"] == "success" for t in runs)
+    tasks = {x["task_id"]: x["state"] for x in runs[0]["tasks"]}
+    assert tasks["compact"] == "success", "the first run compacted with spark-submit"
+    if name == "no_pending_increments":
+        assert {x["task_id"]: x["state"] for x in runs[-1]["tasks"]}["compact"] == "skipped"
