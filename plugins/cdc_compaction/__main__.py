@@ -4,6 +4,8 @@ Commands:
   registry validate [--dir DIR]          check every registry file; exit 1 on any error
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
+  demo                                   the embedded default end to end (make demo)
+  airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
 """
 
 from __future__ import annotations
@@ -101,6 +103,34 @@ def _conformance(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from cdc_compaction.demo import main as demo_main
+
+    return demo_main()
+
+
+def _airflow_ui(args: argparse.Namespace) -> int:
+    """Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 with this project's DAGs."""
+    import subprocess
+
+    from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+    from cdc_compaction.local_services import LocalMetastore
+
+    ms = LocalMetastore(settings.PROJECT_ROOT / ".metastore", port=args.metastore_port)
+    ms.start()
+    try:
+        env = airflow_env(settings.PROJECT_ROOT / ".airflow", ms.uri)
+        env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(args.port)})
+        ensure_airflow_db(env)
+        print(f"Airflow UI on http://127.0.0.1:{args.port} (login printed below by 'airflow standalone'); Ctrl-C stops")
+        airflow = str(Path(sys.executable).parent / "airflow")
+        return subprocess.run([airflow, "standalone"], env=env, check=False).returncode
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        ms.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cdc_compaction", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     ms.add_argument("--home", default=os.environ.get("CDC_METASTORE_HOME", str(settings.PROJECT_ROOT / ".metastore")))
     ms.add_argument("--port", type=int, default=int(os.environ.get("CDC_METASTORE_PORT", "9083")))
     ms.set_defaults(func=_metastore)
+
+    demo = sub.add_parser("demo", help="land CDC files for two tables and compact them with the real DAGs")
+    demo.set_defaults(func=_demo)
+
+    ui = sub.add_parser("airflow-ui", help="run Airflow (UI, scheduler) with this project's DAGs")
+    ui.add_argument("--port", type=int, default=8080)
+    ui.add_argument("--metastore-port", type=int, default=9083)
+    ui.set_defaults(func=_airflow_ui)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("CDC_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")

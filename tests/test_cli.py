@@ -1,0 +1,42 @@
+"""The command line: ``python -m cdc_compaction registry validate`` (``make lint-registry``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from cdc_compaction.settings import PROJECT_ROOT, registry_dir
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins")}
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_compaction", *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def test_the_shipped_registry_is_valid() -> None:
+    proc = _cli("registry", "validate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK    school.student.yaml: school.student -> DAG cdc__school__student" in proc.stdout
+    assert "0 invalid of 2 registry files" in proc.stdout
+
+
+def test_an_invalid_entry_fails_with_file_and_field(tmp_path: Path) -> None:
+    good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
+    (tmp_path / "school.student.yaml").write_text(yaml.safe_dump(good))
+    (tmp_path / "school.bad.yaml").write_text(yaml.safe_dump({**good, "table": "bad", "primary_key": ["nope"]}))
+    proc = _cli("registry", "validate", "--dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert "ERROR school.bad.yaml:" in proc.stdout
+    assert "field 'primary_key': ['nope'] not among the columns" in proc.stdout
+    assert "1 invalid of 2 registry files" in proc.stdout
+
+
+def test_an_empty_registry_is_an_error(tmp_path: Path) -> None:
+    proc = _cli("registry", "validate", "--dir", str(tmp_path))
+    assert proc.returncode == 1 and "no registry files" in proc.stderr
