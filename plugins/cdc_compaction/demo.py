@@ -115,7 +115,11 @@ def _run_dag(env: dict[str, str], cfg: TableConfig) -> dict[str, Any]:
 
 
 def _run_all(env: dict[str, str], cfgs: list[TableConfig]) -> None:
-    # Two tables' DAGs at the same time, sharing the metastore.
+    # Two tables' DAGs at the same time, sharing the metastore.  Each `dags test` writes
+    # every DAG of the file to the metadata DB: serialize them once first, so two
+    # processes do not race to insert the same rows into SQLite.
+    airflow = str(Path(sys.executable).parent / "airflow")
+    subprocess.run([airflow, "dags", "reserialize"], env=env, capture_output=True, check=True)
     with ThreadPoolExecutor(max_workers=len(cfgs)) as pool:
         for t in pool.map(lambda c: _run_dag(env, c), cfgs):
             steps = ", ".join(f"{x['task_id']} {x['seconds']}s" for x in t["tasks"])
