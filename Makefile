@@ -28,7 +28,9 @@ $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
+	@# requirements.txt pins the whole tree, so skip pip's resolver, then let pip check it.
+	$(BIN)/pip install --quiet --no-deps -r requirements.txt
+	$(BIN)/pip check
 	@$(BIN)/python -c 'import pyspark; assert pyspark.__version__ == "4.2.0", pyspark.__version__'
 	touch $(STAMP)
 

@@ -6,6 +6,7 @@ fixture starts is stopped by the same fixture, by PID.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# py4j logs "Closing down clientserver connection" from __del__ after pytest closed its streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Airflow reads its configuration once, at first import: point it at a test-only home
@@ -60,17 +63,21 @@ def spark(metastore: LocalMetastore, endpoint: MetastoreEndpoint) -> Iterator[An
         session.stop()
 
 
+#: The seed articles' student table: an int key, a name, Debezium's op and ts_ms.
+STUDENT_COLUMNS: tuple[dict[str, str], ...] = (
+    {"name": "id", "type": "int"},
+    {"name": "full_name", "type": "string"},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": "bigint"},
+)
+
+
 def student_doc(root: Path, table: str = "student", **overrides: Any) -> dict[str, Any]:
     """A registry entry like the seed articles' student table, landing under ``root``."""
     doc: dict[str, Any] = {
         "database": "tests",
         "table": table,
-        "columns": [
-            {"name": "id", "type": "int"},
-            {"name": "full_name", "type": "string"},
-            {"name": "op", "type": "string"},
-            {"name": "ts_ms", "type": "bigint"},
-        ],
+        "columns": [dict(c) for c in STUDENT_COLUMNS],
         "primary_key": ["id"],
         "order_by": ["ts_ms"],
         "storage_root": str(root / table),

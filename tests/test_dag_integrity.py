@@ -70,6 +70,10 @@ def test_task_chain_and_operators(dagbag) -> None:
         assert Path(compact.application).is_file()
         assert compact._conn_id == "spark_default"
         assert "ti.xcom_pull(task_ids='plan')" in " ".join(compact.application_args)
+        plan = dag.get_task("plan")
+        # The next run's plan waits for this run's whole critical section (backfill-safe).
+        assert plan.depends_on_past and plan.wait_for_downstream
+        assert plan.downstream_task_ids == set(TASK_ORDER[2:])
         outlets = dag.get_task("publish").outlets
         assert len(outlets) == 1 and outlets[0].name.endswith("_base")
 

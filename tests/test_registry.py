@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import STUDENT_COLUMNS
 from pydantic import ValidationError
 
 from cdc_compaction.exceptions import RegistryError
@@ -46,12 +47,7 @@ def good_doc(database: str = "tests", table: str = "student", **overrides: Any) 
     doc: Doc = {
         "database": database,
         "table": table,
-        "columns": [
-            {"name": "id", "type": "int"},
-            {"name": "full_name", "type": "string"},
-            {"name": "op", "type": "string"},
-            {"name": "ts_ms", "type": "bigint"},
-        ],
+        "columns": [dict(c) for c in STUDENT_COLUMNS],
         "primary_key": ["id"],
         "order_by": ["ts_ms"],
         "storage_root": "/lake/tests/student",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import STUDENT_COLUMNS
 
 from cdc_compaction.exceptions import IdentifierError
 from cdc_compaction.identifiers import check_identifier, normalize_hive_type, quote
@@ -91,12 +92,7 @@ def doc(**overrides: Any) -> dict[str, Any]:
     d: dict[str, Any] = {
         "database": "tests",
         "table": "student",
-        "columns": [
-            {"name": "id", "type": "int"},
-            {"name": "full_name", "type": "string"},
-            {"name": "op", "type": "string"},
-            {"name": "ts_ms", "type": "bigint"},
-        ],
+        "columns": [dict(c) for c in STUDENT_COLUMNS],
         "primary_key": ["id"],
         "order_by": ["ts_ms"],
         "storage_root": "/lake/tests/student",

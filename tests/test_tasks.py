@@ -286,7 +286,8 @@ def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runti
     _compact(rt, "r1")
     grown = cfg.model_copy(update={"columns": [*cfg.columns, cfg.columns[1].model_copy(update={"name": "email"})]})
     rt2 = runtime(grown)
-    assert tasks.ensure_tables(rt2)["ddl_statements"] == 6  # ADD COLUMNS + fingerprint, on three tables
+    # ADD COLUMNS + fingerprint on three tables, and both views recreated in the same submission.
+    assert tasks.ensure_tables(rt2)["ddl_statements"] == 8
     base = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
     spark.catalog.refreshTable(base)
     assert "email" in spark.table(base).columns
@@ -302,8 +303,9 @@ def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runti
 
 def test_refresh_view_only_recreates_changed_views(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
-    assert tasks.refresh_view(rt)["views_recreated"] is True
+    tasks.ensure_tables(rt)  # creates the views too
+    assert tasks.refresh_view(rt)["views_recreated"] is False
+    assert tasks.refresh_view(rt, force=True)["views_recreated"] is True
     land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
     start = time.monotonic()
     result = tasks.refresh_view(rt)

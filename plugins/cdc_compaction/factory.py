@@ -125,7 +125,10 @@ def build_dag(cfg: TableConfig) -> DAG:
 
             return ensure_tables(_runtime(cfg))
 
-        @task.short_circuit(task_id="plan")
+        # Runs of one table are serialized here, not only by max_active_runs (a backfill has
+        # its own max_active_runs): plan waits until the previous run's plan and every task
+        # downstream of it (compact ... refresh_view) succeeded or were skipped.
+        @task.short_circuit(task_id="plan", depends_on_past=True, wait_for_downstream=True)
         def plan_task(**context: Any) -> str:
             """Record the exact input files; an empty result skips the rest of the run."""
             from cdc_compaction.tasks import plan
@@ -177,7 +180,7 @@ def build_dag(cfg: TableConfig) -> DAG:
             return archive(_runtime(cfg), plan_path)
 
         @task(task_id="refresh_view")
-        def refresh_view_task() -> dict[str, Any]:
+        def refresh_view_task(plan_path: str) -> dict[str, Any]:
             """Register pending increments and keep the deduplicating views current."""
             from cdc_compaction.tasks import refresh_view
 
@@ -192,7 +195,8 @@ def build_dag(cfg: TableConfig) -> DAG:
         validated >> published
         archived = archive_task(planned)
         published >> archived
-        archived >> refresh_view_task()
+        # Taking the plan makes refresh_view a direct downstream of plan (see plan's comment).
+        archived >> refresh_view_task(planned)
     return dag
 
 

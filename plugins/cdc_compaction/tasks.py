@@ -164,7 +164,10 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             if missing:
                 statements.append(sql.add_columns_statement(cfg, name, missing))
             statements.append(sql.set_fingerprint_statement(cfg, name))
-        if statements:
+        # Stale views go in the same submission: one JVM for all DDL of a run, not two.
+        views = _stale_views(rt, ms)
+        if statements or views:
+            statements += sql.view_statements(cfg) if views else []
             log.info("%s: running %d DDL statements", cfg.qualified_name, len(statements))
             rt.engine.run_sql(cfg, statements)
         # The registry's storage root is the truth: follow it if it moved.
@@ -517,20 +520,26 @@ def archive(rt: Runtime, plan_path: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- refresh view
+def _stale_views(rt: Runtime, ms: Metastore) -> list[str]:
+    """The table's views that are missing or were made from another registry schema."""
+    fingerprint = sql.schema_fingerprint(rt.cfg)
+    names = rt.names
+    return [
+        v
+        for v in (names["view_name"], names["rejects_view"])
+        if ms.table_property(rt.cfg.database, v, "cdc.fingerprint") != fingerprint
+    ]
+
+
 def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
     """Register pending increments as partitions and (re)create the views if they changed."""
     cfg, names = rt.cfg, rt.names
-    fingerprint = sql.schema_fingerprint(cfg)
     with connect(rt.metastore) as ms:
         dirs = {k: v for k, v in increment_dirs(rt).items() if rt.lake.storage.list_dir(v)}
         added = ms.add_partitions(cfg.database, names["incremental_table"], dirs)
         gone = [v for v in ms.partitions(cfg.database, names["incremental_table"]) if v not in dirs]
         dropped = ms.drop_partitions(cfg.database, names["incremental_table"], gone)
-        stale = [
-            v
-            for v in (names["view_name"], names["rejects_view"])
-            if ms.table_property(cfg.database, v, "cdc.fingerprint") != fingerprint
-        ]
+        stale = _stale_views(rt, ms)
     if stale or force:
         rt.engine.run_sql(cfg, sql.view_statements(cfg))
     return {"partitions_added": added, "partitions_dropped": dropped, "views_recreated": bool(stale or force)}
