@@ -311,3 +311,54 @@ def test_refresh_view_only_recreates_changed_views(make_cfg, runtime) -> None:
     result = tasks.refresh_view(rt)
     assert result == {"partitions_added": ["increment_2026112200"], "partitions_dropped": [], "views_recreated": False}
     assert time.monotonic() - start < 30
+
+
+def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None:
+    """Columns named timestamp, order and group, a composite key and two ordering columns."""
+    cfg = make_cfg(
+        columns=[
+            {"name": "group", "type": "string"},
+            {"name": "order", "type": "int"},
+            {"name": "timestamp", "type": "timestamp"},
+            {"name": "select", "type": "decimal(10,2)"},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": "bigint"},
+            {"name": "lsn", "type": "bigint"},
+        ],
+        primary_key=["group", "order"],
+        order_by=["ts_ms", "lsn"],
+    )
+    rt = runtime(cfg)
+    tasks.ensure_tables(rt)
+
+    def ev(group: str, order: int, select: str, op: str, ts: int, lsn: int) -> dict[str, Any]:
+        return {"group": group, "order": order, "timestamp": "2026-11-22T10:00:00Z", "select": select} | {
+            "op": op,
+            "ts_ms": ts,
+            "lsn": lsn,
+        }
+
+    land(
+        cfg,
+        "increment_2026112200",
+        [[ev("a", 1, "1.00", "c", 1, 1), ev("a", 1, "2.00", "u", 2, 5), ev("a", 1, "3.00", "u", 2, 4)]],
+    )
+    land(
+        cfg,
+        "increment_2026112201",
+        [[ev("b", 1, "9.00", "c", 1, 1), ev("b", 2, "8.00", "c", 1, 1), ev("b", 2, "0", "d", 2, 1)]],
+    )
+    tasks.refresh_view(rt)
+    names = table_names(cfg)
+    view = f"`{cfg.database}`.`{names['view_name']}`"
+    for t in ("base_table", "incremental_table"):
+        spark.catalog.refreshTable(f"`{cfg.database}`.`{names[t]}`")
+    query = f"SELECT `group`, `order`, CAST(`select` AS STRING) AS s FROM {view} ORDER BY `group`, `order`"
+    expected = [("a", 1, "2.00"), ("b", 1, "9.00")]
+    assert [tuple(r) for r in spark.sql(query).collect()] == expected
+    _compact(rt, "run-1")
+    base = f"`{cfg.database}`.`{names['base_table']}`"
+    spark.catalog.refreshTable(base)
+    got = spark.sql(f"SELECT `group`, `order`, CAST(`select` AS STRING) FROM {base} WHERE op <> 'd' ORDER BY 1, 2")
+    assert [tuple(r) for r in got.collect()] == expected
+    assert str(spark.sql(f"SELECT `timestamp` FROM {base} LIMIT 1").first()[0]) == "2026-11-22 10:00:00"
