@@ -18,6 +18,7 @@ from cdc_compaction.engine import SessionEngine
 from cdc_compaction.exceptions import (
     ArchiveError,
     ConcurrentCommitError,
+    PlanError,
     PublishValidationError,
     SchemaChangeError,
 )
@@ -362,3 +363,28 @@ def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None
     got = spark.sql(f"SELECT `group`, `order`, CAST(`select` AS STRING) FROM {base} WHERE op <> 'd' ORDER BY 1, 2")
     assert [tuple(r) for r in got.collect()] == expected
     assert str(spark.sql(f"SELECT `timestamp` FROM {base} LIMIT 1").first()[0]) == "2026-11-22 10:00:00"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        pytest.param(b"", "empty file", id="zero-byte"),
+        pytest.param(b"this is not parquet at all", "ArrowInvalid", id="garbage"),
+        pytest.param(None, "ArrowInvalid", id="truncated"),
+    ],
+)
+def test_unreadable_landed_files_are_refused_by_name(make_cfg, runtime, content: bytes | None, reason: str) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    (good,) = land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
+    bad = Path(rt.lake.layout.incremental) / "increment_2026112200" / "part-00001.parquet"
+    bad.write_bytes(content if content is not None else Path(good).read_bytes()[:-20])
+    (Path(good).parent / "_SUCCESS").write_text("")  # markers are not data and never refused
+    (Path(good).parent / ".part-00000.parquet.crc").write_text("x")
+    with pytest.raises(PlanError) as err:
+        tasks.plan(rt, "run-1")
+    assert str(bad) in str(err.value) and reason in str(err.value)
+    assert rt.cfg.qualified_name in str(err.value) and "Nothing was compacted" in str(err.value)
+    assert rt.lake.latest_commit().seq == 0 and Path(good).exists() and bad.exists()
+    bad.unlink()
+    assert tasks.plan(rt, "run-2"), "with the bad file moved away, the rest compacts"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -210,7 +211,27 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[P
             pf = PlannedFile(increment=name, name=e.name, path=e.path, size=e.size)
             if pf.rel not in exclude:
                 files.append(pf)
+    unreadable = [f"{f.path} ({reason})" for f in files if (reason := unreadable_reason(f.path))]
+    if unreadable:
+        raise PlanError(
+            f"{cfg.qualified_name}: {len(unreadable)} file(s) in the landing area are not readable Parquet: "
+            + "; ".join(unreadable)
+            + ". Nothing was compacted. Move each file out of the landing area (keep it for the source team) "
+            "or replace it with a good copy, then clear the plan task"
+        )
     return files, dirs
+
+
+def unreadable_reason(path: str) -> str | None:
+    """Why a landed file cannot be compacted, or None if its Parquet footer reads."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except Exception as exc:  # noqa: BLE001 - every reader error means the same: refuse the file
+        size = os.path.getsize(path) if os.path.exists(path) else -1
+        return "empty file" if size == 0 else f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
