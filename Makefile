@@ -39,7 +39,7 @@ install: check-java $(STAMP)  ## create .venv and install the pinned requirement
 test: install  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
 
 test-fast: install  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
