@@ -22,7 +22,7 @@ from cdc_compaction.exceptions import (
     PublishValidationError,
     SchemaChangeError,
 )
-from cdc_compaction.lake import Lake
+from cdc_compaction.lake import Commit, Lake
 from cdc_compaction.metastore import connect
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
@@ -43,11 +43,32 @@ def _rows(*items: tuple[int, str | None, str, int]) -> list[dict[str, Any]]:
     return [{"id": i, "full_name": n, "op": op, "ts_ms": ts} for i, n, op, ts in items]
 
 
+def _run_job(rt: tasks.Runtime, path: str) -> None:
+    """The compact task: the Spark job on the plan, in this process."""
+    rt.engine.compact(json.loads(rt.lake.storage.read_text(path)))  # type: ignore[attr-defined]
+
+
+def _staged(rt: tasks.Runtime, run_id: str) -> str:
+    """plan + compact + validate: a version ready to publish."""
+    path = tasks.plan(rt, run_id)
+    _run_job(rt, path)
+    tasks.validate(rt, path)
+    return path
+
+
+def _commit_record_only(rt: tasks.Runtime, path: str) -> bool:
+    """What a publish that dies right after its atomic step leaves: the commit record alone."""
+    p = json.loads(Path(path).read_text())
+    stats = json.loads((Path(p["output_location"]) / "_cdc_stats.json").read_text())
+    fields = ("seq", "version", "plan_id", "run_id", "parent_seq", "files", "increments")
+    return rt.lake.try_commit(Commit(*(p[f] for f in fields), stats))
+
+
 def _compact(rt: tasks.Runtime, run_id: str, now: datetime | None = None) -> str:
     """plan + compact + validate + publish + archive, as one DAG run does."""
     path = tasks.plan(rt, run_id, now=now)
     if path:
-        rt.engine.compact(json.loads(rt.lake.storage.read_text(path)))  # type: ignore[attr-defined]
+        _run_job(rt, path)
         tasks.validate(rt, path)
         tasks.publish(rt, path, now=now)
         tasks.archive(rt, path)
@@ -132,16 +153,8 @@ def test_publish_retry_after_unknown_commit_state(make_cfg, runtime, spark) -> N
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
     _compact(rt, "run-1")
     land(rt.cfg, "increment_2026112201", [_rows((1, "Alicia", "u", 2))])
-    path = tasks.plan(rt, "run-2")
-    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
-    tasks.validate(rt, path)
-    p = json.loads(Path(path).read_text())
-    stats = json.loads((Path(p["output_location"]) / "_cdc_stats.json").read_text())
-    from cdc_compaction.lake import Commit
-
-    assert rt.lake.try_commit(
-        Commit(p["seq"], p["version"], p["plan_id"], p["run_id"], p["parent_seq"], p["files"], p["increments"], stats)
-    )
+    path = _staged(rt, "run-2")
+    assert _commit_record_only(rt, path)
     # The crash: neither the metastore nor the pointer moved.
     assert _visible(spark, rt.cfg) == {1: "Alice"}
     assert rt.lake.read_pointer()["seq"] == 1  # type: ignore[index]
@@ -154,14 +167,7 @@ def test_next_plan_rolls_forward_a_crashed_publish_and_archive(make_cfg, runtime
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    path = tasks.plan(rt, "run-1")
-    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
-    tasks.validate(rt, path)
-    p = json.loads(Path(path).read_text())
-    from cdc_compaction.lake import Commit
-
-    stats = json.loads((Path(p["output_location"]) / "_cdc_stats.json").read_text())
-    rt.lake.try_commit(Commit(p["seq"], p["version"], p["plan_id"], "run-1", 0, p["files"], p["increments"], stats))
+    assert _commit_record_only(rt, _staged(rt, "run-1"))
     # The run died after the commit record; the next run's plan repairs everything.
     assert tasks.plan(rt, "run-2") == ""
     assert _visible(spark, rt.cfg) == {1: "Alice"}
@@ -177,7 +183,7 @@ def test_concurrent_runs_exactly_one_publishes(make_cfg, runtime, spark) -> None
     b = tasks.plan(rt, "manual")
     assert a != b
     for p in (a, b):
-        rt.engine.compact(json.loads(Path(p).read_text()))  # type: ignore[attr-defined]
+        _run_job(rt, p)
         tasks.validate(rt, p)
     tasks.publish(rt, a)
     with pytest.raises(ConcurrentCommitError, match=r"another run published first|was taken by plan"):
@@ -199,7 +205,7 @@ def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
     path = tasks.plan(rt, "run-1")
-    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
+    _run_job(rt, path)
     out = Path(json.loads(Path(path).read_text())["output_location"])
     stats_file = out / "_cdc_stats.json"
     stats = json.loads(stats_file.read_text())
@@ -219,9 +225,7 @@ def test_archive_survives_half_done_state_and_refuses_lost_files(make_cfg, runti
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1)), _rows((2, "b", "c", 1))])
-    path = tasks.plan(rt, "run-1")
-    rt.engine.compact(json.loads(Path(path).read_text()))  # type: ignore[attr-defined]
-    tasks.validate(rt, path)
+    path = _staged(rt, "run-1")
     tasks.publish(rt, path)
     inc = Path(rt.lake.layout.incremental) / "increment_2026112200"
     arch = Path(rt.lake.layout.archive) / "c00000001" / "increment_2026112200"
@@ -238,9 +242,7 @@ def test_archive_survives_half_done_state_and_refuses_lost_files(make_cfg, runti
     rt2 = runtime(make_cfg())
     tasks.ensure_tables(rt2)
     land(rt2.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
-    path2 = tasks.plan(rt2, "run-1")
-    rt2.engine.compact(json.loads(Path(path2).read_text()))  # type: ignore[attr-defined]
-    tasks.validate(rt2, path2)
+    path2 = _staged(rt2, "run-1")
     tasks.publish(rt2, path2)
     (Path(rt2.lake.layout.incremental) / "increment_2026112200" / "part-00000.parquet").unlink()
     with pytest.raises(ArchiveError, match="neither in the landing area nor archived"):
