@@ -221,6 +221,18 @@ def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:
     assert _visible(spark, rt.cfg) == {}
 
 
+def test_validation_refuses_input_changed_after_planning(make_cfg, runtime) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    # The sink rewrote the file after the plan recorded it: the job reads two rows, not one.
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
+    _run_job(rt, path)
+    with pytest.raises(PublishValidationError, match="read 2 increment rows, the planned files held 1"):
+        tasks.validate(rt, path)
+
+
 def test_archive_survives_half_done_state_and_refuses_lost_files(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)

@@ -97,6 +97,7 @@ class PlannedFile:
     name: str
     path: str
     size: int
+    rows: int = 0
 
     @property
     def rel(self) -> str:

@@ -191,6 +191,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[P
     cfg, st = rt.cfg, rt.lake.storage
     inc = cfg.increments
     files: list[PlannedFile] = []
+    unreadable: list[str] = []
     dirs = increment_dirs(rt)
     for name, path in sorted(dirs.items()):
         entries = st.list_dir(path)
@@ -208,10 +209,12 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[P
             )
             continue
         for e in data:
-            pf = PlannedFile(increment=name, name=e.name, path=e.path, size=e.size)
-            if pf.rel not in exclude:
-                files.append(pf)
-    unreadable = [f"{f.path} ({reason})" for f in files if (reason := unreadable_reason(f.path))]
+            if f"{name}/{e.name}" in exclude:
+                continue
+            rows, reason = parquet_rows(e.path)
+            if reason is not None:
+                unreadable.append(f"{e.path} ({reason})")
+            files.append(PlannedFile(increment=name, name=e.name, path=e.path, size=e.size, rows=rows))
     if unreadable:
         raise PlanError(
             f"{cfg.qualified_name}: {len(unreadable)} file(s) in the landing area are not readable Parquet: "
@@ -222,16 +225,15 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[P
     return files, dirs
 
 
-def unreadable_reason(path: str) -> str | None:
-    """Why a landed file cannot be compacted, or None if its Parquet footer reads."""
+def parquet_rows(path: str) -> tuple[int, str | None]:
+    """Rows in a landed file per its Parquet footer, or why it cannot be compacted."""
     import pyarrow.parquet as pq
 
     try:
-        pq.read_metadata(path)
+        return pq.read_metadata(path).num_rows, None
     except Exception as exc:  # noqa: BLE001 - every reader error means the same: refuse the file
         size = os.path.getsize(path) if os.path.exists(path) else -1
-        return "empty file" if size == 0 else f"{type(exc).__name__}: {exc}"
-    return None
+        return 0, "empty file" if size == 0 else f"{type(exc).__name__}: {exc}"
 
 
 def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
@@ -270,7 +272,9 @@ def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
         "base_location": lake.layout.version_dir(latest.version),
         "output_location": lake.layout.version_dir(version),
         "quarantine_location": lake.layout.quarantine_dir(version),
-        "files": [{"increment": f.increment, "name": f.name, "path": f.path, "size": f.size} for f in files],
+        "files": [
+            {"increment": f.increment, "name": f.name, "path": f.path, "size": f.size, "rows": f.rows} for f in files
+        ],
         "increments": sorted({f.increment for f in files}),
         "ingested_at": now.isoformat(),
         "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
@@ -319,7 +323,7 @@ def _arrow_type_ok(hive_type: str, arrow_type: str) -> bool:
     return False
 
 
-def _parquet_rows(path: str) -> tuple[int, Any]:
+def _footer(path: str) -> tuple[int, Any]:
     import pyarrow.parquet as pq
 
     meta = pq.read_metadata(path)
@@ -364,14 +368,10 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         problems.append(
             f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}"
         )
-    planned_rows = 0
-    for f in p["files"]:
-        try:
-            planned_rows += _parquet_rows(f["path"])[0]
-        except Exception as exc:  # noqa: BLE001 - any unreadable footer is a validation failure
-            problems.append(f"cannot read planned input {f['path']}: {exc}")
+    # Row counts the plan read from the footers: a file changed after planning shows up here.
+    planned_rows = sum(int(f["rows"]) for f in p["files"])
     if planned_rows != stats["increment_rows"]:
-        problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files hold {planned_rows}")
+        problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files held {planned_rows}")
     # What is on storage must be what the job reported, with the expected schema.
     on_disk = {e.name: e.size for e in lake.storage.list_dir(out) if not e.is_dir and is_data_file(e.name)}
     reported = {f["name"]: f["size"] for f in stats["output_files"]}
@@ -387,7 +387,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         ("_cdc_ingested_at", "timestamp"),
     ]
     for name in sorted(on_disk):
-        rows, schema = _parquet_rows(posixpath.join(out, name))
+        rows, schema = _footer(posixpath.join(out, name))
         footer_rows += rows
         got = [(f.name, str(f.type)) for f in schema]
         if [n for n, _ in got] != [n for n, _ in want] or not all(
