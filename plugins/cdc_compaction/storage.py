@@ -8,6 +8,7 @@ touching it.  :class:`LocalStorage` covers local and HDFS-style mounted paths.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -49,6 +50,8 @@ class Storage(Protocol):
     def read_text(self, path: str) -> str: ...
     def write_text(self, path: str, text: str) -> None: ...
     def create_exclusive(self, path: str, text: str) -> None: ...
+    def read_versioned(self, path: str) -> tuple[str | None, str | None]: ...
+    def write_if_match(self, path: str, text: str, token: str | None) -> None: ...
     def copy(self, src: str, dst: str) -> None: ...
     def size(self, path: str) -> int: ...
     def delete(self, path: str) -> None: ...
@@ -132,10 +135,50 @@ class LocalStorage:
         finally:
             os.unlink(tmp)
 
+    @staticmethod
+    def _token(path: str) -> str | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        # A replace() gives the path a new inode, so this changes with every write.
+        return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+
+    def read_versioned(self, path: str) -> tuple[str | None, str | None]:
+        """The content of ``path`` and a token that changes whenever it is replaced (None, None if absent)."""
+        with self._locked(path):
+            token = self._token(path)
+            return (self.read_text(path), token) if token is not None else (None, None)
+
+    def write_if_match(self, path: str, text: str, token: str | None) -> None:
+        """Compare-and-swap: replace ``path`` only if it is still at ``token`` (None: must not exist)."""
+        with self._locked(path):
+            current = self._token(path)
+            if current != token:
+                raise PreconditionFailedError(f"{path} changed since it was read (expected {token}, found {current})")
+            self.write_text(path, text)
+
+    class _Lock:
+        def __init__(self, path: str) -> None:
+            directory = os.path.dirname(path) or "."
+            os.makedirs(directory, exist_ok=True)
+            self.fd = os.open(os.path.join(directory, f".{os.path.basename(path)}.lock"), os.O_CREAT | os.O_RDWR)
+
+        def __enter__(self) -> None:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+        def __exit__(self, *exc: object) -> None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+    def _locked(self, path: str) -> LocalStorage._Lock:
+        """An exclusive advisory lock beside ``path`` (local to this host; S3 uses If-Match instead)."""
+        return LocalStorage._Lock(path)
+
     def copy(self, src: str, dst: str) -> None:
-        """Copy to a temporary name, then rename: ``dst`` is complete whenever it exists."""
+        """Copy to a hidden temporary name, then rename: ``dst`` is complete whenever it exists."""
         os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-        tmp = f"{dst}.{uuid.uuid4().hex[:8]}.copying"
+        tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{uuid.uuid4().hex[:8]}.copying")
         try:
             shutil.copyfile(src, tmp)
             os.replace(tmp, dst)
