@@ -18,11 +18,12 @@ from cdc_compaction.engine import SessionEngine
 from cdc_compaction.exceptions import (
     ArchiveError,
     ConcurrentCommitError,
+    ConcurrentRunError,
     PlanError,
     PublishValidationError,
     SchemaChangeError,
 )
-from cdc_compaction.lake import Commit, Lake
+from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.metastore import connect
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
@@ -93,6 +94,11 @@ def test_plan_is_empty_without_increments_and_reused_on_retry(make_cfg, runtime)
     assert first == again
     doc = json.loads(Path(first).read_text())
     assert [f["increment"] for f in doc["files"]] == ["increment_2026112200"]
+    # Another run may not plan while run-2 holds the table's lease...
+    with pytest.raises(ConcurrentRunError, match="being compacted by another run"):
+        tasks.plan(rt, "run-3")
+    # ...until an operator breaks it (run-2 is dead); then it plans everything pending.
+    TableLease(rt.lake).break_("test")
     other = json.loads(Path(tasks.plan(rt, "run-3")).read_text())
     assert [f["increment"] for f in other["files"]] == ["increment_2026112200", "increment_2026112201"]
 
@@ -168,36 +174,64 @@ def test_next_plan_rolls_forward_a_crashed_publish_and_archive(make_cfg, runtime
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
     assert _commit_record_only(rt, _staged(rt, "run-1"))
-    # The run died after the commit record; the next run's plan repairs everything.
-    assert tasks.plan(rt, "run-2") == ""
+    # The run died after the commit record and was never retried: its lease blocks other runs...
+    with pytest.raises(ConcurrentRunError):
+        tasks.plan(rt, "run-2")
+    # ...until it expires; then the next run's plan repairs everything.
+    later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
+    assert tasks.plan(rt, "run-2", now=later) == ""
     assert _visible(spark, rt.cfg) == {1: "Alice"}
     assert rt.lake.is_archived(1)
     assert not (Path(rt.lake.layout.incremental) / "increment_2026112200").exists()
 
 
-def test_concurrent_runs_exactly_one_publishes(make_cfg, runtime, spark) -> None:
+def test_a_second_run_is_refused_by_the_lease_and_changes_nothing(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
     a = tasks.plan(rt, "scheduled")
-    b = tasks.plan(rt, "manual")
+    plans_before = sorted(os.listdir(rt.lake.layout.plans))
+    with pytest.raises(ConcurrentRunError, match="airflow/scheduled"):
+        tasks.plan(rt, "manual")
+    assert sorted(os.listdir(rt.lake.layout.plans)) == plans_before, "the refused run wrote nothing"
+    _run_job(rt, a)
+    tasks.validate(rt, a)
+    tasks.publish(rt, a)
+    tasks.archive(rt, a)  # releases the lease
+    assert tasks.plan(rt, "manual") == ""
+    assert _visible(spark, rt.cfg) == {1: "Alice"}
+
+
+def test_a_run_that_lost_its_lease_cannot_publish(make_cfg, runtime, spark) -> None:
+    """A stuck run whose lease expired meets the lease, then the commit record's compare-and-swap."""
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    a = tasks.plan(rt, "scheduled")
+    later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
+    b = tasks.plan(rt, "manual", now=later)  # a looks dead: its lease expired, b takes over
     assert a != b
     for p in (a, b):
         _run_job(rt, p)
         tasks.validate(rt, p)
-    tasks.publish(rt, a)
-    with pytest.raises(ConcurrentCommitError, match=r"another run published first|was taken by plan"):
-        tasks.publish(rt, b)
+    with pytest.raises(ConcurrentRunError, match="airflow/manual"):
+        tasks.publish(rt, a)
+    tasks.publish(rt, b, now=later)
+    tasks.archive(rt, b)
+    # Once b released the lease, a gets past it -- and the commit record still stops it.
+    with pytest.raises(ConcurrentCommitError, match="commit 1 was taken by plan"):
+        tasks.publish(rt, a)
     with pytest.raises(ArchiveError, match="never committed"):
-        tasks.archive(rt, b)
-    tasks.archive(rt, a)
+        tasks.archive(rt, a)
     assert rt.lake.latest_commit().seq == 1
     assert _visible(spark, rt.cfg) == {1: "Alice"}
     # The loser's version directory is garbage, removed by the next publish's cleanup.
-    loser = json.loads(Path(b).read_text())["version"]
+    loser = json.loads(Path(a).read_text())["version"]
+    TableLease(rt.lake).break_("test")  # a never finishes: an operator gives its lease up
     land(rt.cfg, "increment_2026112201", [_rows((2, "Bob", "c", 1))])
     _compact(rt, "next")
     assert not (Path(rt.lake.layout.base) / loser).exists()
+    assert _visible(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
 
 
 def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -78,6 +80,31 @@ def new_base(ranked_events: DataFrame, is_delete_sql: str, cutoff: datetime | No
     return ranked_events.filter((F.col("_cdc_rank") == 1) & ~expired_tombstone(is_delete_sql, cutoff)).drop("_cdc_rank")
 
 
+def fault_point(name: str, table: str) -> None:
+    """Crash here if ``CDC_FAULTS`` arms this point (crash tests; inert otherwise).
+
+    A copy of ``cdc_compaction.faults`` (same syntax), because this job ships without
+    the package; ``tests/test_crash_safety.py`` checks the two agree.
+    """
+    spec = os.environ.get("CDC_FAULTS", "")
+    for item in filter(None, spec.split(",")):
+        target, _, action = item.strip().partition("=")
+        point, _, only = target.partition("@")
+        if point != name or (only and only != table) or action not in ("raise", "kill"):
+            continue
+        once = os.environ.get("CDC_FAULTS_ONCE_DIR")
+        if once:
+            os.makedirs(once, exist_ok=True)
+            try:
+                os.close(os.open(os.path.join(once, f"{name}@{table}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+        log.error("fault injection: %s at %s (%s)", action, name, table)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault at {name} for {table} (CDC_FAULTS is set)")
+
+
 def _ts(value: str | None) -> datetime | None:
     # Keep the time zone: PySpark reads a naive datetime literal as driver-local time.
     return datetime.fromisoformat(value).astimezone(UTC) if value else None
@@ -129,9 +156,15 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
         rejected_rows = bad.count()
         if rejected_rows:
             bad.write.mode("overwrite").parquet(plan["quarantine_location"])
-            reasons = {r["_cdc_reject_reason"]: r["count"] for r in bad.groupBy("_cdc_reject_reason").count().collect()}
+            counts = bad.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
+            reasons: dict[str, int] = {}
+            by_file: dict[str, int] = {}
+            for r in counts:
+                reasons[r["_cdc_reject_reason"]] = reasons.get(r["_cdc_reject_reason"], 0) + r["count"]
+                where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
+                by_file[where] = by_file.get(where, 0) + r["count"]
         else:
-            reasons = {}
+            reasons, by_file = {}, {}
 
         events = base.unionByName(accepted(classified, ingested_at))
         obs = Observation("cdc_compaction")
@@ -168,6 +201,7 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
         "increment_rows": increment_rows,
         "rejected_rows": rejected_rows,
         "rejected_by_reason": reasons,
+        "rejected_by_file": by_file,
         "superseded_rows": int(metrics["superseded"]),
         "expired_tombstones": int(metrics["expired_tombstones"]),
         "output_rows": int(check["rows"]),
@@ -177,6 +211,7 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
         "output_files": _list_output(spark, out),
         "finished_at": datetime.now(UTC).isoformat(),
     }
+    fault_point("compact.before_stats", plan["table"])
     _write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
     log.info("compacted %s: %s", plan["table"], {k: v for k, v in stats.items() if k != "output_files"})
     return stats

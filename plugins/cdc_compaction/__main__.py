@@ -6,6 +6,9 @@ Commands:
   metastore start|stop|status            the local Thrift metastore of the embedded default
   demo                                   the embedded default end to end (make demo)
   airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
+  quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
+  lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
+  step STEP DB.TABLE                     run one step of a table's DAG by hand (outside Airflow)
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from cdc_compaction import settings
 
@@ -131,6 +135,94 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         ms.stop()
 
 
+def _table(args: argparse.Namespace) -> Any:
+    from cdc_compaction.exceptions import RegistryError
+    from cdc_compaction.registry import load_registry
+
+    directory = Path(args.registry_dir or settings.registry_dir())
+    for e in load_registry(directory):
+        if e.error is None and e.config.qualified_name == args.table:
+            return e.config
+        if e.error is not None and e.path.name.startswith(f"{args.table}."):
+            raise e.error
+    raise RegistryError(str(directory), args.table, [f"no valid registry entry for table {args.table}"])
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.quarantine import Quarantine
+
+    q = Quarantine(Lake(_table(args)))
+    if args.action == "list":
+        entries = q.entries()
+        for e in entries:
+            print(e.line())
+        print(f"{len(entries)} quarantine entries of {args.table} under {q.root}")
+        return 0
+    for path in q.reingest(args.entry, source=args.source, force=args.force):
+        print(f"landed {path}")
+    print(f"{args.entry} re-ingested; the table's next run compacts it")
+    return 0
+
+
+def _lease(args: argparse.Namespace) -> int:
+    from cdc_compaction.lake import Lake, TableLease
+
+    lease = TableLease(Lake(_table(args)))
+    held = lease.current()
+    if args.action == "show":
+        print("no lease taken yet" if held is None else held.describe() + (" (released)" if held.released else ""))
+        return 0
+    broken = lease.break_(by=f"cli:{os.environ.get('USER', 'unknown')}")
+    print(f"broke {broken.describe()}" if broken else "nothing to break: the lease is free")
+    return 0
+
+
+def _step(args: argparse.Namespace) -> int:
+    """One step of a table's run, as its DAG task does it (the compaction in a local SparkSession)."""
+    import json
+
+    from cdc_compaction import tasks
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    cfg = _table(args)
+    host, _, port = args.metastore.partition(":")
+    endpoint = MetastoreEndpoint(host, int(port or 9083))
+
+    class _LazySession:
+        """Starts Spark only for the steps that need it (a JVM costs 10-15 s)."""
+
+        def _engine(self) -> Any:
+            from cdc_compaction.engine import SessionEngine, local_session
+
+            return SessionEngine(local_session(endpoint, args.warehouse, app_name=f"cdc-step-{args.step}"))
+
+        def run_sql(self, c: Any, statements: list[str]) -> None:
+            self._engine().run_sql(c, statements)
+
+        def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
+            return self._engine().compact(plan)
+
+    rt = tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=_LazySession())
+    if args.step in ("compact", "validate", "publish", "archive") and not args.plan:
+        print(f"step {args.step} needs --plan (the path the plan step printed)", file=sys.stderr)
+        return 2
+    result: Any
+    if args.step == "ensure_tables":
+        result = tasks.ensure_tables(rt)
+    elif args.step == "plan":
+        result = tasks.plan(rt, run_id=args.run_id)
+    elif args.step == "compact":
+        result = rt.engine.compact(tasks.load_plan(rt, args.plan))
+    elif args.step == "refresh_view":
+        result = tasks.refresh_view(rt)
+    else:
+        result = getattr(tasks, args.step)(rt, args.plan)
+    print(json.dumps(result, default=str))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cdc_compaction", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -163,7 +255,37 @@ def main(argv: list[str] | None = None) -> int:
     ui.add_argument("--metastore-port", type=int, default=9083)
     ui.set_defaults(func=_airflow_ui)
 
+    def table_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("table", help="database.table as in the registry")
+        p.add_argument("--registry-dir", help="registry directory (default: $CDC_REGISTRY_DIR or include/registry)")
+
+    qu = sub.add_parser("quarantine", help="refused rows and files of a table")
+    qu.add_argument("action", choices=["list", "reingest"])
+    table_args(qu)
+    qu.add_argument("entry", nargs="?", help="reingest: the entry id from 'list' (rows/<version> or files/<plan>)")
+    qu.add_argument("--from", dest="source", help="reingest: a corrected copy to land instead of the kept data")
+    qu.add_argument("--force", action="store_true", help="reingest an entry again")
+    qu.set_defaults(func=_quarantine)
+
+    le = sub.add_parser("lease", help="the lease that serializes a table's runs")
+    le.add_argument("action", choices=["show", "break"])
+    table_args(le)
+    le.set_defaults(func=_lease)
+
+    st = sub.add_parser("step", help="run one step of a table's run by hand")
+    st.add_argument(
+        "step", choices=["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
+    )
+    table_args(st)
+    st.add_argument("--plan", help="the plan file (compact, validate, publish, archive)")
+    st.add_argument("--run-id", default="manual", help="plan: the run id that owns the lease and the plan")
+    st.add_argument("--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT")
+    st.add_argument("--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"))
+    st.set_defaults(func=_step)
+
     args = parser.parse_args(argv)
+    if args.command == "quarantine" and args.action == "reingest" and not args.entry:
+        parser.error("quarantine reingest needs the entry id (see 'quarantine list')")
     logging.basicConfig(level=os.environ.get("CDC_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     return int(args.func(args))
 

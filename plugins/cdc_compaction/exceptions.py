@@ -61,3 +61,19 @@ class ArchiveError(CdcCompactionError):
 
 class SchemaChangeError(CdcCompactionError):
     """The registry schema changed in a way that cannot be applied automatically."""
+
+
+class ConcurrentRunError(CdcCompactionError):
+    """Another run holds the table's lease: it is being compacted right now."""
+
+
+class BadInputError(PlanError):
+    """A landed file cannot be compacted (unreadable, or its schema does not fit the registry)."""
+
+
+class QuarantineError(CdcCompactionError):
+    """A quarantine entry cannot be listed or re-ingested."""
+
+
+class InjectedFaultError(CdcCompactionError):
+    """Raised at a fault point armed through ``CDC_FAULTS`` (crash tests only)."""

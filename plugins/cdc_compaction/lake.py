@@ -6,25 +6,39 @@ Layout under a table's storage root::
     base/v00000007-<plan>/                       base versions; the live one is named by
                                                  the latest commit record
     archive/c00000007/increment_.../             increments after they were compacted
-    quarantine/v00000007-<plan>/                 rows refused by that compaction, with reasons
+    quarantine/rows/v00000007-<plan>/            rows refused by that compaction, with reasons
+    quarantine/rows/v00000007-<plan>/_manifest.json   counts by reason and file; re-ingest status
+    quarantine/files/<plan>/increment_.../x.parquet   whole files refused by a plan (on_bad_file: quarantine)
+    quarantine/files/<plan>/_manifest.json            each file's reason; re-ingest status
     _cdc/plans/<plan>.json                       exact inputs of a run (retries reuse it)
     _cdc/commits/00000007.json                   commit records: the source of truth
     _cdc/commits/00000007.archived               archive of that commit finished
     _cdc/pointer.json                            live version, for readers without a metastore
+                                                 (compare-and-swap, only ever moves forward)
+    _cdc/lease/00000042.json                     who compacts the table right now, until when
+    _cdc/lease/00000042.released                 that lease was given back (or broken)
 
 The commit record, created with create-if-absent, is the single atomic decision of
 a run.  The metastore location and the pointer are derived from it and repaired by
 the next run if a crash came between them ("roll forward").
+
+The lease serializes runs of one table across schedulers, manual triggers and
+Airflow deployments sharing the lake: a numbered lease file is taken with
+create-if-absent, so of two runs taking over the same (free or expired) lease
+exactly one wins.  The commit record stays the final guard: even a run that lost
+its lease cannot publish over another run's commit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from cdc_compaction.exceptions import PreconditionFailedError, StorageError
+from cdc_compaction.exceptions import ConcurrentRunError, PreconditionFailedError, StorageError
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import resolve_storage_root
 from cdc_compaction.storage import Storage, storage_for
@@ -77,7 +91,12 @@ class Layout:
         return posixpath.join(self.base, version)
 
     def quarantine_dir(self, version: str) -> str:
-        return posixpath.join(self.quarantine, version)
+        """Rows refused by the compaction that made ``version``."""
+        return posixpath.join(self.quarantine, "rows", version)
+
+    def quarantined_files_dir(self, plan_id: str) -> str:
+        """Whole files refused by the plan ``plan_id``."""
+        return posixpath.join(self.quarantine, "files", plan_id)
 
     def commit_path(self, seq: int) -> str:
         return posixpath.join(self.commits, f"{seq:08d}.json")
@@ -87,6 +106,16 @@ class Layout:
 
     def plan_path(self, plan_id: str) -> str:
         return posixpath.join(self.plans, f"{plan_id}.json")
+
+    @property
+    def leases(self) -> str:
+        return posixpath.join(self.control, "lease")
+
+    def lease_path(self, n: int) -> str:
+        return posixpath.join(self.leases, f"{n:08d}.json")
+
+    def lease_released(self, n: int) -> str:
+        return posixpath.join(self.leases, f"{n:08d}.released")
 
 
 @dataclass(frozen=True)
@@ -98,10 +127,26 @@ class PlannedFile:
     path: str
     size: int
     rows: int = 0
+    ignored_columns: tuple[str, ...] = ()
+    missing_columns: tuple[str, ...] = ()
 
     @property
     def rel(self) -> str:
         return f"{self.increment}/{self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "increment": self.increment,
+            "name": self.name,
+            "path": self.path,
+            "size": self.size,
+            "rows": self.rows,
+        }
+        if self.ignored_columns:
+            doc["ignored_columns"] = list(self.ignored_columns)
+        if self.missing_columns:
+            doc["missing_columns"] = list(self.missing_columns)
+        return doc
 
 
 @dataclass
@@ -189,7 +234,8 @@ class Lake:
         except PreconditionFailedError:
             return False
 
-    def write_pointer(self, commit: Commit) -> None:
+    def advance_pointer(self, commit: Commit) -> bool:
+        """Move the pointer to ``commit`` by compare-and-swap; never backwards. True if it moved."""
         doc = {
             "table": self.cfg.qualified_name,
             "seq": commit.seq,
@@ -197,10 +243,115 @@ class Lake:
             "location": self.layout.version_dir(commit.version),
             "committed_at": commit.committed_at,
         }
-        self.storage.write_text(self.layout.pointer, json.dumps(doc, indent=1, sort_keys=True))
+        while True:
+            text, token = self.storage.read_versioned(self.layout.pointer)
+            if text is not None and int(json.loads(text)["seq"]) >= commit.seq:
+                return False
+            try:
+                self.storage.write_if_match(self.layout.pointer, json.dumps(doc, indent=1, sort_keys=True), token)
+                return True
+            except PreconditionFailedError:
+                continue  # someone else moved it meanwhile: look again
 
     def is_archived(self, seq: int) -> bool:
         return seq == 0 or self.storage.exists(self.layout.archived_marker(seq))
 
     def live_location(self) -> str:
         return self.layout.version_dir(self.latest_commit().version)
+
+
+# ------------------------------------------------------------------------- the lease
+def deployment_id() -> str:
+    """Names this Airflow deployment in leases; set ``CDC_DEPLOYMENT_ID`` when several share a lake."""
+    return os.environ.get("CDC_DEPLOYMENT_ID", "airflow")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One numbered lease file: who holds the table, since and until when."""
+
+    n: int
+    owner: str
+    acquired_at: str
+    expires_at: str
+    released: bool = False
+
+    def expired(self, now: datetime) -> bool:
+        return datetime.fromisoformat(self.expires_at) <= now
+
+    def describe(self) -> str:
+        return f"lease {self.n} of {self.owner}, taken {self.acquired_at}, expires {self.expires_at}"
+
+
+class TableLease:
+    """The lease of one table (see the module docstring)."""
+
+    KEEP = 20  # old lease files kept for the record
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self.layout = lake.layout
+        self.storage = lake.storage
+
+    def current(self) -> Lease | None:
+        numbers = sorted(
+            int(e.name[:-5])
+            for e in self.storage.list_dir(self.layout.leases)
+            if e.name.endswith(".json") and e.name[:-5].isdigit()
+        )
+        if not numbers:
+            return None
+        n = numbers[-1]
+        doc = json.loads(self.storage.read_text(self.layout.lease_path(n)))
+        released = self.storage.exists(self.layout.lease_released(n))
+        return Lease(n, doc["owner"], doc["acquired_at"], doc["expires_at"], released)
+
+    def acquire(self, owner: str, ttl: timedelta, now: datetime) -> Lease:
+        """Take (or renew) the lease for ``owner``; raise :class:`ConcurrentRunError` if someone else holds it."""
+        held = self.current()
+        if held is not None and not held.released and held.owner != owner and not held.expired(now):
+            raise ConcurrentRunError(
+                f"{self.lake.cfg.qualified_name} is being compacted by another run ({held.describe()}). "
+                "This run changed nothing; it can run again once that run finishes. If that run is dead and "
+                "will not be retried, wait for the lease to expire or break it with "
+                f"`python -m cdc_compaction lease break {self.lake.cfg.qualified_name}`"
+            )
+        n = (held.n + 1) if held is not None else 1
+        lease = Lease(n, owner, now.isoformat(), (now + ttl).isoformat())
+        try:
+            self.storage.create_exclusive(self.layout.lease_path(n), json.dumps(asdict(lease), indent=1))
+        except PreconditionFailedError as exc:
+            winner = self.current()
+            raise ConcurrentRunError(
+                f"{self.lake.cfg.qualified_name}: another run took the lease at the same moment "
+                f"({winner.describe() if winner else 'lease ' + str(n)}). This run changed nothing; run it again "
+                "after that run finishes"
+            ) from exc
+        self._forget_old(n)
+        return lease
+
+    def holds(self, owner: str, now: datetime) -> bool:
+        held = self.current()
+        return held is not None and held.owner == owner and not held.released and not held.expired(now)
+
+    def release(self, owner: str) -> bool:
+        """Give the lease back if ``owner`` holds it. True if it was released here."""
+        held = self.current()
+        if held is None or held.owner != owner or held.released:
+            return False
+        self.storage.write_text(self.layout.lease_released(held.n), json.dumps({"released_by": owner}))
+        return True
+
+    def break_(self, by: str) -> Lease | None:
+        """Release whatever lease is held (an operator's decision that its run is dead)."""
+        held = self.current()
+        if held is None or held.released:
+            return None
+        self.storage.write_text(self.layout.lease_released(held.n), json.dumps({"broken_by": by}))
+        return held
+
+    def _forget_old(self, n: int) -> None:
+        for e in self.storage.list_dir(self.layout.leases):
+            stem = e.name.split(".")[0]
+            if stem.isdigit() and int(stem) <= n - self.KEEP:
+                self.storage.delete(e.path)

@@ -210,7 +210,17 @@ class TableConfig(_Strict):
     tags: list[str] = Field(default_factory=list)
     tombstone_retention: Duration = timedelta(days=7)
     keep_versions: int = Field(default=3, ge=1, le=1000)
+    lease_timeout: Duration = timedelta(hours=6)
+    on_bad_file: Literal["fail", "quarantine"] = "fail"
+    on_extra_columns: Literal["fail", "ignore"] = "fail"
     spark: SparkSettings = Field(default_factory=SparkSettings)
+
+    @field_validator("lease_timeout")
+    @classmethod
+    def _lease(cls, v: timedelta) -> timedelta:
+        if v < timedelta(minutes=1):
+            raise ValueError("must be at least 1m: a run renews its lease only when a task starts")
+        return v
 
     @field_validator("database", "table")
     @classmethod

@@ -17,9 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,14 +28,18 @@ from cdc_compaction import sql
 from cdc_compaction.engine import Engine
 from cdc_compaction.exceptions import (
     ArchiveError,
+    BadInputError,
     CompactionError,
     ConcurrentCommitError,
     PlanError,
     PublishValidationError,
     SchemaChangeError,
 )
-from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile
+from cdc_compaction.faults import fault_point
+from cdc_compaction.inputs import check_file
+from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile, TableLease, deployment_id
 from cdc_compaction.metastore import Metastore, connect
+from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -110,16 +114,40 @@ def load_plan(rt: Runtime, plan_path: str) -> dict[str, Any]:
     return _read_json(rt, plan_path)
 
 
+def version_seq(location: str | None) -> int | None:
+    """The commit sequence number in a version directory's name (None for other locations)."""
+    m = _VERSION.match(posixpath.basename((location or "").rstrip("/")))
+    return int(m.group(1)) if m else None
+
+
 def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
-    """Roll the metastore and the pointer forward to ``commit`` (idempotent)."""
+    """Roll the metastore and the pointer forward to ``commit`` (idempotent, never backwards)."""
     db, base = rt.cfg.database, rt.names["base_table"]
     target = rt.lake.layout.version_dir(commit.version)
-    if ms.get_table(db, base) is not None:
-        ms.set_location(db, base, target)
-    pointer = rt.lake.read_pointer()
-    # No pointer is needed before the first commit; after it, it must name the latest one.
-    if (pointer is None and commit.seq > 0) or (pointer is not None and int(pointer["seq"]) != commit.seq):
-        rt.lake.write_pointer(commit)
+    current = ms.table_location(db, base)
+    if current is not None:
+        seq = version_seq(current)
+        # A slow retry of an older commit must not move readers back to an older version.
+        if seq is not None and seq > commit.seq and posixpath.dirname(current.rstrip("/")) == rt.lake.layout.base:
+            log.warning(
+                "%s: base is at %s, newer than commit %d; left alone", rt.cfg.qualified_name, current, commit.seq
+            )
+        else:
+            ms.set_location(db, base, target)
+            fault_point("publish.after_metastore_swap", rt.cfg.qualified_name)
+    # No pointer is needed before the first commit; after it, it only ever moves forward.
+    if commit.seq > 0:
+        rt.lake.advance_pointer(commit)
+
+
+def lease_owner(run_id: str) -> str:
+    """Who holds a table's lease during a run: this deployment and the Airflow run."""
+    return f"{deployment_id()}/{run_id}"
+
+
+def take_lease(rt: Runtime, owner: str, now: datetime | None = None) -> None:
+    """Take or renew the table's lease for ``owner`` (see :class:`cdc_compaction.lake.TableLease`)."""
+    TableLease(rt.lake).acquire(owner, rt.cfg.lease_timeout, now or utcnow())
 
 
 # ---------------------------------------------------------------------- ensure tables
@@ -177,21 +205,26 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             log.warning("%s: incremental table moves to %s", cfg.qualified_name, lay.incremental)
             ms.set_location(db, inc_table, lay.incremental)
             ms.drop_partitions(db, inc_table, list(ms.partitions(db, inc_table)))
-        _sync_base_location(rt, ms, latest)
+    # Moving the base table to the live version is left to plan, which holds the lease.
     return {"ddl_statements": len(statements), "live_version": latest.version}
 
 
 # ------------------------------------------------------------------------------ plan
-def _plan_id(cfg: TableConfig, run_id: str, seq: int) -> str:
-    return hashlib.sha1(f"{cfg.qualified_name}|{run_id}|{seq}".encode()).hexdigest()[:12]
+def _plan_id(cfg: TableConfig, owner: str, seq: int) -> str:
+    return hashlib.sha1(f"{cfg.qualified_name}|{owner}|{seq}".encode()).hexdigest()[:12]
 
 
-def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[PlannedFile], dict[str, str]]:
-    """Complete increments' data files not yet compacted, and every increment dir seen."""
+def pending_files(
+    rt: Runtime, now: datetime, exclude: set[str]
+) -> tuple[list[PlannedFile], list[tuple[PlannedFile, str]], dict[str, str]]:
+    """Complete increments' files not yet compacted, split into good and bad (with the reason).
+
+    Also returns every increment directory seen (they are registered as partitions).
+    """
     cfg, st = rt.cfg, rt.lake.storage
     inc = cfg.increments
     files: list[PlannedFile] = []
-    unreadable: list[str] = []
+    bad: list[tuple[PlannedFile, str]] = []
     dirs = increment_dirs(rt)
     for name, path in sorted(dirs.items()):
         entries = st.list_dir(path)
@@ -211,34 +244,85 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> tuple[list[P
         for e in data:
             if f"{name}/{e.name}" in exclude:
                 continue
-            rows, reason = parquet_rows(e.path)
-            if reason is not None:
-                unreadable.append(f"{e.path} ({reason})")
-            files.append(PlannedFile(increment=name, name=e.name, path=e.path, size=e.size, rows=rows))
-    if unreadable:
-        raise PlanError(
-            f"{cfg.qualified_name}: {len(unreadable)} file(s) in the landing area are not readable Parquet: "
-            + "; ".join(unreadable)
-            + ". Nothing was compacted. Move each file out of the landing area (keep it for the source team) "
-            "or replace it with a good copy, then clear the plan task"
+            check = check_file(cfg, e.path)
+            f = PlannedFile(
+                increment=name,
+                name=e.name,
+                path=e.path,
+                size=e.size,
+                rows=check.rows,
+                ignored_columns=tuple(check.ignored_columns),
+                missing_columns=tuple(check.missing_columns),
+            )
+            if check.problem is not None:
+                bad.append((f, check.problem))
+                continue
+            if check.ignored_columns or check.missing_columns:
+                log.warning(
+                    "%s: %s: columns %s are not in the registry and are ignored; registry columns %s are "
+                    "missing and read as NULL",
+                    cfg.qualified_name,
+                    e.path,
+                    check.ignored_columns,
+                    check.missing_columns,
+                )
+            files.append(f)
+    return files, bad, dirs
+
+
+def set_aside_bad_files(rt: Runtime, plan_id: str, bad: list[tuple[PlannedFile, str]]) -> list[dict[str, Any]]:
+    """Apply ``on_bad_file``: fail naming every file and reason, or move them to quarantine."""
+    cfg = rt.cfg
+    if not bad:
+        return []
+    listing = "; ".join(f"{f.path}: {reason}" for f, reason in bad)
+    if cfg.on_bad_file == "fail":
+        raise BadInputError(
+            f"{cfg.qualified_name}: {len(bad)} landed file(s) cannot be compacted: {listing}. Nothing was "
+            "compacted and nothing was moved. Fix the registry (new columns) or replace each file with a good "
+            "copy, or move it out of the landing area (keep it for the source team); then clear the plan task. "
+            "To set such files aside automatically, set on_bad_file: quarantine"
         )
-    return files, dirs
+    q = Quarantine(rt.lake)
+    out = []
+    for f, reason in bad:
+        dst = q.set_aside_file(plan_id, f.increment, f.name, f.path, f.size, reason)
+        out.append({"file": f.path, "quarantined_to": dst, "reason": reason})
+    log.warning("%s: %d bad file(s) moved to quarantine: %s", cfg.qualified_name, len(bad), listing)
+    return out
 
 
-def parquet_rows(path: str) -> tuple[int, str | None]:
-    """Rows in a landed file per its Parquet footer, or why it cannot be compacted."""
-    import pyarrow.parquet as pq
+def plan(
+    rt: Runtime,
+    run_id: str,
+    now: datetime | None = None,
+    on_quarantined: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> str:
+    """Record the exact input of this run; return the plan file path, or '' if nothing is pending.
 
-    try:
-        return pq.read_metadata(path).num_rows, None
-    except Exception as exc:  # noqa: BLE001 - every reader error means the same: refuse the file
-        size = os.path.getsize(path) if os.path.exists(path) else -1
-        return 0, "empty file" if size == 0 else f"{type(exc).__name__}: {exc}"
-
-
-def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
-    """Record the exact input of this run; return the plan file path, or '' if nothing is pending."""
+    ``on_quarantined`` is called with the bad files set aside (``on_bad_file: quarantine``).
+    """
     now = now or utcnow()
+    cfg, lake = rt.cfg, rt.lake
+    owner = lease_owner(run_id)
+    # Before anything else: one run per table at a time, across deployments sharing the lake.
+    take_lease(rt, owner, now)
+    try:
+        return _plan_under_lease(rt, run_id, owner, now, on_quarantined)
+    except Exception:
+        # A plan that failed before recording its input has nothing in flight: let other runs go.
+        if not rt.lake.storage.exists(rt.lake.layout.plan_path(_plan_id(cfg, owner, lake.latest_commit().seq + 1))):
+            TableLease(lake).release(owner)
+        raise
+
+
+def _plan_under_lease(
+    rt: Runtime,
+    run_id: str,
+    owner: str,
+    now: datetime,
+    on_quarantined: Callable[[list[dict[str, Any]]], None] | None,
+) -> str:
     cfg, lake = rt.cfg, rt.lake
     with connect(rt.metastore) as ms:
         latest = lake.latest_commit()
@@ -248,22 +332,27 @@ def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
             log.info("%s: finishing the archive of commit %d first", cfg.qualified_name, latest.seq)
             archive_commit(rt, ms, latest)
         seq = latest.seq + 1
-        plan_id = _plan_id(cfg, run_id, seq)
+        plan_id = _plan_id(cfg, owner, seq)
         path = lake.layout.plan_path(plan_id)
         if lake.storage.exists(path):
             log.info("%s: reusing plan %s of this run (retry)", cfg.qualified_name, plan_id)
             return path
         committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
-        files, dirs = pending_files(rt, now, committed)
+        files, bad, dirs = pending_files(rt, now, committed)
+        quarantined = set_aside_bad_files(rt, plan_id, bad)
+        if quarantined and on_quarantined is not None:
+            on_quarantined(quarantined)
         ms.add_partitions(cfg.database, rt.names["incremental_table"], dirs)
     if not files:
         log.info("%s: nothing to compact", cfg.qualified_name)
+        TableLease(lake).release(owner)
         return ""
     version = f"v{seq:08d}-{plan_id}"
     rule = sql.rule_sql(cfg)
     doc = {
         "plan_id": plan_id,
         "run_id": run_id,
+        "owner": owner,
         "table": cfg.qualified_name,
         "seq": seq,
         "parent_seq": latest.seq,
@@ -272,9 +361,8 @@ def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
         "base_location": lake.layout.version_dir(latest.version),
         "output_location": lake.layout.version_dir(version),
         "quarantine_location": lake.layout.quarantine_dir(version),
-        "files": [
-            {"increment": f.increment, "name": f.name, "path": f.path, "size": f.size, "rows": f.rows} for f in files
-        ],
+        "files": [f.to_dict() for f in files],
+        "quarantined_files": quarantined,
         "increments": sorted({f.increment for f in files}),
         "ingested_at": now.isoformat(),
         "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
@@ -285,6 +373,7 @@ def plan(rt: Runtime, run_id: str, now: datetime | None = None) -> str:
         "planned_at": now.isoformat(),
     }
     lake.storage.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
+    fault_point("plan.after_plan_written", cfg.qualified_name)
     log.info(
         "%s: planned %s: %d files from %d increments on top of %s",
         cfg.qualified_name,
@@ -417,6 +506,9 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
     p = load_plan(rt, plan_path)
     existing = lake.read_commit(p["seq"])
     if existing is None:
+        # Renew the lease: a run that lost it (expired, taken over) must not commit.
+        take_lease(rt, p["owner"], now)
+        fault_point("publish.before_commit_record", cfg.qualified_name)
         latest = lake.latest_commit()
         if latest.seq != p["parent_seq"]:
             raise ConcurrentCommitError(
@@ -438,6 +530,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         # The one atomic decision: create-if-absent of the commit record.
         if lake.try_commit(commit):
             log.info("%s: committed %s as commit %d", cfg.qualified_name, commit.version, commit.seq)
+            fault_point("publish.after_commit_record", cfg.qualified_name)
         existing = lake.read_commit(commit.seq)
     assert existing is not None
     if existing.plan_id != p["plan_id"]:
@@ -447,7 +540,10 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             "Nothing was changed: re-run the DAG"
         )
     with connect(rt.metastore) as ms:
-        _sync_base_location(rt, ms, existing)
+        # Roll forward to the newest commit: normally this one, after a slow retry a later one.
+        _sync_base_location(rt, ms, lake.latest_commit())
+    fault_point("publish.after_pointer", cfg.qualified_name)
+    Quarantine(lake).record_rows(existing.version, existing.seq, existing.stats)
     removed = cleanup_versions(rt, existing.seq)
     return {"seq": existing.seq, "version": existing.version, "removed_versions": removed}
 
@@ -460,6 +556,7 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
         for s in range(max(0, live_seq - rt.cfg.keep_versions + 1), live_seq + 1)
         if (c := lake.read_commit(s))
     }
+    committed = {c.version for s in range(1, live_seq + 1) if (c := lake.read_commit(s))}
     removed = []
     for e in lake.storage.list_dir(lake.layout.base):
         m = _VERSION.match(e.name)
@@ -471,6 +568,14 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
         if seq <= live_seq:
             lake.storage.delete_tree(e.path)
             removed.append(e.name)
+            fault_point("cleanup.after_first_delete", rt.cfg.qualified_name)
+    # Quarantined rows of a committed version are kept until re-ingested; those of a
+    # version that never became live were never refused for real: the rows are still pending.
+    for e in lake.storage.list_dir(posixpath.dirname(lake.layout.quarantine_dir(EMPTY_VERSION))):
+        m = _VERSION.match(e.name)
+        if e.is_dir and m is not None and int(m.group(1)) <= live_seq and e.name not in committed:
+            lake.storage.delete_tree(e.path)
+    sweep_temporaries(rt, [lake.layout.control, lake.layout.plans, lake.layout.commits])
     for e in lake.storage.list_dir(lake.layout.plans):
         try:
             doc = _read_json(rt, e.path)
@@ -484,6 +589,18 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     return removed
 
 
+def sweep_temporaries(rt: Runtime, dirs: list[str], older_than: timedelta = timedelta(hours=1)) -> int:
+    """Delete temporary files a killed writer left behind (hidden ``*.tmp`` / ``*.copying``)."""
+    cutoff = utcnow().timestamp() - older_than.total_seconds()
+    n = 0
+    for d in dirs:
+        for e in rt.lake.storage.list_dir(d):
+            if not e.is_dir and e.name.startswith(".") and e.name.endswith((".tmp", ".copying")) and e.mtime < cutoff:
+                rt.lake.storage.delete(e.path)
+                n += 1
+    return n
+
+
 # --------------------------------------------------------------------------- archive
 def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]:
     """Move a committed version's input files to the archive: copy, verify, delete."""
@@ -491,12 +608,14 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
     if commit.seq == 0 or lake.is_archived(commit.seq):
         return {"archived_files": 0}
     moved = 0
+    table = cfg.qualified_name
     for f in commit.files:
         src = f["path"]
         dst = posixpath.join(lake.layout.archive, f"c{commit.seq:08d}", f["increment"], f["name"])
         if st.exists(src):
             if not (st.exists(dst) and st.size(dst) == f["size"]):
                 st.copy(src, dst)
+                fault_point("archive.after_first_copy", table)
             if st.size(dst) != f["size"]:
                 raise ArchiveError(
                     f"{cfg.qualified_name}: archived copy {dst} has {st.size(dst)} bytes, expected {f['size']}; "
@@ -504,6 +623,7 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
                 )
             st.delete(src)
             moved += 1
+            fault_point("archive.after_first_delete", table)
         elif not (st.exists(dst) and st.size(dst) == f["size"]):
             raise ArchiveError(
                 f"{cfg.qualified_name}: {src} of commit {commit.seq} is neither in the landing area nor archived "
@@ -520,6 +640,13 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
             st.remove_dir_if_empty(d)
             emptied.append(inc)
     ms.drop_partitions(cfg.database, rt.names["incremental_table"], emptied)
+    # A copy killed half-way leaves a hidden temporary beside its target: not an archived file.
+    sweep_temporaries(
+        rt,
+        [posixpath.join(lake.layout.archive, f"c{commit.seq:08d}", inc) for inc in commit.increments],
+        older_than=timedelta(0),
+    )
+    fault_point("archive.before_marker", table)
     st.write_text(lake.layout.archived_marker(commit.seq), json.dumps({"seq": commit.seq, "files": len(commit.files)}))
     log.info(
         "%s: archived %d files of commit %d; dropped partitions %s", cfg.qualified_name, moved, commit.seq, emptied
@@ -537,7 +664,10 @@ def archive(rt: Runtime, plan_path: str) -> dict[str, Any]:
             "Nothing is lost; the next run compacts them"
         )
     with connect(rt.metastore) as ms:
-        return archive_commit(rt, ms, commit)
+        result = archive_commit(rt, ms, commit)
+    # The run's last write to the lake: the next run may start now.
+    TableLease(rt.lake).release(p["owner"])
+    return result
 
 
 # ---------------------------------------------------------------------- refresh view
@@ -561,6 +691,7 @@ def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
         gone = [v for v in ms.partitions(cfg.database, names["incremental_table"]) if v not in dirs]
         dropped = ms.drop_partitions(cfg.database, names["incremental_table"], gone)
         stale = _stale_views(rt, ms)
+    fault_point("refresh_view.after_partitions", cfg.qualified_name)
     if stale or force:
         rt.engine.run_sql(cfg, sql.view_statements(cfg))
     return {"partitions_added": added, "partitions_dropped": dropped, "views_recreated": bool(stale or force)}

@@ -1,0 +1,80 @@
+"""Named fault points ("failpoints") for crash testing, inert unless armed.
+
+Every step boundary of the commit protocol calls :func:`fault_point` with a stable
+name.  In production ``CDC_FAULTS`` is unset and the call is one environment lookup.
+The crash-test suite arms a point to prove that a crash exactly there loses nothing
+and applies nothing twice -- the way Iceberg, Delta and Hadoop's committers are tested::
+
+    CDC_FAULTS="publish.after_commit_record=kill"          # SIGKILL this process there
+    CDC_FAULTS="archive.after_first_delete@shop.orders=raise"   # only for that table
+    CDC_FAULTS_ONCE_DIR=/tmp/x                             # fire each point once (then retries pass)
+
+The Spark job (``include/spark_jobs/compact.py``) reads the same variable: it ships
+to the cluster without this package, so it carries a copy of the parser.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from cdc_compaction.exceptions import InjectedFaultError
+
+log = logging.getLogger(__name__)
+
+ENV = "CDC_FAULTS"
+ONCE_ENV = "CDC_FAULTS_ONCE_DIR"
+ACTIONS = ("raise", "kill")
+
+#: Every fault point of the package, in the order a run passes them.
+POINTS = (
+    "plan.after_plan_written",
+    "compact.before_stats",
+    "publish.before_commit_record",
+    "publish.after_commit_record",
+    "publish.after_metastore_swap",
+    "publish.after_pointer",
+    "cleanup.after_first_delete",
+    "archive.after_first_copy",
+    "archive.after_first_delete",
+    "archive.before_marker",
+    "refresh_view.after_partitions",
+)
+
+
+def armed(name: str, table: str = "") -> str | None:
+    """The action armed for ``name`` (and this table), or None."""
+    spec = os.environ.get(ENV, "")
+    if not spec:
+        return None
+    for item in spec.split(","):
+        target, _, action = item.strip().partition("=")
+        point, _, only_table = target.partition("@")
+        if point == name and (not only_table or only_table == table) and action in ACTIONS:
+            return action
+    return None
+
+
+def _first_time(name: str, table: str) -> bool:
+    once = os.environ.get(ONCE_ENV)
+    if not once:
+        return True
+    os.makedirs(once, exist_ok=True)
+    try:
+        fd = os.open(os.path.join(once, f"{name}@{table or 'any'}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def fault_point(name: str, table: str = "") -> None:
+    """Crash here if a test armed this point: raise, or SIGKILL the current process."""
+    action = armed(name, table)
+    if action is None or not _first_time(name, table):
+        return
+    log.error("fault injection: %s at %s (%s)", action, name, table or "any table")
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedFaultError(f"injected fault at {name} for {table or 'any table'} (CDC_FAULTS is set)")

@@ -1,0 +1,233 @@
+"""The quarantine: refused change events and files, kept with their reasons, and re-ingested after a fix.
+
+Two kinds of entries live under ``<storage_root>/quarantine/`` (see README, "Quarantine"):
+
+``rows/<version>/``
+    events the compaction that made ``<version>`` refused row by row (null key, null
+    ordering value, unknown op code).  Parquet with the registry columns plus
+    ``_cdc_increment``, ``_cdc_file``, ``_cdc_pos``, ``_cdc_reject_reason``; the manifest
+    counts them by reason and by source file.
+
+``files/<plan>/``
+    whole files a plan set aside (``on_bad_file: quarantine``): unreadable, or a schema
+    that does not fit the registry.  Byte-for-byte copies under their increment name.
+
+Re-ingesting puts the events back into the landing area, so the next run compacts
+them under the normal rule -- the rule does not depend on arrival order, so late is
+fine.  Rows go back into their original increment as ``reingest-<entry>-NNNNN.parquet``
+(in their original order); files go back under their own name, or a fixed copy does.
+Every manifest records when it was re-ingested, and an entry is re-ingested once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import posixpath
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cdc_compaction.exceptions import QuarantineError
+from cdc_compaction.lake import Lake
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "_manifest.json"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass
+class Entry:
+    """One quarantine entry as listed to people."""
+
+    id: str
+    kind: str
+    path: str
+    count: int
+    reasons: dict[str, int]
+    created_at: str
+    reingested_at: str | None
+
+    def line(self) -> str:
+        status = f"re-ingested {self.reingested_at}" if self.reingested_at else "waiting"
+        unit = "rows" if self.kind == "rows" else "files"
+        return f"{self.id:<40} {self.count:>7} {unit:<5} {status:<40} {json.dumps(self.reasons, sort_keys=True)}"
+
+
+class Quarantine:
+    """One table's quarantine area."""
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self.storage = lake.storage
+        self.root = lake.layout.quarantine
+
+    # -- writing ------------------------------------------------------------------
+    def _manifest_path(self, d: str) -> str:
+        return posixpath.join(d, MANIFEST)
+
+    def _read_manifest(self, d: str) -> dict[str, Any] | None:
+        path = self._manifest_path(d)
+        if not self.storage.exists(path):
+            return None
+        return json.loads(self.storage.read_text(path))
+
+    def _write_manifest(self, d: str, doc: dict[str, Any]) -> None:
+        self.storage.write_text(self._manifest_path(d), json.dumps(doc, indent=1, sort_keys=True))
+
+    def set_aside_file(self, plan_id: str, increment: str, name: str, src: str, size: int, reason: str) -> str:
+        """Move one refused landed file into ``files/<plan_id>``: copy, record, verify, delete."""
+        d = self.lake.layout.quarantined_files_dir(plan_id)
+        dst = posixpath.join(d, increment, name)
+        if not (self.storage.exists(dst) and self.storage.size(dst) == size):
+            self.storage.copy(src, dst)
+        if self.storage.size(dst) != size:
+            raise QuarantineError(f"quarantined copy {dst} has {self.storage.size(dst)} bytes, {src} has {size}")
+        doc = self._read_manifest(d) or {
+            "kind": "files",
+            "table": self.lake.cfg.qualified_name,
+            "plan_id": plan_id,
+            "created_at": _now(),
+            "files": [],
+            "reingested_at": None,
+        }
+        if not any(f["increment"] == increment and f["name"] == name for f in doc["files"]):
+            doc["files"].append(
+                {"increment": increment, "name": name, "size": size, "reason": reason, "original_path": src}
+            )
+            self._write_manifest(d, doc)
+        # The manifest names the copy before the original goes: a crash here leaves both, never neither.
+        self.storage.delete(src)
+        return dst
+
+    def record_rows(self, version: str, seq: int, stats: dict[str, Any]) -> None:
+        """Write the manifest of a committed version's refused rows (idempotent)."""
+        d = self.lake.layout.quarantine_dir(version)
+        if int(stats.get("rejected_rows", 0)) <= 0 or self._read_manifest(d) is not None:
+            return
+        self._write_manifest(
+            d,
+            {
+                "kind": "rows",
+                "table": self.lake.cfg.qualified_name,
+                "version": version,
+                "commit": seq,
+                "created_at": _now(),
+                "rows": int(stats["rejected_rows"]),
+                "by_reason": stats.get("rejected_by_reason", {}),
+                "by_file": stats.get("rejected_by_file", {}),
+                "reingested_at": None,
+            },
+        )
+
+    # -- reading ------------------------------------------------------------------
+    def entries(self) -> list[Entry]:
+        out = []
+        for kind in ("rows", "files"):
+            for e in self.storage.list_dir(posixpath.join(self.root, kind)):
+                doc = self._read_manifest(e.path) if e.is_dir else None
+                if doc is None:
+                    continue  # rows of a version that was never committed: not refused for real
+                if kind == "rows":
+                    count, reasons = int(doc["rows"]), dict(doc["by_reason"])
+                else:
+                    count, reasons = len(doc["files"]), {}
+                    for f in doc["files"]:
+                        key = f["reason"].split(":")[0]
+                        reasons[key] = reasons.get(key, 0) + 1
+                out.append(
+                    Entry(f"{kind}/{e.name}", kind, e.path, count, reasons, doc["created_at"], doc["reingested_at"])
+                )
+        return out
+
+    def entry(self, entry_id: str) -> tuple[Entry, dict[str, Any]]:
+        for e in self.entries():
+            if e.id == entry_id:
+                doc = self._read_manifest(e.path)
+                assert doc is not None
+                return e, doc
+        known = ", ".join(e.id for e in self.entries()) or "none"
+        raise QuarantineError(
+            f"{self.lake.cfg.qualified_name} has no quarantine entry {entry_id!r} (entries: {known}); "
+            "list them with `python -m cdc_compaction quarantine list <db.table>`"
+        )
+
+    # -- re-ingesting -------------------------------------------------------------
+    def reingest(self, entry_id: str, source: str | None = None, force: bool = False) -> list[str]:
+        """Put an entry's events back into the landing area; return the files written there.
+
+        ``source`` replaces the quarantined data with a corrected copy: for ``rows/``, a
+        Parquet file or directory with the registry columns (and ``_cdc_increment``, to
+        keep each row's increment); for ``files/``, a directory laid out like the entry
+        (``<increment>/<file name>``).
+        """
+        entry, doc = self.entry(entry_id)
+        if doc.get("reingested_at") and not force:
+            raise QuarantineError(
+                f"{entry_id} of {self.lake.cfg.qualified_name} was re-ingested at {doc['reingested_at']}; "
+                "doing it again would land its events twice (harmless for the table, but noisy). "
+                "Pass --force if that is what you want"
+            )
+        written = self._reingest_rows(entry, source) if entry.kind == "rows" else self._reingest_files(doc, source)
+        doc["reingested_at"] = _now()
+        doc["reingested_files"] = written
+        self._write_manifest(entry.path, doc)
+        log.info("%s: re-ingested %s into %d landing files", self.lake.cfg.qualified_name, entry_id, len(written))
+        return written
+
+    def _land(self, increment: str, name: str, write: Any) -> str:
+        """Write one file into the landing area the way a sink does: hidden temp name, then rename."""
+        import os
+
+        d = posixpath.join(self.lake.layout.incremental, increment)
+        dst = posixpath.join(d, name)
+        if self.storage.exists(dst):
+            raise QuarantineError(f"{dst} exists already in the landing area; move it away or pick another entry")
+        os.makedirs(d, exist_ok=True)
+        tmp = posixpath.join(d, f".{name}.reingest.tmp")
+        write(tmp)
+        os.replace(tmp, dst)
+        cfg = self.lake.cfg
+        if cfg.increments.completion == "marker":
+            self.storage.write_text(posixpath.join(d, cfg.increments.marker_file), "")
+        return dst
+
+    def _reingest_rows(self, entry: Entry, source: str | None) -> list[str]:
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
+
+        cfg = self.lake.cfg
+        table = ds.dataset(source or entry.path, format="parquet").to_table()
+        if "_cdc_increment" not in table.column_names:
+            raise QuarantineError(
+                f"{source} has no _cdc_increment column: keep it from the quarantined rows so every row "
+                "goes back into its own increment (the tie-break between equal ordering values depends on it)"
+            )
+        missing = [c for c in cfg.column_names if c not in table.column_names]
+        if missing:
+            raise QuarantineError(f"{source or entry.path} lacks the registry columns {missing}")
+        order = [(c, "ascending") for c in ("_cdc_increment", "_cdc_file", "_cdc_pos") if c in table.column_names]
+        table = table.sort_by(order)
+        tag = hashlib.sha1(entry.id.encode()).hexdigest()[:8]
+        written = []
+        for inc in sorted(set(table.column("_cdc_increment").to_pylist())):
+            part = table.filter(pc.equal(table.column("_cdc_increment"), inc)).select(cfg.column_names)
+            name = f"reingest-{tag}-{len(written):05d}.parquet"
+            written.append(self._land(inc, name, lambda tmp, part=part: pq.write_table(part, tmp)))
+        return written
+
+    def _reingest_files(self, doc: dict[str, Any], source: str | None) -> list[str]:
+        d = self.lake.layout.quarantined_files_dir(doc["plan_id"])
+        written = []
+        for f in doc["files"]:
+            src = posixpath.join(source or d, f["increment"], f["name"])
+            if not self.storage.exists(src):
+                raise QuarantineError(f"{src} does not exist: put the corrected file there, or omit --from")
+            written.append(self._land(f["increment"], f["name"], lambda tmp, src=src: self.storage.copy(src, tmp)))
+        return written

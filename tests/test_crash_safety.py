@@ -1,0 +1,332 @@
+"""Fault injection: a crash at every step boundary loses no event and applies none twice.
+
+Each case runs the shared scenario ``late_update_for_deleted_key`` (three compactions:
+insert, delete, then a late older update that must not resurrect the key) and crashes
+the *second* run at one fault point (:mod:`cdc_compaction.faults`), either
+
+* ``raise``: the step raises there, in this process, or
+* ``kill``: the step runs in its own process (``python -m cdc_compaction step`` -- what
+  an Airflow task runs) or as a real ``spark-submit``, which is SIGKILLed there.
+
+While the crash's debris is still there, readers must see the old table or the new one,
+never a mix -- through the metastore, the pointer file and the view.  Then the failed
+step is retried (what Airflow's retry or "clear" does) and the run goes on; the third
+run follows.  Every run must match the scenario's oracle, and at the end:
+
+* no key twice in the base;
+* every landed file archived exactly once and gone from the landing area, with no
+  half-archived copies or temporaries;
+* no leaked version directory, quarantine or ``_temporary`` left by the crash;
+* the lease given back, pointer and metastore at the last commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdc_compaction import conformance as conf
+from cdc_compaction import faults, sql, tasks
+from cdc_compaction.engine import SessionEngine, compaction_conf
+from cdc_compaction.exceptions import InjectedFaultError
+from cdc_compaction.lake import EMPTY_VERSION, Lake, TableLease
+from cdc_compaction.metastore import connect
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import PROJECT_ROOT, SPARK_JOBS_DIR, MetastoreEndpoint
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+SCENARIO = PROJECT_ROOT.parent / "shared" / "conformance" / "late_update_for_deleted_key.json"
+CRASHING_RUN = 2
+STEPS = ["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
+
+# (fault point, the task it crashes): every boundary of the commit protocol.
+CRASH_POINTS = [
+    ("plan.after_plan_written", "plan"),
+    ("compact.before_stats", "compact"),  # the job's output is written, its stats are not
+    ("publish.before_commit_record", "publish"),  # output complete and validated, not published
+    ("publish.after_commit_record", "publish"),  # committed, metastore not swapped yet
+    ("publish.after_metastore_swap", "publish"),  # swapped, pointer not written yet
+    ("publish.after_pointer", "publish"),  # all done, but publish reports an error: unknown commit state
+    ("cleanup.after_first_delete", "publish"),  # old-version cleanup half done
+    ("archive.after_first_copy", "archive"),  # one file copied, none deleted
+    ("archive.after_first_delete", "archive"),  # some copied and deleted, others not
+    ("archive.before_marker", "archive"),  # all moved, the commit not marked archived
+    ("refresh_view.after_partitions", "refresh_view"),  # partitions synced, views not refreshed
+]
+
+
+def test_every_fault_point_is_tested() -> None:
+    assert [p for p, _ in CRASH_POINTS] == list(faults.POINTS)
+
+
+def test_the_spark_job_parses_faults_like_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job carries its own copy of the parser (it ships without the package)."""
+    from cdc_compaction.engine import load_job
+
+    job = load_job("compact")
+    monkeypatch.setenv(faults.ENV, "compact.before_stats@db.t=raise, other=kill")
+    with pytest.raises(RuntimeError, match=r"injected fault at compact\.before_stats"):
+        job.fault_point("compact.before_stats", "db.t")
+    job.fault_point("compact.before_stats", "db.other")  # another table: inert
+    with pytest.raises(InjectedFaultError):
+        faults.fault_point("compact.before_stats", "db.t")
+    faults.fault_point("compact.before_stats", "db.other")
+    monkeypatch.setenv(faults.ONCE_ENV, str(PROJECT_ROOT / ".run" / f"once-{os.getpid()}-{time.time_ns()}"))
+    with pytest.raises(InjectedFaultError):
+        faults.fault_point("compact.before_stats", "db.t")
+    faults.fault_point("compact.before_stats", "db.t")  # once: the retry passes
+
+
+# ----------------------------------------------------------------------------- harness
+class CrashRun:
+    """One scenario run through the task functions, with a crash injected into one run."""
+
+    def __init__(self, spark: Any, endpoint: MetastoreEndpoint, metastore: Any, tmp: Path, suffix: str) -> None:
+        self.spark = spark
+        self.endpoint = endpoint
+        self.warehouse = str(metastore.warehouse)
+        self.scn = conf.Scenario.load(SCENARIO)
+        doc = conf.registry_doc(self.scn, tmp / "lake", suffix)
+        doc["keep_versions"] = 1  # so that the crashing run's publish has an old version to clean up
+        self.registry = tmp / "registry"
+        self.registry.mkdir()
+        (self.registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc))
+        self.cfg = TableConfig.model_validate(doc)
+        self.rt = tasks.Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
+        self.reader = conf.Reader(spark)
+        self.types = {c.name: c.type for c in self.cfg.columns if c.name != self.cfg.op_column}
+        self.landed: list[str] = []
+        self.window_checks = 0
+
+    # -- reading --------------------------------------------------------------------
+    def rows_differ(self, expect: list[dict[str, Any]], got: list[dict[str, Any]]) -> list[str]:
+        return conf.diff_rows(expect, [{k: v for k, v in r.items() if k in self.types} for r in got], self.types)
+
+    def pointer_rows(self) -> list[dict[str, Any]] | None:
+        pointer = self.rt.lake.read_pointer()
+        if pointer is None:
+            return None
+        rule = sql.rule_sql(self.cfg)
+        df = self.spark.read.parquet(pointer["location"])
+        return [r.asDict() for r in df.where(f"NOT ({rule.is_delete})").collect()]
+
+    def assert_old_or_new(self, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
+        """What readers see while the crash's debris is still there."""
+        base = self.reader.visible_base(self.cfg)
+        assert not self.rows_differ(old, base) or not self.rows_differ(new, base), f"base is a mix: {base}"
+        pointer = self.pointer_rows()
+        if pointer is not None:
+            assert not self.rows_differ(old, pointer) or not self.rows_differ(new, pointer), f"pointer: {pointer}"
+        # The view dedups base + pending increments: it shows the new state throughout.
+        view = self.reader.view(self.cfg)
+        assert not self.rows_differ(new, view), f"view: {view}"
+        self.window_checks += 1
+
+    # -- running --------------------------------------------------------------------
+    def step(self, name: str, run_id: str, plan_path: str) -> Any:
+        rt = self.rt
+        if name == "ensure_tables":
+            return tasks.ensure_tables(rt)
+        if name == "plan":
+            return tasks.plan(rt, run_id)
+        if name == "compact":
+            return rt.engine.compact(tasks.load_plan(rt, plan_path))  # type: ignore[attr-defined]
+        if name == "refresh_view":
+            return tasks.refresh_view(rt)
+        return getattr(tasks, name)(rt, plan_path)
+
+    def step_in_subprocess(self, name: str, run_id: str, plan_path: str, fault: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins"), faults.ENV: fault}
+        if name == "compact":
+            cmd = spark_submit_cmd(self.cfg, plan_path)
+        else:
+            cmd = [sys.executable, "-m", "cdc_compaction", "step", name, self.cfg.qualified_name]
+            cmd += ["--registry-dir", str(self.registry), "--run-id", run_id, "--plan", plan_path]
+            cmd += ["--metastore", f"{self.endpoint.host}:{self.endpoint.port}", "--warehouse", self.warehouse]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+    def one_run(self, run_id: str, crash: tuple[str, str, str] | None = None, old: Any = None, new: Any = None) -> str:
+        """ensure_tables ... refresh_view; with ``crash`` = (point, task, raise|kill) one task crashes first."""
+        plan_path = ""
+        for name in STEPS:
+            if name not in ("ensure_tables", "plan", "refresh_view") and not plan_path:
+                continue  # plan found nothing: the DAG skips the rest
+            if crash is not None and crash[1] == name:
+                point, _, mode = crash
+                self.crash(name, run_id, plan_path, point, mode)
+                self.assert_old_or_new(old, new)
+                # Airflow retries the task (or a person clears it): same run, same plan.
+            result = self.step(name, run_id, plan_path)
+            if name == "plan":
+                plan_path = result
+        return plan_path
+
+    def crash(self, name: str, run_id: str, plan_path: str, point: str, mode: str) -> None:
+        fault = f"{point}@{self.cfg.qualified_name}={mode}"
+        if mode == "kill":
+            proc = self.step_in_subprocess(name, run_id, plan_path, fault)
+            out = proc.stdout + proc.stderr
+            if name == "compact":
+                # The job's driver was SIGKILLed; spark-submit reports the failure.
+                assert proc.returncode != 0 and f"fault injection: kill at {point}" in out, out[-3000:]
+            else:
+                assert proc.returncode == -signal.SIGKILL, out[-3000:]
+            return
+        os.environ[faults.ENV] = fault
+        try:
+            with pytest.raises((InjectedFaultError, RuntimeError), match=f"injected fault at {point}"):
+                self.step(name, run_id, plan_path)
+        finally:
+            del os.environ[faults.ENV]
+
+    def run(self, crash: tuple[str, str, str] | None = None) -> None:
+        tasks.ensure_tables(self.rt)
+        tasks.refresh_view(self.rt)
+        previous: list[dict[str, Any]] = []
+        n = 0
+        for step in self.scn.steps:
+            ((kind, body),) = step.items()
+            if kind == "land":
+                # Each increment gets a second, identical file: a duplicate delivery, which by
+                # the rule changes nothing -- and gives archiving two files to be halfway through.
+                files = [*body["files"], body["files"][0]]
+                self.landed += [
+                    str(Path(p).relative_to(self.rt.lake.layout.incremental))
+                    for p in conf.land(self.cfg, body["increment"], files)
+                ]
+            elif kind == "check_view":
+                tasks.refresh_view(self.rt)
+                assert not self.rows_differ(body["expect"], self.reader.view(self.cfg))
+            elif kind == "compact":
+                n += 1
+                armed = crash if n == CRASHING_RUN else None
+                self.one_run(f"run-{n}", armed, old=previous, new=body["expect"])
+                base = self.reader.visible_base(self.cfg)
+                assert not self.rows_differ(body["expect"], base), f"run {n}: {base}"
+                previous = body["expect"]
+
+    # -- the invariants after recovery ------------------------------------------------
+    def assert_clean(self) -> None:
+        lake, lay = self.rt.lake, self.rt.lake.layout
+        latest = lake.latest_commit()
+        base_name = f"`{self.cfg.database}`.`{sql.table_names(self.cfg)['base_table']}`"
+        self.spark.catalog.refreshTable(base_name)
+        keys = Counter(r["id"] for r in self.spark.sql(f"SELECT id FROM {base_name}").collect())
+        assert all(c == 1 for c in keys.values()), f"duplicate keys in the base: {keys}"
+        # Every landed file: archived exactly once, no longer pending.
+        archived = Counter(
+            str(p.relative_to(p.parents[1]))
+            for p in Path(lay.archive).rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        )
+        assert archived == Counter(self.landed), f"archive {archived} != landed {self.landed}"
+        assert not [p for p in Path(lay.incremental).rglob("*") if p.is_file()], "files left pending"
+        leftovers = [p for p in Path(lay.root).rglob("*") if p.name == "_temporary" or p.name.endswith(".copying")]
+        assert not leftovers, leftovers
+        # No leaked versions: the live one (keep_versions = 1) and the empty genesis.
+        assert sorted(os.listdir(lay.base)) == sorted([latest.version, EMPTY_VERSION])
+        rows_q = Path(lay.quarantine) / "rows"
+        assert not rows_q.exists() or not os.listdir(rows_q), "quarantine of a version never committed"
+        assert lake.read_pointer()["seq"] == latest.seq == 3
+        with connect(self.endpoint) as ms:
+            loc = ms.table_location(self.cfg.database, sql.table_names(self.cfg)["base_table"])
+        assert loc == lay.version_dir(latest.version)
+        held = TableLease(lake).current()
+        assert held is None or held.released, held
+        for seq in range(1, latest.seq + 1):
+            assert lake.is_archived(seq)
+
+
+@pytest.fixture
+def crash_run(request: pytest.FixtureRequest, spark: Any, endpoint: MetastoreEndpoint, metastore: Any, tmp_path: Path):
+    suffix = "_x" + format(abs(hash(request.node.name)) % 10**8, "08d")
+    run = CrashRun(spark, endpoint, metastore, tmp_path, suffix)
+    yield run
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+@pytest.mark.parametrize(("point", "task"), CRASH_POINTS, ids=[p for p, _ in CRASH_POINTS])
+def test_crash_then_retry(crash_run: CrashRun, point: str, task: str, mode: str) -> None:
+    crash_run.run(crash=(point, task, mode))
+    assert crash_run.window_checks == 1
+    crash_run.assert_clean()
+
+
+def spark_submit_cmd(cfg: TableConfig, plan_path: str) -> list[str]:
+    """The compact task's spark-submit command line (what SparkSubmitOperator runs)."""
+    import pyspark
+
+    cmd = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", "local[1]"]
+    for k, v in {**compaction_conf(cfg), "spark.driver.memory": "512m"}.items():
+        cmd += ["--conf", f"{k}={v}"]
+    return [*cmd, str(SPARK_JOBS_DIR / "compact.py"), "--plan", plan_path]
+
+
+def _kill_when(proc: subprocess.Popen, path: Path, timeout: float = 300) -> bool:
+    """SIGKILL the process group of ``proc`` as soon as ``path`` exists; False if it never did."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.fixture
+def killable() -> Iterator[list[subprocess.Popen]]:
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:  # stop what the test started, whatever happened
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_spark_submit_killed_while_writing_the_output(crash_run: CrashRun, killable: list[subprocess.Popen]) -> None:
+    """SIGKILL of the whole spark-submit process group while Spark's committer has files in flight."""
+    run = crash_run
+    tasks.ensure_tables(run.rt)
+    rows = [{"id": i, "full_name": f"n{i}", "op": "c", "ts_ms": i} for i in range(20000)]
+    conf.land(run.cfg, "increment_2026112200", [rows[:10000], rows[10000:]])
+    plan_path = tasks.plan(run.rt, "run-1")
+    plan = json.loads(Path(plan_path).read_text())
+    # Many small output files keep the write going long enough to be caught in the middle.
+    plan["max_records_per_file"] = 50
+    Path(plan_path).write_text(json.dumps(plan))
+    out = Path(plan["output_location"])
+    proc = subprocess.Popen(
+        spark_submit_cmd(run.cfg, plan_path),
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    killable.append(proc)
+    assert _kill_when(proc, out / "_temporary"), "the job finished before it could be killed mid-write"
+    assert proc.returncode == -signal.SIGKILL
+    # Debris: a half-written version without stats. validate refuses it; readers see the old (empty) table.
+    with pytest.raises(Exception, match="did not finish"):
+        tasks.validate(run.rt, plan_path)
+    assert run.reader.visible_base(run.cfg) == []
+    # The retried compact task overwrites the debris; the run completes.
+    run.step("compact", "run-1", plan_path)
+    for name in ("validate", "publish", "archive", "refresh_view"):
+        run.step(name, "run-1", plan_path)
+    assert len(run.reader.visible_base(run.cfg)) == 20000
+    assert not [p for p in Path(run.rt.lake.layout.root).rglob("_temporary")]
+    stats = run.rt.lake.latest_commit().stats
+    assert stats["output_rows"] == 20000 and stats["duplicate_keys"] == 0
