@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from email import message_from_bytes
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
+from conftest import STUDENT_COLUMNS
 
-from cdc_compaction.local_services import free_port
+from cdc_compaction import conformance as conf
+from cdc_compaction.devenv import airflow_env, ensure_airflow_db, last_run_timings
+from cdc_compaction.local_services import LocalMetastore, free_port
 from cdc_compaction.notifications import CdcAlertNotifier, alert_rejected_rows
+from cdc_compaction.registry import TableConfig
 
 
 class _Inbox:
     def __init__(self) -> None:
         self.messages: list[Any] = []
+        self.conn_json = ""  # the Airflow connection (JSON form) that reaches this server
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd API
         self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content)))
@@ -37,7 +49,8 @@ def smtp(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Inbox]:
         "port": port,
         "extra": {"disable_ssl": True, "disable_tls": True, "from_email": "airflow@example.org", "timeout": 10},
     }
-    monkeypatch.setenv("AIRFLOW_CONN_SMTP_ALERTS", json.dumps(conn))
+    inbox.conn_json = json.dumps(conn)
+    monkeypatch.setenv("AIRFLOW_CONN_SMTP_ALERTS", inbox.conn_json)
     try:
         yield inbox
     finally:
@@ -88,3 +101,73 @@ def test_rejected_rows_alert(smtp: _Inbox) -> None:
     assert "/lake/quarantine/v00000002-x" in _body(msg) and "null_key:id" in _body(msg)
     alert_rejected_rows("school.student", ["owner@example.org"], "smtp_alerts", {"rejected_rows": 0}, "/q")
     assert len(smtp.messages) == 1, "no alert without refused rows"
+
+
+# ------------------------------------------------------------ through a real DAG run
+def _dags_test(env: dict[str, str], dag_id: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`airflow dags test <dag_id>` in its own process group, killed whole if it hangs."""
+    airflow = str(Path(sys.executable).parent / "airflow")
+    with subprocess.Popen(
+        [airflow, "dags", "test", dag_id],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # the group this test started: airflow and its spark-submit
+                out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.dag
+@pytest.mark.metastore
+def test_a_failing_task_of_a_real_dag_run_mails_the_tables_owners(
+    smtp: _Inbox, metastore: LocalMetastore, tmp_path: Path
+) -> None:
+    """A garbage file in the landing area fails `plan`; its on_failure_callback mails the table's owners."""
+    scn = conf.Scenario(
+        path=tmp_path / "failure_alert.json",
+        name="failure_alert",
+        about="A corrupt landed file fails plan, which alerts the table's owners.",
+        table={"columns": [dict(c) for c in STUDENT_COLUMNS], "primary_key": ["id"], "order_by": ["ts_ms"]},
+        steps=[],
+    )
+    doc = conf.registry_doc(scn, tmp_path / "lake")
+    doc.update(retries=0, alerts={"emails": ["owner@example.org"], "smtp_conn_id": "smtp_alerts"})
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    cfg = TableConfig.model_validate(doc)
+    (good,) = conf.land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 100}]])
+    corrupt = Path(good).parent / "part-00001.parquet"
+    corrupt.write_bytes(b"not parquet")
+
+    env = airflow_env(
+        tmp_path / "airflow", metastore.uri, registry_dir=registry, warehouse_dir=metastore.home / "warehouse"
+    )
+    env["AIRFLOW_CONN_SMTP_ALERTS"] = smtp.conn_json
+    ensure_airflow_db(env)
+    proc = _dags_test(env, cfg.dag_id)
+    output = proc.stdout + proc.stderr
+    tail = "\n".join(output.splitlines()[-80:])
+
+    assert proc.returncode != 0, f"the DAG run should have failed:\n{tail}"
+    tasks = {t["task_id"]: t["state"] for t in last_run_timings(tmp_path / "airflow", cfg.dag_id)["tasks"]}
+    assert tasks["ensure_tables"] == "success" and tasks["plan"] == "failed", tasks
+    failure_mails = [m for _, m in smtp.messages if "failed" in m["Subject"]]
+    assert len(smtp.messages) == len(failure_mails) == 1, f"{[m['Subject'] for _, m in smtp.messages]}\n{tail}"
+    rcpts, msg = smtp.messages[0]
+    assert rcpts == ["owner@example.org"]
+    assert msg["Subject"] == f"[cdc-compaction] {cfg.qualified_name}: task plan failed (try 1)"
+    body = _body(msg)
+    assert f"Table <b>{cfg.qualified_name}</b>, DAG {cfg.dag_id}" in body
+    assert "Task <b>plan</b> failed" in body
+    assert "PlanError" in body and str(corrupt) in body
+    (log_url,) = re.findall(r'Log: <a href="([^"]*)">', body)
+    assert log_url.startswith(("http://", "https://")), body
+    assert f"/dags/{cfg.dag_id}/runs/" in log_url and "/tasks/plan" in log_url, log_url

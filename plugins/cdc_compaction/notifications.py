@@ -12,7 +12,22 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
+from cdc_compaction.exceptions import CdcCompactionError
+
 log = logging.getLogger(__name__)
+
+
+def _error_text(exc: BaseException | None) -> str:
+    """``Type: message``; a subclass of this package's errors also names its family (``X (a PlanError)``)."""
+    if exc is None:
+        return "(no exception in context)"
+    kind = type(exc).__name__
+    families = [
+        c.__name__ for c in type(exc).__mro__[1:] if issubclass(c, CdcCompactionError) and c is not CdcCompactionError
+    ]
+    if families:
+        kind += f" (a {', '.join(families)})"
+    return f"{kind}: {exc}"
 
 
 def _describe(context: dict[str, Any]) -> dict[str, str]:
@@ -24,7 +39,7 @@ def _describe(context: dict[str, Any]) -> dict[str, str]:
         "run_id": str(context.get("run_id", getattr(ti, "run_id", ""))),
         "try_number": str(getattr(ti, "try_number", "")),
         "log_url": str(getattr(ti, "log_url", "") or ""),
-        "error": f"{type(exc).__name__}: {exc}" if exc is not None else "(no exception in context)",
+        "error": _error_text(exc),
     }
 
 
