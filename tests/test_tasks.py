@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import compact_once, visible_names
 
 from cdc_compaction import tasks
 from cdc_compaction.conformance import land
-from cdc_compaction.engine import SessionEngine
 from cdc_compaction.exceptions import (
     ArchiveError,
     ConcurrentCommitError,
@@ -23,21 +22,11 @@ from cdc_compaction.exceptions import (
     PublishValidationError,
     SchemaChangeError,
 )
-from cdc_compaction.lake import Commit, Lake, TableLease
+from cdc_compaction.lake import Commit, TableLease
 from cdc_compaction.metastore import connect
-from cdc_compaction.registry import TableConfig
-from cdc_compaction.settings import MetastoreEndpoint
 from cdc_compaction.sql import table_names
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
-
-
-@pytest.fixture
-def runtime(spark: Any, endpoint: MetastoreEndpoint) -> Callable[[TableConfig], tasks.Runtime]:
-    def _rt(cfg: TableConfig) -> tasks.Runtime:
-        return tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
-
-    return _rt
 
 
 def _rows(*items: tuple[int, str | None, str, int]) -> list[dict[str, Any]]:
@@ -63,23 +52,6 @@ def _commit_record_only(rt: tasks.Runtime, path: str) -> bool:
     stats = json.loads((Path(p["output_location"]) / "_cdc_stats.json").read_text())
     fields = ("seq", "version", "plan_id", "run_id", "parent_seq", "files", "increments")
     return rt.lake.try_commit(Commit(*(p[f] for f in fields), stats))
-
-
-def _compact(rt: tasks.Runtime, run_id: str, now: datetime | None = None) -> str:
-    """plan + compact + validate + publish + archive, as one DAG run does."""
-    path = tasks.plan(rt, run_id, now=now)
-    if path:
-        _run_job(rt, path)
-        tasks.validate(rt, path)
-        tasks.publish(rt, path, now=now)
-        tasks.archive(rt, path)
-    return path
-
-
-def _visible(spark: Any, cfg: TableConfig) -> dict[int, str]:
-    name = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
-    spark.catalog.refreshTable(name)
-    return {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {name} WHERE op <> 'd'").collect()}
 
 
 def test_plan_is_empty_without_increments_and_reused_on_retry(make_cfg, runtime) -> None:
@@ -133,8 +105,8 @@ def test_full_run_publishes_archives_and_is_idempotent(make_cfg, runtime, spark)
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
-    path = _compact(rt, "run-1")
-    assert _visible(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+    path = compact_once(rt, "run-1")
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
     commit = rt.lake.latest_commit()
     assert commit.seq == 1 and commit.increments == ["increment_2026112200"]
     pointer = rt.lake.read_pointer()
@@ -157,15 +129,15 @@ def test_publish_retry_after_unknown_commit_state(make_cfg, runtime, spark) -> N
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    _compact(rt, "run-1")
+    compact_once(rt, "run-1")
     land(rt.cfg, "increment_2026112201", [_rows((1, "Alicia", "u", 2))])
     path = _staged(rt, "run-2")
     assert _commit_record_only(rt, path)
     # The crash: neither the metastore nor the pointer moved.
-    assert _visible(spark, rt.cfg) == {1: "Alice"}
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
     assert rt.lake.read_pointer()["seq"] == 1  # type: ignore[index]
     assert tasks.publish(rt, path)["seq"] == 2
-    assert _visible(spark, rt.cfg) == {1: "Alicia"}
+    assert visible_names(spark, rt.cfg) == {1: "Alicia"}
     assert rt.lake.read_pointer()["seq"] == 2  # type: ignore[index]
 
 
@@ -180,7 +152,7 @@ def test_next_plan_rolls_forward_a_crashed_publish_and_archive(make_cfg, runtime
     # ...until it expires; then the next run's plan repairs everything.
     later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
     assert tasks.plan(rt, "run-2", now=later) == ""
-    assert _visible(spark, rt.cfg) == {1: "Alice"}
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
     assert rt.lake.is_archived(1)
     assert not (Path(rt.lake.layout.incremental) / "increment_2026112200").exists()
 
@@ -199,7 +171,7 @@ def test_a_second_run_is_refused_by_the_lease_and_changes_nothing(make_cfg, runt
     tasks.publish(rt, a)
     tasks.archive(rt, a)  # releases the lease
     assert tasks.plan(rt, "manual") == ""
-    assert _visible(spark, rt.cfg) == {1: "Alice"}
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
 
 
 def test_a_run_that_lost_its_lease_cannot_publish(make_cfg, runtime, spark) -> None:
@@ -224,14 +196,14 @@ def test_a_run_that_lost_its_lease_cannot_publish(make_cfg, runtime, spark) -> N
     with pytest.raises(ArchiveError, match="never committed"):
         tasks.archive(rt, a)
     assert rt.lake.latest_commit().seq == 1
-    assert _visible(spark, rt.cfg) == {1: "Alice"}
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
     # The loser's version directory is garbage, removed by the next publish's cleanup.
     loser = json.loads(Path(a).read_text())["version"]
     TableLease(rt.lake).break_("test")  # a never finishes: an operator gives its lease up
     land(rt.cfg, "increment_2026112201", [_rows((2, "Bob", "c", 1))])
-    _compact(rt, "next")
+    compact_once(rt, "next")
     assert not (Path(rt.lake.layout.base) / loser).exists()
-    assert _visible(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
 
 
 def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:
@@ -252,7 +224,7 @@ def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:
     with pytest.raises(PublishValidationError, match="output files differ"):
         tasks.validate(rt, path)
     assert rt.lake.latest_commit().seq == 0, "nothing was published"
-    assert _visible(spark, rt.cfg) == {}
+    assert visible_names(spark, rt.cfg) == {}
 
 
 def test_validation_refuses_input_changed_after_planning(make_cfg, runtime) -> None:
@@ -300,13 +272,13 @@ def test_old_versions_are_cleaned_up(make_cfg, runtime, spark) -> None:
     tasks.ensure_tables(rt)
     for hour in range(4):
         land(rt.cfg, f"increment_20261122{hour:02d}", [_rows((1, f"v{hour}", "u", hour))])
-        _compact(rt, f"run-{hour}")
+        compact_once(rt, f"run-{hour}")
     versions = sorted(p.name for p in Path(rt.lake.layout.base).iterdir() if p.name.startswith("v0000000"))
     live = rt.lake.latest_commit()
     assert live.seq == 4
     # The empty genesis directory and the last two versions remain.
     assert [v.split("-")[0] for v in versions] == ["v00000000", "v00000003", "v00000004"]
-    assert _visible(spark, rt.cfg) == {1: "v3"}
+    assert visible_names(spark, rt.cfg) == {1: "v3"}
 
 
 def test_tombstones_expire_after_retention(make_cfg, runtime, spark) -> None:
@@ -314,15 +286,15 @@ def test_tombstones_expire_after_retention(make_cfg, runtime, spark) -> None:
     tasks.ensure_tables(rt)
     t0 = datetime(2026, 11, 1, tzinfo=UTC)
     land(rt.cfg, "increment_2026110100", [_rows((1, "a", "c", 1), (2, "b", "c", 1))])
-    _compact(rt, "r1", now=t0)
+    compact_once(rt, "r1", now=t0)
     land(rt.cfg, "increment_2026110101", [_rows((2, None, "d", 2))])
-    _compact(rt, "r2", now=t0 + timedelta(hours=1))
+    compact_once(rt, "r2", now=t0 + timedelta(hours=1))
     assert rt.lake.latest_commit().stats["output_tombstones"] == 1
     land(rt.cfg, "increment_2026110300", [_rows((3, "c", "c", 3))])
-    _compact(rt, "r3", now=t0 + timedelta(days=3))
+    compact_once(rt, "r3", now=t0 + timedelta(days=3))
     stats = rt.lake.latest_commit().stats
     assert stats["expired_tombstones"] == 1 and stats["output_tombstones"] == 0
-    assert _visible(spark, rt.cfg) == {1: "a", 3: "c"}
+    assert visible_names(spark, rt.cfg) == {1: "a", 3: "c"}
 
 
 def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runtime, spark, tmp_path) -> None:
@@ -332,7 +304,7 @@ def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runti
     assert first["ddl_statements"] >= 4
     assert tasks.ensure_tables(rt)["ddl_statements"] == 0, "unchanged registry: no DDL, no JVM"
     land(cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
-    _compact(rt, "r1")
+    compact_once(rt, "r1")
     grown = cfg.model_copy(update={"columns": [*cfg.columns, cfg.columns[1].model_copy(update={"name": "email"})]})
     rt2 = runtime(grown)
     # ADD COLUMNS + fingerprint on three tables, and both views recreated in the same submission.
@@ -341,7 +313,7 @@ def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runti
     spark.catalog.refreshTable(base)
     assert "email" in spark.table(base).columns
     land(grown, "increment_2026112201", [[{"id": 2, "full_name": "b", "email": "b@x", "op": "c", "ts_ms": 2}]])
-    _compact(rt2, "r2")
+    compact_once(rt2, "r2")
     spark.catalog.refreshTable(base)
     got = {r["id"]: r["email"] for r in spark.sql(f"SELECT id, email FROM {base}").collect()}
     assert got == {1: None, 2: "b@x"}
@@ -405,7 +377,7 @@ def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None
     query = f"SELECT `group`, `order`, CAST(`select` AS STRING) AS s FROM {view} ORDER BY `group`, `order`"
     expected = [("a", 1, "2.00"), ("b", 1, "9.00")]
     assert [tuple(r) for r in spark.sql(query).collect()] == expected
-    _compact(rt, "run-1")
+    compact_once(rt, "run-1")
     base = f"`{cfg.database}`.`{names['base_table']}`"
     spark.catalog.refreshTable(base)
     got = spark.sql(f"SELECT `group`, `order`, CAST(`select` AS STRING) FROM {base} WHERE op <> 'd' ORDER BY 1, 2")

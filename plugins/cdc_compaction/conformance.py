@@ -32,6 +32,7 @@ import yaml
 from cdc_compaction import sql
 from cdc_compaction.devenv import last_run_timings
 from cdc_compaction.engine import SessionEngine
+from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
@@ -93,32 +94,6 @@ def registry_doc(scn: Scenario, lake_dir: Path, suffix: str = "") -> dict[str, A
 
 
 # ------------------------------------------------------------------ landing files
-def _arrow_type(hive_type: str) -> Any:
-    import pyarrow as pa
-
-    simple = {
-        "tinyint": pa.int8(),
-        "smallint": pa.int16(),
-        "int": pa.int32(),
-        "bigint": pa.int64(),
-        "float": pa.float32(),
-        "double": pa.float64(),
-        "string": pa.string(),
-        "boolean": pa.bool_(),
-        "date": pa.date32(),
-        "timestamp": pa.timestamp("us", tz="UTC"),
-        "binary": pa.binary(),
-    }
-    if hive_type in simple:
-        return simple[hive_type]
-    m = re.match(r"decimal\((\d+),(\d+)\)", hive_type)
-    if m:
-        return pa.decimal128(int(m.group(1)), int(m.group(2)))
-    if hive_type == "decimal":
-        return pa.decimal128(10, 0)
-    return pa.string()  # varchar / char
-
-
 def _arrow_value(value: Any, hive_type: str) -> Any:
     if value is None:
         return None
@@ -137,7 +112,7 @@ def land(cfg: TableConfig, increment: str, files: list[list[dict[str, Any]]]) ->
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(c.name, _arrow_type(c.type)) for c in cfg.columns])
+    schema = arrow_schema(cfg)
     d = Path(Lake(cfg).layout.incremental) / increment
     d.mkdir(parents=True, exist_ok=True)
     written = []

@@ -131,9 +131,13 @@ def build_dag(cfg: TableConfig) -> DAG:
         @task.short_circuit(task_id="plan", depends_on_past=True, wait_for_downstream=True)
         def plan_task(**context: Any) -> str:
             """Record the exact input files; an empty result skips the rest of the run."""
+            from cdc_compaction.notifications import alert_quarantined_files
             from cdc_compaction.tasks import plan
 
-            return plan(_runtime(cfg), run_id=context["run_id"])
+            def quarantined(files: list[dict[str, Any]]) -> None:
+                alert_quarantined_files(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, files)
+
+            return plan(_runtime(cfg), run_id=context["run_id"], on_quarantined=quarantined)
 
         compact = SparkSubmitOperator(
             task_id="compact",

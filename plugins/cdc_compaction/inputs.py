@@ -67,6 +67,40 @@ def readable_as(hive_type: str, arrow_type: str) -> bool:
     return False
 
 
+def arrow_type(hive_type: str) -> Any:
+    """The Arrow type a Hive column is written as (what Spark writes and reads back)."""
+    import pyarrow as pa
+
+    simple = {
+        "tinyint": pa.int8(),
+        "smallint": pa.int16(),
+        "int": pa.int32(),
+        "bigint": pa.int64(),
+        "float": pa.float32(),
+        "double": pa.float64(),
+        "string": pa.string(),
+        "boolean": pa.bool_(),
+        "date": pa.date32(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "binary": pa.binary(),
+    }
+    if hive_type in simple:
+        return simple[hive_type]
+    m = re.match(r"decimal\((\d+),(\d+)\)", hive_type)
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    if hive_type == "decimal":
+        return pa.decimal128(10, 0)
+    return pa.string()  # varchar / char
+
+
+def arrow_schema(cfg: TableConfig) -> Any:
+    """The registry columns as an Arrow schema."""
+    import pyarrow as pa
+
+    return pa.schema([(c.name, arrow_type(c.type)) for c in cfg.columns])
+
+
 @dataclass
 class FileCheck:
     """What the footer of one landed file says."""

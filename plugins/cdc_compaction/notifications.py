@@ -101,3 +101,22 @@ def alert_rejected_rows(
             "<p>Fix them at the source, or correct the files and re-land them as a new increment.</p>"
         )
         send_email(smtp_conn_id, emails, subject, body)
+
+
+def alert_quarantined_files(table: str, emails: list[str], smtp_conn_id: str, files: list[dict[str, Any]]) -> None:
+    """Warn that a plan set whole landed files aside (``on_bad_file: quarantine``)."""
+    if not files:
+        return
+    log.warning("%s: %d landed files moved to quarantine: %s", table, len(files), files)
+    if emails:
+        items = "".join(
+            f"<li><code>{html.escape(f['file'])}</code> &rarr; <code>{html.escape(f['quarantined_to'])}</code>: "
+            f"{html.escape(f['reason'])}</li>"
+            for f in files
+        )
+        body = (
+            f"<p>{len(files)} landed files of <b>{html.escape(table)}</b> cannot be compacted and were moved to "
+            f"quarantine:</p><ul>{items}</ul><p>Fix them (or the registry), then re-ingest: "
+            f"<code>python -m cdc_compaction quarantine list {html.escape(table)}</code>.</p>"
+        )
+        send_email(smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(files)} files quarantined", body)

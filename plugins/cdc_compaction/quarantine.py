@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cdc_compaction.exceptions import QuarantineError
+from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ class Quarantine:
         return dst
 
     def _reingest_rows(self, entry: Entry, source: str | None) -> list[str]:
+        import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
         import pyarrow.parquet as pq
@@ -214,10 +216,17 @@ class Quarantine:
             raise QuarantineError(f"{source or entry.path} lacks the registry columns {missing}")
         order = [(c, "ascending") for c in ("_cdc_increment", "_cdc_file", "_cdc_pos") if c in table.column_names]
         table = table.sort_by(order)
+        schema = arrow_schema(cfg)
         tag = hashlib.sha1(entry.id.encode()).hexdigest()[:8]
         written = []
         for inc in sorted(set(table.column("_cdc_increment").to_pylist())):
             part = table.filter(pc.equal(table.column("_cdc_increment"), inc)).select(cfg.column_names)
+            try:
+                part = part.cast(schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise QuarantineError(
+                    f"{source or entry.path}: rows for {inc} do not fit the registry's column types ({exc})"
+                ) from exc
             name = f"reingest-{tag}-{len(written):05d}.parquet"
             written.append(self._land(inc, name, lambda tmp, part=part: pq.write_table(part, tmp)))
         return written

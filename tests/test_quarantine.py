@@ -1,0 +1,136 @@
+"""Quarantine that people can use: manifests with reasons, and re-ingesting after a fix (the CLI)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import compact_once, student_doc, visible_names
+
+from cdc_compaction import tasks
+from cdc_compaction.__main__ import main
+from cdc_compaction.conformance import land
+from cdc_compaction.engine import SessionEngine
+from cdc_compaction.exceptions import QuarantineError
+from cdc_compaction.lake import Lake
+from cdc_compaction.quarantine import Quarantine
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+
+@pytest.fixture
+def table(tmp_path: Path, spark: Any, endpoint: MetastoreEndpoint) -> Callable[..., tasks.Runtime]:
+    """A table with its registry file on disk, so the CLI finds it like an operator would."""
+
+    def _make(name: str, **overrides: Any) -> tasks.Runtime:
+        doc = student_doc(tmp_path / "lake", name, **overrides)
+        registry = tmp_path / "registry"
+        registry.mkdir(exist_ok=True)
+        (registry / f"tests.{name}.yaml").write_text(yaml.safe_dump(doc))
+        cfg = TableConfig.model_validate(doc)
+        return tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
+
+    return _make
+
+
+def _cli(rt: tasks.Runtime, tmp_path: Path, *args: str) -> int:
+    return main([args[0], args[1], rt.cfg.qualified_name, *args[2:], "--registry-dir", str(tmp_path / "registry")])
+
+
+def test_refused_rows_have_a_manifest_and_come_back_after_a_registry_fix(
+    table, tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rt = table("q_rows")
+    tasks.ensure_tables(rt)
+    rows = [
+        {"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1},
+        {"id": 2, "full_name": "Bob", "op": "U", "ts_ms": 2},  # an op code the registry does not know yet
+        {"id": None, "full_name": "nobody", "op": "c", "ts_ms": 3},
+        {"id": 3, "full_name": "Carol", "op": "c", "ts_ms": None},
+    ]
+    land(rt.cfg, "increment_2026112200", [rows])
+    assert compact_once(rt, "r1")
+    stats = rt.lake.latest_commit().stats
+    assert stats["rejected_rows"] == 3 and stats["rejected_by_file"] == {"increment_2026112200/part-00000.parquet": 3}
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
+
+    (entry,) = Quarantine(rt.lake).entries()
+    version = rt.lake.latest_commit().version
+    assert entry.id == f"rows/{version}" and entry.count == 3 and entry.reingested_at is None
+    manifest = json.loads((Path(entry.path) / "_manifest.json").read_text())
+    assert manifest["rows"] == 3 and manifest["commit"] == 1 and sum(manifest["by_reason"].values()) == 3
+    kept = pq.read_table(entry.path).to_pylist()
+    assert {r["full_name"] for r in kept} == {"Bob", "nobody", "Carol"}
+    assert all(r["_cdc_reject_reason"] and r["_cdc_increment"] == "increment_2026112200" for r in kept)
+
+    assert _cli(rt, tmp_path, "quarantine", "list") == 0
+    listing = capsys.readouterr().out
+    assert entry.id in listing and "waiting" in listing and "1 quarantine entries" in listing
+
+    # The fix: the source's op code 'U' is an update, and the rows with nulls get corrected by hand.
+    fixed_doc = yaml.safe_load((tmp_path / "registry" / "tests.q_rows.yaml").read_text())
+    fixed_doc["op_codes"] = {"update": "U"}
+    (tmp_path / "registry" / "tests.q_rows.yaml").write_text(yaml.safe_dump(fixed_doc))
+    corrected = pa.Table.from_pylist(
+        [{**r, "id": 4 if r["id"] is None else r["id"], "ts_ms": r["ts_ms"] or 3} for r in kept]
+    )
+    pq.write_table(corrected, tmp_path / "corrected.parquet")
+    assert _cli(rt, tmp_path, "quarantine", "reingest", entry.id, "--from", str(tmp_path / "corrected.parquet")) == 0
+    assert "re-ingested" in capsys.readouterr().out
+    landed = sorted((Path(rt.lake.layout.incremental) / "increment_2026112200").iterdir())
+    assert [p.name for p in landed] == [f"reingest-{landed[0].name.split('-')[1]}-00000.parquet"]
+
+    fixed = tasks.Runtime(
+        cfg=TableConfig.model_validate(fixed_doc),
+        lake=Lake(TableConfig.model_validate(fixed_doc)),
+        metastore=rt.metastore,
+        engine=rt.engine,
+    )
+    assert compact_once(fixed, "r2")
+    assert fixed.lake.latest_commit().stats["rejected_rows"] == 0
+    assert visible_names(spark, fixed.cfg) == {1: "Alice", 2: "Bob", 3: "Carol", 4: "nobody"}
+    (again,) = Quarantine(fixed.lake).entries()
+    assert again.reingested_at is not None
+    with pytest.raises(QuarantineError, match="was re-ingested at"):
+        Quarantine(fixed.lake).reingest(entry.id)
+
+
+def test_quarantined_files_come_back_after_the_source_fixed_them(table, tmp_path: Path, spark: Any) -> None:
+    rt = table("q_files", on_bad_file="quarantine")
+    tasks.ensure_tables(rt)
+    (good,) = land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1}]])
+    broken = Path(good).with_name("part-00001.parquet")
+    broken.write_bytes(Path(good).read_bytes()[:-30])  # truncated by the sink
+    compact_once(rt, "r1")
+    (entry,) = Quarantine(rt.lake).entries()
+    assert entry.kind == "files" and "not readable as Parquet" in json.dumps(
+        json.loads((Path(entry.path) / "_manifest.json").read_text())
+    )
+    # Re-ingesting the broken copy as it is would only be refused again; the source resends it fixed.
+    fixes = tmp_path / "fixes" / "increment_2026112200"
+    fixes.mkdir(parents=True)
+    pq.write_table(
+        pa.table({"id": pa.array([2], pa.int32()), "full_name": ["Bob"], "op": ["c"], "ts_ms": pa.array([1])}),
+        fixes / "part-00001.parquet",
+    )
+    with pytest.raises(QuarantineError, match="does not exist"):
+        Quarantine(rt.lake).reingest(entry.id, source=str(tmp_path / "elsewhere"))
+    assert _cli(rt, tmp_path, "quarantine", "reingest", entry.id, "--from", str(tmp_path / "fixes")) == 0
+    assert broken.exists(), "back under its own name"
+    compact_once(rt, "r2")
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+    assert Quarantine(rt.lake).entries()[0].reingested_at is not None
+
+
+def test_unknown_entry_is_a_clear_error(table) -> None:
+    rt = table("q_none")
+    with pytest.raises(QuarantineError, match=r"has no quarantine entry 'rows/v9'.*quarantine list"):
+        Quarantine(rt.lake).reingest("rows/v9")
