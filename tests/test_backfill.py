@@ -1,8 +1,13 @@
-"""A backfill through the real scheduler: runs are serialized and the table is right.
+"""The real scheduler: a backfill is serialized, and a SIGKILLed task is retried safely.
 
 Starts Airflow's api-server, scheduler and dag-processor (LocalExecutor, SQLite) on
-127.0.0.1, creates a three-hour backfill that allows three active runs at once, and
-checks that exactly one run compacted while the others found nothing pending.
+127.0.0.1 once for the module, then
+
+* creates a three-hour backfill that allows three active runs at once, and checks
+  that exactly one run compacted while the others found nothing pending;
+* triggers a run of a table whose ``publish`` task process is SIGKILLed right after
+  the commit record (a one-shot fault armed in the scheduler's environment), and
+  checks that Airflow's retry finishes the run with the table right.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import pytest
 import yaml
 from conftest import STUDENT_COLUMNS
 
+from cdc_compaction import faults
 from cdc_compaction.conformance import land
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.lake import Lake
@@ -48,8 +54,14 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-@pytest.fixture
-def airflow_cluster(metastore: LocalMetastore, tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+KILLED_TABLE = "tests.killed"
+
+
+@pytest.fixture(scope="module")
+def airflow_cluster(
+    metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[dict[str, str], Path]]:
+    tmp_path = tmp_path_factory.mktemp("airflow-cluster")
     registry = tmp_path / "registry"
     registry.mkdir()
     port = free_port()
@@ -67,6 +79,9 @@ def airflow_cluster(metastore: LocalMetastore, tmp_path: Path) -> Iterator[tuple
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__CORE__PARALLELISM": "4",
+            # Task processes inherit this: publish of one table dies by SIGKILL, once.
+            faults.ENV: f"publish.after_commit_record@{KILLED_TABLE}=kill",
+            faults.ONCE_ENV: str(tmp_path / "faults-fired"),
         }
     )
     ensure_airflow_db(env)
@@ -150,3 +165,49 @@ def test_backfill_serializes_runs_and_compacts_everything_once(airflow_cluster, 
     assert commit.increments == ["increment_2026110100", "increment_2026110101", "increment_2026110102"]
     assert commit.stats["output_visible_rows"] == 2 and commit.stats["duplicate_keys"] == 0
     assert list(Path(lake.layout.incremental).glob("*/*.parquet")) == []
+
+
+def test_a_task_killed_after_the_commit_record_is_retried_by_airflow(airflow_cluster, tmp_path: Path) -> None:
+    env, registry = airflow_cluster
+    database, table = KILLED_TABLE.split(".")
+    doc = {
+        "database": database,
+        "table": table,
+        "columns": [dict(c) for c in STUDENT_COLUMNS],
+        "primary_key": ["id"],
+        "order_by": ["ts_ms"],
+        "storage_root": str(tmp_path / "lake" / table),
+        "increments": {"settle_seconds": 0, "wait_for_hour_end": False},
+        "schedule": None,
+        "retries": 2,
+        "retry_delay": "2s",
+    }
+    (registry / f"{KILLED_TABLE}.yaml").write_text(yaml.safe_dump(doc))
+    cfg = TableConfig.model_validate(doc)
+    land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "a", "op": "c", "ts_ms": 1}]])
+    land(cfg, "increment_2026112201", [[{"id": 1, "full_name": "b", "op": "u", "ts_ms": 2}]])
+    subprocess.run([AIRFLOW, "dags", "reserialize"], env=env, check=True, capture_output=True)
+    subprocess.run([AIRFLOW, "dags", "unpause", cfg.dag_id], env=env, check=True, capture_output=True)
+    subprocess.run([AIRFLOW, "dags", "trigger", cfg.dag_id], env=env, check=True, capture_output=True)
+    deadline = time.monotonic() + 600
+    while True:
+        runs = _runs(env, cfg.dag_id)
+        if runs and all(r["state"] in ("success", "failed") for r in runs):
+            break
+        assert time.monotonic() < deadline, f"the run did not finish: {runs}"
+        time.sleep(3)
+    fired = Path(env[faults.ONCE_ENV]) / f"publish.after_commit_record@{KILLED_TABLE}"
+    assert fired.exists(), "the publish task process was not killed"
+    assert [r["state"] for r in runs] == ["success"], runs
+    lake = Lake(cfg)
+    commit = lake.latest_commit()
+    assert commit.seq == 1 and lake.read_pointer()["seq"] == 1 and lake.is_archived(1)
+    assert commit.stats["output_visible_rows"] == 1 and commit.stats["duplicate_keys"] == 0
+    assert list(Path(lake.layout.incremental).glob("*/*.parquet")) == []
+    archived = sorted(
+        p.relative_to(lake.layout.archive).as_posix() for p in Path(lake.layout.archive).rglob("*.parquet")
+    )
+    assert archived == [
+        "c00000001/increment_2026112200/part-00000.parquet",
+        "c00000001/increment_2026112201/part-00000.parquet",
+    ]
