@@ -29,6 +29,7 @@ from cdc_compaction.conformance import land
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db, last_run_timings
 from cdc_compaction.lake import Lake
 from cdc_compaction.local_services import LocalMetastore, free_port, port_open
+from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig, load_table
 
 ROOT = settings.PROJECT_ROOT
@@ -144,8 +145,10 @@ def _where(cfg: TableConfig) -> None:
     print(f"{cfg.qualified_name}: commit {commit.seq}, live version {lay.version_dir(commit.version)}")
     print(f"  pointer:    {lay.pointer} -> {json.loads(Path(lay.pointer).read_text())['version']}")
     print(f"  archive:    {lay.archive} ({sum(1 for _ in Path(lay.archive).rglob('*.parquet'))} files)")
-    quarantined = sorted(Path(lay.quarantine).rglob("*.parquet")) if Path(lay.quarantine).exists() else []
-    print(f"  quarantine: {lay.quarantine} ({len(quarantined)} files)")
+    entries = Quarantine(lake).entries()
+    print(f"  quarantine: {lay.quarantine} ({len(entries)} entries; python -m cdc_compaction quarantine list ...)")
+    for e in entries:
+        print(f"    {e.line()}")
     print(f"  pending:    {lay.incremental} ({sum(1 for _ in Path(lay.incremental).rglob('*.parquet'))} files)")
     print(f"  last run:   {json.dumps({k: v for k, v in commit.stats.items() if k != 'finished_at'})}")
 
