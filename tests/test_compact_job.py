@@ -535,6 +535,7 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         "increment_rows": 8,
         "rejected_rows": 3,
         "rejected_by_reason": {"null_key:id": 1, "unknown_op": 1, "null_order_by:ts_ms": 1},
+        "rejected_by_file": {f"{INC0}/{F0}": 2, f"{INC1}/{F0}": 1},
         "superseded_rows": 2,
         "expired_tombstones": 0,
         "output_rows": 3,
@@ -596,9 +597,10 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         stats2["increment_rows"],
         stats2["rejected_rows"],
         stats2["rejected_by_reason"],
+        stats2["rejected_by_file"],
         stats2["superseded_rows"],
         stats2["expired_tombstones"],
-    ) == (3, 3, 0, {}, 3, 0)
+    ) == (3, 3, 0, {}, {}, 3, 0)
     assert (stats2["output_rows"], stats2["output_tombstones"], stats2["output_visible_rows"]) == (3, 1, 2)
     assert_reconciles(stats2)
     assert not (quarantine / "v2").exists()  # nothing refused, nothing quarantined

@@ -20,7 +20,7 @@ from conftest import finish_run, student_doc, visible_names
 
 from cdc_compaction import tasks
 from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import ConcurrentRunError
+from cdc_compaction.exceptions import BadInputError, ConcurrentRunError
 from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
@@ -133,19 +133,28 @@ def test_two_deployments_sharing_a_lake_start_the_same_run_at_once(
 
 @pytest.mark.spark
 @pytest.mark.metastore
-def test_two_tables_compact_in_parallel(make_cfg, runtime, spark: Any) -> None:
-    rts = [runtime(make_cfg()), runtime(make_cfg())]
+def test_two_tables_compact_in_parallel_and_a_third_tables_trouble_stops_only_itself(
+    make_cfg, runtime, spark: Any
+) -> None:
+    rts = [runtime(make_cfg()), runtime(make_cfg()), runtime(make_cfg())]
     for i, rt in enumerate(rts):
         tasks.ensure_tables(rt)
         rows = [{"id": k, "full_name": f"t{i}-{k}", "op": "c", "ts_ms": 1} for k in range(50)]
         land(rt.cfg, "increment_2026112200", [rows[:25], rows[25:]])
+    # The third table's sink wrote a broken file.
+    (Path(rts[2].lake.layout.incremental) / "increment_2026112200" / "part-00002.parquet").write_bytes(b"\x00" * 64)
 
-    def whole_run(rt: tasks.Runtime) -> int:
-        path = tasks.plan(rt, "scheduled__2026-11-22T10:00:00+00:00")
+    def whole_run(rt: tasks.Runtime) -> int | str:
+        try:
+            path = tasks.plan(rt, "scheduled__2026-11-22T10:00:00+00:00")
+        except BadInputError as exc:
+            return type(exc).__name__
         finish_run(rt, path)
         return rt.lake.latest_commit().seq
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        assert list(pool.map(whole_run, rts)) == [1, 1]
-    for i, rt in enumerate(rts):
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        assert list(pool.map(whole_run, rts)) == [1, 1, "BadInputError"]
+    for i, rt in enumerate(rts[:2]):
         assert visible_names(spark, rt.cfg) == {k: f"t{i}-{k}" for k in range(50)}
+    assert rts[2].lake.latest_commit().seq == 0
+    assert TableLease(rts[2].lake).current().released, "the failed plan gave its lease back"

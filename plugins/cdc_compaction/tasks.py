@@ -311,8 +311,11 @@ def plan(
         return _plan_under_lease(rt, run_id, owner, now, on_quarantined)
     except Exception:
         # A plan that failed before recording its input has nothing in flight: let other runs go.
-        if not rt.lake.storage.exists(rt.lake.layout.plan_path(_plan_id(cfg, owner, lake.latest_commit().seq + 1))):
-            TableLease(lake).release(owner)
+        try:
+            if not lake.storage.exists(lake.layout.plan_path(_plan_id(cfg, owner, lake.latest_commit().seq + 1))):
+                TableLease(lake).release(owner)
+        except Exception:  # the plan's own error is the one to report; the lease then expires
+            log.exception("%s: could not give the lease back after the failed plan", cfg.qualified_name)
         raise
 
 
@@ -556,7 +559,6 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
         for s in range(max(0, live_seq - rt.cfg.keep_versions + 1), live_seq + 1)
         if (c := lake.read_commit(s))
     }
-    committed = {c.version for s in range(1, live_seq + 1) if (c := lake.read_commit(s))}
     removed = []
     for e in lake.storage.list_dir(lake.layout.base):
         m = _VERSION.match(e.name)
@@ -573,8 +575,10 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     # version that never became live were never refused for real: the rows are still pending.
     for e in lake.storage.list_dir(posixpath.dirname(lake.layout.quarantine_dir(EMPTY_VERSION))):
         m = _VERSION.match(e.name)
-        if e.is_dir and m is not None and int(m.group(1)) <= live_seq and e.name not in committed:
-            lake.storage.delete_tree(e.path)
+        if e.is_dir and m is not None and int(m.group(1)) <= live_seq:
+            commit = lake.read_commit(int(m.group(1)))
+            if commit is None or commit.version != e.name:
+                lake.storage.delete_tree(e.path)
     sweep_temporaries(rt, [lake.layout.control, lake.layout.plans, lake.layout.commits])
     for e in lake.storage.list_dir(lake.layout.plans):
         try:
