@@ -146,6 +146,7 @@ def test_shipped_student_gets_the_defaults() -> None:
     assert cfg.retry_delay == timedelta(minutes=1)
     assert cfg.tombstone_retention == timedelta(days=7)
     assert cfg.keep_versions == 3
+    assert (cfg.lease_timeout, cfg.on_bad_file, cfg.on_extra_columns) == (timedelta(hours=6), "fail", "fail")
     assert cfg.increments.prefix == "increment_"
     assert cfg.increments.time_format == "%Y%m%d%H"
     assert cfg.increments.completion == "settle"
@@ -391,6 +392,18 @@ def _bad_cases() -> list[Any]:
         pytest.param(
             Bad(setting("increments", {"prefix": "../up"}), "increments.prefix", "must be a plain name"),
             id="increments-prefix-path",
+        ),
+        pytest.param(
+            Bad(setting("lease_timeout", "30s"), "lease_timeout", "must be at least 1m"),
+            id="lease_timeout-too-short",
+        ),
+        pytest.param(
+            Bad(setting("on_bad_file", "skip"), "on_bad_file", "'fail' or 'quarantine'"),
+            id="on_bad_file-unknown",
+        ),
+        pytest.param(
+            Bad(setting("on_extra_columns", "quarantine"), "on_extra_columns", "'fail' or 'ignore'"),
+            id="on_extra_columns-unknown",
         ),
         pytest.param(
             Bad(setting("increments", {"time_format": "%Y/%m"}), "increments.time_format", "without '/'"),
