@@ -31,10 +31,16 @@ def _registry_validate(args: argparse.Namespace) -> int:
     if not registry_files(directory):
         print(f"no registry files (*.yaml) in {directory}", file=sys.stderr)
         return 1
+    from cdc_compaction.engine import check_jars, spark_hadoop_version
+
+    hadoop = spark_hadoop_version()
     bad = 0
     for e in load_registry(directory):
         if e.error is None:
             print(f"OK    {e.path.name}: {e.config.qualified_name} -> DAG {e.dag_id}")
+            # A warning, not an error: a cluster's Spark may differ from the one installed here.
+            for problem in check_jars(e.config, hadoop):
+                print(f"WARN  {problem}")
         else:
             bad += 1
             print(f"ERROR {e.path.name}:")

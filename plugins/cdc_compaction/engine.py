@@ -46,8 +46,38 @@ def load_job(name: str) -> ModuleType:
 
 
 def compaction_conf(cfg: TableConfig) -> dict[str, str]:
-    """Spark conf of the compaction job: defaults, then the registry's overrides."""
-    return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **cfg.spark.conf}
+    """Spark conf of the compaction job: defaults, the registry's Hadoop settings, then its Spark conf."""
+    hadoop = {f"spark.hadoop.{k}": v for k, v in cfg.spark.hadoop_conf.items()}
+    return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hadoop, **cfg.spark.conf}
+
+
+def spark_hadoop_version() -> str | None:
+    """The Hadoop version the installed pyspark ships (hadoop-aws must be exactly this version)."""
+    import re
+
+    import pyspark
+
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    for name in sorted(os.listdir(jars)) if os.path.isdir(jars) else []:
+        m = re.match(r"^hadoop-client-api-(\d+\.\d+\.\d+)\.jar$", name)
+        if m:
+            return m.group(1)
+    return None
+
+
+def check_jars(cfg: TableConfig, hadoop_version: str | None) -> list[str]:
+    """Problems with the registry's extra jars for this Spark (empty when they fit)."""
+    import re
+
+    problems = []
+    for jar in cfg.spark.jars:
+        m = re.search(r"hadoop-aws-(\d+\.\d+\.\d+)\.jar$", jar)
+        if m and hadoop_version and m.group(1) != hadoop_version:
+            problems.append(
+                f"{cfg.qualified_name}: spark.jars has {jar}, but this Spark ships Hadoop {hadoop_version}; "
+                f"use hadoop-aws-{hadoop_version}.jar (hadoop-aws must match hadoop-client-api exactly)"
+            )
+    return problems
 
 
 def hive_conf(endpoint: MetastoreEndpoint, warehouse_dir: str) -> dict[str, str]:

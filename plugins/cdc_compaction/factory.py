@@ -145,6 +145,7 @@ def build_dag(cfg: TableConfig) -> DAG:
             application_args=["--plan", PLAN_XCOM],
             conn_id=cfg.spark.conn_id,
             conf=compaction_conf(cfg),
+            jars=",".join(cfg.spark.jars) or None,
             name=f"cdc-compact-{cfg.qualified_name}",
             driver_memory=cfg.spark.driver_memory,
             executor_memory=cfg.spark.executor_memory,

@@ -169,10 +169,22 @@ class SparkSettings(_Strict):
 
     conn_id: str = "spark_default"
     conf: dict[str, str] = Field(default_factory=dict)
+    hadoop_conf: dict[str, str] = Field(default_factory=dict)
+    jars: list[str] = Field(default_factory=list)
     driver_memory: str | None = None
     executor_memory: str | None = None
 
-    @field_validator("conf", mode="before")
+    @field_validator("jars")
+    @classmethod
+    def _jars(cls, v: list[str]) -> list[str]:
+        for jar in v:
+            if not re.match(r"^[A-Za-z0-9_.\-/:+=@]+\.jar$", jar) or "/../" in f"/{jar}/":
+                raise ValueError(
+                    f"jar {jar!r} must be a path or URI ending in .jar, without spaces, commas, quotes or '..'"
+                )
+        return v
+
+    @field_validator("conf", "hadoop_conf", mode="before")
     @classmethod
     def _conf(cls, v: Any) -> Any:
         if isinstance(v, dict):

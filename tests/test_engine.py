@@ -1,0 +1,99 @@
+"""The compaction's spark-submit: conf, extra jars and Hadoop (S3A) settings, and switching engines by connection."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from cdc_compaction import settings
+from cdc_compaction.engine import check_jars, compaction_conf, spark_hadoop_version
+from cdc_compaction.exceptions import RegistryError
+from cdc_compaction.factory import build_dag
+from cdc_compaction.registry import TableConfig
+
+S3A = {
+    "fs.s3a.endpoint": "http://127.0.0.1:9000",
+    "fs.s3a.path.style.access": "true",
+    "fs.s3a.aws.credentials.provider": "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
+}
+JARS = ["/opt/spark-extra/hadoop-aws-3.5.0.jar", "/opt/spark-extra/bundle-2.29.52.jar"]
+
+
+def _command(cfg: TableConfig) -> list[str]:
+    """The exact spark-submit command the table's compact task would run."""
+    op = build_dag(cfg).get_task("compact")
+    op.application_args = ["--plan", "/lake/t/_cdc/plans/p.json"]  # what the plan task's XCom renders to
+    hook = op._get_hook()  # the operator's own hook: the command under test is the real one
+    return hook._build_spark_submit_command(op.application)
+
+
+def _confs(cmd: list[str]) -> dict[str, str]:
+    return dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "--conf")
+
+
+def test_hadoop_settings_and_jars_reach_spark_submit(make_cfg: Callable[..., TableConfig]) -> None:
+    cfg = make_cfg(spark={"conf": {"spark.sql.shuffle.partitions": "64"}, "hadoop_conf": S3A, "jars": JARS})
+    conf = compaction_conf(cfg)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert conf["spark.sql.session.timeZone"] == "UTC" and conf["spark.sql.shuffle.partitions"] == "64"
+    cmd = _command(cfg)
+    assert cmd[cmd.index("--jars") + 1] == ",".join(JARS)
+    confs = _confs(cmd)
+    for key, value in S3A.items():
+        assert confs[f"spark.hadoop.{key}"] == value
+    assert cmd[-3:] == [str(settings.SPARK_JOBS_DIR / "compact.py"), "--plan", "/lake/t/_cdc/plans/p.json"]
+
+
+def test_the_registry_spark_conf_wins_over_hadoop_conf(make_cfg: Callable[..., TableConfig]) -> None:
+    cfg = make_cfg(
+        spark={"hadoop_conf": {"fs.s3a.endpoint": "a"}, "conf": {"spark.hadoop.fs.s3a.endpoint": "b"}},
+    )
+    assert compaction_conf(cfg)["spark.hadoop.fs.s3a.endpoint"] == "b"
+
+
+def test_moving_to_a_cluster_is_a_connection_change(
+    make_cfg: Callable[..., TableConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same registry entry; only the Airflow connection says where Spark runs."""
+    cluster = {"conn_type": "spark", "host": "spark://10.1.2.3", "port": 7077, "extra": {"deploy-mode": "client"}}
+    yarn = {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster", "queue": "etl"}}
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_STANDALONE", json.dumps(cluster))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps(yarn))
+    standalone = _command(make_cfg(spark={"conn_id": "spark_standalone"}))
+    assert standalone[standalone.index("--master") + 1] == "spark://10.1.2.3:7077"
+    on_yarn = _command(make_cfg(spark={"conn_id": "spark_yarn"}))
+    assert on_yarn[on_yarn.index("--master") + 1] == "yarn"
+    assert on_yarn[on_yarn.index("--deploy-mode") + 1] == "cluster"
+    assert on_yarn[on_yarn.index("--queue") + 1] == "etl"
+
+
+def test_hadoop_aws_must_match_the_hadoop_spark_ships(make_cfg: Callable[..., TableConfig]) -> None:
+    shipped = spark_hadoop_version()
+    assert shipped == "3.5.0", "pyspark 4.2.0 ships hadoop-client-api 3.5.0; update the README if this changes"
+    assert check_jars(make_cfg(spark={"jars": JARS}), shipped) == []
+    (problem,) = check_jars(make_cfg(spark={"jars": ["/x/hadoop-aws-3.4.1.jar"]}), shipped)
+    assert "use hadoop-aws-3.5.0.jar" in problem
+
+
+@pytest.mark.parametrize("jar", ["a.jar,b.jar", "/x/../y.jar", "lib/thing.zip", "x y.jar", "x'.jar"])
+def test_unsafe_jar_entries_are_refused(make_cfg: Callable[..., TableConfig], jar: str) -> None:
+    with pytest.raises(Exception, match=r"spark\.jars") as err:
+        make_cfg(spark={"jars": [jar]})
+    assert "must be a path or URI ending in .jar" in str(err.value)
+
+
+def test_registry_error_type_for_jars(tmp_path: Any) -> None:
+    """Loaded from a file, the error names the file, the table and the field."""
+    import yaml
+    from conftest import student_doc
+
+    from cdc_compaction.registry import load_registry
+
+    doc = student_doc(tmp_path / "lake", "jars", spark={"jars": ["a.jar,b.jar"]})
+    (tmp_path / "tests.jars.yaml").write_text(yaml.safe_dump(doc))
+    (entry,) = load_registry(tmp_path)
+    assert isinstance(entry.error, RegistryError)
+    assert "tests.jars.yaml" in str(entry.error) and "spark.jars" in str(entry.error)
