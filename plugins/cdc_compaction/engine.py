@@ -51,6 +51,29 @@ def compaction_conf(cfg: TableConfig) -> dict[str, str]:
     return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hadoop, **cfg.spark.conf}
 
 
+def emr_steps(cfg: TableConfig, plan_arg: str) -> list[dict[str, Any]]:
+    """The EMR step that runs the compaction: ``spark-submit`` through ``command-runner.jar``."""
+    emr = cfg.spark.emr
+    if emr is None:
+        raise CompactionError(f"{cfg.qualified_name}: spark.engine is emr but spark.emr is not set")
+    args = ["spark-submit", "--deploy-mode", emr.deploy_mode, "--name", f"cdc-compact-{cfg.qualified_name}"]
+    for k, v in compaction_conf(cfg).items():
+        args += ["--conf", f"{k}={v}"]
+    if cfg.spark.jars:
+        args += ["--jars", ",".join(cfg.spark.jars)]
+    if cfg.spark.driver_memory:
+        args += ["--driver-memory", cfg.spark.driver_memory]
+    if cfg.spark.executor_memory:
+        args += ["--executor-memory", cfg.spark.executor_memory]
+    return [
+        {
+            "Name": f"cdc-compact-{cfg.qualified_name}",
+            "ActionOnFailure": emr.action_on_failure,
+            "HadoopJarStep": {"Jar": "command-runner.jar", "Args": [*args, emr.application, "--plan", plan_arg]},
+        }
+    ]
+
+
 def spark_hadoop_version() -> str | None:
     """The Hadoop version the installed pyspark ships (hadoop-aws must be exactly this version)."""
     import re

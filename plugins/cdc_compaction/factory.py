@@ -90,10 +90,52 @@ def _runtime(cfg: TableConfig) -> Any:
     return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse))
 
 
-def build_dag(cfg: TableConfig) -> DAG:
-    """The compaction DAG of one table."""
+def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
+    """The compaction as (first task, last task): one spark-submit, or an EMR step and its sensor."""
     from cdc_compaction.engine import compaction_conf
 
+    if cfg.spark.engine == "emr":
+        from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
+        from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
+
+        from cdc_compaction.engine import emr_steps
+
+        emr = cfg.spark.emr
+        assert emr is not None  # the registry requires it for engine: emr
+        compact_submit = EmrAddStepsOperator(
+            task_id="compact_submit",
+            job_flow_id=emr.job_flow_id,
+            aws_conn_id=emr.aws_conn_id,
+            steps=emr_steps(cfg, PLAN_XCOM),
+            doc_md="Add the compaction as an EMR step (spark-submit through command-runner.jar).",
+        )
+        compact = EmrStepSensor(
+            task_id="compact",
+            job_flow_id=emr.job_flow_id,
+            step_id="{{ ti.xcom_pull(task_ids='compact_submit')[0] }}",
+            aws_conn_id=emr.aws_conn_id,
+            mode="reschedule",
+            doc_md="Wait for the EMR step; a failed step fails this task (the version is not published).",
+        )
+        compact_submit >> compact
+        return compact_submit, compact
+    compact = SparkSubmitOperator(
+        task_id="compact",
+        application=str(settings.SPARK_JOBS_DIR / "compact.py"),
+        application_args=["--plan", PLAN_XCOM],
+        conn_id=cfg.spark.conn_id,
+        conf=compaction_conf(cfg),
+        jars=",".join(cfg.spark.jars) or None,
+        name=f"cdc-compact-{cfg.qualified_name}",
+        driver_memory=cfg.spark.driver_memory,
+        executor_memory=cfg.spark.executor_memory,
+        doc_md="Run `include/spark_jobs/compact.py` on the planned files; writes a new version directory.",
+    )
+    return compact, compact
+
+
+def build_dag(cfg: TableConfig) -> DAG:
+    """The compaction DAG of one table."""
     notifier = CdcAlertNotifier(
         table=cfg.qualified_name, emails=cfg.alerts.emails, smtp_conn_id=cfg.alerts.smtp_conn_id
     )
@@ -139,18 +181,7 @@ def build_dag(cfg: TableConfig) -> DAG:
 
             return plan(_runtime(cfg), run_id=context["run_id"], on_quarantined=quarantined)
 
-        compact = SparkSubmitOperator(
-            task_id="compact",
-            application=str(settings.SPARK_JOBS_DIR / "compact.py"),
-            application_args=["--plan", PLAN_XCOM],
-            conn_id=cfg.spark.conn_id,
-            conf=compaction_conf(cfg),
-            jars=",".join(cfg.spark.jars) or None,
-            name=f"cdc-compact-{cfg.qualified_name}",
-            driver_memory=cfg.spark.driver_memory,
-            executor_memory=cfg.spark.executor_memory,
-            doc_md="Run `include/spark_jobs/compact.py` on the planned files; writes a new version directory.",
-        )
+        compact_first, compact = _compact_tasks(cfg)
 
         @task(task_id="validate")
         def validate_task(plan_path: str) -> dict[str, Any]:
@@ -193,7 +224,8 @@ def build_dag(cfg: TableConfig) -> DAG:
 
         ensured = ensure_tables_task()
         planned = plan_task()
-        ensured >> planned >> compact
+        ensured >> planned >> compact_first
+        planned >> compact  # a direct downstream of plan, like every later task (see plan's comment)
         validated = validate_task(planned)
         compact >> validated
         published = publish_task(planned)

@@ -164,15 +164,47 @@ class Alerts(_Strict):
         return v
 
 
+class EmrSettings(_Strict):
+    """Where and how an EMR step runs the compaction (``spark.engine: emr``)."""
+
+    job_flow_id: str
+    aws_conn_id: str = "aws_default"
+    application: str
+    deploy_mode: Literal["cluster", "client"] = "cluster"
+    action_on_failure: Literal["CONTINUE", "CANCEL_AND_WAIT"] = "CONTINUE"
+
+    @field_validator("job_flow_id")
+    @classmethod
+    def _job_flow(cls, v: str) -> str:
+        if not re.match(r"^j-[A-Z0-9]{1,64}$", v):
+            raise ValueError(f"{v!r} is not an EMR cluster id (j-XXXXXXXX)")
+        return v
+
+    @field_validator("application")
+    @classmethod
+    def _application(cls, v: str) -> str:
+        if not re.match(r"^s3://[a-z0-9.\-]{3,63}/[A-Za-z0-9_.\-/]+\.py$", v) or "/../" in v:
+            raise ValueError(f"{v!r} must be the s3:// URI of the deployed compact.py (EMR reads it from S3)")
+        return v
+
+
 class SparkSettings(_Strict):
     """How the compaction job is submitted."""
 
+    engine: Literal["spark_submit", "emr"] = "spark_submit"
+    emr: EmrSettings | None = None
     conn_id: str = "spark_default"
     conf: dict[str, str] = Field(default_factory=dict)
     hadoop_conf: dict[str, str] = Field(default_factory=dict)
     jars: list[str] = Field(default_factory=list)
     driver_memory: str | None = None
     executor_memory: str | None = None
+
+    @model_validator(mode="after")
+    def _engine(self) -> SparkSettings:
+        if self.engine == "emr" and self.emr is None:
+            raise ValueError("field 'emr': engine 'emr' needs emr.job_flow_id and emr.application")
+        return self
 
     @field_validator("jars")
     @classmethod
