@@ -45,6 +45,9 @@ def load_job(name: str) -> ModuleType:
     return module
 
 
+GLUE_CLIENT_FACTORY = "com.amazonaws.glue.catalog.metastore.AWSGlueDataCatalogHiveClientFactory"
+
+
 def compaction_conf(cfg: TableConfig) -> dict[str, str]:
     """Spark conf of the compaction job: defaults, the registry's Hadoop settings, then its Spark conf."""
     hadoop = {f"spark.hadoop.{k}": v for k, v in cfg.spark.hadoop_conf.items()}
@@ -104,7 +107,17 @@ def check_jars(cfg: TableConfig, hadoop_version: str | None) -> list[str]:
 
 
 def hive_conf(endpoint: MetastoreEndpoint, warehouse_dir: str) -> dict[str, str]:
-    """Spark conf that attaches a session to the shared Hive metastore."""
+    """Spark conf that attaches a session to the table catalog: a Thrift metastore, or Glue (on EMR)."""
+    if endpoint.kind == "glue":
+        # EMR's Hive client factory for the Glue Data Catalog (present on EMR clusters only).
+        conf = {
+            "spark.sql.catalogImplementation": "hive",
+            "spark.hadoop.hive.metastore.client.factory.class": GLUE_CLIENT_FACTORY,
+            "spark.sql.warehouse.dir": warehouse_dir,
+        }
+        if endpoint.catalog_id:
+            conf["spark.hadoop.hive.metastore.glue.catalogid"] = endpoint.catalog_id
+        return conf
     return {
         "spark.sql.catalogImplementation": "hive",
         "spark.hadoop.hive.metastore.uris": endpoint.uri,

@@ -85,7 +85,7 @@ def _runtime(cfg: TableConfig) -> Any:
     from cdc_compaction.tasks import Runtime
 
     conn = BaseHook.get_connection(settings.METASTORE_CONN_ID)
-    endpoint = MetastoreEndpoint(conn.host or "127.0.0.1", int(conn.port or 9083))
+    endpoint = MetastoreEndpoint.from_connection(conn)
     warehouse = (conn.extra_dejson or {}).get("warehouse_dir") or str(settings.PROJECT_ROOT / ".lake" / "warehouse")
     return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse))
 

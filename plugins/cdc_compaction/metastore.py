@@ -1,9 +1,12 @@
-"""Metadata operations through the Hive metastore's Thrift API.
+"""Metadata operations on the table catalog: a Hive metastore over Thrift, or the AWS Glue Data Catalog.
 
 Moving a table's location, registering and dropping partitions and reading table
-properties need no SQL engine: doing them over Thrift costs milliseconds instead of
-a Spark JVM start.  DDL that creates tables and views still goes through Spark SQL
-(see :mod:`cdc_compaction.engine`), rendered from the templates.
+properties need no SQL engine: doing them over the catalog's API costs milliseconds
+instead of a Spark JVM start.  DDL that creates tables and views still goes through
+Spark SQL (see :mod:`cdc_compaction.engine`), rendered from the templates.
+
+:class:`Metastore` (Thrift) and :class:`GlueMetastore` offer the same methods;
+:func:`connect` picks one from the endpoint's ``kind``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import copy
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from cdc_compaction.exceptions import MetastoreError
@@ -133,9 +137,159 @@ class Metastore:
         return dropped
 
 
+class _GlueTable:
+    """A Glue table seen through the attributes the tasks read from a Thrift table."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        sd = raw.get("StorageDescriptor", {})
+        self.parameters: dict[str, str] = dict(raw.get("Parameters", {}))
+        self.sd = SimpleNamespace(
+            location=sd.get("Location"), cols=[SimpleNamespace(name=c["Name"]) for c in sd.get("Columns", [])]
+        )
+
+
+# Keys of GetTable's answer that UpdateTable's TableInput accepts.
+_TABLE_INPUT_KEYS = (
+    "Name",
+    "Description",
+    "Owner",
+    "LastAccessTime",
+    "LastAnalyzedTime",
+    "Retention",
+    "StorageDescriptor",
+    "PartitionKeys",
+    "ViewOriginalText",
+    "ViewExpandedText",
+    "TableType",
+    "Parameters",
+    "TargetTable",
+)
+
+
+class GlueMetastore:
+    """The same operations on the AWS Glue Data Catalog, through the amazon provider's Glue hook.
+
+    ``set_location`` passes the table's ``VersionId`` to ``UpdateTable``: Glue refuses the
+    update if the table changed since it was read (optimistic concurrency), like the
+    pointer's compare-and-swap.  Partitions go in batches of Glue's limits (100 to create,
+    25 to delete per call).
+    """
+
+    def __init__(self, endpoint: MetastoreEndpoint) -> None:
+        from airflow.providers.amazon.aws.hooks.glue_catalog import GlueCatalogHook
+
+        self.endpoint = endpoint
+        self._c = GlueCatalogHook(aws_conn_id=endpoint.aws_conn_id).get_conn()
+        self._catalog = {"CatalogId": endpoint.catalog_id} if endpoint.catalog_id else {}
+
+    def _raw(self, db: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._c.get_table(DatabaseName=db, Name=name, **self._catalog)["Table"]
+        except self._c.exceptions.EntityNotFoundException:
+            return None
+
+    def get_table(self, db: str, name: str) -> _GlueTable | None:
+        raw = self._raw(db, name)
+        return _GlueTable(raw) if raw is not None else None
+
+    def table_location(self, db: str, name: str) -> str | None:
+        t = self.get_table(db, name)
+        return normalize_location(t.sd.location) if t is not None else None
+
+    def table_property(self, db: str, name: str, key: str) -> str | None:
+        t = self.get_table(db, name)
+        return t.parameters.get(key) if t is not None else None
+
+    def column_names(self, db: str, name: str) -> list[str] | None:
+        t = self.get_table(db, name)
+        return [c.name for c in t.sd.cols] if t is not None else None
+
+    def set_location(self, db: str, name: str, location: str) -> None:
+        """Point a table at ``location`` in one UpdateTable call (the atomic swap)."""
+        raw = self._raw(db, name)
+        if raw is None:
+            raise MetastoreError(
+                f"table {db}.{name} does not exist in the Glue Data Catalog {self.endpoint.uri}; "
+                "run the DAG's ensure_tables task first"
+            )
+        sd = raw["StorageDescriptor"]
+        if normalize_location(sd.get("Location")) == normalize_location(location):
+            return
+        table_input = {k: copy.deepcopy(raw[k]) for k in _TABLE_INPUT_KEYS if k in raw}
+        table_input["StorageDescriptor"]["Location"] = to_uri(location)
+        params = table_input["StorageDescriptor"].get("SerdeInfo", {}).get("Parameters")
+        if params is not None and "path" in params:
+            params["path"] = to_uri(location)
+        version = {"VersionId": raw["VersionId"]} if raw.get("VersionId") else {}
+        try:
+            self._c.update_table(DatabaseName=db, TableInput=table_input, **version, **self._catalog)
+        except self._c.exceptions.ConcurrentModificationException as exc:
+            raise MetastoreError(
+                f"{db}.{name} changed in Glue while it was being moved to {location}; nothing was changed. "
+                "Retry the task: it reads the table again"
+            ) from exc
+        log.info("glue: %s.%s now at %s", db, name, location)
+
+    def partitions(self, db: str, name: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        try:
+            pages = self._c.get_paginator("get_partitions").paginate(DatabaseName=db, TableName=name, **self._catalog)
+            for page in pages:
+                for p in page["Partitions"]:
+                    out[p["Values"][0]] = normalize_location(p["StorageDescriptor"].get("Location")) or ""
+        except self._c.exceptions.EntityNotFoundException:
+            return {}
+        return out
+
+    def add_partitions(self, db: str, name: str, wanted: dict[str, str]) -> list[str]:
+        if not wanted:
+            return []
+        raw = self._raw(db, name)
+        if raw is None:
+            raise MetastoreError(f"table {db}.{name} does not exist in Glue; run ensure_tables first")
+        have = self.partitions(db, name)
+        moved = [v for v, loc in wanted.items() if v in have and have[v] != normalize_location(loc)]
+        self.drop_partitions(db, name, moved)
+        new = []
+        for value, location in sorted(wanted.items()):
+            if value in have and value not in moved:
+                continue
+            sd = copy.deepcopy(raw["StorageDescriptor"])
+            sd["Location"] = to_uri(location)
+            sd.get("SerdeInfo", {}).get("Parameters", {}).pop("path", None)
+            new.append({"Values": [value], "StorageDescriptor": sd})
+        for i in range(0, len(new), 100):
+            resp = self._c.batch_create_partition(
+                DatabaseName=db, TableName=name, PartitionInputList=new[i : i + 100], **self._catalog
+            )
+            errors = [e for e in resp.get("Errors", []) if e["ErrorDetail"]["ErrorCode"] != "AlreadyExistsException"]
+            if errors:
+                raise MetastoreError(f"Glue refused partitions of {db}.{name}: {errors}")
+        return [p["Values"][0] for p in new]
+
+    def drop_partitions(self, db: str, name: str, values: list[str]) -> list[str]:
+        dropped = []
+        for i in range(0, len(values), 25):
+            batch = values[i : i + 25]
+            resp = self._c.batch_delete_partition(
+                DatabaseName=db, TableName=name, PartitionsToDelete=[{"Values": [v]} for v in batch], **self._catalog
+            )
+            errors = resp.get("Errors", [])
+            failed = [e for e in errors if e["ErrorDetail"]["ErrorCode"] != "EntityNotFoundException"]
+            if failed:
+                raise MetastoreError(f"Glue could not drop partitions of {db}.{name}: {failed}; retry the task")
+            missing = {e["PartitionValues"][0] for e in errors}
+            dropped += [v for v in batch if v not in missing]
+        return dropped
+
+
 @contextmanager
-def connect(endpoint: MetastoreEndpoint, timeout_s: float = 30.0) -> Iterator[Metastore]:
-    """Open a Thrift connection to the metastore, with a socket timeout."""
+def connect(endpoint: MetastoreEndpoint, timeout_s: float = 30.0) -> Iterator[Any]:
+    """Open the table catalog: a Thrift connection (with a socket timeout), or a Glue client."""
+    if endpoint.kind == "glue":
+        yield GlueMetastore(endpoint)
+        return
     from hmsclient import hmsclient
     from thrift.protocol import TBinaryProtocol
     from thrift.transport import TSocket, TTransport

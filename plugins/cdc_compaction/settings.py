@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(os.environ.get("CDC_PROJECT_ROOT", Path(__file__).resolve().parents[2]))
 INCLUDE_DIR = PROJECT_ROOT / "include"
@@ -38,20 +39,38 @@ def resolve_storage_root(root: str) -> str:
 
 @dataclass(frozen=True)
 class MetastoreEndpoint:
-    """Host and port of the Hive metastore's Thrift service."""
+    """Which catalog the tables live in: a Hive metastore's Thrift service, or the AWS Glue Data Catalog."""
 
-    host: str
-    port: int
+    host: str = "127.0.0.1"
+    port: int = 9083
+    kind: str = "thrift"  # "thrift" | "glue"
+    aws_conn_id: str = "aws_default"
+    catalog_id: str | None = None
 
     @property
     def uri(self) -> str:
+        if self.kind == "glue":
+            return f"glue://{self.catalog_id or 'default'}"
         return f"thrift://{self.host}:{self.port}"
 
     @classmethod
     def parse(cls, uri: str) -> MetastoreEndpoint:
+        if uri.startswith("glue://"):
+            catalog = uri[len("glue://") :].strip("/")
+            return cls(kind="glue", catalog_id=None if catalog in ("", "default") else catalog)
         rest = uri.split("://", 1)[-1].rstrip("/")
         host, _, port = rest.partition(":")
         return cls(host or "127.0.0.1", int(port or 9083))
+
+    @classmethod
+    def from_connection(cls, conn: Any) -> MetastoreEndpoint:
+        """The ``metastore_default`` connection: host/port of a Thrift metastore, or extra ``catalog: glue``."""
+        extra = conn.extra_dejson or {}
+        if extra.get("catalog") == "glue":
+            return cls(
+                kind="glue", aws_conn_id=extra.get("aws_conn_id", "aws_default"), catalog_id=extra.get("catalog_id")
+            )
+        return cls(conn.host or "127.0.0.1", int(conn.port or 9083))
 
 
 def metastore_from_env() -> MetastoreEndpoint:
@@ -60,8 +79,7 @@ def metastore_from_env() -> MetastoreEndpoint:
 
 
 def metastore_from_airflow(conn_id: str = METASTORE_CONN_ID) -> MetastoreEndpoint:
-    """Metastore endpoint inside a task: the ``metastore_default`` connection (host, port)."""
+    """Metastore endpoint inside a task: the ``metastore_default`` connection."""
     from airflow.sdk import BaseHook
 
-    conn = BaseHook.get_connection(conn_id)
-    return MetastoreEndpoint(conn.host or "127.0.0.1", int(conn.port or 9083))
+    return MetastoreEndpoint.from_connection(BaseHook.get_connection(conn_id))
