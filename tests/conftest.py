@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ if "AIRFLOW_HOME" not in os.environ or os.environ.get("CDC_TESTS_OWN_AIRFLOW_HOM
 
 from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SessionEngine  # noqa: E402
+from cdc_compaction.exceptions import PreconditionFailedError  # noqa: E402
 from cdc_compaction.lake import Lake  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
 from cdc_compaction.registry import TableConfig  # noqa: E402
@@ -142,3 +144,64 @@ def visible_names(spark: Any, cfg: TableConfig) -> dict[int, str]:
     name = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
     spark.catalog.refreshTable(name)
     return {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {name} WHERE op <> 'd'").collect()}
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's server (S3, EMR, Glue APIs) on 127.0.0.1, stopped by this fixture."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws_default(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Airflow connection ``aws_default`` pointing at moto, defined only through the environment."""
+    import json
+
+    for var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    conn = {
+        "conn_type": "aws",
+        "login": "testing-access-key",
+        "password": "testing-secret-key",
+        "extra": {"endpoint_url": moto_endpoint, "region_name": "us-east-1"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
+    return moto_endpoint
+
+
+def race(n: int, action: Callable[[int], None]) -> tuple[list[int], list[int], list[BaseException]]:
+    """Run ``action(i)`` in ``n`` threads released together: (winners, PreconditionFailed losers, others)."""
+    barrier = threading.Barrier(n)
+    won: list[int] = []
+    lost: list[int] = []
+    other: list[BaseException] = []
+    lock = threading.Lock()
+
+    def contender(i: int) -> None:
+        barrier.wait()
+        try:
+            action(i)
+        except PreconditionFailedError:
+            with lock:
+                lost.append(i)
+        except Exception as exc:  # noqa: BLE001 - any other outcome fails the calling test
+            with lock:
+                other.append(exc)
+        else:
+            with lock:
+                won.append(i)
+
+    threads = [threading.Thread(target=contender, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, lost, other

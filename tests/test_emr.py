@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,33 +10,10 @@ import pytest
 
 from cdc_compaction.engine import compaction_conf, emr_steps
 from cdc_compaction.factory import build_dag
-from cdc_compaction.local_services import free_port
 from cdc_compaction.registry import TableConfig
 
 EMR = {"job_flow_id": "j-PLACEHOLDER1", "application": "s3://lake-code/cdc/compact.py"}
 PLAN = "s3://lake/shop/orders/_cdc/plans/abc.json"
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """moto's server on 127.0.0.1, and an Airflow aws_default connection pointing at it."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    conn = {
-        "conn_type": "aws",
-        "login": "testing",
-        "password": "testing",
-        "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
-    try:
-        yield endpoint
-    finally:
-        server.stop()
 
 
 def _cluster() -> str:
@@ -92,7 +68,7 @@ def test_the_dag_submits_a_step_then_waits_for_it(make_cfg: Callable[..., TableC
 
 
 @pytest.mark.s3
-def test_the_rendered_step_is_accepted_by_the_emr_api(make_cfg: Callable[..., TableConfig], aws: str) -> None:
+def test_the_rendered_step_is_accepted_by_the_emr_api(make_cfg: Callable[..., TableConfig], aws_default: str) -> None:
     """Render the operator's templated steps as Airflow would, submit them, read them back."""
     from airflow.providers.amazon.aws.hooks.emr import EmrHook
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor

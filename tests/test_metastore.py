@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,34 +52,23 @@ def test_an_external_thrift_metastore_by_uri(endpoint: MetastoreEndpoint) -> Non
 
 
 @pytest.fixture
-def glue(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """moto's server on 127.0.0.1 with a Glue database and two tables, and aws_default pointing at it."""
+def glue(aws_default: str) -> Any:
+    """A Glue database with two tables in moto, and aws_default pointing at it."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_AWS_DEFAULT",
-        json.dumps(
-            {
-                "conn_type": "aws",
-                "login": "testing",
-                "password": "testing",
-                "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-            }
-        ),
-    )
     client = boto3.client(
-        "glue", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t"
+        "glue",
+        endpoint_url=aws_default,
+        region_name="us-east-1",
+        aws_access_key_id="t",
+        aws_secret_access_key="t",
     )
+    db = f"shop_{uuid.uuid4().hex[:8]}"
     columns = [{"Name": "id", "Type": "int"}, {"Name": "op", "Type": "string"}]
     serde = {"SerializationLibrary": "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe"}
-    client.create_database(DatabaseInput={"Name": "shop"})
+    client.create_database(DatabaseInput={"Name": db})
     client.create_table(
-        DatabaseName="shop",
+        DatabaseName=db,
         TableInput={
             "Name": "orders_base",
             "StorageDescriptor": {
@@ -93,48 +81,46 @@ def glue(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         },
     )
     client.create_table(
-        DatabaseName="shop",
+        DatabaseName=db,
         TableInput={
             "Name": "orders_incremental",
             "StorageDescriptor": {"Columns": columns, "Location": "s3://lake/shop/orders/incremental"},
             "PartitionKeys": [{"Name": "_cdc_increment", "Type": "string"}],
         },
     )
-    try:
-        yield client
-    finally:
-        server.stop()
+    return SimpleNamespace(client=client, db=db)
 
 
 @pytest.mark.s3
 def test_glue_catalog_operations(glue: Any) -> None:
+    db = glue.db
     with connect(MetastoreEndpoint(kind="glue")) as ms:
         assert isinstance(ms, GlueMetastore)
-        assert ms.get_table("shop", "nope") is None
-        assert ms.table_property("shop", "orders_base", "cdc.fingerprint") == "f1"
-        assert ms.column_names("shop", "orders_base") == ["id", "op"]
+        assert ms.get_table(db, "nope") is None
+        assert ms.table_property(db, "orders_base", "cdc.fingerprint") == "f1"
+        assert ms.column_names(db, "orders_base") == ["id", "op"]
         # The swap: location and Spark's 'path' serde option move together, in one UpdateTable.
-        ms.set_location("shop", "orders_base", "s3://lake/shop/orders/base/v00000002-b")
-        raw = glue.get_table(DatabaseName="shop", Name="orders_base")["Table"]
+        ms.set_location(db, "orders_base", "s3://lake/shop/orders/base/v00000002-b")
+        raw = glue.client.get_table(DatabaseName=db, Name="orders_base")["Table"]
         assert raw["StorageDescriptor"]["Location"] == "s3://lake/shop/orders/base/v00000002-b"
         assert raw["StorageDescriptor"]["SerdeInfo"]["Parameters"]["path"] == "s3://lake/shop/orders/base/v00000002-b"
         assert raw["Parameters"]["cdc.fingerprint"] == "f1" and raw["TableType"] == "EXTERNAL_TABLE"
-        assert ms.table_location("shop", "orders_base") == "s3://lake/shop/orders/base/v00000002-b"
+        assert ms.table_location(db, "orders_base") == "s3://lake/shop/orders/base/v00000002-b"
         # Partitions: in batches past Glue's per-call limits (100 create, 25 delete).
         wanted = {
             f"increment_2026{i:06d}": f"s3://lake/shop/orders/incremental/increment_2026{i:06d}" for i in range(130)
         }
-        assert len(ms.add_partitions("shop", "orders_incremental", wanted)) == 130
-        assert ms.add_partitions("shop", "orders_incremental", wanted) == [], "idempotent"
-        assert ms.partitions("shop", "orders_incremental") == wanted
+        assert len(ms.add_partitions(db, "orders_incremental", wanted)) == 130
+        assert ms.add_partitions(db, "orders_incremental", wanted) == [], "idempotent"
+        assert ms.partitions(db, "orders_incremental") == wanted
         # A partition that moved (the storage root changed) is re-registered at its new place.
         moved = {"increment_2026000000": "s3://other/increment_2026000000"}
-        assert ms.add_partitions("shop", "orders_incremental", moved) == ["increment_2026000000"]
-        assert ms.partitions("shop", "orders_incremental")["increment_2026000000"] == "s3://other/increment_2026000000"
+        assert ms.add_partitions(db, "orders_incremental", moved) == ["increment_2026000000"]
+        assert ms.partitions(db, "orders_incremental")["increment_2026000000"] == "s3://other/increment_2026000000"
         gone = [*sorted(wanted)[:40], "increment_never"]
-        assert ms.drop_partitions("shop", "orders_incremental", gone) == sorted(wanted)[:40]
-        assert len(ms.partitions("shop", "orders_incremental")) == 90
+        assert ms.drop_partitions(db, "orders_incremental", gone) == sorted(wanted)[:40]
+        assert len(ms.partitions(db, "orders_incremental")) == 90
         from cdc_compaction.exceptions import MetastoreError
 
         with pytest.raises(MetastoreError, match="does not exist in the Glue Data Catalog"):
-            ms.set_location("shop", "nope", "s3://x/y")
+            ms.set_location(db, "nope", "s3://x/y")

@@ -215,6 +215,10 @@ class LocalStorage:
 
 def storage_for(root: str) -> Storage:
     """The storage implementation for a resolved storage root."""
+    if root.startswith("s3://"):
+        from cdc_compaction.s3_storage import S3Storage  # lazy: only S3 lakes load boto3 and the provider
+
+        return S3Storage()
     if "://" in root and not root.startswith("file://"):
         raise StorageError(f"no storage implementation for {root!r} in this version")
     return LocalStorage()
