@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="plan file written by the DAG's plan task")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spark = SparkSession.builder.appName("cdc-compaction").getOrCreate()
+    # No appName here: it would override spark-submit --name (cdc-compact-<db>.<table>),
+    # which is how the cluster manager's UI tells the tables' compactions apart.
+    spark = SparkSession.builder.getOrCreate()
     try:
         plan = _read_plan(spark, args.plan)
         spark.sparkContext.setJobDescription(f"cdc compaction of {plan['table']} ({plan['plan_id']})")

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--statements", required=True, help="JSON file holding a list of SQL statements")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spark = SparkSession.builder.appName("cdc-compaction-ddl").enableHiveSupport().getOrCreate()
+    # No appName here: it would override spark-submit --name (cdc-ddl-<db>.<table>).
+    spark = SparkSession.builder.enableHiveSupport().getOrCreate()
     try:
         text = "\n".join(r.value for r in spark.read.text(args.statements, wholetext=True).collect())
         n = run_statements(spark, json.loads(text))

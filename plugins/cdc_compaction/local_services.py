@@ -1,13 +1,16 @@
-"""The embedded default's services: a Thrift Hive metastore from the pyspark wheel.
+"""The embedded default's services, from the pyspark wheel.
 
-Used by ``make demo``, ``make test`` and ``python -m cdc_compaction metastore
-start|stop``.  The metastore keeps its Derby database under a project-local
-directory, binds to 127.0.0.1 only, and is stopped by the PID it was started with.
+``LocalMetastore`` is a Thrift Hive metastore, used by ``make demo``, ``make test`` and
+``python -m cdc_compaction metastore start|stop``.  It keeps its Derby database under a
+project-local directory.  ``SparkStandalone`` is a Spark standalone master plus one
+worker, used by the cluster integration test.  Every service binds to 127.0.0.1 only
+and is stopped by the PID it was started with.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -16,8 +19,11 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdc_compaction import settings
 from cdc_compaction.exceptions import CdcCompactionError
@@ -83,6 +89,35 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with this PID exists (and is not a zombie we can reap)."""
+    # Reap it if it is our child; ignore if it is not.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
+    """SIGTERM ``pid``, wait up to ``timeout_s`` for it to exit, then SIGKILL it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return
+        time.sleep(0.2)
+    log.warning("pid %d did not exit within %.0fs of SIGTERM; sending SIGKILL", pid, timeout_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.1)
 
 
 @dataclass
@@ -170,19 +205,177 @@ class LocalMetastore:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except OSError:
-                break
-            # Reap it if it is our child; ignore if it is not.
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.2)
-        else:
-            os.kill(pid, signal.SIGKILL)
+        stop_pid(pid, timeout_s)
         self.pid_file.unlink(missing_ok=True)
         log.info("metastore (pid %d) stopped", pid)
         return True
+
+
+@dataclass
+class SparkStandalone:
+    """A Spark standalone master and one worker from the pyspark wheel, under ``home``.
+
+    Both daemons run ``<pyspark>/bin/spark-class`` directly (no ``sbin`` scripts), bind
+    to ``host`` (with ``SPARK_LOCAL_IP``, which also keeps their web UIs off other
+    interfaces), log to their own file and are stopped by PID.  ``conf_dir`` holds a
+    ``spark-defaults.conf`` for clients: point ``SPARK_CONF_DIR`` of ``spark-submit`` at
+    it so applications take executors that fit the worker (``executor_memory``,
+    ``cores_max``) instead of waiting for resources the worker does not have.
+    """
+
+    home: Path
+    port: int = 7077
+    webui_port: int = 8080
+    worker_webui_port: int = 8081
+    host: str = "127.0.0.1"
+    worker_cores: int = 1
+    worker_memory: str = "1g"
+    executor_memory: str = "512m"
+    cores_max: int = 1
+    daemon_memory: str = "256m"
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.host}:{self.port}"
+
+    @property
+    def webui_url(self) -> str:
+        return f"http://{self.host}:{self.webui_port}"
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.home / "conf"
+
+    def pid_file(self, role: str) -> Path:
+        return self.home / f"{role}.pid"
+
+    def log_file(self, role: str) -> Path:
+        return self.home / f"{role}.log"
+
+    def pid(self, role: str) -> int | None:
+        """PID of the running ``master`` or ``worker`` started from this home, else None."""
+        try:
+            pid = int(self.pid_file(role).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        """The master's JSON status (``/json/``): workers, active and completed apps."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+        with opener.open(f"{self.webui_url}/json/", timeout=timeout_s) as resp:
+            return dict(json.load(resp))
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("SPARK_HOME", None)  # spark-class finds the wheel's own home
+        env.update(
+            {
+                "SPARK_LOCAL_IP": self.host,
+                "SPARK_CONF_DIR": str(self.conf_dir),
+                "SPARK_WORKER_DIR": str(self.home / "work"),
+                "SPARK_LOCAL_DIRS": str(self.home / "local"),
+                "SPARK_DAEMON_MEMORY": self.daemon_memory,
+                "SPARK_NO_DAEMONIZE": "1",
+                # The master's REST submission server would take the fixed port 6066.
+                "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+            }
+        )
+        return env
+
+    def _write_conf(self) -> None:
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        for d in ("work", "local"):
+            (self.home / d).mkdir(exist_ok=True)
+        lines = {
+            "spark.master": self.master_url,
+            "spark.executor.memory": self.executor_memory,
+            "spark.cores.max": str(self.cores_max),
+            "spark.executor.cores": str(min(self.cores_max, self.worker_cores)),
+        }
+        (self.conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in lines.items()))
+
+    def _launch(self, role: str, args: list[str]) -> subprocess.Popen[bytes]:
+        spark_class = pyspark_home() / "bin" / "spark-class"
+        with open(self.log_file(role), "ab") as logf:
+            proc = subprocess.Popen(
+                [str(spark_class), *args],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.home,
+                env=self._env(),
+                start_new_session=True,
+            )
+        self.pid_file(role).write_text(str(proc.pid))
+        log.info("spark %s starting (pid %d, log %s)", role, proc.pid, self.log_file(role))
+        return proc
+
+    def _alive_workers(self) -> int:
+        try:
+            status = self.status(timeout_s=2.0)
+        except (OSError, ValueError):
+            return -1
+        return sum(1 for w in status.get("workers", []) if w.get("state") == "ALIVE")
+
+    def start(self, timeout_s: float = 120.0) -> tuple[int, int]:
+        """Start master and worker; return their PIDs once the master reports the worker ALIVE."""
+        running = (self.pid("master"), self.pid("worker"))
+        if running[0] is not None and running[1] is not None and self._alive_workers() >= 1:
+            return running[0], running[1]
+        for port in (self.port, self.webui_port, self.worker_webui_port):
+            if port_open(self.host, port):
+                raise ServiceError(f"port {port} is taken by another process; stop it or choose other ports")
+        require_java17()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._write_conf()
+        master_args = ["org.apache.spark.deploy.master.Master", "--host", self.host, "--port", str(self.port)]
+        master_args += ["--webui-port", str(self.webui_port)]
+        worker_args = ["org.apache.spark.deploy.worker.Worker", "--host", self.host]
+        worker_args += ["--webui-port", str(self.worker_webui_port), "--cores", str(self.worker_cores)]
+        worker_args += ["--memory", self.worker_memory, "--work-dir", str(self.home / "work"), self.master_url]
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            procs["master"] = self._launch("master", master_args)
+            self._wait(procs, deadline, lambda: self._alive_workers() >= 0, "open its web UI")
+            procs["worker"] = self._launch("worker", worker_args)
+            self._wait(procs, deadline, lambda: self._alive_workers() >= 1, "report the worker ALIVE")
+        except BaseException:
+            self.stop()
+            raise
+        log.info("spark standalone %s started (master pid %d, worker pid %d)", self.master_url, *self._pids(procs))
+        return self._pids(procs)
+
+    @staticmethod
+    def _pids(procs: dict[str, subprocess.Popen[bytes]]) -> tuple[int, int]:
+        return procs["master"].pid, procs["worker"].pid
+
+    def _wait(
+        self, procs: dict[str, subprocess.Popen[bytes]], deadline: float, ready: Callable[[], bool], what: str
+    ) -> None:
+        while time.monotonic() < deadline:
+            for role, proc in procs.items():
+                if proc.poll() is not None:
+                    raise ServiceError(
+                        f"the spark {role} exited with code {proc.returncode}; see {self.log_file(role)}"
+                    )
+            if ready():
+                return
+            time.sleep(0.5)
+        raise ServiceError(
+            f"the spark master at {self.webui_url} did not {what} in time; see {self.log_file('master')} "
+            f"and {self.log_file('worker')}"
+        )
+
+    def stop(self, timeout_s: float = 20.0) -> bool:
+        """Stop worker, then master, by PID; True if either was running."""
+        stopped = False
+        for role in ("worker", "master"):
+            pid = self.pid(role)
+            if pid is not None:
+                stop_pid(pid, timeout_s)
+                log.info("spark %s (pid %d) stopped", role, pid)
+                stopped = True
+            self.pid_file(role).unlink(missing_ok=True)
+        return stopped
