@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -40,7 +41,45 @@ def to_uri(location: str) -> str:
     return f"file:{location}" if location.startswith("/") else location
 
 
-class Metastore:
+class _Catalog(ABC):
+    """What both catalogs share: reads built on ``get_table``, and which partitions to (re)register."""
+
+    @abstractmethod
+    def get_table(self, db: str, name: str) -> Any | None:
+        """The table (with ``.parameters``, ``.sd.location``, ``.sd.cols``), or None."""
+
+    @abstractmethod
+    def partitions(self, db: str, name: str) -> dict[str, str]:
+        """Partition value -> location of a table partitioned by one column."""
+
+    @abstractmethod
+    def drop_partitions(self, db: str, name: str, values: list[str]) -> list[str]:
+        """Drop partitions (metadata only); returns the values dropped."""
+
+    def table_location(self, db: str, name: str) -> str | None:
+        t = self.get_table(db, name)
+        return normalize_location(t.sd.location) if t is not None else None
+
+    def table_property(self, db: str, name: str, key: str) -> str | None:
+        t = self.get_table(db, name)
+        return (t.parameters or {}).get(key) if t is not None else None
+
+    def column_names(self, db: str, name: str) -> list[str] | None:
+        t = self.get_table(db, name)
+        return [c.name for c in t.sd.cols] if t is not None else None
+
+    def _partitions_to_add(self, db: str, name: str, wanted: dict[str, str]) -> list[tuple[str, str]]:
+        """(value, location) pairs to register; partitions registered elsewhere are dropped first.
+
+        A partition at another location means the storage root moved: it is re-registered.
+        """
+        have = self.partitions(db, name)
+        moved = [v for v, loc in wanted.items() if v in have and have[v] != normalize_location(loc)]
+        self.drop_partitions(db, name, moved)
+        return [(v, loc) for v, loc in sorted(wanted.items()) if v not in have or v in moved]
+
+
+class Metastore(_Catalog):
     """A thin, typed wrapper over an open Thrift connection."""
 
     def __init__(self, client: Any, endpoint: MetastoreEndpoint) -> None:
@@ -55,18 +94,6 @@ class Metastore:
             return self._c.get_table(db, name)
         except self._t.NoSuchObjectException:
             return None
-
-    def table_location(self, db: str, name: str) -> str | None:
-        t = self.get_table(db, name)
-        return normalize_location(t.sd.location) if t is not None else None
-
-    def table_property(self, db: str, name: str, key: str) -> str | None:
-        t = self.get_table(db, name)
-        return (t.parameters or {}).get(key) if t is not None else None
-
-    def column_names(self, db: str, name: str) -> list[str] | None:
-        t = self.get_table(db, name)
-        return [c.name for c in t.sd.cols] if t is not None else None
 
     def set_location(self, db: str, name: str, location: str) -> None:
         """Point a table at ``location`` in one metastore call (the atomic swap)."""
@@ -104,14 +131,8 @@ class Metastore:
         t = self.get_table(db, name)
         if t is None:
             raise MetastoreError(f"table {db}.{name} does not exist; run ensure_tables first")
-        have = self.partitions(db, name)
-        moved = [v for v, loc in wanted.items() if v in have and have[v] != normalize_location(loc)]
-        # A partition registered at another location (the storage root moved) is re-registered.
-        self.drop_partitions(db, name, moved)
         new = []
-        for value, location in sorted(wanted.items()):
-            if value in have and value not in moved:
-                continue
+        for value, location in self._partitions_to_add(db, name, wanted):
             sd = copy.deepcopy(t.sd)
             sd.location = to_uri(location)
             if sd.serdeInfo.parameters and "path" in sd.serdeInfo.parameters:
@@ -167,7 +188,7 @@ _TABLE_INPUT_KEYS = (
 )
 
 
-class GlueMetastore:
+class GlueMetastore(_Catalog):
     """The same operations on the AWS Glue Data Catalog, through the amazon provider's Glue hook.
 
     ``set_location`` passes the table's ``VersionId`` to ``UpdateTable``: Glue refuses the
@@ -192,18 +213,6 @@ class GlueMetastore:
     def get_table(self, db: str, name: str) -> _GlueTable | None:
         raw = self._raw(db, name)
         return _GlueTable(raw) if raw is not None else None
-
-    def table_location(self, db: str, name: str) -> str | None:
-        t = self.get_table(db, name)
-        return normalize_location(t.sd.location) if t is not None else None
-
-    def table_property(self, db: str, name: str, key: str) -> str | None:
-        t = self.get_table(db, name)
-        return t.parameters.get(key) if t is not None else None
-
-    def column_names(self, db: str, name: str) -> list[str] | None:
-        t = self.get_table(db, name)
-        return [c.name for c in t.sd.cols] if t is not None else None
 
     def set_location(self, db: str, name: str, location: str) -> None:
         """Point a table at ``location`` in one UpdateTable call (the atomic swap)."""
@@ -248,13 +257,8 @@ class GlueMetastore:
         raw = self._raw(db, name)
         if raw is None:
             raise MetastoreError(f"table {db}.{name} does not exist in Glue; run ensure_tables first")
-        have = self.partitions(db, name)
-        moved = [v for v, loc in wanted.items() if v in have and have[v] != normalize_location(loc)]
-        self.drop_partitions(db, name, moved)
         new = []
-        for value, location in sorted(wanted.items()):
-            if value in have and value not in moved:
-                continue
+        for value, location in self._partitions_to_add(db, name, wanted):
             sd = copy.deepcopy(raw["StorageDescriptor"])
             sd["Location"] = to_uri(location)
             sd.get("SerdeInfo", {}).get("Parameters", {}).pop("path", None)
