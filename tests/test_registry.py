@@ -443,8 +443,11 @@ def _bad_cases() -> list[Any]:
         ("/lake x", "may only contain", "space"),
         ("/lake`x", "may only contain", "backtick"),
         ("", "may only contain", "empty"),
-        ("s3://bucket/lake", "only local paths are supported", "s3"),
-        ("hdfs://nn/lake", "only local paths are supported", "hdfs"),
+        ("s3://Bucket_X/lake", "not a valid S3 bucket name", "s3-bad-bucket"),
+        ("s3://bucket", "must name a prefix", "s3-no-prefix"),
+        ("s3a://bucket/", "must name a prefix", "s3a-root-prefix"),
+        ("hdfs://nn/lake", "supported storage roots are", "hdfs"),
+        ("gs://bucket/lake", "supported storage roots are", "gs"),
     ]
     for root, fragment, ident in roots:
         cases.append(
@@ -496,6 +499,20 @@ def test_bad_entry_names_the_field(tmp_path: Path, bad: Bad) -> None:
     assert names_field(err, bad.field), err.problems
     labelled = [p for p in err.problems if p.startswith(f"field '{bad.field}':")]
     assert any(bad.fragment in p for p in labelled), err.problems
+
+
+@pytest.mark.parametrize(
+    ("root", "stored"),
+    [("s3://lake-bucket/db/t", "s3://lake-bucket/db/t"), ("s3a://lake.bucket/db/t/", "s3a://lake.bucket/db/t")],
+)
+def test_s3_storage_roots_are_accepted(root: str, stored: str) -> None:
+    from cdc_compaction.lake import Layout
+
+    cfg = TableConfig.model_validate(good_doc(storage_root=root, storage_conn_id="aws_lake"))
+    assert cfg.storage_root == stored
+    assert cfg.storage_conn_id == "aws_lake"
+    # S3 roots are used as written: no project-relative resolution.
+    assert Layout.for_table(cfg).incremental == f"{stored}/incremental"
 
 
 def test_bad_entry_model_validate_raises_too() -> None:

@@ -17,12 +17,13 @@ to the table's quarantine with its reason, the run goes on, the owners are alert
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_compaction.exceptions import StorageError
 from cdc_compaction.registry import TableConfig
+from cdc_compaction.storage import LocalStorage, Storage
 
 _INTS = ["int8", "int16", "int32", "int64"]
 _UINTS = ["uint8", "uint16", "uint32"]
@@ -111,15 +112,25 @@ class FileCheck:
     missing_columns: list[str] = field(default_factory=list)
 
 
-def check_file(cfg: TableConfig, path: str) -> FileCheck:
-    """Read one file's footer and judge it against the registry (never raises for bad data)."""
+def parquet_footer(storage: Storage, path: str) -> Any:
+    """The Parquet metadata of one file, read from its end only (ranged reads on S3)."""
     import pyarrow.parquet as pq
 
+    with storage.open_read(path) as fh:
+        return pq.read_metadata(fh)
+
+
+def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size: int | None = None) -> FileCheck:
+    """Read one file's footer and judge it against the registry (never raises for bad data)."""
+    storage = storage or LocalStorage()
     try:
-        meta = pq.read_metadata(path)
+        meta = parquet_footer(storage, path)
         schema = meta.schema.to_arrow_schema()
+    except StorageError:
+        raise  # the store is unreachable or refuses us: that is not the file's fault
     except Exception as exc:  # noqa: BLE001 - every reader error means the same: the file is unreadable
-        size = os.path.getsize(path) if os.path.exists(path) else -1
+        if size is None:
+            size = storage.size(path) if storage.exists(path) else -1
         reason = "empty file (0 bytes)" if size == 0 else f"not readable as Parquet ({type(exc).__name__}: {exc})"
         return FileCheck(problem=reason)
     found: dict[str, Any] = {f.name.lower(): f for f in schema}

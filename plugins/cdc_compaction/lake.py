@@ -180,7 +180,7 @@ class Lake:
     def __init__(self, cfg: TableConfig, storage: Storage | None = None) -> None:
         self.cfg = cfg
         self.layout = Layout.for_table(cfg)
-        self.storage = storage or storage_for(self.layout.root)
+        self.storage = storage or storage_for(self.layout.root, cfg.storage_conn_id)
 
     # -- commits -------------------------------------------------------------------
     def read_commit(self, seq: int) -> Commit | None:

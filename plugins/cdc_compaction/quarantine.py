@@ -32,6 +32,7 @@ from typing import Any
 from cdc_compaction.exceptions import QuarantineError
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
+from cdc_compaction.storage import read_parquet, storage_for
 
 log = logging.getLogger(__name__)
 
@@ -181,18 +182,16 @@ class Quarantine:
         log.info("%s: re-ingested %s into %d landing files", self.lake.cfg.qualified_name, entry_id, len(written))
         return written
 
-    def _land(self, increment: str, name: str, write: Any) -> str:
-        """Write one file into the landing area the way a sink does: hidden temp name, then rename."""
-        import os
-
+    def _land(self, increment: str, name: str, data: bytes | None = None, copy_from: str | None = None) -> str:
+        """Write one whole file into the landing area, the way a sink does (complete or absent)."""
         d = posixpath.join(self.lake.layout.incremental, increment)
         dst = posixpath.join(d, name)
         if self.storage.exists(dst):
             raise QuarantineError(f"{dst} exists already in the landing area; move it away or pick another entry")
-        os.makedirs(d, exist_ok=True)
-        tmp = posixpath.join(d, f".{name}.reingest.tmp")
-        write(tmp)
-        os.replace(tmp, dst)
+        if copy_from is not None:
+            self.storage.copy(copy_from, dst)
+        else:
+            self.storage.write_bytes(dst, data or b"")
         cfg = self.lake.cfg
         if cfg.increments.completion == "marker":
             self.storage.write_text(posixpath.join(d, cfg.increments.marker_file), "")
@@ -201,11 +200,12 @@ class Quarantine:
     def _reingest_rows(self, entry: Entry, source: str | None) -> list[str]:
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.dataset as ds
         import pyarrow.parquet as pq
 
         cfg = self.lake.cfg
-        table = ds.dataset(source or entry.path, format="parquet").to_table()
+        # --from may name a local file even for a lake on S3, or the reverse.
+        where = source or entry.path
+        table = read_parquet(storage_for(where, cfg.storage_conn_id), where)
         if "_cdc_increment" not in table.column_names:
             raise QuarantineError(
                 f"{source} has no _cdc_increment column: keep it from the quarantined rows so every row "
@@ -228,15 +228,24 @@ class Quarantine:
                     f"{source or entry.path}: rows for {inc} do not fit the registry's column types ({exc})"
                 ) from exc
             name = f"reingest-{tag}-{len(written):05d}.parquet"
-            written.append(self._land(inc, name, lambda tmp, part=part: pq.write_table(part, tmp)))
+            buf = pa.BufferOutputStream()
+            pq.write_table(part, buf)
+            written.append(self._land(inc, name, data=buf.getvalue().to_pybytes()))
         return written
 
     def _reingest_files(self, doc: dict[str, Any], source: str | None) -> list[str]:
         d = self.lake.layout.quarantined_files_dir(doc["plan_id"])
+        # A corrected copy may live elsewhere (a local directory for a lake on S3): read it
+        # through its own storage; the quarantine's own copy is copied inside the lake.
+        src_storage = storage_for(source, self.lake.cfg.storage_conn_id) if source else self.storage
         written = []
         for f in doc["files"]:
             src = posixpath.join(source or d, f["increment"], f["name"])
-            if not self.storage.exists(src):
+            if not src_storage.exists(src):
                 raise QuarantineError(f"{src} does not exist: put the corrected file there, or omit --from")
-            written.append(self._land(f["increment"], f["name"], lambda tmp, src=src: self.storage.copy(src, tmp)))
+            if source:
+                with src_storage.open_read(src) as fh:
+                    written.append(self._land(f["increment"], f["name"], data=fh.read()))
+            else:
+                written.append(self._land(f["increment"], f["name"], copy_from=src))
         return written

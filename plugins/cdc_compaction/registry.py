@@ -37,6 +37,7 @@ REGISTRY_SUFFIXES = (".yaml", ".yml")
 # Storage roots end up inside SQL string literals (LOCATION '...') and in file system
 # calls: a conservative character set plus a ban on '..' segments keeps both safe.
 _PATH_CHARS = re.compile(r"^[A-Za-z0-9_./:\-+=@]+$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
 _DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _OP_CODE = re.compile(r"^[A-Za-z0-9_+\-]{1,16}$")
@@ -242,6 +243,7 @@ class TableConfig(_Strict):
     op_column: str = "op"
     op_codes: OpCodes = Field(default_factory=OpCodes)
     storage_root: str
+    storage_conn_id: str = "aws_default"
     increments: Increments = Field(default_factory=Increments)
     schedule: str | None = "@hourly"
     start_date: datetime = datetime(2026, 1, 1, tzinfo=UTC)
@@ -300,6 +302,13 @@ class TableConfig(_Strict):
             raise ValueError("at most 4000 characters")
         return v
 
+    @field_validator("storage_conn_id")
+    @classmethod
+    def _storage_conn(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_.\-]{1,250}$", v):
+            raise ValueError(f"{v!r} must be an Airflow connection id (letters, digits, _ . -)")
+        return v
+
     @field_validator("storage_root")
     @classmethod
     def _root(cls, v: str) -> str:
@@ -307,8 +316,18 @@ class TableConfig(_Strict):
             raise ValueError(f"{v!r} may only contain letters, digits and _ . / : - + = @ (no spaces, quotes or ';')")
         if ".." in v.split("/"):
             raise ValueError(f"{v!r} must not contain '..' segments")
-        if "://" in v and not v.startswith(("file://",)):
-            raise ValueError(f"{v!r}: only local paths are supported by this version (s3:// comes later)")
+        if v.startswith(("s3://", "s3a://")):
+            bucket, _, prefix = v.split("://", 1)[1].partition("/")
+            if not _BUCKET.match(bucket):
+                raise ValueError(f"{v!r}: {bucket!r} is not a valid S3 bucket name (3-63 of a-z 0-9 . -)")
+            if not prefix.strip("/"):
+                raise ValueError(f"{v!r} must name a prefix inside the bucket (s3://bucket/lake/db/table)")
+            return v.rstrip("/")
+        if "://" in v and not v.startswith("file://"):
+            raise ValueError(
+                f"{v!r}: supported storage roots are local paths, file://, s3:// and s3a:// "
+                "(mount HDFS and other file systems, or use S3)"
+            )
         return v
 
     @field_validator("tags")

@@ -28,7 +28,12 @@ def registry_dir() -> Path:
 
 
 def resolve_storage_root(root: str) -> str:
-    """Absolute local path for a registry ``storage_root`` (relative ones hang off the project root)."""
+    """Absolute local path for a registry ``storage_root`` (relative ones hang off the project root).
+
+    S3 roots (``s3://`` or ``s3a://``) are returned as written, without a trailing slash.
+    """
+    if root.startswith(("s3://", "s3a://")):
+        return root.rstrip("/")
     if root.startswith("file://"):
         root = root[len("file://") :]
     p = Path(root)

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, BinaryIO, Protocol
 
 from cdc_compaction.exceptions import PreconditionFailedError, StorageError
 
@@ -29,6 +29,30 @@ def _default_file_mode() -> int:
 
 
 _FILE_MODE = _default_file_mode()
+
+
+def is_data_file(name: str) -> bool:
+    """Spark's and Hive's rule: names starting with '_' or '.' are not data; nor are checksums."""
+    return not name.startswith(("_", ".")) and not name.endswith(".crc")
+
+
+def read_parquet(storage: Storage, path: str) -> Any:
+    """One Parquet file, or every data file of a directory, as one Arrow table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        entries = storage.list_dir(path)
+    except StorageError:
+        entries = []  # a plain local file; if it is something worse, open_read below says so
+    files = [e.path for e in entries if not e.is_dir and is_data_file(e.name)] if entries else [path]
+    tables = []
+    for f in files:
+        with storage.open_read(f) as fh:
+            tables.append(pq.read_table(fh))
+    if not tables:
+        raise StorageError(f"{path} holds no Parquet data files")
+    return pa.concat_tables(tables, promote_options="default")
 
 
 @dataclass(frozen=True)
@@ -48,7 +72,9 @@ class Storage(Protocol):
     def exists(self, path: str) -> bool: ...
     def list_dir(self, path: str) -> list[FileInfo]: ...
     def read_text(self, path: str) -> str: ...
+    def open_read(self, path: str) -> BinaryIO: ...
     def write_text(self, path: str, text: str) -> None: ...
+    def write_bytes(self, path: str, data: bytes) -> None: ...
     def create_exclusive(self, path: str, text: str) -> None: ...
     def read_versioned(self, path: str) -> tuple[str | None, str | None]: ...
     def write_if_match(self, path: str, text: str, token: str | None) -> None: ...
@@ -99,22 +125,33 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc}") from exc
 
-    def _temp_beside(self, path: str, text: str) -> str:
+    def open_read(self, path: str) -> BinaryIO:
+        """A seekable binary reader (Parquet footers are read from the end)."""
+        try:
+            return open(path, "rb")
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc}") from exc
+
+    def _temp_beside(self, path: str, data: str | bytes) -> str:
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(
             prefix=f".{os.path.basename(path)}.", suffix=f".{uuid.uuid4().hex[:8]}.tmp", dir=directory
         )
         os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; other readers (Spark, auditors) need access
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
         return tmp
 
     def write_text(self, path: str, text: str) -> None:
         """Replace ``path`` atomically: readers see the old or the new content, never a mix."""
-        tmp = self._temp_beside(path, text)
+        self.write_bytes(path, text.encode("utf-8"))
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file atomically (hidden temporary, then rename)."""
+        tmp = self._temp_beside(path, data)
         try:
             os.replace(tmp, path)
         except OSError as exc:
@@ -213,12 +250,16 @@ class LocalStorage:
             return False
 
 
-def storage_for(root: str) -> Storage:
-    """The storage implementation for a resolved storage root."""
-    if root.startswith("s3://"):
+#: URI schemes served by S3Storage: ``s3://`` (EMR's EMRFS) and ``s3a://`` (Hadoop's S3A).
+S3_SCHEMES = ("s3://", "s3a://")
+
+
+def storage_for(root: str, aws_conn_id: str = "aws_default") -> Storage:
+    """The storage implementation for a resolved storage root (S3 through Airflow connection ``aws_conn_id``)."""
+    if root.startswith(S3_SCHEMES):
         from cdc_compaction.s3_storage import S3Storage  # lazy: only S3 lakes load boto3 and the provider
 
-        return S3Storage()
+        return S3Storage(aws_conn_id)
     if "://" in root and not root.startswith("file://"):
         raise StorageError(f"no storage implementation for {root!r} in this version")
     return LocalStorage()

@@ -36,12 +36,13 @@ from cdc_compaction.exceptions import (
     SchemaChangeError,
 )
 from cdc_compaction.faults import fault_point
-from cdc_compaction.inputs import check_file
+from cdc_compaction.inputs import check_file, parquet_footer
 from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile, TableLease, deployment_id
 from cdc_compaction.metastore import Metastore, connect
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
+from cdc_compaction.storage import Storage, is_data_file
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,6 @@ def utcnow() -> datetime:
 
 
 # --------------------------------------------------------------------------- helpers
-def is_data_file(name: str) -> bool:
-    """Spark's and Hive's rule: names starting with '_' or '.' are not data; nor are checksums."""
-    return not name.startswith(("_", ".")) and not name.endswith(".crc")
-
-
 def increment_hour(cfg: TableConfig, name: str) -> datetime | None:
     """The hour an increment directory stands for, or None if the name does not match."""
     inc = cfg.increments
@@ -244,7 +240,7 @@ def pending_files(
         for e in data:
             if f"{name}/{e.name}" in exclude:
                 continue
-            check = check_file(cfg, e.path)
+            check = check_file(cfg, e.path, rt.lake.storage, e.size)
             f = PlannedFile(
                 increment=name,
                 name=e.name,
@@ -415,10 +411,8 @@ def _arrow_type_ok(hive_type: str, arrow_type: str) -> bool:
     return False
 
 
-def _footer(path: str) -> tuple[int, Any]:
-    import pyarrow.parquet as pq
-
-    meta = pq.read_metadata(path)
+def _footer(storage: Storage, path: str) -> tuple[int, Any]:
+    meta = parquet_footer(storage, path)
     return meta.num_rows, meta.schema.to_arrow_schema()
 
 
@@ -479,7 +473,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         ("_cdc_ingested_at", "timestamp"),
     ]
     for name in sorted(on_disk):
-        rows, schema = _footer(posixpath.join(out, name))
+        rows, schema = _footer(lake.storage, posixpath.join(out, name))
         footer_rows += rows
         got = [(f.name, str(f.type)) for f in schema]
         if [n for n, _ in got] != [n for n, _ in want] or not all(
