@@ -7,9 +7,14 @@ an import error for its own table only.
 
 from __future__ import annotations
 
+from airflow.sdk import get_parsing_context
+
 from cdc_compaction.factory import build_dags
 from cdc_compaction.registry import load_registry
 from cdc_compaction.settings import registry_dir
 
-for _dag_id, _dag in sorted(build_dags(load_registry(registry_dir())).items()):
+# When a task runs, Airflow parses this file for that task's DAG only: build just that one
+# (the DAG processor's full parse has no DAG id here and builds every table's DAG).
+_entries = load_registry(registry_dir(), dag_id=get_parsing_context().dag_id)
+for _dag_id, _dag in sorted(build_dags(_entries).items()):
     globals()[_dag_id] = _dag

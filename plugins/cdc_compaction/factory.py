@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, task
+from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
+from airflow.sdk import DAG, Asset
 
 from cdc_compaction import settings
 from cdc_compaction.notifications import CdcAlertNotifier
@@ -159,19 +160,16 @@ def build_dag(cfg: TableConfig) -> DAG:
         doc_md=doc_md(cfg),
         render_template_as_native_obj=False,
     ) as dag:
-
-        @task(task_id="ensure_tables")
-        def ensure_tables_task() -> dict[str, Any]:
+        # Plain operators, not @task: the decorator's signature binding and XComArg wiring cost
+        # about a third of a 500-table parse. Every later task reads the plan path through the
+        # same XCom template as the compaction and is made a direct downstream of plan below.
+        def ensure_tables_step() -> dict[str, Any]:
             """Create the database and the base / incremental / compactor tables; add new columns."""
             from cdc_compaction.tasks import ensure_tables
 
             return ensure_tables(_runtime(cfg))
 
-        # Runs of one table are serialized here, not only by max_active_runs (a backfill has
-        # its own max_active_runs): plan waits until the previous run's plan and every task
-        # downstream of it (compact ... refresh_view) succeeded or were skipped.
-        @task.short_circuit(task_id="plan", depends_on_past=True, wait_for_downstream=True)
-        def plan_task(**context: Any) -> str:
+        def plan_step(**context: Any) -> str:
             """Record the exact input files; an empty result skips the rest of the run."""
             from cdc_compaction.notifications import alert_quarantined_files
             from cdc_compaction.tasks import plan
@@ -181,10 +179,7 @@ def build_dag(cfg: TableConfig) -> DAG:
 
             return plan(_runtime(cfg), run_id=context["run_id"], on_quarantined=quarantined)
 
-        compact_first, compact = _compact_tasks(cfg)
-
-        @task(task_id="validate")
-        def validate_task(plan_path: str) -> dict[str, Any]:
+        def validate_step(plan_path: str) -> dict[str, Any]:
             """Check the new version (keys, counts, schema) before anything is published."""
             from cdc_compaction.notifications import alert_rejected_rows
             from cdc_compaction.tasks import load_plan, validate
@@ -201,39 +196,50 @@ def build_dag(cfg: TableConfig) -> DAG:
                 )
             return stats
 
-        @task(task_id="publish", outlets=[base_asset(cfg)])
-        def publish_task(plan_path: str) -> dict[str, Any]:
+        def publish_step(plan_path: str) -> dict[str, Any]:
             """Commit the version and swap the base table's location (atomic)."""
             from cdc_compaction.tasks import publish
 
             return publish(_runtime(cfg), plan_path)
 
-        @task(task_id="archive")
-        def archive_task(plan_path: str) -> dict[str, Any]:
+        def archive_step(plan_path: str) -> dict[str, Any]:
             """Move compacted increments to the archive (copy, verify, delete)."""
             from cdc_compaction.tasks import archive
 
             return archive(_runtime(cfg), plan_path)
 
-        @task(task_id="refresh_view")
-        def refresh_view_task(plan_path: str) -> dict[str, Any]:
+        def refresh_view_step(plan_path: str) -> dict[str, Any]:
             """Register pending increments and keep the deduplicating views current."""
             from cdc_compaction.tasks import refresh_view
 
             return refresh_view(_runtime(cfg))
 
-        ensured = ensure_tables_task()
-        planned = plan_task()
-        ensured >> planned >> compact_first
-        planned >> compact  # a direct downstream of plan, like every later task (see plan's comment)
-        validated = validate_task(planned)
-        compact >> validated
-        published = publish_task(planned)
-        validated >> published
-        archived = archive_task(planned)
-        published >> archived
-        # Taking the plan makes refresh_view a direct downstream of plan (see plan's comment).
-        archived >> refresh_view_task(planned)
+        def python_task(task_id: str, step: Any, takes_plan: bool = True, **kwargs: Any) -> PythonOperator:
+            op_kwargs = {"plan_path": PLAN_XCOM} if takes_plan else None
+            return PythonOperator(
+                task_id=task_id, python_callable=step, op_kwargs=op_kwargs, doc_md=step.__doc__, **kwargs
+            )
+
+        ensured = python_task("ensure_tables", ensure_tables_step, takes_plan=False)
+        # Runs of one table are serialized here, not only by max_active_runs (a backfill has
+        # its own max_active_runs): plan waits until the previous run's plan and every task
+        # downstream of it (compact ... refresh_view) succeeded or were skipped.
+        plan = ShortCircuitOperator(
+            task_id="plan",
+            python_callable=plan_step,
+            depends_on_past=True,
+            wait_for_downstream=True,
+            doc_md=plan_step.__doc__,
+        )
+        compact_first, compact = _compact_tasks(cfg)
+        validated = python_task("validate", validate_step)
+        published = python_task("publish", publish_step, outlets=[base_asset(cfg)])
+        archived = python_task("archive", archive_step)
+        refreshed = python_task("refresh_view", refresh_view_step)
+        ensured >> plan >> compact_first
+        compact >> validated >> published >> archived >> refreshed
+        # Every later task is a direct downstream of plan (see plan's comment above).
+        plan >> [compact, validated, published, archived, refreshed]
     return dag
 
 
