@@ -692,3 +692,274 @@ def test_run_stamps_ingested_at_in_utc_whatever_the_driver_time_zone(
     job.run(spark, plan)
 
     assert [r["_cdc_ingested_at"] for r in read_rows(out)] == [datetime(2026, 11, 22, 12, 0)]
+
+
+# ------------------------------------------------------------------ partitioned tables
+REGION_COLUMNS: list[dict[str, str]] = [
+    {"name": "id", "type": "int"},
+    {"name": "region", "type": "string"},
+    {"name": "full_name", "type": "string"},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": "bigint"},
+]
+PC = "_cdc_partition"
+
+
+def region_cfg(make_cfg: MakeCfg) -> TableConfig:
+    """A student table partitioned by its region, as it is."""
+    return make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"})
+
+
+def with_partition(spark: Any, cfg: TableConfig, rows: list[tuple[Any, ...]], parts: list[str | None]) -> Any:
+    """Events (``ev`` tuples) plus ``_cdc_partition``: a base row's partition, NULL for an increment event."""
+    schema = f"{spark_schema_ddl(cfg)}, {job.META_DDL}, {job.PARTITION_DDL}"
+    return spark.createDataFrame([(*r, p) for r, p in zip(rows, parts, strict=True)], schema=schema)
+
+
+def test_partition_value_sql_names_the_partition_of_each_row(spark: Any, make_cfg: MakeCfg) -> None:
+    from cdc_compaction.sql import partition_sql
+
+    cfg = make_cfg(
+        columns=[*REGION_COLUMNS, {"name": "at", "type": "timestamp"}, {"name": "day", "type": "date"}],
+        partition_by={"column": "at", "transform": "day"},
+    )
+    df = spark.createDataFrame(
+        [("EU", datetime(2026, 11, 22, 23, 59, tzinfo=UTC), datetime(2026, 1, 2).date()), ("", None, None)],
+        "region string, at timestamp, day date",
+    )
+    got = {}
+    for column, transform in [
+        ("at", "day"),
+        ("at", "month"),
+        ("at", "year"),
+        ("region", "identity"),
+        ("day", "identity"),
+    ]:
+        c = cfg.model_copy(
+            update={"partition_by": cfg.partition_by.model_copy(update={"column": column, "transform": transform})}
+        )
+        got[(column, transform)] = [r[0] for r in df.select(job.F.expr(partition_sql(c).value)).collect()]
+    assert got == {
+        ("at", "day"): ["2026-11-22", "__null__"],  # UTC, whatever the driver's zone
+        ("at", "month"): ["2026-11", "__null__"],
+        ("at", "year"): ["2026", "__null__"],
+        ("region", "identity"): ["EU", "__null__"],  # '' would be Hive's default (NULL) partition
+        ("day", "identity"): ["2026-01-02", "__null__"],
+    }
+
+
+def test_touched_partitions_are_where_events_go_and_where_their_keys_are(spark: Any, make_cfg: MakeCfg) -> None:
+    from cdc_compaction.sql import partition_sql
+
+    cfg = region_cfg(make_cfg)
+    value = partition_sql(cfg).value
+    base_keys = spark.createDataFrame(
+        [(1, "EU"), (2, "US"), (3, "APAC"), (4, "__null__")], f"id int, {job.PARTITION_DDL}"
+    )
+    events = events_df(
+        spark,
+        cfg,
+        [
+            ev(cfg, id=1, region=None, op="d", ts_ms=5),  # key-only delete: finds EU through its key
+            ev(cfg, id=2, region="LATAM", full_name="moves", op="u", ts_ms=5),  # moves: US and LATAM
+            ev(cfg, id=9, region="EU", full_name="new", op="c", ts_ms=5),  # a new key in EU
+        ],
+    )
+    assert sorted(r[PC] for r in job.event_partitions(events, "region", value).collect()) == ["EU", "LATAM"]
+    assert sorted(r[PC] for r in job.partitions_of_keys(base_keys, events, ["id"]).collect()) == ["EU", "US"]
+    touched = job.touched_partitions(base_keys, events, ["id"], "region", value)
+    assert sorted(r[PC] for r in touched.collect()) == ["EU", "LATAM", "US"]  # APAC and __null__ untouched
+
+    # A key-only delete of a key the base does not have goes to the NULL sentinel partition.
+    unknown = events.unionByName(events_df(spark, cfg, [ev(cfg, id=7, region=None, op="d", ts_ms=5)]))
+    touched = job.touched_partitions(base_keys, unknown, ["id"], "region", value)
+    assert sorted(r[PC] for r in touched.collect()) == ["EU", "LATAM", "US", "__null__"]
+
+
+def test_assign_partitions_sends_each_winner_to_its_partition(spark: Any, make_cfg: MakeCfg) -> None:
+    from cdc_compaction.sql import partition_sql
+
+    cfg = region_cfg(make_cfg)
+    rule = rule_sql(cfg)
+    rows = [
+        ev(cfg, id=1, region="EU", full_name="Ann", op="c", ts_ms=1),  # base
+        ev(cfg, id=1, region=None, op="d", ts_ms=2, inc=INC1),  # key-only delete: stays in EU
+        ev(cfg, id=2, region="US", full_name="Bob", op="c", ts_ms=1),  # base
+        ev(cfg, id=2, region="LATAM", full_name="Bob", op="u", ts_ms=2, inc=INC1),  # moves to LATAM
+        ev(cfg, id=3, region="APAC", full_name="Cy", op="c", ts_ms=9),  # base, wins over a stale move
+        ev(cfg, id=3, region="EU", full_name="stale", op="u", ts_ms=1, inc=INC1),
+        ev(cfg, id=4, region=None, full_name="nowhere", op="c", ts_ms=1, inc=INC1),  # new key, no region
+    ]
+    parts = ["EU", None, "US", None, "APAC", None, None]
+    assigned = job.assign_partitions(
+        job.ranked(with_partition(spark, cfg, rows, parts), rule.rank), ["id"], "region", partition_sql(cfg).value
+    )
+    survivors = job.new_base(assigned, rule.is_delete, None)
+    assert survivors.columns == [*cfg.column_names, *job.META_COLUMNS, PC]
+    got = {r["id"]: (r["op"], r[PC]) for r in survivors.collect()}
+    assert got == {1: ("d", "EU"), 2: ("u", "LATAM"), 3: ("c", "APAC"), 4: ("c", "__null__")}
+
+
+def test_read_partitions_supplies_values_from_any_version_directory(
+    spark: Any, make_cfg: MakeCfg, tmp_path: Path
+) -> None:
+    cfg = region_cfg(make_cfg)
+    schema = f"{spark_schema_ddl(cfg)}, {job.META_DDL}"
+    odd_values = ["007", "a/b:c=d%e", "EU"]  # leading zeros stay strings; escaped directory names
+    for i, value in enumerate(odd_values):
+        rows = with_partition(spark, cfg, [ev(cfg, id=i, region=value, op="c", ts_ms=1)], [value])
+        rows.write.partitionBy(PC).mode("append").parquet(str(tmp_path / f"v{i % 2}"))
+    locations = {}
+    for v in ("v0", "v1"):
+        for d in (tmp_path / v).iterdir():
+            if d.is_dir():
+                locations[job.partition_dir_value(d.name)] = str(d)
+    assert sorted(locations) == sorted(odd_values)
+    # A partition registered by hand at a directory of another name is read on its own.
+    by_hand = tmp_path / "elsewhere"
+    spark.createDataFrame([ev(cfg, id=9, region="X", op="c", ts_ms=1)], schema).write.parquet(str(by_hand))
+    locations["X"] = str(by_hand)
+    got = job.read_partitions(spark, schema, locations)
+    assert sorted((r["id"], r[PC]) for r in got.collect()) == [(0, "007"), (1, "a/b:c=d%e"), (2, "EU"), (9, "X")]
+    assert dict(got.dtypes)[PC] == "string"
+    assert job.read_partitions(spark, schema, {}).count() == 0
+
+
+def partition_dirs(version: Path) -> dict[str, Path]:
+    return {job.partition_dir_value(d.name): d for d in version.iterdir() if d.is_dir()}
+
+
+def test_run_partitioned_rewrites_only_touched_partitions(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
+    from cdc_compaction.sql import partition_sql
+
+    cfg = region_cfg(make_cfg)
+    landing, versions = tmp_path / "incremental", tmp_path / "base"
+    (versions / "v0").mkdir(parents=True)
+    at = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
+
+    def plan_of(plan_id: str, base: Path, files: list[dict[str, Any]], out: Path, partitions: dict[str, str]) -> Any:
+        plan = make_plan(cfg, plan_id, base=base, files=files, out=out, quarantine=tmp_path / plan_id, ingested_at=at)
+        plan["partition_by"] = partition_sql(cfg).to_dict()
+        plan["base_partitions"] = partitions
+        return plan
+
+    schema = pa.schema([(c["name"], ARROW_TYPES[c["type"]]) for c in REGION_COLUMNS])
+
+    def land(increment: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        path = landing / increment / F0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        return {"increment": increment, "name": F0, "path": str(path), "size": path.stat().st_size}
+
+    first = land(
+        INC0,
+        [
+            {"id": 1, "region": "EU", "full_name": "Ann", "op": "c", "ts_ms": 1},
+            {"id": 2, "region": "US", "full_name": "Bob", "op": "c", "ts_ms": 1},
+            {"id": 3, "region": "APAC", "full_name": "Cy", "op": "c", "ts_ms": 1},
+            {"id": 4, "region": "APAC", "full_name": "Di", "op": "c", "ts_ms": 1},
+        ],
+    )
+    stats1 = job.run(spark, plan_of("p1", versions / "v0", [first], versions / "v1", {}))
+    assert_reconciles(stats1)
+    map1 = {v: str(d) for v, d in partition_dirs(versions / "v1").items()}
+    assert stats1["partitions"] == map1 and sorted(map1) == ["APAC", "EU", "US"]
+    assert stats1["partition_rows"] == {"APAC": 2, "EU": 1, "US": 1}
+    assert (stats1["partitions_rewritten"], stats1["partitions_reused"]) == (3, 0)
+    assert stats1["partitions_touched"] == ["APAC", "EU", "US"]
+    assert stats1["partition_by"] == {"column": "region", "transform": "identity"}
+    assert {f["name"].split("/")[0] for f in stats1["output_files"]} == {
+        d.name for d in (versions / "v1").iterdir() if d.is_dir()
+    }
+
+    # A key-only delete (EU, found through its key) and a key that moves from US to LATAM.
+    second = land(
+        INC1,
+        [
+            {"id": 1, "region": None, "full_name": None, "op": "d", "ts_ms": 2},
+            {"id": 2, "region": "LATAM", "full_name": "Bob", "op": "u", "ts_ms": 2},
+        ],
+    )
+    stats2 = job.run(spark, plan_of("p2", versions / "v1", [second], versions / "v2", map1))
+    assert_reconciles(stats2)
+    assert stats2["partitions_touched"] == ["EU", "LATAM", "US"]
+    # APAC is neither read nor written; US lost its only row, so it is not written at all.
+    assert stats2["base_rows"] == 2
+    assert sorted(partition_dirs(versions / "v2")) == ["EU", "LATAM"]
+    assert (stats2["partitions_rewritten"], stats2["partitions_reused"]) == (2, 1)
+    assert stats2["partition_rows"] == {"EU": 1, "LATAM": 1}
+    rows = read_rows(partition_dirs(versions / "v2")["EU"])
+    assert [(r["id"], r["op"]) for r in rows] == [(1, "d")]  # the tombstone stays where its key was
+
+    # A key both in a reused partition and in a rewritten one (a base broken by hand) is a duplicate key.
+    broken = tmp_path / "broken"
+    key3_in_eu = [ev(cfg, id=3, region="EU", full_name="Cy", op="c", ts_ms=1)]
+    with_partition(spark, cfg, key3_in_eu, ["EU"]).write.partitionBy(PC).parquet(str(broken))
+    third = land(INC2, [{"id": 5, "region": "EU", "full_name": "Eve", "op": "c", "ts_ms": 5}])
+    base3 = {"APAC": map1["APAC"], "EU": str(broken / f"{PC}=EU")}
+    stats3 = job.run(spark, plan_of("p3", versions / "v2", [third], versions / "v3", base3))
+    assert stats3["partitions_touched"] == ["EU"] and stats3["partitions_reused"] == 1
+    assert stats3["duplicate_keys"] == 1
+
+
+def test_key_lookup_and_full_ranking_write_the_same_version(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
+    """Few events rank only the keys they touch (the base is copied, not shuffled); many rank every row.
+
+    ``key_lookup_max_events: 0`` forces the full ranking: both must write the same rows and stats.
+    """
+    cfg = lsn_cfg(make_cfg)
+    landing, versions = tmp_path / "incremental", tmp_path / "base"
+    (versions / "v0").mkdir(parents=True)
+    initial = [{"id": i, "full_name": f"n{i}", "op": "r", "ts_ms": 10, "lsn": i} for i in range(1, 7)]
+    initial.append({"id": 6, "full_name": None, "op": "d", "ts_ms": 20, "lsn": 0})
+    files1 = [write_parquet(landing, cfg, INC0, F0, initial)]
+    at1 = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
+    kw = {"quarantine": tmp_path / "q", "ingested_at": at1}
+    job.run(spark, make_plan(cfg, "p1", base=versions / "v0", files=files1, out=versions / "v1", **kw))
+    files2 = [
+        write_parquet(
+            landing,
+            cfg,
+            INC1,
+            F0,
+            [
+                {"id": 1, "full_name": "newer", "op": "u", "ts_ms": 30, "lsn": 0},
+                {"id": 2, "full_name": "late", "op": "u", "ts_ms": 5, "lsn": 9},
+                {"id": 3, "full_name": "tie, earlier file", "op": "u", "ts_ms": 30, "lsn": 1},
+                {"id": 6, "full_name": "older than its delete", "op": "c", "ts_ms": 15, "lsn": 0},
+                {"id": None, "full_name": "refused", "op": "c", "ts_ms": 30, "lsn": 0},
+            ],
+        ),
+        write_parquet(
+            landing,
+            cfg,
+            INC1,
+            F1,
+            [
+                {"id": 3, "full_name": "tie, later file", "op": "u", "ts_ms": 30, "lsn": 1},
+                {"id": 7, "full_name": "inserted", "op": "c", "ts_ms": 40, "lsn": 0},
+                {"id": 7, "full_name": None, "op": "d", "ts_ms": 40, "lsn": 0},
+                {"id": 4, "full_name": "second lsn wins", "op": "u", "ts_ms": 10, "lsn": 5},
+            ],
+        ),
+    ]
+    kw = {"quarantine": tmp_path / "q2", "ingested_at": at1 + timedelta(hours=1)}
+    plan = make_plan(cfg, "p2", base=versions / "v1", files=files2, out=versions / "lookup", **kw)
+    lookup = job.run(spark, {**plan, "order_by": cfg.order_by})
+    full = job.run(spark, {**plan, "output_location": str(versions / "full"), "key_lookup_max_events": 0})
+
+    rows = read_rows(versions / "lookup")
+    assert rows == read_rows(versions / "full")
+    assert [(r["id"], r["full_name"], r["op"]) for r in rows] == [
+        (1, "newer", "u"),
+        (2, "n2", "r"),
+        (3, "tie, later file", "u"),
+        (4, "second lsn wins", "u"),
+        (5, "n5", "r"),
+        (6, None, "d"),
+        (7, None, "d"),
+    ]
+    ignore = ("output_files", "finished_at")
+    assert {k: v for k, v in lookup.items() if k not in ignore} == {k: v for k, v in full.items() if k not in ignore}
+    assert (lookup["base_rows"], lookup["superseded_rows"], lookup["rejected_rows"]) == (6, 7, 1)
+    assert_reconciles(lookup)

@@ -93,12 +93,22 @@ def test_the_spark_job_parses_faults_like_the_package(monkeypatch: pytest.Monkey
 class CrashRun:
     """One scenario run through the task functions, with a crash injected into one run."""
 
-    def __init__(self, spark: Any, endpoint: MetastoreEndpoint, metastore: Any, tmp: Path, suffix: str) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        endpoint: MetastoreEndpoint,
+        metastore: Any,
+        tmp: Path,
+        suffix: str,
+        scenario: Path = SCENARIO,
+        partition_by: dict[str, str] | None = None,
+    ) -> None:
         self.spark = spark
         self.endpoint = endpoint
         self.warehouse = str(metastore.warehouse)
-        self.scn = conf.Scenario.load(SCENARIO)
-        doc = conf.registry_doc(self.scn, tmp / "lake", suffix)
+        self.scn = conf.Scenario.load(scenario)
+        self.compactions = sum(1 for step in self.scn.steps if "compact" in step)
+        doc = conf.registry_doc(self.scn, tmp / "lake", suffix, partition_by)
         doc["keep_versions"] = 1  # so that the crashing run's publish has an old version to clean up
         self.registry = tmp / "registry"
         self.registry.mkdir()
@@ -119,7 +129,11 @@ class CrashRun:
         if pointer is None:
             return None
         rule = sql.rule_sql(self.cfg)
-        df = self.spark.read.parquet(pointer["location"])
+        # A partitioned version is its partition map, wherever the partitions live.
+        locations = list(pointer["partitions"].values()) if "partitions" in pointer else [pointer["location"]]
+        if not locations:
+            return []
+        df = self.spark.read.parquet(*locations)
         return [r.asDict() for r in df.where(f"NOT ({rule.is_delete})").collect()]
 
     def assert_old_or_new(self, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
@@ -235,14 +249,24 @@ class CrashRun:
         assert not [p for p in Path(lay.incremental).rglob("*") if p.is_file()], "files left pending"
         leftovers = [p for p in Path(lay.root).rglob("*") if p.name == "_temporary" or p.name.endswith(".copying")]
         assert not leftovers, leftovers
-        # No leaked versions: the live one (keep_versions = 1) and the empty genesis.
-        assert sorted(os.listdir(lay.base)) == sorted([latest.version, EMPTY_VERSION])
+        # No leaked versions: the live one (keep_versions = 1) and the empty genesis, plus, when
+        # partitioned, the versions holding partitions the live one reuses (only those partitions).
+        live = {latest.version} | {Path(loc).parent.name for loc in (latest.partitions or {}).values()}
+        assert sorted(os.listdir(lay.base)) == sorted([*live, EMPTY_VERSION])
         rows_q = Path(lay.quarantine) / "rows"
         assert not rows_q.exists() or not os.listdir(rows_q), "quarantine of a version never committed"
-        assert lake.read_pointer()["seq"] == latest.seq == 3
+        assert lake.read_pointer()["seq"] == latest.seq == self.compactions
+        base_table = sql.table_names(self.cfg)["base_table"]
         with connect(self.endpoint) as ms:
-            loc = ms.table_location(self.cfg.database, sql.table_names(self.cfg)["base_table"])
-        assert loc == lay.version_dir(latest.version)
+            loc = ms.table_location(self.cfg.database, base_table)
+            partitions = ms.partitions(self.cfg.database, base_table)
+        if self.cfg.partition_by is None:
+            assert loc == lay.version_dir(latest.version)
+        else:
+            assert loc == lay.base and partitions == latest.partitions
+            assert lake.read_pointer()["partitions"] == latest.partitions
+            kept = {str(p) for v in live for p in Path(lay.version_dir(v)).glob("_cdc_partition=*")}
+            assert kept == set(latest.partitions.values()), "partitions no commit names are gone"
         held = TableLease(lake).current()
         assert held is None or held.released, held
         for seq in range(1, latest.seq + 1):
@@ -262,6 +286,81 @@ def test_crash_then_retry(crash_run: CrashRun, point: str, task: str, mode: str)
     crash_run.run(crash=(point, task, mode))
     assert crash_run.window_checks == 1
     crash_run.assert_clean()
+
+
+# ---------------------------------------------------------------- partitioned tables
+# delete_then_reinsert partitioned by full_name: the crashing (second) run moves both keys to
+# new partitions (Alice -> Angela, Bob -> Carol), so its publish adds two partitions and drops two.
+PARTITIONED_SCENARIO = PROJECT_ROOT.parent / "shared" / "conformance" / "delete_then_reinsert.json"
+PARTITIONED_POINTS = [
+    ("publish.before_commit_record", "publish"),
+    ("publish.after_commit_record", "publish"),
+    ("publish.after_metastore_swap", "publish"),
+    ("publish.after_pointer", "publish"),
+]
+
+
+@pytest.fixture
+def partitioned_run(request: pytest.FixtureRequest, spark: Any, endpoint: MetastoreEndpoint, metastore: Any, tmp_path):
+    suffix = "_p" + format(abs(hash(request.node.name)) % 10**8, "08d")
+    part = {"column": "full_name", "transform": "identity"}
+    return CrashRun(spark, endpoint, metastore, tmp_path, suffix, PARTITIONED_SCENARIO, part)
+
+
+@pytest.mark.parametrize(("point", "task"), PARTITIONED_POINTS, ids=[p for p, _ in PARTITIONED_POINTS])
+def test_partitioned_publish_crash_then_retry(partitioned_run: CrashRun, point: str, task: str) -> None:
+    partitioned_run.run(crash=(point, task, "raise"))
+    assert partitioned_run.window_checks == 1
+    partitioned_run.assert_clean()
+    stats = partitioned_run.rt.lake.latest_commit().stats
+    assert stats["partitions_touched"] == ["Alice", "Angela", "Bob", "Carol"]
+
+
+def test_partitioned_publish_interrupted_between_moves_and_drops(
+    partitioned_run: CrashRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partitions are added and moved, the vanished ones not dropped yet: no key is missing."""
+    from cdc_compaction.exceptions import MetastoreError
+    from cdc_compaction.metastore import Metastore
+
+    run = partitioned_run
+    steps = run.scn.steps
+    tasks.ensure_tables(run.rt)
+    tasks.refresh_view(run.rt)
+    incremental = Path(run.rt.lake.layout.incremental)
+    for i in (0, 2):
+        landed = conf.land(run.cfg, steps[i]["land"]["increment"], steps[i]["land"]["files"])
+        run.landed += [str(Path(p).relative_to(incremental)) for p in landed]
+        if i == 0:
+            run.one_run("run-1")
+    old, new = steps[1]["compact"]["expect"], steps[4]["compact"]["expect"]
+    plan_path = tasks.plan(run.rt, "run-2")
+    run.step("compact", "run-2", plan_path)
+    tasks.validate(run.rt, plan_path)
+
+    def dying_drop(self: Metastore, db: str, name: str, values: list[str]) -> list[str]:
+        if values:
+            raise MetastoreError(f"metastore went away before dropping {values}")
+        return []
+
+    with monkeypatch.context() as m:
+        m.setattr(Metastore, "drop_partitions", dying_drop)
+        with pytest.raises(MetastoreError, match="went away"):
+            tasks.publish(run.rt, plan_path)
+    base_table = sql.table_names(run.cfg)["base_table"]
+    with connect(run.endpoint) as ms:
+        assert sorted(ms.partitions(run.cfg.database, base_table)) == ["Alice", "Angela", "Bob", "Carol"]
+    # A reader of the base table sees every key, the moved ones twice; the view sees the new table.
+    base = run.reader.visible_base(run.cfg)
+    assert Counter(r["id"] for r in base) == {1: 2, 2: 2}
+    assert not run.rows_differ(old + new, base)
+    assert not run.rows_differ(new, run.reader.view(run.cfg))
+    # The retry rolls forward: the vanished partitions go, the table is the new one.
+    tasks.publish(run.rt, plan_path)
+    for name in ("archive", "refresh_view"):
+        run.step(name, "run-2", plan_path)
+    assert not run.rows_differ(new, run.reader.visible_base(run.cfg))
+    run.assert_clean()
 
 
 def spark_submit_cmd(cfg: TableConfig, plan_path: str) -> list[str]:

@@ -124,3 +124,76 @@ def test_glue_catalog_operations(glue: Any) -> None:
 
         with pytest.raises(MetastoreError, match="does not exist in the Glue Data Catalog"):
             ms.set_location(db, "nope", "s3://x/y")
+
+
+@pytest.mark.metastore
+def test_thrift_partitions_are_added_and_moved_in_place(endpoint: MetastoreEndpoint, tmp_path: Any) -> None:
+    """What a partitioned base table's publish does: add new partitions, move others in one call, never drop."""
+    from hmsclient.genthrift.hive_metastore import ttypes
+
+    db = f"parts_{uuid.uuid4().hex[:8]}"
+    with connect(endpoint) as ms:
+        client = ms._c
+        client.create_database(ttypes.Database(name=db, locationUri=f"file:{tmp_path}/{db}", parameters={}))
+        serde = ttypes.SerDeInfo(
+            serializationLib="org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
+            parameters={"path": f"file:{tmp_path}/base"},
+        )
+        sd = ttypes.StorageDescriptor(
+            cols=[ttypes.FieldSchema("id", "int", ""), ttypes.FieldSchema("op", "string", "")],
+            location=f"file:{tmp_path}/base",
+            inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+            outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+            serdeInfo=serde,
+            parameters={},
+        )
+        client.create_table(
+            ttypes.Table(
+                tableName="t_base",
+                dbName=db,
+                sd=sd,
+                partitionKeys=[ttypes.FieldSchema("_cdc_partition", "string", "")],
+                tableType="EXTERNAL_TABLE",
+                parameters={"EXTERNAL": "TRUE"},
+            )
+        )
+        assert ms.partition_keys(db, "t_base") == ["_cdc_partition"]
+        assert ms.partition_keys(db, "nope") is None
+        v1 = {v: f"{tmp_path}/base/v00000001-a/_cdc_partition={v}" for v in ("APAC", "EU", "US")}
+        assert ms.set_partitions(db, "t_base", v1) == {"added": ["APAC", "EU", "US"], "moved": []}
+        assert ms.set_partitions(db, "t_base", v1) == {"added": [], "moved": []}, "idempotent"
+        # Commit 2 rewrote EU and US and added LATAM; APAC is reused by reference.
+        v2 = {**v1, **{v: f"{tmp_path}/base/v00000002-b/_cdc_partition={v}" for v in ("EU", "LATAM", "US")}}
+        assert ms.set_partitions(db, "t_base", v2) == {"added": ["LATAM"], "moved": ["EU", "US"]}
+        assert ms.partitions(db, "t_base") == v2
+        raw = {p.values[0]: p for p in client.get_partitions(db, "t_base", -1)}
+        assert "path" not in (raw["LATAM"].sd.serdeInfo.parameters or {}), "Spark's path option stays on the table"
+        assert raw["EU"].sd.cols == raw["APAC"].sd.cols == sd.cols
+        # Dropping is the caller's last step (vanished partitions), and never touches data.
+        assert ms.drop_partitions(db, "t_base", ["US", "nope"]) == ["US"]
+        assert sorted(ms.partitions(db, "t_base")) == ["APAC", "EU", "LATAM"]
+        from cdc_compaction.exceptions import MetastoreError
+
+        with pytest.raises(MetastoreError, match="does not exist; run ensure_tables first"):
+            ms.set_partitions(db, "nope", v1)
+
+
+@pytest.mark.s3
+def test_glue_partitions_are_added_and_moved_in_place(glue: Any) -> None:
+    db = glue.db
+    with connect(MetastoreEndpoint(kind="glue")) as ms:
+        assert ms.partition_keys(db, "orders_incremental") == ["_cdc_increment"]
+        assert ms.partition_keys(db, "orders_base") == []
+        base = "s3://lake/shop/orders/base"
+        v1 = {f"p{i:03d}": f"{base}/v00000001-a/_cdc_partition=p{i:03d}" for i in range(130)}
+        result = ms.set_partitions(db, "orders_incremental", v1)
+        assert len(result["added"]) == 130 and result["moved"] == []
+        # 110 partitions rewritten by commit 2: moved in batches of Glue's limit (100 per BatchUpdatePartition).
+        v2 = {**v1, **{f"p{i:03d}": f"{base}/v00000002-b/_cdc_partition=p{i:03d}" for i in range(110)}}
+        v2["new"] = f"{base}/v00000002-b/_cdc_partition=new"
+        result = ms.set_partitions(db, "orders_incremental", v2)
+        assert result["added"] == ["new"] and len(result["moved"]) == 110
+        assert ms.partitions(db, "orders_incremental") == v2
+        raw = glue.client.get_partition(DatabaseName=db, TableName="orders_incremental", PartitionValues=["p000"])
+        assert raw["Partition"]["StorageDescriptor"]["Location"] == v2["p000"]
+        assert ms.set_partitions(db, "orders_incremental", v2) == {"added": [], "moved": []}

@@ -222,6 +222,35 @@ def test_column_type_is_normalised() -> None:
     assert Column(name="n", type="INTEGER").type == "int"
 
 
+@pytest.mark.parametrize(
+    ("column", "type_", "transform"),
+    [
+        ("full_name", "string", "identity"),
+        ("id", "int", "identity"),  # a key column: keys never move between partitions
+        ("ts_ms", "bigint", "identity"),  # an order_by column
+        ("changed_at", "timestamp", "day"),
+        ("changed_at", "timestamp", "month"),
+        ("changed_on", "date", "year"),
+        ("changed_on", "date", "identity"),
+        ("amount", "decimal(10,2)", "identity"),
+        ("code", "varchar(8)", "identity"),
+    ],
+)
+def test_partition_by_accepts(column: str, type_: str, transform: str) -> None:
+    doc = good_doc(partition_by={"column": column, "transform": transform})
+    if column not in {c["name"] for c in doc["columns"]}:
+        doc["columns"].append({"name": column, "type": type_})
+    cfg = TableConfig.model_validate(doc)
+    assert cfg.partition_by is not None
+    assert (cfg.partition_by.column, cfg.partition_by.transform) == (column, transform)
+
+
+def test_partition_by_defaults() -> None:
+    assert TableConfig.model_validate(good_doc()).partition_by is None
+    cfg = TableConfig.model_validate(good_doc(partition_by={"column": "full_name"}))
+    assert cfg.partition_by is not None and cfg.partition_by.transform == "identity"
+
+
 def test_models_are_frozen() -> None:
     cfg = TableConfig.model_validate(good_doc())
     with pytest.raises(ValidationError, match="frozen"):
@@ -414,6 +443,55 @@ def _bad_cases() -> list[Any]:
             id="spark-conf-key",
         ),
         pytest.param(Bad(setting("mode", "snapshot"), "mode", "'cdc'"), id="mode-unknown"),
+        pytest.param(
+            Bad(
+                setting("partition_by", {"column": "nope"}),
+                "partition_by",
+                "column 'nope' is not among the columns",
+                cross_field=True,
+            ),
+            id="partition_by-not-a-column",
+        ),
+        pytest.param(
+            Bad(setting("partition_by", {"column": "op"}), "partition_by", "is the op column", cross_field=True),
+            id="partition_by-op-column",
+        ),
+        pytest.param(
+            Bad(
+                setting("partition_by", {"column": "ts_ms", "transform": "day"}),
+                "partition_by",
+                "transform 'day' needs a date or timestamp column, but 'ts_ms' has type bigint",
+                cross_field=True,
+            ),
+            id="partition_by-day-of-bigint",
+        ),
+        pytest.param(
+            Bad(
+                setting("partition_by", {"column": "full_name", "transform": "week"}),
+                "partition_by.transform",
+                "'identity', 'day', 'month' or 'year'",
+            ),
+            id="partition_by-unknown-transform",
+        ),
+        pytest.param(
+            Bad(
+                lambda d: (with_extra_column("score", "double")(d), setting("partition_by", {"column": "score"})(d)),
+                "partition_by",
+                "column 'score' of type double cannot name partitions",
+                cross_field=True,
+            ),
+            id="partition_by-double",
+        ),
+        pytest.param(
+            Bad(
+                setting("partition_by", {"column": "x; DROP TABLE y"}), "partition_by.column", "not a valid identifier"
+            ),
+            id="partition_by-injection",
+        ),
+        pytest.param(
+            Bad(setting("partition_by", {"columns": ["id"]}), "partition_by.columns", "Extra inputs are not permitted"),
+            id="partition_by-typo",
+        ),
     ]
     for what in ("database", "table"):
         for p in BAD_IDENTIFIERS:

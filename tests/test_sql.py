@@ -515,7 +515,52 @@ def _with_changed_type() -> dict[str, Any]:
         pytest.param({"order_by": ["ts_ms", "full_name"]}, id="order_by"),
         pytest.param({"primary_key": ["id", "full_name"]}, id="primary_key"),
         pytest.param({"op_codes": {"delete": "x"}}, id="op_codes"),
+        pytest.param({"partition_by": {"column": "full_name"}}, id="partition_by"),
     ],
 )
 def test_fingerprint_follows_the_schema(overrides: dict[str, Any]) -> None:
     assert schema_fingerprint(cfg_of(**overrides)) != schema_fingerprint(cfg_of())
+
+
+# -- partitioned tables (registry partition_by) -----------------------------------------
+
+
+def test_unpartitioned_tables_render_no_partition_sql(student: TableConfig) -> None:
+    from cdc_compaction.sql import partition_sql
+
+    assert partition_sql(student) is None
+    base = create_statements(student, **LOCATIONS)[1]
+    assert "_cdc_partition" not in base and "PARTITIONED BY" not in base
+
+
+def test_partitioned_base_table_has_the_hidden_partition_column() -> None:
+    cfg = cfg_of(partition_by={"column": "full_name"})
+    base, incremental, compactor = create_statements(cfg, **LOCATIONS)[1:]
+    assert column_definitions(base)[-1].startswith("`_cdc_partition` string COMMENT")
+    assert "\nPARTITIONED BY (`_cdc_partition`)\nCOMMENT" in base
+    # Only the base table is partitioned this way; the views keep selecting the registry columns.
+    assert "_cdc_partition" not in incremental + compactor
+    for view in view_statements(cfg):
+        assert "_cdc_partition" not in view
+    same = [v.replace(schema_fingerprint(cfg), schema_fingerprint(cfg_of())) for v in view_statements(cfg)]
+    assert same == view_statements(cfg_of()), "only the fingerprint differs"
+
+
+@pytest.mark.parametrize(
+    ("column", "transform", "expected"),
+    [
+        ("full_name", "identity", "COALESCE(NULLIF(CAST(`full_name` AS STRING), ''), '__null__')"),
+        ("order", "identity", "COALESCE(NULLIF(CAST(`order` AS STRING), ''), '__null__')"),
+        ("at", "day", "COALESCE(date_format(`at`, 'yyyy-MM-dd'), '__null__')"),
+        ("at", "month", "COALESCE(date_format(`at`, 'yyyy-MM'), '__null__')"),
+        ("at", "year", "COALESCE(date_format(`at`, 'yyyy'), '__null__')"),
+    ],
+)
+def test_partition_value_is_rendered_from_the_rule_template(column: str, transform: str, expected: str) -> None:
+    from cdc_compaction.sql import partition_sql
+
+    columns = [*STUDENT_COLUMNS, {"name": "order", "type": "int"}, {"name": "at", "type": "timestamp"}]
+    cfg = cfg_of(columns=[dict(c) for c in columns], partition_by={"column": column, "transform": transform})
+    part = partition_sql(cfg)
+    assert part is not None
+    assert part.to_dict() == {"column": column, "transform": transform, "value": expected}

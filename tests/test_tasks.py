@@ -408,3 +408,116 @@ def test_unreadable_landed_files_are_refused_by_name(make_cfg, runtime, content:
     assert rt.lake.latest_commit().seq == 0 and Path(good).exists() and bad.exists()
     bad.unlink()
     assert tasks.plan(rt, "run-2"), "with the bad file moved away, the rest compacts"
+
+
+# ------------------------------------------------------------------ partitioned tables
+REGION_COLUMNS = [
+    {"name": "id", "type": "int"},
+    {"name": "region", "type": "string"},
+    {"name": "full_name", "type": "string"},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": "bigint"},
+]
+
+
+def _regional(*items: tuple[int, str | None, str | None, str, int]) -> list[dict[str, Any]]:
+    return [{"id": i, "region": r, "full_name": n, "op": op, "ts_ms": ts} for i, r, n, op, ts in items]
+
+
+def _files(directory: str) -> dict[str, int]:
+    """Every file under ``directory``: path -> mtime (ns)."""
+    return {str(p): p.stat().st_mtime_ns for p in Path(directory).rglob("*") if p.is_file()}
+
+
+def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"}, keep_versions=1))
+    cfg, lay = rt.cfg, rt.lake.layout
+    db, base_table = cfg.database, table_names(cfg)["base_table"]
+    tasks.ensure_tables(rt)
+    land(
+        cfg,
+        "increment_2026112200",
+        [
+            _regional(
+                (1, "EU", "Ann", "c", 1),
+                (2, "EU", "Ben", "c", 1),
+                (3, "US", "Cy", "c", 1),
+                (4, "US", "Di", "c", 1),
+                (5, "APAC", "Ed", "c", 1),
+                (6, "APAC", "Fi", "c", 1),
+            )
+        ],
+    )
+    compact_once(rt, "run-1")
+    c1 = rt.lake.latest_commit()
+    v1 = lay.version_dir(c1.version)
+    assert sorted(c1.partitions) == ["APAC", "EU", "US"]
+    assert all(loc.startswith(v1 + "/_cdc_partition=") for loc in c1.partitions.values())
+    assert c1.partition_rows == {"APAC": 2, "EU": 2, "US": 2}
+    apac_files = _files(c1.partitions["APAC"])
+    assert apac_files
+
+    # A key-only delete (id 1: EU, found through its key) and a key moving from US to LATAM (id 3).
+    land(cfg, "increment_2026112201", [_regional((1, None, None, "d", 2), (3, "LATAM", "Cy", "u", 2))])
+    compact_once(rt, "run-2")
+    c2 = rt.lake.latest_commit()
+    v2 = lay.version_dir(c2.version)
+    assert (c2.stats["partitions_rewritten"], c2.stats["partitions_reused"]) == (3, 1)
+    assert c2.stats["base_rows"] == 4, "only EU and US were read"
+    # APAC is reused by reference: same directory, same files, untouched.
+    assert c2.partitions["APAC"] == c1.partitions["APAC"]
+    assert _files(c2.partitions["APAC"]) == apac_files
+    assert {p: loc.startswith(v2 + "/") for p, loc in c2.partitions.items()} == {
+        "APAC": False,
+        "EU": True,
+        "LATAM": True,
+        "US": True,
+    }
+    assert sorted(p.name for p in Path(v2).iterdir() if p.is_dir()) == [
+        "_cdc_partition=EU",
+        "_cdc_partition=LATAM",
+        "_cdc_partition=US",
+    ]
+    assert c2.partition_rows == {"APAC": 2, "EU": 2, "LATAM": 1, "US": 1}  # EU keeps id 1's tombstone
+    # Readers: the metastore's partitions and the pointer name the same map.
+    with connect(rt.metastore) as ms:
+        assert ms.partitions(db, base_table) == c2.partitions
+        assert ms.table_location(db, base_table) == lay.base
+    assert rt.lake.read_pointer()["partitions"] == c2.partitions
+    assert visible_names(spark, cfg) == {2: "Ben", 3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
+    # The compactor table shows what the last compaction wrote: the rewritten partitions.
+    compactor = f"`{db}`.`{table_names(cfg)['compactor_table']}`"
+    spark.catalog.refreshTable(compactor)
+    assert sorted(r["id"] for r in spark.sql(f"SELECT id FROM {compactor}").collect()) == [1, 2, 3, 4]
+    # keep_versions=1: v1 stays for its APAC partition only; its rewritten partitions are gone.
+    assert sorted(p.name for p in Path(v1).iterdir() if p.is_dir()) == ["_cdc_partition=APAC"]
+
+    # The last US key moves to EU: US is touched, ends empty and disappears from the table.
+    land(cfg, "increment_2026112202", [_regional((4, "EU", "Di", "u", 3))])
+    compact_once(rt, "run-3")
+    c3 = rt.lake.latest_commit()
+    assert sorted(c3.partitions) == ["APAC", "EU", "LATAM"]
+    assert c3.partitions["LATAM"] == c2.partitions["LATAM"] and c3.partitions["APAC"] == c1.partitions["APAC"]
+    assert c3.stats["partitions_touched"] == ["EU", "US"]
+    with connect(rt.metastore) as ms:
+        assert ms.partitions(db, base_table) == c3.partitions
+    assert visible_names(spark, cfg) == {2: "Ben", 3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
+    versions = sorted(p.name.split("-")[0] for p in Path(lay.base).iterdir())
+    assert versions == ["v00000000", "v00000001", "v00000002", "v00000003"], "v1 and v2 hold reused partitions"
+    assert sorted(p.name for p in Path(v2).iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
+
+
+def test_partitioning_cannot_change_under_a_table(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"}))
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_regional((1, "EU", "Ann", "c", 1))])
+    compact_once(rt, "run-1")
+    land(rt.cfg, "increment_2026112201", [_regional((2, "US", "Bob", "c", 2))])
+    other = rt.cfg.model_copy(update={"partition_by": rt.cfg.partition_by.model_copy(update={"column": "full_name"})})
+    with pytest.raises(PlanError, match=r"'partition_by' is .*full_name.* in the registry, but the live .*'region'"):
+        tasks.plan(runtime(other), "run-2")
+    assert not TableLease(rt.lake).holds("airflow/run-2", datetime.now(UTC)), "the refused plan gave the lease back"
+    with pytest.raises(SchemaChangeError, match="field 'partition_by' asks for no partitions"):
+        tasks.ensure_tables(runtime(rt.cfg.model_copy(update={"partition_by": None})))
+    assert compact_once(rt, "run-2"), "the registry as it was still compacts"
+    assert visible_names(spark, rt.cfg) == {1: "Ann", 2: "Bob"}

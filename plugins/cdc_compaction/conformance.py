@@ -72,10 +72,16 @@ class ScenarioResult:
     seconds: float = 0.0
 
 
-def registry_doc(scn: Scenario, lake_dir: Path, suffix: str = "") -> dict[str, Any]:
-    """A registry entry for a scenario's table: compact whatever landed, at once."""
+def registry_doc(
+    scn: Scenario, lake_dir: Path, suffix: str = "", partition_by: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A registry entry for a scenario's table: compact whatever landed, at once.
+
+    ``partition_by`` makes it a partitioned table (registry ``partition_by``): the same
+    scenario must give the same rows.
+    """
     t = scn.table
-    return {
+    doc: dict[str, Any] = {
         "database": DATABASE,
         "table": scn.table_name + suffix,
         "description": scn.about,
@@ -92,6 +98,9 @@ def registry_doc(scn: Scenario, lake_dir: Path, suffix: str = "") -> dict[str, A
         "tags": ["conformance"],
         "spark": {"conf": {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}},
     }
+    if partition_by is not None:
+        doc["partition_by"] = partition_by
+    return doc
 
 
 # ------------------------------------------------------------------ landing files
@@ -276,12 +285,13 @@ def run_scenario(
     lake_dir: Path,
     registry_dir: Path | None = None,
     suffix: str = "",
+    partition_by: dict[str, str] | None = None,
 ) -> ScenarioResult:
     """Run one scenario; every failed check becomes a line of the result."""
     import time
 
     start = time.monotonic()
-    doc = registry_doc(scn, lake_dir, suffix)
+    doc = registry_doc(scn, lake_dir, suffix, partition_by)
     if registry_dir is not None:
         registry_dir.mkdir(parents=True, exist_ok=True)
         (registry_dir / f"{DATABASE}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

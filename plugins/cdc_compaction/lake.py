@@ -162,9 +162,20 @@ class Commit:
     increments: list[str]
     stats: dict[str, Any] = field(default_factory=dict)
     committed_at: str = ""
+    #: Partitioned tables only (registry partition_by): the version's partitions as
+    #: {value: location} and their row counts.  Untouched partitions keep the location of
+    #: the version that last rewrote them (reused by reference), so one version can name
+    #: directories of older versions.
+    partitions: dict[str, str] | None = None
+    partition_rows: dict[str, int] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        doc = asdict(self)
+        # Unpartitioned tables keep the record format they always had.
+        for key in ("partitions", "partition_rows"):
+            if doc[key] is None:
+                del doc[key]
+        return json.dumps(doc, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Commit:
@@ -243,6 +254,9 @@ class Lake:
             "location": self.layout.version_dir(commit.version),
             "committed_at": commit.committed_at,
         }
+        if commit.partitions is not None:
+            # A partitioned version is its partitions, wherever they live: readers need the map.
+            doc["partitions"] = commit.partitions
         while True:
             text, token = self.storage.read_versioned(self.layout.pointer)
             if text is not None and int(json.loads(text)["seq"]) >= commit.seq:

@@ -56,9 +56,29 @@ class _Catalog(ABC):
     def drop_partitions(self, db: str, name: str, values: list[str]) -> list[str]:
         """Drop partitions (metadata only); returns the values dropped."""
 
+    @abstractmethod
+    def set_partitions(self, db: str, name: str, wanted: dict[str, str]) -> dict[str, list[str]]:
+        """Register partitions (value -> location) exactly there: add missing ones, move others in place.
+
+        Returns ``{"added": [...], "moved": [...]}``.  A partition at another location is altered,
+        never dropped and re-added, so readers never miss it; nothing is dropped here.
+        """
+
     def table_location(self, db: str, name: str) -> str | None:
         t = self.get_table(db, name)
         return normalize_location(t.sd.location) if t is not None else None
+
+    def partition_keys(self, db: str, name: str) -> list[str] | None:
+        """The table's partition columns ([] when unpartitioned), or None if there is no such table."""
+        t = self.get_table(db, name)
+        return list(t.partition_keys) if t is not None else None
+
+    def _partition_changes(self, db: str, name: str, wanted: dict[str, str]) -> tuple[list[str], list[str]]:
+        """(values to add, values to move) so that ``wanted`` is registered exactly."""
+        have = self.partitions(db, name)
+        new = [v for v in sorted(wanted) if v not in have]
+        moved = [v for v in sorted(wanted) if v in have and have[v] != normalize_location(wanted[v])]
+        return new, moved
 
     def table_property(self, db: str, name: str, key: str) -> str | None:
         t = self.get_table(db, name)
@@ -91,9 +111,11 @@ class Metastore(_Catalog):
 
     def get_table(self, db: str, name: str) -> Any | None:
         try:
-            return self._c.get_table(db, name)
+            t = self._c.get_table(db, name)
         except self._t.NoSuchObjectException:
             return None
+        t.partition_keys = [k.name for k in t.partitionKeys or []]
+        return t
 
     def set_location(self, db: str, name: str, location: str) -> None:
         """Point a table at ``location`` in one metastore call (the atomic swap)."""
@@ -146,6 +168,40 @@ class Metastore(_Catalog):
                 log.info("metastore: some partitions of %s.%s were registered concurrently", db, name)
         return [p.values[0] for p in new]
 
+    def set_partitions(self, db: str, name: str, wanted: dict[str, str]) -> dict[str, list[str]]:
+        new, moved = self._partition_changes(db, name, wanted)
+        t = self.get_table(db, name) if new or moved else None
+        if (new or moved) and t is None:
+            raise MetastoreError(f"table {db}.{name} does not exist; run ensure_tables first")
+        if new:
+            parts = []
+            for value in new:
+                sd = copy.deepcopy(t.sd)
+                sd.location = to_uri(wanted[value])
+                if sd.serdeInfo.parameters and "path" in sd.serdeInfo.parameters:
+                    del sd.serdeInfo.parameters["path"]
+                parts.append(self._t.Partition(values=[value], dbName=db, tableName=name, sd=sd, parameters={}))
+            try:
+                self._c.add_partitions(parts)
+            except self._t.AlreadyExistsException as exc:
+                raise MetastoreError(
+                    f"partitions of {db}.{name} were registered by someone else meanwhile ({exc}); "
+                    "retry the task: it registers what is still missing"
+                ) from exc
+        if moved:
+            current = {p.values[0]: p for p in self._c.get_partitions(db, name, -1) if p.values[0] in moved}
+            for value in moved:
+                current[value].sd.location = to_uri(wanted[value])
+                # A rewritten partition has the table's columns now (ADD COLUMNS since it was added).
+                current[value].sd.cols = copy.deepcopy(t.sd.cols)
+            try:
+                # One call, one metastore transaction: every moved partition switches at once.
+                self._c.alter_partitions(db, name, [current[v] for v in moved])
+            except self._t.TException as exc:  # pragma: no cover - network / server failure
+                raise MetastoreError(f"cannot move partitions {moved} of {db}.{name}: {exc}; retry the task") from exc
+        log.info("metastore: %s.%s partitions added %s, moved %s", db, name, new, moved)
+        return {"added": new, "moved": moved}
+
     def drop_partitions(self, db: str, name: str, values: list[str]) -> list[str]:
         """Drop partitions (metadata only; never the data); returns the values dropped."""
         dropped = []
@@ -165,6 +221,7 @@ class _GlueTable:
         self.raw = raw
         sd = raw.get("StorageDescriptor", {})
         self.parameters: dict[str, str] = dict(raw.get("Parameters", {}))
+        self.partition_keys = [k["Name"] for k in raw.get("PartitionKeys", [])]
         self.sd = SimpleNamespace(
             location=sd.get("Location"), cols=[SimpleNamespace(name=c["Name"]) for c in sd.get("Columns", [])]
         )
@@ -271,6 +328,38 @@ class GlueMetastore(_Catalog):
             if errors:
                 raise MetastoreError(f"Glue refused partitions of {db}.{name}: {errors}")
         return [p["Values"][0] for p in new]
+
+    def _partition_input(self, raw: dict[str, Any], value: str, location: str) -> dict[str, Any]:
+        sd = copy.deepcopy(raw["StorageDescriptor"])
+        sd["Location"] = to_uri(location)
+        sd.get("SerdeInfo", {}).get("Parameters", {}).pop("path", None)
+        return {"Values": [value], "StorageDescriptor": sd}
+
+    def set_partitions(self, db: str, name: str, wanted: dict[str, str]) -> dict[str, list[str]]:
+        """Glue's form: BatchCreatePartition, then BatchUpdatePartition (100 per call; not atomic across calls)."""
+        new, moved = self._partition_changes(db, name, wanted)
+        raw = self._raw(db, name) if new or moved else None
+        if (new or moved) and raw is None:
+            raise MetastoreError(f"table {db}.{name} does not exist in Glue; run ensure_tables first")
+        for i in range(0, len(new), 100):
+            resp = self._c.batch_create_partition(
+                DatabaseName=db,
+                TableName=name,
+                PartitionInputList=[self._partition_input(raw, v, wanted[v]) for v in new[i : i + 100]],
+                **self._catalog,
+            )
+            if resp.get("Errors"):
+                raise MetastoreError(f"Glue refused partitions of {db}.{name}: {resp['Errors']}; retry the task")
+        for i in range(0, len(moved), 100):
+            entries = [
+                {"PartitionValueList": [v], "PartitionInput": self._partition_input(raw, v, wanted[v])}
+                for v in moved[i : i + 100]
+            ]
+            resp = self._c.batch_update_partition(DatabaseName=db, TableName=name, Entries=entries, **self._catalog)
+            if resp.get("Errors"):
+                raise MetastoreError(f"Glue could not move partitions of {db}.{name}: {resp['Errors']}; retry the task")
+        log.info("glue: %s.%s partitions added %s, moved %s", db, name, new, moved)
+        return {"added": new, "moved": moved}
 
     def drop_partitions(self, db: str, name: str, values: list[str]) -> list[str]:
         dropped = []

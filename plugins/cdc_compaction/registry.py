@@ -200,6 +200,8 @@ class SparkSettings(_Strict):
     jars: list[str] = Field(default_factory=list)
     driver_memory: str | None = None
     executor_memory: str | None = None
+    #: Size the compaction aims at for each output file (estimated from the input's bytes per row).
+    target_file_mb: int = Field(default=128, ge=1, le=65536)
 
     @model_validator(mode="after")
     def _engine(self) -> SparkSettings:
@@ -228,6 +230,28 @@ class SparkSettings(_Strict):
                 out[k] = str(val).lower() if isinstance(val, bool) else str(val)
             return out
         return v
+
+
+#: Types a partition value can be taken from as it is (``transform: identity``). Floating point
+#: values have no stable text form and binary ones no text form at all.
+_IDENTITY_PARTITION_TYPES = ("tinyint", "smallint", "int", "bigint", "string", "boolean", "date", "timestamp")
+_DATE_TYPES = ("date", "timestamp")
+
+
+class PartitionBy(_Strict):
+    """How a base table is partitioned: one registry column, taken as is or truncated to a day, month or year.
+
+    A compaction rewrites only the partitions its increments touch and reuses the others by
+    reference, so its cost follows the change, not the table.
+    """
+
+    column: str
+    transform: Literal["identity", "day", "month", "year"] = "identity"
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, v: str) -> str:
+        return check_identifier(v, "partition_by column")
 
 
 class TableConfig(_Strict):
@@ -260,6 +284,7 @@ class TableConfig(_Strict):
     on_bad_file: Literal["fail", "quarantine"] = "fail"
     on_extra_columns: Literal["fail", "ignore"] = "fail"
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    partition_by: PartitionBy | None = None
 
     @field_validator("lease_timeout")
     @classmethod
@@ -378,7 +403,32 @@ class TableConfig(_Strict):
                 raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
         if self.max_retry_delay < self.retry_delay:
             raise ValueError("max_retry_delay: must be at least retry_delay")
+        if self.partition_by is not None:
+            self._check_partition_by(names, types)
         return self
+
+    def _check_partition_by(self, names: list[str], types: dict[str, str]) -> None:
+        part = self.partition_by
+        assert part is not None
+        if part.column not in types:
+            raise ValueError(f"partition_by: column {part.column!r} is not among the columns {names}")
+        if part.column == self.op_column:
+            raise ValueError(
+                f"partition_by: column {part.column!r} is the op column; partition by a data column "
+                "(a key, a date, a region) instead"
+            )
+        kind = types[part.column]
+        if part.transform != "identity" and kind not in _DATE_TYPES:
+            raise ValueError(
+                f"partition_by: transform {part.transform!r} needs a date or timestamp column, but "
+                f"{part.column!r} has type {kind}; use transform: identity or another column"
+            )
+        identity_ok = kind in _IDENTITY_PARTITION_TYPES or kind.startswith(("varchar", "char", "decimal"))
+        if part.transform == "identity" and not identity_ok:
+            raise ValueError(
+                f"partition_by: column {part.column!r} of type {kind} cannot name partitions "
+                "(no stable text form); pick an integer, string, boolean, decimal, date or timestamp column"
+            )
 
     # -- names derived from the entry ------------------------------------------------
     @property

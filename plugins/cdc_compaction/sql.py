@@ -52,6 +52,9 @@ def schema_fingerprint(cfg: TableConfig) -> str:
         "op_codes": cfg.op_codes.model_dump(),
         "rule_version": 1,
     }
+    # Only when set, so that unpartitioned tables keep the fingerprint they always had.
+    if cfg.partition_by is not None:
+        doc["partition_by"] = cfg.partition_by.model_dump()
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -75,6 +78,7 @@ class TableSqlContext:
     view_name: str
     rejects_view: str
     fingerprint: str
+    partition_by: Any = None
 
 
 def table_names(cfg: TableConfig) -> dict[str, str]:
@@ -103,6 +107,7 @@ def context(cfg: TableConfig) -> TableSqlContext:
         op_codes=codes,
         op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
         fingerprint=schema_fingerprint(cfg),
+        partition_by=cfg.partition_by,
         **table_names(cfg),
     )
 
@@ -132,6 +137,30 @@ def rule_sql(cfg: TableConfig) -> RuleSql:
         reject_reason=str(module.reject_reason(t)).strip(),
         rank=str(module.rank(t)).strip(),
         is_delete=str(module.is_delete(t)).strip(),
+    )
+
+
+@dataclass(frozen=True)
+class PartitionSql:
+    """A partitioned table's partition value as SQL, for the Spark job (registry ``partition_by``)."""
+
+    column: str
+    transform: str
+    value: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"column": self.column, "transform": self.transform, "value": self.value}
+
+
+def partition_sql(cfg: TableConfig) -> PartitionSql | None:
+    """Render ``partition_value`` of ``_rule.sql.j2``; None for an unpartitioned table."""
+    if cfg.partition_by is None:
+        return None
+    module = _env().get_template("_rule.sql.j2").make_module({})
+    return PartitionSql(
+        column=cfg.partition_by.column,
+        transform=cfg.partition_by.transform,
+        value=str(module.partition_value(context(cfg))).strip(),
     )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import unquote
 
 from cdc_compaction import sql
 from cdc_compaction.engine import Engine
@@ -118,6 +119,9 @@ def version_seq(location: str | None) -> int | None:
 
 def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
     """Roll the metastore and the pointer forward to ``commit`` (idempotent, never backwards)."""
+    if rt.cfg.partition_by is not None:
+        _sync_base_partitions(rt, ms, commit)
+        return
     db, base = rt.cfg.database, rt.names["base_table"]
     target = rt.lake.layout.version_dir(commit.version)
     current = ms.table_location(db, base)
@@ -134,6 +138,51 @@ def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
     # No pointer is needed before the first commit; after it, it only ever moves forward.
     if commit.seq > 0:
         rt.lake.advance_pointer(commit)
+
+
+def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """The partitioned form of the swap: register ``commit``'s partition map (idempotent, never backwards).
+
+    The table stays at ``base/``; its partitions point into version directories.  Partitions
+    are added and moved first (a Thrift metastore moves them all in one ``alter_partitions``
+    call), vanished ones are dropped last: a reader of the base table never misses a row, and
+    a key that changed partition may show twice only until the moves are done.  The view is
+    consistent throughout (README, "Partitioned tables").
+    """
+    cfg, lay = rt.cfg, rt.lake.layout
+    db, base = cfg.database, rt.names["base_table"]
+    registered = ms.partitions(db, base)
+    seqs = [version_seq(posixpath.dirname(loc)) or 0 for loc in registered.values() if loc.startswith(lay.base + "/")]
+    if max(seqs, default=0) > commit.seq:
+        # A slow retry of an older commit must not move readers back to an older version.
+        log.warning("%s: base partitions come from a commit newer than %d; left alone", cfg.qualified_name, commit.seq)
+    else:
+        if ms.table_location(db, base) != lay.base:
+            ms.set_location(db, base, lay.base)  # the storage root moved (or a table from before partitioning)
+        wanted = commit.partitions or {}
+        ms.set_partitions(db, base, wanted)
+        ms.drop_partitions(db, base, sorted(set(registered) - set(wanted)))
+        fault_point("publish.after_metastore_swap", cfg.qualified_name)
+    if commit.seq > 0:
+        rt.lake.advance_pointer(commit)
+
+
+def _partitioning(cfg: TableConfig) -> dict[str, str] | None:
+    """The registry's partitioning as the job records it in its stats (None: unpartitioned)."""
+    p = cfg.partition_by
+    return {"column": p.column, "transform": p.transform} if p is not None else None
+
+
+def _check_partitioning(rt: Runtime, latest: Commit) -> None:
+    """Refuse to compact on top of a live version that was partitioned otherwise."""
+    had, want = latest.stats.get("partition_by"), _partitioning(rt.cfg)
+    if latest.seq > 0 and had != want:
+        raise PlanError(
+            f"{rt.cfg.qualified_name}: field 'partition_by' is {want} in the registry, but the live version "
+            f"{latest.version} (commit {latest.seq}) was written with {had}. Changing partition_by is not "
+            "automatic: put partition_by back, or reload the table under a new storage_root and table name "
+            "(see README, 'Partitioned tables')"
+        )
 
 
 def lease_owner(run_id: str) -> str:
@@ -177,9 +226,22 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             names["incremental_table"]: ms.get_table(db, names["incremental_table"]),
             names["compactor_table"]: ms.get_table(db, names["compactor_table"]),
         }
+        base_t = tables[names["base_table"]]
+        want_keys = ["_cdc_partition"] if cfg.partition_by is not None else []
+        if base_t is not None and [k.lower() for k in base_t.partition_keys] != want_keys:
+            raise SchemaChangeError(
+                f"{cfg.qualified_name}: table {names['base_table']} is partitioned by {base_t.partition_keys}, but "
+                f"field 'partition_by' asks for {want_keys or 'no partitions'}. Changing partition_by is not "
+                "automatic: put it back, or reload the table under a new storage_root and table name "
+                "(see README, 'Partitioned tables')"
+            )
         if any(t is None for t in tables.values()):
+            # A partitioned base table stays at base/: its partitions point into the version directories.
             statements += sql.create_statements(
-                cfg, base_location=live, incremental_location=lay.incremental, compactor_location=lay.staging
+                cfg,
+                base_location=lay.base if cfg.partition_by is not None else live,
+                incremental_location=lay.incremental,
+                compactor_location=lay.staging,
             )
         for name, t in tables.items():
             if t is None or (t.parameters or {}).get("cdc.fingerprint") == fingerprint:
@@ -288,6 +350,26 @@ def set_aside_bad_files(rt: Runtime, plan_id: str, bad: list[tuple[PlannedFile, 
     return out
 
 
+def output_sizing(rt: Runtime, latest: Commit, files: list[PlannedFile]) -> dict[str, int]:
+    """How the job cuts its output into files of about ``spark.target_file_mb``.
+
+    Estimated from the input: the live version's bytes and rows plus the planned files'.
+    ``output_files`` is what the job coalesces to (no shuffle; fewer, fuller files), and
+    ``max_records_per_file`` caps a file at twice the target's rows (no giant files).
+    """
+    base_bytes = sum(
+        e.size
+        for e in rt.lake.storage.list_dir(rt.lake.layout.version_dir(latest.version))
+        if not e.is_dir and is_data_file(e.name)
+    )
+    rows = int(latest.stats.get("output_rows", 0)) + sum(f.rows for f in files)
+    size = base_bytes + sum(f.size for f in files)
+    target = rt.cfg.spark.target_file_mb * 2**20
+    if not rows or not size:
+        return {"output_files": 1, "max_records_per_file": 0}
+    return {"output_files": max(1, -(-size // target)), "max_records_per_file": max(1, 2 * target * rows // size)}
+
+
 def plan(
     rt: Runtime,
     run_id: str,
@@ -325,6 +407,7 @@ def _plan_under_lease(
     cfg, lake = rt.cfg, rt.lake
     with connect(rt.metastore) as ms:
         latest = lake.latest_commit()
+        _check_partitioning(rt, latest)
         # Roll forward whatever a crashed earlier run left half-done.
         _sync_base_location(rt, ms, latest)
         if not lake.is_archived(latest.seq):
@@ -356,6 +439,7 @@ def _plan_under_lease(
         "seq": seq,
         "parent_seq": latest.seq,
         "parent_version": latest.version,
+        "base_rows": int(latest.stats.get("output_rows", 0)),
         "version": version,
         "base_location": lake.layout.version_dir(latest.version),
         "output_location": lake.layout.version_dir(version),
@@ -367,10 +451,17 @@ def _plan_under_lease(
         "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
         "column_names": cfg.column_names,
         "primary_key": cfg.primary_key,
+        "order_by": cfg.order_by,
         "schema_ddl": sql.spark_schema_ddl(cfg),
         "rule": rule.to_dict(),
         "planned_at": now.isoformat(),
+        **output_sizing(rt, latest, files),
     }
+    part = sql.partition_sql(cfg)
+    if part is not None:
+        # The job reads and rewrites only the partitions the increments touch (README, "Partitioned tables").
+        doc["partition_by"] = part.to_dict()
+        doc["base_partitions"] = latest.partitions or {}
     lake.storage.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
     fault_point("plan.after_plan_written", cfg.qualified_name)
     log.info(
@@ -416,6 +507,51 @@ def _footer(storage: Storage, path: str) -> tuple[int, Any]:
     return meta.num_rows, meta.schema.to_arrow_schema()
 
 
+_PARTITION_DIR = "_cdc_partition="
+
+
+def _partition_dir_value(name: str) -> str | None:
+    """The value of a partition directory Spark's ``partitionBy`` wrote (``_cdc_partition=a%3Ab`` -> ``a:b``)."""
+    return unquote(name[len(_PARTITION_DIR) :]) if name.startswith(_PARTITION_DIR) else None
+
+
+def _output_files(storage: Storage, out: str) -> dict[str, int]:
+    """Data files of a version directory by name; those in its partition directories as ``<dir>/<file>``."""
+    files = {}
+    for e in storage.list_dir(out):
+        if not e.is_dir and is_data_file(e.name):
+            files[e.name] = e.size
+        elif e.is_dir and _partition_dir_value(e.name) is not None:
+            files.update({f"{e.name}/{f.name}": f.size for f in storage.list_dir(e.path) if is_data_file(f.name)})
+    return files
+
+
+def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None) -> list[str]:
+    """A partitioned compaction's own checks: it read whole partitions and wrote only touched ones."""
+    problems = []
+    touched = set(stats.get("partitions_touched", []))
+    parent_map = p.get("base_partitions") or {}
+    parent_rows = sum(int(((parent.partition_rows if parent else None) or {}).get(v, 0)) for v in touched)
+    if stats["base_rows"] != parent_rows:
+        problems.append(
+            f"the job read {stats['base_rows']} base rows from the {len(touched & set(parent_map))} partitions it "
+            f"touched, but they hold {parent_rows} in version {p['parent_version']}"
+        )
+    written = stats.get("partitions", {})
+    if not set(written) <= touched:
+        problems.append(f"the job wrote partitions {sorted(set(written) - touched)} it did not report as touched")
+    out = p["output_location"].rstrip("/")
+    outside = sorted(v for v, loc in written.items() if posixpath.dirname(loc.rstrip("/")) != out)
+    if outside:
+        problems.append(f"partitions {outside} were reported outside the new version directory {out}")
+    if stats.get("partitions_reused") != len(set(parent_map) - touched):
+        problems.append(
+            f"the job reports {stats.get('partitions_reused')} reused partitions, "
+            f"the plan leaves {len(set(parent_map) - touched)} untouched"
+        )
+    return problems
+
+
 def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     """Check the new version before it may be published; raise :class:`PublishValidationError`."""
     cfg, lake = rt.cfg, rt.lake
@@ -447,25 +583,30 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
             f"- expired tombstones {stats['expired_tombstones']} = {expected}, "
             f"but the output has {stats['output_rows']}"
         )
-    # The job must have read the whole previous base and every planned file.
+    # The job must have read the whole previous base (partitioned: all of each partition it
+    # touched) and every planned file.
     parent = lake.read_commit(p["parent_seq"])
-    parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
-    if stats["base_rows"] != parent_rows:
-        problems.append(
-            f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}"
-        )
+    if p.get("partition_by"):
+        problems += _partition_problems(p, stats, parent)
+    else:
+        parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
+        if stats["base_rows"] != parent_rows:
+            problems.append(
+                f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}"
+            )
     # Row counts the plan read from the footers: a file changed after planning shows up here.
     planned_rows = sum(int(f["rows"]) for f in p["files"])
     if planned_rows != stats["increment_rows"]:
         problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files held {planned_rows}")
     # What is on storage must be what the job reported, with the expected schema.
-    on_disk = {e.name: e.size for e in lake.storage.list_dir(out) if not e.is_dir and is_data_file(e.name)}
+    on_disk = _output_files(lake.storage, out)
     reported = {f["name"]: f["size"] for f in stats["output_files"]}
     if on_disk != reported:
         problems.append(
             f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}"
         )
     footer_rows = 0
+    footer_rows_by_partition: dict[str, int] = {}
     want = [(c.name, c.type) for c in cfg.columns] + [
         ("_cdc_increment", "string"),
         ("_cdc_file", "string"),
@@ -475,6 +616,9 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     for name in sorted(on_disk):
         rows, schema = _footer(lake.storage, posixpath.join(out, name))
         footer_rows += rows
+        if "/" in name:
+            value = _partition_dir_value(name.split("/", 1)[0]) or ""
+            footer_rows_by_partition[value] = footer_rows_by_partition.get(value, 0) + rows
         got = [(f.name, str(f.type)) for f in schema]
         if [n for n, _ in got] != [n for n, _ in want] or not all(
             _arrow_type_ok(h, a) for (_, h), (_, a) in zip(want, got, strict=True)
@@ -483,6 +627,11 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
             break
     if footer_rows != stats["output_rows"]:
         problems.append(f"Parquet footers hold {footer_rows} rows, the job reported {stats['output_rows']}")
+    if p.get("partition_by") and footer_rows_by_partition != stats.get("partition_rows"):
+        problems.append(
+            f"rows per partition in the Parquet footers {footer_rows_by_partition} differ from the job's "
+            f"report {stats.get('partition_rows')}"
+        )
     if problems:
         raise PublishValidationError(
             f"{cfg.qualified_name}: version {p['version']} failed validation and was not published: "
@@ -524,6 +673,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             stats={k: v for k, v in stats.items() if k != "output_files"},
             committed_at=(now or utcnow()).isoformat(),
         )
+        if p.get("partition_by"):
+            commit.partitions, commit.partition_rows = next_partitions(latest, stats)
         # The one atomic decision: create-if-absent of the commit record.
         if lake.try_commit(commit):
             log.info("%s: committed %s as commit %d", cfg.qualified_name, commit.version, commit.seq)
@@ -545,17 +696,43 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
     return {"seq": existing.seq, "version": existing.version, "removed_versions": removed}
 
 
+def next_partitions(parent: Commit, stats: dict[str, Any]) -> tuple[dict[str, str], dict[str, int]]:
+    """The new version's partitions: rewritten ones in its own directory, untouched ones where they were.
+
+    A touched partition the job wrote nothing for (every row moved away or expired) is gone.
+    """
+    touched = set(stats["partitions_touched"])
+    parts = {v: loc for v, loc in (parent.partitions or {}).items() if v not in touched}
+    rows = {v: n for v, n in (parent.partition_rows or {}).items() if v not in touched}
+    parts.update(stats["partitions"])
+    rows.update(stats["partition_rows"])
+    return dict(sorted(parts.items())), dict(sorted(rows.items()))
+
+
 def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     """Delete base versions beyond ``keep_versions`` and stale uncommitted ones."""
     lake = rt.lake
-    keep = {
-        c.version
-        for s in range(max(0, live_seq - rt.cfg.keep_versions + 1), live_seq + 1)
-        if (c := lake.read_commit(s))
-    }
+    kept = [c for s in range(max(0, live_seq - rt.cfg.keep_versions + 1), live_seq + 1) if (c := lake.read_commit(s))]
+    keep = {c.version for c in kept}
+    # Partitioned tables reuse untouched partitions by reference: an older version's directory
+    # stays as long as a kept commit names one of its partitions, with only those partitions.
+    referenced = {loc.rstrip("/") for c in kept for loc in (c.partitions or {}).values()}
+    by_reference = {
+        posixpath.basename(posixpath.dirname(loc))
+        for loc in referenced
+        if posixpath.dirname(posixpath.dirname(loc)) == lake.layout.base
+    } - keep
     removed = []
     for e in lake.storage.list_dir(lake.layout.base):
         m = _VERSION.match(e.name)
+        if e.is_dir and e.name in by_reference:
+            version_dir = lake.layout.version_dir(e.name)
+            for sub in lake.storage.list_dir(version_dir):
+                path = posixpath.join(version_dir, sub.name)
+                if sub.is_dir and _partition_dir_value(sub.name) is not None and path not in referenced:
+                    lake.storage.delete_tree(path)
+                    removed.append(f"{e.name}/{sub.name}")
+            continue
         # The empty genesis version stays: ensure_tables points new tables at it.
         if not e.is_dir or e.name in keep or e.name == EMPTY_VERSION or m is None:
             continue
