@@ -7,13 +7,17 @@ STAMP := $(VENV)/.installed
 SCENARIOS ?= ../shared/conformance/*.json
 MODE ?= inprocess
 PYTEST_ARGS ?=
+# make bench: base sizes of the compaction benchmark (comma-separated rows), e.g. BENCH_SIZES=100000 for a quick run.
+BENCH_SIZES ?= 1000000,5000000
+export BENCH_SIZES
+BENCH_STAMP := $(VENV)/.bench-installed
 
 export PYTHONPATH := $(CURDIR)/plugins
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help install check-java test test-fast demo conformance lint lint-registry metastore-start metastore-stop airflow-ui lock clean
+.PHONY: help install check-java test test-fast demo conformance lint lint-registry metastore-start metastore-stop airflow-ui bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -65,6 +69,18 @@ metastore-stop:  ## stop it
 
 airflow-ui: install  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs (Ctrl-C stops it)
 	$(BIN)/python -m cdc_compaction airflow-ui
+
+$(BENCH_STAMP): requirements-bench.txt $(STAMP)
+	$(BIN)/pip install --quiet --no-deps -r requirements-bench.txt
+	$(BIN)/pip check
+	touch $(BENCH_STAMP)
+
+bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars, partitions, DAG parsing, an hourly run; results in bench/results/
+	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --out bench/results/compaction.json --no-report
+	$(BIN)/python bench/partitioned.py --out bench/results/partitioned.json
+	$(BIN)/python bench/parse_dags.py --out bench/results/parse.json
+	$(BIN)/python bench/hourly_run.py --out bench/results/hourly_run.json
+	$(BIN)/python bench/report.py --results bench/results
 
 lock:  ## re-pin requirements.txt from requirements.in in a clean venv
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -r requirements.in

@@ -1,0 +1,464 @@
+"""Compaction benchmark: the real pipeline against a Spark floor and peer engines, side by side.
+
+For each base size (``--sizes``, default 1M and 5M keys) the runner generates a
+deterministic synthetic CDC table (``bench/datagen.py``), lands its initial load and
+compacts it through the pipeline once (so the base is one the pipeline made, with a commit
+record). Then, for each change fraction (``--fractions``, default 1 % and 10 %), it lands
+one increment, runs ``ensure_tables`` and ``plan``, and measures on the planned files:
+
+* ``floor``: ``bench/floor_job.py`` spark-submitted with the compaction's exact command
+  line (conf, driver memory, master): read base + increments, write them back, no dedup;
+* ``ours``: ``include/spark_jobs/compact.py`` with the command line the table's DAG
+  ``compact`` task runs (taken from the DAG's ``SparkSubmitOperator``), then ``validate``;
+* ``duckdb`` (and ``polars``): the same rule in a peer engine (``bench/peer.py``).
+
+Each job's wall time, CPU time and peak RSS of its whole process tree are recorded, with
+the output files' count and sizes. Ours and every peer must produce the same rows (an
+order-independent hash over all columns, tombstones included): a mismatch fails the run.
+The version is then discarded (not published), so every fraction starts from the same base.
+
+Results go to ``bench/results/compaction.json``; ``bench/report.py`` turns them (and the
+other benchmarks' JSON files) into ``RESULTS.md`` and ``compaction.png``.
+
+    python bench/compaction.py [--sizes 1000000,5000000] [--fractions 0.01,0.1] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import datagen
+import peer as peer_mod
+import report
+from measure import JobResult, Stopwatch, run_measured, start_logging, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "plugins"))
+
+from cdc_compaction import tasks  # noqa: E402
+from cdc_compaction.engine import SparkSubmitEngine, compaction_conf  # noqa: E402
+from cdc_compaction.lake import Lake, TableLease  # noqa: E402
+from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.metastore import connect  # noqa: E402
+from cdc_compaction.registry import TableConfig  # noqa: E402
+from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
+from cdc_compaction.storage import is_data_file  # noqa: E402
+
+log = logging.getLogger("bench.compaction")
+
+DEFAULT_SIZES = "1000000,5000000"
+DEFAULT_FRACTIONS = "0.01,0.1"
+#: The issue's target: the compaction costs at most this much more than reading and writing the data.
+TARGET_OURS_OVER_FLOOR = 1.3
+
+
+def label(n: int) -> str:
+    """1000000 -> '1M', 100000 -> '100k'."""
+    for unit, div in (("M", 1_000_000), ("k", 1_000)):
+        if n >= div and n % (div // 10) == 0:
+            return f"{n / div:g}{unit}"
+    return str(n)
+
+
+def pct(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+# ---------------------------------------------------------------------- helpers
+def land(src_dir: str, dst_dir: str) -> None:
+    """Land an increment's files as the sink would (hard links: no copy, same bytes)."""
+    os.makedirs(dst_dir, exist_ok=True)
+    for name in sorted(os.listdir(src_dir)):
+        if name.endswith(".parquet"):
+            try:
+                os.link(os.path.join(src_dir, name), os.path.join(dst_dir, name))
+            except OSError:
+                shutil.copy2(os.path.join(src_dir, name), os.path.join(dst_dir, name))
+
+
+def output_files(directory: str) -> dict[str, Any]:
+    """Count and sizes (MB) of the Parquet data files of an output directory."""
+    sizes = sorted(
+        os.path.getsize(os.path.join(directory, n))
+        for n in os.listdir(directory)
+        if is_data_file(n) and n.endswith(".parquet")
+    )
+    mb = [s / 2**20 for s in sizes]
+    return {
+        "files": len(sizes),
+        "total_mb": round(sum(mb), 2),
+        "min_mb": round(mb[0], 2) if mb else 0.0,
+        "median_mb": round(statistics.median(mb), 2) if mb else 0.0,
+        "max_mb": round(mb[-1], 2) if mb else 0.0,
+    }
+
+
+def submit_command(cfg: TableConfig, args: list[str], application: str | None = None) -> list[str]:
+    """The spark-submit command line of the table's DAG ``compact`` task (optionally another application).
+
+    Built by the DAG's own ``SparkSubmitOperator`` and its hook, as ``tests/test_engine.py`` does: the
+    connection (master, deploy mode), ``compaction_conf``, driver and executor memory, jars, name.
+    """
+    from cdc_compaction.factory import build_dag
+
+    op = build_dag(cfg).get_task("compact")
+    op.application_args = args
+    hook = op._get_hook()
+    return hook._build_spark_submit_command(application or op.application)
+
+
+def check_job(job: JobResult) -> None:
+    if job.returncode != 0:
+        tail = "\n".join(Path(job.log_file).read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"{job.name} failed with exit code {job.returncode}; log {job.log_file}:\n{tail}")
+
+
+def peer_spec(cfg: TableConfig, plan: dict[str, Any], threads: int, memory_mb: int) -> dict[str, Any]:
+    """What a peer engine needs: the registry's rule inputs and the plan's files."""
+    return {
+        "columns": [{"name": c.name, "type": c.type} for c in cfg.columns],
+        "primary_key": cfg.primary_key,
+        "order_by": cfg.order_by,
+        "op_column": cfg.op_column,
+        "op_codes": cfg.op_codes.model_dump(),
+        "base_location": plan["base_location"],
+        "files": [f["path"] for f in plan["files"]],
+        "ingested_at": plan["ingested_at"],
+        "tombstone_cutoff": plan.get("tombstone_cutoff"),
+        "threads": threads,
+        "memory_limit_mb": memory_mb,
+        "target_file_mb": cfg.spark.target_file_mb,
+    }
+
+
+def memory_mb(spec: str | None) -> int:
+    """'2g' -> 2048, '512m' -> 512 (spark-submit's memory strings)."""
+    if not spec:
+        return 1024
+    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+    s = spec.strip().lower().rstrip("b")
+    return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s) // 2**20
+
+
+def _job_entry(job: JobResult, rows: int, out_dir: str | None) -> dict[str, Any]:
+    entry = job.to_dict()
+    entry["rows_per_s"] = round(rows / job.wall_s) if job.wall_s else None
+    if out_dir and os.path.isdir(out_dir):
+        entry["output"] = output_files(out_dir)
+    return entry
+
+
+# ---------------------------------------------------------------------- the runner
+class Bench:
+    """One benchmark run: a metastore, a work directory, the tables it compacts."""
+
+    def __init__(self, args: argparse.Namespace, endpoint: MetastoreEndpoint) -> None:
+        self.args = args
+        self.work = Path(args.work).resolve()
+        self.endpoint = endpoint
+        self.warehouse = str(self.work / "warehouse")
+        self.peers = [p for p in args.peers.split(",") if p]
+
+    def config(self, base_rows: int) -> TableConfig:
+        table = "cdc_" + label(base_rows).lower().replace(".", "_")
+        spark: dict[str, Any] = {"driver_memory": self.args.driver_memory, "target_file_mb": self.args.target_file_mb}
+        if self.args.event_log:
+            # Profiling only: Spark's event log (per-stage task times) for floor and ours alike.
+            os.makedirs(self.args.event_log, exist_ok=True)
+            spark["conf"] = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": self.args.event_log}
+        return TableConfig.model_validate(datagen.registry_doc(table, str(self.work / "lake" / table), **spark))
+
+    def runtime(self, cfg: TableConfig) -> tasks.Runtime:
+        return tasks.Runtime(
+            cfg=cfg, lake=Lake(cfg), metastore=self.endpoint, engine=SparkSubmitEngine(self.endpoint, self.warehouse)
+        )
+
+    def logs(self, name: str) -> Path:
+        return self.work / "logs" / f"{name}.log"
+
+    def initial_load(self, cfg: TableConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The table's base: made by the pipeline in an earlier run if cached, else now (see ``load_now``).
+
+        The cache holds the table's lake directory after its initial load (keyed by the generated
+        data: rows, seed, generator version), so re-runs skip the biggest compaction of the
+        benchmark. The metastore is new on every run: ``ensure_tables`` registers the cached base.
+        """
+        cache = self.work / "cache" / f"{cfg.table}_s{self.args.seed}_g{datagen.GENERATOR_VERSION}"
+        root = Lake(cfg).layout.root
+        done = cache / "initial_load.json"
+        if self.args.reuse_initial and done.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.copytree(cache / "lake", root, copy_function=os.link)
+            rt = self.runtime(cfg)
+            with Stopwatch() as sw:
+                tasks.ensure_tables(rt)
+            load = {**json.loads(done.read_text()), "reused_from_cache": str(cache)}
+            load["steps"] = {**load["steps"], "ensure_tables_s": round(sw.seconds, 3)}
+            log.info("%s: initial load reused from %s (made %s)", cfg.qualified_name, cache, load.get("made_at"))
+            return load
+        load = self.load_now(cfg, manifest)
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.copytree(root, cache / "lake", copy_function=os.link)
+        done.write_text(json.dumps(load, indent=1))
+        return load
+
+    def load_now(self, cfg: TableConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Land the initial snapshot and compact it through the whole pipeline (publish and archive too)."""
+        rt = self.runtime(cfg)
+        land(manifest["initial"]["directory"], os.path.join(rt.lake.layout.incremental, datagen.INITIAL_INCREMENT))
+        steps: dict[str, float] = {}
+        with Stopwatch() as sw:
+            tasks.ensure_tables(rt)
+        steps["ensure_tables_s"] = sw.seconds
+        with Stopwatch() as sw:
+            plan_path = tasks.plan(rt, run_id=f"bench_initial_{cfg.table}")
+        steps["plan_s"] = sw.seconds
+        job = run_measured("initial", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{cfg.table}_initial"))
+        check_job(job)
+        for step in ("validate", "publish", "archive"):
+            with Stopwatch() as sw:
+                getattr(tasks, step)(rt, plan_path)
+            steps[f"{step}_s"] = sw.seconds
+        commit = rt.lake.latest_commit()
+        return {
+            "made_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "git": _git_commit(),
+            "table": cfg.qualified_name,
+            "rows": manifest["initial"]["rows"],
+            "base_rows": commit.stats["output_rows"],
+            "base_tombstones": commit.stats["output_tombstones"],
+            "version": commit.version,
+            "compact": job.to_dict(),
+            "steps": {k: round(v, 3) for k, v in steps.items()},
+            "output": output_files(rt.lake.layout.version_dir(commit.version)),
+        }
+
+    def dataset(self, cfg: TableConfig, manifest: dict[str, Any], fraction: float) -> dict[str, Any]:
+        """Measure floor, ours and the peers on one planned increment; then discard ours' version."""
+        rt = self.runtime(cfg)
+        name = f"{label(manifest['base_rows'])} x {pct(fraction)}"
+        slug = f"{cfg.table}_{round(fraction * 10000)}bp"
+        change = manifest["change"]
+        landed = os.path.join(rt.lake.layout.incremental, change["increment"])
+        land(change["directory"], landed)
+        steps: dict[str, float] = {}
+        with Stopwatch() as sw:
+            tasks.ensure_tables(rt)
+        steps["ensure_tables_s"] = sw.seconds
+        with Stopwatch() as sw:
+            plan_path = tasks.plan(rt, run_id=f"bench_{slug}")
+        steps["plan_s"] = sw.seconds
+        plan = json.loads(Path(plan_path).read_text())
+        base_out = output_files(plan["base_location"])
+        parent = rt.lake.latest_commit()
+        base_rows = int(parent.stats["output_rows"])
+        inc_rows = sum(int(f["rows"]) for f in plan["files"])
+        rows = base_rows + inc_rows
+        out = self.work / "out" / slug
+        shutil.rmtree(out, ignore_errors=True)
+        jobs: dict[str, dict[str, Any]] = {}
+        outputs: dict[str, str] = {}
+        try:
+            # floor, ours, peers: one after the other, on the same files.
+            floor_out = str(out / "floor")
+            floor = run_measured(
+                "floor",
+                submit_command(cfg, ["--plan", plan_path, "--out", floor_out], str(BENCH / "floor_job.py")),
+                self.logs(f"{slug}_floor"),
+            )
+            check_job(floor)
+            jobs["floor"] = _job_entry(floor, rows, floor_out)
+            ours = run_measured("ours", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{slug}_ours"))
+            check_job(ours)
+            outputs["ours"] = plan["output_location"]
+            jobs["ours"] = _job_entry(ours, rows, plan["output_location"])
+            with Stopwatch() as sw:
+                stats = tasks.validate(rt, plan_path)
+            steps["validate_s"] = sw.seconds
+            spec_path = out / "peer_spec.json"
+            spec_path.write_text(
+                json.dumps(peer_spec(cfg, plan, os.cpu_count() or 2, memory_mb(cfg.spark.driver_memory)), indent=1)
+            )
+            for peer in self.peers:
+                peer_out = str(out / peer)
+                cmd = [sys.executable, str(BENCH / "peer.py"), "--engine", peer, "--spec", str(spec_path)]
+                job = run_measured(peer, [*cmd, "--out", peer_out], self.logs(f"{slug}_{peer}"))
+                check_job(job)
+                outputs[peer] = peer_out
+                jobs[peer] = _job_entry(job, rows, peer_out)
+            with Stopwatch() as sw:
+                checks = {
+                    k: peer_mod.checksum(v, [c.model_dump() for c in cfg.columns], cfg.op_column, cfg.op_codes.delete)
+                    for k, v in outputs.items()
+                }
+            steps["checksums_s"] = sw.seconds
+            floor_rows = peer_mod.checksum(floor_out, [c.model_dump() for c in cfg.columns], "op", "d")["rows"]
+        finally:
+            self.discard(rt, plan, landed)
+        same = all(c == checks["ours"] for c in checks.values())
+        ratios: dict[str, float | None] = {}
+        for other in ("floor", *self.peers):
+            if other in jobs:
+                ratios[f"ours/{other}"] = round(jobs["ours"]["wall_s"] / jobs[other]["wall_s"], 3)
+                ratios[f"ours/{other} (cpu)"] = round(jobs["ours"]["cpu_s"] / max(jobs[other]["cpu_s"], 1e-9), 3)
+        result = {
+            "dataset": name,
+            "base_rows": base_rows,
+            "change_fraction": fraction,
+            "increment_rows": inc_rows,
+            "input_rows": rows,
+            "input_mb": round(sum(int(f["size"]) for f in plan["files"]) / 2**20 + base_out["total_mb"], 2),
+            "base_files": base_out,
+            "increment": {k: v for k, v in change.items() if k not in ("files", "directory")},
+            "plan_sizing": {k: plan.get(k) for k in ("output_files", "max_records_per_file")},
+            "jobs": jobs,
+            "ratios": ratios,
+            "steps": {k: round(v, 3) for k, v in steps.items()},
+            "stats": {k: v for k, v in stats.items() if k not in ("finished_at", "rejected_by_file")},
+            "floor_rows": floor_rows,
+            "checksums": checks,
+            "checksums_match": same,
+        }
+        if floor_rows != rows:
+            log.warning("%s: the floor wrote %d rows, expected %d", name, floor_rows, rows)
+        log.info("%s: %s; checksums %s", name, ratios, "match" if same else "DIFFER")
+        return result
+
+    def discard(self, rt: tasks.Runtime, plan: dict[str, Any], landed: str) -> None:
+        """Forget a measured run without publishing it: the next fraction starts from the same base."""
+        for d in (plan["output_location"], plan["quarantine_location"]):
+            shutil.rmtree(d, ignore_errors=True)
+        plan_file = rt.lake.layout.plan_path(plan["plan_id"])
+        if os.path.exists(plan_file):
+            os.unlink(plan_file)
+        TableLease(rt.lake).release(plan["owner"])
+        shutil.rmtree(landed, ignore_errors=True)
+        with connect(rt.metastore) as ms:
+            ms.drop_partitions(rt.cfg.database, rt.names["incremental_table"], plan["increments"])
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for mod in ("pyspark", "duckdb", "polars", "pyarrow"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            out[mod] = "not installed"
+    return out
+
+
+def _git_commit() -> str:
+    proc = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=False)
+    return proc.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from cdc_compaction.devenv import airflow_env
+
+    started = time.monotonic()
+    work = Path(args.work).resolve()
+    for d in ("lake", "warehouse", "metastore", "airflow", "out", "logs"):
+        shutil.rmtree(work / d, ignore_errors=True)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    fractions = [float(f) for f in args.fractions.split(",") if f]
+    ms = LocalMetastore(work / "metastore", port=free_port(), warehouse=work / "warehouse")
+    result: dict[str, Any] = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git": _git_commit(),
+        "host": {
+            "cpus": os.cpu_count(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+            **_versions(),
+        },
+        "target_ours_over_floor": TARGET_OURS_OVER_FLOOR,
+        "initial_loads": [],
+        "datasets": [],
+    }
+    with Stopwatch() as sw:
+        ms.start()
+    result["metastore_start_s"] = round(sw.seconds, 1)
+    try:
+        # The DAG's operator reads the spark_default connection from this environment.
+        os.environ.update(airflow_env(work / "airflow", ms.uri, warehouse_dir=work / "warehouse"))
+        bench = Bench(args, MetastoreEndpoint(ms.host, ms.port))
+        for size in sizes:
+            cfg = bench.config(size)
+            with Stopwatch() as sw:
+                manifest = datagen.generate(work / "data" / f"base_{size}_s{args.seed}", size, fractions[0], args.seed)
+            log.info("data for %s ready in %.1f s", label(size), sw.seconds)
+            load = bench.initial_load(cfg, manifest)
+            load["datagen_s"] = round(sw.seconds, 1)
+            result["initial_loads"].append(load)
+            for fraction in fractions:
+                manifest = datagen.generate(work / "data" / f"base_{size}_s{args.seed}", size, fraction, args.seed)
+                result["datasets"].append(bench.dataset(cfg, manifest, fraction))
+        result["settings"] = {
+            "sizes": sizes,
+            "fractions": fractions,
+            "seed": args.seed,
+            "driver_memory": args.driver_memory,
+            "target_file_mb": args.target_file_mb,
+            "peers": bench.peers,
+            "spark_conf": compaction_conf(bench.config(sizes[0])) if sizes else {},
+            "spark_submit": submit_command(bench.config(sizes[0]), ["--plan", "<plan>"]) if sizes else [],
+        }
+    finally:
+        ms.stop()
+    result["host"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["total_s"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sizes", default=os.environ.get("BENCH_SIZES") or DEFAULT_SIZES, help="base rows, comma-separated"
+    )
+    parser.add_argument("--fractions", default=DEFAULT_FRACTIONS, help="change fractions, comma-separated")
+    parser.add_argument("--seed", type=int, default=datagen.SEED)
+    parser.add_argument("--peers", default="duckdb,polars", help="peer engines: duckdb, polars (comma-separated)")
+    parser.add_argument("--driver-memory", default="2g", help="spark.driver_memory of the bench table")
+    parser.add_argument("--target-file-mb", type=int, default=128, help="spark.target_file_mb of the bench table")
+    parser.add_argument("--work", default=str(ROOT / ".run" / "bench"), help="work directory (data is cached here)")
+    parser.add_argument("--out", default=str(BENCH / "results" / "compaction.json"))
+    parser.add_argument(
+        "--fresh-initial",
+        dest="reuse_initial",
+        action="store_false",
+        help="compact the initial loads again even if an earlier run cached them",
+    )
+    parser.add_argument("--event-log", help="profile: write Spark event logs of every job to this directory")
+    parser.add_argument("--no-report", action="store_true", help="do not rewrite RESULTS.md and the chart")
+    args = parser.parse_args(argv)
+    start_logging()
+    result = run(args)
+    out = write_result(args.out, result)
+    log.info("wrote %s (%.0f s in all)", out, result["total_s"])
+    if not args.no_report:
+        report.write_report(out.parent)
+    bad = [d["dataset"] for d in result["datasets"] if not d["checksums_match"]]
+    if bad:
+        log.error("ours and a peer produced different rows for %s: see checksums in %s", bad, out)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

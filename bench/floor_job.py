@@ -1,0 +1,58 @@
+"""The benchmark's floor: read base + increments and write them back as Parquet, no dedup.
+
+It reads the plan file the compaction reads, the same way (the base version with the
+registry schema plus the ``_cdc_`` columns, the planned files with their provenance from
+``_metadata``), and writes every row to ``--out`` with the plan's compression and output
+file sizing. No classification, no ranking, no counting, no re-read: whatever the
+compaction costs on top of this is the price of the rule and its checks.
+
+    spark-submit bench/floor_job.py --plan <plan.json> --out <dir>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cdc_ingested_at` timestamp"
+META_COLUMNS = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Read base + planned increments and write them back, no dedup.")
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    plan = json.loads(Path(args.plan).read_text(encoding="utf-8"))
+    spark = SparkSession.builder.getOrCreate()
+    try:
+        columns: list[str] = plan["column_names"]
+        base = spark.read.schema(f"{plan['schema_ddl']}, {META_DDL}").parquet(plan["base_location"])
+        base = base.select(*[F.col(f"`{c}`") for c in columns + META_COLUMNS])
+        raw = spark.read.schema(plan["schema_ddl"]).parquet(*[f["path"] for f in plan["files"]])
+        increments = raw.select(
+            *[F.col(f"`{c}`") for c in columns],
+            F.element_at(F.split(F.col("_metadata.file_path"), "/"), -2).alias("_cdc_increment"),
+            F.col("_metadata.file_name").alias("_cdc_file"),
+            F.col("_metadata.row_index").alias("_cdc_pos"),
+            F.lit(plan["ingested_at"]).cast("timestamp").alias("_cdc_ingested_at"),
+        )
+        result = base.unionByName(increments)
+        if plan.get("output_files"):
+            result = result.coalesce(int(plan["output_files"]))
+        writer = result.write.mode("overwrite").option("compression", plan.get("compression", "snappy"))
+        if plan.get("max_records_per_file"):
+            writer = writer.option("maxRecordsPerFile", int(plan["max_records_per_file"]))
+        writer.parquet(args.out)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

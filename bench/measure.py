@@ -1,0 +1,135 @@
+"""Measuring one job: wall time, CPU time and peak memory of its whole process tree.
+
+A job is a child process (``spark-submit`` and the JVM and Python processes it starts,
+or a peer engine's script). While it runs, a thread sums the resident set size of the
+process and all its descendants every 100 ms and keeps the maximum. CPU time comes from
+``getrusage(RUSAGE_CHILDREN)`` around the wait, which covers every descendant its parent
+waited for (the JVM waits for the Python driver).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobResult:
+    """What one measured job cost."""
+
+    name: str
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    returncode: int
+    log_file: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+class TreeSampler(threading.Thread):
+    """Samples the RSS of a process tree until stopped; ``peak`` is the largest sum seen (bytes)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak = 0
+        self.samples = 0
+        self._stop_event = threading.Event()
+
+    def _tree_rss(self) -> int:
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue  # exited between the listing and the reading
+        return total
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.peak = max(self.peak, self._tree_rss())
+            self.samples += 1
+            self._stop_event.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+
+def run_measured(
+    name: str, cmd: list[str], log_file: Path, env: dict[str, str] | None = None, timeout_s: float = 1800
+) -> JobResult:
+    """Run ``cmd`` to completion, measuring it; its output goes to ``log_file``."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    with open(log_file, "wb") as out:
+        # A session of its own, so a timeout stops the whole tree (by its process group).
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.error("%s exceeded %.0f s; stopping process group %d", name, timeout_s, proc.pid)
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rc = proc.wait()
+        finally:
+            sampler.stop()
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    result = JobResult(name, wall, cpu, sampler.peak / 2**20, rc, str(log_file))
+    log.info("%s: %.1f s wall, %.1f s CPU, peak %.0f MB, exit %d", name, wall, cpu, result.peak_rss_mb, rc)
+    return result
+
+
+class Stopwatch:
+    """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
+
+    def __enter__(self) -> Stopwatch:
+        self._start = time.monotonic()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.monotonic() - self._start
+
+
+def start_logging() -> None:
+    """The benchmarks' log format, on stderr (their one-line summaries go to stdout)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def write_result(path: str | os.PathLike[str], result: dict[str, Any]) -> Path:
+    """Write one benchmark's result as JSON (creating its directory); return the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return out

@@ -1,0 +1,348 @@
+"""Partitioned tables: a compaction's cost follows the change, not the table (registry ``partition_by``).
+
+One run, one deterministic data set (``--rows`` keys spread evenly over ``--partitions`` days),
+two tables fed the same files:
+
+* ``flat``: ``partition_by`` unset: every compaction rewrites the whole base;
+* ``parted``: ``partition_by: {column: event_day, transform: day}``.
+
+Both get the same initial load, compacted once through the real pipeline (``ensure_tables``,
+``plan``, the DAG's spark-submit, ``validate``, ``publish``, ``archive``). Then both get the same
+increment, which touches ``--touched`` of the partitions (updates, key-only deletes that find
+their partition through the key lookup, inserts), and each is compacted once more the same
+way. Measured, per table: the wall time of the ``compact`` task's spark-submit (the DAG's own
+command line, taken from its ``SparkSubmitOperator``) and the job's own time inside it (from
+its first to its last log line, i.e. without the JVM and SparkSession start, which costs the
+same whatever the data). The result also checks that both tables end with the same rows.
+
+    python bench/partitioned.py --out bench/results/partitioned.json [--rows N --partitions P]
+
+Writes the JSON and prints one summary line. About 3-4 minutes on 2 cores with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from measure import start_logging, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "plugins"))
+
+from cdc_compaction import tasks  # noqa: E402
+from cdc_compaction.engine import SparkSubmitEngine  # noqa: E402
+from cdc_compaction.lake import Lake  # noqa: E402
+from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.registry import TableConfig  # noqa: E402
+from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
+
+log = logging.getLogger("bench.partitioned")
+
+SEED = 20261122
+TARGET_RATIO = 0.10
+INITIAL = "increment_2026010100"
+CHANGE = "increment_2026020100"
+DAY0 = date(2026, 1, 1)
+T0_MS = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+ROWS_PER_FILE = 250_000
+#: Shares of a touched partition's keys that the increment updates, deletes (key only) and adds.
+UPDATES, DELETES, INSERTS = 0.20, 0.02, 0.01
+
+COLUMNS: list[dict[str, str]] = [
+    {"name": "id", "type": "bigint"},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": "bigint"},
+    {"name": "event_day", "type": "date"},
+    {"name": "customer_id", "type": "bigint"},
+    {"name": "full_name", "type": "string"},
+    {"name": "email", "type": "string"},
+    {"name": "city", "type": "string"},
+    {"name": "status", "type": "string"},
+    {"name": "amount", "type": "double"},
+    {"name": "balance", "type": "double"},
+    {"name": "quantity", "type": "int"},
+    {"name": "updated_at", "type": "timestamp"},
+]
+_ARROW = {
+    "bigint": pa.int64(),
+    "int": pa.int32(),
+    "string": pa.string(),
+    "double": pa.float64(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+}
+SCHEMA = pa.schema([(c["name"], _ARROW[c["type"]]) for c in COLUMNS])
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO cdc_compaction\.compact: (compacting|compacted) ")
+
+
+# ---------------------------------------------------------------------------- data
+def _pool(rng: np.random.Generator, n: int, length: int) -> pa.Array:
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    return pa.array(["".join(rng.choice(letters, length)) for _ in range(n)])
+
+
+def _rows(rng: np.random.Generator, ids: np.ndarray, days: np.ndarray, op: str, ts_ms: np.ndarray) -> pa.Table:
+    """Events for ``ids`` (``days`` as day offsets; -1 is a key-only delete: everything else NULL)."""
+    n = len(ids)
+    names, cities = _pool(rng, 5000, 12), _pool(rng, 300, 8)
+    key_only = days < 0
+    mask = pa.array(key_only)
+
+    def nulled(arr: pa.Array) -> pa.Array:
+        return pc.if_else(mask, pa.nulls(n, arr.type), arr) if key_only.any() else arr
+
+    epoch_day = (DAY0 - date(1970, 1, 1)).days
+    day_values = pa.array((np.maximum(days, 0) + epoch_day).astype(np.int32)).cast(pa.date32())
+    cols = {
+        "id": pa.array(ids, pa.int64()),
+        "op": pa.array([op] * n),
+        "ts_ms": pa.array(ts_ms, pa.int64()),
+        "event_day": nulled(day_values),
+        "customer_id": nulled(pa.array(rng.integers(1, 10**7, n), pa.int64())),
+        "full_name": nulled(names.take(pa.array(rng.integers(0, len(names), n)))),
+        "email": nulled(pc.binary_join_element_wise(names.take(pa.array(rng.integers(0, 5000, n))), "x.io", "@")),
+        "city": nulled(cities.take(pa.array(rng.integers(0, len(cities), n)))),
+        "status": nulled(pa.array(rng.choice(np.array(["new", "paid", "shipped", "closed"]), n))),
+        "amount": nulled(pa.array(np.round(rng.random(n) * 1000, 2))),
+        "balance": nulled(pa.array(np.round(rng.random(n) * 10000, 2))),
+        "quantity": nulled(pa.array(rng.integers(1, 100, n), pa.int32())),
+        "updated_at": nulled(pa.array((T0_MS + ts_ms) * 1000, pa.timestamp("us", tz="UTC"))),
+    }
+    return pa.table(cols, schema=SCHEMA)
+
+
+def _write(table: pa.Table, directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, start in enumerate(range(0, max(table.num_rows, 1), ROWS_PER_FILE)):
+        path = directory / f"part-{i:05d}.parquet"
+        pq.write_table(table.slice(start, ROWS_PER_FILE), path)
+        files.append(path)
+    return files
+
+
+def generate(data: Path, rows: int, partitions: int, touched_fraction: float) -> dict[str, Any]:
+    """The initial load and the change increment (deterministic: same arguments, same files)."""
+    rng = np.random.default_rng([SEED, rows, partitions])
+    ids = np.arange(rows, dtype=np.int64)
+    initial = _rows(rng, ids, ids % partitions, "c", ids)
+    shutil.rmtree(data, ignore_errors=True)
+    _write(initial, data / INITIAL)
+    touched = sorted(
+        {(partitions // 2 + i) % partitions for i in range(max(1, math.ceil(partitions * touched_fraction)))}
+    )
+    parts = []
+    for p in touched:
+        keys = ids[ids % partitions == p]
+        picked = rng.permutation(keys)
+        n_upd, n_del = int(len(keys) * UPDATES), int(len(keys) * DELETES)
+        upd, dele = picked[:n_upd], picked[n_upd : n_upd + n_del]
+        new = rows + p + partitions * np.arange(int(len(keys) * INSERTS), dtype=np.int64)  # new keys of that day
+        for chunk, op, day in ((upd, "u", p), (dele, "d", -1), (new, "c", p)):
+            ts = rows + 10**6 + rng.integers(0, 10**6, len(chunk))
+            parts.append(_rows(rng, chunk, np.full(len(chunk), day), op, ts))
+    change = pa.concat_tables(parts)
+    _write(change, data / CHANGE)
+    return {
+        "initial_rows": initial.num_rows,
+        "change_rows": change.num_rows,
+        "touched_partitions": [str(DAY0 + timedelta(days=p)) for p in touched],
+    }
+
+
+# --------------------------------------------------------------------------- pipeline
+def registry_doc(table: str, lake: Path, partitioned: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "database": "bench",
+        "table": table,
+        "columns": COLUMNS,
+        "primary_key": ["id"],
+        "order_by": ["ts_ms"],
+        "storage_root": str(lake / table),
+        "increments": {"settle_seconds": 0, "wait_for_hour_end": False},
+        "schedule": None,
+        "retries": 0,
+        # 32 MB files: the flat table's rewrite keeps both cores busy (it coalesces to its file count).
+        "spark": {"driver_memory": "2g", "target_file_mb": 32},
+    }
+    if partitioned:
+        doc["partition_by"] = {"column": "event_day", "transform": "day"}
+    return doc
+
+
+def submit_command(cfg: TableConfig, plan_path: str) -> list[str]:
+    """The spark-submit command line of the table's DAG ``compact`` task (from its SparkSubmitOperator)."""
+    from cdc_compaction.factory import build_dag
+
+    op = build_dag(cfg).get_task("compact")
+    op.application_args = ["--plan", plan_path]
+    return op._get_hook()._build_spark_submit_command(op.application)
+
+
+def job_seconds(log_file: Path) -> float | None:
+    """The job's own time: from its 'compacting' to its 'compacted' log line (no JVM or session start)."""
+    stamps = {}
+    for line in log_file.read_text(errors="replace").splitlines():
+        m = _LOG_TIME.match(line)
+        if m:
+            stamps[m.group(2)] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    if len(stamps) != 2:
+        return None
+    return round((stamps["compacted"] - stamps["compacting"]).total_seconds(), 3)
+
+
+class CollectSql:
+    """An engine that only collects DDL, so that both tables' DDL runs in one spark-submit (one JVM start)."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
+        self.statements += statements
+
+
+class Table:
+    """One bench table: its runtime on the bench metastore, and one whole run of its DAG's steps."""
+
+    def __init__(self, cfg: TableConfig, endpoint: MetastoreEndpoint, warehouse: str, logs: Path) -> None:
+        self.cfg = cfg
+        self.rt = tasks.Runtime(
+            cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse)
+        )
+        self.logs = logs
+
+    def land(self, source: Path) -> None:
+        shutil.copytree(source, Path(self.rt.lake.layout.incremental) / source.name)
+
+    def compact(self, run_id: str) -> dict[str, Any]:
+        """plan, the measured spark-submit, validate, publish, archive."""
+        tasks.ensure_tables(self.rt)
+        plan_path = tasks.plan(self.rt, run_id)
+        log_file = self.logs / f"{self.cfg.table}_{run_id}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        with open(log_file, "wb") as out:
+            proc = subprocess.run(
+                submit_command(self.cfg, plan_path), stdout=out, stderr=subprocess.STDOUT, check=False
+            )
+        wall = round(time.monotonic() - start, 3)
+        if proc.returncode != 0:
+            tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-40:])
+            raise RuntimeError(
+                f"compaction of {self.cfg.qualified_name} failed ({proc.returncode}); {log_file}:\n{tail}"
+            )
+        for step in ("validate", "publish", "archive"):
+            getattr(tasks, step)(self.rt, plan_path)
+        stats = self.rt.lake.latest_commit().stats
+        keys = ("base_rows", "increment_rows", "output_rows", "partitions_rewritten", "partitions_reused")
+        return {"wall_s": wall, "job_s": job_seconds(log_file), **{k: stats[k] for k in keys if k in stats}}
+
+    def rows(self) -> pa.Table:
+        """The live version's rows (id, op, ts_ms), read the way a reader without a metastore would."""
+        commit = self.rt.lake.latest_commit()
+        dirs = list(commit.partitions.values()) if commit.partitions is not None else [self.rt.lake.live_location()]
+        tables = [pq.read_table(d, columns=["id", "op", "ts_ms"]) for d in dirs]
+        return pa.concat_tables(tables).sort_by("id")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from cdc_compaction.devenv import airflow_env
+
+    started = time.monotonic()
+    work = Path(args.work).resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    data = generate(work / "data", args.rows, args.partitions, args.touched)
+    log.info("data: %s", data)
+    ms = LocalMetastore(work / "metastore", port=free_port(), warehouse=work / "warehouse")
+    ms.start()
+    try:
+        # The DAG's SparkSubmitOperator reads the spark_default connection from this environment.
+        os.environ.update(airflow_env(work / "airflow", ms.uri, warehouse_dir=work / "warehouse"))
+        endpoint = MetastoreEndpoint(ms.host, ms.port)
+        tables = {
+            name: Table(
+                TableConfig.model_validate(registry_doc(f"{name}_{args.rows}", work / "lake", name == "parted")),
+                endpoint,
+                str(work / "warehouse"),
+                work / "logs",
+            )
+            for name in ("flat", "parted")
+        }
+        ddl = CollectSql()
+        for t in tables.values():
+            tasks.ensure_tables(tasks.Runtime(cfg=t.cfg, lake=t.rt.lake, metastore=endpoint, engine=ddl))
+        tables["parted"].rt.engine.run_sql(tables["parted"].cfg, ddl.statements)
+        initial, change = {}, {}
+        for name, t in tables.items():
+            t.land(work / "data" / INITIAL)
+            initial[name] = t.compact("initial")
+            log.info("%s initial load: %s", name, initial[name])
+        for name, t in tables.items():
+            t.land(work / "data" / CHANGE)
+            change[name] = t.compact("change")
+            log.info("%s change: %s", name, change[name])
+        same = tables["flat"].rows().equals(tables["parted"].rows())
+        spark_submit = submit_command(tables["parted"].cfg, "<plan>")
+    finally:
+        ms.stop()
+    full, touched = change["flat"], change["parted"]
+    ratio_job = round(touched["job_s"] / full["job_s"], 3) if full.get("job_s") and touched.get("job_s") else None
+    return {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]},
+        "rows": args.rows,
+        "partitions": args.partitions,
+        "touched_fraction": args.touched,
+        "data": data,
+        "initial_load": initial,
+        "full_rewrite": full,
+        "touched_only": touched,
+        "ratio_touched_over_full_job": ratio_job,
+        "ratio_touched_over_full_wall": round(touched["wall_s"] / full["wall_s"], 3),
+        "target_ratio": TARGET_RATIO,
+        "meets_target": ratio_job is not None and ratio_job <= TARGET_RATIO,
+        "same_rows": same,
+        "spark_submit": spark_submit,
+        "total_s": round(time.monotonic() - started, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "partitioned.json"))
+    parser.add_argument("--rows", type=int, default=2_000_000, help="keys of the initial load")
+    parser.add_argument("--partitions", type=int, default=100, help="days the keys are spread over")
+    parser.add_argument("--touched", type=float, default=0.01, help="fraction of the partitions the increment touches")
+    parser.add_argument("--work", default=str(ROOT / ".run" / "bench-partitioned"), help="work directory (wiped)")
+    args = parser.parse_args(argv)
+    start_logging()
+    result = run(args)
+    write_result(args.out, result)
+    full, touched = result["full_rewrite"], result["touched_only"]
+    summary = (
+        f"partitioned: {args.rows} rows / {args.partitions} partitions, {len(result['data']['touched_partitions'])} "
+        f"touched: full rewrite {full['job_s']} s (wall {full['wall_s']} s), touched only {touched['job_s']} s "
+        f"(wall {touched['wall_s']} s), ratio {result['ratio_touched_over_full_job']} "
+        f"(wall {result['ratio_touched_over_full_wall']}, target <= {TARGET_RATIO}); same rows: {result['same_rows']}"
+    )
+    sys.stdout.write(summary + "\n")  # the one-line summary (stdout; the log goes to stderr)
+    return 0 if result["same_rows"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

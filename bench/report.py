@@ -1,0 +1,263 @@
+"""Turn the benchmarks' JSON results into ``bench/results/RESULTS.md`` and ``compaction.png``.
+
+``compaction.json`` (``bench/compaction.py``) gets its own tables and chart. Every other
+``*.json`` in the results directory (``partitioned.json``, ``parse.json``,
+``hourly_run.json``, ...) is merged in as a section of its own: its ``markdown`` field
+verbatim if it has one, otherwise a generic rendering of its fields.
+
+    python bench/report.py [--results bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("bench.report")
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ENGINES = ("floor", "ours", "duckdb", "polars")
+#: Other benchmarks' sections come in this order when present; any other JSON file after them.
+KNOWN_ORDER = ("partitioned", "parse", "hourly_run")
+
+
+def _num(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- compaction
+def compaction_table(data: dict[str, Any]) -> str:
+    """One row per dataset and engine: wall, rows/s, CPU, peak memory, output files."""
+    rows = []
+    for d in data["datasets"]:
+        for engine in ENGINES:
+            j = d["jobs"].get(engine)
+            if j is None:
+                continue
+            out = j.get("output", {})
+            ratio = d["ratios"].get(f"ours/{engine}") if engine != "ours" else None
+            rows.append(
+                [
+                    d["dataset"],
+                    f"{d['input_rows']:,}",
+                    f"**{engine}**" if engine == "ours" else engine,
+                    _num(j["wall_s"]),
+                    _num(j["rows_per_s"]),
+                    _num(j["cpu_s"]),
+                    _num(j["peak_rss_mb"], 0),
+                    _num(ratio, 2),
+                    _num(out.get("files")),
+                    f"{_num(out.get('min_mb'))} / {_num(out.get('median_mb'))} / {_num(out.get('max_mb'))}",
+                ]
+            )
+    header = [
+        "dataset",
+        "input rows",
+        "engine",
+        "wall s",
+        "rows/s",
+        "CPU s",
+        "peak MB",
+        "ours / engine (wall)",
+        "files",
+        "file MB min / median / max",
+    ]
+    return _table(header, rows)
+
+
+def ratio_table(data: dict[str, Any]) -> str:
+    """One row per dataset: the ratios, the target, whether ours and the peers wrote the same rows."""
+    target = data.get("target_ours_over_floor", 1.3)
+    rows = []
+    for d in data["datasets"]:
+        r = d["ratios"]
+        of = r.get("ours/floor")
+        rows.append(
+            [
+                d["dataset"],
+                _num(of, 2),
+                _num(r.get("ours/floor (cpu)"), 2),
+                "yes" if of is not None and of <= target else "no",
+                _num(r.get("ours/duckdb"), 2),
+                _num(r.get("ours/polars"), 2),
+                f"{d['checksums']['ours']['rows']:,} rows, {d['checksums']['ours']['tombstones']:,} tombstones"
+                + (" - same in every engine" if d["checksums_match"] else " - **DIFFERENT**"),
+            ]
+        )
+    header = [
+        "dataset",
+        "ours / floor",
+        "ours / floor (CPU)",
+        f"<= {target}x",
+        "ours / duckdb",
+        "ours / polars",
+        "output (checksum)",
+    ]
+    return _table(header, rows)
+
+
+def steps_table(data: dict[str, Any]) -> str:
+    """The pipeline's other steps (not in the ratios), and the initial loads."""
+    rows = []
+    for d in data["datasets"]:
+        s = d["steps"]
+        rows.append(
+            [
+                d["dataset"],
+                _num(s.get("ensure_tables_s"), 2),
+                _num(s.get("plan_s"), 2),
+                _num(d["jobs"]["ours"]["wall_s"]),
+                _num(s.get("validate_s"), 2),
+            ]
+        )
+    for load in data.get("initial_loads", []):
+        s = load["steps"]
+        rows.append(
+            [
+                f"initial load {load['table']} ({load['rows']:,} events)"
+                + (f", cached from {load.get('made_at')}" if load.get("reused_from_cache") else ""),
+                _num(s.get("ensure_tables_s"), 2),
+                _num(s.get("plan_s"), 2),
+                _num(load["compact"]["wall_s"]),
+                _num(s.get("validate_s"), 2),
+            ]
+        )
+    return _table(["run", "ensure_tables s", "plan s", "compact (spark-submit) s", "validate s"], rows)
+
+
+def compaction_markdown(data: dict[str, Any]) -> str:
+    host = data.get("host", {})
+    settings = data.get("settings", {})
+    lines = [
+        "## Compaction",
+        "",
+        f"Run {data.get('generated_at', '?')} at commit `{data.get('git', '?')}` on {host.get('cpus')} CPUs, "
+        f"{host.get('memory_gb')} GB RAM (load average {host.get('loadavg_start')} at the start, "
+        f"{host.get('loadavg_end')} at the end); PySpark {host.get('pyspark')}, DuckDB {host.get('duckdb')}, "
+        f"Polars {host.get('polars')}. Spark driver memory {settings.get('driver_memory')}, "
+        f"target file size {settings.get('target_file_mb')} MB; {data.get('total_s')} s in all.",
+        "",
+        "Wall time is the whole job (spark-submit: JVM start included), rows/s is input rows (base + increment "
+        "events) per wall second, peak MB the largest RSS of the job's process tree (sampled every 100 ms).",
+        "",
+        compaction_table(data),
+        "",
+        ratio_table(data),
+        "",
+        "The pipeline's other steps (not part of the ratios):",
+        "",
+        steps_table(data),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def compaction_chart(data: dict[str, Any], path: Path) -> None:
+    """Wall time and peak memory per dataset and engine, as grouped bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = [d["dataset"] for d in data["datasets"]]
+    engines = [e for e in ENGINES if any(e in d["jobs"] for d in data["datasets"])]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(len(engines), 1)
+    for ax, key, title in (
+        (axes[0], "wall_s", "wall time (s, lower is better)"),
+        (axes[1], "peak_rss_mb", "peak memory of the job's processes (MB)"),
+    ):
+        for i, engine in enumerate(engines):
+            values = [d["jobs"].get(engine, {}).get(key, 0) for d in data["datasets"]]
+            xs = [x + (i - (len(engines) - 1) / 2) * width for x in range(len(datasets))]
+            bars = ax.bar(xs, values, width, label=engine)
+            if key == "wall_s":
+                ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_xticks(range(len(datasets)), datasets)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("CDC compaction: ours vs. a read+write floor and peer engines (same files, one run)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- others
+def _generic(obj: Any, depth: int = 0) -> str:
+    """A readable Markdown rendering of another benchmark's JSON (no known layout)."""
+    if isinstance(obj, dict):
+        scalars = {k: v for k, v in obj.items() if not isinstance(v, dict | list)}
+        parts = []
+        if scalars:
+            parts.append(_table(["field", "value"], [[str(k), _num(v, 3)] for k, v in scalars.items()]))
+        for k, v in obj.items():
+            if isinstance(v, dict | list) and depth < 2:
+                parts.append(f"**{k}**\n\n{_generic(v, depth + 1)}")
+        return "\n\n".join(parts)
+    if isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+        keys: list[str] = []
+        for x in obj:
+            keys += [k for k, v in x.items() if k not in keys and not isinstance(v, dict | list)]
+        return _table(keys, [[_num(x.get(k), 3) for k in keys] for x in obj])
+    return "```\n" + json.dumps(obj, indent=1)[:4000] + "\n```"
+
+
+def other_sections(results: Path) -> list[str]:
+    files = [p for p in results.glob("*.json") if p.name != "compaction.json"]
+    rank = {name: i for i, name in enumerate(KNOWN_ORDER)}
+    sections = []
+    for p in sorted(files, key=lambda p: (rank.get(p.stem, len(rank)), p.stem)):
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            sections.append(f"## {p.stem}\n\n`{p.name}` is unreadable: {exc}\n")
+            continue
+        body = data.get("markdown") if isinstance(data, dict) else None
+        title = data.get("title", p.stem) if isinstance(data, dict) else p.stem
+        sections.append(f"## {title}\n\nFrom `{p.name}`.\n\n{body if isinstance(body, str) else _generic(data)}\n")
+    return sections
+
+
+def write_report(results: Path = RESULTS) -> Path:
+    """Write ``RESULTS.md`` (and ``compaction.png``) from the JSON files in ``results``."""
+    parts = ["# Benchmark results", "", "Written by `make bench` (`bench/report.py`); do not edit by hand.", ""]
+    comp = results / "compaction.json"
+    if comp.exists():
+        data = json.loads(comp.read_text(encoding="utf-8"))
+        if data.get("datasets"):
+            compaction_chart(data, results / "compaction.png")
+            parts += [compaction_markdown(data), "![compaction](compaction.png)", ""]
+    parts += other_sections(results)
+    out = results / "RESULTS.md"
+    out.write_text("\n".join(parts).rstrip() + "\n", encoding="utf-8")
+    log.info("wrote %s", out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    write_report(args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

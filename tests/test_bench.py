@@ -1,0 +1,189 @@
+"""The benchmark's own pieces (``bench/``): deterministic data, the peer engines' rule, the report.
+
+Fast (no Spark): the peer engines are checked against a small hand-computed case of the
+compaction rule, so that the benchmark's checksum compares the compaction with a peer
+that applies the same rule. DuckDB and Polars come from ``requirements-bench.txt``; their
+tests are skipped when ``make bench`` has not installed them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import datagen  # noqa: E402
+import peer  # noqa: E402
+import report  # noqa: E402
+
+from cdc_compaction.registry import TableConfig  # noqa: E402
+
+INGESTED = "2026-02-01T00:00:00+00:00"
+BASE_AT = datetime(2026, 1, 20, tzinfo=UTC)
+COLUMNS = [
+    {"name": "id", "type": "bigint"},
+    {"name": "name", "type": "string"},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": "bigint"},
+]
+
+
+def test_datagen_is_deterministic_and_has_every_kind_of_change(tmp_path: Path) -> None:
+    a = datagen.generate(tmp_path / "a", 2000, 0.1, seed=7, reuse=False)
+    b = datagen.generate(tmp_path / "b", 2000, 0.1, seed=7, reuse=False)
+    for part in ("initial", "change"):
+        assert datagen.read_dir(a[part]["directory"]).equals(datagen.read_dir(b[part]["directory"]))
+    other = datagen.generate(tmp_path / "c", 2000, 0.1, seed=8, reuse=False)
+    assert not datagen.read_dir(a["change"]["directory"]).equals(datagen.read_dir(other["change"]["directory"]))
+
+    initial = datagen.read_dir(a["initial"]["directory"]).to_pylist()
+    assert len({r["id"] for r in initial}) == 2000 and a["initial"]["tombstones"] == 10
+    change = datagen.read_dir(a["change"]["directory"])
+    assert change.schema == datagen.SCHEMA and len(change.schema) == 20
+    assert len(a["change"]["files"]) == datagen.CHANGE_FILES
+    rows = change.to_pylist()
+    ops = {r["op"] for r in rows}
+    assert {"u", "d", "c", "x"} <= ops
+    assert any(r["ts_ms"] is not None and r["ts_ms"] < datagen.T0_MS for r in rows), "late events"
+    assert any(r["id"] is None for r in rows) and any(r["ts_ms"] is None for r in rows), "refused rows"
+    assert any(r["id"] is not None and r["id"] > 2000 for r in rows), "inserts"
+    # The registry entry the benchmark uses is a valid one.
+    TableConfig.model_validate(datagen.registry_doc("cdc_t", str(tmp_path / "lake")))
+
+
+def _write(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return str(path)
+
+
+def _case(tmp_path: Path) -> dict[str, Any]:
+    """Base: keys 1-4 (4 a tombstone). Increment: the rule's cases, over two files."""
+    types = {"bigint": pa.int64(), "string": pa.string()}
+    schema = pa.schema([(c["name"], types[c["type"]]) for c in COLUMNS])
+    meta = pa.schema(
+        [
+            *schema,
+            ("_cdc_increment", pa.string()),
+            ("_cdc_file", pa.string()),
+            ("_cdc_pos", pa.int64()),
+            ("_cdc_ingested_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    prov = {"_cdc_increment": "increment_2026011000", "_cdc_file": "part-00000.parquet", "_cdc_ingested_at": BASE_AT}
+    base = [
+        {"id": 1, "name": "one", "op": "r", "ts_ms": 100, "_cdc_pos": 0, **prov},
+        {"id": 2, "name": "two", "op": "r", "ts_ms": 100, "_cdc_pos": 1, **prov},
+        {"id": 3, "name": "three", "op": "r", "ts_ms": 100, "_cdc_pos": 2, **prov},
+        {"id": 4, "name": "four", "op": "d", "ts_ms": 300, "_cdc_pos": 3, **prov},
+    ]
+    _write(tmp_path / "base" / "part-0.parquet", base, meta)
+    inc = tmp_path / "incremental" / "increment_2026013101"
+    f0 = _write(
+        inc / "part-00000.parquet",
+        [
+            {"id": 1, "name": "one-new", "op": "u", "ts_ms": 200},  # newer: wins
+            {"id": 2, "name": "two-late", "op": "u", "ts_ms": 50},  # older than the base: loses
+            {"id": 3, "name": "three-a", "op": "u", "ts_ms": 500},  # tie on ts_ms with the next file...
+            {"id": 4, "name": "four-late", "op": "c", "ts_ms": 200},  # older than the tombstone: loses
+            {"id": None, "name": "no key", "op": "c", "ts_ms": 900},  # refused
+            {"id": 6, "name": "bad op", "op": "x", "ts_ms": 900},  # refused
+        ],
+        schema,
+    )
+    f1 = _write(
+        inc / "part-00001.parquet",
+        [
+            {"id": 3, "name": "three-b", "op": "u", "ts_ms": 500},  # ...the later file wins
+            {"id": 5, "name": "five", "op": "c", "ts_ms": 600},  # insert...
+            {"id": 5, "name": "five-gone", "op": "d", "ts_ms": 600},  # ...deleted at the same ts, later row
+        ],
+        schema,
+    )
+    return {
+        "columns": COLUMNS,
+        "primary_key": ["id"],
+        "order_by": ["ts_ms"],
+        "op_column": "op",
+        "op_codes": {"create": "c", "read": "r", "update": "u", "delete": "d"},
+        "base_location": str(tmp_path / "base"),
+        "files": [f0, f1],
+        "ingested_at": INGESTED,
+        "tombstone_cutoff": "2026-01-01T00:00:00+00:00",
+        "threads": 1,
+        "memory_limit_mb": 256,
+        "target_file_mb": 16,
+    }
+
+
+EXPECTED = {
+    1: ("one-new", "u", "increment_2026013101", "part-00000.parquet", 0),
+    2: ("two", "r", "increment_2026011000", "part-00000.parquet", 1),
+    3: ("three-b", "u", "increment_2026013101", "part-00001.parquet", 0),
+    4: ("four", "d", "increment_2026011000", "part-00000.parquet", 3),
+    5: ("five-gone", "d", "increment_2026013101", "part-00001.parquet", 2),
+}
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "polars"])
+def test_peer_applies_the_compaction_rule(tmp_path: Path, engine: str) -> None:
+    pytest.importorskip(engine)
+    spec = _case(tmp_path)
+    out = tmp_path / f"out-{engine}"
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    assert peer.main(["--engine", engine, "--spec", str(spec_file), "--out", str(out)]) == 0
+    rows = pq.read_table(str(out)).to_pylist()
+    got = {r["id"]: (r["name"], r["op"], r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows}
+    assert got == EXPECTED
+    ingested = {r["id"]: r["_cdc_ingested_at"].replace(tzinfo=UTC) for r in rows}
+    assert ingested[2] == BASE_AT and ingested[1] == datetime.fromisoformat(INGESTED)
+
+
+def test_checksum_ignores_row_order_and_file_layout_but_not_values(tmp_path: Path) -> None:
+    pytest.importorskip("duckdb")
+    spec = _case(tmp_path)
+    peer.run_duckdb(spec, str(tmp_path / "a"))
+    table = pq.read_table(str(tmp_path / "a"))
+    (tmp_path / "b").mkdir()
+    reordered = table.take(list(reversed(range(table.num_rows))))
+    pq.write_table(reordered.slice(0, 2), tmp_path / "b" / "x.parquet")
+    pq.write_table(reordered.slice(2), tmp_path / "b" / "y.parquet")
+    (tmp_path / "c").mkdir()
+    names = table.column("name").to_pylist()
+    changed = table.set_column(1, "name", pa.array(["changed", *names[1:]]))
+    pq.write_table(changed, tmp_path / "c" / "z.parquet")
+    a, b, c = (peer.checksum(str(tmp_path / d), COLUMNS, "op", "d") for d in "abc")
+    assert a == b and a["rows"] == 5 and a["tombstones"] == 2
+    assert c["hash_all"] != a["hash_all"] and c["rows"] == a["rows"]
+
+
+def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    job = {"wall_s": 10.0, "cpu_s": 8.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0}
+    out = {"files": 2, "min_mb": 1.0, "median_mb": 1.5, "max_mb": 2.0, "total_mb": 3.0}
+    check = {"rows": 10, "tombstones": 1, "hash_all": "1", "hash_visible": "2"}
+    dataset = {
+        "dataset": "1k x 1%",
+        "input_rows": 1010,
+        "jobs": {"floor": {**job, "output": out}, "ours": {**job, "wall_s": 12.0, "output": out}},
+        "ratios": {"ours/floor": 1.2, "ours/floor (cpu)": 1.0},
+        "steps": {"plan_s": 0.1, "validate_s": 0.2, "ensure_tables_s": 0.0},
+        "checksums": {"ours": check, "duckdb": check},
+        "checksums_match": True,
+    }
+    (tmp_path / "compaction.json").write_text(json.dumps({"datasets": [dataset], "initial_loads": []}))
+    (tmp_path / "parse.json").write_text(json.dumps({"tables": 500, "seconds": 0.8, "runs": [{"n": 1, "s": 0.1}]}))
+    text = report.write_report(tmp_path).read_text()
+    assert "| 1k x 1% | 1,010 | **ours** | 12.0 |" in text
+    assert "## parse" in text and "| tables | 500 |" in text
+    assert (tmp_path / "compaction.png").stat().st_size > 0
