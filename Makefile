@@ -40,7 +40,7 @@ $(STAMP): requirements.txt
 
 install: check-java $(STAMP)  ## create .venv and install the pinned requirements
 
-test: install  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
+test: install $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)

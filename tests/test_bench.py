@@ -2,8 +2,9 @@
 
 Fast (no Spark): the peer engines are checked against a small hand-computed case of the
 compaction rule, so that the benchmark's checksum compares the compaction with a peer
-that applies the same rule. DuckDB and Polars come from ``requirements-bench.txt``; their
-tests are skipped when ``make bench`` has not installed them.
+that applies the same rule. DuckDB, Polars and matplotlib come from
+``requirements-bench.txt``, which ``make test`` installs; a bare ``pytest`` without them
+skips those tests.
 """
 
 from __future__ import annotations
