@@ -162,6 +162,17 @@ def _job_entry(job: JobResult, rows: int, out_dir: str | None) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------------- the runner
+def ensure_and_plan(rt: tasks.Runtime, run_id: str, steps: dict[str, float]) -> str:
+    """The run's first two tasks, each timed into ``steps``; return the plan's path."""
+    with Stopwatch() as sw:
+        tasks.ensure_tables(rt)
+    steps["ensure_tables_s"] = sw.seconds
+    with Stopwatch() as sw:
+        plan_path = tasks.plan(rt, run_id=run_id)
+    steps["plan_s"] = sw.seconds
+    return plan_path
+
+
 class Bench:
     """One benchmark run: a metastore, a work directory, the tables it compacts."""
 
@@ -220,12 +231,7 @@ class Bench:
         rt = self.runtime(cfg)
         land(manifest["initial"]["directory"], os.path.join(rt.lake.layout.incremental, datagen.INITIAL_INCREMENT))
         steps: dict[str, float] = {}
-        with Stopwatch() as sw:
-            tasks.ensure_tables(rt)
-        steps["ensure_tables_s"] = sw.seconds
-        with Stopwatch() as sw:
-            plan_path = tasks.plan(rt, run_id=f"bench_initial_{cfg.table}")
-        steps["plan_s"] = sw.seconds
+        plan_path = ensure_and_plan(rt, f"bench_initial_{cfg.table}", steps)
         job = run_measured("initial", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{cfg.table}_initial"))
         check_job(job)
         for step in ("validate", "publish", "archive"):
@@ -255,12 +261,7 @@ class Bench:
         landed = os.path.join(rt.lake.layout.incremental, change["increment"])
         land(change["directory"], landed)
         steps: dict[str, float] = {}
-        with Stopwatch() as sw:
-            tasks.ensure_tables(rt)
-        steps["ensure_tables_s"] = sw.seconds
-        with Stopwatch() as sw:
-            plan_path = tasks.plan(rt, run_id=f"bench_{slug}")
-        steps["plan_s"] = sw.seconds
+        plan_path = ensure_and_plan(rt, f"bench_{slug}", steps)
         plan = json.loads(Path(plan_path).read_text())
         base_out = output_files(plan["base_location"])
         parent = rt.lake.latest_commit()

@@ -705,6 +705,18 @@ REGION_COLUMNS: list[dict[str, str]] = [
 PC = "_cdc_partition"
 
 
+def test_the_plugins_mirror_the_jobs_names() -> None:
+    """The job is self-contained, so the tasks repeat its names; they must not drift apart."""
+    from cdc_compaction import tasks
+
+    assert (tasks.PARTITION_COLUMN, tasks.META_COLUMNS, tasks.STATS_FILE) == (
+        job.PARTITION_COLUMN,
+        job.META_COLUMNS,
+        job.STATS_FILE,
+    )
+    assert PC == job.PARTITION_COLUMN
+
+
 def region_cfg(make_cfg: MakeCfg) -> TableConfig:
     """A student table partitioned by its region, as it is."""
     return make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"})

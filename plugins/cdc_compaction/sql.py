@@ -129,9 +129,14 @@ class RuleSql:
         return {"reject_reason": self.reject_reason, "rank": self.rank, "is_delete": self.is_delete}
 
 
+def _rule_macros() -> Any:
+    """The macros of ``_rule.sql.j2`` (the rule and the partition value), callable from Python."""
+    return _env().get_template("_rule.sql.j2").make_module({})
+
+
 def rule_sql(cfg: TableConfig) -> RuleSql:
     """Render the rule macros of ``_rule.sql.j2`` into expressions."""
-    module = _env().get_template("_rule.sql.j2").make_module({})
+    module = _rule_macros()
     t = context(cfg)
     return RuleSql(
         reject_reason=str(module.reject_reason(t)).strip(),
@@ -156,11 +161,10 @@ def partition_sql(cfg: TableConfig) -> PartitionSql | None:
     """Render ``partition_value`` of ``_rule.sql.j2``; None for an unpartitioned table."""
     if cfg.partition_by is None:
         return None
-    module = _env().get_template("_rule.sql.j2").make_module({})
     return PartitionSql(
         column=cfg.partition_by.column,
         transform=cfg.partition_by.transform,
-        value=str(module.partition_value(context(cfg))).strip(),
+        value=str(_rule_macros().partition_value(context(cfg))).strip(),
     )
 
 

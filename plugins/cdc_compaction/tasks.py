@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 META_COLUMNS = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
 STATS_FILE = "_cdc_stats.json"
+#: The hidden partition column of a partitioned base table (the job's ``PARTITION_COLUMN``).
+PARTITION_COLUMN = "_cdc_partition"
 _VERSION = re.compile(r"^v(\d{8})-([0-9a-z]+)$")
 
 
@@ -227,7 +229,7 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             names["compactor_table"]: ms.get_table(db, names["compactor_table"]),
         }
         base_t = tables[names["base_table"]]
-        want_keys = ["_cdc_partition"] if cfg.partition_by is not None else []
+        want_keys = [PARTITION_COLUMN] if cfg.partition_by is not None else []
         if base_t is not None and [k.lower() for k in base_t.partition_keys] != want_keys:
             raise SchemaChangeError(
                 f"{cfg.qualified_name}: table {names['base_table']} is partitioned by {base_t.partition_keys}, but "
@@ -507,7 +509,7 @@ def _footer(storage: Storage, path: str) -> tuple[int, Any]:
     return meta.num_rows, meta.schema.to_arrow_schema()
 
 
-_PARTITION_DIR = "_cdc_partition="
+_PARTITION_DIR = f"{PARTITION_COLUMN}="
 
 
 def _partition_dir_value(name: str) -> str | None:
