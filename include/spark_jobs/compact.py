@@ -354,7 +354,10 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
                 F.sum(F.when(is_winner & expired_tombstone(rule["is_delete"], cutoff), 1).otherwise(0)), F.lit(0)
             ).alias("expired_tombstones"),
         )
-        result = new_base(observed, rule["is_delete"], cutoff)
+        # Always the registry's column order: the key-lookup path's joins put the key columns
+        # first, and validate (and every reader of the base table) expects the registry's order.
+        out_columns = [*columns, *META_COLUMNS, *([PARTITION_COLUMN] if part is not None else [])]
+        result = new_base(observed, rule["is_delete"], cutoff).select(*[F.col(f"`{c}`") for c in out_columns])
         if part is not None:
             # One task per partition value, so one file per partition (split at max_records_per_file)
             # rather than one per task and partition; output_files is sized for a whole-table rewrite.
