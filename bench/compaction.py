@@ -26,6 +26,7 @@ other benchmarks' JSON files) into ``RESULTS.md`` and ``compaction.png``.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import logging
 import os
@@ -284,11 +285,12 @@ class Bench:
             jobs["floor"] = _job_entry(floor, rows, floor_out)
             ours = run_measured("ours", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{slug}_ours"))
             check_job(ours)
-            outputs["ours"] = plan["output_location"]
-            jobs["ours"] = _job_entry(ours, rows, plan["output_location"])
             with Stopwatch() as sw:
                 stats = tasks.validate(rt, plan_path)
             steps["validate_s"] = sw.seconds
+            # The job wrote its own attempt directory beside the plan's version name.
+            outputs["ours"] = stats["output_location"]
+            jobs["ours"] = _job_entry(ours, rows, stats["output_location"])
             spec_path = out / "peer_spec.json"
             spec_path.write_text(
                 json.dumps(peer_spec(cfg, plan, os.cpu_count() or 2, memory_mb(cfg.spark.driver_memory)), indent=1)
@@ -341,7 +343,8 @@ class Bench:
     def discard(self, rt: tasks.Runtime, plan: dict[str, Any], landed: str) -> None:
         """Forget a measured run without publishing it: the next fraction starts from the same base."""
         for d in (plan["output_location"], plan["quarantine_location"]):
-            shutil.rmtree(d, ignore_errors=True)
+            for attempt in glob.glob(glob.escape(d.rstrip("/")) + "*"):  # <location>-<attempt> of every run
+                shutil.rmtree(attempt, ignore_errors=True)
         plan_file = rt.lake.layout.plan_path(plan["plan_id"])
         if os.path.exists(plan_file):
             os.unlink(plan_file)

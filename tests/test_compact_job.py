@@ -528,7 +528,7 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
 
     stats1 = job.run(spark, plan1)
 
-    assert {k: stats1[k] for k in stats1 if k not in ("output_files", "finished_at")} == {
+    assert {k: stats1[k] for k in stats1 if k not in ("output_files", "finished_at", "attempt")} == {
         "plan_id": "plan-1",
         "table": cfg.qualified_name,
         "base_rows": 0,

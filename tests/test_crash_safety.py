@@ -373,11 +373,11 @@ def spark_submit_cmd(cfg: TableConfig, plan_path: str) -> list[str]:
     return [*cmd, str(SPARK_JOBS_DIR / "compact.py"), "--plan", plan_path]
 
 
-def _kill_when(proc: subprocess.Popen, path: Path, timeout: float = 300) -> bool:
-    """SIGKILL the process group of ``proc`` as soon as ``path`` exists; False if it never did."""
+def _kill_when(proc: subprocess.Popen, where: Path, pattern: str, timeout: float = 300) -> bool:
+    """SIGKILL the process group of ``proc`` as soon as ``where`` holds a match of ``pattern``; False if never."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        if path.exists():
+        if next(where.glob(pattern), None) is not None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return True
@@ -406,7 +406,7 @@ def test_spark_submit_killed_while_writing_the_output(crash_run: CrashRun, killa
     # Many small output files keep the write going long enough to be caught in the middle.
     plan["max_records_per_file"] = 50
     Path(plan_path).write_text(json.dumps(plan))
-    out = Path(plan["output_location"])
+    out = Path(plan["output_location"])  # the job writes <out>-<attempt>/
     proc = subprocess.Popen(
         spark_submit_cmd(run.cfg, plan_path),
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins")},
@@ -415,13 +415,15 @@ def test_spark_submit_killed_while_writing_the_output(crash_run: CrashRun, killa
         start_new_session=True,
     )
     killable.append(proc)
-    assert _kill_when(proc, out / "_temporary"), "the job finished before it could be killed mid-write"
+    assert _kill_when(proc, out.parent, f"{out.name}-*/_temporary"), (
+        "the job finished before it could be killed mid-write"
+    )
     assert proc.returncode == -signal.SIGKILL
     # Debris: a half-written version without stats. validate refuses it; readers see the old (empty) table.
-    with pytest.raises(Exception, match="did not finish"):
+    with pytest.raises(Exception, match="no attempt of the compaction job finished"):
         tasks.validate(run.rt, plan_path)
     assert run.reader.visible_base(run.cfg) == []
-    # The retried compact task overwrites the debris; the run completes.
+    # The retried compact task writes a new attempt beside the debris (which publish's cleanup removes).
     run.step("compact", "run-1", plan_path)
     for name in ("validate", "publish", "archive", "refresh_view"):
         run.step(name, "run-1", plan_path)

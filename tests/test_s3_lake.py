@@ -34,7 +34,7 @@ from conftest import STUDENT_COLUMNS
 
 from cdc_compaction import conformance as conf
 from cdc_compaction import sql, tasks
-from cdc_compaction.engine import SessionEngine
+from cdc_compaction.engine import SessionEngine, load_job
 from cdc_compaction.lake import EMPTY_VERSION, Lake, Layout
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
@@ -87,7 +87,10 @@ class MirrorEngine:
     def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
         w = self.work / plan["plan_id"] / uuid.uuid4().hex[:6]
         _mirror_down(self.storage, plan["base_location"], w / "base")
-        local = dict(plan, base_location=str(w / "base"), output_location=str(w / "out"))
+        job = load_job("compact")
+        if self.storage.exists(plan["commit_path"]):
+            return {"plan_id": plan["plan_id"], "already_committed": True}  # as the job does on S3A
+        local = dict(plan, base_location=str(w / "base"), output_location=str(w / "out"), commit_path=None)
         local["quarantine_location"] = str(w / "rejected")
         local["files"] = []
         for f in plan["files"]:
@@ -99,10 +102,12 @@ class MirrorEngine:
             local["files"].append(dict(f, path=str(dst)))
         if (w / "rejected").exists():
             raise AssertionError("fresh work directory expected")
-        stats = self.session.compact(local)
+        stats = job.run(self.session.spark, local)
+        # Upload into this attempt's own directories, as the job writes them on S3A.
+        out, rejected = job.attempt_locations(plan, job.new_attempt())
         if (w / "rejected").exists():
-            _mirror_up(w / "rejected", self.storage, plan["quarantine_location"])
-        _mirror_up(w / "out", self.storage, plan["output_location"])
+            _mirror_up(w / "rejected", self.storage, rejected)
+        _mirror_up(w / "out", self.storage, out)
         return stats
 
 

@@ -19,6 +19,7 @@ import os
 import posixpath
 import signal
 import sys
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -244,9 +245,7 @@ def _ts(value: str | None) -> datetime | None:
 
 def _write_text(spark: SparkSession, path: str, text: str) -> None:
     """Write a small file through Hadoop's FileSystem, so any Spark-readable URI works."""
-    jvm = spark._jvm
-    p = jvm.org.apache.hadoop.fs.Path(path)
-    fs = p.getFileSystem(spark._jsc.hadoopConfiguration())
+    fs, p = _fs(spark, path)
     out = fs.create(p, True)
     try:
         out.write(bytearray(text.encode("utf-8")))
@@ -275,15 +274,78 @@ def _written_partitions(files: list[dict[str, Any]], out: str) -> dict[str, str]
     return {value: f"{out.rstrip('/')}/{d}" for d in sorted(dirs) if (value := partition_dir_value(d)) is not None}
 
 
-def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
-    """Compact according to ``plan``; write the new version and its stats; return the stats."""
+def new_attempt() -> str:
+    """A fresh, unique attempt token: every run of the job writes a directory of its own."""
+    return "a" + uuid.uuid4().hex[:10]
+
+
+def attempt_locations(plan: dict[str, Any], attempt: str | None) -> tuple[str, str]:
+    """(output, quarantine) directories of one attempt at ``plan``: ``<version>-<attempt>``.
+
+    A re-run of the compaction (a cleared task, a retry, a second deployment) never writes
+    into a directory another attempt wrote, least of all the one a commit made live.
+    Without an attempt (tests driving ``run`` directly) the plan's locations are used as-is.
+    """
+    out, quarantine = plan["output_location"].rstrip("/"), plan["quarantine_location"].rstrip("/")
+    return (f"{out}-{attempt}", f"{quarantine}-{attempt}") if attempt else (out, quarantine)
+
+
+def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    jvm = spark._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
+
+
+def _read_small(spark: SparkSession, path: str) -> str | None:
+    """A small file's text through Hadoop's FileSystem, or None if it does not exist."""
+    fs, p = _fs(spark, path)
+    if not fs.exists(p):
+        return None
+    stream = fs.open(p)
+    try:
+        reader = spark._jvm.java.io.BufferedReader(spark._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+        lines = []
+        while (line := reader.readLine()) is not None:
+            lines.append(line)
+        return "\n".join(lines)
+    finally:
+        stream.close()
+
+
+def committed_already(spark: SparkSession, plan: dict[str, Any]) -> bool:
+    """True if ``plan`` was committed already: there is nothing left to compute.
+
+    Raises if another plan took the plan's commit number: the plan is stale.
+    """
+    path = plan.get("commit_path")
+    text = _read_small(spark, path) if path else None
+    if text is None:
+        return False
+    owner = json.loads(text).get("plan_id")
+    if owner != plan["plan_id"]:
+        raise RuntimeError(
+            f"{plan['table']}: commit {plan['seq']} was made by plan {owner}, so plan {plan['plan_id']} is stale; "
+            "nothing was written. Clear the run's plan task to plan again"
+        )
+    return True
+
+
+def run(spark: SparkSession, plan: dict[str, Any], attempt: str | None = None) -> dict[str, Any]:
+    """Compact according to ``plan`` into the attempt's own directory; write its stats; return them.
+
+    If the plan was committed already, nothing is written and ``{"already_committed": True}``
+    is returned: re-running a finished run's compaction is a no-op.
+    """
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    if committed_already(spark, plan):
+        log.info("%s: plan %s is committed already; nothing to do", plan["table"], plan["plan_id"])
+        return {"plan_id": plan["plan_id"], "table": plan["table"], "already_committed": True}
     columns: list[str] = plan["column_names"]
     rule: dict[str, str] = plan["rule"]
     pk: list[str] = plan["primary_key"]
     ingested_at = _ts(plan["ingested_at"])
     cutoff = _ts(plan.get("tombstone_cutoff"))
-    out = plan["output_location"]
+    out, quarantine = attempt_locations(plan, attempt)
     # Partitioned tables (registry partition_by): only the partitions the increments touch are
     # read and rewritten; the plan lists the live version's partitions as {value: location}.
     part: dict[str, str] | None = plan.get("partition_by")
@@ -310,7 +372,7 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
         increment_rows, rejected_rows = int(totals["rows"]), int(totals["bad"])
         bad = rejected(classified, plan["plan_id"])
         if rejected_rows:
-            bad.write.mode("overwrite").parquet(plan["quarantine_location"])
+            bad.write.mode("errorifexists" if attempt else "overwrite").parquet(quarantine)
             counts = bad.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
             reasons: dict[str, int] = {}
             by_file: dict[str, int] = {}
@@ -365,7 +427,10 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
         elif plan.get("output_files"):
             # Files of about the registry's target size (see tasks.output_sizing): merge, never shuffle.
             result = result.coalesce(int(plan["output_files"]))
-        writer = result.write.mode("overwrite").option("compression", plan.get("compression", "snappy"))
+        # errorifexists: an attempt's directory is new; finding one there means something is wrong.
+        writer = result.write.mode("errorifexists" if attempt else "overwrite").option(
+            "compression", plan.get("compression", "snappy")
+        )
         if plan.get("max_records_per_file"):
             writer = writer.option("maxRecordsPerFile", int(plan["max_records_per_file"]))
         if part is not None:
@@ -419,6 +484,7 @@ def run(spark: SparkSession, plan: dict[str, Any]) -> dict[str, Any]:
     stats = {
         "plan_id": plan["plan_id"],
         "table": plan["table"],
+        "attempt": attempt or "",
         "base_rows": events_total - (increment_rows - rejected_rows),
         "increment_rows": increment_rows,
         "rejected_rows": rejected_rows,
@@ -456,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = _read_plan(spark, args.plan)
         spark.sparkContext.setJobDescription(f"cdc compaction of {plan['table']} ({plan['plan_id']})")
-        stats = run(spark, plan)
+        stats = run(spark, plan, attempt=new_attempt())
         print(json.dumps({"cdc_compaction_stats": {k: v for k, v in stats.items() if k != "output_files"}}))
     finally:
         spark.stop()

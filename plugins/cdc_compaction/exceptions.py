@@ -31,6 +31,10 @@ class StorageError(CdcCompactionError):
     """A lake storage operation failed."""
 
 
+class CommitLogError(StorageError):
+    """The commit log disagrees with what readers were shown (a record removed or truncated)."""
+
+
 class PreconditionFailedError(StorageError):
     """A conditional write lost: the object exists already or changed meanwhile."""
 
@@ -67,6 +71,10 @@ class ConcurrentRunError(CdcCompactionError):
     """Another run holds the table's lease: it is being compacted right now."""
 
 
+class StorageRootMismatchError(PlanError):
+    """The metastore shows data under another storage root than the registry's, with no commit log here."""
+
+
 class BadInputError(PlanError):
     """A landed file cannot be compacted (unreadable, or its schema does not fit the registry)."""
 
@@ -77,3 +85,24 @@ class QuarantineError(CdcCompactionError):
 
 class InjectedFaultError(CdcCompactionError):
     """Raised at a fault point armed through ``CDC_FAULTS`` (crash tests only)."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for errors a retry of the same task cannot heal: fail them at once, alert the owner.
+
+    Bad input, an invalid plan or registry, a schema conflict, a version that failed
+    validation, a plan another run overtook, a damaged commit log: each needs a person
+    (or a new run) first.  Everything else -- storage, the metastore, Spark, a lease held by
+    a live run -- may heal, so Airflow's retries with backoff apply.
+    """
+    return isinstance(
+        exc,
+        PlanError
+        | RegistryError
+        | IdentifierError
+        | SchemaChangeError
+        | PublishValidationError
+        | ConcurrentCommitError
+        | CommitLogError
+        | CompactionError,
+    )

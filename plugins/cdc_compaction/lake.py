@@ -3,14 +3,16 @@
 Layout under a table's storage root::
 
     incremental/increment_YYYYMMDDHH/*.parquet   change files, as the CDC sink lands them
-    base/v00000007-<plan>/                       base versions; the live one is named by
-                                                 the latest commit record
+    base/v00000007-<plan>-<attempt>/             base versions, one directory per attempt of
+                                                 the compaction (never written twice); the live
+                                                 one is named by the latest commit record
     archive/c00000007/increment_.../             increments after they were compacted
     quarantine/rows/v00000007-<plan>/            rows refused by that compaction, with reasons
     quarantine/rows/v00000007-<plan>/_manifest.json   counts by reason and file; re-ingest status
     quarantine/files/<plan>/increment_.../x.parquet   whole files refused by a plan (on_bad_file: quarantine)
     quarantine/files/<plan>/_manifest.json            each file's reason; re-ingest status
     _cdc/plans/<plan>.json                       exact inputs of a run (retries reuse it)
+    _cdc/plans/<plan>.validated.json             the attempt of that plan that passed validation
     _cdc/commits/00000007.json                   commit records: the source of truth
     _cdc/commits/00000007.archived               archive of that commit finished
     _cdc/pointer.json                            live version, for readers without a metastore
@@ -31,17 +33,23 @@ its lease cannot publish over another run's commit.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import logging
 import os
 import posixpath
+import socket
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cdc_compaction.exceptions import ConcurrentRunError, PreconditionFailedError, StorageError
+from cdc_compaction.exceptions import CommitLogError, ConcurrentRunError, PreconditionFailedError, StorageError
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import resolve_storage_root
 from cdc_compaction.storage import Storage, storage_for
+
+log = logging.getLogger(__name__)
 
 EMPTY_VERSION = "v00000000-empty"
 
@@ -106,6 +114,10 @@ class Layout:
 
     def plan_path(self, plan_id: str) -> str:
         return posixpath.join(self.plans, f"{plan_id}.json")
+
+    def validated_path(self, plan_id: str) -> str:
+        """Which attempt at plan ``plan_id`` passed validation (what publish commits)."""
+        return posixpath.join(self.plans, f"{plan_id}.validated.json")
 
     @property
     def leases(self) -> str:
@@ -209,21 +221,44 @@ class Lake:
             ) from exc
 
     def read_pointer(self) -> dict[str, Any] | None:
+        """The pointer file, or None if there is none; raise :class:`StorageError` if it is unreadable."""
         if not self.storage.exists(self.layout.pointer):
             return None
-        return json.loads(self.storage.read_text(self.layout.pointer))
+        text = self.storage.read_text(self.layout.pointer)
+        try:
+            doc = json.loads(text)
+            int(doc["seq"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StorageError(
+                f"pointer {self.layout.pointer} of {self.cfg.qualified_name} is unreadable ({exc!r}); it is derived "
+                "from the commit records, so the next run rewrites it (readers without a metastore wait until then)"
+            ) from exc
+        return doc
 
     def latest_commit(self) -> Commit:
-        """The newest commit: start at the pointer and roll forward over newer records."""
-        pointer = self.read_pointer()
+        """The newest commit: start at the pointer and roll forward over newer records.
+
+        The commit records are the truth; the pointer only says where to start looking.  A
+        pointer naming a record that does not exist means the log lost its newest records
+        (removed, restored from an old backup): that is refused, never read as a rollback.
+        """
+        try:
+            pointer = self.read_pointer()
+        except StorageError:
+            # Derived data: start from the records themselves (the pointer is rewritten on publish).
+            log.exception("%s: ignoring the unreadable pointer", self.cfg.qualified_name)
+            pointer = None
         seq = int(pointer["seq"]) if pointer else 0
         commit = self.read_commit(seq)
         if commit is None:
-            # The pointer names a record that is gone: fall back to a full listing.
             seqs = self.commit_seqs()
-            seq = seqs[-1] if seqs else 0
-            commit = self.read_commit(seq)
-            assert commit is not None
+            raise CommitLogError(
+                f"{self.cfg.qualified_name}: the pointer {self.layout.pointer} names commit {seq} "
+                f"({pointer.get('version') if pointer else '?'}), but its record {self.layout.commit_path(seq)} "
+                f"does not exist (records found: {seqs[-5:] or 'none'}). The commit log lost records that readers "
+                "were shown; nothing was changed. Restore the missing commit records (backups, object versioning) "
+                "before running again; do not delete the pointer to get past this, it would roll the table back"
+            )
         while True:
             nxt = self.read_commit(commit.seq + 1)
             if nxt is None:
@@ -259,7 +294,7 @@ class Lake:
             doc["partitions"] = commit.partitions
         while True:
             text, token = self.storage.read_versioned(self.layout.pointer)
-            if text is not None and int(json.loads(text)["seq"]) >= commit.seq:
+            if text is not None and _pointer_seq(text) >= commit.seq:
                 return False
             try:
                 self.storage.write_if_match(self.layout.pointer, json.dumps(doc, indent=1, sort_keys=True), token)
@@ -274,10 +309,47 @@ class Lake:
         return self.layout.version_dir(self.latest_commit().version)
 
 
+def _pointer_seq(text: str) -> int:
+    """The sequence a pointer names; -1 for an unreadable one, so publishing rewrites it."""
+    try:
+        return int(json.loads(text)["seq"])
+    except (ValueError, TypeError, KeyError):
+        return -1
+
+
 # ------------------------------------------------------------------------- the lease
 def deployment_id() -> str:
-    """Names this Airflow deployment in leases; set ``CDC_DEPLOYMENT_ID`` when several share a lake."""
-    return os.environ.get("CDC_DEPLOYMENT_ID", "airflow")
+    """Names this Airflow deployment in leases: ``CDC_DEPLOYMENT_ID``, else one derived from its metadata DB.
+
+    Two deployments share run ids (``scheduled__2026-…``), so a shared name would let both
+    hold one lease.  The default is unique per deployment without configuration: a hash of
+    the metadata database's address (password left out), or of the Execution API URL where
+    a worker has no database address.  Every process of one deployment shares that
+    configuration, so they agree on the name.
+    """
+    explicit = os.environ.get("CDC_DEPLOYMENT_ID", "").strip()
+    if explicit:
+        return explicit
+    return f"airflow-{_deployment_fingerprint()}"
+
+
+@functools.cache
+def _deployment_fingerprint() -> str:
+    identity = ""
+    try:
+        from airflow.configuration import conf
+
+        url = conf.get("database", "sql_alchemy_conn", fallback="") or ""
+        if url:
+            from sqlalchemy.engine import make_url
+
+            identity = make_url(url).set(password=None).render_as_string(hide_password=False)
+        else:
+            identity = conf.get("core", "execution_api_server_url", fallback="") or ""
+    except Exception:  # outside Airflow (CLI, tests): the host names the deployment
+        log.debug("no Airflow configuration to derive the deployment id from", exc_info=True)
+    identity = identity or f"host:{socket.gethostname()}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:10]
 
 
 @dataclass(frozen=True)
@@ -316,9 +388,22 @@ class TableLease:
         if not numbers:
             return None
         n = numbers[-1]
-        doc = json.loads(self.storage.read_text(self.layout.lease_path(n)))
+        path = self.layout.lease_path(n)
         released = self.storage.exists(self.layout.lease_released(n))
-        return Lease(n, doc["owner"], doc["acquired_at"], doc["expires_at"], released)
+        try:
+            doc = json.loads(self.storage.read_text(path))
+            datetime.fromisoformat(doc["expires_at"])
+            return Lease(n, str(doc["owner"]), str(doc["acquired_at"]), str(doc["expires_at"]), released)
+        except (ValueError, TypeError, KeyError) as exc:
+            # Whoever wrote it may still be running: an unreadable lease is held until broken.
+            log.error("%s: lease file %s is unreadable (%r)", self.lake.cfg.qualified_name, path, exc)
+            return Lease(
+                n,
+                f"<unreadable lease file {path}: {exc!r}>",
+                "?",
+                datetime.max.replace(tzinfo=UTC).isoformat(),
+                released,
+            )
 
     def acquire(self, owner: str, ttl: timedelta, now: datetime) -> Lease:
         """Take (or renew) the lease for ``owner``; raise :class:`ConcurrentRunError` if someone else holds it."""

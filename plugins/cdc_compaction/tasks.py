@@ -30,11 +30,13 @@ from cdc_compaction.engine import Engine
 from cdc_compaction.exceptions import (
     ArchiveError,
     BadInputError,
+    CommitLogError,
     CompactionError,
     ConcurrentCommitError,
     PlanError,
     PublishValidationError,
     SchemaChangeError,
+    StorageRootMismatchError,
 )
 from cdc_compaction.faults import fault_point
 from cdc_compaction.inputs import check_file, parquet_footer
@@ -51,7 +53,8 @@ META_COLUMNS = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
 STATS_FILE = "_cdc_stats.json"
 #: The hidden partition column of a partitioned base table (the job's ``PARTITION_COLUMN``).
 PARTITION_COLUMN = "_cdc_partition"
-_VERSION = re.compile(r"^v(\d{8})-([0-9a-z]+)$")
+#: ``v<seq>-<plan>`` or, since every compaction attempt writes its own directory, ``v<seq>-<plan>-<attempt>``.
+_VERSION = re.compile(r"^v(\d{8})-([0-9a-z]+(?:-[0-9a-z]+)?)$")
 
 
 @dataclass
@@ -131,6 +134,7 @@ def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
         seq = version_seq(current)
         # A slow retry of an older commit must not move readers back to an older version.
         if seq is not None and seq > commit.seq and posixpath.dirname(current.rstrip("/")) == rt.lake.layout.base:
+            _check_log_reaches(rt, seq, current)
             log.warning(
                 "%s: base is at %s, newer than commit %d; left alone", rt.cfg.qualified_name, current, commit.seq
             )
@@ -156,6 +160,7 @@ def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
     registered = ms.partitions(db, base)
     seqs = [version_seq(posixpath.dirname(loc)) or 0 for loc in registered.values() if loc.startswith(lay.base + "/")]
     if max(seqs, default=0) > commit.seq:
+        _check_log_reaches(rt, max(seqs), f"the partitions of {base}")
         # A slow retry of an older commit must not move readers back to an older version.
         log.warning("%s: base partitions come from a commit newer than %d; left alone", cfg.qualified_name, commit.seq)
     else:
@@ -167,6 +172,51 @@ def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
         fault_point("publish.after_metastore_swap", cfg.qualified_name)
     if commit.seq > 0:
         rt.lake.advance_pointer(commit)
+
+
+def check_storage_root(rt: Runtime, ms: Metastore) -> None:
+    """Refuse a ``storage_root`` that changed under a live table without its data moving along.
+
+    The metastore names the live version (the table's location, or its partitions'); if
+    that lies under another root, the registry's root must hold the same commit (the whole
+    tree was copied there).  Otherwise the next run would publish a near-empty base.
+    """
+    cfg, lay = rt.cfg, rt.lake.layout
+    db, base = cfg.database, rt.names["base_table"]
+    location = ms.table_location(db, base)
+    if location is None:
+        return
+    shown = list(ms.partitions(db, base).values()) if cfg.partition_by is not None else [location]
+    for loc in shown:
+        version_dir = loc.rstrip("/")
+        if cfg.partition_by is not None:
+            version_dir = posixpath.dirname(version_dir)
+        seq = version_seq(version_dir)
+        if not seq or posixpath.dirname(version_dir) == lay.base:
+            continue
+        here = rt.lake.read_commit(seq)
+        if here is not None and here.version == posixpath.basename(version_dir):
+            continue  # the whole tree moved: follow it
+        raise StorageRootMismatchError(
+            f"{cfg.qualified_name}: field 'storage_root' is {cfg.storage_root} ({lay.root}), but the metastore "
+            f"serves {base} from {loc} (commit {seq}), and {lay.commits} has no record of that commit. Nothing "
+            f"was changed. Put storage_root back, or move the data: copy the whole old table root (base/, "
+            f"_cdc/, incremental/, archive/, quarantine/) to {lay.root}, then run again"
+        )
+
+
+def _check_log_reaches(rt: Runtime, seq: int, shown: str) -> None:
+    """Readers were shown commit ``seq`` (the metastore names it): its record must exist.
+
+    Otherwise the commit log lost its newest records, and going on would publish on top
+    of an older version and clean up the newer one: a silent rollback.
+    """
+    if rt.lake.read_commit(seq) is None:
+        raise CommitLogError(
+            f"{rt.cfg.qualified_name}: the metastore shows readers commit {seq} ({shown}), but the commit record "
+            f"{rt.lake.layout.commit_path(seq)} does not exist: the commit log lost records. Nothing was changed. "
+            "Restore the missing commit records (backups, object versioning) before running again"
+        )
 
 
 def _partitioning(cfg: TableConfig) -> dict[str, str] | None:
@@ -221,6 +271,7 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
         st.makedirs(d)
     statements: list[str] = []
     with connect(rt.metastore) as ms:
+        check_storage_root(rt, ms)
         latest = rt.lake.latest_commit()
         live = lay.version_dir(latest.version)
         tables = {
@@ -408,6 +459,7 @@ def _plan_under_lease(
 ) -> str:
     cfg, lake = rt.cfg, rt.lake
     with connect(rt.metastore) as ms:
+        check_storage_root(rt, ms)
         latest = lake.latest_commit()
         _check_partitioning(rt, latest)
         # Roll forward whatever a crashed earlier run left half-done.
@@ -444,8 +496,11 @@ def _plan_under_lease(
         "base_rows": int(latest.stats.get("output_rows", 0)),
         "version": version,
         "base_location": lake.layout.version_dir(latest.version),
+        # Each attempt of the job writes <output_location>-<attempt> (never into a committed version).
         "output_location": lake.layout.version_dir(version),
         "quarantine_location": lake.layout.quarantine_dir(version),
+        # The job checks it first: a plan that was committed already is not compacted again.
+        "commit_path": lake.layout.commit_path(seq),
         "files": [f.to_dict() for f in files],
         "quarantined_files": quarantined,
         "increments": sorted({f.increment for f in files}),
@@ -528,7 +583,7 @@ def _output_files(storage: Storage, out: str) -> dict[str, int]:
     return files
 
 
-def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None) -> list[str]:
+def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None, out: str) -> list[str]:
     """A partitioned compaction's own checks: it read whole partitions and wrote only touched ones."""
     problems = []
     touched = set(stats.get("partitions_touched", []))
@@ -542,7 +597,7 @@ def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit
     written = stats.get("partitions", {})
     if not set(written) <= touched:
         problems.append(f"the job wrote partitions {sorted(set(written) - touched)} it did not report as touched")
-    out = p["output_location"].rstrip("/")
+    out = out.rstrip("/")
     outside = sorted(v for v, loc in written.items() if posixpath.dirname(loc.rstrip("/")) != out)
     if outside:
         problems.append(f"partitions {outside} were reported outside the new version directory {out}")
@@ -554,18 +609,75 @@ def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit
     return problems
 
 
+def attempts(rt: Runtime, p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(version, stats) of every finished attempt at plan ``p``, oldest first.
+
+    Every run of the compaction job writes its own ``<version>-<attempt>`` directory; an
+    attempt has finished when its stats file is there (the job writes it last).
+    """
+    found = []
+    for e in rt.lake.storage.list_dir(rt.lake.layout.base):
+        if not e.is_dir or not (e.name == p["version"] or e.name.startswith(p["version"] + "-")):
+            continue
+        stats_path = posixpath.join(e.path, STATS_FILE)
+        if not rt.lake.storage.exists(stats_path):
+            continue  # killed or still running: not an attempt to publish
+        try:
+            stats = _read_json(rt, stats_path)
+        except ValueError:
+            log.warning("%s: unreadable %s is skipped", rt.cfg.qualified_name, stats_path)
+            continue
+        if stats.get("plan_id") == p["plan_id"]:
+            found.append((e.name, stats))
+    return sorted(found, key=lambda a: (str(a[1].get("finished_at", "")), a[0]))
+
+
+def _locations(rt: Runtime, version: str) -> dict[str, str]:
+    lay = rt.lake.layout
+    return {
+        "version": version,
+        "output_location": lay.version_dir(version),
+        "quarantine_location": lay.quarantine_dir(version),
+    }
+
+
+def _committed(rt: Runtime, p: dict[str, Any]) -> Commit | None:
+    """The commit of plan ``p`` if it was committed; raise if another plan took its number."""
+    commit = rt.lake.read_commit(p["seq"])
+    if commit is not None and commit.plan_id != p["plan_id"]:
+        raise ConcurrentCommitError(
+            f"{rt.cfg.qualified_name}: commit {commit.seq} was taken by plan {commit.plan_id} "
+            f"(run {commit.run_id}); this run's plan {p['plan_id']} is stale and nothing of it is published. "
+            "Nothing was changed: re-run the DAG"
+        )
+    return commit
+
+
 def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
-    """Check the new version before it may be published; raise :class:`PublishValidationError`."""
+    """Check the newest attempt at the plan before it may be published; raise :class:`PublishValidationError`.
+
+    Records which attempt passed (publish commits exactly that one). A plan that was
+    committed already is not validated again: its commit's stats are returned.
+    """
     cfg, lake = rt.cfg, rt.lake
     p = load_plan(rt, plan_path)
-    out = p["output_location"]
-    stats_path = posixpath.join(out, STATS_FILE)
-    if not lake.storage.exists(stats_path):
-        raise CompactionError(
-            f"{cfg.qualified_name}: the compaction job left no {STATS_FILE} in {out}; "
-            "it did not finish. Clear the compact task to run it again"
+    done = _committed(rt, p)
+    if done is not None:
+        log.info(
+            "%s: plan %s is committed already as %s; nothing to validate",
+            cfg.qualified_name,
+            p["plan_id"],
+            done.version,
         )
-    stats = _read_json(rt, stats_path)
+        return {**done.stats, **_locations(rt, done.version), "already_committed": True}
+    tried = attempts(rt, p)
+    if not tried:
+        raise CompactionError(
+            f"{cfg.qualified_name}: no attempt of the compaction job finished plan {p['plan_id']} (no "
+            f"{STATS_FILE} in any {p['output_location']}-<attempt> directory). Clear the compact task to run it again"
+        )
+    version, stats = tried[-1]
+    out = lake.layout.version_dir(version)
     problems: list[str] = []
     if stats.get("plan_id") != p["plan_id"]:
         problems.append(f"stats belong to plan {stats.get('plan_id')}, not {p['plan_id']}")
@@ -589,7 +701,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     # touched) and every planned file.
     parent = lake.read_commit(p["parent_seq"])
     if p.get("partition_by"):
-        problems += _partition_problems(p, stats, parent)
+        problems += _partition_problems(p, stats, parent, out)
     else:
         parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
         if stats["base_rows"] != parent_rows:
@@ -636,15 +748,18 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         )
     if problems:
         raise PublishValidationError(
-            f"{cfg.qualified_name}: version {p['version']} failed validation and was not published: "
+            f"{cfg.qualified_name}: version {version} failed validation and was not published: "
             + "; ".join(problems)
-            + ". Nothing changed for readers; inspect the version directory and the compact task log"
+            + ". Nothing changed for readers; inspect the version directory and the compact task log, "
+            "then clear the compact task (a new attempt writes a new directory)"
         )
     with connect(rt.metastore) as ms:
         # Let people inspect the staged output through the compactor table.
         ms.set_location(cfg.database, rt.names["compactor_table"], out)
-    log.info("%s: version %s validated (%d rows)", cfg.qualified_name, p["version"], stats["output_rows"])
-    return {k: v for k, v in stats.items() if k != "output_files"}
+    marker = {"plan_id": p["plan_id"], "seq": p["seq"], "version": version, "validated_at": utcnow().isoformat()}
+    lake.storage.write_text(lake.layout.validated_path(p["plan_id"]), json.dumps(marker, indent=1, sort_keys=True))
+    log.info("%s: version %s validated (%d rows)", cfg.qualified_name, version, stats["output_rows"])
+    return {**{k: v for k, v in stats.items() if k != "output_files"}, **_locations(rt, version)}
 
 
 # --------------------------------------------------------------------------- publish
@@ -663,10 +778,17 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
                 f"{cfg.qualified_name}: plan {p['plan_id']} was made on commit {p['parent_seq']} but the table is "
                 f"at commit {latest.seq} now; another run published first. Nothing was changed: re-run the DAG"
             )
-        stats = _read_json(rt, posixpath.join(p["output_location"], STATS_FILE))
+        marker_path = lake.layout.validated_path(p["plan_id"])
+        if not lake.storage.exists(marker_path):
+            raise PublishValidationError(
+                f"{cfg.qualified_name}: no attempt at plan {p['plan_id']} has passed validation ({marker_path} is "
+                "missing). Nothing was published: clear the validate task (and compact, if it failed)"
+            )
+        version = _read_json(rt, marker_path)["version"]
+        stats = _read_json(rt, posixpath.join(lake.layout.version_dir(version), STATS_FILE))
         commit = Commit(
             seq=p["seq"],
-            version=p["version"],
+            version=version,
             plan_id=p["plan_id"],
             run_id=p["run_id"],
             parent_seq=p["parent_seq"],
@@ -686,7 +808,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
     if existing.plan_id != p["plan_id"]:
         raise ConcurrentCommitError(
             f"{cfg.qualified_name}: commit {existing.seq} was taken by plan {existing.plan_id} "
-            f"(run {existing.run_id}); this run's version {p['version']} is discarded. "
+            f"(run {existing.run_id}); this run's plan {p['plan_id']} is discarded. "
             "Nothing was changed: re-run the DAG"
         )
     with connect(rt.metastore) as ms:

@@ -1,0 +1,172 @@
+"""Every task of every run is re-entrant, in any order: nothing a commit references is written again.
+
+Clearing ``compact`` (or ``validate``, ``publish``, ``archive``) of a run that already
+published is the most common operator action in the Airflow UI.  A second compaction
+of an already-published plan used to write into the live version directory: killed
+mid-write, a 300,000-row base became 0 rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import compact_once, visible_names
+
+from cdc_compaction import tasks
+from cdc_compaction.conformance import land
+from cdc_compaction.exceptions import ConcurrentCommitError
+from cdc_compaction.faults import ENV as FAULTS_ENV
+from cdc_compaction.lake import Commit
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+
+def _rows(*items: tuple[int, str | None, str, int]) -> list[dict[str, Any]]:
+    return [{"id": i, "full_name": n, "op": op, "ts_ms": ts} for i, n, op, ts in items]
+
+
+def _tree(root: str) -> dict[str, str]:
+    """Every file under ``root`` with a hash of its content (what readers of that directory get)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in Path(root).rglob("*")
+        if p.is_file()
+    }
+
+
+def _step(rt: tasks.Runtime, name: str, plan_path: str, run_id: str) -> Any:
+    """One task of the DAG, as its callable runs it."""
+    if name == "plan":
+        return tasks.plan(rt, run_id)
+    if name == "compact":
+        return rt.engine.compact(json.loads(Path(plan_path).read_text()))  # type: ignore[attr-defined]
+    if name == "refresh_view":
+        return tasks.refresh_view(rt)
+    return getattr(tasks, name)(rt, plan_path)
+
+
+def _published(make_cfg: Any, runtime: Any) -> tuple[tasks.Runtime, str, dict[str, str]]:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
+    compact_once(rt, "run-1")
+    land(rt.cfg, "increment_2026112201", [_rows((1, "Alicia", "u", 2), (3, "Cy", "c", 2), (9, None, "x", 2))])
+    path = compact_once(rt, "run-2")
+    return rt, path, _tree(rt.lake.live_location())
+
+
+STEPS = ["compact", "validate", "publish", "archive", "refresh_view", "plan"]
+
+
+@pytest.mark.parametrize("order", [list(o) for o in itertools.islice(itertools.permutations(STEPS), 0, None, 179)])
+def test_rerunning_the_steps_of_a_published_run_in_any_order_changes_nothing(make_cfg, runtime, spark, order) -> None:
+    rt, path, live_files = _published(make_cfg, runtime)
+    live, commit = rt.lake.live_location(), rt.lake.latest_commit()
+    for name in order + order:
+        _step(rt, name, path, "run-2")
+    assert rt.lake.latest_commit() == commit
+    assert rt.lake.live_location() == live
+    assert _tree(live) == live_files, "a published version directory was written again"
+    assert visible_names(spark, rt.cfg) == {1: "Alicia", 2: "Bob", 3: "Cy"}
+
+
+def test_compaction_of_a_published_plan_writes_nothing(make_cfg, runtime) -> None:
+    rt, path, _ = _published(make_cfg, runtime)
+    base = Path(rt.lake.layout.base)
+    before = sorted(p.name for p in base.iterdir())
+    assert _step(rt, "compact", path, "run-2") == {
+        "plan_id": json.loads(Path(path).read_text())["plan_id"],
+        "table": rt.cfg.qualified_name,
+        "already_committed": True,
+    }
+    assert sorted(p.name for p in base.iterdir()) == before, "no new directory either"
+    assert tasks.validate(rt, path)["already_committed"] is True
+
+
+def test_a_second_attempt_killed_mid_write_never_touches_the_validated_one(
+    make_cfg, runtime, spark, monkeypatch
+) -> None:
+    """compact, validate, then compact again and kill it: publish commits the validated attempt, whole."""
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows(*[(i, f"n{i}", "c", 1) for i in range(50)])])
+    path = tasks.plan(rt, "run-1")
+    _step(rt, "compact", path, "run-1")
+    first = tasks.validate(rt, path)
+    first_files = _tree(first["output_location"])
+    monkeypatch.setenv(FAULTS_ENV, "compact.before_stats=raise")
+    with pytest.raises(RuntimeError, match="injected fault"):
+        _step(rt, "compact", path, "run-1")
+    monkeypatch.delenv(FAULTS_ENV)
+    # The killed attempt wrote a directory of its own, beside the validated one.
+    attempts = sorted(p.name for p in Path(rt.lake.layout.base).iterdir() if p.name.startswith("v00000001-"))
+    assert len(attempts) == 2
+    assert tasks.publish(rt, path)["version"] == first["version"]
+    assert _tree(first["output_location"]) == first_files
+    tasks.archive(rt, path)
+    assert len(visible_names(spark, rt.cfg)) == 50
+    # The unfinished attempt is garbage: the next publish's cleanup removes it.
+    land(rt.cfg, "increment_2026112201", [_rows((50, "x", "c", 2))])
+    compact_once(rt, "run-2")
+    assert [a for a in attempts if (Path(rt.lake.layout.base) / a).exists()] == [first["version"]]
+
+
+def test_two_attempts_of_one_plan_publish_exactly_one(make_cfg, runtime, spark) -> None:
+    """Two deployments (or a cleared task) ran the same plan twice: one attempt is committed, once."""
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    assert tasks.plan(rt, "run-1") == path, "the same run id reuses the plan"
+    for _ in range(2):
+        _step(rt, "compact", path, "run-1")
+        tasks.validate(rt, path)
+    published = [tasks.publish(rt, path), tasks.publish(rt, path)]
+    assert published[0] == {**published[1], "removed_versions": published[0]["removed_versions"]}
+    assert rt.lake.latest_commit().seq == 1
+    tasks.archive(rt, path)
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
+
+
+def test_a_stale_plan_is_not_compacted(make_cfg, runtime) -> None:
+    """A plan whose commit number another plan took: its compaction refuses and writes nothing."""
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    plan = json.loads(Path(path).read_text())
+    other = Commit(
+        seq=1,
+        version="v00000001-0000other000",
+        plan_id="0000other000",
+        run_id="x",
+        parent_seq=0,
+        files=[],
+        increments=[],
+    )
+    assert rt.lake.try_commit(other)
+    with pytest.raises(Exception, match="is stale"):
+        rt.engine.compact(plan)  # type: ignore[attr-defined]
+    assert not [p for p in Path(rt.lake.layout.base).iterdir() if p.name.startswith("v00000001-")]
+    with pytest.raises(ConcurrentCommitError, match="stale"):
+        tasks.validate(rt, path)
+
+
+def test_the_deployment_id_is_unique_by_default(monkeypatch) -> None:
+    from cdc_compaction import lake
+
+    monkeypatch.delenv("CDC_DEPLOYMENT_ID", raising=False)
+    ids = set()
+    for url in ("postgresql://a@db1/airflow", "postgresql://a:secret@db2/airflow", "sqlite:////tmp/x/airflow.db"):
+        monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", url)
+        lake._deployment_fingerprint.cache_clear()
+        ids.add(lake.deployment_id())
+    lake._deployment_fingerprint.cache_clear()
+    assert len(ids) == 3 and all(i.startswith("airflow-") for i in ids)
+    monkeypatch.setenv("CDC_DEPLOYMENT_ID", "blue")
+    assert lake.deployment_id() == "blue"
