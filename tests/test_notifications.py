@@ -167,7 +167,32 @@ def test_a_failing_task_of_a_real_dag_run_mails_the_tables_owners(
     body = _body(msg)
     assert f"Table <b>{cfg.qualified_name}</b>, DAG {cfg.dag_id}" in body
     assert "Task <b>plan</b> failed" in body
-    assert "PlanError" in body and str(corrupt) in body
+    assert "PlanError" in body and str(corrupt) in body, body
     (log_url,) = re.findall(r'Log: <a href="([^"]*)">', body)
     assert log_url.startswith(("http://", "https://")), body
     assert f"/dags/{cfg.dag_id}/runs/" in log_url and "/tasks/plan" in log_url, log_url
+
+
+# ------------------------------------------------- a side channel never decides data
+@pytest.mark.parametrize("conn", ["missing", "unreachable"])
+def test_an_alert_that_cannot_be_sent_is_logged_and_counted_never_raised(
+    conn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cdc_compaction import notifications
+
+    if conn == "unreachable":
+        dead = {
+            "conn_type": "smtp",
+            "host": "127.0.0.1",
+            "port": free_port(),
+            "extra": {"disable_ssl": True, "timeout": 2},
+        }
+        monkeypatch.setenv("AIRFLOW_CONN_SMTP_DEAD", json.dumps(dead))
+    conn_id = "smtp_dead" if conn == "unreachable" else "no_such_smtp_connection"
+    before = notifications.DELIVERY_FAILURES["school.student"]
+    stats = {"rejected_rows": 2, "rejected_by_reason": {"null_key:id": 2}}
+    alert_rejected_rows("school.student", ["owner@example.org"], conn_id, stats, "/lake/quarantine/v2")
+    CdcAlertNotifier(table="school.student", emails=["owner@example.org"], smtp_conn_id=conn_id).notify(_context())
+    assert notifications.DELIVERY_FAILURES["school.student"] == before + 2
+    failures = [r for r in caplog.records if "could not deliver the alert" in r.getMessage()]
+    assert len(failures) == 2 and all(conn_id in r.getMessage() for r in failures)

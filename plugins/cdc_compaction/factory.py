@@ -6,6 +6,8 @@ time: the heavy modules are imported inside the task callables.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -74,6 +76,31 @@ def doc_md(cfg: TableConfig) -> str:
         "Every task is idempotent: after fixing a failure, clear the failed task.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def fail_fast(step: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a task callable; an error no retry can heal fails the task at once (no retries, no backoff).
+
+    The owner is alerted now instead of after the whole retry schedule; transient errors
+    (storage, metastore, Spark) still go through Airflow's retries.
+    """
+
+    @functools.wraps(step)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from cdc_compaction.exceptions import is_permanent
+
+        try:
+            return step(*args, **kwargs)
+        except Exception as exc:
+            if not is_permanent(exc):
+                raise
+            from airflow.sdk.exceptions import AirflowFailException
+
+            from cdc_compaction.notifications import error_text
+
+            raise AirflowFailException(error_text(exc)) from exc
+
+    return run
 
 
 def _runtime(cfg: TableConfig) -> Any:
@@ -182,7 +209,7 @@ def build_dag(cfg: TableConfig) -> DAG:
         def validate_step(plan_path: str) -> dict[str, Any]:
             """Check the new version (keys, counts, schema) before anything is published."""
             from cdc_compaction.notifications import alert_rejected_rows
-            from cdc_compaction.tasks import load_plan, validate
+            from cdc_compaction.tasks import validate
 
             rt = _runtime(cfg)
             stats = validate(rt, plan_path)
@@ -192,7 +219,7 @@ def build_dag(cfg: TableConfig) -> DAG:
                     cfg.alerts.emails,
                     cfg.alerts.smtp_conn_id,
                     stats,
-                    load_plan(rt, plan_path)["quarantine_location"],
+                    stats["quarantine_location"],
                 )
             return stats
 
@@ -217,7 +244,7 @@ def build_dag(cfg: TableConfig) -> DAG:
         def python_task(task_id: str, step: Any, takes_plan: bool = True, **kwargs: Any) -> PythonOperator:
             op_kwargs = {"plan_path": PLAN_XCOM} if takes_plan else None
             return PythonOperator(
-                task_id=task_id, python_callable=step, op_kwargs=op_kwargs, doc_md=step.__doc__, **kwargs
+                task_id=task_id, python_callable=fail_fast(step), op_kwargs=op_kwargs, doc_md=step.__doc__, **kwargs
             )
 
         ensured = python_task("ensure_tables", ensure_tables_step, takes_plan=False)
@@ -226,7 +253,7 @@ def build_dag(cfg: TableConfig) -> DAG:
         # downstream of it (compact ... refresh_view) succeeded or were skipped.
         plan = ShortCircuitOperator(
             task_id="plan",
-            python_callable=plan_step,
+            python_callable=fail_fast(plan_step),
             depends_on_past=True,
             wait_for_downstream=True,
             doc_md=plan_step.__doc__,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import logging
+from collections import Counter
 from typing import Any
 
 from airflow.sdk import BaseNotifier
@@ -17,10 +18,14 @@ from cdc_compaction.exceptions import CdcCompactionError
 log = logging.getLogger(__name__)
 
 
-def _error_text(exc: BaseException | None) -> str:
+def error_text(exc: BaseException | None) -> str:
     """``Type: message``; a subclass of this package's errors also names its family (``X (a PlanError)``)."""
     if exc is None:
         return "(no exception in context)"
+    cause = exc.__cause__
+    if type(exc).__name__ == "AirflowFailException" and isinstance(cause, CdcCompactionError):
+        # factory.fail_fast wrapped an error no retry can heal: name the real one.
+        return f"{error_text(cause)} (failed at once: retrying cannot fix this)"
     kind = type(exc).__name__
     families = [
         c.__name__ for c in type(exc).__mro__[1:] if issubclass(c, CdcCompactionError) and c is not CdcCompactionError
@@ -39,7 +44,7 @@ def _describe(context: dict[str, Any]) -> dict[str, str]:
         "run_id": str(context.get("run_id", getattr(ti, "run_id", ""))),
         "try_number": str(getattr(ti, "try_number", "")),
         "log_url": str(getattr(ti, "log_url", "") or ""),
-        "error": _error_text(exc),
+        "error": error_text(exc),
     }
 
 
@@ -71,17 +76,51 @@ class CdcAlertNotifier(BaseNotifier):
         d = _describe(context)
         log.error("%s | error: %s | log: %s", subject, d["error"], d["log_url"])
         if self.emails:
-            send_email(self.smtp_conn_id, self.emails, subject, body)
+            send_email(self.smtp_conn_id, self.emails, subject, body, table=self.table)
 
 
-def send_email(smtp_conn_id: str, to: list[str], subject: str, body: str) -> None:
-    """Send one HTML e-mail through an Airflow SMTP connection."""
-    from airflow.providers.smtp.hooks.smtp import SmtpHook
+#: Alerts that could not be delivered in this process, by table (also sent to Airflow's metrics).
+DELIVERY_FAILURES: Counter[str] = Counter()
+DELIVERY_FAILED_METRIC = "cdc_compaction.alert_delivery_failed"
 
-    with SmtpHook(smtp_conn_id=smtp_conn_id) as hook:
-        hook.send_email_smtp(
-            to=to, subject=subject, html_content=body, from_email=hook.from_email or "airflow@localhost"
+
+def send_email(smtp_conn_id: str, to: list[str], subject: str, body: str, table: str = "") -> bool:
+    """Send one HTML e-mail through an Airflow SMTP connection; True if it was sent.
+
+    Delivering an alert never decides whether data is published: a missing connection,
+    an unreachable server or a refused recipient is logged with the alert's subject and
+    counted (``cdc_compaction.alert_delivery_failed`` in Airflow's metrics), and the task
+    goes on.
+    """
+    try:
+        from airflow.providers.smtp.hooks.smtp import SmtpHook
+
+        with SmtpHook(smtp_conn_id=smtp_conn_id) as hook:
+            hook.send_email_smtp(
+                to=to, subject=subject, html_content=body, from_email=hook.from_email or "airflow@localhost"
+            )
+        return True
+    except Exception:
+        log.exception(
+            "%s: could not deliver the alert %r to %s through connection %r; the task goes on. Fix the "
+            "connection (Admin > Connections) to receive alerts",
+            table or "cdc-compaction",
+            subject,
+            to,
+            smtp_conn_id,
         )
+        _count_delivery_failure(table)
+        return False
+
+
+def _count_delivery_failure(table: str) -> None:
+    DELIVERY_FAILURES[table] += 1
+    try:
+        from airflow.sdk.observability.stats import Stats
+
+        Stats.incr(DELIVERY_FAILED_METRIC, tags={"table": table})
+    except Exception:  # a metrics back end that fails must not fail the task either
+        log.warning("could not count the failed alert delivery in Airflow's metrics", exc_info=True)
 
 
 def alert_rejected_rows(
@@ -100,7 +139,7 @@ def alert_rejected_rows(
             f"<code>{html.escape(quarantine)}</code>.</p><p>By reason: {html.escape(str(reasons))}</p>"
             "<p>Fix them at the source, or correct the files and re-land them as a new increment.</p>"
         )
-        send_email(smtp_conn_id, emails, subject, body)
+        send_email(smtp_conn_id, emails, subject, body, table=table)
 
 
 def alert_quarantined_files(table: str, emails: list[str], smtp_conn_id: str, files: list[dict[str, Any]]) -> None:
@@ -119,4 +158,4 @@ def alert_quarantined_files(table: str, emails: list[str], smtp_conn_id: str, fi
             f"quarantine:</p><ul>{items}</ul><p>Fix them (or the registry), then re-ingest: "
             f"<code>python -m cdc_compaction quarantine list {html.escape(table)}</code>.</p>"
         )
-        send_email(smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(files)} files quarantined", body)
+        send_email(smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(files)} files quarantined", body, table=table)
