@@ -564,3 +564,23 @@ def test_partition_value_is_rendered_from_the_rule_template(column: str, transfo
     part = partition_sql(cfg)
     assert part is not None
     assert part.to_dict() == {"column": column, "transform": transform, "value": expected}
+
+
+def test_nan_is_refused_only_in_floating_point_order_by_columns(make_cfg) -> None:
+    cfg = make_cfg(
+        columns=[
+            {"name": "id", "type": "int"},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": "bigint"},
+            {"name": "v", "type": "double"},
+            {"name": "w", "type": "FLOAT"},
+            {"name": "x", "type": "double"},
+        ],
+        order_by=["ts_ms", "v", "w"],
+    )
+    reason = rule_sql(cfg).reject_reason
+    assert "isnan(`v`) THEN 'nan_order_by:v'" in reason
+    assert "isnan(`w`) THEN 'nan_order_by:w'" in reason
+    assert "isnan(`ts_ms`)" not in reason and "isnan(`x`)" not in reason
+    # NULL first: isnan(NULL) is false anyway, but the reason must say NULL.
+    assert reason.index("null_order_by:v") < reason.index("nan_order_by:v")

@@ -69,6 +69,8 @@ class TableSqlContext:
     column_names: list[str]
     primary_key: list[str]
     order_by: list[str]
+    #: order_by columns of a floating-point type: NaN is refused there (Spark sorts it above +inf).
+    nan_order_by: list[str]
     op_column: str
     op_codes: Any
     op_codes_all: list[str]
@@ -103,6 +105,7 @@ def context(cfg: TableConfig) -> TableSqlContext:
         column_names=cfg.column_names,
         primary_key=list(cfg.primary_key),
         order_by=list(cfg.order_by),
+        nan_order_by=[c.name for c in cfg.columns if c.name in cfg.order_by and c.type.lower() in ("float", "double")],
         op_column=cfg.op_column,
         op_codes=codes,
         op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
