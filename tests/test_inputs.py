@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import compact_once
+from conftest import STUDENT_COLUMNS, compact_once
 
 from cdc_compaction import tasks
 from cdc_compaction.exceptions import BadInputError
@@ -178,3 +179,112 @@ def test_bad_files_are_quarantined_with_reasons_and_the_rest_compacts(make_cfg, 
     kept = Path(entry.path) / "increment_2026112200"
     assert sorted(p.name for p in kept.iterdir()) == ["part-1.parquet", "part-2.parquet"]
     assert not (d / "part-1.parquet").exists(), "moved, not copied: it must not be refused again every hour"
+
+
+# ------------------------------------------------- what Spark reads / what it cannot
+TS_COLUMNS = [*STUDENT_COLUMNS, {"name": "updated_at", "type": "timestamp"}]
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_dictionary_strings_and_int96_timestamps_are_accepted_and_compacted(make_cfg, runtime, spark) -> None:
+    """Both are what Spark itself reads (and INT96 is what it writes): no false refusal."""
+    rt = runtime(make_cfg(columns=TS_COLUMNS))
+    tasks.ensure_tables(rt)
+    d = _landing(rt.cfg)
+    d.mkdir(parents=True)
+    at = [datetime(2026, 11, 22, 1, 2, 3, 456789), datetime(2026, 11, 22, 4, 5, 6)]
+    table = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int32()),
+            "full_name": pa.array(["Ann", "Ben"]).dictionary_encode(),
+            "op": pa.array(["c", "c"]).dictionary_encode(),
+            "ts_ms": pa.array([1, 1], pa.int64()),
+            "updated_at": pa.array(at, pa.timestamp("us")),
+        }
+    )
+    pq.write_table(table, d / "part-0.parquet", use_deprecated_int96_timestamps=True)
+    footer = pq.read_metadata(d / "part-0.parquet")
+    assert footer.schema.column(4).physical_type == "INT96"
+    assert str(footer.schema.to_arrow_schema().field("full_name").type).startswith("dictionary<values=string")
+    assert check_file(rt.cfg, str(d / "part-0.parquet")).problem is None
+    compact_once(rt, "r1")
+    name = f"`{rt.cfg.database}`.`{table_names(rt.cfg)['base_table']}`"
+    spark.catalog.refreshTable(name)
+    got = sorted(tuple(r) for r in spark.sql(f"SELECT id, full_name, updated_at FROM {name}").collect())
+    assert got == [(1, "Ann", at[0]), (2, "Ben", at[1])]
+
+
+def test_nanosecond_int64_timestamps_stay_refused(make_cfg, tmp_path: Path) -> None:
+    cfg = make_cfg(columns=TS_COLUMNS)
+    path = tmp_path / "ns.parquet"
+    pq.write_table(
+        pa.table({**STUDENT, "updated_at": pa.array([1_700_000_000_000_000_001], pa.timestamp("ns"))}),
+        path,
+        version="2.6",
+    )
+    assert pq.read_metadata(path).schema.column(4).physical_type == "INT64"
+    problem = check_file(cfg, str(path)).problem or ""
+    assert "column 'updated_at' is timestamp[ns]" in problem
+
+
+@pytest.mark.spark
+def test_spark_refuses_nanosecond_int64_timestamps(spark: Any, tmp_path: Path) -> None:
+    """The other side of the line above: Spark really cannot read them as timestamps."""
+    path = tmp_path / "ns.parquet"
+    pq.write_table(pa.table({"t": pa.array([1], pa.timestamp("ns"))}), path, version="2.6")
+    with pytest.raises(Exception, match=r"(?i)nanos|illegal parquet type"):
+        spark.read.schema("t timestamp").parquet(str(path)).collect()
+
+
+def test_columns_differing_only_by_case_are_a_bad_file(make_cfg, tmp_path: Path) -> None:
+    path = _write(tmp_path / "dup.parquet", {**STUDENT, "ID": pa.array([2], pa.int32())})
+    problem = check_file(make_cfg(), path).problem
+    assert problem == "columns that differ only by case (Spark cannot tell them apart): 'id' and 'ID'"
+
+
+@pytest.mark.spark
+def test_spark_cannot_read_columns_differing_only_by_case(spark: Any, tmp_path: Path) -> None:
+    path = _write(tmp_path / "dup.parquet", {**STUDENT, "ID": pa.array([2], pa.int32())})
+    with pytest.raises(Exception, match=r"(?i)duplicate|ambiguous"):
+        spark.read.schema("id int, full_name string").parquet(path).collect()
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_a_case_clash_file_is_quarantined_and_the_rest_compacts(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg(on_bad_file="quarantine"))
+    tasks.ensure_tables(rt)
+    d = _landing(rt.cfg)
+    _write(d / "part-0.parquet", STUDENT)
+    _write(d / "part-1.parquet", {**STUDENT, "ID": pa.array([2], pa.int32())})
+    compact_once(rt, "r1")
+    assert _base(spark, rt.cfg) == [(1, "a", "c", 1)]
+    (entry,) = Quarantine(rt.lake).entries()
+    assert entry.reasons == {"columns that differ only by case (Spark cannot tell them apart)": 1}
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_a_partition_value_too_long_for_a_directory_name_is_refused_at_plan(make_cfg, runtime) -> None:
+    rt = runtime(make_cfg(partition_by={"column": "full_name"}))
+    tasks.ensure_tables(rt)
+    d = _landing(rt.cfg)
+    # 200 characters, but ':' is escaped by Spark as %3A: 15 + 50 * 3 + 150 = 315 bytes.
+    long_value = ":" * 50 + "x" * 150
+    names = ["ok", "fine", long_value]
+    _write(d / "part-0.parquet", STUDENT)
+    _write(
+        d / "part-1.parquet",
+        {
+            "id": pa.array([2, 3, 4], pa.int32()),
+            "full_name": pa.array(names),
+            "op": pa.array(["c"] * 3),
+            "ts_ms": pa.array([1] * 3, pa.int64()),
+        },
+    )
+    with pytest.raises(BadInputError) as err:
+        tasks.plan(rt, "r1")
+    msg = str(err.value)
+    assert "part-1.parquet" in msg and "row 2:" in msg and "315 bytes" in msg and "over the 255" in msg
+    assert "part-0.parquet" not in msg

@@ -7,7 +7,10 @@ the registry's drift policy, so a bad file stops or is set aside *before* Spark 
 * a registry column missing from the file                     -> accepted, read as NULL
 * a column type the reader widens safely (int -> bigint, float -> double, decimal(5,2) ->
   decimal(10,2), timestamp in ms/us)                          -> accepted
-* any other type (string where the registry says int)         -> bad file
+* dictionary-encoded columns, INT96 timestamps (Spark reads them) -> accepted
+* any other type (string where the registry says int, INT64 ns timestamps) -> bad file
+* two columns whose names differ only by case                 -> bad file (Spark cannot read it)
+* a partition value too long for a directory name (identity partitioning) -> bad file
 * a column the registry does not list                         -> ``on_extra_columns``: fail | ignore
 
 Bad files are handled per ``on_bad_file``: ``fail`` (default: the run stops before
@@ -120,6 +123,33 @@ def parquet_footer(storage: Storage, path: str) -> Any:
         return pq.read_metadata(fh)
 
 
+def _physical_types(meta: Any) -> dict[str, str]:
+    """Top-level column name -> Parquet physical type (``INT96``, ``INT64``, …) of one footer."""
+    out: dict[str, str] = {}
+    for i in range(meta.num_columns):
+        col = meta.schema.column(i)
+        if "." not in col.path:
+            out[col.path] = col.physical_type
+    return out
+
+
+def _logical_type(arrow: Any, physical: str | None) -> str:
+    """The Arrow type of a file column as Spark's reader sees it, for :func:`readable_as`.
+
+    A dictionary-encoded column (pyarrow keeps ``dictionary<values=string,…>`` in the
+    file's Arrow schema) is its value type to Spark. An INT96 timestamp, which Arrow reads
+    as nanoseconds, is what Spark itself writes for ``timestamp`` columns and reads as
+    microseconds; a true INT64 nanosecond timestamp Spark refuses, so it stays ``ns``.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow):
+        arrow = arrow.value_type
+    if physical == "INT96" and pa.types.is_timestamp(arrow):
+        return "timestamp[us]"
+    return str(arrow)
+
+
 def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size: int | None = None) -> FileCheck:
     """Read one file's footer and judge it against the registry (never raises for bad data)."""
     storage = storage or LocalStorage()
@@ -133,14 +163,26 @@ def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size
             size = storage.size(path) if storage.exists(path) else -1
         reason = "empty file (0 bytes)" if size == 0 else f"not readable as Parquet ({type(exc).__name__}: {exc})"
         return FileCheck(problem=reason)
-    found: dict[str, Any] = {f.name.lower(): f for f in schema}
     check = FileCheck(rows=meta.num_rows)
+    # Spark resolves Parquet columns case-insensitively: two columns differing only by case
+    # make every read of the file fail ("Found duplicate field(s)"), deep in the job.
+    by_lower: dict[str, list[str]] = {}
+    for f in schema:
+        by_lower.setdefault(f.name.lower(), []).append(f.name)
+    clashes = sorted(names for names in by_lower.values() if len(names) > 1)
+    if clashes:
+        check.problem = "columns that differ only by case (Spark cannot tell them apart): " + "; ".join(
+            " and ".join(repr(n) for n in names) for names in clashes
+        )
+        return check
+    physical = _physical_types(meta)
+    found: dict[str, Any] = {f.name.lower(): f for f in schema}
     wrong = []
     for col in cfg.columns:
         f = found.pop(col.name.lower(), None)
         if f is None:
             check.missing_columns.append(col.name)
-        elif not readable_as(col.type, str(f.type)):
+        elif not readable_as(col.type, _logical_type(f.type, physical.get(f.name))):
             wrong.append(f"column {col.name!r} is {f.type} in the file but {col.type} in the registry")
     check.ignored_columns = sorted(f.name for f in found.values())
     if wrong:
@@ -150,4 +192,44 @@ def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size
             f"columns {check.ignored_columns} are not in the registry (add them to the registry's columns, "
             "or set on_extra_columns: ignore)"
         )
+    else:
+        check.problem = _partition_value_problem(cfg, storage, path, found_names={f.name for f in schema})
     return check
+
+
+#: The longest file name most file systems (and S3 key components in practice) take.
+MAX_NAME_BYTES = 255
+_PARTITION_DIR = "_cdc_partition="
+# Characters Spark escapes (as %XX) in a partition directory name (ExternalCatalogUtils.escapePathName).
+_SPARK_ESCAPED = {chr(c) for c in range(0x01, 0x20)} | set("\"#%'*/:=?\\\x7f{[]^")
+
+
+def partition_dir_name(value: str) -> str:
+    """The directory name Spark's ``partitionBy`` gives a ``_cdc_partition`` value."""
+    return _PARTITION_DIR + "".join(f"%{ord(ch):02X}" if ch in _SPARK_ESCAPED else ch for ch in value)
+
+
+def _partition_value_problem(cfg: TableConfig, storage: Storage, path: str, found_names: set[str]) -> str | None:
+    """A row whose partition value cannot be a directory name (only an identity of a string can be that long)."""
+    part = cfg.partition_by
+    if part is None or part.transform != "identity":
+        return None
+    kind = next(c.type for c in cfg.columns if c.name == part.column).lower()
+    column = next((n for n in found_names if n.lower() == part.column.lower()), None)
+    if column is None or not kind.startswith(("string", "varchar", "char")):
+        return None  # numbers, dates and timestamps print short; a missing column is NULL
+    import pyarrow.parquet as pq
+
+    with storage.open_read(path) as fh:
+        values = pq.read_table(fh, columns=[column]).column(0).to_pylist()
+    for row, value in enumerate(values):
+        if value is None:
+            continue
+        size = len(partition_dir_name(str(value)).encode("utf-8"))
+        if size > MAX_NAME_BYTES:
+            return (
+                f"row {row}: the partition value of {part.column!r} ({str(value)[:40]!r}…, {len(str(value))} "
+                f"characters) makes a partition directory name of {size} bytes, over the {MAX_NAME_BYTES} a file "
+                f"name may have. Partition by a shorter column (or a day/month/year of a timestamp), or fix the row"
+            )
+    return None
