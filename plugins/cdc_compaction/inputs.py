@@ -71,6 +71,30 @@ def readable_as(hive_type: str, arrow_type: str) -> bool:
     return False
 
 
+_INT_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
+
+
+def hive_widening(old: str, new: str) -> bool:
+    """True if a live column of Hive type ``old`` may become ``new``: every old value and file still reads.
+
+    The same widenings Spark's Parquet reader applies to files written with the old type
+    (see :func:`readable_as`): a longer integer, float -> double, an integer up to int ->
+    double, a decimal holding every value of the old one, varchar/char -> string.
+    """
+    old, new = old.lower(), new.lower()
+    if old in _INT_RANK and new in _INT_RANK:
+        return _INT_RANK[new] > _INT_RANK[old]
+    if new == "double":
+        return old == "float" or _INT_RANK.get(old, 9) <= _INT_RANK["int"]
+    if new == "string":
+        return old.startswith(("varchar", "char"))
+    want, got = _decimal(new), _decimal(old)
+    if old.startswith("decimal") and new.startswith("decimal") and want is not None and got is not None:
+        (p, s), (fp, fs) = want, got
+        return (p, s) != (fp, fs) and fs <= s and fp - fs <= p - s
+    return False
+
+
 def arrow_type(hive_type: str) -> Any:
     """The Arrow type a Hive column is written as (what Spark writes and reads back)."""
     import pyarrow as pa

@@ -12,6 +12,7 @@ Spark SQL (see :mod:`cdc_compaction.engine`), rendered from the templates.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -41,6 +42,44 @@ def to_uri(location: str) -> str:
     return f"file:{location}" if location.startswith("/") else location
 
 
+# Spark's JSON names of the Hive types a column can be widened to.
+_SPARK_JSON_TYPES = {"tinyint": "byte", "smallint": "short", "int": "integer", "bigint": "long"}
+_SPARK_SCHEMA = "spark.sql.sources.schema"
+
+
+def _spark_schema_widened(params: dict[str, str], types: dict[str, str]) -> dict[str, str]:
+    """Table parameters with Spark's schema copy (one property or ``numParts`` pieces) retyped.
+
+    Spark reads a data source table's schema from these properties, not from the Hive
+    columns, so both must change together.
+    """
+    params = dict(params)
+    if _SPARK_SCHEMA in params:
+        text, parts = params[_SPARK_SCHEMA], None
+    elif f"{_SPARK_SCHEMA}.numParts" in params:
+        parts = int(params[f"{_SPARK_SCHEMA}.numParts"])
+        text = "".join(params[f"{_SPARK_SCHEMA}.part.{i}"] for i in range(parts))
+    else:
+        return params
+    schema = json.loads(text)
+    lower = {k.lower(): v for k, v in types.items()}
+    for field in schema.get("fields", []):
+        new = lower.get(field["name"].lower())
+        if new is None:
+            continue
+        field["type"] = _SPARK_JSON_TYPES.get(new, new)
+        # A varchar/char column is a string with its declared type in the metadata.
+        (field.get("metadata") or {}).pop("__CHAR_VARCHAR_TYPE_STRING", None)
+    text = json.dumps(schema, separators=(",", ":"))
+    if parts is None:
+        params[_SPARK_SCHEMA] = text
+    else:
+        size = -(-len(text) // parts)
+        for i in range(parts):
+            params[f"{_SPARK_SCHEMA}.part.{i}"] = text[i * size : (i + 1) * size]
+    return params
+
+
 class _Catalog(ABC):
     """What both catalogs share: reads built on ``get_table``, and which partitions to (re)register."""
 
@@ -63,6 +102,10 @@ class _Catalog(ABC):
         Returns ``{"added": [...], "moved": [...]}``.  A partition at another location is altered,
         never dropped and re-added, so readers never miss it; nothing is dropped here.
         """
+
+    @abstractmethod
+    def widen_columns(self, db: str, name: str, types: dict[str, str]) -> None:
+        """Give columns new (wider) Hive types: the table, its partitions and Spark's copy of the schema."""
 
     def table_location(self, db: str, name: str) -> str | None:
         t = self.get_table(db, name)
@@ -137,6 +180,21 @@ class Metastore(_Catalog):
         except self._t.TException as exc:  # pragma: no cover - network / server failure
             raise MetastoreError(f"cannot move {db}.{name} to {location}: {exc}") from exc
         log.info("metastore: %s.%s now at %s", db, name, location)
+
+    def widen_columns(self, db: str, name: str, types: dict[str, str]) -> None:
+        t = self.get_table(db, name)
+        if t is None:
+            raise MetastoreError(f"table {db}.{name} does not exist in the metastore at {self.endpoint.uri}")
+        lower = {k.lower(): v for k, v in types.items()}
+        for col in t.sd.cols:
+            col.type = lower.get(col.name.lower(), col.type)
+        t.parameters = _spark_schema_widened(t.parameters or {}, types)
+        try:
+            # Cascade: the partitions' own column lists change too (Hive and Trino read those).
+            self._c.alter_table_with_cascade(db, name, t, bool(t.partitionKeys))
+        except self._t.TException as exc:
+            raise MetastoreError(f"cannot change the column types of {db}.{name} to {types}: {exc}") from exc
+        log.info("metastore: %s.%s columns now %s", db, name, types)
 
     def partitions(self, db: str, name: str) -> dict[str, str]:
         """Partition value -> location of a table partitioned by one column."""
@@ -296,6 +354,19 @@ class GlueMetastore(_Catalog):
                 "Retry the task: it reads the table again"
             ) from exc
         log.info("glue: %s.%s now at %s", db, name, location)
+
+    def widen_columns(self, db: str, name: str, types: dict[str, str]) -> None:
+        raw = self._raw(db, name)
+        if raw is None:
+            raise MetastoreError(f"table {db}.{name} does not exist in the Glue Data Catalog {self.endpoint.uri}")
+        lower = {k.lower(): v for k, v in types.items()}
+        table_input = {k: copy.deepcopy(raw[k]) for k in _TABLE_INPUT_KEYS if k in raw}
+        for col in table_input["StorageDescriptor"].get("Columns", []):
+            col["Type"] = lower.get(col["Name"].lower(), col["Type"])
+        table_input["Parameters"] = _spark_schema_widened(table_input.get("Parameters", {}), types)
+        version = {"VersionId": raw["VersionId"]} if raw.get("VersionId") else {}
+        self._c.update_table(DatabaseName=db, TableInput=table_input, **version, **self._catalog)
+        log.info("glue: %s.%s columns now %s", db, name, types)
 
     def partitions(self, db: str, name: str) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -39,7 +39,8 @@ from cdc_compaction.exceptions import (
     StorageRootMismatchError,
 )
 from cdc_compaction.faults import fault_point
-from cdc_compaction.inputs import check_file, parquet_footer
+from cdc_compaction.identifiers import normalize_hive_type
+from cdc_compaction.inputs import check_file, hive_widening, parquet_footer
 from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile, TableLease, deployment_id
 from cdc_compaction.metastore import Metastore, connect
 from cdc_compaction.quarantine import Quarantine
@@ -248,10 +249,13 @@ def take_lease(rt: Runtime, owner: str, now: datetime | None = None) -> None:
 
 
 # ---------------------------------------------------------------------- ensure tables
-def _check_columns(rt: Runtime, table: str, existing: list[str], extra: list[str]) -> list[Any]:
-    """Registry columns missing from ``table``; refuse drops and renames."""
+def _check_columns(rt: Runtime, table: str, existing: list[Any], extra: list[str]) -> tuple[list[Any], dict[str, str]]:
+    """Registry columns missing from ``table`` and columns to widen (name -> new type).
+
+    Refuse drops, renames and any type change that is not a widening.
+    """
     registry = {c.name.lower(): c for c in rt.cfg.columns}
-    have = [c.lower() for c in existing if c.lower() not in extra]
+    have = {c.name.lower(): c for c in existing if c.name.lower() not in extra}
     gone = [c for c in have if c not in registry]
     if gone:
         raise SchemaChangeError(
@@ -259,7 +263,20 @@ def _check_columns(rt: Runtime, table: str, existing: list[str], extra: list[str
             "Dropping or renaming columns is not automatic: add them back to the registry, or migrate the "
             "table by hand (see README, 'Changing a schema')"
         )
-    return [c for name, c in registry.items() if name not in have]
+    widen: dict[str, str] = {}
+    for name, col in have.items():
+        old, new = normalize_hive_type(col.type), normalize_hive_type(registry[name].type)
+        if old == new:
+            continue
+        if not hive_widening(old, new):
+            raise SchemaChangeError(
+                f"{rt.cfg.qualified_name}: column {col.name!r} is {old} in table {table}, but the registry says "
+                f"{new}. Changing a live column's type is only widening (int -> bigint, float -> double, "
+                "decimal(p,s) -> a decimal holding every value of it, varchar/char -> string): put the type "
+                "back, or migrate the table by hand (see README, 'Changing a schema')"
+            )
+        widen[col.name] = new
+    return [c for name, c in registry.items() if name not in have], widen
 
 
 def ensure_tables(rt: Runtime) -> dict[str, Any]:
@@ -279,6 +296,7 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             names["incremental_table"]: ms.get_table(db, names["incremental_table"]),
             names["compactor_table"]: ms.get_table(db, names["compactor_table"]),
         }
+        widened: dict[str, dict[str, str]] = {}
         base_t = tables[names["base_table"]]
         want_keys = [PARTITION_COLUMN] if cfg.partition_by is not None else []
         if base_t is not None and [k.lower() for k in base_t.partition_keys] != want_keys:
@@ -300,10 +318,16 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             if t is None or (t.parameters or {}).get("cdc.fingerprint") == fingerprint:
                 continue
             extra = META_COLUMNS if name != names["incremental_table"] else ["_cdc_increment"]
-            missing = _check_columns(rt, name, [c.name for c in t.sd.cols], extra)
+            missing, widen = _check_columns(rt, name, list(t.sd.cols), extra)
+            widened[name] = widen
             if missing:
                 statements.append(sql.add_columns_statement(cfg, name, missing))
             statements.append(sql.set_fingerprint_statement(cfg, name))
+        for name, widen in widened.items():
+            if widen:
+                # Spark SQL cannot change a column's type; the metastore can (Spark's schema too).
+                log.warning("%s: widening %s of %s", cfg.qualified_name, widen, name)
+                ms.widen_columns(db, name, widen)
         # Stale views go in the same submission: one JVM for all DDL of a run, not two.
         views = _stale_views(rt, ms)
         if statements or views:
