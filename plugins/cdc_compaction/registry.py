@@ -10,6 +10,7 @@ own table's DAG.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
 
 REGISTRY_SUFFIXES = (".yaml", ".yml")
+#: Airflow's limit on a DAG id (``ID_LEN``).
+_MAX_DAG_ID = 250
 
 # Storage roots end up inside SQL string literals (LOCATION '...') and in file system
 # calls: a conservative character set plus a ban on '..' segments keeps both safe.
@@ -460,14 +463,24 @@ class RegistryEntry:
     path: Path
     config: TableConfig | None
     error: RegistryError | None
+    #: Set only when two bad files' names sanitize to the same DAG id (see ``factory.build_dags``).
+    dag_id_override: str | None = None
 
     @property
     def dag_id(self) -> str:
+        if self.dag_id_override is not None:
+            return self.dag_id_override
         if self.config is not None:
             return self.config.dag_id
+        # A bad file still gets its own DAG, named after the file: ``<db>.<table>.yaml`` gives the
+        # id its table would have; any other name is reduced to characters Airflow accepts.
         stem = self.path.name.rsplit(".", 1)[0]
         safe = re.sub(r"[^A-Za-z0-9_]", "_", stem.replace(".", "__"))
-        return f"cdc__{safe}"
+        dag_id = f"cdc__{safe}"
+        if len(dag_id) > _MAX_DAG_ID:
+            digest = hashlib.sha256(stem.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+            dag_id = f"{dag_id[: _MAX_DAG_ID - 10]}__{digest}"
+        return dag_id
 
 
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
