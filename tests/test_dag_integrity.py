@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import student_doc
+from test_registry import HOSTILE_FILES
 
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.registry import load_registry
@@ -106,6 +107,20 @@ def test_a_bad_registry_file_breaks_only_its_own_dag(tmp_path: Path, monkeypatch
     for dag in (teacher, course):
         assert dag.schedule is None or dag.timetable.summary == "None"
         assert [t.task_id for t in dag.tasks] == ["registry_error"]
+
+
+@pytest.mark.parametrize(("content", "fragment"), HOSTILE_FILES)
+def test_a_hostile_registry_file_hides_no_other_dag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, fragment: str
+) -> None:
+    good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
+    _write(tmp_path, "school.student.yaml", good)
+    _write(tmp_path, "school.teacher.yaml", {**good, "table": "teacher", "storage_root": "./.lake/school/teacher"})
+    (tmp_path / "tests.student.yaml").write_bytes(content)
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student"]
+    assert fragment in bag.dags["cdc__tests__student"].doc_md
 
 
 def test_a_registry_error_dag_fails_its_task_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,3 +239,22 @@ def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, goo
     assert state["stale"].get("cdc__tests__typo") is False, state["stale"]
     doc = state["doc_md"]["cdc__tests__typo"]
     assert "tests.typo.yaml" in doc and "primay_key" in doc and "primary_key" in doc
+
+
+@pytest.mark.dag
+def test_reserialize_hostile_registry_files_break_only_their_own_dags(tmp_path: Path, good_registry: Path) -> None:
+    """Every hostile file at once (non-UTF-8, overflow, deep nesting, alias bombs, huge): good DAGs stay active."""
+    hostile = {f"hostile.h{i}.yaml": p for i, p in enumerate(HOSTILE_FILES)}
+    for name, param in hostile.items():
+        (good_registry / name).write_bytes(param.values[0])
+
+    state = _db_state(_reserialize(tmp_path, good_registry))
+
+    assert state["import_errors"] == [], state["import_errors"]
+    for table in GOOD_TABLES:
+        assert state["stale"].get(f"cdc__tests__{table}") is False, state["stale"]
+    for name, param in hostile.items():
+        dag_id = "cdc__hostile__" + name.split(".")[1]
+        assert state["stale"].get(dag_id) is False, (param.id, state["stale"])
+        doc = state["doc_md"][dag_id]
+        assert name in doc and param.values[1] in doc, (param.id, doc)

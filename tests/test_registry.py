@@ -838,3 +838,73 @@ def test_load_table_of_a_duplicated_table_raises(tmp_path: Path) -> None:
     write_yaml(tmp_path, "dup.t.yml", good_doc("dup", "t"))
     with pytest.raises(RegistryError, match="defined by several files"):
         load_table(tmp_path, "dup.t")
+
+
+# -- hostile files: each is its own table's error, never everyone's -----------------------
+
+
+def _alias_bomb(where: str) -> str:
+    """A "billion laughs" document: 9 levels of 9 aliases each, 9**9 strings once expanded."""
+    lines = [yaml.safe_dump(good_doc(), sort_keys=False).rstrip("\n")]
+    anchors = ["&a0 [" + ",".join(['"lol"'] * 9) + "]"]
+    anchors += [f"&a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    # Anchors live in a list under an extra key; the last level lands where ``where`` says.
+    lines.append("x_anchors: [" + ", ".join(anchors) + "]")
+    lines.append(where.replace("BOMB", "[" + ",".join(["*a8"] * 9) + "]"))
+    return "\n".join(lines) + "\n"
+
+
+def _hostile_files() -> list[Any]:
+    good = yaml.safe_dump(good_doc(), sort_keys=False)
+    return [
+        pytest.param(b"database: caf\xe9\ntable: student\n", "not UTF-8 text", id="not-utf8"),
+        pytest.param(
+            yaml.safe_dump(good_doc(tombstone_retention="99999999999d")).encode(),
+            "field 'tombstone_retention': '99999999999d' is too long a duration",
+            id="duration-overflow",
+        ),
+        pytest.param(
+            yaml.safe_dump(good_doc(lease_timeout=10**30)).encode(),
+            "field 'lease_timeout'",
+            id="seconds-overflow",
+        ),
+        pytest.param(
+            ("database: tests\ntable: student\ncolumns: " + "[" * 50_000 + "]" * 50_000 + "\n").encode(),
+            "nested deeper than",
+            id="deep-flow-nesting",
+        ),
+        pytest.param(
+            ("database: tests\ntable: student\ncolumns: " + "{a: " * 50_000 + "1" + "}" * 50_000 + "\n").encode(),
+            "nested deeper than",
+            id="deep-mapping-nesting",
+        ),
+        pytest.param(
+            _alias_bomb("spark: {conf: {spark.x: BOMB}}").encode(), "too many YAML nodes", id="alias-bomb-in-conf"
+        ),
+        pytest.param(_alias_bomb("description: BOMB").encode(), "too many YAML nodes", id="alias-bomb"),
+        pytest.param((good + "# " + "x" * (2 << 20) + "\n").encode(), "larger than 1048576 bytes", id="huge-file"),
+        pytest.param(
+            good.replace("retries: 1", "").encode() + b"retries: 1" + b"0" * 5000 + b"\n", "digits", id="huge-int"
+        ),
+    ]
+
+
+HOSTILE_FILES = _hostile_files()
+
+
+@pytest.mark.parametrize(("content", "fragment"), HOSTILE_FILES)
+def test_a_hostile_file_is_only_its_own_error(tmp_path: Path, content: bytes, fragment: str) -> None:
+    write_yaml(tmp_path, "alpha.users.yaml", good_doc("alpha", "users", storage_root="/lake/alpha/users"))
+    (tmp_path / "tests.student.yaml").write_bytes(content)
+    write_yaml(tmp_path, "zeta.events.yaml", good_doc("zeta", "events", storage_root="/lake/zeta/events"))
+
+    entries = {e.path.name: e for e in load_registry(tmp_path)}
+
+    assert entries["alpha.users.yaml"].error is None
+    assert entries["zeta.events.yaml"].error is None
+    bad = entries["tests.student.yaml"]
+    assert bad.config is None and bad.error is not None
+    assert bad.error.file == str(tmp_path / "tests.student.yaml")
+    assert fragment in str(bad.error), str(bad.error)[:2000]
+    assert bad.dag_id == "cdc__tests__student"
+    assert len(str(bad.error)) < 5000  # the error names the problem, it does not echo the file

@@ -51,14 +51,18 @@ _EMAIL = re.compile(r"^[^@\s'\";`]+@[^@\s'\";`]+\.[^@\s'\";`]+$")
 
 def _parse_duration(value: Any) -> Any:
     """Accept ``"7d"``, ``"36h"``, ``"90m"``, an int of seconds, or a timedelta."""
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if m:
-            return timedelta(**{_DURATION_UNITS[m.group(2)]: int(m.group(1))})
-    if isinstance(value, bool):
-        raise ValueError("a duration such as '7d', '36h', '90m' or a number of seconds")
-    if isinstance(value, int):
-        return timedelta(seconds=value)
+    # timedelta raises OverflowError, which pydantic does not turn into a field error.
+    try:
+        if isinstance(value, str):
+            m = _DURATION.match(value)
+            if m:
+                return timedelta(**{_DURATION_UNITS[m.group(2)]: int(m.group(1))})
+        if isinstance(value, bool):
+            raise ValueError("a duration such as '7d', '36h', '90m' or a number of seconds")
+        if isinstance(value, int):
+            return timedelta(seconds=value)
+    except OverflowError as exc:
+        raise ValueError(f"{value!r} is too long a duration (at most {timedelta.max.days} days)") from exc
     return value
 
 
@@ -505,13 +509,73 @@ def _format_pydantic(err: ValidationError) -> list[str]:
 #: (500 registry files: 4.2 s -> 0.6 s, most of the DAG file's parse time before this).
 _SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+# Bounds on one registry file, checked before it is built into Python objects: a real entry is
+# a few KiB, at most 3 levels deep (entry > columns > column) and has no aliases. Beyond them a
+# file could crash (50k-deep nesting overflows the composer's C stack), or exhaust memory and
+# time (an alias bomb: 9 aliases per level, 9 levels, is 9**9 nodes once expanded).
+MAX_FILE_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000
+
+
+def _check_yaml_bounds(text: str) -> list[str]:
+    """Problems with the shape of ``text`` as YAML: too deep or too many nodes once aliases expand.
+
+    Walks the parser's flat event stream (no recursion, no objects built) and sizes every node
+    with its aliases expanded, so nested anchors are counted as they would be constructed.
+    """
+    depth_of: dict[str, tuple[int, int]] = {}  # anchor -> (expanded nodes, depth)
+    stack: list[list[Any]] = []  # open collections: [nodes, deepest child, anchor]
+    total = 0
+
+    def add(nodes: int, depth: int) -> str | None:
+        nonlocal total
+        total += nodes
+        if stack:
+            stack[-1][0] += nodes
+            stack[-1][1] = max(stack[-1][1], depth)
+        if total > MAX_YAML_NODES:
+            return f"too many YAML nodes once aliases are expanded (more than {MAX_YAML_NODES})"
+        if len(stack) + depth > MAX_YAML_DEPTH:
+            return f"YAML nested deeper than {MAX_YAML_DEPTH} levels"
+        return None
+
+    for event in yaml.parse(text, Loader=_SAFE_LOADER):
+        problem = None
+        if isinstance(event, yaml.CollectionStartEvent):
+            stack.append([1, 0, event.anchor])
+            if len(stack) > MAX_YAML_DEPTH:
+                problem = f"YAML nested deeper than {MAX_YAML_DEPTH} levels"
+        elif isinstance(event, yaml.CollectionEndEvent):
+            nodes, deepest, anchor = stack.pop()
+            if anchor:
+                depth_of[anchor] = (nodes, deepest + 1)
+            problem = add(nodes, deepest + 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor:
+                depth_of[event.anchor] = (1, 0)
+            problem = add(1, 0)
+        elif isinstance(event, yaml.AliasEvent):
+            # An unknown anchor is left to the loader, which reports it as invalid YAML.
+            problem = add(*depth_of.get(event.anchor or "", (1, 0)))
+        if problem:
+            return [problem]
+    return []
+
 
 def parse_entry(path: Path, text: str) -> TableConfig:
     """Parse and validate one registry file's text; raise :class:`RegistryError`."""
     file = str(path)
+    if len(text) > MAX_FILE_BYTES:
+        raise RegistryError(file, None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
     try:
+        problems = _check_yaml_bounds(text)
+        if problems:
+            raise RegistryError(file, None, problems)
         data = yaml.load(text, Loader=_SAFE_LOADER)  # a safe loader: plain data only
     except yaml.YAMLError as exc:
+        raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
     if not isinstance(data, dict):
         raise RegistryError(file, None, ["the file must hold one mapping (database, table, columns, ...)"])
@@ -522,10 +586,26 @@ def parse_entry(path: Path, text: str) -> TableConfig:
         raise RegistryError(file, table, _format_pydantic(exc)) from exc
     except IdentifierError as exc:  # pragma: no cover - pydantic wraps these as ValueError
         raise RegistryError(file, table, [str(exc)]) from exc
+    except Exception as exc:  # a validator's surprise (OverflowError, ...) is this file's error
+        raise RegistryError(file, table, [f"cannot be validated: {type(exc).__name__}: {exc}"]) from exc
     expected = f"{cfg.database}.{cfg.table}"
     if path.name.rsplit(".", 1)[0] != expected:
         raise RegistryError(file, expected, [f"file name must be '{expected}.yaml' to match database and table"])
     return cfg
+
+
+def _read_text(path: Path) -> str:
+    """A registry file's text: at most :data:`MAX_FILE_BYTES`, UTF-8; raise :class:`RegistryError`."""
+    with path.open("rb") as fh:
+        data = fh.read(MAX_FILE_BYTES + 1)  # never more, whatever the file's size
+    if len(data) > MAX_FILE_BYTES:
+        raise RegistryError(str(path), None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RegistryError(
+            str(path), None, [f"not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start}"]
+        ) from exc
 
 
 def registry_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -555,11 +635,14 @@ def _load_cached(directory: str, signature: tuple[tuple[str, int, int], ...]) ->
     for file, _mtime, _size in signature:
         path = Path(file)
         try:
-            entries.append(RegistryEntry(path, parse_entry(path, path.read_text(encoding="utf-8")), None))
+            entries.append(RegistryEntry(path, parse_entry(path, _read_text(path)), None))
         except RegistryError as exc:
             entries.append(RegistryEntry(path, None, exc))
         except OSError as exc:
             entries.append(RegistryEntry(path, None, RegistryError(file, None, [f"cannot read: {exc}"])))
+        except Exception as exc:  # noqa: BLE001 - whatever one file does, it must not hide the other tables
+            problem = f"cannot be loaded: {type(exc).__name__}: {exc}"[:1000]
+            entries.append(RegistryEntry(path, None, RegistryError(file, None, [problem])))
     # Two files claiming the same table would fight over one lake location: refuse both.
     by_name: dict[str, list[int]] = {}
     for i, e in enumerate(entries):
