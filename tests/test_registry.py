@@ -50,7 +50,8 @@ def good_doc(database: str = "tests", table: str = "student", **overrides: Any) 
         "columns": [dict(c) for c in STUDENT_COLUMNS],
         "primary_key": ["id"],
         "order_by": ["ts_ms"],
-        "storage_root": "/lake/tests/student",
+        # One root per table: two tables may not share (or nest) storage roots.
+        "storage_root": f"/lake/{database}/{table}",
     }
     doc.update(overrides)
     return doc
@@ -908,3 +909,52 @@ def test_a_hostile_file_is_only_its_own_error(tmp_path: Path, content: bytes, fr
     assert fragment in str(bad.error), str(bad.error)[:2000]
     assert bad.dag_id == "cdc__tests__student"
     assert len(str(bad.error)) < 5000  # the error names the problem, it does not echo the file
+
+
+# -- overlapping storage roots --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param("/lake/shared", "/lake/shared", id="same"),
+        pytest.param("/lake/shared", "/lake/shared/", id="trailing-slash"),
+        pytest.param("/lake/shared", "/lake/shared/inner", id="nested"),
+        pytest.param("/lake/shared", "file:///lake/shared", id="file-url"),
+        pytest.param("/lake/./shared", "/lake/shared", id="dot-segment"),
+        pytest.param("s3://bucket-a/lake/t", "s3a://bucket-a/lake/t/", id="s3-vs-s3a"),
+        pytest.param("s3a://bucket-a/lake", "s3://bucket-a/lake/t", id="s3-nested"),
+        pytest.param("RELATIVE", "ABSOLUTE", id="relative-vs-absolute"),
+    ],
+)
+def test_overlapping_storage_roots_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str, second: str
+) -> None:
+    from cdc_compaction import settings
+
+    monkeypatch.delenv("CDC_LAKE_BASE", raising=False)
+    roots = {"RELATIVE": ".lake/overlap/t", "ABSOLUTE": str(settings.PROJECT_ROOT / ".lake" / "overlap" / "t")}
+    write_yaml(tmp_path, "a.one.yaml", good_doc("a", "one", storage_root=roots.get(first, first)))
+    write_yaml(tmp_path, "b.two.yaml", good_doc("b", "two", storage_root=roots.get(second, second)))
+    write_yaml(tmp_path, "c.other.yaml", good_doc("c", "other", storage_root="/lake/shared_not"))
+
+    entries = {e.path.name: e for e in load_registry(tmp_path)}
+
+    assert entries["c.other.yaml"].error is None
+    for name in ("a.one.yaml", "b.two.yaml"):
+        e = entries[name]
+        assert e.config is None and e.error is not None, name
+        assert e.error.file == str(tmp_path / name)
+        assert names_field(e.error, "storage_root"), e.error.problems
+        message = str(e.error)
+        # Both entries are named: files and tables.
+        assert "a.one.yaml" in message and "b.two.yaml" in message
+        assert "a.one" in message and "b.two" in message
+
+
+def test_sibling_storage_roots_with_a_common_name_prefix_are_fine(tmp_path: Path) -> None:
+    write_yaml(tmp_path, "a.one.yaml", good_doc("a", "one", storage_root="/lake/t"))
+    write_yaml(tmp_path, "b.two.yaml", good_doc("b", "two", storage_root="/lake/t2"))
+    write_yaml(tmp_path, "c.three.yaml", good_doc("c", "three", storage_root="s3://bucket/lake/t"))
+    write_yaml(tmp_path, "d.four.yaml", good_doc("d", "four", storage_root="s3://bucket2/lake/t"))
+    assert all(e.error is None for e in load_registry(tmp_path))

@@ -626,11 +626,64 @@ def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) 
     if dag_id is not None:
         files = [p for p in files if RegistryEntry(p, None, None).dag_id == dag_id] or files
     signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    return list(_load_cached(str(Path(directory).resolve()), signature))
+    # Relative storage roots hang off $CDC_LAKE_BASE: it is part of what the entries mean.
+    return list(_load_cached(str(Path(directory).resolve()), signature, os.environ.get("CDC_LAKE_BASE")))
+
+
+def storage_root_key(root: str) -> str:
+    """A storage root as one comparable location: resolved if local, ``s3a://`` spelled ``s3://``."""
+    from cdc_compaction.settings import resolve_storage_root
+
+    if root.startswith(("s3://", "s3a://")):
+        # s3:// and s3a:// name the same objects; empty and '.' segments do not make a new place.
+        bucket, _, prefix = root.split("://", 1)[1].partition("/")
+        parts = [p for p in prefix.split("/") if p not in ("", ".")]
+        return "s3://" + "/".join([bucket, *parts])
+    return "file://" + resolve_storage_root(root)
+
+
+def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
+    """Refuse entries whose storage roots are the same or nested: both tables would read each other's files.
+
+    Both entries become errors (not only the later one: file-name order says nothing about which
+    table came first), and each error names the other entry's file, table and root.
+    """
+    by_key: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        if e.config is not None:
+            by_key.setdefault(storage_root_key(e.config.storage_root), []).append(i)
+    clashes: dict[int, list[int]] = {}
+    for key, idxs in by_key.items():
+        # The same root, or an ancestor of this root (checked at '/' boundaries: /lake/t2 is not under /lake/t).
+        others = list(idxs)
+        parts = key.split("/")
+        for n in range(len(parts) - 1, 2, -1):
+            others += by_key.get("/".join(parts[:n]), [])
+        for i in idxs:
+            for j in others:
+                if i != j:
+                    clashes.setdefault(i, []).append(j)
+                    clashes.setdefault(j, []).append(i)
+    configs = {i: e.config for i, e in enumerate(entries) if e.config is not None}
+    for i, js in sorted(clashes.items()):
+        cfg = configs[i]
+        problems = []
+        for j in sorted(set(js)):
+            other = configs[j]
+            problems.append(
+                f"field 'storage_root': {cfg.storage_root!r} overlaps storage_root {other.storage_root!r} of "
+                f"{entries[j].path} (table {other.qualified_name}); every table needs its own storage root, "
+                "neither equal to nor inside another table's"
+            )
+        entries[i] = RegistryEntry(
+            entries[i].path, None, RegistryError(str(entries[i].path), cfg.qualified_name, problems)
+        )
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(directory: str, signature: tuple[tuple[str, int, int], ...]) -> tuple[RegistryEntry, ...]:
+def _load_cached(
+    directory: str, signature: tuple[tuple[str, int, int], ...], lake_base: str | None
+) -> tuple[RegistryEntry, ...]:
     entries: list[RegistryEntry] = []
     for file, _mtime, _size in signature:
         path = Path(file)
@@ -658,6 +711,7 @@ def _load_cached(directory: str, signature: tuple[tuple[str, int, int], ...]) ->
                     None,
                     RegistryError(str(e.path), name, [f"field 'table': {name} is defined by several files {others}"]),
                 )
+    _refuse_overlapping_roots(entries)
     return tuple(entries)
 
 
