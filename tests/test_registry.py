@@ -383,6 +383,23 @@ def _bad_cases() -> list[Any]:
         ),
         pytest.param(
             Bad(
+                with_extra_column("x", "string", comment="c" * 257),
+                "columns.4.comment",
+                "at most 256 characters (the Hive metastore's COLUMNS_V2.COMMENT is varchar(256))",
+            ),
+            id="comment-longer-than-the-metastore-holds",
+        ),
+        pytest.param(
+            Bad(
+                setting("table", "t" * 113),
+                "table",
+                f"derived name {'t' * 113 + '_pending_rejects'!r} is 129 characters; the Hive metastore",
+                cross_field=True,
+            ),
+            id="table-derived-name-too-long",
+        ),
+        pytest.param(
+            Bad(
                 with_extra_column("x", "string", nullable=True), "columns.4.nullable", "Extra inputs are not permitted"
             ),
             id="column-unknown-key",
@@ -958,3 +975,10 @@ def test_sibling_storage_roots_with_a_common_name_prefix_are_fine(tmp_path: Path
     write_yaml(tmp_path, "c.three.yaml", good_doc("c", "three", storage_root="s3://bucket/lake/t"))
     write_yaml(tmp_path, "d.four.yaml", good_doc("d", "four", storage_root="s3://bucket2/lake/t"))
     assert all(e.error is None for e in load_registry(tmp_path))
+
+
+def test_names_and_comments_at_the_metastore_limits_are_accepted() -> None:
+    doc = good_doc(table="t" * 112)
+    doc["columns"][1]["comment"] = "c" * 256
+    cfg = TableConfig.model_validate(doc)
+    assert len(cfg.table) == 112

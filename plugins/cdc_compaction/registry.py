@@ -36,6 +36,11 @@ from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normal
 REGISTRY_SUFFIXES = (".yaml", ".yml")
 #: Airflow's limit on a DAG id (``ID_LEN``).
 _MAX_DAG_ID = 250
+#: The Hive metastore's limits (hive-metastore 2.3 ``package.jdo``): a longer column comment does
+#: not fit COLUMNS_V2.COMMENT and Spark then falls back to a table Hive cannot read; a longer
+#: derived table name fails deep inside Spark. Refused when the registry loads instead.
+MAX_COMMENT_CHARS = 256
+MAX_TABLE_NAME_CHARS = 128
 
 # Storage roots end up inside SQL string literals (LOCATION '...') and in file system
 # calls: a conservative character set plus a ban on '..' segments keeps both safe.
@@ -102,8 +107,11 @@ class Column(_Strict):
     @field_validator("comment")
     @classmethod
     def _comment(cls, v: str) -> str:
-        if len(v) > 1000 or any(c in v for c in "\n\r\x00"):
-            raise ValueError("comments are single-line text of at most 1000 characters")
+        if len(v) > MAX_COMMENT_CHARS or any(c in v for c in "\n\r\x00"):
+            raise ValueError(
+                f"comments are single-line text of at most {MAX_COMMENT_CHARS} characters "
+                f"(the Hive metastore's COLUMNS_V2.COMMENT is varchar({MAX_COMMENT_CHARS}))"
+            )
         return v
 
 
@@ -410,9 +418,21 @@ class TableConfig(_Strict):
                 raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
         if self.max_retry_delay < self.retry_delay:
             raise ValueError("max_retry_delay: must be at least retry_delay")
+        self._check_derived_names()
         if self.partition_by is not None:
             self._check_partition_by(names, types)
         return self
+
+    def _check_derived_names(self) -> None:
+        from cdc_compaction.sql import table_names  # sql imports this module
+
+        longest = max(table_names(self).values(), key=len)
+        if len(longest) > MAX_TABLE_NAME_CHARS:
+            room = MAX_TABLE_NAME_CHARS - (len(longest) - len(self.table))
+            raise ValueError(
+                f"table: derived name {longest!r} is {len(longest)} characters; the Hive metastore holds at most "
+                f"{MAX_TABLE_NAME_CHARS}, so the table name may have at most {room}"
+            )
 
     def _check_partition_by(self, names: list[str], types: dict[str, str]) -> None:
         part = self.partition_by
