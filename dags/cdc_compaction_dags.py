@@ -1,8 +1,9 @@
 """One CDC compaction Airflow DAG per table of the registry (include/registry/*.yaml).
 
 Thin on purpose: the ``cdc_compaction`` package (under plugins/) reads and validates
-the registry once per process and builds every DAG.  A bad registry file shows up as
-an import error for its own table only.
+the registry once per process and builds every DAG.  A bad registry file never makes
+this file an import error (that would mark every table's DAG stale): its table gets an
+unscheduled DAG that shows the error in its docs and fails its only task with it.
 """
 
 from __future__ import annotations

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 import subprocess
 import sys
+import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from conftest import student_doc
+from test_registry import HOSTILE_FILES
 
+from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.registry import load_registry
 from cdc_compaction.settings import PROJECT_ROOT, registry_dir
 
@@ -89,11 +95,81 @@ def test_a_bad_registry_file_breaks_only_its_own_dag(tmp_path: Path, monkeypatch
     _write(tmp_path, "school.teacher.yaml", {**good, "table": "teacher", "order_by": ["no_such_column"]})
     _write(tmp_path, "school.course.yaml", {**good, "table": "course", "database": "school; DROP TABLE x"})
     bag = _dagbag(tmp_path, monkeypatch)
-    assert sorted(bag.dag_ids) == ["cdc__school__student"]
-    assert len(bag.import_errors) == 1
-    (message,) = bag.import_errors.values()
-    assert "school.teacher.yaml" in message and "order_by" in message and "no_such_column" in message
-    assert "school.course.yaml" in message and "field 'database'" in message
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["cdc__school__course", "cdc__school__student", "cdc__school__teacher"]
+    assert {t.task_id for t in bag.dags["cdc__school__student"].tasks} == set(TASK_ORDER)
+    teacher, course = bag.dags["cdc__school__teacher"], bag.dags["cdc__school__course"]
+    assert "school.teacher.yaml" in teacher.doc_md and "order_by" in teacher.doc_md
+    assert "no_such_column" in teacher.doc_md
+    assert "school.course.yaml" in course.doc_md and "field 'database'" in course.doc_md
+    # Each error DAG reports only its own file.
+    assert "school.course.yaml" not in teacher.doc_md
+    for dag in (teacher, course):
+        assert dag.schedule is None or dag.timetable.summary == "None"
+        assert [t.task_id for t in dag.tasks] == ["registry_error"]
+
+
+@pytest.mark.parametrize(("content", "fragment"), HOSTILE_FILES)
+def test_a_hostile_registry_file_hides_no_other_dag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, fragment: str
+) -> None:
+    good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
+    _write(tmp_path, "school.student.yaml", good)
+    _write(tmp_path, "school.teacher.yaml", {**good, "table": "teacher", "storage_root": "./.lake/school/teacher"})
+    (tmp_path / "tests.student.yaml").write_bytes(content)
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student"]
+    assert fragment in bag.dags["cdc__tests__student"].doc_md
+
+
+def test_a_registry_error_dag_fails_its_task_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
+    good["primay_key"] = good.pop("primary_key")
+    _write(tmp_path, "school.student.yaml", good)
+    bag = _dagbag(tmp_path, monkeypatch)
+    task = bag.dags["cdc__school__student"].get_task("registry_error")
+    assert task.retries == 0
+    with pytest.raises(AirflowFailException) as exc_info:
+        task.python_callable()
+    message = str(exc_info.value)
+    assert "school.student.yaml" in message and "school.student" in message and "primay_key" in message
+
+
+def test_a_registry_error_is_logged_at_parse_time(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from cdc_compaction.factory import build_dags
+
+    _write(tmp_path, "tests.bad.yaml", {"database": "tests", "table": "bad"})
+    with caplog.at_level("ERROR", logger="cdc_compaction.factory"):
+        build_dags(load_registry(tmp_path))
+    assert any(r.levelname == "ERROR" and "tests.bad.yaml" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("file_name", "dag_id"),
+    [
+        pytest.param("my-db.my table.yaml", "cdc__my_db__my_table", id="unsafe-chars"),
+        pytest.param("lonely.yml", "cdc__lonely", id="no-table-part"),
+    ],
+)
+def test_a_badly_named_file_gets_a_sanitized_error_dag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_name: str, dag_id: str
+) -> None:
+    (tmp_path / file_name).write_text("- not a mapping\n")
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert bag.dag_ids == [dag_id]
+    assert file_name in bag.dags[dag_id].doc_md
+
+
+def test_bad_file_names_sanitizing_to_one_id_both_get_dags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a-b.c.yaml").write_text("- x\n")
+    (tmp_path / "a_b.c.yaml").write_text("- x\n")
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert len(bag.dag_ids) == 2 and "cdc__a_b__c" in bag.dag_ids
 
 
 def test_dag_file_parses_without_heavy_imports(tmp_path: Path) -> None:
@@ -108,3 +184,77 @@ def test_dag_file_parses_without_heavy_imports(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"dags": len(load_registry(registry_dir())), "errors": 0, "heavy": []}
+
+
+# -- Airflow's real DAG processing: ``airflow dags reserialize`` into a metadata DB ------------
+
+GOOD_TABLES = ("alpha", "beta", "gamma")
+
+
+def _reserialize(tmp_path: Path, registry: Path) -> Path:
+    """Run the real ``airflow dags reserialize`` on ``registry``; return the SQLite metadata DB it wrote."""
+    home = tmp_path / "airflow"
+    env = airflow_env(home, "thrift://127.0.0.1:9", registry_dir=registry, warehouse_dir=tmp_path / "warehouse")
+    ensure_airflow_db(env)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    proc = subprocess.run(
+        [airflow, "dags", "reserialize"], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return home / "airflow.db"
+
+
+def _db_state(db_path: Path) -> dict[str, Any]:
+    """What the DAG processing wrote: DAG rows, import errors and each serialized DAG's doc_md."""
+    with sqlite3.connect(db_path) as db:
+        dags = {d: bool(stale) for d, stale in db.execute("SELECT dag_id, is_stale FROM dag")}
+        errors = [(f, st) for f, st in db.execute("SELECT filename, stacktrace FROM import_error")]
+        docs: dict[str, str] = {}
+        for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
+            doc = json.loads(data) if data is not None else json.loads(zlib.decompress(compressed))
+            docs[dag_id] = doc["dag"].get("doc_md") or ""
+    return {"stale": dags, "import_errors": errors, "doc_md": docs}
+
+
+@pytest.fixture
+def good_registry(tmp_path: Path) -> Path:
+    registry = tmp_path / "registry"
+    for table in GOOD_TABLES:
+        _write(registry, f"tests.{table}.yaml", student_doc(tmp_path / "lake", table))
+    return registry
+
+
+@pytest.mark.dag
+def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, good_registry: Path) -> None:
+    """One wrong field name: every other table's DAG stays active, the bad table gets an error DAG."""
+    typo = student_doc(tmp_path / "lake", "typo")
+    typo["primay_key"] = typo.pop("primary_key")
+    _write(good_registry, "tests.typo.yaml", typo)
+
+    state = _db_state(_reserialize(tmp_path, good_registry))
+
+    assert state["import_errors"] == [], state["import_errors"]
+    for table in GOOD_TABLES:
+        assert state["stale"].get(f"cdc__tests__{table}") is False, state["stale"]
+    assert state["stale"].get("cdc__tests__typo") is False, state["stale"]
+    doc = state["doc_md"]["cdc__tests__typo"]
+    assert "tests.typo.yaml" in doc and "primay_key" in doc and "primary_key" in doc
+
+
+@pytest.mark.dag
+def test_reserialize_hostile_registry_files_break_only_their_own_dags(tmp_path: Path, good_registry: Path) -> None:
+    """Every hostile file at once (non-UTF-8, overflow, deep nesting, alias bombs, huge): good DAGs stay active."""
+    hostile = {f"hostile.h{i}.yaml": p for i, p in enumerate(HOSTILE_FILES)}
+    for name, param in hostile.items():
+        (good_registry / name).write_bytes(param.values[0])
+
+    state = _db_state(_reserialize(tmp_path, good_registry))
+
+    assert state["import_errors"] == [], state["import_errors"]
+    for table in GOOD_TABLES:
+        assert state["stale"].get(f"cdc__tests__{table}") is False, state["stale"]
+    for name, param in hostile.items():
+        dag_id = "cdc__hostile__" + name.split(".")[1]
+        assert state["stale"].get(dag_id) is False, (param.id, state["stale"])
+        doc = state["doc_md"][dag_id]
+        assert name in doc and param.values[1] in doc, (param.id, doc)

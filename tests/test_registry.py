@@ -50,7 +50,8 @@ def good_doc(database: str = "tests", table: str = "student", **overrides: Any) 
         "columns": [dict(c) for c in STUDENT_COLUMNS],
         "primary_key": ["id"],
         "order_by": ["ts_ms"],
-        "storage_root": "/lake/tests/student",
+        # One root per table: two tables may not share (or nest) storage roots.
+        "storage_root": f"/lake/{database}/{table}",
     }
     doc.update(overrides)
     return doc
@@ -379,6 +380,23 @@ def _bad_cases() -> list[Any]:
         pytest.param(
             Bad(with_extra_column("x", "string", comment="two\nlines"), "columns.4.comment", "single-line"),
             id="comment-newline",
+        ),
+        pytest.param(
+            Bad(
+                with_extra_column("x", "string", comment="c" * 257),
+                "columns.4.comment",
+                "at most 256 characters (the Hive metastore's COLUMNS_V2.COMMENT is varchar(256))",
+            ),
+            id="comment-longer-than-the-metastore-holds",
+        ),
+        pytest.param(
+            Bad(
+                setting("table", "t" * 113),
+                "table",
+                f"derived name {'t' * 113 + '_pending_rejects'!r} is 129 characters; the Hive metastore",
+                cross_field=True,
+            ),
+            id="table-derived-name-too-long",
         ),
         pytest.param(
             Bad(
@@ -838,3 +856,129 @@ def test_load_table_of_a_duplicated_table_raises(tmp_path: Path) -> None:
     write_yaml(tmp_path, "dup.t.yml", good_doc("dup", "t"))
     with pytest.raises(RegistryError, match="defined by several files"):
         load_table(tmp_path, "dup.t")
+
+
+# -- hostile files: each is its own table's error, never everyone's -----------------------
+
+
+def _alias_bomb(where: str) -> str:
+    """A "billion laughs" document: 9 levels of 9 aliases each, 9**9 strings once expanded."""
+    lines = [yaml.safe_dump(good_doc(), sort_keys=False).rstrip("\n")]
+    anchors = ["&a0 [" + ",".join(['"lol"'] * 9) + "]"]
+    anchors += [f"&a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    # Anchors live in a list under an extra key; the last level lands where ``where`` says.
+    lines.append("x_anchors: [" + ", ".join(anchors) + "]")
+    lines.append(where.replace("BOMB", "[" + ",".join(["*a8"] * 9) + "]"))
+    return "\n".join(lines) + "\n"
+
+
+def _hostile_files() -> list[Any]:
+    good = yaml.safe_dump(good_doc(), sort_keys=False)
+    return [
+        pytest.param(b"database: caf\xe9\ntable: student\n", "not UTF-8 text", id="not-utf8"),
+        pytest.param(
+            yaml.safe_dump(good_doc(tombstone_retention="99999999999d")).encode(),
+            "field 'tombstone_retention': '99999999999d' is too long a duration",
+            id="duration-overflow",
+        ),
+        pytest.param(
+            yaml.safe_dump(good_doc(lease_timeout=10**30)).encode(),
+            "field 'lease_timeout'",
+            id="seconds-overflow",
+        ),
+        pytest.param(
+            ("database: tests\ntable: student\ncolumns: " + "[" * 50_000 + "]" * 50_000 + "\n").encode(),
+            "nested deeper than",
+            id="deep-flow-nesting",
+        ),
+        pytest.param(
+            ("database: tests\ntable: student\ncolumns: " + "{a: " * 50_000 + "1" + "}" * 50_000 + "\n").encode(),
+            "nested deeper than",
+            id="deep-mapping-nesting",
+        ),
+        pytest.param(
+            _alias_bomb("spark: {conf: {spark.x: BOMB}}").encode(), "too many YAML nodes", id="alias-bomb-in-conf"
+        ),
+        pytest.param(_alias_bomb("description: BOMB").encode(), "too many YAML nodes", id="alias-bomb"),
+        pytest.param((good + "# " + "x" * (2 << 20) + "\n").encode(), "larger than 1048576 bytes", id="huge-file"),
+        pytest.param(
+            good.replace("retries: 1", "").encode() + b"retries: 1" + b"0" * 5000 + b"\n", "digits", id="huge-int"
+        ),
+    ]
+
+
+HOSTILE_FILES = _hostile_files()
+
+
+@pytest.mark.parametrize(("content", "fragment"), HOSTILE_FILES)
+def test_a_hostile_file_is_only_its_own_error(tmp_path: Path, content: bytes, fragment: str) -> None:
+    write_yaml(tmp_path, "alpha.users.yaml", good_doc("alpha", "users", storage_root="/lake/alpha/users"))
+    (tmp_path / "tests.student.yaml").write_bytes(content)
+    write_yaml(tmp_path, "zeta.events.yaml", good_doc("zeta", "events", storage_root="/lake/zeta/events"))
+
+    entries = {e.path.name: e for e in load_registry(tmp_path)}
+
+    assert entries["alpha.users.yaml"].error is None
+    assert entries["zeta.events.yaml"].error is None
+    bad = entries["tests.student.yaml"]
+    assert bad.config is None and bad.error is not None
+    assert bad.error.file == str(tmp_path / "tests.student.yaml")
+    assert fragment in str(bad.error), str(bad.error)[:2000]
+    assert bad.dag_id == "cdc__tests__student"
+    assert len(str(bad.error)) < 5000  # the error names the problem, it does not echo the file
+
+
+# -- overlapping storage roots --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param("/lake/shared", "/lake/shared", id="same"),
+        pytest.param("/lake/shared", "/lake/shared/", id="trailing-slash"),
+        pytest.param("/lake/shared", "/lake/shared/inner", id="nested"),
+        pytest.param("/lake/shared", "file:///lake/shared", id="file-url"),
+        pytest.param("/lake/./shared", "/lake/shared", id="dot-segment"),
+        pytest.param("s3://bucket-a/lake/t", "s3a://bucket-a/lake/t/", id="s3-vs-s3a"),
+        pytest.param("s3a://bucket-a/lake", "s3://bucket-a/lake/t", id="s3-nested"),
+        pytest.param("RELATIVE", "ABSOLUTE", id="relative-vs-absolute"),
+    ],
+)
+def test_overlapping_storage_roots_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str, second: str
+) -> None:
+    from cdc_compaction import settings
+
+    monkeypatch.delenv("CDC_LAKE_BASE", raising=False)
+    roots = {"RELATIVE": ".lake/overlap/t", "ABSOLUTE": str(settings.PROJECT_ROOT / ".lake" / "overlap" / "t")}
+    write_yaml(tmp_path, "a.one.yaml", good_doc("a", "one", storage_root=roots.get(first, first)))
+    write_yaml(tmp_path, "b.two.yaml", good_doc("b", "two", storage_root=roots.get(second, second)))
+    write_yaml(tmp_path, "c.other.yaml", good_doc("c", "other", storage_root="/lake/shared_not"))
+
+    entries = {e.path.name: e for e in load_registry(tmp_path)}
+
+    assert entries["c.other.yaml"].error is None
+    for name in ("a.one.yaml", "b.two.yaml"):
+        e = entries[name]
+        assert e.config is None and e.error is not None, name
+        assert e.error.file == str(tmp_path / name)
+        assert names_field(e.error, "storage_root"), e.error.problems
+        message = str(e.error)
+        # Both entries are named: files and tables.
+        assert "a.one.yaml" in message and "b.two.yaml" in message
+        assert "a.one" in message and "b.two" in message
+
+
+def test_sibling_storage_roots_with_a_common_name_prefix_are_fine(tmp_path: Path) -> None:
+    write_yaml(tmp_path, "a.one.yaml", good_doc("a", "one", storage_root="/lake/t"))
+    write_yaml(tmp_path, "b.two.yaml", good_doc("b", "two", storage_root="/lake/t2"))
+    write_yaml(tmp_path, "c.three.yaml", good_doc("c", "three", storage_root="s3://bucket/lake/t"))
+    write_yaml(tmp_path, "d.four.yaml", good_doc("d", "four", storage_root="s3://bucket2/lake/t"))
+    assert all(e.error is None for e in load_registry(tmp_path))
+
+
+def test_names_and_comments_at_the_metastore_limits_are_accepted() -> None:
+    doc = good_doc(table="t" * 112)
+    doc["columns"][1]["comment"] = "c" * 256
+    cfg = TableConfig.model_validate(doc)
+    assert len(cfg.table) == 112

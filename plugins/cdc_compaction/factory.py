@@ -7,6 +7,8 @@ time: the heavy modules are imported inside the task callables.
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -16,8 +18,11 @@ from airflow.providers.standard.operators.python import PythonOperator, ShortCir
 from airflow.sdk import DAG, Asset
 
 from cdc_compaction import settings
+from cdc_compaction.exceptions import RegistryError
 from cdc_compaction.notifications import CdcAlertNotifier
 from cdc_compaction.registry import RegistryEntry, TableConfig
+
+log = logging.getLogger(__name__)
 
 PLAN_XCOM = "{{ ti.xcom_pull(task_ids='plan') }}"
 
@@ -270,33 +275,83 @@ def build_dag(cfg: TableConfig) -> DAG:
     return dag
 
 
-class RegistryErrorDag(DAG):
-    """Stands in for a table whose registry file is invalid.
+#: Start date of a registry-error DAG (it has no schedule; a fixed date keeps its serialization stable).
+ERROR_DAG_START = datetime(2026, 1, 1, tzinfo=UTC)
+ERROR_TASK_ID = "registry_error"
 
-    Airflow validates every DAG it finds before adding it to the DagBag; this one fails
-    that validation with the registry error, so the bad file shows up as an import
-    error in the UI while every other table's DAG still loads.
+
+def error_doc_md(entry: RegistryEntry) -> str:
+    """The documentation of a registry-error DAG: the error itself, field by field."""
+    err = entry.error
+    problems = err.problems if err is not None else ["(unknown error)"]
+    table = err.table if err is not None and err.table else "(unknown: the file could not be read as an entry)"
+    lines = [
+        f"### Registry error in `{entry.path.name}`",
+        "",
+        f"* **File:** `{entry.path}`",
+        f"* **Table:** `{table}`",
+        "",
+        "This table is not compacted until its registry file is fixed; every other table is unaffected.",
+        "",
+        "**Problems:**",
+        "",
+        # Fenced: a problem quotes the author's values, which must not render as markdown.
+        "```",
+        *problems,
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def broken_dag(entry: RegistryEntry) -> DAG:
+    """A valid, unscheduled DAG that stands in for a table whose registry file is invalid.
+
+    It must load cleanly: a DAG file that raises (or whose DAG fails validation) is an import
+    error, and Airflow then marks every DAG of that file stale, i.e. every table. Instead this
+    DAG keeps the table's DAG id, shows the error in its docs and fails its only task at once.
     """
+    from airflow.sdk.exceptions import AirflowFailException
 
-    def validate(self) -> None:  # type: ignore[override]
-        raise self.doc_md_error  # type: ignore[attr-defined]
+    err = entry.error or RegistryError(str(entry.path), None, ["(unknown error)"])
+    message = str(err)
+    log.error("%s: DAG %s only reports this error until the file is fixed", message, entry.dag_id)
 
+    def fail() -> None:
+        """Fail with the registry error (never retried: only fixing the file helps)."""
+        raise AirflowFailException(message)
 
-def broken_dag(entry: RegistryEntry, all_errors: list[RegistryEntry]) -> DAG:
-    """A DAG object that reports the registry errors when Airflow validates it."""
-    from cdc_compaction.exceptions import RegistryError
-
-    dag = RegistryErrorDag(dag_id=entry.dag_id, schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC))
-    message = "\n".join(str(e.error) for e in all_errors)
-    err = RegistryError(str(entry.path), None, [f"{len(all_errors)} registry file(s) invalid:\n{message}"])
-    object.__setattr__(dag, "doc_md_error", err)
+    with DAG(
+        dag_id=entry.dag_id,
+        description=f"Registry error in {entry.path.name}"[:1000],
+        schedule=None,
+        start_date=ERROR_DAG_START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["cdc", "registry-error"],
+        doc_md=error_doc_md(entry),
+    ) as dag:
+        PythonOperator(task_id=ERROR_TASK_ID, python_callable=fail, retries=0, doc_md=fail.__doc__)
     return dag
+
+
+def _unique_id(entry: RegistryEntry) -> str:
+    digest = hashlib.sha256(entry.path.name.encode()).hexdigest()[:8]
+    return f"{entry.dag_id[:200]}__{digest}"
 
 
 def build_dags(entries: list[RegistryEntry]) -> dict[str, DAG]:
     """DAGs for every registry entry, keyed by DAG id, in registry (file name) order."""
-    bad = [e for e in entries if e.error is not None]
     dags: dict[str, DAG] = {}
     for e in entries:
-        dags[e.dag_id] = build_dag(e.config) if e.config is not None else broken_dag(e, bad)
+        if e.config is None:
+            if e.dag_id in dags:
+                # Two bad files whose names sanitize to one id (``a-b.c.yaml``, ``a_b.c.yaml``): both stay visible.
+                e = RegistryEntry(e.path, None, e.error, dag_id_override=_unique_id(e))
+            dags[e.dag_id] = broken_dag(e)
+            continue
+        try:
+            dags[e.dag_id] = build_dag(e.config)
+        except Exception as exc:  # noqa: BLE001 - one table's surprise must not take down every DAG of the file
+            error = RegistryError(str(e.path), e.config.qualified_name, [f"cannot build its DAG: {exc!r}"])
+            dags[e.dag_id] = broken_dag(RegistryEntry(e.path, None, error))
     return dags

@@ -10,6 +10,7 @@ own table's DAG.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -33,6 +34,13 @@ from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
 
 REGISTRY_SUFFIXES = (".yaml", ".yml")
+#: Airflow's limit on a DAG id (``ID_LEN``).
+_MAX_DAG_ID = 250
+#: The Hive metastore's limits (hive-metastore 2.3 ``package.jdo``): a longer column comment does
+#: not fit COLUMNS_V2.COMMENT and Spark then falls back to a table Hive cannot read; a longer
+#: derived table name fails deep inside Spark. Refused when the registry loads instead.
+MAX_COMMENT_CHARS = 256
+MAX_TABLE_NAME_CHARS = 128
 
 # Storage roots end up inside SQL string literals (LOCATION '...') and in file system
 # calls: a conservative character set plus a ban on '..' segments keeps both safe.
@@ -48,14 +56,18 @@ _EMAIL = re.compile(r"^[^@\s'\";`]+@[^@\s'\";`]+\.[^@\s'\";`]+$")
 
 def _parse_duration(value: Any) -> Any:
     """Accept ``"7d"``, ``"36h"``, ``"90m"``, an int of seconds, or a timedelta."""
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if m:
-            return timedelta(**{_DURATION_UNITS[m.group(2)]: int(m.group(1))})
-    if isinstance(value, bool):
-        raise ValueError("a duration such as '7d', '36h', '90m' or a number of seconds")
-    if isinstance(value, int):
-        return timedelta(seconds=value)
+    # timedelta raises OverflowError, which pydantic does not turn into a field error.
+    try:
+        if isinstance(value, str):
+            m = _DURATION.match(value)
+            if m:
+                return timedelta(**{_DURATION_UNITS[m.group(2)]: int(m.group(1))})
+        if isinstance(value, bool):
+            raise ValueError("a duration such as '7d', '36h', '90m' or a number of seconds")
+        if isinstance(value, int):
+            return timedelta(seconds=value)
+    except OverflowError as exc:
+        raise ValueError(f"{value!r} is too long a duration (at most {timedelta.max.days} days)") from exc
     return value
 
 
@@ -95,8 +107,11 @@ class Column(_Strict):
     @field_validator("comment")
     @classmethod
     def _comment(cls, v: str) -> str:
-        if len(v) > 1000 or any(c in v for c in "\n\r\x00"):
-            raise ValueError("comments are single-line text of at most 1000 characters")
+        if len(v) > MAX_COMMENT_CHARS or any(c in v for c in "\n\r\x00"):
+            raise ValueError(
+                f"comments are single-line text of at most {MAX_COMMENT_CHARS} characters "
+                f"(the Hive metastore's COLUMNS_V2.COMMENT is varchar({MAX_COMMENT_CHARS}))"
+            )
         return v
 
 
@@ -403,9 +418,21 @@ class TableConfig(_Strict):
                 raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
         if self.max_retry_delay < self.retry_delay:
             raise ValueError("max_retry_delay: must be at least retry_delay")
+        self._check_derived_names()
         if self.partition_by is not None:
             self._check_partition_by(names, types)
         return self
+
+    def _check_derived_names(self) -> None:
+        from cdc_compaction.sql import table_names  # sql imports this module
+
+        longest = max(table_names(self).values(), key=len)
+        if len(longest) > MAX_TABLE_NAME_CHARS:
+            room = MAX_TABLE_NAME_CHARS - (len(longest) - len(self.table))
+            raise ValueError(
+                f"table: derived name {longest!r} is {len(longest)} characters; the Hive metastore holds at most "
+                f"{MAX_TABLE_NAME_CHARS}, so the table name may have at most {room}"
+            )
 
     def _check_partition_by(self, names: list[str], types: dict[str, str]) -> None:
         part = self.partition_by
@@ -460,14 +487,24 @@ class RegistryEntry:
     path: Path
     config: TableConfig | None
     error: RegistryError | None
+    #: Set only when two bad files' names sanitize to the same DAG id (see ``factory.build_dags``).
+    dag_id_override: str | None = None
 
     @property
     def dag_id(self) -> str:
+        if self.dag_id_override is not None:
+            return self.dag_id_override
         if self.config is not None:
             return self.config.dag_id
+        # A bad file still gets its own DAG, named after the file: ``<db>.<table>.yaml`` gives the
+        # id its table would have; any other name is reduced to characters Airflow accepts.
         stem = self.path.name.rsplit(".", 1)[0]
         safe = re.sub(r"[^A-Za-z0-9_]", "_", stem.replace(".", "__"))
-        return f"cdc__{safe}"
+        dag_id = f"cdc__{safe}"
+        if len(dag_id) > _MAX_DAG_ID:
+            digest = hashlib.sha256(stem.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+            dag_id = f"{dag_id[: _MAX_DAG_ID - 10]}__{digest}"
+        return dag_id
 
 
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
@@ -492,13 +529,73 @@ def _format_pydantic(err: ValidationError) -> list[str]:
 #: (500 registry files: 4.2 s -> 0.6 s, most of the DAG file's parse time before this).
 _SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+# Bounds on one registry file, checked before it is built into Python objects: a real entry is
+# a few KiB, at most 3 levels deep (entry > columns > column) and has no aliases. Beyond them a
+# file could crash (50k-deep nesting overflows the composer's C stack), or exhaust memory and
+# time (an alias bomb: 9 aliases per level, 9 levels, is 9**9 nodes once expanded).
+MAX_FILE_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000
+
+
+def _check_yaml_bounds(text: str) -> list[str]:
+    """Problems with the shape of ``text`` as YAML: too deep or too many nodes once aliases expand.
+
+    Walks the parser's flat event stream (no recursion, no objects built) and sizes every node
+    with its aliases expanded, so nested anchors are counted as they would be constructed.
+    """
+    depth_of: dict[str, tuple[int, int]] = {}  # anchor -> (expanded nodes, depth)
+    stack: list[list[Any]] = []  # open collections: [nodes, deepest child, anchor]
+    total = 0
+
+    def add(nodes: int, depth: int) -> str | None:
+        nonlocal total
+        total += nodes
+        if stack:
+            stack[-1][0] += nodes
+            stack[-1][1] = max(stack[-1][1], depth)
+        if total > MAX_YAML_NODES:
+            return f"too many YAML nodes once aliases are expanded (more than {MAX_YAML_NODES})"
+        if len(stack) + depth > MAX_YAML_DEPTH:
+            return f"YAML nested deeper than {MAX_YAML_DEPTH} levels"
+        return None
+
+    for event in yaml.parse(text, Loader=_SAFE_LOADER):
+        problem = None
+        if isinstance(event, yaml.CollectionStartEvent):
+            stack.append([1, 0, event.anchor])
+            if len(stack) > MAX_YAML_DEPTH:
+                problem = f"YAML nested deeper than {MAX_YAML_DEPTH} levels"
+        elif isinstance(event, yaml.CollectionEndEvent):
+            nodes, deepest, anchor = stack.pop()
+            if anchor:
+                depth_of[anchor] = (nodes, deepest + 1)
+            problem = add(nodes, deepest + 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor:
+                depth_of[event.anchor] = (1, 0)
+            problem = add(1, 0)
+        elif isinstance(event, yaml.AliasEvent):
+            # An unknown anchor is left to the loader, which reports it as invalid YAML.
+            problem = add(*depth_of.get(event.anchor or "", (1, 0)))
+        if problem:
+            return [problem]
+    return []
+
 
 def parse_entry(path: Path, text: str) -> TableConfig:
     """Parse and validate one registry file's text; raise :class:`RegistryError`."""
     file = str(path)
+    if len(text) > MAX_FILE_BYTES:
+        raise RegistryError(file, None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
     try:
+        problems = _check_yaml_bounds(text)
+        if problems:
+            raise RegistryError(file, None, problems)
         data = yaml.load(text, Loader=_SAFE_LOADER)  # a safe loader: plain data only
     except yaml.YAMLError as exc:
+        raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
     if not isinstance(data, dict):
         raise RegistryError(file, None, ["the file must hold one mapping (database, table, columns, ...)"])
@@ -509,10 +606,26 @@ def parse_entry(path: Path, text: str) -> TableConfig:
         raise RegistryError(file, table, _format_pydantic(exc)) from exc
     except IdentifierError as exc:  # pragma: no cover - pydantic wraps these as ValueError
         raise RegistryError(file, table, [str(exc)]) from exc
+    except Exception as exc:  # a validator's surprise (OverflowError, ...) is this file's error
+        raise RegistryError(file, table, [f"cannot be validated: {type(exc).__name__}: {exc}"]) from exc
     expected = f"{cfg.database}.{cfg.table}"
     if path.name.rsplit(".", 1)[0] != expected:
         raise RegistryError(file, expected, [f"file name must be '{expected}.yaml' to match database and table"])
     return cfg
+
+
+def _read_text(path: Path) -> str:
+    """A registry file's text: at most :data:`MAX_FILE_BYTES`, UTF-8; raise :class:`RegistryError`."""
+    with path.open("rb") as fh:
+        data = fh.read(MAX_FILE_BYTES + 1)  # never more, whatever the file's size
+    if len(data) > MAX_FILE_BYTES:
+        raise RegistryError(str(path), None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RegistryError(
+            str(path), None, [f"not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start}"]
+        ) from exc
 
 
 def registry_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -533,20 +646,76 @@ def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) 
     if dag_id is not None:
         files = [p for p in files if RegistryEntry(p, None, None).dag_id == dag_id] or files
     signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    return list(_load_cached(str(Path(directory).resolve()), signature))
+    # Relative storage roots hang off $CDC_LAKE_BASE: it is part of what the entries mean.
+    return list(_load_cached(str(Path(directory).resolve()), signature, os.environ.get("CDC_LAKE_BASE")))
+
+
+def storage_root_key(root: str) -> str:
+    """A storage root as one comparable location: resolved if local, ``s3a://`` spelled ``s3://``."""
+    from cdc_compaction.settings import resolve_storage_root
+
+    if root.startswith(("s3://", "s3a://")):
+        # s3:// and s3a:// name the same objects; empty and '.' segments do not make a new place.
+        bucket, _, prefix = root.split("://", 1)[1].partition("/")
+        parts = [p for p in prefix.split("/") if p not in ("", ".")]
+        return "s3://" + "/".join([bucket, *parts])
+    return "file://" + resolve_storage_root(root)
+
+
+def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
+    """Refuse entries whose storage roots are the same or nested: both tables would read each other's files.
+
+    Both entries become errors (not only the later one: file-name order says nothing about which
+    table came first), and each error names the other entry's file, table and root.
+    """
+    by_key: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        if e.config is not None:
+            by_key.setdefault(storage_root_key(e.config.storage_root), []).append(i)
+    clashes: dict[int, list[int]] = {}
+    for key, idxs in by_key.items():
+        # The same root, or an ancestor of this root (checked at '/' boundaries: /lake/t2 is not under /lake/t).
+        others = list(idxs)
+        parts = key.split("/")
+        for n in range(len(parts) - 1, 2, -1):
+            others += by_key.get("/".join(parts[:n]), [])
+        for i in idxs:
+            for j in others:
+                if i != j:
+                    clashes.setdefault(i, []).append(j)
+                    clashes.setdefault(j, []).append(i)
+    configs = {i: e.config for i, e in enumerate(entries) if e.config is not None}
+    for i, js in sorted(clashes.items()):
+        cfg = configs[i]
+        problems = []
+        for j in sorted(set(js)):
+            other = configs[j]
+            problems.append(
+                f"field 'storage_root': {cfg.storage_root!r} overlaps storage_root {other.storage_root!r} of "
+                f"{entries[j].path} (table {other.qualified_name}); every table needs its own storage root, "
+                "neither equal to nor inside another table's"
+            )
+        entries[i] = RegistryEntry(
+            entries[i].path, None, RegistryError(str(entries[i].path), cfg.qualified_name, problems)
+        )
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(directory: str, signature: tuple[tuple[str, int, int], ...]) -> tuple[RegistryEntry, ...]:
+def _load_cached(
+    directory: str, signature: tuple[tuple[str, int, int], ...], lake_base: str | None
+) -> tuple[RegistryEntry, ...]:
     entries: list[RegistryEntry] = []
     for file, _mtime, _size in signature:
         path = Path(file)
         try:
-            entries.append(RegistryEntry(path, parse_entry(path, path.read_text(encoding="utf-8")), None))
+            entries.append(RegistryEntry(path, parse_entry(path, _read_text(path)), None))
         except RegistryError as exc:
             entries.append(RegistryEntry(path, None, exc))
         except OSError as exc:
             entries.append(RegistryEntry(path, None, RegistryError(file, None, [f"cannot read: {exc}"])))
+        except Exception as exc:  # noqa: BLE001 - whatever one file does, it must not hide the other tables
+            problem = f"cannot be loaded: {type(exc).__name__}: {exc}"[:1000]
+            entries.append(RegistryEntry(path, None, RegistryError(file, None, [problem])))
     # Two files claiming the same table would fight over one lake location: refuse both.
     by_name: dict[str, list[int]] = {}
     for i, e in enumerate(entries):
@@ -562,6 +731,7 @@ def _load_cached(directory: str, signature: tuple[tuple[str, int, int], ...]) ->
                     None,
                     RegistryError(str(e.path), name, [f"field 'table': {name} is defined by several files {others}"]),
                 )
+    _refuse_overlapping_roots(entries)
     return tuple(entries)
 
 
