@@ -159,3 +159,24 @@ def alert_quarantined_files(table: str, emails: list[str], smtp_conn_id: str, fi
             f"<code>python -m cdc_compaction quarantine list {html.escape(table)}</code>.</p>"
         )
         send_email(smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(files)} files quarantined", body, table=table)
+
+
+def alert_ignored_landing(table: str, emails: list[str], smtp_conn_id: str, entries: list[dict[str, Any]]) -> None:
+    """Warn that landed files or directories are never compacted (wrong place or name).
+
+    Never raises (see :func:`send_email`): the next plan alerts again while they stay.
+    """
+    if not entries:
+        return
+    log.warning("%s: %d landed entries are never compacted: %s", table, len(entries), entries)
+    if not emails:
+        return
+    items = "".join(f"<li><code>{html.escape(e['path'])}</code>: {html.escape(e['reason'])}</li>" for e in entries)
+    body = (
+        f"<p>{len(entries)} landed files or directories of <b>{html.escape(table)}</b> are not where the "
+        f"table's runs take change files, so they are never compacted:</p><ul>{items}</ul>"
+        "<p>Move each into the increment directory of its hour, or remove it.</p>"
+    )
+    send_email(
+        smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(entries)} landed entries ignored", body, table=table
+    )

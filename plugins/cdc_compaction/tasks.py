@@ -20,7 +20,7 @@ import logging
 import posixpath
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
@@ -42,6 +42,16 @@ from cdc_compaction.faults import fault_point
 from cdc_compaction.identifiers import normalize_hive_type
 from cdc_compaction.inputs import check_file, hive_widening, parquet_footer
 from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile, TableLease, deployment_id
+from cdc_compaction.landing import (
+    Ignored,
+    as_dicts,
+    classify_increment,
+    increment_hour,
+    landing_report_path,
+    markers,
+    scan_landing,
+    view_report_path,
+)
 from cdc_compaction.metastore import Metastore, connect
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
@@ -77,34 +87,13 @@ def utcnow() -> datetime:
 
 
 # --------------------------------------------------------------------------- helpers
-def increment_hour(cfg: TableConfig, name: str) -> datetime | None:
-    """The hour an increment directory stands for, or None if the name does not match."""
-    inc = cfg.increments
-    if not name.startswith(inc.prefix):
-        return None
-    try:
-        return datetime.strptime(name[len(inc.prefix) :], inc.time_format).replace(tzinfo=UTC)
-    except ValueError:
-        return None
-
-
 def increment_dirs(rt: Runtime) -> dict[str, str]:
-    """Increment name -> directory, for every increment directory of the landing area."""
-    out = {}
-    for entry in rt.lake.storage.list_dir(rt.lake.layout.incremental):
-        if not entry.is_dir:
-            continue
-        if increment_hour(rt.cfg, entry.name) is None:
-            log.warning(
-                "%s: %s does not match the increment layout %s%s; it is ignored until renamed or removed",
-                rt.cfg.qualified_name,
-                entry.path,
-                rt.cfg.increments.prefix,
-                rt.cfg.increments.time_format,
-            )
-            continue
-        out[entry.name] = entry.path
-    return out
+    """Increment name -> directory, for every increment directory of the landing area.
+
+    Other entries of the landing directory are left out here; ``plan`` reports them
+    (see :func:`pending_files`).
+    """
+    return scan_landing(rt.cfg, rt.lake.storage, rt.lake.layout.incremental)[0]
 
 
 def _read_json(rt: Runtime, path: str) -> dict[str, Any]:
@@ -349,33 +338,55 @@ def _plan_id(cfg: TableConfig, owner: str, seq: int) -> str:
     return hashlib.sha1(f"{cfg.qualified_name}|{owner}|{seq}".encode()).hexdigest()[:12]
 
 
-def pending_files(
-    rt: Runtime, now: datetime, exclude: set[str]
-) -> tuple[list[PlannedFile], list[tuple[PlannedFile, str]], dict[str, str]]:
+@dataclass
+class Pending:
+    """What the landing area holds for a run: input to take, and everything it does not take yet."""
+
+    #: Files of complete increments, not yet compacted, whose footers pass :func:`check_file`.
+    files: list[PlannedFile] = field(default_factory=list)
+    #: Files of complete increments that ``check_file`` refuses, with the reason.
+    bad: list[tuple[PlannedFile, str]] = field(default_factory=list)
+    #: Increments the view may show (registered as partitions of ``<t>_incremental``).
+    dirs: dict[str, str] = field(default_factory=dict)
+    #: Increments kept out of the view: a file the plan would refuse, or one Spark would read but no plan takes.
+    held_back: list[dict[str, str]] = field(default_factory=list)
+    #: Increments not complete yet, with the reason (current hour, no marker, not settled, a writer's temporaries).
+    waiting: list[dict[str, str]] = field(default_factory=list)
+    #: Landed files and directories a run never takes, with the reason and what to do.
+    ignored: list[Ignored] = field(default_factory=list)
+
+
+def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
     """Complete increments' files not yet compacted, split into good and bad (with the reason).
 
-    Also returns every increment directory seen (they are registered as partitions).
+    Every data file of every increment is checked with :func:`check_file` (footers only),
+    waiting increments included: an increment holding a file the plan would refuse is kept
+    out of the view, so that one unreadable file cannot break every query of it.
     """
     cfg, st = rt.cfg, rt.lake.storage
     inc = cfg.increments
-    files: list[PlannedFile] = []
-    bad: list[tuple[PlannedFile, str]] = []
-    dirs = increment_dirs(rt)
+    out = Pending()
+    dirs, out.ignored = scan_landing(cfg, st, rt.lake.layout.incremental)
     for name, path in sorted(dirs.items()):
-        entries = st.list_dir(path)
-        data = [e for e in entries if not e.is_dir and is_data_file(e.name)]
+        listing = classify_increment(cfg, name, path, st.list_dir(path))
+        out.ignored += listing.ignored
+        data = listing.data
         hour = increment_hour(cfg, name)
-        if inc.wait_for_hour_end and hour is not None and hour + timedelta(hours=1) > now:
-            log.info("%s: %s is the current hour; it waits until the hour ends", cfg.qualified_name, name)
-            continue
-        if inc.completion == "marker" and not any(e.name == inc.marker_file for e in entries):
-            log.info("%s: %s has no %s marker yet; not complete", cfg.qualified_name, name, inc.marker_file)
-            continue
-        if data and inc.settle_seconds and max(e.mtime for e in data) > now.timestamp() - inc.settle_seconds:
-            log.info(
-                "%s: %s changed within %ss; waiting for it to settle", cfg.qualified_name, name, inc.settle_seconds
-            )
-            continue
+        waits = None
+        if listing.in_progress:
+            # A writer is still at work (or died): taking the increment now could miss its files,
+            # and archive must never delete them (README, "Crash safety").
+            waits = "holds a writer's temporaries " + ", ".join(sorted(e.name for e in listing.in_progress))
+        elif inc.wait_for_hour_end and hour is not None and hour + timedelta(hours=1) > now:
+            waits = "is the current hour; it waits until the hour ends"
+        elif inc.completion == "marker" and not listing.markers:
+            waits = f"has no {inc.marker_file} marker yet"
+        elif data and inc.settle_seconds and max(e.mtime for e in data) > now.timestamp() - inc.settle_seconds:
+            waits = f"changed within {inc.settle_seconds}s; waiting for it to settle"
+        if waits is not None:
+            log.info("%s: %s %s; not complete, not planned yet", cfg.qualified_name, path, waits)
+            out.waiting.append({"increment": name, "path": path, "reason": waits})
+        refused = list(listing.unplanned_but_readable())
         for e in data:
             if f"{name}/{e.name}" in exclude:
                 continue
@@ -390,7 +401,11 @@ def pending_files(
                 missing_columns=tuple(check.missing_columns),
             )
             if check.problem is not None:
-                bad.append((f, check.problem))
+                refused.append((e.path, check.problem))
+                if waits is None:
+                    out.bad.append((f, check.problem))
+                continue
+            if waits is not None:
                 continue
             if check.ignored_columns or check.missing_columns:
                 log.warning(
@@ -401,8 +416,74 @@ def pending_files(
                     check.ignored_columns,
                     check.missing_columns,
                 )
-            files.append(f)
-    return files, bad, dirs
+            out.files.append(f)
+        if refused:
+            out.held_back += [{"increment": name, "path": p, "reason": r} for p, r in refused]
+        else:
+            out.dirs[name] = path
+    return out
+
+
+def report_landing(
+    rt: Runtime, pending: Pending, on_ignored: Callable[[list[dict[str, Any]]], None] | None = None
+) -> None:
+    """Log every landed entry the run does not take, record them, and alert about new ones.
+
+    ``_cdc/landing.json`` holds the last plan's view of the landing area (ignored entries,
+    waiting and held-back increments), also when nothing was planned.  ``on_ignored`` is
+    called with the ignored entries not alerted about before; an alert that cannot be
+    delivered is logged and tried again by the next run, it never fails the plan.
+    """
+    cfg, st = rt.cfg, rt.lake.storage
+    path = landing_report_path(rt.lake.layout.control)
+    for i in pending.ignored:
+        log.warning("%s: %s is not compacted: %s", cfg.qualified_name, i.path, i.reason)
+    try:
+        alerted = {(a["path"], a["reason"]) for a in json.loads(st.read_text(path)).get("alerted", [])}
+    except Exception:  # noqa: BLE001 - no report yet, or a torn one: alert about everything
+        alerted = set()
+    now_ignored = {(i.path, i.reason) for i in pending.ignored}
+    alerted &= now_ignored  # an entry that went and came back is new again
+    new = [i.to_dict() for i in pending.ignored if (i.path, i.reason) not in alerted]
+    if new and on_ignored is not None:
+        try:
+            on_ignored(new)
+            alerted |= {(i["path"], i["reason"]) for i in new}
+        except Exception:  # an undeliverable alert must not stop the compaction
+            log.exception(
+                "%s: could not send the alert about %d ignored landing entries; the next run tries again",
+                cfg.qualified_name,
+                len(new),
+            )
+    doc = {
+        "table": cfg.qualified_name,
+        "checked_at": utcnow().isoformat(),
+        "ignored_landing": as_dicts(pending.ignored),
+        "waiting_increments": pending.waiting,
+        "held_back_from_view": pending.held_back,
+        "alerted": [{"path": p, "reason": r} for p, r in sorted(alerted)],
+    }
+    st.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
+
+
+def sync_view_partitions(rt: Runtime, ms: Metastore, pending: Pending, drop_gone: bool = False) -> dict[str, list[str]]:
+    """Register the increments the view may show; drop held-back ones (and, with ``drop_gone``, vanished ones)."""
+    cfg, table = rt.cfg, rt.names["incremental_table"]
+    held = {h["increment"] for h in pending.held_back}
+    registered = ms.partitions(cfg.database, table)
+    drop = sorted(v for v in registered if v in held or (drop_gone and v not in pending.dirs))
+    dropped = ms.drop_partitions(cfg.database, table, drop)
+    added = ms.add_partitions(cfg.database, table, pending.dirs)
+    if pending.held_back:
+        log.warning(
+            "%s: increments %s are kept out of %s until fixed: %s. Replace or remove each file named (or let "
+            "on_bad_file: quarantine set it aside); the rest of the view is unaffected",
+            cfg.qualified_name,
+            sorted(held),
+            rt.names["view_name"],
+            "; ".join(f"{h['path']}: {h['reason']}" for h in pending.held_back),
+        )
+    return {"added": added, "dropped": dropped}
 
 
 def set_aside_bad_files(rt: Runtime, plan_id: str, bad: list[tuple[PlannedFile, str]]) -> list[dict[str, Any]]:
@@ -452,10 +533,13 @@ def plan(
     run_id: str,
     now: datetime | None = None,
     on_quarantined: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> str:
     """Record the exact input of this run; return the plan file path, or '' if nothing is pending.
 
-    ``on_quarantined`` is called with the bad files set aside (``on_bad_file: quarantine``).
+    ``on_quarantined`` is called with the bad files set aside (``on_bad_file: quarantine``),
+    ``on_ignored`` with landed entries the run will never take that were not alerted about
+    yet (see :func:`report_landing`; its failure is only logged).
     """
     now = now or utcnow()
     cfg, lake = rt.cfg, rt.lake
@@ -463,7 +547,7 @@ def plan(
     # Before anything else: one run per table at a time, across deployments sharing the lake.
     take_lease(rt, owner, now)
     try:
-        return _plan_under_lease(rt, run_id, owner, now, on_quarantined)
+        return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored)
     except Exception:
         # A plan that failed before recording its input has nothing in flight: let other runs go.
         try:
@@ -480,6 +564,7 @@ def _plan_under_lease(
     owner: str,
     now: datetime,
     on_quarantined: Callable[[list[dict[str, Any]]], None] | None,
+    on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> str:
     cfg, lake = rt.cfg, rt.lake
     with connect(rt.metastore) as ms:
@@ -498,11 +583,14 @@ def _plan_under_lease(
             log.info("%s: reusing plan %s of this run (retry)", cfg.qualified_name, plan_id)
             return path
         committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
-        files, bad, dirs = pending_files(rt, now, committed)
-        quarantined = set_aside_bad_files(rt, plan_id, bad)
+        pending = pending_files(rt, now, committed)
+        files = pending.files
+        # Before a bad file can fail the plan: the view must keep answering without it.
+        sync_view_partitions(rt, ms, pending)
+        report_landing(rt, pending, on_ignored)
+        quarantined = set_aside_bad_files(rt, plan_id, pending.bad)
         if quarantined and on_quarantined is not None:
             on_quarantined(quarantined)
-        ms.add_partitions(cfg.database, rt.names["incremental_table"], dirs)
     if not files:
         log.info("%s: nothing to compact", cfg.qualified_name)
         TableLease(lake).release(owner)
@@ -527,6 +615,9 @@ def _plan_under_lease(
         "commit_path": lake.layout.commit_path(seq),
         "files": [f.to_dict() for f in files],
         "quarantined_files": quarantined,
+        # What the run saw but did not take (README, "Bad input and the quarantine").
+        "ignored_landing": as_dicts(pending.ignored),
+        "waiting_increments": pending.waiting,
         "increments": sorted({f.increment for f in files}),
         "ingested_at": now.isoformat(),
         "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
@@ -930,6 +1021,9 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
     lake, st, cfg = rt.lake, rt.lake.storage, rt.cfg
     if commit.seq == 0 or lake.is_archived(commit.seq):
         return {"archived_files": 0}
+    # A publish that died after its commit record never wrote the refused rows' manifest:
+    # the next run's plan (which archives first) repairs it, so the quarantine lists them.
+    Quarantine(lake).record_rows(commit.version, commit.seq, commit.stats)
     moved = 0
     table = cfg.qualified_name
     for f in commit.files:
@@ -953,15 +1047,7 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
                 f"at {dst}. It was compacted, so the table is complete, but the archive is missing it; restore it "
                 "from the source or remove it from the commit record to continue"
             )
-    emptied = []
-    for inc in commit.increments:
-        d = posixpath.join(lake.layout.incremental, inc)
-        rest = [e for e in st.list_dir(d) if e.is_dir or is_data_file(e.name)]
-        if not rest:
-            for e in st.list_dir(d):
-                st.delete(e.path)  # markers and checksums of a fully archived increment
-            st.remove_dir_if_empty(d)
-            emptied.append(inc)
+    emptied = [inc for inc in commit.increments if _clear_increment(rt, commit, inc)]
     ms.drop_partitions(cfg.database, rt.names["incremental_table"], emptied)
     # A copy killed half-way leaves a hidden temporary beside its target: not an archived file.
     sweep_temporaries(
@@ -975,6 +1061,40 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
         "%s: archived %d files of commit %d; dropped partitions %s", cfg.qualified_name, moved, commit.seq, emptied
     )
     return {"archived_files": moved, "dropped_partitions": emptied}
+
+
+def _clear_increment(rt: Runtime, commit: Commit, inc: str) -> bool:
+    """After its planned files were archived: remove what belonged to them, and the directory if empty.
+
+    Only three kinds of files are deleted here, by name, from one listing: checksums of the
+    commit's files (``.<file>.crc``, ``<file>.crc``) and, when nothing else is left, the
+    completion marker.  A writer's temporaries, files that landed after the plan (even
+    between two listings) and anything unknown stay, and so does the directory.
+    """
+    st, cfg = rt.lake.storage, rt.cfg
+    d = posixpath.join(rt.lake.layout.incremental, inc)
+    planned = {f["name"] for f in commit.files if f["increment"] == inc}
+    sums = {n for p in planned for n in (f".{p}.crc", f"{p}.crc")}
+    entries = st.list_dir(d)
+    checksums = [e for e in entries if not e.is_dir and e.name in sums]
+    done = [e for e in entries if not e.is_dir and e.name in markers(cfg)]
+    others = [e for e in entries if e not in checksums and e not in done]
+    for e in checksums:
+        st.delete(e.path)
+    if others:
+        # The marker stays too: it may be what makes the files that remain complete.
+        log.info(
+            "%s: %s keeps %s, which commit %d did not take; the increment stays pending",
+            cfg.qualified_name,
+            d,
+            sorted(e.name for e in others),
+            commit.seq,
+        )
+        return False
+    for e in done:
+        st.delete(e.path)
+    # Not emptied if something landed meanwhile: it stays, and so does its partition.
+    return st.remove_dir_if_empty(d) or not st.exists(d)
 
 
 def archive(rt: Runtime, plan_path: str) -> dict[str, Any]:
@@ -1006,15 +1126,36 @@ def _stale_views(rt: Runtime, ms: Metastore) -> list[str]:
 
 
 def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
-    """Register pending increments as partitions and (re)create the views if they changed."""
-    cfg, names = rt.cfg, rt.names
+    """Register pending increments as partitions and (re)create the views if they changed.
+
+    An increment holding a file the plan would refuse (:func:`check_file`) or one Spark
+    would read but no plan takes is held back: not registered (dropped if it was), listed
+    in the result, the log and ``_cdc/view_held_back.json``.  The view keeps answering
+    with every other increment.
+    """
+    cfg = rt.cfg
+    pending = pending_files(rt, utcnow(), set())
+    # Empty directories (an archived increment being removed) have nothing to show.
+    pending.dirs = {k: v for k, v in pending.dirs.items() if rt.lake.storage.list_dir(v)}
     with connect(rt.metastore) as ms:
-        dirs = {k: v for k, v in increment_dirs(rt).items() if rt.lake.storage.list_dir(v)}
-        added = ms.add_partitions(cfg.database, names["incremental_table"], dirs)
-        gone = [v for v in ms.partitions(cfg.database, names["incremental_table"]) if v not in dirs]
-        dropped = ms.drop_partitions(cfg.database, names["incremental_table"], gone)
+        synced = sync_view_partitions(rt, ms, pending, drop_gone=True)
         stale = _stale_views(rt, ms)
+    rt.lake.storage.write_text(
+        view_report_path(rt.lake.layout.control),
+        json.dumps(
+            {"table": cfg.qualified_name, "checked_at": utcnow().isoformat(), "held_back": pending.held_back},
+            indent=1,
+            sort_keys=True,
+        ),
+    )
     fault_point("refresh_view.after_partitions", cfg.qualified_name)
     if stale or force:
         rt.engine.run_sql(cfg, sql.view_statements(cfg))
-    return {"partitions_added": added, "partitions_dropped": dropped, "views_recreated": bool(stale or force)}
+    result: dict[str, Any] = {
+        "partitions_added": synced["added"],
+        "partitions_dropped": synced["dropped"],
+        "views_recreated": bool(stale or force),
+    }
+    if pending.held_back:
+        result["held_back"] = pending.held_back
+    return result
