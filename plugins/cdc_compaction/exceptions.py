@@ -77,3 +77,7 @@ class QuarantineError(CdcCompactionError):
 
 class InjectedFaultError(CdcCompactionError):
     """Raised at a fault point armed through ``CDC_FAULTS`` (crash tests only)."""
+
+
+class AirflowSetupError(CdcCompactionError):
+    """The project-local Airflow could not be prepared (e.g. ``airflow db migrate`` failed)."""
