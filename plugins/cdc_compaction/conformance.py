@@ -273,7 +273,11 @@ class DagRunner(InProcessRunner):
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
             raise RuntimeError(f"DAG run of {cfg.dag_id} failed (exit {proc.returncode}):\n{tail}")
-        self.timings.append(last_run_timings(Path(self.env["AIRFLOW_HOME"]), cfg.dag_id))
+        self.timings.append(
+            last_run_timings(
+                Path(self.env["AIRFLOW_HOME"]), cfg.dag_id, self.env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+            )
+        )
         after = rt.lake.latest_commit()
         return dict(after.stats) if after.seq > before else None
 

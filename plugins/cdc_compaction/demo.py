@@ -110,7 +110,7 @@ def _run_dag(env: dict[str, str], cfg: TableConfig) -> dict[str, Any]:
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"DAG {cfg.dag_id} failed; its output is in {log}")
-    timings = last_run_timings(Path(env["AIRFLOW_HOME"]), cfg.dag_id)
+    timings = last_run_timings(Path(env["AIRFLOW_HOME"]), cfg.dag_id, env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"))
     timings["wall_seconds"] = round(took, 1)
     return timings
 

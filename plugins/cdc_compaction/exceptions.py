@@ -87,6 +87,10 @@ class InjectedFaultError(CdcCompactionError):
     """Raised at a fault point armed through ``CDC_FAULTS`` (crash tests only)."""
 
 
+class AirflowSetupError(CdcCompactionError):
+    """The project-local Airflow could not be prepared (e.g. ``airflow db migrate`` failed)."""
+
+
 def is_permanent(exc: BaseException) -> bool:
     """True for errors a retry of the same task cannot heal: fail them at once, alert the owner.
 

@@ -3,13 +3,17 @@
 ``LocalMetastore`` is a Thrift Hive metastore, used by ``make demo``, ``make test`` and
 ``python -m cdc_compaction metastore start|stop``.  It keeps its Derby database under a
 project-local directory.  ``SparkStandalone`` is a Spark standalone master plus one
-worker, used by the cluster integration test.  Every service binds to 127.0.0.1 only
-and is stopped by the PID it was started with.
+worker, used by the cluster integration test.  ``LocalPostgres`` is a throwaway
+PostgreSQL server (the machine's own binaries, with ``wal2json``): the CDC source of
+the PostgreSQL demo and test, and the Airflow metadata database of the tests that run
+several Airflow processes at once.  Every service binds to 127.0.0.1 only and is
+stopped by the PID it was started with.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -18,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -103,16 +108,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def stop_pid(pid: int, timeout_s: float = 20.0) -> None:
-    """SIGTERM ``pid``, wait up to ``timeout_s`` for it to exit, then SIGKILL it."""
+def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` (SIGTERM) to ``pid``, wait up to ``timeout_s`` for it to exit, then SIGKILL it."""
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not pid_alive(pid):
             return
         time.sleep(0.2)
-    log.warning("pid %d did not exit within %.0fs of SIGTERM; sending SIGKILL", pid, timeout_s)
+    log.warning("pid %d did not exit within %.0fs of signal %d; sending SIGKILL", pid, timeout_s, sig)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5.0
@@ -379,3 +384,232 @@ class SparkStandalone:
                 stopped = True
             self.pid_file(role).unlink(missing_ok=True)
         return stopped
+
+
+# ------------------------------------------------------------------ PostgreSQL
+#: Where Debian/Ubuntu put each major version's server binaries (they are not on PATH).
+_PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
+_PG_MISSING = (
+    "PostgreSQL server binaries not found (initdb, postgres): install them, e.g. "
+    "apt-get install postgresql postgresql-15-wal2json, or set CDC_PG_BIN to their directory"
+)
+
+
+def postgres_bin_dir() -> Path:
+    """The directory of ``initdb`` and ``postgres``: ``$CDC_PG_BIN``, the newest Debian one, or PATH."""
+    candidates = [os.environ["CDC_PG_BIN"]] if os.environ.get("CDC_PG_BIN") else []
+    # Newest major version first: "15" < "16" compares right as integers, not as strings.
+    candidates += sorted(glob.glob(_PG_BIN_GLOB), key=lambda d: int(re.sub(r"\D", "", Path(d).parent.name) or 0))[::-1]
+    on_path = shutil.which("initdb")
+    if on_path:
+        candidates.append(str(Path(on_path).parent))
+    for d in candidates:
+        if (Path(d) / "initdb").exists() and (Path(d) / "postgres").exists():
+            return Path(d)
+    raise ServiceError(_PG_MISSING)
+
+
+def require_postgres(wal2json: bool = True) -> Path:
+    """The server's bin directory, or raise with what to install (``wal2json`` included)."""
+    bin_dir = postgres_bin_dir()
+    if wal2json:
+        out = subprocess.run([str(bin_dir / "pg_config"), "--pkglibdir"], capture_output=True, text=True, check=False)
+        lib = Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else bin_dir.parent / "lib"
+        if not (lib / "wal2json.so").exists():
+            version = bin_dir.parent.name if bin_dir.parent.name.isdigit() else "<version>"
+            raise ServiceError(
+                f"the wal2json logical decoding plugin is missing from {lib}: install it, "
+                f"e.g. apt-get install postgresql-{version}-wal2json"
+            )
+    return bin_dir
+
+
+@dataclass
+class LocalPostgres:
+    """A throwaway PostgreSQL server on ``host:port``, ready for logical decoding with wal2json.
+
+    ``initdb`` and ``postgres`` run as the calling user, or -- as root, which PostgreSQL
+    refuses -- as ``run_as`` (the ``postgres`` account the distribution's package
+    creates).  That account cannot enter a root-owned test directory, so as root the
+    data directory is a fresh ``/tmp/cdc-pg-*`` owned by it, recorded in ``home`` and
+    removed by :meth:`stop`.  Only TCP on the loopback address is served (no Unix
+    socket), with trust authentication: it is a test fixture, not a database server.
+    ``stop`` is a fast shutdown (SIGINT to the postmaster's PID).
+    """
+
+    home: Path
+    port: int = 5432
+    host: str = "127.0.0.1"
+    user: str = "postgres"
+    run_as: str = "postgres"
+    max_connections: int = 150
+
+    @property
+    def url(self) -> str:
+        """SQLAlchemy URL of the ``postgres`` database (see :meth:`url_for`)."""
+        return self.url_for("postgres")
+
+    def url_for(self, database: str) -> str:
+        return f"postgresql+psycopg2://{self.user}@{self.host}:{self.port}/{database}"
+
+    def dsn(self, database: str = "postgres") -> str:
+        """libpq connection string, for ``psycopg2.connect``."""
+        return f"host={self.host} port={self.port} user={self.user} dbname={database}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "postgres.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "postgres.log"
+
+    @property
+    def _data_dir_file(self) -> Path:
+        return self.home / "data-dir"
+
+    def data_dir(self) -> Path | None:
+        try:
+            return Path(self._data_dir_file.read_text().strip())
+        except OSError:
+            return None
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def _as_user(self) -> dict[str, Any]:
+        """Popen arguments that drop root to ``run_as`` (nothing when not root)."""
+        if os.geteuid() != 0:
+            return {}
+        return {"user": self.run_as, "group": self.run_as, "extra_groups": []}
+
+    def _new_data_dir(self) -> Path:
+        if os.geteuid() != 0:
+            data = self.home / "data"
+            data.mkdir(parents=True, exist_ok=True)
+            return data
+        import pwd
+
+        account = pwd.getpwnam(self.run_as)
+        data = Path(tempfile.mkdtemp(prefix="cdc-pg-"))
+        os.chown(data, account.pw_uid, account.pw_gid)
+        return data
+
+    def start(self, timeout_s: float = 60.0) -> int:
+        """initdb a fresh cluster (once per home), start it, wait until it accepts connections; return its PID."""
+        pid = self.pid()
+        if pid is not None and port_open(self.host, self.port):
+            return pid
+        if port_open(self.host, self.port):
+            raise ServiceError(f"port {self.port} is taken by another process; stop it or choose another port")
+        bin_dir = require_postgres()
+        self.home.mkdir(parents=True, exist_ok=True)
+        data = self.data_dir()
+        env = {**os.environ, "LC_ALL": "C", "LANG": "C", "TZ": "UTC"}
+        if data is None or not (data / "PG_VERSION").exists():
+            data = self._new_data_dir()
+            self._data_dir_file.write_text(str(data))
+            init = subprocess.run(
+                [str(bin_dir / "initdb"), "-D", str(data), "-U", self.user, "--auth=trust", "-E", "UTF8", "--no-sync"],
+                capture_output=True,
+                text=True,
+                check=False,
+                cwd=data,
+                env=env,
+                **self._as_user(),
+            )
+            if init.returncode != 0:
+                raise ServiceError(f"initdb failed (exit {init.returncode}): {init.stderr.strip()[-2000:]}")
+            # Loopback TCP only, no password: the server lives as long as a test session or a demo.
+            (data / "pg_hba.conf").write_text(
+                "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n"
+            )
+        settings_ = {
+            "listen_addresses": self.host,
+            "port": str(self.port),
+            "unix_socket_directories": "",
+            "wal_level": "logical",
+            "max_replication_slots": "10",
+            "max_wal_senders": "10",
+            "max_connections": str(self.max_connections),
+            "shared_buffers": "32MB",
+            # Durability is worthless for a throwaway cluster: skip the fsyncs on a shared disk.  Not
+            # synchronous_commit=off, though: logical decoding only sees WAL that was flushed.
+            "fsync": "off",
+            "full_page_writes": "off",
+            "timezone": "UTC",
+            "log_timezone": "UTC",
+        }
+        cmd = [str(bin_dir / "postgres"), "-D", str(data)]
+        for k, v in settings_.items():
+            cmd += ["-c", f"{k}={v}"]
+        with open(self.log_file, "ab") as logf:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=data,
+                env=env,
+                start_new_session=True,
+                **self._as_user(),
+            )
+        self.pid_file.write_text(str(proc.pid))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ServiceError(f"postgres exited with code {proc.returncode}; see {self.log_file}")
+            if port_open(self.host, self.port) and self._accepts():
+                log.info("postgres %s:%d started (pid %d, data %s)", self.host, self.port, proc.pid, data)
+                return proc.pid
+            time.sleep(0.3)
+        self.stop()
+        raise ServiceError(f"postgres did not accept connections on {self.host}:{self.port}; see {self.log_file}")
+
+    def _accepts(self) -> bool:
+        import psycopg2
+
+        try:
+            psycopg2.connect(self.dsn(), connect_timeout=2).close()
+        except psycopg2.OperationalError:  # still starting up ("the database system is starting up")
+            return False
+        return True
+
+    def connect(self, database: str = "postgres") -> Any:
+        """A psycopg2 connection (autocommit off) to ``database``."""
+        import psycopg2
+
+        return psycopg2.connect(self.dsn(database))
+
+    def create_database(self, name: str) -> str:
+        """CREATE DATABASE ``name`` (must not exist); return its SQLAlchemy URL."""
+        from psycopg2 import sql as pgsql
+
+        conn = self.connect()
+        try:
+            conn.autocommit = True  # CREATE DATABASE cannot run inside a transaction block
+            with conn.cursor() as cur:
+                cur.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+        finally:
+            conn.close()
+        return self.url_for(name)
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Fast shutdown by PID (SIGINT: roll back open transactions, disconnect clients); True if it ran.
+
+        Removes a data directory :meth:`start` put under /tmp (as root): nothing else knows of it.
+        """
+        pid = self.pid()
+        if pid is not None:
+            stop_pid(pid, timeout_s, sig=signal.SIGINT)
+            log.info("postgres (pid %d) stopped", pid)
+        self.pid_file.unlink(missing_ok=True)
+        data = self.data_dir()
+        if data is not None and not data.is_relative_to(self.home):
+            shutil.rmtree(data, ignore_errors=True)
+            self._data_dir_file.unlink(missing_ok=True)
+        return pid is not None
