@@ -172,6 +172,75 @@ def test_bad_file_names_sanitizing_to_one_id_both_get_dags(tmp_path: Path, monke
     assert len(bag.dag_ids) == 2 and "cdc__a_b__c" in bag.dag_ids
 
 
+class _TI:
+    """Just enough of a task instance for the templates the DAG writes (the plan-path XCom)."""
+
+    def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
+        return {"plan": "/lake/plans/run-1.json", "compact_submit": ["s-123"]}[task_ids or ""]
+
+
+TEMPLATE = "{{ 7*7 }}"
+
+
+def _templated_doc(tmp_path: Path, **spark: Any) -> dict[str, Any]:
+    doc = student_doc(tmp_path / "lake", "templated")
+    doc["spark"] = {
+        "conf": {"spark.cdc.probe": TEMPLATE},
+        "hadoop_conf": {"fs.cdc.probe": TEMPLATE},
+        "driver_memory": TEMPLATE,
+        "executor_memory": TEMPLATE,
+        **spark,
+    }
+    doc["alerts"] = {"emails": ["{{7*7}}@example.com"], "smtp_conn_id": TEMPLATE}
+    doc["description"] = TEMPLATE
+    return doc
+
+
+def _render(task: Any) -> None:
+    task.render_template_fields({"ti": _TI(), "ds": "2026-01-01", "run_id": "manual__1"})
+
+
+def test_registry_values_are_data_not_templates(tmp_path: Path) -> None:
+    from cdc_compaction.factory import build_dags
+
+    _write(tmp_path / "registry", "tests.templated.yaml", _templated_doc(tmp_path))
+    (dag,) = build_dags(load_registry(tmp_path / "registry")).values()
+    compact = dag.get_task("compact")
+    _render(compact)
+    # The DAG's own template is rendered ...
+    assert compact.application_args == ["--plan", "/lake/plans/run-1.json"]
+    # ... registry values are not.
+    assert compact.conf["spark.cdc.probe"] == TEMPLATE
+    assert compact.conf["spark.hadoop.fs.cdc.probe"] == TEMPLATE
+    assert compact._driver_memory == TEMPLATE and compact._executor_memory == TEMPLATE
+    for task in dag.tasks:
+        (notifier,) = task.on_failure_callback
+        notifier.render_template_fields({"ti": _TI(), "task_instance": _TI()})
+        assert notifier.emails == ["{{7*7}}@example.com"] and notifier.smtp_conn_id == TEMPLATE
+
+
+def test_emr_registry_values_are_data_not_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
+
+    from cdc_compaction.factory import build_dags
+
+    emr = {"job_flow_id": "j-ABC123", "application": "s3://code-bucket/jobs/compact.py", "aws_conn_id": TEMPLATE}
+    _write(tmp_path / "registry", "tests.templated.yaml", _templated_doc(tmp_path, engine="emr", emr=emr))
+    (dag,) = build_dags(load_registry(tmp_path / "registry")).values()
+    submit, sensor = dag.get_task("compact_submit"), dag.get_task("compact")
+    _render(submit)
+    _render(sensor)
+    assert sensor.step_id == "s-123" and sensor.aws_conn_id == TEMPLATE
+    assert submit.aws_conn_id == TEMPLATE
+    # What the step would be sent with: the plan path in place, every registry value as written.
+    monkeypatch.setattr(EmrAddStepsOperator, "execute", lambda self, context: self.steps)
+    (step,) = submit.execute({})
+    args = step["HadoopJarStep"]["Args"]
+    assert args[-2:] == ["--plan", "/lake/plans/run-1.json"]
+    assert "spark.cdc.probe={{ 7*7 }}" in args and "spark.hadoop.fs.cdc.probe={{ 7*7 }}" in args
+    assert args[args.index("--driver-memory") + 1] == TEMPLATE
+
+
 def test_dag_file_parses_without_heavy_imports(tmp_path: Path) -> None:
     """Parsing must not import Spark, boto3 or the metastore client, nor touch the network."""
     code = (

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,50 @@ from cdc_compaction.registry import RegistryEntry, TableConfig
 log = logging.getLogger(__name__)
 
 PLAN_XCOM = "{{ ti.xcom_pull(task_ids='plan') }}"
+#: Stands in for the plan path inside an EMR step until the task runs (see RegistryEmrAddStepsOperator).
+PLAN_PLACEHOLDER = "__cdc_compaction_plan_path__"
+
+
+# Registry values are data, never templates. Airflow renders every ``template_fields`` attribute
+# with Jinja when a task runs, so a registry value such as ``spark.conf: {x: "{{ 7*7 }}"}`` or
+# ``{{ conn.smtp_default.password }}`` would be evaluated (and could leak a secret into a Spark
+# conf or an alert address). The operators below template only what the DAG itself writes: the
+# plan path pulled from XCom, and the EMR step id.
+class RegistrySparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit whose only templated field is ``application_args`` (the plan-path XCom)."""
+
+    template_fields: Sequence[str] = ("application_args",)
+
+
+def _emr_add_steps_operator() -> type:
+    from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
+
+    class RegistryEmrAddStepsOperator(EmrAddStepsOperator):
+        """Adds the compaction step; only ``plan_path`` is templated and put into the step at run time."""
+
+        template_fields: Sequence[str] = ("plan_path",)
+
+        def __init__(self, *, plan_path: str, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.plan_path = plan_path
+
+        def execute(self, context: Any) -> Any:
+            steps = json.loads(json.dumps(self.steps).replace(json.dumps(PLAN_PLACEHOLDER), json.dumps(self.plan_path)))
+            self.steps = steps
+            return super().execute(context)
+
+    return RegistryEmrAddStepsOperator
+
+
+def _emr_step_sensor() -> type:
+    from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
+
+    class RegistryEmrStepSensor(EmrStepSensor):
+        """Waits for the step; only ``step_id`` (an XCom pull written here) is templated."""
+
+        template_fields: Sequence[str] = ("step_id",)
+
+    return RegistryEmrStepSensor
 
 
 def base_asset(cfg: TableConfig) -> Asset:
@@ -128,21 +173,19 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
     from cdc_compaction.engine import compaction_conf
 
     if cfg.spark.engine == "emr":
-        from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
-        from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
-
         from cdc_compaction.engine import emr_steps
 
         emr = cfg.spark.emr
         assert emr is not None  # the registry requires it for engine: emr
-        compact_submit = EmrAddStepsOperator(
+        compact_submit = _emr_add_steps_operator()(
             task_id="compact_submit",
             job_flow_id=emr.job_flow_id,
             aws_conn_id=emr.aws_conn_id,
-            steps=emr_steps(cfg, PLAN_XCOM),
+            steps=emr_steps(cfg, PLAN_PLACEHOLDER),
+            plan_path=PLAN_XCOM,
             doc_md="Add the compaction as an EMR step (spark-submit through command-runner.jar).",
         )
-        compact = EmrStepSensor(
+        compact = _emr_step_sensor()(
             task_id="compact",
             job_flow_id=emr.job_flow_id,
             step_id="{{ ti.xcom_pull(task_ids='compact_submit')[0] }}",
@@ -152,7 +195,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         )
         compact_submit >> compact
         return compact_submit, compact
-    compact = SparkSubmitOperator(
+    compact = RegistrySparkSubmitOperator(
         task_id="compact",
         application=str(settings.SPARK_JOBS_DIR / "compact.py"),
         application_args=["--plan", PLAN_XCOM],

@@ -51,7 +51,9 @@ def _describe(context: dict[str, Any]) -> dict[str, str]:
 class CdcAlertNotifier(BaseNotifier):
     """Tell a table's owners that one of its tasks failed: the table, task, error and log URL."""
 
-    template_fields = ("table", "emails", "smtp_conn_id")
+    # Nothing is templated: the table, addresses and connection id come from the registry, and a
+    # value like "{{ conn.smtp_default.password }}@x.io" must stay text, not be rendered.
+    template_fields = ()
 
     def __init__(self, *, table: str, emails: list[str], smtp_conn_id: str = "smtp_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
