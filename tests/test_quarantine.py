@@ -13,11 +13,11 @@ import pytest
 import yaml
 from conftest import compact_once, student_doc, visible_names
 
-from cdc_compaction import tasks
+from cdc_compaction import faults, tasks
 from cdc_compaction.__main__ import main
 from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
-from cdc_compaction.exceptions import QuarantineError
+from cdc_compaction.exceptions import InjectedFaultError, QuarantineError
 from cdc_compaction.lake import Lake
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
@@ -134,3 +134,83 @@ def test_unknown_entry_is_a_clear_error(table) -> None:
     rt = table("q_none")
     with pytest.raises(QuarantineError, match=r"has no quarantine entry 'rows/v9'.*quarantine list"):
         Quarantine(rt.lake).reingest("rows/v9")
+
+
+def _refused_rows_entry(rt: tasks.Runtime) -> str:
+    """One compaction that refuses a row (unknown op code): the id of its quarantine entry."""
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "X", "ts_ms": 1}]])
+    assert compact_once(rt, "r1")
+    (entry,) = Quarantine(rt.lake).entries()
+    return entry.id
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param("increment_2026112200/../../base", id="dot-dot"),
+        pytest.param("../base", id="parent"),
+        pytest.param("increment_202611229", id="not-zero-padded"),
+        pytest.param("hourly_2026112200", id="other-layout"),
+    ],
+)
+def test_reingest_refuses_targets_outside_the_increments(table, tmp_path: Path, target: str, request) -> None:
+    # One table per case: the metastore outlives the case's lake, and a table whose storage root moved is refused.
+    rt = table("q_target_" + request.node.callspec.id.replace("-", "_"))
+    entry_id = _refused_rows_entry(rt)
+    kept = pq.read_table(Path(rt.lake.layout.quarantine) / entry_id).to_pylist()
+    bad = pa.Table.from_pylist([{**r, "op": "c", "_cdc_increment": target} for r in kept])
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    before = sorted(str(p) for p in Path(rt.lake.layout.root).rglob("*"))
+    with pytest.raises(QuarantineError, match=r"is not an increment name of the layout .*Nothing was landed"):
+        Quarantine(rt.lake).reingest(entry_id, source=str(tmp_path / "bad.parquet"))
+    after = sorted(str(p) for p in Path(rt.lake.layout.root).rglob("*"))
+    assert after == before, "nothing was written anywhere"
+    assert Quarantine(rt.lake).entries()[0].reingested_at is None
+
+
+def test_a_killed_reingest_is_finished_by_running_it_again(table, tmp_path: Path, spark: Any, monkeypatch) -> None:
+    rt = table("q_resume", on_bad_file="quarantine")
+    tasks.ensure_tables(rt)
+    (good,) = land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1}]])
+    for n in (1, 2):
+        Path(good).with_name(f"part-0000{n}.parquet").write_bytes(Path(good).read_bytes()[: -10 * n])
+    compact_once(rt, "r1")
+    (entry,) = Quarantine(rt.lake).entries()
+    assert entry.count == 2
+    fixes = tmp_path / "fixes" / "increment_2026112200"
+    fixes.mkdir(parents=True)
+    for n, name in ((1, "Bob"), (2, "Carol")):
+        pq.write_table(
+            pa.table({"id": pa.array([n + 1], pa.int32()), "full_name": [name], "op": ["c"], "ts_ms": pa.array([1])}),
+            fixes / f"part-0000{n}.parquet",
+        )
+    monkeypatch.setenv(faults.ENV, f"quarantine.after_first_reingested_file@{rt.cfg.qualified_name}=raise")
+    with pytest.raises(InjectedFaultError):
+        Quarantine(rt.lake).reingest(entry.id, source=str(tmp_path / "fixes"))
+    monkeypatch.delenv(faults.ENV)
+    landed = Path(rt.lake.layout.incremental) / "increment_2026112200"
+    assert sorted(p.name for p in landed.iterdir()) == ["part-00001.parquet"], "killed after the first file"
+    assert Quarantine(rt.lake).entries()[0].reingested_at is None
+    written = Quarantine(rt.lake).reingest(entry.id, source=str(tmp_path / "fixes"))
+    assert sorted(Path(p).name for p in written) == ["part-00001.parquet", "part-00002.parquet"]
+    assert Quarantine(rt.lake).entries()[0].reingested_at is not None
+    compact_once(rt, "r2")
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 3: "Carol"}
+
+
+def test_rows_refused_by_a_publish_that_crashed_after_its_commit_record_are_listed(table, monkeypatch) -> None:
+    rt = table("q_crash")
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "X", "ts_ms": 1}]])
+    path = tasks.plan(rt, "r1")
+    rt.engine.compact(tasks.load_plan(rt, path))  # type: ignore[attr-defined]
+    tasks.validate(rt, path)
+    monkeypatch.setenv(faults.ENV, "publish.after_commit_record=raise")
+    with pytest.raises(InjectedFaultError):
+        tasks.publish(rt, path)
+    monkeypatch.delenv(faults.ENV)
+    # Committed: the row was refused for real, so the quarantine lists it -- before any retry.
+    (entry,) = Quarantine(rt.lake).entries()
+    assert entry.id == f"rows/{rt.lake.latest_commit().version}" and entry.count == 1
+    assert entry.reasons == {"unknown_op": 1}

@@ -17,6 +17,12 @@ them under the normal rule -- the rule does not depend on arrival order, so late
 fine.  Rows go back into their original increment as ``reingest-<entry>-NNNNN.parquet``
 (in their original order); files go back under their own name, or a fixed copy does.
 Every manifest records when it was re-ingested, and an entry is re-ingested once.
+
+Re-ingesting is resumable: the manifest first records the intent (every target file and
+its size), then the files are landed one by one, and the entry is marked re-ingested at
+the end.  A re-ingest killed half-way is finished by running it again: files of the
+intent that are already in place are kept, the missing ones are landed.  Targets must be
+increments of the table's layout (``increment_2026112209``), never another path.
 """
 
 from __future__ import annotations
@@ -25,18 +31,22 @@ import hashlib
 import json
 import logging
 import posixpath
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from cdc_compaction.exceptions import QuarantineError
+from cdc_compaction.faults import fault_point
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
-from cdc_compaction.storage import read_parquet, storage_for
+from cdc_compaction.landing import increment_hour, layout_example
+from cdc_compaction.storage import is_data_file, read_parquet, storage_for
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
+_VERSION = re.compile(r"^v(\d{8})-([0-9a-z]+(?:-[0-9a-z]+)?)$")
 
 
 def _now() -> str:
@@ -127,8 +137,29 @@ class Quarantine:
             },
         )
 
+    def repair(self) -> list[str]:
+        """Write the manifests a publish that crashed after its commit record did not write.
+
+        The commit records decide: a ``rows/<version>`` directory without a manifest is listed
+        once the commit record of its sequence names that version (it was refused for real).
+        Returns the versions repaired.
+        """
+        repaired = []
+        for e in self.storage.list_dir(posixpath.join(self.root, "rows")):
+            if not e.is_dir or self._read_manifest(e.path) is not None:
+                continue
+            m = _VERSION.match(e.name)
+            commit = self.lake.read_commit(int(m.group(1))) if m else None
+            if commit is not None and commit.version == e.name:
+                self.record_rows(commit.version, commit.seq, commit.stats)
+                repaired.append(e.name)
+        if repaired:
+            log.warning("%s: wrote the missing quarantine manifests of %s", self.lake.cfg.qualified_name, repaired)
+        return repaired
+
     # -- reading ------------------------------------------------------------------
     def entries(self) -> list[Entry]:
+        self.repair()
         out = []
         for kind in ("rows", "files"):
             for e in self.storage.list_dir(posixpath.join(self.root, kind)):
@@ -166,7 +197,8 @@ class Quarantine:
         ``source`` replaces the quarantined data with a corrected copy: for ``rows/``, a
         Parquet file or directory with the registry columns (and ``_cdc_increment``, to
         keep each row's increment); for ``files/``, a directory laid out like the entry
-        (``<increment>/<file name>``).
+        (``<increment>/<file name>``).  Resumable: a re-ingest that was killed half-way is
+        finished by calling it again (with the same ``source``).
         """
         entry, doc = self.entry(entry_id)
         if doc.get("reingested_at") and not force:
@@ -175,29 +207,69 @@ class Quarantine:
                 "doing it again would land its events twice (harmless for the table, but noisy). "
                 "Pass --force if that is what you want"
             )
-        written = self._reingest_rows(entry, source) if entry.kind == "rows" else self._reingest_files(doc, source)
+        targets = self._rows_targets(entry, source) if entry.kind == "rows" else self._files_targets(doc, source)
+        for t in targets:
+            self._check_target(entry_id, t)
+        intent = doc.get("reingest_intent")
+        resumed = {(f["increment"], f["name"]): f["size"] for f in intent["files"]} if intent else {}
+        if not intent:
+            # The intent goes first: a re-ingest killed after it is finished by the next call.
+            doc["reingest_intent"] = {
+                "started_at": _now(),
+                "source": source,
+                "files": [{"increment": t.increment, "name": t.name, "size": t.size} for t in targets],
+            }
+            self._write_manifest(entry.path, doc)
+        written = []
+        for t in targets:
+            written.append(self._land(t, resumed.get((t.increment, t.name))))
+            fault_point("quarantine.after_first_reingested_file", self.lake.cfg.qualified_name)
+        self._mark_complete(targets)
         doc["reingested_at"] = _now()
         doc["reingested_files"] = written
+        doc.pop("reingest_intent", None)
         self._write_manifest(entry.path, doc)
         log.info("%s: re-ingested %s into %d landing files", self.lake.cfg.qualified_name, entry_id, len(written))
         return written
 
-    def _land(self, increment: str, name: str, data: bytes | None = None, copy_from: str | None = None) -> str:
-        """Write one whole file into the landing area, the way a sink does (complete or absent)."""
-        d = posixpath.join(self.lake.layout.incremental, increment)
-        dst = posixpath.join(d, name)
-        if self.storage.exists(dst):
-            raise QuarantineError(f"{dst} exists already in the landing area; move it away or pick another entry")
-        if copy_from is not None:
-            self.storage.copy(copy_from, dst)
-        else:
-            self.storage.write_bytes(dst, data or b"")
+    def _check_target(self, entry_id: str, t: _Target) -> None:
+        """Refuse a target outside the table's increments (``..``, ``/``, a name off the layout)."""
         cfg = self.lake.cfg
-        if cfg.increments.completion == "marker":
-            self.storage.write_text(posixpath.join(d, cfg.increments.marker_file), "")
+        if increment_hour(cfg, t.increment) is None:
+            raise QuarantineError(
+                f"{entry_id} of {cfg.qualified_name}: {t.increment!r} is not an increment name of the layout "
+                f"{cfg.increments.prefix}{cfg.increments.time_format} (e.g. {layout_example(cfg)}), so its events "
+                "would never be compacted (or would land outside the landing area). Nothing was landed: fix the "
+                "_cdc_increment column (rows) or the directory name (files) of the source and pass it with --from"
+            )
+        if "/" in t.name or not is_data_file(t.name) or t.name.endswith((".tmp", ".inprogress")):
+            raise QuarantineError(
+                f"{entry_id} of {cfg.qualified_name}: {t.name!r} is not a plain data file name; nothing was "
+                "landed. Rename the file in the --from directory"
+            )
+
+    def _land(self, t: _Target, resumed_size: int | None) -> str:
+        """Write one whole file into the landing area, the way a sink does (complete or absent)."""
+        dst = posixpath.join(self.lake.layout.incremental, t.increment, t.name)
+        if self.storage.exists(dst):
+            if resumed_size is not None and self.storage.size(dst) == resumed_size:
+                log.info("%s: %s was landed by an earlier, interrupted re-ingest", self.lake.cfg.qualified_name, dst)
+                return dst
+            raise QuarantineError(f"{dst} exists already in the landing area; move it away or pick another entry")
+        if t.copy_from is not None:
+            self.storage.copy(t.copy_from, dst)
+        else:
+            self.storage.write_bytes(dst, t.data or b"")
         return dst
 
-    def _reingest_rows(self, entry: Entry, source: str | None) -> list[str]:
+    def _mark_complete(self, targets: list[_Target]) -> None:
+        cfg = self.lake.cfg
+        if cfg.increments.completion == "marker":
+            for inc in sorted({t.increment for t in targets}):
+                d = posixpath.join(self.lake.layout.incremental, inc)
+                self.storage.write_text(posixpath.join(d, cfg.increments.marker_file), "")
+
+    def _rows_targets(self, entry: Entry, source: str | None) -> list[_Target]:
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
@@ -218,8 +290,10 @@ class Quarantine:
         table = table.sort_by(order)
         schema = arrow_schema(cfg)
         tag = hashlib.sha1(entry.id.encode()).hexdigest()[:8]
-        written = []
-        for inc in sorted(set(table.column("_cdc_increment").to_pylist())):
+        targets = []
+        for inc in sorted(set(table.column("_cdc_increment").to_pylist()), key=str):
+            if inc is None:
+                raise QuarantineError(f"{source or entry.path}: rows with a null _cdc_increment; set their increment")
             part = table.filter(pc.equal(table.column("_cdc_increment"), inc)).select(cfg.column_names)
             try:
                 part = part.cast(schema)
@@ -227,25 +301,37 @@ class Quarantine:
                 raise QuarantineError(
                     f"{source or entry.path}: rows for {inc} do not fit the registry's column types ({exc})"
                 ) from exc
-            name = f"reingest-{tag}-{len(written):05d}.parquet"
             buf = pa.BufferOutputStream()
             pq.write_table(part, buf)
-            written.append(self._land(inc, name, data=buf.getvalue().to_pybytes()))
-        return written
+            data = buf.getvalue().to_pybytes()
+            targets.append(_Target(inc, f"reingest-{tag}-{len(targets):05d}.parquet", len(data), data=data))
+        return targets
 
-    def _reingest_files(self, doc: dict[str, Any], source: str | None) -> list[str]:
+    def _files_targets(self, doc: dict[str, Any], source: str | None) -> list[_Target]:
         d = self.lake.layout.quarantined_files_dir(doc["plan_id"])
         # A corrected copy may live elsewhere (a local directory for a lake on S3): read it
         # through its own storage; the quarantine's own copy is copied inside the lake.
         src_storage = storage_for(source, self.lake.cfg.storage_conn_id) if source else self.storage
-        written = []
+        targets = []
         for f in doc["files"]:
             src = posixpath.join(source or d, f["increment"], f["name"])
             if not src_storage.exists(src):
                 raise QuarantineError(f"{src} does not exist: put the corrected file there, or omit --from")
             if source:
                 with src_storage.open_read(src) as fh:
-                    written.append(self._land(f["increment"], f["name"], data=fh.read()))
+                    data = fh.read()
+                targets.append(_Target(f["increment"], f["name"], len(data), data=data))
             else:
-                written.append(self._land(f["increment"], f["name"], copy_from=src))
-        return written
+                targets.append(_Target(f["increment"], f["name"], self.storage.size(src), copy_from=src))
+        return targets
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One file a re-ingest lands: where, how big, and its bytes or the lake file to copy."""
+
+    increment: str
+    name: str
+    size: int
+    data: bytes | None = None
+    copy_from: str | None = None
