@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 SCENARIOS ?= ../shared/conformance/*.json
 MODE ?= inprocess
 PYTEST_ARGS ?=
+# make demo SOURCE=postgres: a real PostgreSQL table (wal2json) as the CDC source.
+SOURCE ?= files
 # make bench: base sizes of the compaction benchmark (comma-separated rows), e.g. BENCH_SIZES=100000 for a quick run.
 BENCH_SIZES ?= 1000000,5000000
 export BENCH_SIZES
@@ -17,7 +19,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help install check-java test test-fast demo conformance lint lint-registry metastore-start metastore-stop airflow-ui bench lock clean
+.PHONY: help install check-java check-postgres test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop airflow-ui bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -27,6 +29,9 @@ check-java:  ## fail early, with a clear message, without Java 17+
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java $$v found; Spark 4 needs Java 17 or newer"; exit 1; fi
 	@command -v javac >/dev/null || { echo "javac is missing: install a full JDK 17+ (the local metastore launcher is compiled once)"; exit 1; }
+
+check-postgres: install  ## fail early, with a clear message, without PostgreSQL's server and wal2json
+	@$(BIN)/python -m cdc_compaction postgres check
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
@@ -40,7 +45,7 @@ $(STAMP): requirements.txt
 
 install: check-java $(STAMP)  ## create .venv and install the pinned requirements
 
-test: install $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
+test: install check-postgres $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
@@ -48,8 +53,12 @@ test: install $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metas
 test-fast: install  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
 
-demo: install  ## generate CDC files for two tables and compact them with the real DAGs
-	$(BIN)/python -m cdc_compaction demo
+demo: install  ## generate CDC files for two tables and compact them with the real DAGs (SOURCE=postgres: from a real PostgreSQL)
+	@if [ "$(SOURCE)" = postgres ]; then $(BIN)/python -m cdc_compaction postgres check; fi
+	$(BIN)/python -m cdc_compaction demo --source $(SOURCE)
+
+fuzz: install  ## many more generated examples of tests/test_generative.py: make fuzz CDC_FUZZ_EXAMPLES=1000
+	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/test_generative.py --hypothesis-show-statistics $(PYTEST_ARGS)
 
 conformance: install  ## run scenario files: make conformance SCENARIOS='<glob>' MODE=inprocess|dag
 	$(BIN)/python -m cdc_compaction conformance --mode $(MODE) $(SCENARIOS)
