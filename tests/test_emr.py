@@ -78,7 +78,8 @@ def test_the_rendered_step_is_accepted_by_the_emr_api(make_cfg: Callable[..., Ta
     dag = build_dag(cfg)
     submit = dag.get_task("compact_submit")
     ti = SimpleNamespace(xcom_pull=lambda task_ids, **_: PLAN if task_ids == "plan" else None)
-    steps = submit.render_template(submit.steps, {"ti": ti})
+    submit.render_template_fields({"ti": ti})
+    steps = submit.resolved_steps()
     assert steps[0]["HadoopJarStep"]["Args"][-1] == PLAN
 
     hook = EmrHook(aws_conn_id=submit.aws_conn_id)

@@ -53,9 +53,12 @@ def _emr_add_steps_operator() -> type:
             super().__init__(**kwargs)
             self.plan_path = plan_path
 
+        def resolved_steps(self) -> list[dict[str, Any]]:
+            """The steps with the (rendered) plan path in place of the placeholder."""
+            return json.loads(json.dumps(self.steps).replace(json.dumps(PLAN_PLACEHOLDER), json.dumps(self.plan_path)))
+
         def execute(self, context: Any) -> Any:
-            steps = json.loads(json.dumps(self.steps).replace(json.dumps(PLAN_PLACEHOLDER), json.dumps(self.plan_path)))
-            self.steps = steps
+            self.steps = self.resolved_steps()
             return super().execute(context)
 
     return RegistryEmrAddStepsOperator
