@@ -50,7 +50,8 @@ def schema_fingerprint(cfg: TableConfig) -> str:
         "order_by": cfg.order_by,
         "op_column": cfg.op_column,
         "op_codes": cfg.op_codes.model_dump(),
-        "rule_version": 1,
+        # 2: NaN ordering values are refused (nan_order_by): views made under 1 are re-created.
+        "rule_version": 2,
     }
     # Only when set, so that unpartitioned tables keep the fingerprint they always had.
     if cfg.partition_by is not None:
