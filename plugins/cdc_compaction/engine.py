@@ -23,6 +23,10 @@ from cdc_compaction.settings import MetastoreEndpoint
 
 log = logging.getLogger(__name__)
 
+#: Spark SQL substitutes ``${var}``, ``${env:HOME}``, ``${spark.x}`` in statement text, comments and
+#: string literals included: registry text (a column comment) must reach the metastore verbatim.
+NO_SQL_SUBSTITUTION: dict[str, str] = {"spark.sql.variable.substitute": "false"}
+
 #: Spark settings every submission gets: UTC everywhere, no UI port to collide on.
 BASE_SPARK_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
@@ -30,6 +34,7 @@ BASE_SPARK_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.sql.parquet.compression.codec": "snappy",
+    **NO_SQL_SUBSTITUTION,
 }
 
 
@@ -51,7 +56,8 @@ GLUE_CLIENT_FACTORY = "com.amazonaws.glue.catalog.metastore.AWSGlueDataCatalogHi
 def compaction_conf(cfg: TableConfig) -> dict[str, str]:
     """Spark conf of the compaction job: defaults, the registry's Hadoop settings, then its Spark conf."""
     hadoop = {f"spark.hadoop.{k}": v for k, v in cfg.spark.hadoop_conf.items()}
-    return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hadoop, **cfg.spark.conf}
+    # Last wins: a registry spark.conf cannot turn Spark SQL variable substitution back on.
+    return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hadoop, **cfg.spark.conf, **NO_SQL_SUBSTITUTION}
 
 
 def emr_steps(cfg: TableConfig, plan_arg: str) -> list[dict[str, Any]]:
