@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import sqlite3
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import yaml
 from conftest import student_doc
 from test_registry import HOSTILE_FILES
 
+from cdc_compaction import notifications
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.registry import load_registry
 from cdc_compaction.settings import PROJECT_ROOT, registry_dir
@@ -172,73 +175,118 @@ def test_bad_file_names_sanitizing_to_one_id_both_get_dags(tmp_path: Path, monke
     assert len(bag.dag_ids) == 2 and "cdc__a_b__c" in bag.dag_ids
 
 
+TEMPLATE = "{{ 7*7 }}"
+SECRET = "s3cret-smtp-password"
+#: A registry value that tries to read a connection's password through the template context.
+STEAL = "{{ conn.smtp_default.password }}"
+
+
 class _TI:
-    """Just enough of a task instance for the templates the DAG writes (the plan-path XCom)."""
+    """Just enough of a task instance for the templates the DAG writes (the plan path and step id XComs)."""
 
     def xcom_pull(self, task_ids: str | None = None, **_: Any) -> Any:
         return {"plan": "/lake/plans/run-1.json", "compact_submit": ["s-123"]}[task_ids or ""]
 
 
-TEMPLATE = "{{ 7*7 }}"
+def _context() -> dict[str, Any]:
+    """A task's template context, reduced to what the DAG's own templates read, plus ``conn``.
+
+    ``conn`` stands for Airflow's connection accessor: with it, a rendered registry value could
+    read a password.
+    """
+    ti = _TI()
+    conn = SimpleNamespace(smtp_default=SimpleNamespace(password=SECRET))
+    return {"ti": ti, "task_instance": ti, "conn": conn, "ds": "2026-01-01", "run_id": "manual__1"}
 
 
 def _templated_doc(tmp_path: Path, **spark: Any) -> dict[str, Any]:
+    """A valid registry entry whose free-text values are Jinja expressions."""
     doc = student_doc(tmp_path / "lake", "templated")
     doc["spark"] = {
-        "conf": {"spark.cdc.probe": TEMPLATE},
+        "conf": {"spark.cdc.probe": TEMPLATE, "spark.cdc.steal": STEAL},
         "hadoop_conf": {"fs.cdc.probe": TEMPLATE},
         "driver_memory": TEMPLATE,
         "executor_memory": TEMPLATE,
         **spark,
     }
-    doc["alerts"] = {"emails": ["{{7*7}}@example.com"], "smtp_conn_id": TEMPLATE}
+    doc["alerts"] = {"emails": ["{{conn.smtp_default.password}}@example.com"], "smtp_conn_id": TEMPLATE}
     doc["description"] = TEMPLATE
+    doc["columns"] = [{**c, "comment": TEMPLATE} for c in doc["columns"]]
     return doc
 
 
-def _render(task: Any) -> None:
-    task.render_template_fields({"ti": _TI(), "ds": "2026-01-01", "run_id": "manual__1"})
-
-
-def test_registry_values_are_data_not_templates(tmp_path: Path) -> None:
+def _build(tmp_path: Path, doc: dict[str, Any]) -> Any:
     from cdc_compaction.factory import build_dags
 
-    _write(tmp_path / "registry", "tests.templated.yaml", _templated_doc(tmp_path))
+    _write(tmp_path / "registry", "tests.templated.yaml", doc)
     (dag,) = build_dags(load_registry(tmp_path / "registry")).values()
+    return dag
+
+
+def _render_all(dag: Any) -> None:
+    """Render every task's templates the way a task run does, and check none came from the registry.
+
+    ``RuntimeTaskInstance.render_templates`` calls exactly ``task.render_template_fields(context)``
+    (with the DAG's Jinja environment); what a field holds afterwards is what the task uses.
+    """
+    for task in dag.tasks:
+        task.render_template_fields(_context())
+        for field in task.template_fields:
+            rendered = str(getattr(task, field))
+            assert "49" not in rendered and SECRET not in rendered, (task.task_id, field, rendered)
+
+
+def test_registry_values_are_data_not_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = _templated_doc(tmp_path)
+    dag = _build(tmp_path, doc)
+    _render_all(dag)
     compact = dag.get_task("compact")
-    _render(compact)
-    # The DAG's own template is rendered ...
+    # The DAG's own templates are rendered ...
     assert compact.application_args == ["--plan", "/lake/plans/run-1.json"]
-    # ... registry values are not.
-    assert compact.conf["spark.cdc.probe"] == TEMPLATE
+    for task_id in ("validate", "publish", "archive", "refresh_view"):
+        assert dag.get_task(task_id).op_kwargs == {"plan_path": "/lake/plans/run-1.json"}
+    # ... the registry's values are passed on as written.
+    assert compact.conf["spark.cdc.probe"] == TEMPLATE and compact.conf["spark.cdc.steal"] == STEAL
     assert compact.conf["spark.hadoop.fs.cdc.probe"] == TEMPLATE
     assert compact._driver_memory == TEMPLATE and compact._executor_memory == TEMPLATE
+    # Documentation is shown, never rendered: the description and comments stay literal.
+    assert dag.doc_md.count(TEMPLATE) == 1 + len(doc["columns"])
+
+    # A failure alert, called as Airflow calls an on_failure_callback (render, then notify).
+    sent: list[tuple[str, list[str], str, str]] = []
+    monkeypatch.setattr(
+        notifications, "send_email", lambda conn_id, to, subject, body, **_: sent.append((conn_id, to, subject, body))
+    )
     for task in dag.tasks:
         (notifier,) = task.on_failure_callback
-        notifier.render_template_fields({"ti": _TI(), "task_instance": _TI()})
-        assert notifier.emails == ["{{7*7}}@example.com"] and notifier.smtp_conn_id == TEMPLATE
+        notifier({**_context(), "exception": RuntimeError(TEMPLATE)})
+    assert len(sent) == len(dag.tasks)
+    for conn_id, to, subject, body in sent:
+        assert conn_id == TEMPLATE and to == ["{{conn.smtp_default.password}}@example.com"]
+        assert SECRET not in subject + body and "49" not in subject and TEMPLATE in html.unescape(body)
 
 
 def test_emr_registry_values_are_data_not_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
 
-    from cdc_compaction.factory import build_dags
+    from cdc_compaction.factory import PLAN_PLACEHOLDER
 
-    emr = {"job_flow_id": "j-ABC123", "application": "s3://code-bucket/jobs/compact.py", "aws_conn_id": TEMPLATE}
-    _write(tmp_path / "registry", "tests.templated.yaml", _templated_doc(tmp_path, engine="emr", emr=emr))
-    (dag,) = build_dags(load_registry(tmp_path / "registry")).values()
+    emr = {"job_flow_id": "j-ABC123", "application": "s3://code-bucket/jobs/compact.py", "aws_conn_id": STEAL}
+    # A registry value equal to the plan placeholder is data too: only the argument after --plan is filled.
+    doc = _templated_doc(tmp_path, engine="emr", emr=emr, executor_memory=PLAN_PLACEHOLDER)
+    dag = _build(tmp_path, doc)
+    _render_all(dag)
     submit, sensor = dag.get_task("compact_submit"), dag.get_task("compact")
-    _render(submit)
-    _render(sensor)
-    assert sensor.step_id == "s-123" and sensor.aws_conn_id == TEMPLATE
-    assert submit.aws_conn_id == TEMPLATE
-    # What the step would be sent with: the plan path in place, every registry value as written.
+    assert sensor.step_id == "s-123" and sensor.aws_conn_id == STEAL and submit.aws_conn_id == STEAL
+    # What the step is sent with: the plan path in place, every registry value as written.
     monkeypatch.setattr(EmrAddStepsOperator, "execute", lambda self, context: self.steps)
-    (step,) = submit.execute({})
+    (step,) = submit.execute(_context())
     args = step["HadoopJarStep"]["Args"]
     assert args[-2:] == ["--plan", "/lake/plans/run-1.json"]
-    assert "spark.cdc.probe={{ 7*7 }}" in args and "spark.hadoop.fs.cdc.probe={{ 7*7 }}" in args
+    assert f"spark.cdc.probe={TEMPLATE}" in args and f"spark.cdc.steal={STEAL}" in args
+    assert f"spark.hadoop.fs.cdc.probe={TEMPLATE}" in args
     assert args[args.index("--driver-memory") + 1] == TEMPLATE
+    assert args[args.index("--executor-memory") + 1] == PLAN_PLACEHOLDER
 
 
 def test_dag_file_parses_without_heavy_imports(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def test_the_dag_submits_a_step_then_waits_for_it(make_cfg: Callable[..., TableC
 
 @pytest.mark.s3
 def test_the_rendered_step_is_accepted_by_the_emr_api(make_cfg: Callable[..., TableConfig], aws_default: str) -> None:
-    """Render the operator's templated steps as Airflow would, submit them, read them back."""
+    """Render the operator's templates as Airflow would, submit the resulting steps, read them back."""
     from airflow.providers.amazon.aws.hooks.emr import EmrHook
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 
@@ -79,7 +79,7 @@ def test_the_rendered_step_is_accepted_by_the_emr_api(make_cfg: Callable[..., Ta
     submit = dag.get_task("compact_submit")
     ti = SimpleNamespace(xcom_pull=lambda task_ids, **_: PLAN if task_ids == "plan" else None)
     submit.render_template_fields({"ti": ti})
-    steps = submit.resolved_steps()
+    steps = submit.steps_with_plan()
     assert steps[0]["HadoopJarStep"]["Args"][-1] == PLAN
 
     hook = EmrHook(aws_conn_id=submit.aws_conn_id)

@@ -97,3 +97,34 @@ def test_registry_error_type_for_jars(tmp_path: Any) -> None:
     (entry,) = load_registry(tmp_path)
     assert isinstance(entry.error, RegistryError)
     assert "tests.jars.yaml" in str(entry.error) and "spark.jars" in str(entry.error)
+
+
+def test_spark_sql_variable_substitution_is_off_in_every_submission(
+    make_cfg: Callable[..., TableConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registry text (column comments) reaches Spark SQL; ``${env:HOME}`` in it must stay text.
+
+    Off in the DDL submission and in the compaction (spark-submit and EMR), even when the
+    registry's own spark.conf tries to turn it back on.
+    """
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from cdc_compaction.engine import SparkSubmitEngine, emr_steps
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    key = "spark.sql.variable.substitute"
+    emr = {"job_flow_id": "j-ABC123", "application": "s3://code-bucket/jobs/compact.py"}
+    cfg = make_cfg(spark={"conf": {key: "true"}, "engine": "emr", "emr": emr})
+    assert _confs(_command(make_cfg(spark={"conf": {key: "true"}})))[key] == "false"
+    (step,) = emr_steps(cfg, "/lake/plans/p.json")
+    assert _confs(step["HadoopJarStep"]["Args"])[key] == "false"
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(
+        SparkSubmitHook,
+        "submit",
+        lambda self, application: commands.append(self._build_spark_submit_command(application)),
+    )
+    SparkSubmitEngine(MetastoreEndpoint("127.0.0.1", 9083), "/tmp/warehouse").run_sql(cfg, ["SELECT 1"])
+    (ddl,) = commands
+    assert _confs(ddl)[key] == "false"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -85,6 +86,23 @@ def test_task_failure_alert_is_mailed_with_table_task_error_and_log_url(smtp: _I
     assert "spark-submit exited with 1" in body and "RuntimeError" in body
     assert "http://127.0.0.1:8080/dags/cdc__school__student/runs/x/tasks/compact" in body
     assert "scheduled__2026-11-22T10:00:00+00:00" in body
+
+
+def test_registry_values_in_an_alert_are_sent_as_written_never_rendered(smtp: _Inbox) -> None:
+    """Airflow calls a notifier as ``notifier(context)``, which first renders its ``template_fields``.
+
+    The addresses and connection id come from the registry: rendered, ``{{conn.x.password}}`` in an
+    address would mail a connection's password to wherever the rest of the address points.
+    """
+    rcpt = "{{conn.smtp_alerts.password}}@example.org"
+    notifier = CdcAlertNotifier(table="school.student", emails=[rcpt], smtp_conn_id="smtp_alerts")
+    conn = SimpleNamespace(smtp_alerts=SimpleNamespace(password="s3cret"))
+    notifier({**_context(), "conn": conn, "exception": RuntimeError("bad value {{ 7*7 }}")})
+    ((rcpts, msg),) = smtp.messages
+    assert rcpts == [rcpt] and msg["To"] == rcpt
+    assert msg["Subject"] == "[cdc-compaction] school.student: task compact failed (try 2)"
+    assert "bad value {{ 7*7 }}" in html.unescape(_body(msg))
+    assert "s3cret" not in msg.as_string()
 
 
 def test_no_recipients_means_log_only(smtp: _Inbox, caplog: pytest.LogCaptureFixture) -> None:

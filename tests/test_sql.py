@@ -584,21 +584,3 @@ def test_nan_is_refused_only_in_floating_point_order_by_columns(make_cfg) -> Non
     assert "isnan(`ts_ms`)" not in reason and "isnan(`x`)" not in reason
     # NULL first: isnan(NULL) is false anyway, but the reason must say NULL.
     assert reason.index("null_order_by:v") < reason.index("nan_order_by:v")
-
-
-@pytest.mark.spark
-@pytest.mark.metastore
-def test_column_comments_reach_the_metastore_verbatim(make_cfg: Any, runtime: Any, endpoint: Any) -> None:
-    """Spark SQL must not substitute ``${...}`` inside registry text (DDL comments)."""
-    from cdc_compaction import tasks
-    from cdc_compaction.metastore import connect
-
-    comments = {"id": "${env:HOME}", "full_name": "${spark.app.name} and ${hivevar:x}", "op": "{{ 7*7 }}"}
-    columns = [{**c, "comment": comments.get(c["name"], "")} for c in STUDENT_COLUMNS]
-    cfg = make_cfg(columns=columns)
-    tasks.ensure_tables(runtime(cfg))
-    with connect(endpoint) as ms:
-        for name in (table_names(cfg)["base_table"], table_names(cfg)["incremental_table"]):
-            table = ms.get_table(cfg.database, name)
-            got = {c.name: c.comment for c in table.sd.cols if c.name in comments}
-            assert got == comments, name

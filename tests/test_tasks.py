@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import compact_once, visible_names
+from conftest import STUDENT_COLUMNS, compact_once, visible_names
 
 from cdc_compaction import tasks
 from cdc_compaction.conformance import land
@@ -321,6 +321,29 @@ def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runti
     shrunk = cfg.model_copy(update={"columns": [c for c in cfg.columns if c.name != "full_name"]})
     with pytest.raises(SchemaChangeError, match="full_name"):
         tasks.ensure_tables(runtime(shrunk))
+
+
+def test_column_comments_reach_the_metastore_verbatim(make_cfg, runtime, spark) -> None:
+    """Registry text is data: Spark SQL must not substitute ``${...}`` inside the DDL's comments.
+
+    Spark substitutes ``${env:HOME}``, ``${spark.app.name}``, ``${hivevar:x}`` anywhere in a
+    statement, string literals included, unless ``spark.sql.variable.substitute`` is false. The
+    session is switched to Spark's default (on) first: ``run_sql.py`` must turn it off itself,
+    whatever session it is given.
+    """
+    comments = {"id": "${env:HOME}", "full_name": "${spark.app.name} and ${hivevar:x}", "op": "{{ 7*7 }}"}
+    cfg = make_cfg(columns=[{**c, "comment": comments.get(c["name"], "")} for c in STUDENT_COLUMNS])
+    rt = runtime(cfg)
+    spark.conf.set("spark.sql.variable.substitute", "true")
+    try:
+        tasks.ensure_tables(rt)
+    finally:
+        spark.conf.set("spark.sql.variable.substitute", "false")
+    with connect(rt.metastore) as ms:
+        for name in ("base_table", "incremental_table", "compactor_table"):
+            table = ms.get_table(cfg.database, table_names(cfg)[name])
+            got = {c.name: c.comment for c in table.sd.cols if c.name in comments}
+            assert got == comments, name
 
 
 def test_refresh_view_only_recreates_changed_views(make_cfg, runtime) -> None:

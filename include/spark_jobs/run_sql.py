@@ -23,7 +23,9 @@ log = logging.getLogger("cdc_compaction.run_sql")
 def run_statements(spark: SparkSession, statements: list[str]) -> int:
     """Execute ``statements`` in order; stop at the first failure (which is raised)."""
     # Statements carry registry text (column comments) that must reach the metastore verbatim:
-    # with substitution on, Spark would replace ``${env:HOME}`` or ``${spark.x}`` inside them.
+    # with substitution on (Spark's default), Spark replaces ``${env:HOME}`` or ``${spark.x}``
+    # even inside string literals. Set here too, not only by the submitting engine: the session
+    # may come from elsewhere (spark-defaults.conf, a shared in-process session).
     spark.conf.set("spark.sql.variable.substitute", "false")
     for i, stmt in enumerate(statements, 1):
         first_line = stmt.strip().splitlines()[0] if stmt.strip() else ""

@@ -56,7 +56,7 @@ GLUE_CLIENT_FACTORY = "com.amazonaws.glue.catalog.metastore.AWSGlueDataCatalogHi
 def compaction_conf(cfg: TableConfig) -> dict[str, str]:
     """Spark conf of the compaction job: defaults, the registry's Hadoop settings, then its Spark conf."""
     hadoop = {f"spark.hadoop.{k}": v for k, v in cfg.spark.hadoop_conf.items()}
-    # Substitution stays off whatever the registry's spark.conf says (last wins).
+    # Last wins: a registry spark.conf cannot turn Spark SQL variable substitution back on.
     return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hadoop, **cfg.spark.conf, **NO_SQL_SUBSTITUTION}
 
 
@@ -147,9 +147,7 @@ class SessionEngine:
         load_job("run_sql").run_statements(self.spark, statements)
 
     def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
-        # A fresh attempt directory per call, as spark-submit's ``main`` makes one per job.
-        job = load_job("compact")
-        return job.run(self.spark, plan, attempt=job.new_attempt())
+        return load_job("compact").run(self.spark, plan)
 
 
 class SparkSubmitEngine:

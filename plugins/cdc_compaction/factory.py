@@ -6,9 +6,9 @@ time: the heavy modules are imported inside the task callables.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -19,58 +19,79 @@ from airflow.providers.standard.operators.python import PythonOperator, ShortCir
 from airflow.sdk import DAG, Asset
 
 from cdc_compaction import settings
-from cdc_compaction.exceptions import RegistryError
+from cdc_compaction.exceptions import CompactionError, RegistryError
 from cdc_compaction.notifications import CdcAlertNotifier
 from cdc_compaction.registry import RegistryEntry, TableConfig
 
 log = logging.getLogger(__name__)
 
 PLAN_XCOM = "{{ ti.xcom_pull(task_ids='plan') }}"
-#: Stands in for the plan path inside an EMR step until the task runs (see RegistryEmrAddStepsOperator).
+#: Stands in for the plan path as the last argument of the EMR step until the task runs
+#: (see ``RegistryEmrAddStepsOperator``): the step itself is registry data and is not templated.
 PLAN_PLACEHOLDER = "__cdc_compaction_plan_path__"
 
 
 # Registry values are data, never templates. Airflow renders every ``template_fields`` attribute
-# with Jinja when a task runs, so a registry value such as ``spark.conf: {x: "{{ 7*7 }}"}`` or
-# ``{{ conn.smtp_default.password }}`` would be evaluated (and could leak a secret into a Spark
-# conf or an alert address). The operators below template only what the DAG itself writes: the
-# plan path pulled from XCom, and the EMR step id.
+# with Jinja when a task runs, so a registry value such as ``spark.conf: {x: "{{ 7*7 }}"}`` would
+# become ``49``, and ``{{ conn.smtp_default.password }}`` would put a secret into a Spark conf or
+# an alert address. The operators below template only what this module writes itself: the plan
+# path pulled from XCom and the EMR step id. ``template_ext`` is emptied too: a templated value
+# ending in ``.json`` or ``.sql`` would otherwise be read as a template file from disk.
 class RegistrySparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit whose only templated field is ``application_args`` (the plan-path XCom)."""
+    """spark-submit whose only templated field is ``application_args`` (``--plan`` and the plan-path XCom)."""
 
     template_fields: Sequence[str] = ("application_args",)
+    template_ext: Sequence[str] = ()
 
 
+# The EMR classes are built on first use, not at import: the amazon provider imports boto3, which
+# parsing the DAG file must not load (see test_dag_file_parses_without_heavy_imports). Cached, so
+# that every table's DAG shares one class.
+@functools.cache
 def _emr_add_steps_operator() -> type:
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
 
     class RegistryEmrAddStepsOperator(EmrAddStepsOperator):
-        """Adds the compaction step; only ``plan_path`` is templated and put into the step at run time."""
+        """Adds the compaction step; only ``plan_path`` is templated, and it fills the step's last argument."""
 
         template_fields: Sequence[str] = ("plan_path",)
+        template_ext: Sequence[str] = ()
 
         def __init__(self, *, plan_path: str, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.plan_path = plan_path
 
-        def resolved_steps(self) -> list[dict[str, Any]]:
-            """The steps with the (rendered) plan path in place of the placeholder."""
-            return json.loads(json.dumps(self.steps).replace(json.dumps(PLAN_PLACEHOLDER), json.dumps(self.plan_path)))
+        def steps_with_plan(self) -> list[dict[str, Any]]:
+            """The steps as submitted: the (rendered) plan path after ``--plan``, every other value as written."""
+            steps = copy.deepcopy(self.steps)
+            filled = 0
+            for step in steps:
+                args = step["HadoopJarStep"]["Args"]
+                # By position, not by search: a registry value that happens to equal the
+                # placeholder elsewhere in the step is data and stays as it is.
+                if args[-2:] == ["--plan", PLAN_PLACEHOLDER]:
+                    args[-1] = self.plan_path
+                    filled += 1
+            if filled != 1:
+                raise CompactionError(f"{self.task_id}: expected one step ending in --plan {PLAN_PLACEHOLDER}")
+            return steps
 
         def execute(self, context: Any) -> Any:
-            self.steps = self.resolved_steps()
+            self.steps = self.steps_with_plan()
             return super().execute(context)
 
     return RegistryEmrAddStepsOperator
 
 
+@functools.cache
 def _emr_step_sensor() -> type:
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 
     class RegistryEmrStepSensor(EmrStepSensor):
-        """Waits for the step; only ``step_id`` (an XCom pull written here) is templated."""
+        """Waits for the step; only ``step_id`` (the XCom pull written here) is templated."""
 
         template_fields: Sequence[str] = ("step_id",)
+        template_ext: Sequence[str] = ()
 
     return RegistryEmrStepSensor
 
@@ -296,6 +317,8 @@ def build_dag(cfg: TableConfig) -> DAG:
             return refresh_view(_runtime(cfg))
 
         def python_task(task_id: str, step: Any, takes_plan: bool = True, **kwargs: Any) -> PythonOperator:
+            # op_kwargs (and op_args) are templated: they hold only the plan-path XCom written here.
+            # Registry values reach the steps through ``cfg`` in their closures, never as templates.
             op_kwargs = {"plan_path": PLAN_XCOM} if takes_plan else None
             return PythonOperator(
                 task_id=task_id, python_callable=fail_fast(step), op_kwargs=op_kwargs, doc_md=step.__doc__, **kwargs
