@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Thrift metastore, one SparkSession, and table factories.
+"""Shared fixtures: a real Thrift metastore, one SparkSession, PostgreSQL, and table factories.
 
 Session-scoped because a JVM start costs 10-15 s on two cores.  Every process a
 fixture starts is stopped by the same fixture, by PID.
@@ -33,7 +33,7 @@ from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SessionEngine  # noqa: E402
 from cdc_compaction.exceptions import PreconditionFailedError  # noqa: E402
 from cdc_compaction.lake import Lake  # noqa: E402
-from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.local_services import LocalMetastore, LocalPostgres, free_port  # noqa: E402
 from cdc_compaction.registry import TableConfig  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 from cdc_compaction.sql import table_names  # noqa: E402
@@ -66,6 +66,30 @@ def spark(metastore: LocalMetastore, endpoint: MetastoreEndpoint) -> Iterator[An
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
+    """A PostgreSQL server (wal_level=logical, wal2json) on 127.0.0.1, stopped by this fixture."""
+    pg = LocalPostgres(tmp_path_factory.mktemp("postgres"), port=free_port())
+    pg.start()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+@pytest.fixture(scope="module")
+def airflow_pg_conn(postgres: LocalPostgres, request: pytest.FixtureRequest) -> str:
+    """SQLAlchemy URL of a fresh PostgreSQL database for this module's Airflow metadata.
+
+    For tests that run several Airflow processes at once (scheduler, api-server, CLI):
+    SQLite's single writer makes them fail with "database is locked".  Pass it to
+    ``airflow_env(..., sql_alchemy_conn=...)``; ``ensure_airflow_db`` migrates it.
+    """
+    from cdc_compaction.devenv import postgres_metadata_db
+
+    return postgres_metadata_db(postgres, request.module.__name__.rsplit(".", 1)[-1])
 
 
 #: The seed articles' student table: an int key, a name, Debezium's op and ts_ms.

@@ -1,4 +1,4 @@
-"""The embedded default's metastore: real service, loopback only, stopped by PID."""
+"""The embedded default's metastore and PostgreSQL: real services, loopback only, stopped by PID."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_compaction.local_services import LocalMetastore, java_major_version, port_open
+from cdc_compaction.local_services import LocalMetastore, LocalPostgres, java_major_version, port_open
 
 pytestmark = pytest.mark.metastore
 
@@ -60,3 +60,32 @@ def test_stop_kills_the_process_by_pid(tmp_path) -> None:
         os.kill(pid, 0)
     assert not port_open("127.0.0.1", ms.port)
     assert ms.stop() is False
+
+
+# ------------------------------------------------------------------ PostgreSQL
+def test_postgres_is_ready_for_logical_decoding_on_loopback_only(postgres: LocalPostgres) -> None:
+    with postgres.connect() as conn, conn.cursor() as cur:
+        cur.execute("SELECT current_setting('wal_level'), current_setting('listen_addresses')")
+        assert cur.fetchone() == ("logical", "127.0.0.1")
+        cur.execute("SELECT 1 FROM pg_available_extensions LIMIT 1")  # any query: it answers
+    other = _non_loopback_address()
+    if other is not None:
+        assert not port_open(other, postgres.port), f"postgres answers on {other}:{postgres.port}"
+
+
+def test_postgres_stops_by_pid_and_removes_its_data(tmp_path: Path) -> None:
+    from cdc_compaction.local_services import free_port
+
+    pg = LocalPostgres(tmp_path, port=free_port())
+    pid = pg.start()
+    data = pg.data_dir()
+    assert data is not None and (data / "PG_VERSION").exists()
+    assert Path(f"/proc/{pid}/exe").resolve().name == "postgres", "the PID is the postmaster itself"
+    assert pg.start() == pid, "a second start reuses the running server"
+    assert pg.stop() is True
+    with pytest.raises(OSError):
+        os.kill(pid, 0)
+    assert not port_open("127.0.0.1", pg.port)
+    # As root the data lived in a /tmp directory of the postgres account: nothing else would remove it.
+    assert data.is_relative_to(tmp_path) or not data.exists()
+    assert pg.stop() is False
