@@ -1,0 +1,228 @@
+"""PostgreSQL is the oracle: its table, not the project's code, says what the lake must hold.
+
+A seeded random workload runs against a real ``students`` table, hour by hour:
+inserts, updates (several of one row in one transaction), deletes, updates that change
+the primary key, delete-and-reinsert of a key, multi-row updates, NULLs, and rolled
+back transactions.  wal2json's changes from a logical replication slot are landed as
+Debezium-flattened Parquet increments (``cdc_compaction.pgsource``), one per hour, and
+right after each hour the test takes ``SELECT * FROM students`` from PostgreSQL.
+
+After every hour the table's view (base + pending increments) must equal that snapshot;
+after the hours where the real DAG runs (``airflow dags test``: spark-submit and all)
+the base table's visible rows must equal it too -- as multisets of rows.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdc_compaction import conformance as conf
+from cdc_compaction import pgsource
+from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+from cdc_compaction.local_services import LocalMetastore, LocalPostgres
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+from cdc_compaction.tasks import refresh_view
+
+pytestmark = [pytest.mark.dag, pytest.mark.spark, pytest.mark.metastore]
+
+SEED = 20261124
+HOURS = 4
+#: After these hours (1-based) the real DAG compacts; the view is checked after every hour.
+DAG_AFTER = {2, 4}
+TRANSACTIONS_PER_HOUR = 30
+KEY_SPACE = range(1, 61)
+#: The columns PostgreSQL and the lake share; op, ts_ms and lsn exist only in the lake.
+DATA_TYPES = {"id": "int", "full_name": "string", "grade": "int"}
+
+
+class Workload:
+    """Random transactions on ``students``; it reads the current keys from PostgreSQL to pick valid ones."""
+
+    def __init__(self, conn: Any, rng: random.Random) -> None:
+        self.conn = conn
+        self.rng = rng
+        self.committed = 0
+        self.rolled_back = 0
+        self.kinds: Counter[str] = Counter()
+
+    def _keys(self, cur: Any) -> tuple[list[int], list[int]]:
+        cur.execute("SELECT id FROM students")
+        live = sorted(r[0] for r in cur.fetchall())
+        free = sorted(set(KEY_SPACE) - set(live))
+        return live, free
+
+    def _name(self) -> str | None:
+        return None if self.rng.random() < 0.1 else f"student-{self.rng.randrange(10**6)}"
+
+    def _grade(self) -> int | None:
+        return None if self.rng.random() < 0.1 else self.rng.randrange(1, 13)
+
+    def statement(self, cur: Any) -> None:
+        live, free = self._keys(cur)
+        # Inserts keep the table around 30 rows, so there is always something to update and delete.
+        kinds = ["insert"] * (6 if len(live) < 30 else 1)
+        if live:
+            kinds += ["update", "update", "delete", "rekey", "multi", "reinsert", "bulk"]
+        if not free:
+            kinds = [k for k in kinds if k not in ("insert", "rekey")]
+        kind = self.rng.choice(kinds)
+        self.kinds[kind] += 1
+        if kind == "insert":
+            cur.execute(
+                "INSERT INTO students VALUES (%s, %s, %s)", (self.rng.choice(free), self._name(), self._grade())
+            )
+        elif kind == "update":
+            cur.execute(
+                "UPDATE students SET full_name = %s, grade = %s WHERE id = %s",
+                (self._name(), self._grade(), self.rng.choice(live)),
+            )
+        elif kind == "delete":
+            cur.execute("DELETE FROM students WHERE id = %s", (self.rng.choice(live),))
+        elif kind == "rekey":
+            # The key itself changes: Debezium emits a delete of the old key and a create of the new.
+            cur.execute("UPDATE students SET id = %s WHERE id = %s", (self.rng.choice(free), self.rng.choice(live)))
+        elif kind == "multi":
+            key = self.rng.choice(live)
+            for _ in range(self.rng.randrange(2, 5)):
+                cur.execute(
+                    "UPDATE students SET grade = %s, full_name = %s WHERE id = %s", (self._grade(), self._name(), key)
+                )
+        elif kind == "reinsert":
+            key = self.rng.choice(live)
+            cur.execute("DELETE FROM students WHERE id = %s", (key,))
+            cur.execute("INSERT INTO students VALUES (%s, %s, %s)", (key, self._name(), self._grade()))
+        else:  # bulk: one statement, many rows
+            cur.execute(
+                "UPDATE students SET grade = coalesce(grade, 0) + 1 WHERE id %% 7 = %s", (self.rng.randrange(7),)
+            )
+
+    def hour(self) -> None:
+        for _ in range(TRANSACTIONS_PER_HOUR):
+            with self.conn.cursor() as cur:
+                for _ in range(self.rng.randrange(1, 5)):
+                    self.statement(cur)
+            if self.rng.random() < 0.15:
+                self.conn.rollback()  # never happened: wal2json must not show it
+                self.rolled_back += 1
+            else:
+                self.conn.commit()
+                self.committed += 1
+
+
+def snapshot(conn: Any) -> list[dict[str, Any]]:
+    """PostgreSQL's rows of ``students`` now: the expected result."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT id, full_name, grade FROM students")
+        rows = [dict(zip(DATA_TYPES, r, strict=True)) for r in cur.fetchall()]
+    conn.commit()
+    return rows
+
+
+def data_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: r[k] for k in DATA_TYPES} for r in rows]
+
+
+@pytest.fixture
+def source(postgres: LocalPostgres) -> Any:
+    """A fresh database with ``students`` and a wal2json slot on it; dropped afterwards."""
+    from psycopg2 import sql as pgsql
+
+    name = f"truth_{random.randrange(10**9)}"
+    postgres.create_database(name)
+    conn = postgres.connect(name)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE students (id int PRIMARY KEY, full_name text, grade int)")
+    conn.commit()
+    pgsource.create_slot(conn, name)
+    try:
+        yield conn, name
+    finally:
+        conn.rollback()
+        pgsource.drop_slot(conn, name)
+        conn.close()
+        admin = postgres.connect()
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute(pgsql.SQL("DROP DATABASE {}").format(pgsql.Identifier(name)))
+        admin.close()
+
+
+def test_the_lake_matches_postgres_after_every_hour(
+    source: tuple[Any, str],
+    spark: Any,
+    endpoint: MetastoreEndpoint,
+    metastore: LocalMetastore,
+    tmp_path: Path,
+) -> None:
+    conn, slot = source
+    scn = conf.Scenario(
+        path=tmp_path / "pg_truth.json",
+        name="pg_students",
+        about="students, from a PostgreSQL logical replication slot (wal2json)",
+        table={
+            "columns": [
+                {"name": "id", "type": "int"},
+                {"name": "full_name", "type": "string"},
+                {"name": "grade", "type": "int"},
+                {"name": "op", "type": "string"},
+                {"name": "ts_ms", "type": "bigint"},
+                {"name": "lsn", "type": "bigint"},
+            ],
+            "primary_key": ["id"],
+            # wal2json v2 gives every change its own LSN, several changes of one row in one
+            # transaction included: the LSN alone orders a key's events.
+            "order_by": ["lsn"],
+        },
+        steps=[],
+    )
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    doc = conf.registry_doc(scn, tmp_path / "lake")
+    (registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    cfg = TableConfig.model_validate(doc)
+    env = airflow_env(
+        tmp_path / "airflow", metastore.uri, registry_dir=registry, warehouse_dir=metastore.home / "warehouse"
+    )
+    ensure_airflow_db(env)
+    runner = conf.DagRunner(spark, endpoint, env)
+    reader = conf.Reader(spark)
+    runner.setup(cfg)
+
+    work = Workload(conn, random.Random(SEED))
+    events = 0
+    failures: list[str] = []
+    for hour in range(1, HOURS + 1):
+        work.hour()
+        expected = snapshot(conn)
+        changes = pgsource.read_changes(conn, slot, "public.students")
+        rows = pgsource.debezium_rows(cfg, changes)
+        # The registry orders by lsn alone: no key may see two of its events at one LSN.
+        per_key_lsn = Counter((r["id"], r["lsn"]) for r in rows)
+        assert max(per_key_lsn.values(), default=1) == 1, "two events of one key share an LSN"
+        pgsource.land_changes(cfg, f"increment_20250101{hour:02d}", changes)
+        events += len(rows)
+
+        if hour in DAG_AFTER:
+            runner.compact(cfg)
+            diff = conf.diff_rows(expected, data_only(reader.visible_base(cfg)), DATA_TYPES)
+            if diff:
+                failures.append(f"hour {hour}: base differs from PostgreSQL\n" + "\n".join(diff))
+        refresh_view(runner.runtime(cfg))
+        diff = conf.diff_rows(expected, data_only(reader.view(cfg)), DATA_TYPES)
+        if diff:
+            failures.append(f"hour {hour}: view differs from PostgreSQL\n" + "\n".join(diff))
+
+    assert not failures, "\n".join(failures)
+    # The workload did what it is meant to exercise.
+    assert work.rolled_back >= 3 and work.committed >= 50
+    assert {"insert", "update", "delete", "rekey", "multi", "reinsert", "bulk"} <= set(work.kinds), work.kinds
+    assert events >= 200, events
+    assert len(expected) >= 20, "the table still has rows to compare"
+    assert [t["state"] for t in runner.timings] == ["success"] * len(DAG_AFTER)
