@@ -17,7 +17,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help install check-java test test-fast demo conformance lint lint-registry metastore-start metastore-stop airflow-ui bench lock clean
+.PHONY: help install check-java check-postgres test test-fast demo conformance lint lint-registry metastore-start metastore-stop airflow-ui bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -27,6 +27,9 @@ check-java:  ## fail early, with a clear message, without Java 17+
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java $$v found; Spark 4 needs Java 17 or newer"; exit 1; fi
 	@command -v javac >/dev/null || { echo "javac is missing: install a full JDK 17+ (the local metastore launcher is compiled once)"; exit 1; }
+
+check-postgres: install  ## fail early, with a clear message, without PostgreSQL's server and wal2json
+	@$(BIN)/python -m cdc_compaction postgres check
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
@@ -40,12 +43,12 @@ $(STAMP): requirements.txt
 
 install: check-java $(STAMP)  ## create .venv and install the pinned requirements
 
-test: install $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
+test: install check-postgres $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
 
-test-fast: install  ## the quick suites only (no DAG runs)
+test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
 
 demo: install  ## generate CDC files for two tables and compact them with the real DAGs

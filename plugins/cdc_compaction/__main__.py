@@ -5,6 +5,7 @@ Commands:
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
   demo                                   the embedded default end to end (make demo)
+  postgres check                         are PostgreSQL's server and wal2json installed? (make test)
   airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
   quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
   lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
@@ -117,6 +118,19 @@ def _demo(args: argparse.Namespace) -> int:
     from cdc_compaction.demo import main as demo_main
 
     return demo_main()
+
+
+def _postgres(args: argparse.Namespace) -> int:
+    """``postgres check``: exit 1 with what to install when the server or wal2json is missing."""
+    from cdc_compaction.local_services import ServiceError, require_postgres
+
+    try:
+        bin_dir = require_postgres()
+    except ServiceError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"PostgreSQL server binaries in {bin_dir}, with wal2json")
+    return 0
 
 
 def _airflow_ui(args: argparse.Namespace) -> int:
@@ -255,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="land CDC files for two tables and compact them with the real DAGs")
     demo.set_defaults(func=_demo)
+
+    pgc = sub.add_parser("postgres", help="the local PostgreSQL of the tests and the PostgreSQL demo")
+    pgc.add_argument("action", choices=["check"])
+    pgc.set_defaults(func=_postgres)
 
     ui = sub.add_parser("airflow-ui", help="run Airflow (UI, scheduler) with this project's DAGs")
     ui.add_argument("--port", type=int, default=8080)
