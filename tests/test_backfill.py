@@ -1,7 +1,9 @@
 """The real scheduler: a backfill is serialized, and a SIGKILLed task is retried safely.
 
-Starts Airflow's api-server, scheduler and dag-processor (LocalExecutor, SQLite) on
-127.0.0.1 once for the module, then
+Starts Airflow's api-server, scheduler and dag-processor (LocalExecutor) on 127.0.0.1
+once for the module, with a PostgreSQL metadata database of its own: the scheduler, its
+task processes and this test's ``airflow backfill``/``dags`` CLI calls write to it at
+the same time, which SQLite refuses ("database is locked").  Then it
 
 * creates a three-hour backfill that allows three active runs at once, and checks
   that exactly one run compacted while the others found nothing pending;
@@ -59,14 +61,18 @@ KILLED_TABLE = "tests.killed"
 
 @pytest.fixture(scope="module")
 def airflow_cluster(
-    metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
+    metastore: LocalMetastore, airflow_pg_conn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[dict[str, str], Path]]:
     tmp_path = tmp_path_factory.mktemp("airflow-cluster")
     registry = tmp_path / "registry"
     registry.mkdir()
     port = free_port()
     env = airflow_env(
-        tmp_path / "airflow", metastore.uri, registry_dir=registry, warehouse_dir=metastore.home / "warehouse"
+        tmp_path / "airflow",
+        metastore.uri,
+        registry_dir=registry,
+        warehouse_dir=metastore.home / "warehouse",
+        sql_alchemy_conn=airflow_pg_conn,
     )
     env.update(
         {
