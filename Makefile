@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 SCENARIOS ?= ../shared/conformance/*.json
 MODE ?= inprocess
 PYTEST_ARGS ?=
+# make demo SOURCE=postgres: a real PostgreSQL table (wal2json) as the CDC source.
+SOURCE ?= files
 # make bench: base sizes of the compaction benchmark (comma-separated rows), e.g. BENCH_SIZES=100000 for a quick run.
 BENCH_SIZES ?= 1000000,5000000
 export BENCH_SIZES
@@ -51,8 +53,9 @@ test: install check-postgres $(BENCH_STAMP)  ## lint, then every test suite (uni
 test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
 
-demo: install  ## generate CDC files for two tables and compact them with the real DAGs
-	$(BIN)/python -m cdc_compaction demo
+demo: install  ## generate CDC files for two tables and compact them with the real DAGs (SOURCE=postgres: from a real PostgreSQL)
+	@if [ "$(SOURCE)" = postgres ]; then $(MAKE) --no-print-directory check-postgres; fi
+	$(BIN)/python -m cdc_compaction demo --source $(SOURCE)
 
 conformance: install  ## run scenario files: make conformance SCENARIOS='<glob>' MODE=inprocess|dag
 	$(BIN)/python -m cdc_compaction conformance --mode $(MODE) $(SCENARIOS)

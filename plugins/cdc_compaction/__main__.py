@@ -4,7 +4,7 @@ Commands:
   registry validate [--dir DIR]          check every registry file; exit 1 on any error
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
-  demo                                   the embedded default end to end (make demo)
+  demo [--source files|postgres]         the embedded default end to end (make demo [SOURCE=postgres])
   postgres check                         are PostgreSQL's server and wal2json installed? (make test)
   airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
   quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
@@ -115,6 +115,17 @@ def _conformance(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.source == "postgres":
+        from cdc_compaction.local_services import ServiceError, require_postgres
+
+        try:
+            require_postgres()
+        except ServiceError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        from cdc_compaction.pgdemo import main as pg_demo_main
+
+        return pg_demo_main()
     from cdc_compaction.demo import main as demo_main
 
     return demo_main()
@@ -268,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     ms.set_defaults(func=_metastore)
 
     demo = sub.add_parser("demo", help="land CDC files for two tables and compact them with the real DAGs")
+    demo.add_argument(
+        "--source",
+        choices=["files", "postgres"],
+        default="files",
+        help="files: generated change files (default); postgres: a real PostgreSQL table through wal2json",
+    )
     demo.set_defaults(func=_demo)
 
     pgc = sub.add_parser("postgres", help="the local PostgreSQL of the tests and the PostgreSQL demo")
