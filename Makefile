@@ -9,6 +9,8 @@ MODE ?= inprocess
 PYTEST_ARGS ?=
 # make demo SOURCE=postgres: a real PostgreSQL table (wal2json) as the CDC source.
 SOURCE ?= files
+# PostgreSQL's server and wal2json (make test, make demo SOURCE=postgres); check-postgres installs them as root.
+PG_PACKAGES ?= postgresql postgresql-15-wal2json
 # make bench: base sizes of the compaction benchmark (comma-separated rows), e.g. BENCH_SIZES=100000 for a quick run.
 BENCH_SIZES ?= 1000000,5000000
 export BENCH_SIZES
@@ -30,8 +32,15 @@ check-java:  ## fail early, with a clear message, without Java 17+
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java $$v found; Spark 4 needs Java 17 or newer"; exit 1; fi
 	@command -v javac >/dev/null || { echo "javac is missing: install a full JDK 17+ (the local metastore launcher is compiled once)"; exit 1; }
 
-check-postgres: install  ## fail early, with a clear message, without PostgreSQL's server and wal2json
-	@$(BIN)/python -m cdc_compaction postgres check
+check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs them as root, else a clear message
+	@$(BIN)/python -m cdc_compaction postgres check 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing $(PG_PACKAGES) (the tests' CDC source and Airflow metadata DB)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PG_PACKAGES) >/dev/null 2>&1 || \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PG_PACKAGES) >/dev/null; } || \
+	      { echo "apt-get could not install $(PG_PACKAGES)"; exit 1; }; \
+	  else echo "PostgreSQL's server and wal2json are needed: install them, e.g. sudo apt-get install $(PG_PACKAGES)"; fi; \
+	  $(BIN)/python -m cdc_compaction postgres check; }
 
 $(STAMP): requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
@@ -50,11 +59,11 @@ test: install check-postgres $(BENCH_STAMP)  ## lint, then every test suite (uni
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
 
-test-fast: install  ## the quick suites only (no DAG runs)
+test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
 
 demo: install  ## generate CDC files for two tables and compact them with the real DAGs (SOURCE=postgres: from a real PostgreSQL)
-	@if [ "$(SOURCE)" = postgres ]; then $(BIN)/python -m cdc_compaction postgres check; fi
+	@if [ "$(SOURCE)" = postgres ]; then $(MAKE) --no-print-directory check-postgres; fi
 	$(BIN)/python -m cdc_compaction demo --source $(SOURCE)
 
 fuzz: install  ## many more generated examples of tests/test_generative.py: make fuzz CDC_FUZZ_EXAMPLES=1000

@@ -40,3 +40,10 @@ def test_an_invalid_entry_fails_with_file_and_field(tmp_path: Path) -> None:
 def test_an_empty_registry_is_an_error(tmp_path: Path) -> None:
     proc = _cli("registry", "validate", "--dir", str(tmp_path))
     assert proc.returncode == 1 and "no registry files" in proc.stderr
+
+
+def test_postgres_check_finds_the_server_and_wal2json() -> None:
+    """``make test`` runs this first: PostgreSQL with wal2json is a test requirement, not a skip."""
+    proc = _cli("postgres", "check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PostgreSQL server binaries in" in proc.stdout and "with wal2json" in proc.stdout

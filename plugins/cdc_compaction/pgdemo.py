@@ -119,22 +119,31 @@ def _hive_rows(spark: Any, cfg: TableConfig, what: str) -> list[tuple[Any, ...]]
     return [tuple(r) for r in spark.sql(query).collect()]
 
 
-def _side_by_side(pg: list[tuple[Any, ...]], base: list[tuple[Any, ...]], view: list[tuple[Any, ...]]) -> bool:
-    """Print the three row lists in columns; True if all three agree."""
+def _side_by_side(
+    pg: list[tuple[Any, ...]], base: list[tuple[Any, ...]], view: list[tuple[Any, ...]], compacted: bool
+) -> bool:
+    """Print the three row lists in columns; True if the view (and, once compacted, the base) equals PostgreSQL."""
     width = 28
     print(f"  {'PostgreSQL students':<{width}}{'Hive students_base (visible)':<{width + 4}}{'Hive students_view'}")
     for i in range(max(len(pg), len(base), len(view))):
         cells = [str(rows[i]) if i < len(rows) else "" for rows in (pg, base, view)]
         print(f"  {cells[0]:<{width}}{cells[1]:<{width + 4}}{cells[2]}")
-    same = sorted(pg) == sorted(base) == sorted(view)
-    print(f"  -> {'the same rows' if same else 'DIFFERENT rows'} ({len(pg)} in PostgreSQL)")
+    if compacted:
+        same = sorted(pg) == sorted(base) == sorted(view)
+        print(f"  -> {'base and view hold' if same else 'DIFFERENT rows from'} PostgreSQL's {len(pg)} rows")
+    else:
+        same = sorted(pg) == sorted(view)
+        print(
+            f"  -> the view {'holds' if same else 'DIFFERS from'} PostgreSQL's {len(pg)} rows;"
+            " the base table still has the last compaction's"
+        )
     return same
 
 
-def _compare(conn: Any, spark: Any, cfg: TableConfig) -> bool:
+def _compare(conn: Any, spark: Any, cfg: TableConfig, *, compacted: bool = True) -> bool:
     """PostgreSQL's rows beside the base table's visible rows and the view's."""
     base, view = _hive_rows(spark, cfg, "base_table"), _hive_rows(spark, cfg, "view_name")
-    return _side_by_side(_postgres_rows(conn), base, view)
+    return _side_by_side(_postgres_rows(conn), base, view, compacted)
 
 
 def _run_dag(env: dict[str, str], cfg: TableConfig) -> None:
@@ -164,6 +173,7 @@ def main() -> int:
     print(f"starting the Hive metastore on {ms.uri} and PostgreSQL on 127.0.0.1:{pg.port} ...")
     ms.start()
     spark = None
+    agree = True
     try:
         pg.start()
         conn = pg.connect()
@@ -197,12 +207,12 @@ def main() -> int:
                 # Not compacted yet: the view already shows it (base + pending increment).
                 refresh_view(rt)
                 print("\n  before compacting hour 1, the view already shows PostgreSQL's rows:")
-                _compare(conn, spark, cfg)
+                agree = _compare(conn, spark, cfg, compacted=False) and agree
                 continue
             print("  running the table's DAG ...")
             _run_dag(env, cfg)
             refresh_view(rt)
-            _compare(conn, spark, cfg)
+            agree = _compare(conn, spark, cfg) and agree
         pgsource.drop_slot(conn, SLOT)
         conn.close()
         commit = Lake(cfg).latest_commit()
@@ -214,6 +224,9 @@ def main() -> int:
         ms.stop()
         print("\nPostgreSQL and the metastore stopped.")
     print(f"demo finished in {time.monotonic() - started:.0f}s")
+    if not agree:
+        print("the lake and PostgreSQL DISAGREE (see above)", file=sys.stderr)
+        return 1
     return 0
 
 
