@@ -40,6 +40,7 @@ POINTS = (
     "archive.after_first_delete",
     "archive.before_marker",
     "refresh_view.after_partitions",
+    "quarantine.after_first_reingested_file",
 )
 
 

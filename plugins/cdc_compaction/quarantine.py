@@ -17,6 +17,12 @@ them under the normal rule -- the rule does not depend on arrival order, so late
 fine.  Rows go back into their original increment as ``reingest-<entry>-NNNNN.parquet``
 (in their original order); files go back under their own name, or a fixed copy does.
 Every manifest records when it was re-ingested, and an entry is re-ingested once.
+
+Re-ingesting is resumable: the manifest first records the intent (every target file and
+its size), then the files are landed one by one, and the entry is marked re-ingested at
+the end.  A re-ingest killed half-way is finished by running it again: files of the
+intent that are already in place are kept, the missing ones are landed.  Targets must be
+increments of the table's layout (``increment_2026112209``), never another path.
 """
 
 from __future__ import annotations
@@ -25,18 +31,23 @@ import hashlib
 import json
 import logging
 import posixpath
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from cdc_compaction.exceptions import QuarantineError
+from cdc_compaction.faults import fault_point
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
-from cdc_compaction.storage import read_parquet, storage_for
+from cdc_compaction.landing import increment_hour, is_in_progress, layout_example
+from cdc_compaction.storage import is_data_file, read_parquet, storage_for
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
+#: A version directory name: ``v00000001-<plan>``, or ``v00000001-<plan>-<attempt>``.
+_VERSION = re.compile(r"^v(\d{8})-([0-9a-z]+(?:-[0-9a-z]+)?)$")
 
 
 def _now() -> str:
@@ -107,32 +118,49 @@ class Quarantine:
         self.storage.delete(src)
         return dst
 
+    def _rows_manifest(self, version: str, seq: int, stats: dict[str, Any], created_at: str) -> dict[str, Any]:
+        return {
+            "kind": "rows",
+            "table": self.lake.cfg.qualified_name,
+            "version": version,
+            "commit": seq,
+            "created_at": created_at,
+            "rows": int(stats["rejected_rows"]),
+            "by_reason": stats.get("rejected_by_reason", {}),
+            "by_file": stats.get("rejected_by_file", {}),
+            "reingested_at": None,
+        }
+
     def record_rows(self, version: str, seq: int, stats: dict[str, Any]) -> None:
         """Write the manifest of a committed version's refused rows (idempotent)."""
         d = self.lake.layout.quarantine_dir(version)
         if int(stats.get("rejected_rows", 0)) <= 0 or self._read_manifest(d) is not None:
             return
-        self._write_manifest(
-            d,
-            {
-                "kind": "rows",
-                "table": self.lake.cfg.qualified_name,
-                "version": version,
-                "commit": seq,
-                "created_at": _now(),
-                "rows": int(stats["rejected_rows"]),
-                "by_reason": stats.get("rejected_by_reason", {}),
-                "by_file": stats.get("rejected_by_file", {}),
-                "reingested_at": None,
-            },
-        )
+        self._write_manifest(d, self._rows_manifest(version, seq, stats, _now()))
+
+    def _committed_rows_doc(self, version: str) -> dict[str, Any] | None:
+        """The manifest of ``rows/<version>`` as ``record_rows`` writes it, if the commit records say so.
+
+        A publish that crashed after its commit record has not written the manifest yet (the
+        next run's archive step does), but its rows were refused for real all the same: the
+        commit record decides, not the manifest.  None for rows of a version that was never
+        committed (they are still pending; cleanup deletes them).
+        """
+        m = _VERSION.match(version)
+        commit = self.lake.read_commit(int(m.group(1))) if m else None
+        if commit is None or commit.version != version or int(commit.stats.get("rejected_rows", 0)) <= 0:
+            return None
+        return self._rows_manifest(version, commit.seq, commit.stats, commit.committed_at or _now())
 
     # -- reading ------------------------------------------------------------------
     def entries(self) -> list[Entry]:
+        """Every entry; read-only (a missing manifest of committed rows is written by re-ingesting)."""
         out = []
         for kind in ("rows", "files"):
             for e in self.storage.list_dir(posixpath.join(self.root, kind)):
                 doc = self._read_manifest(e.path) if e.is_dir else None
+                if doc is None and e.is_dir and kind == "rows":
+                    doc = self._committed_rows_doc(e.name)
                 if doc is None:
                     continue  # rows of a version that was never committed: not refused for real
                 if kind == "rows":
@@ -150,7 +178,7 @@ class Quarantine:
     def entry(self, entry_id: str) -> tuple[Entry, dict[str, Any]]:
         for e in self.entries():
             if e.id == entry_id:
-                doc = self._read_manifest(e.path)
+                doc = self._read_manifest(e.path) or self._committed_rows_doc(posixpath.basename(e.path))
                 assert doc is not None
                 return e, doc
         known = ", ".join(e.id for e in self.entries()) or "none"
@@ -166,7 +194,8 @@ class Quarantine:
         ``source`` replaces the quarantined data with a corrected copy: for ``rows/``, a
         Parquet file or directory with the registry columns (and ``_cdc_increment``, to
         keep each row's increment); for ``files/``, a directory laid out like the entry
-        (``<increment>/<file name>``).
+        (``<increment>/<file name>``).  Resumable: a re-ingest that was killed half-way is
+        finished by calling it again (with the same ``source``).
         """
         entry, doc = self.entry(entry_id)
         if doc.get("reingested_at") and not force:
@@ -175,29 +204,93 @@ class Quarantine:
                 "doing it again would land its events twice (harmless for the table, but noisy). "
                 "Pass --force if that is what you want"
             )
-        written = self._reingest_rows(entry, source) if entry.kind == "rows" else self._reingest_files(doc, source)
+        targets = self._rows_targets(entry, source) if entry.kind == "rows" else self._files_targets(doc, source)
+        for t in targets:
+            self._check_target(entry_id, t)
+        planned = [{"increment": t.increment, "name": t.name, "size": t.size} for t in targets]
+        intent = doc.get("reingest_intent")
+        if intent and intent["files"] != planned:
+            raise QuarantineError(
+                f"{entry_id} of {self.lake.cfg.qualified_name}: an interrupted re-ingest started at "
+                f"{intent['started_at']} from {intent['source'] or 'the quarantined copy'} would land "
+                f"{_names(intent['files'])}, this one {_names(planned)}. Nothing was landed now: re-run it with "
+                f"the same source ({'--from ' + intent['source'] if intent['source'] else 'no --from'}) to finish it"
+            )
+        if not intent:
+            # The intent goes first: a re-ingest killed after it is finished by the next call.
+            doc["reingest_intent"] = {"started_at": _now(), "source": source, "files": planned}
+            self._write_manifest(entry.path, doc)
+        written = []
+        for i, t in enumerate(targets):
+            written.append(self._land(entry_id, t, resuming=bool(intent)))
+            if i == 0:
+                fault_point("quarantine.after_first_reingested_file", self.lake.cfg.qualified_name)
+        self._mark_complete(targets)
         doc["reingested_at"] = _now()
         doc["reingested_files"] = written
+        doc.pop("reingest_intent", None)
         self._write_manifest(entry.path, doc)
         log.info("%s: re-ingested %s into %d landing files", self.lake.cfg.qualified_name, entry_id, len(written))
         return written
 
-    def _land(self, increment: str, name: str, data: bytes | None = None, copy_from: str | None = None) -> str:
-        """Write one whole file into the landing area, the way a sink does (complete or absent)."""
-        d = posixpath.join(self.lake.layout.incremental, increment)
-        dst = posixpath.join(d, name)
-        if self.storage.exists(dst):
-            raise QuarantineError(f"{dst} exists already in the landing area; move it away or pick another entry")
-        if copy_from is not None:
-            self.storage.copy(copy_from, dst)
-        else:
-            self.storage.write_bytes(dst, data or b"")
+    def _check_target(self, entry_id: str, t: _Target) -> None:
+        """Refuse a target outside the table's increments (``..``, ``/``, a name off the layout)."""
         cfg = self.lake.cfg
-        if cfg.increments.completion == "marker":
-            self.storage.write_text(posixpath.join(d, cfg.increments.marker_file), "")
+        if increment_hour(cfg, t.increment) is None:
+            raise QuarantineError(
+                f"{entry_id} of {cfg.qualified_name}: {t.increment!r} is not an increment name of the layout "
+                f"{cfg.increments.prefix}{cfg.increments.time_format} (e.g. {layout_example(cfg)}), so its events "
+                "would never be compacted (or would land outside the landing area). Nothing was landed: fix the "
+                "_cdc_increment column (rows) or the directory name (files) of the source and pass it with --from"
+            )
+        if "/" in t.name or not is_data_file(t.name) or is_in_progress(t.name, is_dir=False):
+            raise QuarantineError(
+                f"{entry_id} of {cfg.qualified_name}: {t.name!r} is not a plain data file name; nothing was "
+                "landed. Rename the file in the --from directory"
+            )
+
+    def _land(self, entry_id: str, t: _Target, resuming: bool) -> str:
+        """Write one whole file into the landing area, the way a sink does (complete or absent).
+
+        When finishing an interrupted re-ingest, a file of its intent that is in the landing
+        area already (same size), or was compacted and archived since, is not landed again.
+        """
+        dst = posixpath.join(self.lake.layout.incremental, t.increment, t.name)
+        if resuming:
+            done = dst if self.storage.exists(dst) and self.storage.size(dst) == t.size else self._archived(t)
+            if done is not None:
+                log.info(
+                    "%s: %s of %s was landed by an interrupted re-ingest", self.lake.cfg.qualified_name, done, entry_id
+                )
+                return dst
+        if self.storage.exists(dst):
+            raise QuarantineError(
+                f"{entry_id} of {self.lake.cfg.qualified_name}: {dst} exists already in the landing area, so "
+                "nothing more was landed; move that file away (or, for a files/ entry, pass a corrected copy "
+                "with --from) and re-run"
+            )
+        if t.copy_from is not None:
+            self.storage.copy(t.copy_from, dst)
+        else:
+            self.storage.write_bytes(dst, t.data or b"")
         return dst
 
-    def _reingest_rows(self, entry: Entry, source: str | None) -> list[str]:
+    def _archived(self, t: _Target) -> str | None:
+        """Where the archive keeps ``t`` if a run compacted it since it was landed, else None."""
+        for c in self.storage.list_dir(self.lake.layout.archive):
+            path = posixpath.join(c.path, t.increment, t.name)
+            if c.is_dir and self.storage.exists(path) and self.storage.size(path) == t.size:
+                return path
+        return None
+
+    def _mark_complete(self, targets: list[_Target]) -> None:
+        cfg = self.lake.cfg
+        if cfg.increments.completion == "marker":
+            for inc in sorted({t.increment for t in targets}):
+                d = posixpath.join(self.lake.layout.incremental, inc)
+                self.storage.write_text(posixpath.join(d, cfg.increments.marker_file), "")
+
+    def _rows_targets(self, entry: Entry, source: str | None) -> list[_Target]:
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
@@ -218,8 +311,14 @@ class Quarantine:
         table = table.sort_by(order)
         schema = arrow_schema(cfg)
         tag = hashlib.sha1(entry.id.encode()).hexdigest()[:8]
-        written = []
-        for inc in sorted(set(table.column("_cdc_increment").to_pylist())):
+        targets = []
+        for inc in sorted(set(table.column("_cdc_increment").to_pylist()), key=str):
+            if not isinstance(inc, str):
+                raise QuarantineError(
+                    f"{entry.id} of {cfg.qualified_name}: {source or entry.path} has rows whose _cdc_increment is "
+                    f"{inc!r}, not an increment name; nothing was landed. Set it (e.g. {layout_example(cfg)}) and "
+                    "pass the file with --from"
+                )
             part = table.filter(pc.equal(table.column("_cdc_increment"), inc)).select(cfg.column_names)
             try:
                 part = part.cast(schema)
@@ -227,25 +326,41 @@ class Quarantine:
                 raise QuarantineError(
                     f"{source or entry.path}: rows for {inc} do not fit the registry's column types ({exc})"
                 ) from exc
-            name = f"reingest-{tag}-{len(written):05d}.parquet"
             buf = pa.BufferOutputStream()
             pq.write_table(part, buf)
-            written.append(self._land(inc, name, data=buf.getvalue().to_pybytes()))
-        return written
+            data = buf.getvalue().to_pybytes()
+            targets.append(_Target(inc, f"reingest-{tag}-{len(targets):05d}.parquet", len(data), data=data))
+        return targets
 
-    def _reingest_files(self, doc: dict[str, Any], source: str | None) -> list[str]:
+    def _files_targets(self, doc: dict[str, Any], source: str | None) -> list[_Target]:
         d = self.lake.layout.quarantined_files_dir(doc["plan_id"])
         # A corrected copy may live elsewhere (a local directory for a lake on S3): read it
         # through its own storage; the quarantine's own copy is copied inside the lake.
         src_storage = storage_for(source, self.lake.cfg.storage_conn_id) if source else self.storage
-        written = []
+        targets = []
         for f in doc["files"]:
             src = posixpath.join(source or d, f["increment"], f["name"])
             if not src_storage.exists(src):
                 raise QuarantineError(f"{src} does not exist: put the corrected file there, or omit --from")
             if source:
                 with src_storage.open_read(src) as fh:
-                    written.append(self._land(f["increment"], f["name"], data=fh.read()))
+                    data = fh.read()
+                targets.append(_Target(f["increment"], f["name"], len(data), data=data))
             else:
-                written.append(self._land(f["increment"], f["name"], copy_from=src))
-        return written
+                targets.append(_Target(f["increment"], f["name"], self.storage.size(src), copy_from=src))
+        return targets
+
+
+def _names(files: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{f['increment']}/{f['name']} ({f['size']} bytes)" for f in files) or "nothing"
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One file a re-ingest lands: where, how big, and its bytes or the lake file to copy."""
+
+    increment: str
+    name: str
+    size: int
+    data: bytes | None = None
+    copy_from: str | None = None
