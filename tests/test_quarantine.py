@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import compact_once, student_doc, visible_names
+from conftest import PROJECT_ROOT, compact_once, student_doc, visible_names
 
 from cdc_compaction import faults, tasks
 from cdc_compaction.__main__ import main
@@ -148,29 +152,49 @@ def _refused_rows_entry(rt: tasks.Runtime) -> str:
 @pytest.mark.parametrize(
     "target",
     [
-        pytest.param("increment_2026112200/../../base", id="dot-dot"),
+        pytest.param("increment_2026112200/../../base/{live}", id="dot-dot-into-the-live-version"),
         pytest.param("../base", id="parent"),
         pytest.param("increment_202611229", id="not-zero-padded"),
         pytest.param("hourly_2026112200", id="other-layout"),
     ],
 )
-def test_reingest_refuses_targets_outside_the_increments(table, tmp_path: Path, target: str, request) -> None:
+def test_reingest_refuses_targets_outside_the_increments(
+    table, tmp_path: Path, spark: Any, target: str, request: pytest.FixtureRequest
+) -> None:
     # One table per case: the metastore outlives the case's lake, and a table whose storage root moved is refused.
     rt = table("q_target_" + request.node.callspec.id.replace("-", "_"))
     entry_id = _refused_rows_entry(rt)
     kept = pq.read_table(Path(rt.lake.layout.quarantine) / entry_id).to_pylist()
+    target = target.format(live=rt.lake.latest_commit().version)
     bad = pa.Table.from_pylist([{**r, "op": "c", "_cdc_increment": target} for r in kept])
     pq.write_table(bad, tmp_path / "bad.parquet")
     before = sorted(str(p) for p in Path(rt.lake.layout.root).rglob("*"))
     with pytest.raises(QuarantineError, match=r"is not an increment name of the layout .*Nothing was landed"):
         Quarantine(rt.lake).reingest(entry_id, source=str(tmp_path / "bad.parquet"))
     after = sorted(str(p) for p in Path(rt.lake.layout.root).rglob("*"))
-    assert after == before, "nothing was written anywhere"
+    assert after == before, "nothing was written anywhere (least of all into the live version)"
     assert Quarantine(rt.lake).entries()[0].reingested_at is None
+    assert visible_names(spark, rt.cfg) == {}
 
 
-def test_a_killed_reingest_is_finished_by_running_it_again(table, tmp_path: Path, spark: Any, monkeypatch) -> None:
-    rt = table("q_resume", on_bad_file="quarantine")
+def _reingest_killed_after_the_first_file(rt: tasks.Runtime, tmp_path: Path, entry_id: str, source: Path) -> None:
+    """``quarantine reingest`` in its own process, SIGKILLed at the fault point after the first file."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(PROJECT_ROOT / "plugins"),
+        faults.ENV: f"quarantine.after_first_reingested_file@{rt.cfg.qualified_name}=kill",
+    }
+    cmd = [sys.executable, "-m", "cdc_compaction", "quarantine", "reingest", rt.cfg.qualified_name, entry_id]
+    cmd += ["--from", str(source), "--registry-dir", str(tmp_path / "registry")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("runs_in_between", [False, True], ids=["retried-at-once", "compacted-and-archived-first"])
+def test_a_killed_reingest_is_finished_by_running_it_again(
+    table, tmp_path: Path, spark: Any, runs_in_between: bool
+) -> None:
+    rt = table(f"q_resume_{int(runs_in_between)}", on_bad_file="quarantine")
     tasks.ensure_tables(rt)
     (good,) = land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1}]])
     for n in (1, 2):
@@ -185,32 +209,67 @@ def test_a_killed_reingest_is_finished_by_running_it_again(table, tmp_path: Path
             pa.table({"id": pa.array([n + 1], pa.int32()), "full_name": [name], "op": ["c"], "ts_ms": pa.array([1])}),
             fixes / f"part-0000{n}.parquet",
         )
-    monkeypatch.setenv(faults.ENV, f"quarantine.after_first_reingested_file@{rt.cfg.qualified_name}=raise")
-    with pytest.raises(InjectedFaultError):
-        Quarantine(rt.lake).reingest(entry.id, source=str(tmp_path / "fixes"))
-    monkeypatch.delenv(faults.ENV)
+    _reingest_killed_after_the_first_file(rt, tmp_path, entry.id, tmp_path / "fixes")
     landed = Path(rt.lake.layout.incremental) / "increment_2026112200"
     assert sorted(p.name for p in landed.iterdir()) == ["part-00001.parquet"], "killed after the first file"
     assert Quarantine(rt.lake).entries()[0].reingested_at is None
+    if runs_in_between:
+        # The first file is taken by a run (r2) and archived by the next one (r3) before the retry.
+        assert compact_once(rt, "r2")
+        compact_once(rt, "r3")
+        assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+        assert not (landed / "part-00001.parquet").exists()
+    # Finishing it with another source would land other files: refused, nothing landed.
+    with pytest.raises(QuarantineError, match=r"interrupted re-ingest started at .*\(--from .*fixes\) to finish it"):
+        Quarantine(rt.lake).reingest(entry.id)
     written = Quarantine(rt.lake).reingest(entry.id, source=str(tmp_path / "fixes"))
     assert sorted(Path(p).name for p in written) == ["part-00001.parquet", "part-00002.parquet"]
     assert Quarantine(rt.lake).entries()[0].reingested_at is not None
-    compact_once(rt, "r2")
+    # Every fixed row was landed exactly once: in the landing area or, compacted already, in the archive.
+    copies = [
+        p
+        for where in (rt.lake.layout.incremental, rt.lake.layout.archive)
+        for p in Path(where).rglob("part-0000[12].parquet")
+    ]
+    ids = sorted(i for p in copies for i in pq.read_table(p).column("id").to_pylist())
+    assert ids == [2, 3], copies
+    compact_once(rt, "r4")
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 3: "Carol"}
 
 
-def test_rows_refused_by_a_publish_that_crashed_after_its_commit_record_are_listed(table, monkeypatch) -> None:
+def test_rows_refused_by_a_publish_that_crashed_after_its_commit_record_are_listed(
+    table, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     rt = table("q_crash")
     tasks.ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "X", "ts_ms": 1}]])
     path = tasks.plan(rt, "r1")
     rt.engine.compact(tasks.load_plan(rt, path))  # type: ignore[attr-defined]
     tasks.validate(rt, path)
-    monkeypatch.setenv(faults.ENV, "publish.after_commit_record=raise")
-    with pytest.raises(InjectedFaultError):
+    monkeypatch.setenv(faults.ENV, f"publish.after_commit_record@{rt.cfg.qualified_name}=raise")
+    with pytest.raises(InjectedFaultError, match=r"publish\.after_commit_record"):
         tasks.publish(rt, path)
     monkeypatch.delenv(faults.ENV)
+    version = rt.lake.latest_commit().version
+    manifest = Path(rt.lake.layout.quarantine_dir(version)) / "_manifest.json"
+    assert not manifest.exists(), "the crash came before the manifest"
     # Committed: the row was refused for real, so the quarantine lists it -- before any retry.
     (entry,) = Quarantine(rt.lake).entries()
-    assert entry.id == f"rows/{rt.lake.latest_commit().version}" and entry.count == 1
-    assert entry.reasons == {"unknown_op": 1}
+    assert entry.id == f"rows/{version}" and entry.count == 1
+    assert entry.reasons == {"unknown_op": 1} and entry.reingested_at is None
+    capsys.readouterr()
+    assert _cli(rt, tmp_path, "quarantine", "list") == 0
+    out = capsys.readouterr().out
+    assert f"rows/{version}" in out and '{"unknown_op": 1}' in out and "1 quarantine entries" in out, out
+    assert not manifest.exists(), "listing writes nothing"
+    # It can be re-ingested as it is listed (the manifest is written then), and compacts after a fix.
+    fixed = pa.Table.from_pylist([{**r, "op": "c"} for r in pq.read_table(manifest.parent).to_pylist()])
+    pq.write_table(fixed, tmp_path / "fixed.parquet")
+    assert len(Quarantine(rt.lake).reingest(entry.id, source=str(tmp_path / "fixed.parquet"))) == 1
+    assert json.loads(manifest.read_text())["reingested_at"]
+    tasks.publish(rt, path)  # the retry of the crashed task, then the rest of the run
+    tasks.archive(rt, path)
+    (entry,) = Quarantine(rt.lake).entries()
+    assert entry.reingested_at is not None, "the retry keeps the re-ingested manifest"
+    assert compact_once(rt, "r2")
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}

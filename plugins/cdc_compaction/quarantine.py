@@ -40,12 +40,13 @@ from cdc_compaction.exceptions import QuarantineError
 from cdc_compaction.faults import fault_point
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
-from cdc_compaction.landing import increment_hour, layout_example
+from cdc_compaction.landing import increment_hour, is_in_progress, layout_example
 from cdc_compaction.storage import is_data_file, read_parquet, storage_for
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
+#: A version directory name: ``v00000001-<plan>``, or ``v00000001-<plan>-<attempt>``.
 _VERSION = re.compile(r"^v(\d{8})-([0-9a-z]+(?:-[0-9a-z]+)?)$")
 
 
@@ -117,53 +118,49 @@ class Quarantine:
         self.storage.delete(src)
         return dst
 
+    def _rows_manifest(self, version: str, seq: int, stats: dict[str, Any], created_at: str) -> dict[str, Any]:
+        return {
+            "kind": "rows",
+            "table": self.lake.cfg.qualified_name,
+            "version": version,
+            "commit": seq,
+            "created_at": created_at,
+            "rows": int(stats["rejected_rows"]),
+            "by_reason": stats.get("rejected_by_reason", {}),
+            "by_file": stats.get("rejected_by_file", {}),
+            "reingested_at": None,
+        }
+
     def record_rows(self, version: str, seq: int, stats: dict[str, Any]) -> None:
         """Write the manifest of a committed version's refused rows (idempotent)."""
         d = self.lake.layout.quarantine_dir(version)
         if int(stats.get("rejected_rows", 0)) <= 0 or self._read_manifest(d) is not None:
             return
-        self._write_manifest(
-            d,
-            {
-                "kind": "rows",
-                "table": self.lake.cfg.qualified_name,
-                "version": version,
-                "commit": seq,
-                "created_at": _now(),
-                "rows": int(stats["rejected_rows"]),
-                "by_reason": stats.get("rejected_by_reason", {}),
-                "by_file": stats.get("rejected_by_file", {}),
-                "reingested_at": None,
-            },
-        )
+        self._write_manifest(d, self._rows_manifest(version, seq, stats, _now()))
 
-    def repair(self) -> list[str]:
-        """Write the manifests a publish that crashed after its commit record did not write.
+    def _committed_rows_doc(self, version: str) -> dict[str, Any] | None:
+        """The manifest of ``rows/<version>`` as ``record_rows`` writes it, if the commit records say so.
 
-        The commit records decide: a ``rows/<version>`` directory without a manifest is listed
-        once the commit record of its sequence names that version (it was refused for real).
-        Returns the versions repaired.
+        A publish that crashed after its commit record has not written the manifest yet (the
+        next run's archive step does), but its rows were refused for real all the same: the
+        commit record decides, not the manifest.  None for rows of a version that was never
+        committed (they are still pending; cleanup deletes them).
         """
-        repaired = []
-        for e in self.storage.list_dir(posixpath.join(self.root, "rows")):
-            if not e.is_dir or self._read_manifest(e.path) is not None:
-                continue
-            m = _VERSION.match(e.name)
-            commit = self.lake.read_commit(int(m.group(1))) if m else None
-            if commit is not None and commit.version == e.name:
-                self.record_rows(commit.version, commit.seq, commit.stats)
-                repaired.append(e.name)
-        if repaired:
-            log.warning("%s: wrote the missing quarantine manifests of %s", self.lake.cfg.qualified_name, repaired)
-        return repaired
+        m = _VERSION.match(version)
+        commit = self.lake.read_commit(int(m.group(1))) if m else None
+        if commit is None or commit.version != version or int(commit.stats.get("rejected_rows", 0)) <= 0:
+            return None
+        return self._rows_manifest(version, commit.seq, commit.stats, commit.committed_at or _now())
 
     # -- reading ------------------------------------------------------------------
     def entries(self) -> list[Entry]:
-        self.repair()
+        """Every entry; read-only (a missing manifest of committed rows is written by re-ingesting)."""
         out = []
         for kind in ("rows", "files"):
             for e in self.storage.list_dir(posixpath.join(self.root, kind)):
                 doc = self._read_manifest(e.path) if e.is_dir else None
+                if doc is None and e.is_dir and kind == "rows":
+                    doc = self._committed_rows_doc(e.name)
                 if doc is None:
                     continue  # rows of a version that was never committed: not refused for real
                 if kind == "rows":
@@ -181,7 +178,7 @@ class Quarantine:
     def entry(self, entry_id: str) -> tuple[Entry, dict[str, Any]]:
         for e in self.entries():
             if e.id == entry_id:
-                doc = self._read_manifest(e.path)
+                doc = self._read_manifest(e.path) or self._committed_rows_doc(posixpath.basename(e.path))
                 assert doc is not None
                 return e, doc
         known = ", ".join(e.id for e in self.entries()) or "none"
@@ -210,20 +207,24 @@ class Quarantine:
         targets = self._rows_targets(entry, source) if entry.kind == "rows" else self._files_targets(doc, source)
         for t in targets:
             self._check_target(entry_id, t)
+        planned = [{"increment": t.increment, "name": t.name, "size": t.size} for t in targets]
         intent = doc.get("reingest_intent")
-        resumed = {(f["increment"], f["name"]): f["size"] for f in intent["files"]} if intent else {}
+        if intent and intent["files"] != planned:
+            raise QuarantineError(
+                f"{entry_id} of {self.lake.cfg.qualified_name}: an interrupted re-ingest started at "
+                f"{intent['started_at']} from {intent['source'] or 'the quarantined copy'} would land "
+                f"{_names(intent['files'])}, this one {_names(planned)}. Nothing was landed now: re-run it with "
+                f"the same source ({'--from ' + intent['source'] if intent['source'] else 'no --from'}) to finish it"
+            )
         if not intent:
             # The intent goes first: a re-ingest killed after it is finished by the next call.
-            doc["reingest_intent"] = {
-                "started_at": _now(),
-                "source": source,
-                "files": [{"increment": t.increment, "name": t.name, "size": t.size} for t in targets],
-            }
+            doc["reingest_intent"] = {"started_at": _now(), "source": source, "files": planned}
             self._write_manifest(entry.path, doc)
         written = []
-        for t in targets:
-            written.append(self._land(t, resumed.get((t.increment, t.name))))
-            fault_point("quarantine.after_first_reingested_file", self.lake.cfg.qualified_name)
+        for i, t in enumerate(targets):
+            written.append(self._land(entry_id, t, resuming=bool(intent)))
+            if i == 0:
+                fault_point("quarantine.after_first_reingested_file", self.lake.cfg.qualified_name)
         self._mark_complete(targets)
         doc["reingested_at"] = _now()
         doc["reingested_files"] = written
@@ -242,25 +243,45 @@ class Quarantine:
                 "would never be compacted (or would land outside the landing area). Nothing was landed: fix the "
                 "_cdc_increment column (rows) or the directory name (files) of the source and pass it with --from"
             )
-        if "/" in t.name or not is_data_file(t.name) or t.name.endswith((".tmp", ".inprogress")):
+        if "/" in t.name or not is_data_file(t.name) or is_in_progress(t.name, is_dir=False):
             raise QuarantineError(
                 f"{entry_id} of {cfg.qualified_name}: {t.name!r} is not a plain data file name; nothing was "
                 "landed. Rename the file in the --from directory"
             )
 
-    def _land(self, t: _Target, resumed_size: int | None) -> str:
-        """Write one whole file into the landing area, the way a sink does (complete or absent)."""
+    def _land(self, entry_id: str, t: _Target, resuming: bool) -> str:
+        """Write one whole file into the landing area, the way a sink does (complete or absent).
+
+        When finishing an interrupted re-ingest, a file of its intent that is in the landing
+        area already (same size), or was compacted and archived since, is not landed again.
+        """
         dst = posixpath.join(self.lake.layout.incremental, t.increment, t.name)
-        if self.storage.exists(dst):
-            if resumed_size is not None and self.storage.size(dst) == resumed_size:
-                log.info("%s: %s was landed by an earlier, interrupted re-ingest", self.lake.cfg.qualified_name, dst)
+        if resuming:
+            done = dst if self.storage.exists(dst) and self.storage.size(dst) == t.size else self._archived(t)
+            if done is not None:
+                log.info(
+                    "%s: %s of %s was landed by an interrupted re-ingest", self.lake.cfg.qualified_name, done, entry_id
+                )
                 return dst
-            raise QuarantineError(f"{dst} exists already in the landing area; move it away or pick another entry")
+        if self.storage.exists(dst):
+            raise QuarantineError(
+                f"{entry_id} of {self.lake.cfg.qualified_name}: {dst} exists already in the landing area, so "
+                "nothing more was landed; move that file away (or, for a files/ entry, pass a corrected copy "
+                "with --from) and re-run"
+            )
         if t.copy_from is not None:
             self.storage.copy(t.copy_from, dst)
         else:
             self.storage.write_bytes(dst, t.data or b"")
         return dst
+
+    def _archived(self, t: _Target) -> str | None:
+        """Where the archive keeps ``t`` if a run compacted it since it was landed, else None."""
+        for c in self.storage.list_dir(self.lake.layout.archive):
+            path = posixpath.join(c.path, t.increment, t.name)
+            if c.is_dir and self.storage.exists(path) and self.storage.size(path) == t.size:
+                return path
+        return None
 
     def _mark_complete(self, targets: list[_Target]) -> None:
         cfg = self.lake.cfg
@@ -292,8 +313,12 @@ class Quarantine:
         tag = hashlib.sha1(entry.id.encode()).hexdigest()[:8]
         targets = []
         for inc in sorted(set(table.column("_cdc_increment").to_pylist()), key=str):
-            if inc is None:
-                raise QuarantineError(f"{source or entry.path}: rows with a null _cdc_increment; set their increment")
+            if not isinstance(inc, str):
+                raise QuarantineError(
+                    f"{entry.id} of {cfg.qualified_name}: {source or entry.path} has rows whose _cdc_increment is "
+                    f"{inc!r}, not an increment name; nothing was landed. Set it (e.g. {layout_example(cfg)}) and "
+                    "pass the file with --from"
+                )
             part = table.filter(pc.equal(table.column("_cdc_increment"), inc)).select(cfg.column_names)
             try:
                 part = part.cast(schema)
@@ -324,6 +349,10 @@ class Quarantine:
             else:
                 targets.append(_Target(f["increment"], f["name"], self.storage.size(src), copy_from=src))
         return targets
+
+
+def _names(files: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{f['increment']}/{f['name']} ({f['size']} bytes)" for f in files) or "nothing"
 
 
 @dataclass(frozen=True)
