@@ -147,7 +147,10 @@ class SessionEngine:
         load_job("run_sql").run_statements(self.spark, statements)
 
     def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
-        return load_job("compact").run(self.spark, plan)
+        # A fresh attempt directory per call, as spark-submit's ``main`` makes one per job:
+        # a cleared or repeated compact never writes into a directory another attempt wrote.
+        job = load_job("compact")
+        return job.run(self.spark, plan, attempt=job.new_attempt())
 
 
 class SparkSubmitEngine:
