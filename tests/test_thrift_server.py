@@ -9,7 +9,8 @@ checkpoint -- an increment pending over a compacted base, and after each compact
 session reads from the same view, and ``<t>_base`` over JDBC must equal, row for row and
 column for column, what the in-process session reads from it, with the compaction's
 visible rows.  A connection opened before a compaction must read the new version after it.
-The server is stopped by its PID, and the PID must be gone.
+``serve-sql`` (``make serve-sql``) must start a metastore and the server, print the JDBC
+URL and stop both on Ctrl-C.  The server is stopped by its PID, and the PID must be gone.
 A unit test checks the server's command line without starting a JVM.
 """
 
@@ -19,8 +20,10 @@ import contextlib
 import csv
 import os
 import re
+import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -359,3 +362,46 @@ def test_a_connection_opened_before_a_publish_reads_the_new_version(
                 assert got == expected, f"step {i} compact: the base over a connection opened before"
     finally:
         session.close()
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_serve_sql_starts_a_metastore_and_the_server_and_stops_both_on_ctrl_c(tmp_path: Path) -> None:
+    """``make serve-sql``: the metastore is started because none runs, the JDBC URL printed, Ctrl-C stops both."""
+    port, ms_port = free_port(), free_port()
+    homes = {"metastore": tmp_path / "metastore", "server": tmp_path / "server"}
+    command = ["serve-sql", "--port", str(port), "--metastore-home", str(homes["metastore"])]
+    command += ["--metastore-port", str(ms_port), "--warehouse", str(tmp_path / "warehouse")]
+    command += ["--home", str(homes["server"]), "--master", "local[1]"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdc_compaction", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins")},
+    )
+    server = SparkThriftServer(homes["server"], f"thrift://127.0.0.1:{ms_port}", str(tmp_path / "warehouse"), port)
+    metastore = LocalMetastore(homes["metastore"], port=ms_port)
+    try:
+        assert proc.stdout is not None
+        printed = []
+        for line in proc.stdout:
+            printed.append(line)
+            if line.startswith("JDBC URL: "):
+                break
+        assert printed and printed[-1].strip() == f"JDBC URL: jdbc:hive2://127.0.0.1:{port}/default", printed
+        pids = (metastore.pid(), server.pid())
+        assert None not in pids, printed
+        assert {"namespace": "default"} in beeline(server, "SHOW DATABASES")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+        for pid in pids:
+            assert pid is not None and not pid_alive(pid), f"pid {pid} still runs after Ctrl-C"
+        assert not port_open("127.0.0.1", port) and not port_open("127.0.0.1", ms_port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+        metastore.stop()
