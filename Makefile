@@ -15,13 +15,15 @@ PG_PACKAGES ?= postgresql postgresql-15-wal2json
 BENCH_SIZES ?= 1000000,5000000
 export BENCH_SIZES
 BENCH_STAMP := $(VENV)/.bench-installed
+# make serve-sql: the JDBC port of Spark's Thrift server on 127.0.0.1.
+SQL_PORT ?= 10000
 
 export PYTHONPATH := $(CURDIR)/plugins
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help install check-java check-postgres test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop airflow-ui bench lock clean
+.PHONY: help install check-java check-postgres test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop airflow-ui serve-sql bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -87,6 +89,9 @@ metastore-stop:  ## stop it
 
 airflow-ui: install  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs (Ctrl-C stops it)
 	$(BIN)/python -m cdc_compaction airflow-ui
+
+serve-sql: install  ## Spark's Thrift JDBC/ODBC server for BI clients: jdbc:hive2://127.0.0.1:10000/default (SQL_PORT=N), with the metastore; Ctrl-C stops it
+	$(BIN)/python -m cdc_compaction serve-sql --port $(SQL_PORT)
 
 $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(BIN)/pip install --quiet --no-deps -r requirements-bench.txt

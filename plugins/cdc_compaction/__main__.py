@@ -7,6 +7,7 @@ Commands:
   demo [--source files|postgres]         the embedded default end to end (make demo [SOURCE=postgres])
   postgres check                         are PostgreSQL's server and wal2json installed? (make test)
   airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
+  serve-sql [--port N]                   Spark's Thrift JDBC/ODBC server for BI clients on 127.0.0.1:10000
   quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
   lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
   step STEP DB.TABLE                     run one step of a table's DAG by hand (outside Airflow)
@@ -166,6 +167,49 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         ms.stop()
 
 
+def _serve_sql(args: argparse.Namespace) -> int:
+    """Spark's Thrift JDBC/ODBC server over the metastore's tables, until Ctrl-C; then stop what was started."""
+    import signal
+    import time
+
+    from cdc_compaction.local_services import LocalMetastore, ServiceError, SparkThriftServer, port_open, pyspark_home
+
+    # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    started: list[LocalMetastore | SparkThriftServer] = []
+    try:
+        if args.metastore:
+            uri = args.metastore
+        else:
+            ms = LocalMetastore(Path(args.metastore_home), port=args.metastore_port)
+            # Stop on the way out only what this command starts (listed before it starts: a Ctrl-C
+            # while it comes up stops it too), not a metastore or server that was running already.
+            if not (ms.pid() is not None and port_open(ms.host, ms.port)):
+                started.append(ms)
+            ms.start()
+            uri = ms.uri
+        server = SparkThriftServer(Path(args.home), uri, args.warehouse, port=args.port, master=args.master)
+        if not (server.pid() is not None and port_open(server.host, server.port)):
+            started.append(server)
+        pid = server.start()
+        print(f"Spark Thrift server (pid {pid}) over the metastore {uri}; Ctrl-C stops it", flush=True)
+        print(f"JDBC URL: {server.jdbc_url}", flush=True)
+        print(f"  beeline: {pyspark_home() / 'bin' / 'beeline'} -u {server.jdbc_url} -n $USER", flush=True)
+        print(f"  log:     {server.log_file}", flush=True)
+        while server.pid() is not None:
+            time.sleep(1)
+        print(f"the Thrift server exited; see {server.log_file}", file=sys.stderr)
+        return 1
+    except ServiceError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for service in reversed(started):
+            service.stop()
+
+
 def _table(args: argparse.Namespace) -> Any:
     from cdc_compaction.exceptions import RegistryError
     from cdc_compaction.registry import load_registry
@@ -295,6 +339,22 @@ def main(argv: list[str] | None = None) -> int:
     ui.add_argument("--port", type=int, default=8080)
     ui.add_argument("--metastore-port", type=int, default=9083)
     ui.set_defaults(func=_airflow_ui)
+
+    sq = sub.add_parser("serve-sql", help="Spark's Thrift JDBC/ODBC server for BI clients (beeline, DBeaver, ...)")
+    sq.add_argument("--port", type=int, default=10000, help="the JDBC port on 127.0.0.1 (default 10000)")
+    sq.add_argument(
+        "--metastore", help="thrift://HOST:PORT of a running metastore (default: the local one, started if needed)"
+    )
+    sq.add_argument(
+        "--metastore-home", default=str(settings.PROJECT_ROOT / ".metastore"), help="the local metastore's home"
+    )
+    sq.add_argument("--metastore-port", type=int, default=9083, help="the local metastore's port (default 9083)")
+    sq.add_argument(
+        "--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"), help="Spark's warehouse directory"
+    )
+    sq.add_argument("--master", default="local[*]", help="the server's Spark master (default local[*])")
+    sq.add_argument("--home", default=str(settings.PROJECT_ROOT / ".run" / "thrift-server"), help="pid file and log")
+    sq.set_defaults(func=_serve_sql)
 
     def table_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("table", help="database.table as in the registry")

@@ -3,7 +3,8 @@
 ``LocalMetastore`` is a Thrift Hive metastore, used by ``make demo``, ``make test`` and
 ``python -m cdc_compaction metastore start|stop``.  It keeps its Derby database under a
 project-local directory.  ``SparkStandalone`` is a Spark standalone master plus one
-worker, used by the cluster integration test.  ``LocalPostgres`` is a throwaway
+worker, used by the cluster integration test.  ``SparkThriftServer`` is Spark's Thrift
+JDBC/ODBC server for BI clients (``make serve-sql``).  ``LocalPostgres`` is a throwaway
 PostgreSQL server (the machine's own binaries, with ``wal2json``): the CDC source of
 the PostgreSQL demo and test, and the Airflow metadata database of the tests that run
 several Airflow processes at once.  Every service binds to 127.0.0.1 only and is
@@ -26,7 +27,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -384,6 +385,176 @@ class SparkStandalone:
                 stopped = True
             self.pid_file(role).unlink(missing_ok=True)
         return stopped
+
+
+THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
+
+
+@dataclass
+class SparkThriftServer:
+    """Spark's Thrift JDBC/ODBC server (the HiveServer2 protocol) from the pyspark wheel, under ``home``.
+
+    BI clients (beeline, DBeaver, Superset through PyHive) connect to
+    ``jdbc:hive2://127.0.0.1:<port>/default`` and query the tables of the Hive metastore at
+    ``metastore_uri`` with Spark SQL -- the ``<t>_view`` views too, which only Spark can
+    read (they use Spark's ``_metadata`` file columns).  The server is one Spark
+    application (``master``, ``local[*]`` by default) started with ``spark-submit --class
+    HiveThriftServer2``; it gets the session settings the project's own sessions use
+    (:data:`~cdc_compaction.engine.BASE_SPARK_CONF`: UTC session time zone, ...) and the
+    catalog settings of :func:`~cdc_compaction.engine.hive_conf`.  It binds to ``host``
+    (127.0.0.1) only, speaks the binary transport without authentication (NONE), logs to
+    ``home/thriftserver.log`` and is stopped by its PID.
+    """
+
+    home: Path
+    metastore_uri: str
+    warehouse_dir: str
+    port: int = 10000
+    host: str = "127.0.0.1"
+    master: str = "local[*]"
+    driver_memory: str = "1g"
+    extra_conf: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def jdbc_url(self) -> str:
+        return f"jdbc:hive2://{self.host}:{self.port}/default"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "thriftserver.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "thriftserver.log"
+
+    def pid(self) -> int | None:
+        """PID of the server started from this home, if it still runs."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def spark_conf(self) -> dict[str, str]:
+        """Spark settings of the server's application: the project's session defaults and its catalog."""
+        from cdc_compaction.engine import BASE_SPARK_CONF, hive_conf
+        from cdc_compaction.settings import MetastoreEndpoint
+
+        if not self.metastore_uri.startswith("thrift://"):
+            raise ServiceError(
+                f"the Thrift server needs a Hive metastore's thrift:// URI, not {self.metastore_uri!r}; "
+                "on EMR with Glue run the cluster's own Spark Thrift Server"
+            )
+        return {
+            **BASE_SPARK_CONF,
+            "spark.ui.enabled": "false",
+            "spark.driver.host": self.host,
+            "spark.driver.bindAddress": self.host,
+            # A Derby database a Hive client may open on its own stays under home, not in a cwd.
+            "spark.driver.extraJavaOptions": f"-Dderby.system.home={self.home}",
+            # No table plans cached across statements: a BI client's connection outlives publishes (a new
+            # base location, archived increments' partitions dropped) and must read the table as it is now.
+            # Spark's default cache would serve the old location and partitions until the client reconnects.
+            "spark.sql.filesourceTableRelationCacheSize": "0",
+            **hive_conf(MetastoreEndpoint.parse(self.metastore_uri), self.warehouse_dir),
+            **self.extra_conf,
+        }
+
+    def server_conf(self) -> dict[str, str]:
+        """HiveServer2 settings (``--hiveconf``): loopback, binary transport, no authentication."""
+        return {
+            "hive.server2.thrift.bind.host": self.host,
+            "hive.server2.thrift.port": str(self.port),
+            "hive.server2.transport.mode": "binary",
+            "hive.server2.authentication": "NONE",
+            "hive.server2.enable.doAs": "false",
+            # Each statement's log (default: /tmp/<user>/operation_logs) stays under home.
+            "hive.server2.logging.operation.log.location": str(self.home / "operation_logs"),
+            "hive.metastore.uris": self.metastore_uri,
+        }
+
+    def command(self) -> list[str]:
+        """The ``spark-submit`` command line that starts the server (nothing is run)."""
+        cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--master", self.master]
+        cmd += ["--name", f"cdc-compaction Thrift JDBC/ODBC server {self.host}:{self.port}"]
+        cmd += ["--class", THRIFT_SERVER_CLASS, "--driver-memory", self.driver_memory]
+        for k, v in self.spark_conf().items():
+            cmd += ["--conf", f"{k}={v}"]
+        cmd.append("spark-internal")  # spark-submit's name for "the class is in Spark's own jars"
+        for k, v in self.server_conf().items():
+            cmd += ["--hiveconf", f"{k}={v}"]
+        return cmd
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("SPARK_HOME", None)  # spark-submit finds the wheel's own home
+        env.update(
+            {
+                "SPARK_LOCAL_IP": self.host,
+                "SPARK_LOCAL_DIRS": str(self.home / "local"),
+                # An empty conf directory: no spark-defaults.conf or hive-site.xml from elsewhere.
+                "SPARK_CONF_DIR": str(self.home / "conf"),
+            }
+        )
+        return env
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self, timeout_s: float = 180.0) -> int:
+        """Start the server (or reuse the one this home already runs); return its PID once the port accepts."""
+        pid = self.pid()
+        if pid is not None and port_open(self.host, self.port):
+            return pid
+        if port_open(self.host, self.port):
+            raise ServiceError(f"port {self.port} is taken by another process; stop it or choose another port")
+        require_java17()
+        cmd = self.command()
+        for d in ("conf", "local"):
+            (self.home / d).mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as logf:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.home,
+                env=self._env(),
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(proc.pid))
+        log.info("spark thrift server starting (pid %d, log %s)", proc.pid, self.log_file)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                self.pid_file.unlink(missing_ok=True)
+                raise ServiceError(
+                    f"the Spark Thrift server exited with code {proc.returncode}; see {self.log_file}:\n"
+                    + self.log_tail()
+                )
+            if port_open(self.host, self.port):
+                log.info("spark thrift server %s started (pid %d)", self.jdbc_url, proc.pid)
+                return proc.pid
+            time.sleep(0.5)
+        tail = self.log_tail()
+        self.stop()
+        raise ServiceError(
+            f"the Spark Thrift server did not open {self.host}:{self.port} within {timeout_s:.0f}s; "
+            f"see {self.log_file}:\n{tail}"
+        )
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the server by its PID; True if it was running."""
+        pid = self.pid()
+        if pid is not None:
+            stop_pid(pid, timeout_s)
+            log.info("spark thrift server (pid %d) stopped", pid)
+        self.pid_file.unlink(missing_ok=True)
+        return pid is not None
 
 
 # ------------------------------------------------------------------ PostgreSQL
