@@ -164,10 +164,12 @@ def compact_once(rt: tasks.Runtime, run_id: str, now: Any = None) -> str:
 
 
 def visible_names(spark: Any, cfg: TableConfig) -> dict[int, str]:
-    """The student-shaped base table's visible rows: id -> full_name."""
+    """The student-shaped base table's rows, read plainly (it holds the visible rows only): id -> full_name."""
     name = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
     spark.catalog.refreshTable(name)
-    return {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {name} WHERE op <> 'd'").collect()}
+    rows = spark.sql(f"SELECT id, full_name, op FROM {name}").collect()
+    assert all(r["op"] != "d" for r in rows), f"{name} shows deleted rows: {rows}"
+    return {r["id"]: r["full_name"] for r in rows}
 
 
 @pytest.fixture(scope="session")

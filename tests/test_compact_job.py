@@ -150,7 +150,16 @@ def make_plan(
         "primary_key": cfg.primary_key,
         "schema_ddl": spark_schema_ddl(cfg),
         "rule": rule_sql(cfg).to_dict(),
-        "base_location": str(base),
+        # A version the job wrote (layout 2) keeps its tombstones apart; a bare directory is read as layout 1.
+        **(
+            {
+                "base_layout": 2,
+                "base_location": str(base / "data"),
+                "base_tombstones_location": str(base / "tombstones"),
+            }
+            if (base / "data").is_dir()
+            else {"base_location": str(base)}
+        ),
         "files": files,
         "output_location": str(out),
         "quarantine_location": str(quarantine),
@@ -160,11 +169,13 @@ def make_plan(
 
 
 def data_files_on_disk(directory: Path) -> list[dict[str, Any]]:
+    """Every file under a version's data/ and tombstones/, named relative to the version directory."""
     return sorted(
         (
-            {"name": p.name, "size": p.stat().st_size}
-            for p in directory.iterdir()
-            if p.is_file() and not p.name.startswith(("_", "."))
+            {"name": str(p.relative_to(directory)), "size": p.stat().st_size}
+            for sub in ("data", "tombstones")
+            for p in (directory / sub).rglob("*")
+            if p.is_file()
         ),
         key=lambda f: f["name"],
     )
@@ -541,7 +552,9 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         "output_rows": 3,
         "output_tombstones": 0,
         "output_visible_rows": 3,
+        "misplaced_rows": 0,
         "duplicate_keys": 0,
+        "layout": 2,
     }
     assert_reconciles(stats1)
 
@@ -611,6 +624,13 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         (2, None, "d", 10, INC2),
         (3, "Cy", "c", 5, INC1),
     ]
+    # The data directory holds the visible rows only, as Parquet data files and nothing else; the
+    # tombstone lives beside it.
+    assert [(r["id"], r["op"]) for r in read_rows(out2 / "data")] == [(1, "u"), (3, "c")]
+    assert [(r["id"], r["op"]) for r in read_rows(out2 / "tombstones")] == [(2, "d")]
+    for sub in ("data", "tombstones"):
+        names = [p.name for p in (out2 / sub).iterdir()]
+        assert names and all(n.endswith(".parquet") and not n.startswith(("_", ".")) for n in names), names
     # a carried-over base row keeps the time it was first compacted
     assert {r["id"]: r["_cdc_ingested_at"] for r in rows2} == {
         1: datetime(2026, 11, 22, 3, 0),
@@ -838,7 +858,8 @@ def test_read_partitions_supplies_values_from_any_version_directory(
 
 
 def partition_dirs(version: Path) -> dict[str, Path]:
-    return {job.partition_dir_value(d.name): d for d in version.iterdir() if d.is_dir()}
+    """The partition directories of a version's visible rows (``<version>/data/_cdc_partition=<v>``)."""
+    return {job.partition_dir_value(d.name): d for d in (version / "data").iterdir() if d.is_dir()}
 
 
 def test_run_partitioned_rewrites_only_touched_partitions(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
@@ -880,8 +901,8 @@ def test_run_partitioned_rewrites_only_touched_partitions(spark: Any, make_cfg: 
     assert (stats1["partitions_rewritten"], stats1["partitions_reused"]) == (3, 0)
     assert stats1["partitions_touched"] == ["APAC", "EU", "US"]
     assert stats1["partition_by"] == {"column": "region", "transform": "identity"}
-    assert {f["name"].split("/")[0] for f in stats1["output_files"]} == {
-        d.name for d in (versions / "v1").iterdir() if d.is_dir()
+    assert {"/".join(f["name"].split("/")[:2]) for f in stats1["output_files"] if f["name"].startswith("data/")} == {
+        f"data/{d.name}" for d in (versions / "v1" / "data").iterdir() if d.is_dir()
     }
 
     # A key-only delete (EU, found through its key) and a key that moves from US to LATAM.
@@ -895,13 +916,14 @@ def test_run_partitioned_rewrites_only_touched_partitions(spark: Any, make_cfg: 
     stats2 = job.run(spark, plan_of("p2", versions / "v1", [second], versions / "v2", map1))
     assert_reconciles(stats2)
     assert stats2["partitions_touched"] == ["EU", "LATAM", "US"]
-    # APAC is neither read nor written; US lost its only row, so it is not written at all.
+    # APAC is neither read nor written; EU and US lost their only rows, so they are not written at all.
     assert stats2["base_rows"] == 2
-    assert sorted(partition_dirs(versions / "v2")) == ["EU", "LATAM"]
-    assert (stats2["partitions_rewritten"], stats2["partitions_reused"]) == (2, 1)
-    assert stats2["partition_rows"] == {"EU": 1, "LATAM": 1}
-    rows = read_rows(partition_dirs(versions / "v2")["EU"])
-    assert [(r["id"], r["op"]) for r in rows] == [(1, "d")]  # the tombstone stays where its key was
+    assert sorted(partition_dirs(versions / "v2")) == ["LATAM"]
+    assert (stats2["partitions_rewritten"], stats2["partitions_reused"]) == (1, 1)
+    assert stats2["partition_rows"] == {"LATAM": 1}
+    # The tombstone is among the tombstones, with the partition its key was in.
+    rows = read_rows(versions / "v2" / "tombstones")
+    assert [(r["id"], r["op"], r[PC]) for r in rows] == [(1, "d", "EU")]
 
     # A key both in a reused partition and in a rewritten one (a base broken by hand) is a duplicate key.
     broken = tmp_path / "broken"

@@ -49,13 +49,17 @@ def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> conf.InProcessRunner:
     return conf.InProcessRunner(spark, endpoint)
 
 
+Readers = list[conf.Reader | conf.DuckDBReader]
+
+
 @pytest.fixture(scope="module")
-def reader(spark: Any) -> conf.Reader:
-    return conf.Reader(spark)
+def reader(spark: Any) -> list[conf.Reader | conf.DuckDBReader]:
+    """Every expectation is checked by Spark through the metastore and by DuckDB through the files."""
+    return [conf.Reader(spark), conf.DuckDBReader()]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_scenario_inprocess(path: Path, inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path) -> None:
+def test_scenario_inprocess(path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path) -> None:
     result = conf.run_scenario(conf.Scenario.load(path), inprocess, reader, tmp_path / "lake", suffix="_ip")
     assert result.ok, "\n".join(result.failures)
 
@@ -70,7 +74,7 @@ def partition_column(scn: conf.Scenario) -> str:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario_inprocess_partitioned(
-    path: Path, inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path
+    path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path
 ) -> None:
     """Every scenario again on a partitioned table: keys move between partitions as the column changes,
     key-only deletes find their key's partition, and the rows must be the same."""
@@ -100,7 +104,7 @@ DAY_SCENARIOS = ["late_update_for_deleted_key", "delete_then_reinsert", "primary
 
 @pytest.mark.parametrize("name", DAY_SCENARIOS)
 def test_scenario_inprocess_partitioned_by_day(
-    name: str, inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path
+    name: str, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path
 ) -> None:
     """Partitioned by the day of a timestamp column (no shared scenario has one: it is derived from ts_ms)."""
     scn = _tampered(SHARED_CONFORMANCE / f"{name}.json", tmp_path, with_timestamp)
@@ -118,7 +122,7 @@ def _tampered(path: Path, tmp_path: Path, change: Any) -> conf.Scenario:
 
 
 def test_a_wrong_expectation_fails_with_a_row_diff(
-    inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path
+    inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path
 ) -> None:
     def change(doc: dict[str, Any]) -> None:
         step = next(s for s in doc["steps"] if "compact" in s)
@@ -128,11 +132,12 @@ def test_a_wrong_expectation_fails_with_a_row_diff(
     result = conf.run_scenario(scn, inprocess, reader, tmp_path / "lake", suffix="_neg1")
     assert not result.ok
     text = "\n".join(result.failures)
-    assert "compact: base rows differ" in text
-    assert "missing:    full_name='Mallory'" in text and "unexpected: full_name='Angela'" in text
+    # Both readers see the difference: Spark through the metastore, DuckDB through the base location.
+    assert "compact (spark): base rows differ" in text and "compact (duckdb): base rows differ" in text
+    assert text.count("missing:    full_name='Mallory'") == 2 and text.count("unexpected: full_name='Angela'") == 2
 
 
-def test_a_wrong_rejected_count_fails(inprocess: conf.InProcessRunner, reader: conf.Reader, tmp_path: Path) -> None:
+def test_a_wrong_rejected_count_fails(inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path) -> None:
     def change(doc: dict[str, Any]) -> None:
         for s in doc["steps"]:
             if "compact" in s:
@@ -145,7 +150,9 @@ def test_a_wrong_rejected_count_fails(inprocess: conf.InProcessRunner, reader: c
     assert sorted(f.split(": ", 1)[1] for f in result.failures) == [
         "rejected 1, expected 0",
         "rejected_pending 1, expected 5",
+        "rejected_pending 1, expected 5",
     ]
+    assert sum("check_view (duckdb)" in f for f in result.failures) == 1
 
 
 def test_cli_runs_scenarios_from_any_directory_and_exits_nonzero_on_mismatch(tmp_path: Path) -> None:
@@ -192,7 +199,7 @@ def dag_runner(
 
 @pytest.mark.dag
 @pytest.mark.parametrize("name", DAG_HANDFUL)
-def test_scenario_dag(name: str, dag_runner: conf.DagRunner, reader: conf.Reader) -> None:
+def test_scenario_dag(name: str, dag_runner: conf.DagRunner, reader: Readers) -> None:
     work: Path = dag_runner.work  # type: ignore[attr-defined]
     scn = conf.Scenario.load(SHARED_CONFORMANCE / f"{name}.json")
     result = conf.run_scenario(scn, dag_runner, reader, work / "lake", registry_dir=work / "registry", suffix="_dag")

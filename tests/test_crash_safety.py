@@ -132,13 +132,13 @@ class CrashRun:
         pointer = self.rt.lake.read_pointer()
         if pointer is None:
             return None
-        rule = sql.rule_sql(self.cfg)
-        # A partitioned version is its partition map, wherever the partitions live.
+        # A partitioned version is its partition map, wherever the partitions live. A plain read of
+        # the locations: they hold the visible rows and nothing else.
         locations = list(pointer["partitions"].values()) if "partitions" in pointer else [pointer["location"]]
         if not locations:
             return []
-        df = self.spark.read.parquet(*locations)
-        return [r.asDict() for r in df.where(f"NOT ({rule.is_delete})").collect()]
+        df = self.spark.read.schema(sql.spark_schema_ddl(self.cfg)).parquet(*locations)
+        return [r.asDict() for r in df.collect()]
 
     def assert_old_or_new(self, old: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
         """What readers see while the crash's debris is still there."""
@@ -255,21 +255,25 @@ class CrashRun:
         assert not leftovers, leftovers
         # No leaked versions: the live one (keep_versions = 1) and the empty genesis, plus, when
         # partitioned, the versions holding partitions the live one reuses (only those partitions).
-        live = {latest.version} | {Path(loc).parent.name for loc in (latest.partitions or {}).values()}
+        # (a partition lives at base/<version>/data/_cdc_partition=<v>)
+        live = {latest.version} | {Path(loc).parents[1].name for loc in (latest.partitions or {}).values()}
         assert sorted(os.listdir(lay.base)) == sorted([*live, EMPTY_VERSION])
         rows_q = Path(lay.quarantine) / "rows"
         assert not rows_q.exists() or not os.listdir(rows_q), "quarantine of a version never committed"
         assert lake.read_pointer()["seq"] == latest.seq == self.compactions
         base_table = sql.table_names(self.cfg)["base_table"]
+        tomb_table = sql.table_names(self.cfg)["tombstones_table"]
         with connect(self.endpoint) as ms:
             loc = ms.table_location(self.cfg.database, base_table)
             partitions = ms.partitions(self.cfg.database, base_table)
+            tomb_loc = ms.table_location(self.cfg.database, tomb_table)
+        assert tomb_loc == lake.tombstones_location(latest), "the tombstones follow the base"
         if self.cfg.partition_by is None:
-            assert loc == lay.version_dir(latest.version)
+            assert loc == lake.data_location(latest)
         else:
             assert loc == lay.base and partitions == latest.partitions
             assert lake.read_pointer()["partitions"] == latest.partitions
-            kept = {str(p) for v in live for p in Path(lay.version_dir(v)).glob("_cdc_partition=*")}
+            kept = {str(p) for v in live for p in Path(lay.version_dir(v), "data").glob("_cdc_partition=*")}
             assert kept == set(latest.partitions.values()), "partitions no commit names are gone"
         held = TableLease(lake).current()
         assert held is None or held.released, held
@@ -419,7 +423,7 @@ def test_spark_submit_killed_while_writing_the_output(crash_run: CrashRun, killa
         start_new_session=True,
     )
     killable.append(proc)
-    assert _kill_when(proc, out.parent, f"{out.name}-*/_temporary"), (
+    assert _kill_when(proc, out.parent, f"{out.name}-*/data/_temporary"), (
         "the job finished before it could be killed mid-write"
     )
     assert proc.returncode == -signal.SIGKILL

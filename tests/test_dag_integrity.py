@@ -21,10 +21,12 @@ from test_registry import HOSTILE_FILES
 from cdc_compaction import notifications
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.registry import load_registry
-from cdc_compaction.settings import PROJECT_ROOT, registry_dir
+from cdc_compaction.settings import PROJECT_ROOT, VIEW_REFRESH_DAG_ID, registry_dir
 
 DAGS = PROJECT_ROOT / "dags"
 TASK_ORDER = ["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
+#: The DAG that keeps every table's views fresh between compactions (one per deployment).
+REFRESHER = VIEW_REFRESH_DAG_ID
 
 
 def _dagbag(registry: Path | None = None, monkeypatch: pytest.MonkeyPatch | None = None):
@@ -44,7 +46,7 @@ def test_no_import_errors_and_one_dag_per_table(dagbag) -> None:
     assert dagbag.import_errors == {}
     entries = load_registry(registry_dir())
     assert entries, "the shipped registry is not empty"
-    assert sorted(dagbag.dag_ids) == sorted(e.config.dag_id for e in entries if e.config)
+    assert sorted(dagbag.dag_ids) == sorted([REFRESHER, *(e.config.dag_id for e in entries if e.config)])
 
 
 def test_dag_settings(dagbag) -> None:
@@ -67,7 +69,9 @@ def test_dag_settings(dagbag) -> None:
 def test_task_chain_and_operators(dagbag) -> None:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    for dag in dagbag.dags.values():
+    for dag_id, dag in dagbag.dags.items():
+        if dag_id == REFRESHER:
+            continue
         assert {t.task_id for t in dag.tasks} == set(TASK_ORDER)
         for up, down in itertools.pairwise(TASK_ORDER):
             assert down in dag.get_task(up).downstream_task_ids, f"{up} -> {down} missing in {dag.dag_id}"
@@ -87,6 +91,16 @@ def test_task_chain_and_operators(dagbag) -> None:
         assert len(outlets) == 1 and outlets[0].name.endswith("_base")
 
 
+def test_the_view_refresher_covers_every_table_by_database(dagbag) -> None:
+    """One DAG keeps every table's views fresh: a task per database, on a short schedule, no Spark."""
+    dag = dagbag.dags[REFRESHER]
+    databases = {e.config.database for e in load_registry(registry_dir()) if e.config}
+    assert {t.task_id for t in dag.tasks} == {f"refresh__{db}" for db in databases}
+    assert dag.timetable.expression == "*/5 * * * *"
+    assert dag.max_active_runs == 1 and dag.catchup is False
+    assert not any(type(t).__name__.startswith("Spark") for t in dag.tasks)
+
+
 def _write(dirpath: Path, name: str, doc: dict) -> None:
     dirpath.mkdir(parents=True, exist_ok=True)
     (dirpath / name).write_text(yaml.safe_dump(doc))
@@ -99,7 +113,9 @@ def test_a_bad_registry_file_breaks_only_its_own_dag(tmp_path: Path, monkeypatch
     _write(tmp_path, "school.course.yaml", {**good, "table": "course", "database": "school; DROP TABLE x"})
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__course", "cdc__school__student", "cdc__school__teacher"]
+    assert sorted(bag.dag_ids) == ["cdc__school__course", "cdc__school__student", "cdc__school__teacher", REFRESHER]
+    # The view refresher covers the good tables only.
+    assert [t.task_id for t in bag.dags[REFRESHER].tasks] == ["refresh__school"]
     assert {t.task_id for t in bag.dags["cdc__school__student"].tasks} == set(TASK_ORDER)
     teacher, course = bag.dags["cdc__school__teacher"], bag.dags["cdc__school__course"]
     assert "school.teacher.yaml" in teacher.doc_md and "order_by" in teacher.doc_md
@@ -122,7 +138,7 @@ def test_a_hostile_registry_file_hides_no_other_dag(
     (tmp_path / "tests.student.yaml").write_bytes(content)
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student"]
+    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student", REFRESHER]
     assert fragment in bag.dags["cdc__tests__student"].doc_md
 
 
@@ -219,7 +235,7 @@ def _build(tmp_path: Path, doc: dict[str, Any]) -> Any:
     from cdc_compaction.factory import build_dags
 
     _write(tmp_path / "registry", "tests.templated.yaml", doc)
-    (dag,) = build_dags(load_registry(tmp_path / "registry")).values()
+    (dag,) = build_dags(load_registry(tmp_path / "registry"), view_refresher=False).values()
     return dag
 
 
@@ -295,12 +311,13 @@ def test_dag_file_parses_without_heavy_imports(tmp_path: Path) -> None:
         "import sys, json\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
         f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
-        "heavy = sorted(m for m in ('pyspark', 'boto3', 'hmsclient', 'thrift', 'pyarrow') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('pyspark', 'boto3', 'hmsclient', 'thrift', 'pyarrow', 'sqlglot', 'duckdb')"
+        " if m in sys.modules)\n"
         "print(json.dumps({'dags': len(bag.dags), 'errors': len(bag.import_errors), 'heavy': heavy}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"dags": len(load_registry(registry_dir())), "errors": 0, "heavy": []}
+    assert result == {"dags": len(load_registry(registry_dir())) + 1, "errors": 0, "heavy": []}
 
 
 # -- Airflow's real DAG processing: ``airflow dags reserialize`` into a metadata DB ------------

@@ -87,10 +87,14 @@ class MirrorEngine:
     def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
         w = self.work / plan["plan_id"] / uuid.uuid4().hex[:6]
         _mirror_down(self.storage, plan["base_location"], w / "base")
+        if plan.get("base_tombstones_location"):
+            _mirror_down(self.storage, plan["base_tombstones_location"], w / "tombstones")
         job = load_job("compact")
         if self.storage.exists(plan["commit_path"]):
             return {"plan_id": plan["plan_id"], "already_committed": True}  # as the job does on S3A
         local = dict(plan, base_location=str(w / "base"), output_location=str(w / "out"), commit_path=None)
+        if plan.get("base_tombstones_location"):
+            local["base_tombstones_location"] = str(w / "tombstones")
         local["quarantine_location"] = str(w / "rejected")
         local["files"] = []
         for f in plan["files"]:
@@ -125,8 +129,8 @@ class GlueReader:
         lake = Lake(cfg)
         if not any(e for e in lake.storage.list_dir(location) if not e.is_dir and tasks.is_data_file(e.name)):
             return []
-        rows = read_parquet(lake.storage, location).select(cfg.column_names).to_pylist()
-        return [r for r in rows if r[cfg.op_column] != cfg.op_codes.delete]
+        # A plain read of the location: it holds the visible rows and nothing else.
+        return read_parquet(lake.storage, location).select(cfg.column_names).to_pylist()
 
     def pending_partitions(self, cfg: TableConfig) -> set[str]:
         name = sql.table_names(cfg)["incremental_table"]
@@ -156,7 +160,8 @@ def register_in_glue(glue: Any, cfg: TableConfig) -> None:
             | extra,
         )
 
-    table(names["base_table"], lay.version_dir(EMPTY_VERSION), cols + meta)
+    table(names["base_table"], lay.data_dir(EMPTY_VERSION), cols + meta)
+    table(names["tombstones_table"], str(lay.tombstones_dir(EMPTY_VERSION)), cols + meta)
     table(names["compactor_table"], lay.staging, cols + meta)
     table(
         names["incremental_table"],
@@ -236,7 +241,12 @@ def test_shared_scenario_on_s3(
     lake = Lake(cfg)
     latest = lake.latest_commit()
     base = glue.get_table(DatabaseName=cfg.database, Name=sql.table_names(cfg)["base_table"])["Table"]
-    assert base["StorageDescriptor"]["Location"] == lake.layout.version_dir(latest.version)
+    assert base["StorageDescriptor"]["Location"] == lake.data_location(latest)
+    tomb = glue.get_table(DatabaseName=cfg.database, Name=sql.table_names(cfg)["tombstones_table"])["Table"]
+    assert tomb["StorageDescriptor"]["Location"] == lake.tombstones_location(latest)
+    # On S3 too the data location holds data files only: a glob of it is the table.
+    names = [e.name for e in lake.storage.list_dir(lake.data_location(latest))]
+    assert all(n.endswith(".parquet") for n in names), names
     assert (lake.read_pointer() or {}).get("version") == latest.version
     assert reader.pending_partitions(cfg) == set()
     assert not [e for e in lake.storage.list_dir(lake.layout.incremental) if e.is_dir]

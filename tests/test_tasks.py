@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -220,7 +219,13 @@ def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:
     with pytest.raises(PublishValidationError, match="do not reconcile"):
         tasks.validate(rt, path)
     stats_file.write_text(json.dumps(stats))
-    for f in out.glob("*.parquet"):
+    # Where readers glob, only data files: a marker or a checksum file there is refused.
+    for junk in ("data/_SUCCESS", "data/.part-0.parquet.crc", "tombstones/_committed_1"):
+        (out / junk).write_text("")
+        with pytest.raises(PublishValidationError, match="not data files where readers read"):
+            tasks.validate(rt, path)
+        (out / junk).unlink()
+    for f in out.glob("data/*.parquet"):
         f.unlink()
     with pytest.raises(PublishValidationError, match="output files differ"):
         tasks.validate(rt, path)
@@ -308,8 +313,9 @@ def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runti
     compact_once(rt, "r1")
     grown = cfg.model_copy(update={"columns": [*cfg.columns, cfg.columns[1].model_copy(update={"name": "email"})]})
     rt2 = runtime(grown)
-    # ADD COLUMNS + fingerprint on three tables, and both views recreated in the same submission.
-    assert tasks.ensure_tables(rt2)["ddl_statements"] == 8
+    # ADD COLUMNS + fingerprint on four tables (base, tombstones, incremental, compactor), and both
+    # views recreated in the same submission.
+    assert tasks.ensure_tables(rt2)["ddl_statements"] == 10
     base = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
     spark.catalog.refreshTable(base)
     assert "email" in spark.table(base).columns
@@ -349,13 +355,28 @@ def test_column_comments_reach_the_metastore_verbatim(make_cfg, runtime, spark) 
 def test_refresh_view_only_recreates_changed_views(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)  # creates the views too
-    assert tasks.refresh_view(rt)["views_recreated"] is False
-    assert tasks.refresh_view(rt, force=True)["views_recreated"] is True
+    submissions: list[list[str]] = []
+    engine = rt.engine
+
+    class Counting:
+        def run_sql(self, cfg: Any, statements: list[str]) -> None:
+            submissions.append(statements)
+            engine.run_sql(cfg, statements)
+
+    rt.engine = Counting()
+    assert tasks.refresh_view(rt)["views_recreated"] == []
+    assert submissions == [], "nothing changed: no Spark submission"
+    names = table_names(rt.cfg)
+    assert tasks.refresh_view(rt, force=True)["views_recreated"] == sorted([names["view_name"], names["rejects_view"]])
+    assert len(submissions) == 1
     land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
-    start = time.monotonic()
     result = tasks.refresh_view(rt)
-    assert result == {"partitions_added": ["increment_2026112200"], "partitions_dropped": [], "views_recreated": False}
-    assert time.monotonic() - start < 30
+    assert (result["partitions_added"], result["partitions_dropped"], result["views_recreated"]) == (
+        ["increment_2026112200"],
+        [],
+        [],
+    )
+    assert len(submissions) == 1, "registering an increment needs no Spark"
 
 
 def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None:
@@ -476,7 +497,7 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     c1 = rt.lake.latest_commit()
     v1 = lay.version_dir(c1.version)
     assert sorted(c1.partitions) == ["APAC", "EU", "US"]
-    assert all(loc.startswith(v1 + "/_cdc_partition=") for loc in c1.partitions.values())
+    assert all(loc.startswith(v1 + "/data/_cdc_partition=") for loc in c1.partitions.values())
     assert c1.partition_rows == {"APAC": 2, "EU": 2, "US": 2}
     apac_files = _files(c1.partitions["APAC"])
     assert apac_files
@@ -497,12 +518,15 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
         "LATAM": True,
         "US": True,
     }
-    assert sorted(p.name for p in Path(v2).iterdir() if p.is_dir()) == [
+    assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == [
         "_cdc_partition=EU",
         "_cdc_partition=LATAM",
         "_cdc_partition=US",
     ]
-    assert c2.partition_rows == {"APAC": 2, "EU": 2, "LATAM": 1, "US": 1}  # EU keeps id 1's tombstone
+    # The partitions hold visible rows only: id 1's tombstone is among the tombstones, with its partition.
+    assert c2.partition_rows == {"APAC": 2, "EU": 1, "LATAM": 1, "US": 1}
+    tombstones = spark.read.parquet(str(Path(v2) / "tombstones")).collect()
+    assert [(r["id"], r["op"], r["_cdc_partition"]) for r in tombstones] == [(1, "d", "EU")]
     # Readers: the metastore's partitions and the pointer name the same map.
     with connect(rt.metastore) as ms:
         assert ms.partitions(db, base_table) == c2.partitions
@@ -512,9 +536,10 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     # The compactor table shows what the last compaction wrote: the rewritten partitions.
     compactor = f"`{db}`.`{table_names(cfg)['compactor_table']}`"
     spark.catalog.refreshTable(compactor)
-    assert sorted(r["id"] for r in spark.sql(f"SELECT id FROM {compactor}").collect()) == [1, 2, 3, 4]
-    # keep_versions=1: v1 stays for its APAC partition only; its rewritten partitions are gone.
-    assert sorted(p.name for p in Path(v1).iterdir() if p.is_dir()) == ["_cdc_partition=APAC"]
+    assert sorted(r["id"] for r in spark.sql(f"SELECT id FROM {compactor}").collect()) == [2, 3, 4]
+    # keep_versions=1: v1 stays for its APAC partition only; its rewritten partitions and tombstones are gone.
+    assert sorted(p.name for p in Path(v1).iterdir() if p.is_dir()) == ["data"]
+    assert sorted(p.name for p in (Path(v1) / "data").iterdir() if p.is_dir()) == ["_cdc_partition=APAC"]
 
     # The last US key moves to EU: US is touched, ends empty and disappears from the table.
     land(cfg, "increment_2026112202", [_regional((4, "EU", "Di", "u", 3))])
@@ -528,7 +553,8 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     assert visible_names(spark, cfg) == {2: "Ben", 3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
     versions = sorted(p.name.split("-")[0] for p in Path(lay.base).iterdir())
     assert versions == ["v00000000", "v00000001", "v00000002", "v00000003"], "v1 and v2 hold reused partitions"
-    assert sorted(p.name for p in Path(v2).iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
+    assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
+    assert not (Path(v2) / "tombstones").exists()
 
 
 def test_partitioning_cannot_change_under_a_table(make_cfg, runtime, spark) -> None:

@@ -32,6 +32,13 @@ log = logging.getLogger("cdc_compaction.compact")
 META_COLUMNS = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
 META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cdc_ingested_at` timestamp"
 STATS_FILE = "_cdc_stats.json"
+#: A version directory holds ``data/`` (the visible rows: the base table's location, Parquet data
+#: files and nothing else), ``tombstones/`` (the delete winners kept for tombstone_retention, read
+#: by the next compaction and the views) and the stats file beside them.  Layout 1, the layout
+#: before tombstones moved out, kept every row and the stats in the version directory itself.
+DATA_DIR = "data"
+TOMBSTONES_DIR = "tombstones"
+LAYOUT = 2
 #: Up to this many accepted events, only the keys they touch are ranked and the base rows of the
 #: other keys are copied as they are (no shuffle of the base); above it, every row is ranked.
 KEY_LOOKUP_MAX_EVENTS = 2_000_000
@@ -145,16 +152,23 @@ def partitions_of_keys(base_keys: DataFrame, events: DataFrame, pk: list[str]) -
 
 
 def touched_partitions(
-    base_keys: DataFrame, events: DataFrame, pk: list[str], partition_column: str, partition_sql: str
+    base_keys: DataFrame,
+    events: DataFrame,
+    pk: list[str],
+    partition_column: str,
+    partition_sql: str,
+    known_keys: DataFrame | None = None,
 ) -> DataFrame:
-    """Every partition a compaction of ``events`` may change: where they go, and where their keys are.
+    """Every data partition a compaction of ``events`` may change: where they go, and where their keys are.
 
-    An event without a partition value whose key is not in the base (a delete of a key never
-    seen) goes to the NULL sentinel partition, so that one is touched too.
+    An event without a partition value whose key is not known (``known_keys``: the base's
+    keys, tombstones included; ``base_keys`` when not given) goes to the NULL sentinel
+    partition, so that one is touched too.
     """
+    known = base_keys if known_keys is None else known_keys
     unplaced = (
         events.filter(F.col(f"`{partition_column}`").isNull())
-        .join(base_keys.select(*_keys(pk)), on=pk, how="left_anti")
+        .join(known.select(*_keys(pk)), on=pk, how="left_anti")
         .select(F.expr(partition_sql).alias(PARTITION_COLUMN))
     )
     return (
@@ -238,6 +252,16 @@ def fault_point(name: str, table: str) -> None:
         raise RuntimeError(f"injected fault at {name} for {table} (CDC_FAULTS is set)")
 
 
+def _observed(obs: Observation, name: str) -> int:
+    """An observed metric, or 0 when Spark reported none: adaptive execution drops the whole plan,
+    observation included, when its input turned out empty (nothing observed means nothing counted)."""
+    try:
+        return int(obs.get[name])
+    except Exception:  # noqa: BLE001 - Py4J's error for "no metrics" is a plain assertion
+        log.info("no %s metrics reported (empty input); counted as 0", name)
+        return 0
+
+
 def _ts(value: str | None) -> datetime | None:
     # Keep the time zone: PySpark reads a naive datetime literal as driver-local time.
     return datetime.fromisoformat(value).astimezone(UTC) if value else None
@@ -253,25 +277,54 @@ def _write_text(spark: SparkSession, path: str, text: str) -> None:
         out.close()
 
 
-def _list_output(spark: SparkSession, path: str, prefix: str = "") -> list[dict[str, Any]]:
-    """Data files under ``path``, by name; those of partition directories as ``<dir>/<file>``."""
-    jvm = spark._jvm
-    p = jvm.org.apache.hadoop.fs.Path(path)
-    fs = p.getFileSystem(spark._jsc.hadoopConfiguration())
+def _is_data_name(name: str) -> bool:
+    return not name.startswith(("_", "."))
+
+
+def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]]:
+    """Data files under ``path`` as ``<rel>/<file>`` (partition directories as ``<rel>/<dir>/<file>``).
+
+    Anything else there -- Spark's ``_SUCCESS``, a local file system's ``.crc`` checksums, a
+    committer's markers -- is deleted: the directory is this attempt's own, not yet committed,
+    and a reader's glob over it must find Parquet data files and nothing else.
+    """
+    fs, p = _fs(spark, path)
+    if not fs.exists(p):
+        return []
     files = []
     for st in fs.listStatus(p):
         name = st.getPath().getName()
-        if st.isFile() and not name.startswith(("_", ".")):
-            files.append({"name": prefix + name, "size": int(st.getLen())})
-        elif st.isDirectory() and not prefix and partition_dir_value(name) is not None:
-            files += _list_output(spark, f"{path.rstrip('/')}/{name}", prefix=f"{name}/")
+        if st.isFile() and _is_data_name(name):
+            files.append({"name": f"{rel}/{name}", "size": int(st.getLen())})
+        elif st.isDirectory() and partition_dir_value(name) is not None and "/" not in rel:
+            files += _data_files(spark, f"{path.rstrip('/')}/{name}", f"{rel}/{name}")
+        else:
+            log.info("removing %s from the output: not a data file", st.getPath().toString())
+            fs.delete(st.getPath(), True)
     return sorted(files, key=lambda f: f["name"])
 
 
-def _written_partitions(files: list[dict[str, Any]], out: str) -> dict[str, str]:
-    """Partition value -> directory of every partition the job wrote (from the listed files)."""
-    dirs = {f["name"].split("/", 1)[0] for f in files if "/" in f["name"]}
-    return {value: f"{out.rstrip('/')}/{d}" for d in sorted(dirs) if (value := partition_dir_value(d)) is not None}
+def _written_partitions(files: list[dict[str, Any]], data_dir: str) -> dict[str, str]:
+    """Partition value -> directory of every partition the job wrote under ``data_dir``."""
+    dirs = {f["name"].split("/")[1] for f in files if f["name"].startswith(f"{DATA_DIR}/") and f["name"].count("/") > 1}
+    return {value: f"{data_dir.rstrip('/')}/{d}" for d in sorted(dirs) if (value := partition_dir_value(d)) is not None}
+
+
+def _no_bookkeeping_files(spark: SparkSession) -> None:
+    """Write only data files: no ``_SUCCESS`` marker, no summary files, no ``.crc`` beside local files.
+
+    Readers that glob a location (DuckDB's ``read_parquet('<dir>/*')``) would pick them up.
+    What a cluster still writes is removed by :func:`_data_files`.
+    """
+    # SQL confs are copied into the Hadoop configuration of every write.
+    spark.conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+    spark.conf.set("parquet.summary.metadata.level", "NONE")
+    try:
+        jvm = spark._jvm
+        local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark._jsc.hadoopConfiguration())
+        local.setWriteChecksum(False)
+    except Exception:  # only an optimisation: _data_files removes what is written anyway
+        log.debug("could not turn off local checksum files", exc_info=True)
 
 
 def new_attempt() -> str:
@@ -330,49 +383,80 @@ def committed_already(spark: SparkSession, plan: dict[str, Any]) -> bool:
     return True
 
 
+def read_base(
+    spark: SparkSession, plan: dict[str, Any], schema: str, columns: list[str], is_delete_sql: str
+) -> tuple[DataFrame, DataFrame]:
+    """(visible rows, tombstones) of the live version of an unpartitioned table.
+
+    A version of layout 1 (written before tombstones moved out of the data directory)
+    holds both in one directory: they are told apart by the rule's ``is_delete``.
+    """
+    cols = [F.col(f"`{c}`") for c in columns + META_COLUMNS]
+    data = spark.read.schema(schema).parquet(plan["base_location"]).select(*cols)
+    tomb_loc = plan.get("base_tombstones_location")
+    if tomb_loc:
+        return data, spark.read.schema(schema).parquet(tomb_loc).select(*cols)
+    return data.filter(~F.expr(is_delete_sql)), data.filter(F.expr(is_delete_sql))
+
+
 def run(spark: SparkSession, plan: dict[str, Any], attempt: str | None = None) -> dict[str, Any]:
     """Compact according to ``plan`` into the attempt's own directory; write its stats; return them.
 
-    If the plan was committed already, nothing is written and ``{"already_committed": True}``
-    is returned: re-running a finished run's compaction is a no-op.
+    The directory gets ``data/`` (the visible rows) and ``tombstones/`` (the delete winners
+    within their retention) and, last, the stats file.  If the plan was committed already,
+    nothing is written and ``{"already_committed": True}`` is returned: re-running a
+    finished run's compaction is a no-op.
     """
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     if committed_already(spark, plan):
         log.info("%s: plan %s is committed already; nothing to do", plan["table"], plan["plan_id"])
         return {"plan_id": plan["plan_id"], "table": plan["table"], "already_committed": True}
+    _no_bookkeeping_files(spark)
     columns: list[str] = plan["column_names"]
     rule: dict[str, str] = plan["rule"]
+    is_delete = F.expr(rule["is_delete"])
     pk: list[str] = plan["primary_key"]
     ingested_at = _ts(plan["ingested_at"])
     cutoff = _ts(plan.get("tombstone_cutoff"))
     out, quarantine = attempt_locations(plan, attempt)
-    # Partitioned tables (registry partition_by): only the partitions the increments touch are
-    # read and rewritten; the plan lists the live version's partitions as {value: location}.
+    data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
+    mode = "errorifexists" if attempt else "overwrite"
+    # Partitioned tables (registry partition_by): only the data partitions the increments touch
+    # are read and rewritten; the plan lists the live version's partitions as {value: location}.
     part: dict[str, str] | None = plan.get("partition_by")
     base_map: dict[str, str] = plan.get("base_partitions") or {}
     base_schema = f"{plan['schema_ddl']}, {META_DDL}"
+    # A live version of layout 1 keeps its tombstones inside its data (partitions): read it all once.
+    old_layout = int(plan.get("base_layout", 1)) < LAYOUT
     touched: list[str] = []
     log.info("compacting %s (plan %s): %d files", plan["table"], plan["plan_id"], len(plan["files"]))
 
     if part is None:
-        base = spark.read.schema(base_schema).parquet(plan["base_location"])
-        base = base.select(*[F.col(f"`{c}`") for c in columns + META_COLUMNS])
+        base_data, base_tomb = read_base(spark, plan, base_schema, columns, rule["is_delete"])
     else:
         # Key columns only: finding the keys' partitions must not read whole rows.
         base_keys = read_partitions(spark, base_schema, base_map).select(*_keys(pk), F.col(PARTITION_COLUMN))
+        tomb_loc = plan.get("base_tombstones_location")
+        tomb_cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]]
+        if tomb_loc and not old_layout:
+            base_tomb = spark.read.schema(f"{base_schema}, {PARTITION_DDL}").parquet(tomb_loc).select(*tomb_cols)
+        else:
+            base_tomb = spark.createDataFrame([], f"{base_schema}, {PARTITION_DDL}")
 
     paths = [f["path"] for f in plan["files"]]
     raw = spark.read.schema(plan["schema_ddl"]).parquet(*paths)
     # Not cached: re-reading the planned files (only the columns each use needs) is cheaper than
     # building an in-memory copy of every event, which a large increment spills anyway.
     classified = classify(with_provenance(raw, columns), rule["reject_reason"])
-    touched_ranks: DataFrame | None = None
+    cached: list[DataFrame] = []
+    # Counts the tombstones that expire as they are written.
+    obs_tomb = Observation("cdc_compaction_tombstones")
     try:
         totals = classified.agg(F.count(F.lit(1)).alias("rows"), F.count("_cdc_reject_reason").alias("bad")).first()
         increment_rows, rejected_rows = int(totals["rows"]), int(totals["bad"])
         bad = rejected(classified, plan["plan_id"])
         if rejected_rows:
-            bad.write.mode("errorifexists" if attempt else "overwrite").parquet(quarantine)
+            bad.write.mode(mode).parquet(quarantine)
             counts = bad.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
             reasons: dict[str, int] = {}
             by_file: dict[str, int] = {}
@@ -382,93 +466,124 @@ def run(spark: SparkSession, plan: dict[str, Any], attempt: str | None = None) -
                 by_file[where] = by_file.get(where, 0) + r["count"]
         else:
             reasons, by_file = {}, {}
+        fresh = accepted(classified, ingested_at)
 
         # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
         # Not when the events outnumber the base (a first load): one ranking of every row is cheaper then.
         lookup_max = int(plan.get("key_lookup_max_events", KEY_LOOKUP_MAX_EVENTS))
         lookup = part is None and increment_rows - rejected_rows <= min(lookup_max, plan.get("base_rows", lookup_max))
+        lookup_superseded = 0
+        base_read: int | None = None
         if lookup:
-            fresh = accepted(classified, ingested_at)
             order_by = plan.get("order_by") or columns
             # Cached (it is read three times) in as many partitions as adaptive execution chooses, not 200.
             spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-            touched_ranks = rank_touched_keys(base, fresh, pk, order_by, rule["rank"]).persist()
+            touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule["rank"])
+            touched_ranks = touched_ranks.persist()
+            cached.append(touched_ranks)
             lookup_superseded = touched_ranks.filter(F.col("_cdc_rank") > 1).count()
-            ranked_events = winners_by_key_lookup(base, fresh, touched_ranks, pk)
-        elif part is None:
-            events = base.unionByName(accepted(classified, ingested_at))
-            ranked_events = ranked(events, rule["rank"])
+            src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
+            losers = F.broadcast(touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk)))
+            won = touched_ranks.filter((src == 1) & (rank == 1)).select(*PROVENANCE)
+            fresh_winners = fresh.join(won, on=PROVENANCE, how="left_semi")
+            # The base is read once per output and never shuffled: untouched keys pass as they are.
+            visible = base_data.join(losers, on=pk, how="left_anti").unionByName(fresh_winners.filter(~is_delete))
+            deleted = base_tomb.join(losers, on=pk, how="left_anti").unionByName(fresh_winners.filter(is_delete))
+            # Everything the ranking did not count is a winner: counted on the writes below.
+            visible = visible.withColumn("_cdc_rank", F.lit(1))
+            deleted = deleted.withColumn("_cdc_rank", F.lit(1))
         else:
-            fresh = accepted(classified, ingested_at)
-            found = touched_partitions(base_keys, fresh, pk, part["column"], part["value"]).collect()
-            touched = sorted(r[PARTITION_COLUMN] for r in found)
-            base = read_partitions(spark, base_schema, {v: base_map[v] for v in touched if v in base_map})
-            base = base.select(*[F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]])
-            events = base.unionByName(fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string")))
-            ranked_events = assign_partitions(ranked(events, rule["rank"]), pk, part["column"], part["value"])
-        obs = Observation("cdc_compaction")
-        is_winner = F.col("_cdc_rank") == 1
-        observed = ranked_events.observe(
-            obs,
-            F.count(F.lit(1)).alias("events"),
-            F.coalesce(F.sum(F.when(~is_winner, 1).otherwise(0)), F.lit(0)).alias("superseded"),
-            F.coalesce(
-                F.sum(F.when(is_winner & expired_tombstone(rule["is_delete"], cutoff), 1).otherwise(0)), F.lit(0)
-            ).alias("expired_tombstones"),
-        )
-        # Always the registry's column order: the key-lookup path's joins put the key columns
-        # first, and validate (and every reader of the base table) expects the registry's order.
+            if part is None:
+                base_all = base_data.unionByName(base_tomb)
+                ranked_events = ranked(base_all.unionByName(fresh), rule["rank"])
+            else:
+                fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
+                known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
+                found = touched_partitions(base_keys, fresh, pk, part["column"], part["value"], known).collect()
+                touched = sorted({r[PARTITION_COLUMN] for r in found})
+                if old_layout:
+                    # Layout 1 keeps tombstones inside the partitions: rewrite every one once, tombstones out.
+                    touched = sorted(set(touched) | set(base_map))
+                base = read_partitions(spark, base_schema, {v: base_map[v] for v in touched if v in base_map})
+                base = base.select(*[F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]])
+                base_all = base.unionByName(base_tomb)
+                ranked_events = assign_partitions(
+                    ranked(base_all.unionByName(fresh_p), rule["rank"]), pk, part["column"], part["value"]
+                )
+            # The base rows this compaction ranks, counted on their own (validate holds them against
+            # the parent version's rows): a scan of the files' row counts, no data.
+            base_read = base_all.count()
+            # Both outputs come from one ranking: keep the winners rather than rank every row twice.
+            winners = ranked_events.filter(F.col("_cdc_rank") == 1).persist()
+            cached.append(winners)
+            visible, deleted = winners.filter(~is_delete), winners.filter(is_delete)
+
+        # Always the registry's column order: joins put the key columns first, and validate (and
+        # every reader of the base table) expects the registry's order.
         out_columns = [*columns, *META_COLUMNS, *([PARTITION_COLUMN] if part is not None else [])]
-        result = new_base(observed, rule["is_delete"], cutoff).select(*[F.col(f"`{c}`") for c in out_columns])
+        visible = visible.select(*[F.col(f"`{c}`") for c in out_columns])
+        expired = expired_tombstone(rule["is_delete"], cutoff)
+        deleted = deleted.observe(
+            obs_tomb, F.coalesce(F.sum(F.when(expired, 1).otherwise(0)), F.lit(0)).alias("expired_tombstones")
+        )
+        deleted = deleted.filter(~expired).select(*[F.col(f"`{c}`") for c in out_columns])
         if part is not None:
             # One task per partition value, so one file per partition (split at max_records_per_file)
             # rather than one per task and partition; output_files is sized for a whole-table rewrite.
-            result = result.repartition(F.col(PARTITION_COLUMN))
+            visible = visible.repartition(F.col(PARTITION_COLUMN))
         elif plan.get("output_files"):
             # Files of about the registry's target size (see tasks.output_sizing): merge, never shuffle.
-            result = result.coalesce(int(plan["output_files"]))
+            visible = visible.coalesce(int(plan["output_files"]))
         # errorifexists: an attempt's directory is new; finding one there means something is wrong.
-        writer = result.write.mode("errorifexists" if attempt else "overwrite").option(
-            "compression", plan.get("compression", "snappy")
-        )
+        compression = plan.get("compression", "snappy")
+        writer = visible.write.mode(mode).option("compression", compression)
         if plan.get("max_records_per_file"):
             writer = writer.option("maxRecordsPerFile", int(plan["max_records_per_file"]))
         if part is not None:
             writer = writer.partitionBy(PARTITION_COLUMN)
-        writer.parquet(out)
-        metrics = obs.get
-        if lookup:
-            # The observation saw the winners only; the ranking of the touched keys counted the rest.
-            metrics = {**metrics, "events": int(metrics["events"]) + lookup_superseded, "superseded": lookup_superseded}
+        writer.parquet(data_out)
+        # Tombstones stay one small unpartitioned set (with their partition as a column).
+        deleted.coalesce(1).write.mode(mode).option("compression", compression).parquet(tomb_out)
+        expired_count = _observed(obs_tomb, "expired_tombstones")
     finally:
-        if touched_ranks is not None:
-            touched_ranks.unpersist()
+        for df in cached:
+            df.unpersist()
 
     # Re-read what landed on storage: these checks gate publishing (see validate).
-    tallies = [
-        F.count(F.lit(1)).alias("rows"),
-        F.coalesce(F.sum(F.when(F.expr(rule["is_delete"]), 1).otherwise(0)), F.lit(0)).alias("tombstones"),
-    ]
+    def tallies(wrong: Column) -> list[Column]:
+        return [
+            F.count(F.lit(1)).alias("rows"),
+            F.coalesce(F.sum(F.when(wrong, 1).otherwise(0)), F.lit(0)).alias("misplaced"),
+        ]
+
     partitioned: dict[str, Any] = {}
+    tomb_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
+    written_tomb = spark.read.schema(tomb_schema).parquet(tomb_out)
+    tomb_check = written_tomb.agg(*tallies(~is_delete)).first()
     if part is None:
-        written = spark.read.schema(base_schema).parquet(out)
-        check = written.agg(*tallies).first()
+        written = spark.read.schema(base_schema).parquet(data_out)
+        check = written.agg(*tallies(is_delete)).first()
+        data_rows, data_misplaced = int(check["rows"]), int(check["misplaced"])
     else:
-        written = spark.read.schema(f"{base_schema}, {PARTITION_DDL}").parquet(out)
-        per_partition = {r[PARTITION_COLUMN]: r for r in written.groupBy(PARTITION_COLUMN).agg(*tallies).collect()}
-        check = {k: sum(int(r[k]) for r in per_partition.values()) for k in ("rows", "tombstones")}
+        written = spark.read.schema(f"{base_schema}, {PARTITION_DDL}").parquet(data_out)
+        per_partition = {
+            r[PARTITION_COLUMN]: r for r in written.groupBy(PARTITION_COLUMN).agg(*tallies(is_delete)).collect()
+        }
+        data_rows = sum(int(r["rows"]) for r in per_partition.values())
+        data_misplaced = sum(int(r["misplaced"]) for r in per_partition.values())
         partitioned["partition_rows"] = {v: int(r["rows"]) for v, r in sorted(per_partition.items())}
-    duplicate_keys = written.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).count()
-    output_files = _list_output(spark, out)
+    # A key lives once: in the visible rows or among the tombstones, never in both or twice.
+    all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
+    duplicate_keys = all_keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).count()
+    output_files = _data_files(spark, data_out, DATA_DIR) + _data_files(spark, tomb_out, TOMBSTONES_DIR)
     if part is not None:
-        # A key must not survive both in a rewritten partition and in one reused as it is.
-        if partitioned["partition_rows"]:
-            reused_keys = base_keys.filter(~F.col(PARTITION_COLUMN).isin(touched))
-            duplicate_keys += reused_keys.join(written.select(*_keys(pk)), on=pk, how="left_semi").count()
-        written_map = _written_partitions(output_files, out)
+        # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
+        reused_keys = base_keys.filter(~F.col(PARTITION_COLUMN).isin(touched))
+        duplicate_keys += reused_keys.join(all_keys, on=pk, how="left_semi").count()
+        written_map = _written_partitions(output_files, data_out)
         if sorted(written_map) != sorted(partitioned["partition_rows"]):
             raise RuntimeError(
-                f"{plan['table']}: partition directories {sorted(written_map)} in {out} do not match the "
+                f"{plan['table']}: partition directories {sorted(written_map)} in {data_out} do not match the "
                 f"partitions of the rows read back {sorted(partitioned['partition_rows'])}"
             )
         partitioned.update(
@@ -480,21 +595,32 @@ def run(spark: SparkSession, plan: dict[str, Any], attempt: str | None = None) -
                 "partitions_reused": len(set(base_map) - set(touched)),
             }
         )
-    events_total = int(metrics["events"])
+    tomb_rows = int(tomb_check["rows"])
+    output_rows = data_rows + tomb_rows
+    accepted_rows = increment_rows - rejected_rows
+    # Every ranked event is a winner (written, or an expired tombstone) or superseded; the key lookup
+    # counted its losers while ranking, the full ranking counted the base rows it read. validate
+    # holds base_rows against the parent version's rows and increment_rows against the planned files.
+    winners_count = output_rows + expired_count
+    superseded = lookup_superseded if lookup else int(base_read or 0) + accepted_rows - winners_count
+    events_total = winners_count + superseded
     stats = {
         "plan_id": plan["plan_id"],
         "table": plan["table"],
         "attempt": attempt or "",
-        "base_rows": events_total - (increment_rows - rejected_rows),
+        "layout": LAYOUT,
+        "base_rows": base_read if base_read is not None else events_total - accepted_rows,
         "increment_rows": increment_rows,
         "rejected_rows": rejected_rows,
         "rejected_by_reason": reasons,
         "rejected_by_file": by_file,
-        "superseded_rows": int(metrics["superseded"]),
-        "expired_tombstones": int(metrics["expired_tombstones"]),
-        "output_rows": int(check["rows"]),
-        "output_tombstones": int(check["tombstones"]),
-        "output_visible_rows": int(check["rows"]) - int(check["tombstones"]),
+        "superseded_rows": superseded,
+        "expired_tombstones": expired_count,
+        "output_rows": output_rows,
+        "output_tombstones": tomb_rows,
+        "output_visible_rows": data_rows,
+        # Deletes among the visible rows, or upserts among the tombstones: must be 0.
+        "misplaced_rows": data_misplaced + int(tomb_check["misplaced"]),
         "duplicate_keys": int(duplicate_keys),
         "output_files": output_files,
         "finished_at": datetime.now(UTC).isoformat(),

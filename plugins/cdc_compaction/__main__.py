@@ -89,7 +89,15 @@ def _conformance(args: argparse.Namespace) -> int:
     try:
         endpoint = MetastoreEndpoint(ms.host, ms.port)
         spark = local_session(endpoint, str(work / "warehouse"), app_name="cdc-conformance")
-        reader = conf.Reader(spark)
+        readers: list[conf.Reader | conf.DuckDBReader] = []
+        for name in args.readers.split(","):
+            if name.strip() == "spark":
+                readers.append(conf.Reader(spark))
+            elif name.strip() == "duckdb":
+                readers.append(conf.DuckDBReader())
+            else:
+                print(f"unknown reader {name!r}: use spark, duckdb or both (spark,duckdb)", file=sys.stderr)
+                return 2
         registry = work / "registry"
         if args.mode == "dag":
             env = airflow_env(work / "airflow", ms.uri, registry_dir=registry, warehouse_dir=work / "warehouse")
@@ -99,7 +107,7 @@ def _conformance(args: argparse.Namespace) -> int:
             runner = conf.InProcessRunner(spark, endpoint)
         for f in files:
             scn = conf.Scenario.load(f)
-            res = conf.run_scenario(scn, runner, reader, work / "lake", registry)
+            res = conf.run_scenario(scn, runner, readers, work / "lake", registry)
             print(f"{'PASS' if res.ok else 'FAIL'} {scn.name} [{args.mode}, {res.seconds:.1f}s]", flush=True)
             for line in res.failures:
                 print("    " + line.replace("\n", "\n    "), flush=True)
@@ -314,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     cf.add_argument("--mode", choices=["inprocess", "dag"], default="inprocess")
     cf.add_argument("--work-dir", default=str(settings.PROJECT_ROOT / ".run" / "conformance"))
     cf.add_argument("--timings", action="store_true", help="dag mode: print each DAG run's task durations")
+    cf.add_argument(
+        "--readers",
+        default="spark,duckdb",
+        help="who checks every expectation: spark (the metastore's tables and views), duckdb (the base location "
+        "read with read_parquet and the DuckDB views), or both (default)",
+    )
     cf.set_defaults(func=_conformance)
 
     ms = sub.add_parser("metastore", help="the local Thrift Hive metastore")

@@ -7,8 +7,11 @@ Two modes, same storage, metastore, SQL and views:
 * ``dag``: every ``compact`` step is a real ``airflow dags test`` run of the table's
   DAG (SparkSubmitOperator, spark-submit and all).
 
-Either way the base table and the view are read back through the metastore with
-Spark SQL and compared, as sets of rows, with the scenario's expectations.
+Either way the base table and the view are read back and compared, as multisets of
+rows, with the scenario's expectations -- by every reader given: Spark SQL through the
+metastore (:class:`Reader`), and DuckDB (:class:`DuckDBReader`), which reads the published
+base location with a plain ``read_parquet`` glob and queries the DuckDB views the pipeline
+wrote, as a DuckDB user does.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ def registry_doc(
         "owner": "conformance",
         "tags": ["conformance"],
         "spark": {"conf": {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}},
+        # DuckDB readers (DuckDBReader) query the views the pipeline writes here.
+        "views": {"duckdb": str(lake_dir / "_duckdb" / f"{scn.table_name}{suffix}.sql")},
     }
     if partition_by is not None:
         doc["partition_by"] = partition_by
@@ -176,9 +181,66 @@ def diff_rows(expected: list[dict[str, Any]], actual: list[dict[str, Any]], type
 
 
 # ---------------------------------------------------------------------- runners
+class DuckDBReader:
+    """Reads what a DuckDB user reads: the base location from the pointer, and the DuckDB views.
+
+    The base is read with a plain ``read_parquet('<location>/*.parquet')`` of the live
+    version's location (each partition's, for a partitioned table), as a reader without a
+    metastore finds it in ``_cdc/pointer.json``: it must hold the visible rows and nothing
+    else.  The views are the ones the pipeline wrote to ``views.duckdb``.
+    """
+
+    name = "duckdb"
+    reads_views = True
+
+    def _connect(self) -> Any:
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute("SET TimeZone = 'UTC'")
+        return con
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        lake = Lake(cfg)
+        pointer = lake.read_pointer()
+        if pointer is None:
+            return []
+        locations = list((pointer.get("partitions") or {}).values()) or [pointer["location"]]
+        globs = [posixpath.join(loc, "*.parquet") for loc in locations if glob.glob(posixpath.join(loc, "*.parquet"))]
+        if not globs:
+            return []
+        cols = ", ".join(f'"{c}"' for c in cfg.column_names)
+        with self._connect() as con:
+            cur = con.execute(f"SELECT {cols} FROM read_parquet(?)", [globs])
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    def _views(self, cfg: TableConfig, con: Any) -> None:
+        path = cfg.views.duckdb
+        if path is None:
+            raise ValueError(f"{cfg.qualified_name} has no views.duckdb: nothing for DuckDB to read")
+        con.execute(Path(path).read_text(encoding="utf-8"))
+
+    def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        with self._connect() as con:
+            self._views(cfg, con)
+            cur = con.execute(f'SELECT * FROM "{cfg.database}"."{sql.table_names(cfg)["view_name"]}"')
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    def pending_rejects(self, cfg: TableConfig) -> int:
+        with self._connect() as con:
+            self._views(cfg, con)
+            row = con.execute(
+                f'SELECT count(*) FROM "{cfg.database}"."{sql.table_names(cfg)["rejects_view"]}"'
+            ).fetchone()
+            return int(row[0])
+
+
 class Reader:
     """Reads the base table and the views back through the metastore with Spark SQL."""
 
+    name = "spark"
     #: False for readers that cannot query the views; their ``check_view`` steps are skipped.
     reads_views = True
 
@@ -187,18 +249,18 @@ class Reader:
 
     def _refresh(self, cfg: TableConfig) -> None:
         names = sql.table_names(cfg)
-        for t in ("base_table", "incremental_table"):
+        for t in ("base_table", "tombstones_table", "incremental_table"):
             self.spark.catalog.refreshTable(f"`{cfg.database}`.`{names[t]}`")
 
     def _rows(self, query: str) -> list[dict[str, Any]]:
         return [r.asDict() for r in self.spark.sql(query).collect()]
 
     def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        """A plain ``SELECT`` of the base table: it holds the visible rows and nothing else."""
         self._refresh(cfg)
         names = sql.table_names(cfg)
         cols = ", ".join(f"`{c}`" for c in cfg.column_names)
-        rule = sql.rule_sql(cfg)
-        return self._rows(f"SELECT {cols} FROM `{cfg.database}`.`{names['base_table']}` WHERE NOT {rule.is_delete}")
+        return self._rows(f"SELECT {cols} FROM `{cfg.database}`.`{names['base_table']}`")
 
     def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
         self._refresh(cfg)
@@ -285,14 +347,16 @@ class DagRunner(InProcessRunner):
 def run_scenario(
     scn: Scenario,
     runner: InProcessRunner,
-    reader: Reader,
+    reader: Reader | DuckDBReader | list[Reader | DuckDBReader],
     lake_dir: Path,
     registry_dir: Path | None = None,
     suffix: str = "",
     partition_by: dict[str, str] | None = None,
 ) -> ScenarioResult:
-    """Run one scenario; every failed check becomes a line of the result."""
+    """Run one scenario; every failed check (of every reader) becomes a line of the result."""
     import time
+
+    readers = reader if isinstance(reader, list) else [reader]
 
     start = time.monotonic()
     doc = registry_doc(scn, lake_dir, suffix, partition_by)
@@ -310,22 +374,25 @@ def run_scenario(
                 land(cfg, body["increment"], body["files"])
             elif kind == "check_view":
                 refresh_view(runner.runtime(cfg))
-                if not reader.reads_views:
-                    continue
-                got = [{k: v for k, v in r.items() if k != cfg.op_column} for r in reader.view(cfg)]
-                diff = diff_rows(body["expect"], got, types)
-                if diff:
-                    result.failures.append(f"step {i} check_view: rows differ\n" + "\n".join(diff))
-                rej = reader.pending_rejects(cfg)
-                if rej != body.get("rejected_pending", 0):
-                    result.failures.append(
-                        f"step {i} check_view: rejected_pending {rej}, expected {body.get('rejected_pending', 0)}"
-                    )
+                for r in readers:
+                    if not r.reads_views:
+                        continue
+                    got = [{k: v for k, v in row.items() if k != cfg.op_column} for row in r.view(cfg)]
+                    diff = diff_rows(body["expect"], got, types)
+                    if diff:
+                        result.failures.append(f"step {i} check_view ({r.name}): rows differ\n" + "\n".join(diff))
+                    rej = r.pending_rejects(cfg)
+                    if rej != body.get("rejected_pending", 0):
+                        result.failures.append(
+                            f"step {i} check_view ({r.name}): rejected_pending {rej}, "
+                            f"expected {body.get('rejected_pending', 0)}"
+                        )
             elif kind == "compact":
                 stats = runner.compact(cfg)
-                diff = diff_rows(body["expect"], reader.visible_base(cfg), types)
-                if diff:
-                    result.failures.append(f"step {i} compact: base rows differ\n" + "\n".join(diff))
+                for r in readers:
+                    diff = diff_rows(body["expect"], r.visible_base(cfg), types)
+                    if diff:
+                        result.failures.append(f"step {i} compact ({r.name}): base rows differ\n" + "\n".join(diff))
                 rejected = int(stats["rejected_rows"]) if stats else 0
                 if rejected != body.get("rejected", 0):
                     result.failures.append(f"step {i} compact: rejected {rejected}, expected {body.get('rejected', 0)}")

@@ -129,11 +129,13 @@ def _run_all(env: dict[str, str], cfgs: list[TableConfig]) -> None:
 
 def _show(spark: Any, cfg: TableConfig) -> None:
     names = sql.table_names(cfg)
-    for t in ("base_table", "incremental_table"):
+    for t in ("base_table", "tombstones_table", "incremental_table"):
         spark.catalog.refreshTable(f"`{cfg.database}`.`{names[t]}`")
     keys = ", ".join(f"`{k}`" for k in cfg.primary_key)
-    print(f"\n{cfg.database}.{names['base_table']} (compacted; tombstones included):")
+    print(f"\n{cfg.database}.{names['base_table']} (compacted: the live rows, as any engine reads them):")
     spark.sql(f"SELECT * FROM `{cfg.database}`.`{names['base_table']}` ORDER BY {keys}").show(truncate=False)
+    print(f"{cfg.database}.{names['tombstones_table']} (deleted keys, kept for tombstone_retention):")
+    spark.sql(f"SELECT * FROM `{cfg.database}`.`{names['tombstones_table']}` ORDER BY {keys}").show(truncate=False)
     print(f"{cfg.database}.{names['view_name']} (what readers see):")
     spark.sql(f"SELECT * FROM `{cfg.database}`.`{names['view_name']}` ORDER BY {keys}").show(truncate=False)
 
@@ -142,7 +144,7 @@ def _where(cfg: TableConfig) -> None:
     lake = Lake(cfg)
     lay = lake.layout
     commit = lake.latest_commit()
-    print(f"{cfg.qualified_name}: commit {commit.seq}, live version {lay.version_dir(commit.version)}")
+    print(f"{cfg.qualified_name}: commit {commit.seq}, live version {lay.data_dir(commit.version, commit.layout)}")
     print(f"  pointer:    {lay.pointer} -> {json.loads(Path(lay.pointer).read_text())['version']}")
     print(f"  archive:    {lay.archive} ({sum(1 for _ in Path(lay.archive).rglob('*.parquet'))} files)")
     entries = Quarantine(lake).entries()

@@ -406,13 +406,65 @@ def broken_dag(entry: RegistryEntry) -> DAG:
     return dag
 
 
+def build_view_refresher(cfgs: Sequence[TableConfig]) -> DAG:
+    """The DAG that keeps every table's views fresh between compactions.
+
+    Every few minutes (``$CDC_VIEW_REFRESH_SCHEDULE``) one task per database registers newly
+    landed increments of its tables, rewrites their DuckDB views and records freshness
+    (:func:`cdc_compaction.tasks.refresh_pending`): metastore calls only, no Spark.  A table
+    that fails is logged and named in the task's error after every other table of the
+    database was refreshed; one table's trouble never stops another.
+    """
+    by_db: dict[str, list[TableConfig]] = {}
+    for cfg in sorted(cfgs, key=lambda c: c.qualified_name):
+        by_db.setdefault(cfg.database, []).append(cfg)
+    with DAG(
+        dag_id=settings.VIEW_REFRESH_DAG_ID,
+        description="Shows newly landed increments in every table's views between compactions",
+        schedule=settings.view_refresh_schedule(),
+        start_date=ERROR_DAG_START,
+        catchup=False,
+        max_active_runs=1,
+        default_args={"retries": 0, "owner": "cdc"},
+        tags=["cdc", "views"],
+        doc_md=build_view_refresher.__doc__,
+    ) as dag:
+        for db, tables in by_db.items():
+
+            def refresh(tables: list[TableConfig] = tables) -> dict[str, Any]:
+                """Register new increments, rewrite DuckDB views, record freshness: for each table of the database."""
+                from cdc_compaction.tasks import refresh_pending
+
+                results: dict[str, Any] = {}
+                failed: list[str] = []
+                for cfg in tables:
+                    try:
+                        results[cfg.qualified_name] = refresh_pending(_runtime(cfg))
+                    except Exception as exc:
+                        log.exception("%s: the view refresh failed; the other tables go on", cfg.qualified_name)
+                        failed.append(f"{cfg.qualified_name}: {type(exc).__name__}: {exc}")
+                if failed:
+                    raise CompactionError(
+                        f"view refresh failed for {len(failed)} of {len(tables)} tables (the others were refreshed): "
+                        + "; ".join(failed)
+                    )
+                return results
+
+            PythonOperator(task_id=f"refresh__{db}", python_callable=refresh, doc_md=refresh.__doc__)
+    return dag
+
+
 def _unique_id(entry: RegistryEntry) -> str:
     digest = hashlib.sha256(entry.path.name.encode()).hexdigest()[:8]
     return f"{entry.dag_id[:200]}__{digest}"
 
 
-def build_dags(entries: list[RegistryEntry]) -> dict[str, DAG]:
-    """DAGs for every registry entry, keyed by DAG id, in registry (file name) order."""
+def build_dags(entries: list[RegistryEntry], view_refresher: bool = True) -> dict[str, DAG]:
+    """DAGs for every registry entry, keyed by DAG id, in registry (file name) order.
+
+    With ``view_refresher`` (the DAG processor's full parse, or a task of that DAG) also the
+    view refresher DAG over every valid table.
+    """
     dags: dict[str, DAG] = {}
     for e in entries:
         if e.config is None:
@@ -426,4 +478,10 @@ def build_dags(entries: list[RegistryEntry]) -> dict[str, DAG]:
         except Exception as exc:  # noqa: BLE001 - one table's surprise must not take down every DAG of the file
             error = RegistryError(str(e.path), e.config.qualified_name, [f"cannot build its DAG: {exc!r}"])
             dags[e.dag_id] = broken_dag(RegistryEntry(e.path, None, error))
+    cfgs = [e.config for e in entries if e.config is not None]
+    if cfgs and view_refresher:
+        try:
+            dags[settings.VIEW_REFRESH_DAG_ID] = build_view_refresher(cfgs)
+        except Exception:
+            log.exception("the view refresher DAG could not be built; every table's DAG is unaffected")
     return dags

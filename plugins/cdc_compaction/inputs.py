@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import Any
 
 from cdc_compaction.exceptions import StorageError
@@ -137,6 +138,8 @@ class FileCheck:
     problem: str | None = None
     ignored_columns: list[str] = field(default_factory=list)
     missing_columns: list[str] = field(default_factory=list)
+    #: The newest source event time in the file (registry event_time), from the footer's statistics.
+    newest_event: datetime | None = None
 
 
 def parquet_footer(storage: Storage, path: str) -> Any:
@@ -218,7 +221,49 @@ def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size
         )
     else:
         check.problem = _partition_value_problem(cfg, storage, path, found_names={f.name for f in schema})
+    if check.problem is None:
+        check.newest_event = newest_event_time(cfg, meta)
     return check
+
+
+_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def event_time_value(value: Any, unit: str | None) -> datetime | None:
+    """A footer statistic of the event time column as an aware UTC datetime."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC)
+    if unit is not None and isinstance(value, int):
+        return datetime.fromtimestamp(value / _UNITS[unit], tz=UTC)
+    return None
+
+
+def newest_event_time(cfg: TableConfig, meta: Any) -> datetime | None:
+    """The largest value of the registry's event time column in a file, from the row groups' statistics.
+
+    None when the table has no event time column, or the writer kept no statistics.
+    """
+    spec = cfg.event_time_column
+    if spec is None:
+        return None
+    column, unit = spec
+    names = [meta.schema.column(i).name.lower() for i in range(meta.num_columns)]
+    if column.lower() not in names:
+        return None
+    idx = names.index(column.lower())
+    newest: datetime | None = None
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(idx).statistics
+        if stats is None or not stats.has_min_max:
+            continue
+        value = event_time_value(stats.max, unit)
+        if value is not None and (newest is None or value > newest):
+            newest = value
+    return newest
 
 
 #: The longest file name most file systems (and S3 key components in practice) take.

@@ -6,6 +6,11 @@ Layout under a table's storage root::
     base/v00000007-<plan>-<attempt>/             base versions, one directory per attempt of
                                                  the compaction (never written twice); the live
                                                  one is named by the latest commit record
+    base/v00000007-<plan>-<attempt>/data/        its visible rows: Parquet data files only (the
+                                                 base table's location; partitioned tables: one
+                                                 _cdc_partition=<v>/ directory per partition)
+    base/v00000007-<plan>-<attempt>/tombstones/  its tombstones (delete winners within retention)
+    base/v00000007-<plan>-<attempt>/_cdc_stats.json   what the job counted (validate checks it)
     archive/c00000007/increment_.../             increments after they were compacted
     quarantine/rows/v00000007-<plan>/            rows refused by that compaction, with reasons
     quarantine/rows/v00000007-<plan>/_manifest.json   counts by reason and file; re-ingest status
@@ -52,6 +57,23 @@ from cdc_compaction.storage import Storage, storage_for
 log = logging.getLogger(__name__)
 
 EMPTY_VERSION = "v00000000-empty"
+#: Layout 2: a version directory holds ``data/`` and ``tombstones/``; layout 1 (commits made
+#: before) held every row, tombstones included, in the version directory itself.
+LAYOUT = 2
+DATA_DIR = "data"
+TOMBSTONES_DIR = "tombstones"
+_PARTITION_PREFIX = "_cdc_partition="
+
+
+def version_dir_of(location: str) -> str:
+    """The version directory a location of the base lies in: the directory itself (layout 1),
+    its ``data``/``tombstones`` (layout 2), or a partition directory inside either."""
+    loc = location.rstrip("/")
+    if posixpath.basename(loc).startswith(_PARTITION_PREFIX):
+        loc = posixpath.dirname(loc)
+    if posixpath.basename(loc) in (DATA_DIR, TOMBSTONES_DIR):
+        loc = posixpath.dirname(loc)
+    return loc
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,14 @@ class Layout:
     def version_dir(self, version: str) -> str:
         return posixpath.join(self.base, version)
 
+    def data_dir(self, version: str, layout: int = LAYOUT) -> str:
+        """Where a version's visible rows are: the base table's location."""
+        return posixpath.join(self.base, version, DATA_DIR) if layout >= 2 else self.version_dir(version)
+
+    def tombstones_dir(self, version: str, layout: int = LAYOUT) -> str | None:
+        """Where a version's tombstones are (layout 1: among the data, so None)."""
+        return posixpath.join(self.base, version, TOMBSTONES_DIR) if layout >= 2 else None
+
     def quarantine_dir(self, version: str) -> str:
         """Rows refused by the compaction that made ``version``."""
         return posixpath.join(self.quarantine, "rows", version)
@@ -141,6 +171,8 @@ class PlannedFile:
     rows: int = 0
     ignored_columns: tuple[str, ...] = ()
     missing_columns: tuple[str, ...] = ()
+    #: The newest source event time in the file (ISO, from its footer's statistics), or "".
+    newest_event: str = ""
 
     @property
     def rel(self) -> str:
@@ -158,6 +190,8 @@ class PlannedFile:
             doc["ignored_columns"] = list(self.ignored_columns)
         if self.missing_columns:
             doc["missing_columns"] = list(self.missing_columns)
+        if self.newest_event:
+            doc["newest_event"] = self.newest_event
         return doc
 
 
@@ -180,18 +214,25 @@ class Commit:
     #: directories of older versions.
     partitions: dict[str, str] | None = None
     partition_rows: dict[str, int] | None = None
+    #: 2: the version keeps its visible rows in ``data/`` and its tombstones in ``tombstones/``;
+    #: 1 (records written before the field existed): every row in the version directory itself.
+    layout: int = LAYOUT
+    #: The newest increment and source event time the base holds after this commit (README, "Readers").
+    freshness: dict[str, str] | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
         # Unpartitioned tables keep the record format they always had.
-        for key in ("partitions", "partition_rows"):
+        for key in ("partitions", "partition_rows", "freshness"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Commit:
-        return cls(**json.loads(text))
+        doc = json.loads(text)
+        doc.setdefault("layout", 1)  # a record from before layout 2
+        return cls(**doc)
 
 
 GENESIS = Commit(seq=0, version=EMPTY_VERSION, plan_id="", run_id="", parent_seq=-1, files=[], increments=[])
@@ -280,13 +321,27 @@ class Lake:
         except PreconditionFailedError:
             return False
 
+    def data_location(self, commit: Commit) -> str:
+        """The base table's location for ``commit``: exactly its visible rows (layout 1: tombstones too)."""
+        return self.layout.data_dir(commit.version, commit.layout)
+
+    def tombstones_location(self, commit: Commit) -> str:
+        """The tombstones table's location for ``commit``; for layout 1 an empty directory
+        (its tombstones are in the data, which the views rank and hide as before)."""
+        return self.layout.tombstones_dir(commit.version, commit.layout) or str(
+            self.layout.tombstones_dir(EMPTY_VERSION)
+        )
+
     def advance_pointer(self, commit: Commit) -> bool:
         """Move the pointer to ``commit`` by compare-and-swap; never backwards. True if it moved."""
         doc = {
             "table": self.cfg.qualified_name,
             "seq": commit.seq,
             "version": commit.version,
-            "location": self.layout.version_dir(commit.version),
+            "layout": commit.layout,
+            # A reader without a metastore reads exactly this: the visible rows, data files only.
+            "location": self.data_location(commit),
+            "tombstones": self.tombstones_location(commit),
             "committed_at": commit.committed_at,
         }
         if commit.partitions is not None:
@@ -306,7 +361,8 @@ class Lake:
         return seq == 0 or self.storage.exists(self.layout.archived_marker(seq))
 
     def live_location(self) -> str:
-        return self.layout.version_dir(self.latest_commit().version)
+        """The live version's visible rows (what the base table reads)."""
+        return self.data_location(self.latest_commit())
 
 
 def _pointer_seq(text: str) -> int:

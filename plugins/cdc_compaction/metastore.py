@@ -14,9 +14,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -80,6 +82,19 @@ def _spark_schema_widened(params: dict[str, str], types: dict[str, str]) -> dict
     return params
 
 
+@dataclass(frozen=True)
+class MetastoreView:
+    """A view as the metastore stores it: Hive's own form, or Trino's (``presto_view``) encoding."""
+
+    database: str
+    name: str
+    #: (name, Hive type); a Trino view stores one placeholder column, its real columns are in the text.
+    columns: list[tuple[str, str]]
+    original_text: str
+    expanded_text: str
+    parameters: dict[str, str]
+
+
 class _Catalog(ABC):
     """What both catalogs share: reads built on ``get_table``, and which partitions to (re)register."""
 
@@ -106,6 +121,14 @@ class _Catalog(ABC):
     @abstractmethod
     def widen_columns(self, db: str, name: str, types: dict[str, str]) -> None:
         """Give columns new (wider) Hive types: the table, its partitions and Spark's copy of the schema."""
+
+    @abstractmethod
+    def put_view(self, view: MetastoreView) -> None:
+        """Create the view, or replace the one of that name (never a table of that name)."""
+
+    @abstractmethod
+    def set_properties(self, db: str, name: str, properties: dict[str, str]) -> None:
+        """Set table properties of a table or view (others are kept)."""
 
     def table_location(self, db: str, name: str) -> str | None:
         t = self.get_table(db, name)
@@ -195,6 +218,60 @@ class Metastore(_Catalog):
         except self._t.TException as exc:
             raise MetastoreError(f"cannot change the column types of {db}.{name} to {types}: {exc}") from exc
         log.info("metastore: %s.%s columns now %s", db, name, types)
+
+    def put_view(self, view: MetastoreView) -> None:
+        t = self._t
+        existing = self.get_table(view.database, view.name)
+        if existing is not None and existing.tableType != "VIRTUAL_VIEW":
+            raise MetastoreError(
+                f"{view.database}.{view.name} is a table, not a view; drop or rename it so the view can be created"
+            )
+        sd = t.StorageDescriptor(
+            cols=[t.FieldSchema(name=n, type=ty, comment=None) for n, ty in view.columns],
+            location=None,
+            inputFormat=None,
+            outputFormat=None,
+            compressed=False,
+            numBuckets=-1,
+            serdeInfo=t.SerDeInfo(name=None, serializationLib=None, parameters={}),
+            bucketCols=[],
+            sortCols=[],
+            parameters={},
+        )
+        table = t.Table(
+            tableName=view.name,
+            dbName=view.database,
+            owner="cdc_compaction",
+            createTime=int(time.time()),
+            lastAccessTime=0,
+            retention=0,
+            sd=sd,
+            partitionKeys=[],
+            parameters=dict(view.parameters),
+            viewOriginalText=view.original_text,
+            viewExpandedText=view.expanded_text,
+            tableType="VIRTUAL_VIEW",
+        )
+        try:
+            if existing is None:
+                self._c.create_table(table)
+            else:
+                self._c.alter_table(view.database, view.name, table)
+        except t.TException as exc:
+            raise MetastoreError(f"cannot create view {view.database}.{view.name}: {exc}") from exc
+        log.info("metastore: view %s.%s (%s)", view.database, view.name, view.parameters.get("cdc.dialect"))
+
+    def set_properties(self, db: str, name: str, properties: dict[str, str]) -> None:
+        tbl = self.get_table(db, name)
+        if tbl is None:
+            raise MetastoreError(f"{db}.{name} does not exist in the metastore at {self.endpoint.uri}")
+        if all((tbl.parameters or {}).get(k) == v for k, v in properties.items()):
+            return
+        tbl.parameters = {**(tbl.parameters or {}), **properties}
+        try:
+            self._c.alter_table(db, name, tbl)
+        except self._t.TException as exc:
+            raise MetastoreError(f"cannot set properties of {db}.{name}: {exc}") from exc
 
     def partitions(self, db: str, name: str) -> dict[str, str]:
         """Partition value -> location of a table partitioned by one column."""
@@ -367,6 +444,42 @@ class GlueMetastore(_Catalog):
         version = {"VersionId": raw["VersionId"]} if raw.get("VersionId") else {}
         self._c.update_table(DatabaseName=db, TableInput=table_input, **version, **self._catalog)
         log.info("glue: %s.%s columns now %s", db, name, types)
+
+    def put_view(self, view: MetastoreView) -> None:
+        raw = self._raw(view.database, view.name)
+        if raw is not None and raw.get("TableType") != "VIRTUAL_VIEW":
+            raise MetastoreError(
+                f"{view.database}.{view.name} is a table, not a view; drop or rename it so the view can be created"
+            )
+        table_input = {
+            "Name": view.name,
+            "TableType": "VIRTUAL_VIEW",
+            "Owner": "cdc_compaction",
+            "Parameters": dict(view.parameters),
+            "ViewOriginalText": view.original_text,
+            "ViewExpandedText": view.expanded_text,
+            "PartitionKeys": [],
+            "StorageDescriptor": {
+                "Columns": [{"Name": n, "Type": t} for n, t in view.columns],
+                "SerdeInfo": {},
+            },
+        }
+        if raw is None:
+            self._c.create_table(DatabaseName=view.database, TableInput=table_input, **self._catalog)
+        else:
+            self._c.update_table(DatabaseName=view.database, TableInput=table_input, **self._catalog)
+        log.info("glue: view %s.%s (%s)", view.database, view.name, view.parameters.get("cdc.dialect"))
+
+    def set_properties(self, db: str, name: str, properties: dict[str, str]) -> None:
+        raw = self._raw(db, name)
+        if raw is None:
+            raise MetastoreError(f"{db}.{name} does not exist in the Glue Data Catalog {self.endpoint.uri}")
+        if all(raw.get("Parameters", {}).get(k) == v for k, v in properties.items()):
+            return
+        table_input = {k: copy.deepcopy(raw[k]) for k in _TABLE_INPUT_KEYS if k in raw}
+        table_input["Parameters"] = {**table_input.get("Parameters", {}), **properties}
+        version = {"VersionId": raw["VersionId"]} if raw.get("VersionId") else {}
+        self._c.update_table(DatabaseName=db, TableInput=table_input, **version, **self._catalog)
 
     def partitions(self, db: str, name: str) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -269,6 +269,51 @@ class PartitionBy(_Strict):
         return check_identifier(v, "partition_by column")
 
 
+class Views(_Strict):
+    """Which engines' views of the table are published, and where (README, "Readers")."""
+
+    #: Dialects of the views created in the metastore; the first gets <t>_view / <t>_pending_rejects,
+    #: each further one the same names with _<dialect> appended.
+    metastore: list[Literal["spark", "hive", "trino"]] = Field(default_factory=lambda: ["spark"], min_length=1)
+    #: The catalog Trino views name their tables in (Trino's Hive catalog; Athena: awsdatacatalog).
+    trino_catalog: str = "hive"
+    #: A .sql script or a .duckdb database file the DuckDB views are (re)written to.
+    duckdb: str | None = None
+
+    @field_validator("metastore")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"{v} lists a dialect twice")
+        return v
+
+    @field_validator("trino_catalog")
+    @classmethod
+    def _catalog(cls, v: str) -> str:
+        return check_identifier(v, "trino_catalog")
+
+    @field_validator("duckdb")
+    @classmethod
+    def _duckdb(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not _PATH_CHARS.match(v) or ".." in v.split("/"):
+            raise ValueError(f"{v!r} may only contain letters, digits and _ . / : - + = @, and no '..' segments")
+        if not v.endswith((".sql", ".duckdb", ".db")):
+            raise ValueError(f"{v!r} must end with .sql (a script) or .duckdb / .db (a DuckDB database file)")
+        if v.startswith(("s3://", "s3a://")) and not v.endswith(".sql"):
+            raise ValueError(f"{v!r}: a DuckDB database file must be local; on S3 write a .sql script")
+        return v
+
+
+class EventTime(_Strict):
+    """The column holding when the source made each change (freshness; README, "Freshness")."""
+
+    column: str
+    #: For an integer column: epoch seconds, milliseconds, microseconds or nanoseconds.
+    unit: Literal["s", "ms", "us", "ns"] = "ms"
+
+
 class TableConfig(_Strict):
     """One registry entry: everything the DAG for one table needs."""
 
@@ -300,6 +345,8 @@ class TableConfig(_Strict):
     on_extra_columns: Literal["fail", "ignore"] = "fail"
     spark: SparkSettings = Field(default_factory=SparkSettings)
     partition_by: PartitionBy | None = None
+    views: Views = Field(default_factory=Views)
+    event_time: EventTime | None = None
 
     @field_validator("lease_timeout")
     @classmethod
@@ -421,12 +468,45 @@ class TableConfig(_Strict):
         self._check_derived_names()
         if self.partition_by is not None:
             self._check_partition_by(names, types)
+        if self.event_time is not None:
+            kind = types.get(self.event_time.column)
+            if kind is None:
+                raise ValueError(f"event_time: column {self.event_time.column!r} is not among the columns {names}")
+            if kind not in _DATE_TYPES and kind not in {"tinyint", "smallint", "int", "bigint"}:
+                raise ValueError(
+                    f"event_time: column {self.event_time.column!r} has type {kind}; it needs a timestamp, a date "
+                    "or an integer count of time units since the epoch (with unit: s, ms, us or ns)"
+                )
+        if self.views.duckdb is not None and {"file_row_number", "filename"} & set(lower):
+            raise ValueError(
+                "views: DuckDB views cannot read a table with a column named filename or file_row_number "
+                "(DuckDB's own columns for a row's file and position); leave views.duckdb unset"
+            )
         return self
+
+    @property
+    def event_time_column(self) -> tuple[str, str | None] | None:
+        """(column, unit) of the source's event time: the registry's ``event_time``, else a ``ts_ms``
+        column (Debezium's), else the first timestamp column of ``order_by``; None if there is none.
+        The unit is None for a timestamp or date column."""
+        types = {c.name: c.type for c in self.columns}
+        if self.event_time is not None:
+            col = self.event_time.column
+            return col, None if types[col] in _DATE_TYPES else self.event_time.unit
+        if types.get("ts_ms") in {"bigint", "int"}:
+            return "ts_ms", "ms"
+        for c in self.order_by:
+            if types[c] in _DATE_TYPES:
+                return c, None
+        return None
 
     def _check_derived_names(self) -> None:
         from cdc_compaction.sql import table_names  # sql imports this module
 
-        longest = max(table_names(self).values(), key=len)
+        derived = list(table_names(self).values())
+        # Metastore views of further dialects: <t>_view_<dialect>, <t>_pending_rejects_<dialect>.
+        derived += [f"{n}_{d}" for d in self.views.metastore[1:] for n in derived]
+        longest = max(derived, key=len)
         if len(longest) > MAX_TABLE_NAME_CHARS:
             room = MAX_TABLE_NAME_CHARS - (len(longest) - len(self.table))
             raise ValueError(

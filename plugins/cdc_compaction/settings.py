@@ -22,6 +22,16 @@ METASTORE_CONN_ID = "metastore_default"
 DEFAULT_METASTORE_URI = "thrift://127.0.0.1:9083"
 
 
+#: The DAG that keeps every table's views fresh between compactions (README, "Readers").
+VIEW_REFRESH_DAG_ID = "cdc__views_refresh"
+
+
+def view_refresh_schedule() -> str | None:
+    """How often the view refresher runs: ``$CDC_VIEW_REFRESH_SCHEDULE`` (cron or preset; ``none`` turns it off)."""
+    value = os.environ.get("CDC_VIEW_REFRESH_SCHEDULE", "*/5 * * * *").strip()
+    return None if value.lower() in ("", "none", "off") else value
+
+
 def registry_dir() -> Path:
     """The registry directory: ``$CDC_REGISTRY_DIR`` or ``include/registry``."""
     return Path(os.environ.get("CDC_REGISTRY_DIR", INCLUDE_DIR / "registry"))

@@ -51,7 +51,8 @@ def schema_fingerprint(cfg: TableConfig) -> str:
         "op_column": cfg.op_column,
         "op_codes": cfg.op_codes.model_dump(),
         # 2: NaN ordering values are refused (nan_order_by): views made under 1 are re-created.
-        "rule_version": 2,
+        # 3: tombstones live in <t>_tombstones, not among the base table's rows: views read both.
+        "rule_version": 3,
     }
     # Only when set, so that unpartitioned tables keep the fingerprint they always had.
     if cfg.partition_by is not None:
@@ -76,6 +77,7 @@ class TableSqlContext:
     op_codes: Any
     op_codes_all: list[str]
     base_table: str
+    tombstones_table: str
     incremental_table: str
     compactor_table: str
     view_name: str
@@ -89,6 +91,7 @@ def table_names(cfg: TableConfig) -> dict[str, str]:
     t = cfg.table
     return {
         "base_table": f"{t}_base",
+        "tombstones_table": f"{t}_tombstones",
         "incremental_table": f"{t}_incremental",
         "compactor_table": f"{t}_compactor",
         "view_name": f"{t}_view",
@@ -178,12 +181,18 @@ def spark_schema_ddl(cfg: TableConfig) -> str:
 
 
 def create_statements(
-    cfg: TableConfig, *, base_location: str, incremental_location: str, compactor_location: str
+    cfg: TableConfig,
+    *,
+    base_location: str,
+    tombstones_location: str,
+    incremental_location: str,
+    compactor_location: str,
 ) -> list[str]:
-    """DDL that creates the database and the three tables (idempotent)."""
+    """DDL that creates the database and the four tables (idempotent)."""
     return [
         render("create_database.sql.j2", cfg),
         render("create_base.sql.j2", cfg, location=base_location),
+        render("create_tombstones.sql.j2", cfg, location=tombstones_location),
         render("create_incremental.sql.j2", cfg, location=incremental_location),
         render("create_compactor.sql.j2", cfg, location=compactor_location),
     ]
@@ -198,5 +207,10 @@ def set_fingerprint_statement(cfg: TableConfig, table: str, kind: str = "TABLE")
 
 
 def view_statements(cfg: TableConfig) -> list[str]:
-    """The deduplicating view and the pending-rejects view."""
-    return [render("view.sql.j2", cfg), render("rejects_view.sql.j2", cfg)]
+    """The Spark SQL views (the deduplicating view, then the pending-rejects view) as DDL.
+
+    Rendered by :mod:`cdc_compaction.dialects` from the same rule as every other dialect.
+    """
+    from cdc_compaction import dialects  # it renders through this module
+
+    return [dialects.spark_statement(cfg, v) for v in dialects.metastore_views(cfg) if v.dialect == "spark"]

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
-from cdc_compaction import sql
+from cdc_compaction import sql, views
 from cdc_compaction.engine import Engine
 from cdc_compaction.exceptions import (
     ArchiveError,
@@ -41,7 +41,18 @@ from cdc_compaction.exceptions import (
 from cdc_compaction.faults import fault_point
 from cdc_compaction.identifiers import normalize_hive_type
 from cdc_compaction.inputs import check_file, hive_widening, parquet_footer
-from cdc_compaction.lake import EMPTY_VERSION, Commit, Lake, PlannedFile, TableLease, deployment_id
+from cdc_compaction.lake import (
+    DATA_DIR,
+    EMPTY_VERSION,
+    LAYOUT,
+    TOMBSTONES_DIR,
+    Commit,
+    Lake,
+    PlannedFile,
+    TableLease,
+    deployment_id,
+    version_dir_of,
+)
 from cdc_compaction.landing import (
     Ignored,
     as_dicts,
@@ -107,8 +118,11 @@ def load_plan(rt: Runtime, plan_path: str) -> dict[str, Any]:
 
 
 def version_seq(location: str | None) -> int | None:
-    """The commit sequence number in a version directory's name (None for other locations)."""
-    m = _VERSION.match(posixpath.basename((location or "").rstrip("/")))
+    """The commit sequence number of the version a base location lies in (None for other locations).
+
+    Takes a version directory, its ``data``/``tombstones`` or a partition directory in them.
+    """
+    m = _VERSION.match(posixpath.basename(version_dir_of(location or "")))
     return int(m.group(1)) if m else None
 
 
@@ -118,12 +132,12 @@ def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
         _sync_base_partitions(rt, ms, commit)
         return
     db, base = rt.cfg.database, rt.names["base_table"]
-    target = rt.lake.layout.version_dir(commit.version)
+    target = rt.lake.data_location(commit)
     current = ms.table_location(db, base)
     if current is not None:
         seq = version_seq(current)
         # A slow retry of an older commit must not move readers back to an older version.
-        if seq is not None and seq > commit.seq and posixpath.dirname(current.rstrip("/")) == rt.lake.layout.base:
+        if seq is not None and seq > commit.seq and posixpath.dirname(version_dir_of(current)) == rt.lake.layout.base:
             _check_log_reaches(rt, seq, current)
             log.warning(
                 "%s: base is at %s, newer than commit %d; left alone", rt.cfg.qualified_name, current, commit.seq
@@ -131,9 +145,27 @@ def _sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
         else:
             ms.set_location(db, base, target)
             fault_point("publish.after_metastore_swap", rt.cfg.qualified_name)
+            _sync_tombstones(rt, ms, commit)
     # No pointer is needed before the first commit; after it, it only ever moves forward.
     if commit.seq > 0:
         rt.lake.advance_pointer(commit)
+
+
+def _sync_tombstones(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """Move the tombstones table to ``commit``'s tombstones, after the base moved (never before).
+
+    In that order every moment shows readers of the view a correct state: the new visible rows
+    with the old tombstones still hide what the commit deleted, and the commit's increments
+    stay registered until they are archived (README, "Crash safety").
+    """
+    db, tomb = rt.cfg.database, rt.names["tombstones_table"]
+    if ms.get_table(db, tomb) is None:
+        return  # created by ensure_tables, at the live tombstones
+    current = ms.table_location(db, tomb)
+    seq = version_seq(current)
+    if seq is not None and seq > commit.seq and posixpath.dirname(version_dir_of(current or "")) == rt.lake.layout.base:
+        return  # newer already: never backwards
+    ms.set_location(db, tomb, rt.lake.tombstones_location(commit))
 
 
 def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
@@ -148,7 +180,7 @@ def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
     cfg, lay = rt.cfg, rt.lake.layout
     db, base = cfg.database, rt.names["base_table"]
     registered = ms.partitions(db, base)
-    seqs = [version_seq(posixpath.dirname(loc)) or 0 for loc in registered.values() if loc.startswith(lay.base + "/")]
+    seqs = [version_seq(loc) or 0 for loc in registered.values() if loc.startswith(lay.base + "/")]
     if max(seqs, default=0) > commit.seq:
         _check_log_reaches(rt, max(seqs), f"the partitions of {base}")
         # A slow retry of an older commit must not move readers back to an older version.
@@ -160,6 +192,7 @@ def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
         ms.set_partitions(db, base, wanted)
         ms.drop_partitions(db, base, sorted(set(registered) - set(wanted)))
         fault_point("publish.after_metastore_swap", cfg.qualified_name)
+        _sync_tombstones(rt, ms, commit)
     if commit.seq > 0:
         rt.lake.advance_pointer(commit)
 
@@ -178,9 +211,7 @@ def check_storage_root(rt: Runtime, ms: Metastore) -> None:
         return
     shown = list(ms.partitions(db, base).values()) if cfg.partition_by is not None else [location]
     for loc in shown:
-        version_dir = loc.rstrip("/")
-        if cfg.partition_by is not None:
-            version_dir = posixpath.dirname(version_dir)
+        version_dir = version_dir_of(loc)
         seq = version_seq(version_dir)
         if not seq or posixpath.dirname(version_dir) == lay.base:
             continue
@@ -273,17 +304,16 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
     cfg, lay, st = rt.cfg, rt.lake.layout, rt.lake.storage
     db, names = cfg.database, rt.names
     fingerprint = sql.schema_fingerprint(cfg)
-    for d in (lay.version_dir(EMPTY_VERSION), lay.incremental, lay.staging):
+    for d in (lay.data_dir(EMPTY_VERSION), str(lay.tombstones_dir(EMPTY_VERSION)), lay.incremental, lay.staging):
         st.makedirs(d)
     statements: list[str] = []
     with connect(rt.metastore) as ms:
         check_storage_root(rt, ms)
         latest = rt.lake.latest_commit()
-        live = lay.version_dir(latest.version)
+        live = rt.lake.data_location(latest)
         tables = {
-            names["base_table"]: ms.get_table(db, names["base_table"]),
-            names["incremental_table"]: ms.get_table(db, names["incremental_table"]),
-            names["compactor_table"]: ms.get_table(db, names["compactor_table"]),
+            names[role]: ms.get_table(db, names[role])
+            for role in ("base_table", "tombstones_table", "incremental_table", "compactor_table")
         }
         widened: dict[str, dict[str, str]] = {}
         base_t = tables[names["base_table"]]
@@ -300,6 +330,7 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             statements += sql.create_statements(
                 cfg,
                 base_location=lay.base if cfg.partition_by is not None else live,
+                tombstones_location=rt.lake.tombstones_location(latest),
                 incremental_location=lay.incremental,
                 compactor_location=lay.staging,
             )
@@ -307,6 +338,8 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             if t is None or (t.parameters or {}).get("cdc.fingerprint") == fingerprint:
                 continue
             extra = META_COLUMNS if name != names["incremental_table"] else ["_cdc_increment"]
+            if name == names["tombstones_table"]:
+                extra = [*META_COLUMNS, PARTITION_COLUMN]
             missing, widen = _check_columns(rt, name, list(t.sd.cols), extra)
             widened[name] = widen
             if missing:
@@ -317,12 +350,14 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
                 # Spark SQL cannot change a column's type; the metastore can (Spark's schema too).
                 log.warning("%s: widening %s of %s", cfg.qualified_name, widen, name)
                 ms.widen_columns(db, name, widen)
-        # Stale views go in the same submission: one JVM for all DDL of a run, not two.
-        views = _stale_views(rt, ms)
-        if statements or views:
-            statements += sql.view_statements(cfg) if views else []
+        # Stale Spark views go in the same submission: one JVM for all DDL of a run, not two.
+        stale = views.stale(rt, ms)
+        statements += views.spark_statements(rt, stale)
+        if statements:
             log.info("%s: running %d DDL statements", cfg.qualified_name, len(statements))
             rt.engine.run_sql(cfg, statements)
+        # Hive and Trino views go straight to the metastore (after the tables they read exist).
+        views.put_other_views(rt, ms, stale)
         # The registry's storage root is the truth: follow it if it moved.
         inc_table = names["incremental_table"]
         if tables[inc_table] is not None and ms.table_location(db, inc_table) != lay.incremental:
@@ -354,6 +389,9 @@ class Pending:
     waiting: list[dict[str, str]] = field(default_factory=list)
     #: Landed files and directories a run never takes, with the reason and what to do.
     ignored: list[Ignored] = field(default_factory=list)
+    #: The readable data files of the increments in ``dirs`` (waiting ones too), minus excluded ones:
+    #: what the views show besides the base.
+    view_files: list[PlannedFile] = field(default_factory=list)
 
 
 def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
@@ -387,6 +425,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
             log.info("%s: %s %s; not complete, not planned yet", cfg.qualified_name, path, waits)
             out.waiting.append({"increment": name, "path": path, "reason": waits})
         refused = list(listing.unplanned_but_readable())
+        shown: list[PlannedFile] = []
         for e in data:
             if f"{name}/{e.name}" in exclude:
                 continue
@@ -399,12 +438,14 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
                 rows=check.rows,
                 ignored_columns=tuple(check.ignored_columns),
                 missing_columns=tuple(check.missing_columns),
+                newest_event=check.newest_event.isoformat() if check.newest_event else "",
             )
             if check.problem is not None:
                 refused.append((e.path, check.problem))
                 if waits is None:
                     out.bad.append((f, check.problem))
                 continue
+            shown.append(f)
             if waits is not None:
                 continue
             if check.ignored_columns or check.missing_columns:
@@ -421,6 +462,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
             out.held_back += [{"increment": name, "path": p, "reason": r} for p, r in refused]
         else:
             out.dirs[name] = path
+            out.view_files += shown
     return out
 
 
@@ -516,9 +558,7 @@ def output_sizing(rt: Runtime, latest: Commit, files: list[PlannedFile]) -> dict
     ``max_records_per_file`` caps a file at twice the target's rows (no giant files).
     """
     base_bytes = sum(
-        e.size
-        for e in rt.lake.storage.list_dir(rt.lake.layout.version_dir(latest.version))
-        if not e.is_dir and is_data_file(e.name)
+        e.size for e in rt.lake.storage.list_dir(rt.lake.data_location(latest)) if not e.is_dir and is_data_file(e.name)
     )
     rows = int(latest.stats.get("output_rows", 0)) + sum(f.rows for f in files)
     size = base_bytes + sum(f.size for f in files)
@@ -586,7 +626,7 @@ def _plan_under_lease(
         pending = pending_files(rt, now, committed)
         files = pending.files
         # Before a bad file can fail the plan: the view must keep answering without it.
-        sync_view_partitions(rt, ms, pending)
+        views.sync(rt, ms, pending, latest, drop_gone=False)
         report_landing(rt, pending, on_ignored)
         quarantined = set_aside_bad_files(rt, plan_id, pending.bad)
         if quarantined and on_quarantined is not None:
@@ -607,7 +647,12 @@ def _plan_under_lease(
         "parent_version": latest.version,
         "base_rows": int(latest.stats.get("output_rows", 0)),
         "version": version,
-        "base_location": lake.layout.version_dir(latest.version),
+        # Layout 2 (README, "Crash safety"): the live visible rows and, apart, its tombstones;
+        # a live version of layout 1 holds both in base_location.
+        "base_layout": latest.layout,
+        "base_location": lake.data_location(latest),
+        "base_tombstones_location": lake.layout.tombstones_dir(latest.version, latest.layout),
+        "base_tombstones": int(latest.stats.get("output_tombstones", 0)),
         # Each attempt of the job writes <output_location>-<attempt> (never into a committed version).
         "output_location": lake.layout.version_dir(version),
         "quarantine_location": lake.layout.quarantine_dir(version),
@@ -687,15 +732,29 @@ def _partition_dir_value(name: str) -> str | None:
     return unquote(name[len(_PARTITION_DIR) :]) if name.startswith(_PARTITION_DIR) else None
 
 
-def _output_files(storage: Storage, out: str) -> dict[str, int]:
-    """Data files of a version directory by name; those in its partition directories as ``<dir>/<file>``."""
-    files = {}
-    for e in storage.list_dir(out):
-        if not e.is_dir and is_data_file(e.name):
-            files[e.name] = e.size
-        elif e.is_dir and _partition_dir_value(e.name) is not None:
-            files.update({f"{e.name}/{f.name}": f.size for f in storage.list_dir(e.path) if is_data_file(f.name)})
-    return files
+def _output_files(storage: Storage, out: str) -> tuple[dict[str, int], list[str]]:
+    """A layout-2 version directory's files: (data files by ``data/…``/``tombstones/…`` name, anything else).
+
+    Partition directories' files are named ``data/<dir>/<file>``.  Anything else inside
+    ``data/`` or ``tombstones/`` (a ``_SUCCESS`` marker, ``.crc`` checksums, a stray
+    directory) is returned apart: a reader's glob of the location would pick it up.
+    """
+    files: dict[str, int] = {}
+    other: list[str] = []
+
+    def walk(path: str, rel: str, partitions: bool) -> None:
+        for e in storage.list_dir(path):
+            name = f"{rel}/{e.name}"
+            if not e.is_dir and is_data_file(e.name):
+                files[name] = e.size
+            elif e.is_dir and partitions and _partition_dir_value(e.name) is not None:
+                walk(e.path, name, False)
+            else:
+                other.append(name + ("/" if e.is_dir else ""))
+
+    walk(posixpath.join(out, DATA_DIR), DATA_DIR, True)
+    walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
+    return files, other
 
 
 def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None, out: str) -> list[str]:
@@ -704,18 +763,26 @@ def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit
     touched = set(stats.get("partitions_touched", []))
     parent_map = p.get("base_partitions") or {}
     parent_rows = sum(int(((parent.partition_rows if parent else None) or {}).get(v, 0)) for v in touched)
+    # Layout 2 keeps a partitioned table's tombstones apart, and the job ranks all of them.
+    if parent is not None and parent.layout >= 2:
+        parent_rows += int(parent.stats.get("output_tombstones", 0))
     if stats["base_rows"] != parent_rows:
         problems.append(
             f"the job read {stats['base_rows']} base rows from the {len(touched & set(parent_map))} partitions it "
-            f"touched, but they hold {parent_rows} in version {p['parent_version']}"
+            f"touched and the tombstones, but they hold {parent_rows} in version {p['parent_version']}"
+        )
+    if int(p.get("base_layout", 1)) < 2 and not set(parent_map) <= touched:
+        problems.append(
+            f"the live version has layout 1 (tombstones inside its partitions), so every partition must be "
+            f"rewritten once, but {sorted(set(parent_map) - touched)} were not"
         )
     written = stats.get("partitions", {})
     if not set(written) <= touched:
         problems.append(f"the job wrote partitions {sorted(set(written) - touched)} it did not report as touched")
-    out = out.rstrip("/")
-    outside = sorted(v for v, loc in written.items() if posixpath.dirname(loc.rstrip("/")) != out)
+    data = posixpath.join(out.rstrip("/"), DATA_DIR)
+    outside = sorted(v for v, loc in written.items() if posixpath.dirname(loc.rstrip("/")) != data)
     if outside:
-        problems.append(f"partitions {outside} were reported outside the new version directory {out}")
+        problems.append(f"partitions {outside} were reported outside the new version's data directory {data}")
     if stats.get("partitions_reused") != len(set(parent_map) - touched):
         problems.append(
             f"the job reports {stats.get('partitions_reused')} reused partitions, "
@@ -796,8 +863,15 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     problems: list[str] = []
     if stats.get("plan_id") != p["plan_id"]:
         problems.append(f"stats belong to plan {stats.get('plan_id')}, not {p['plan_id']}")
+    if stats.get("layout") != LAYOUT:
+        problems.append(f"the job wrote layout {stats.get('layout', 1)}, this version of the package expects {LAYOUT}")
     if stats["duplicate_keys"]:
-        problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output")
+        problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output (tombstones included)")
+    if stats.get("misplaced_rows", 0):
+        problems.append(
+            f"{stats['misplaced_rows']} rows are on the wrong side: deletes among the visible rows or "
+            "upserts among the tombstones"
+        )
     expected = (
         stats["base_rows"]
         + stats["increment_rows"]
@@ -827,14 +901,17 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     planned_rows = sum(int(f["rows"]) for f in p["files"])
     if planned_rows != stats["increment_rows"]:
         problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files held {planned_rows}")
-    # What is on storage must be what the job reported, with the expected schema.
-    on_disk = _output_files(lake.storage, out)
+    # What is on storage must be what the job reported, with the expected schema, and nothing else
+    # where readers glob: the data and tombstones directories hold Parquet data files only.
+    on_disk, other = _output_files(lake.storage, out)
+    if other:
+        problems.append(f"{out} holds files that are not data files where readers read: {sorted(other)}")
     reported = {f["name"]: f["size"] for f in stats["output_files"]}
     if on_disk != reported:
         problems.append(
             f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}"
         )
-    footer_rows = 0
+    footer_rows = {DATA_DIR: 0, TOMBSTONES_DIR: 0}
     footer_rows_by_partition: dict[str, int] = {}
     want = [(c.name, c.type) for c in cfg.columns] + [
         ("_cdc_increment", "string"),
@@ -842,20 +919,32 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         ("_cdc_pos", "bigint"),
         ("_cdc_ingested_at", "timestamp"),
     ]
+    # Tombstones keep their partition as a column; data files have it in their directory name.
+    want_tomb = want + ([(PARTITION_COLUMN, "string")] if p.get("partition_by") else [])
     for name in sorted(on_disk):
         rows, schema = _footer(lake.storage, posixpath.join(out, name))
-        footer_rows += rows
-        if "/" in name:
-            value = _partition_dir_value(name.split("/", 1)[0]) or ""
+        kind, _, rest = name.partition("/")
+        footer_rows[kind] += rows
+        if kind == DATA_DIR and "/" in rest:
+            value = _partition_dir_value(rest.split("/", 1)[0]) or ""
             footer_rows_by_partition[value] = footer_rows_by_partition.get(value, 0) + rows
+        expect = want_tomb if kind == TOMBSTONES_DIR else want
         got = [(f.name, str(f.type)) for f in schema]
-        if [n for n, _ in got] != [n for n, _ in want] or not all(
-            _arrow_type_ok(h, a) for (_, h), (_, a) in zip(want, got, strict=True)
+        if [n for n, _ in got] != [n for n, _ in expect] or not all(
+            _arrow_type_ok(h, a) for (_, h), (_, a) in zip(expect, got, strict=True)
         ):
-            problems.append(f"{name} has schema {got}, expected {want}")
+            problems.append(f"{name} has schema {got}, expected {expect}")
             break
-    if footer_rows != stats["output_rows"]:
-        problems.append(f"Parquet footers hold {footer_rows} rows, the job reported {stats['output_rows']}")
+    if footer_rows[DATA_DIR] != stats["output_visible_rows"]:
+        problems.append(
+            f"Parquet footers of {DATA_DIR}/ hold {footer_rows[DATA_DIR]} rows, "
+            f"the job reported {stats['output_visible_rows']} visible rows"
+        )
+    if footer_rows[TOMBSTONES_DIR] != stats["output_tombstones"]:
+        problems.append(
+            f"Parquet footers of {TOMBSTONES_DIR}/ hold {footer_rows[TOMBSTONES_DIR]} rows, "
+            f"the job reported {stats['output_tombstones']} tombstones"
+        )
     if p.get("partition_by") and footer_rows_by_partition != stats.get("partition_rows"):
         problems.append(
             f"rows per partition in the Parquet footers {footer_rows_by_partition} differ from the job's "
@@ -870,7 +959,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         )
     with connect(rt.metastore) as ms:
         # Let people inspect the staged output through the compactor table.
-        ms.set_location(cfg.database, rt.names["compactor_table"], out)
+        ms.set_location(cfg.database, rt.names["compactor_table"], posixpath.join(out, DATA_DIR))
     marker = {"plan_id": p["plan_id"], "seq": p["seq"], "version": version, "validated_at": utcnow().isoformat()}
     lake.storage.write_text(lake.layout.validated_path(p["plan_id"]), json.dumps(marker, indent=1, sort_keys=True))
     log.info("%s: version %s validated (%d rows)", cfg.qualified_name, version, stats["output_rows"])
@@ -911,6 +1000,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             increments=p["increments"],
             stats={k: v for k, v in stats.items() if k != "output_files"},
             committed_at=(now or utcnow()).isoformat(),
+            layout=int(stats["layout"]),
+            freshness=views.commit_freshness(latest, p["increments"], p["files"]),
         )
         if p.get("partition_by"):
             commit.partitions, commit.partition_rows = next_partitions(latest, stats)
@@ -928,11 +1019,21 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         )
     with connect(rt.metastore) as ms:
         # Roll forward to the newest commit: normally this one, after a slow retry a later one.
-        _sync_base_location(rt, ms, lake.latest_commit())
-    fault_point("publish.after_pointer", cfg.qualified_name)
+        live = lake.latest_commit()
+        _sync_base_location(rt, ms, live)
+        fault_point("publish.after_pointer", cfg.qualified_name)
+        # The views stop reading the increments the base now holds (before archive deletes them):
+        # every engine, DuckDB too, then reads each event once.
+        committed = {f"{f['increment']}/{f['name']}" for f in live.files}
+        shown = views.sync(rt, ms, pending_files(rt, utcnow(), committed), live, drop_gone=True)
     Quarantine(lake).record_rows(existing.version, existing.seq, existing.stats)
     removed = cleanup_versions(rt, existing.seq)
-    return {"seq": existing.seq, "version": existing.version, "removed_versions": removed}
+    return {
+        "seq": existing.seq,
+        "version": existing.version,
+        "removed_versions": removed,
+        "freshness": {"base": existing.freshness or {}, "view": shown["freshness"]},
+    }
 
 
 def next_partitions(parent: Commit, stats: dict[str, Any]) -> tuple[dict[str, str], dict[str, int]]:
@@ -955,22 +1056,26 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     keep = {c.version for c in kept}
     # Partitioned tables reuse untouched partitions by reference: an older version's directory
     # stays as long as a kept commit names one of its partitions, with only those partitions.
+    # (layout 1: base/<v>/_cdc_partition=x; layout 2: base/<v>/data/_cdc_partition=x).
     referenced = {loc.rstrip("/") for c in kept for loc in (c.partitions or {}).values()}
     by_reference = {
-        posixpath.basename(posixpath.dirname(loc))
+        posixpath.basename(version_dir_of(loc))
         for loc in referenced
-        if posixpath.dirname(posixpath.dirname(loc)) == lake.layout.base
+        if posixpath.dirname(version_dir_of(loc)) == lake.layout.base
     } - keep
     removed = []
     for e in lake.storage.list_dir(lake.layout.base):
         m = _VERSION.match(e.name)
         if e.is_dir and e.name in by_reference:
             version_dir = lake.layout.version_dir(e.name)
-            for sub in lake.storage.list_dir(version_dir):
-                path = posixpath.join(version_dir, sub.name)
-                if sub.is_dir and _partition_dir_value(sub.name) is not None and path not in referenced:
-                    lake.storage.delete_tree(path)
-                    removed.append(f"{e.name}/{sub.name}")
+            # Only the referenced partitions stay; its tombstones belong to no kept commit.
+            for parent in (version_dir, posixpath.join(version_dir, DATA_DIR)):
+                for sub in lake.storage.list_dir(parent):
+                    path = posixpath.join(parent, sub.name)
+                    unreferenced = _partition_dir_value(sub.name) is not None and path not in referenced
+                    if sub.is_dir and (unreferenced or (parent == version_dir and sub.name == TOMBSTONES_DIR)):
+                        lake.storage.delete_tree(path)
+                        removed.append(f"{e.name}/{path[len(version_dir) + 1 :]}")
             continue
         # The empty genesis version stays: ensure_tables points new tables at it.
         if not e.is_dir or e.name in keep or e.name == EMPTY_VERSION or m is None:
@@ -1114,47 +1219,67 @@ def archive(rt: Runtime, plan_path: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- refresh view
-def _stale_views(rt: Runtime, ms: Metastore) -> list[str]:
-    """The table's views that are missing or were made from another registry schema."""
-    fingerprint = sql.schema_fingerprint(rt.cfg)
-    names = rt.names
-    return [
-        v
-        for v in (names["view_name"], names["rejects_view"])
-        if ms.table_property(rt.cfg.database, v, "cdc.fingerprint") != fingerprint
-    ]
+def refresh_pending(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
+    """The view refresher's step: show newly landed increments in the views, between compactions.
+
+    Registers them, rewrites the DuckDB views and records freshness -- metadata calls only, no
+    Spark.  While a run holds the table's lease it does nothing: that run registers what it
+    leaves pending when it ends, and staying out of its way keeps the two from undoing each
+    other's registrations.
+    """
+    now = now or utcnow()
+    held = TableLease(rt.lake).current()
+    if held is not None and not held.released and not held.expired(now):
+        log.info("%s: a run holds the table (%s); it refreshes the views itself", rt.cfg.qualified_name, held.owner)
+        return {"skipped": f"a run holds the table: {held.describe()}"}
+    latest = rt.lake.latest_commit()
+    committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
+    pending = pending_files(rt, now, committed)
+    pending.dirs = {k: v for k, v in pending.dirs.items() if rt.lake.storage.list_dir(v)}
+    with connect(rt.metastore) as ms:
+        shown = views.sync(rt, ms, pending, latest, drop_gone=True)
+    if pending.held_back:
+        shown["held_back"] = pending.held_back
+    return shown
 
 
 def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
-    """Register pending increments as partitions and (re)create the views if they changed.
+    """Show readers what the landing area holds now: register pending increments, rewrite the
+    DuckDB views, record freshness, and (re)create the views if they changed.
 
     An increment holding a file the plan would refuse (:func:`check_file`) or one Spark
     would read but no plan takes is held back: not registered (dropped if it was), listed
     in the result, the log and ``_cdc/view_held_back.json``.  The view keeps answering
-    with every other increment.
+    with every other increment.  The view refresher DAG runs this every few minutes.
     """
     cfg = rt.cfg
-    pending = pending_files(rt, utcnow(), set())
+    latest = rt.lake.latest_commit()
+    committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
+    pending = pending_files(rt, utcnow(), committed)
     # Empty directories (an archived increment being removed) have nothing to show.
     pending.dirs = {k: v for k, v in pending.dirs.items() if rt.lake.storage.list_dir(v)}
     with connect(rt.metastore) as ms:
-        synced = sync_view_partitions(rt, ms, pending, drop_gone=True)
-        stale = _stale_views(rt, ms)
-    rt.lake.storage.write_text(
-        view_report_path(rt.lake.layout.control),
-        json.dumps(
-            {"table": cfg.qualified_name, "checked_at": utcnow().isoformat(), "held_back": pending.held_back},
-            indent=1,
-            sort_keys=True,
-        ),
-    )
-    fault_point("refresh_view.after_partitions", cfg.qualified_name)
-    if stale or force:
-        rt.engine.run_sql(cfg, sql.view_statements(cfg))
+        shown = views.sync(rt, ms, pending, latest, drop_gone=True)
+        stale = views.stale(rt, ms)
+        rt.lake.storage.write_text(
+            view_report_path(rt.lake.layout.control),
+            json.dumps(
+                {"table": cfg.qualified_name, "checked_at": utcnow().isoformat(), "held_back": pending.held_back},
+                indent=1,
+                sort_keys=True,
+            ),
+        )
+        fault_point("refresh_view.after_partitions", cfg.qualified_name)
+        if force:
+            stale = views.dialects.metastore_views(cfg)
+        if stale:
+            views.recreate(rt, ms, stale)
     result: dict[str, Any] = {
-        "partitions_added": synced["added"],
-        "partitions_dropped": synced["dropped"],
-        "views_recreated": bool(stale or force),
+        "partitions_added": shown["partitions_added"],
+        "partitions_dropped": shown["partitions_dropped"],
+        "views_recreated": sorted(v.name for v in stale),
+        "duckdb_views": shown["duckdb_views"],
+        "freshness": shown["freshness"],
     }
     if pending.held_back:
         result["held_back"] = pending.held_back

@@ -1,0 +1,231 @@
+"""Keeping what readers query current: the views in each dialect, the pending partitions, freshness.
+
+A table's readers see three things besides the base table: the views (``<t>_view``,
+``<t>_pending_rejects``, in the metastore in every dialect ``views.metastore`` lists, and
+for DuckDB in ``views.duckdb``), the increments registered under ``<t>_incremental`` that
+those views read, and how fresh each is.  :func:`sync` brings all of them to what the
+landing area holds now; ``plan``, ``publish``, ``refresh_view`` and the view refresher
+DAG call it (README, "Readers").
+
+Freshness is recorded as table properties (``cdc.freshness.*``) of ``<t>_base`` and of
+every ``<t>_view``, and in ``_cdc/freshness.json``:
+
+* ``base``: the newest increment and source event time a commit took, the commit and when;
+* ``view``: the newest increment the views show and the newest source event time in it,
+  and when that was checked.
+
+Event times come from the Parquet footers' statistics of the registry's event time
+column (``event_time``, else ``ts_ms``, else the first timestamp of ``order_by``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cdc_compaction import dialects, duckdb_views
+from cdc_compaction.dialects import ViewDef
+from cdc_compaction.lake import Commit
+from cdc_compaction.metastore import Metastore, MetastoreView
+from cdc_compaction.storage import is_data_file
+
+if TYPE_CHECKING:  # tasks imports this module
+    from cdc_compaction.tasks import Pending, Runtime
+
+log = logging.getLogger(__name__)
+
+#: Side channels that failed (DuckDB views, freshness properties): counted, never fatal.
+FAILURES: dict[str, int] = {}
+
+
+def _count_failure(what: str, table: str) -> None:
+    FAILURES[what] = FAILURES.get(what, 0) + 1
+    try:
+        from airflow.sdk import Stats
+
+        Stats.incr(f"cdc_compaction.{what}_failed", tags={"table": table})
+    except Exception:
+        log.debug("could not count %s", what, exc_info=True)
+
+
+# --------------------------------------------------------------------- metastore views
+def stale(rt: Runtime, ms: Metastore) -> list[ViewDef]:
+    """The metastore views that are missing, of another dialect, or made from another registry schema."""
+    out = []
+    for view in dialects.metastore_views(rt.cfg):
+        t = ms.get_table(view.database, view.name)
+        params = (t.parameters or {}) if t is not None else {}
+        if (
+            params.get("cdc.fingerprint") != view.properties["cdc.fingerprint"]
+            or params.get("cdc.dialect", "spark") != view.dialect
+        ):
+            out.append(view)
+    return out
+
+
+def spark_statements(rt: Runtime, views: list[ViewDef]) -> list[str]:
+    """The Spark views among ``views`` as DDL for the Spark engine (one submission with other DDL)."""
+    return [dialects.spark_statement(rt.cfg, v) for v in views if v.dialect == "spark"]
+
+
+def put_other_views(rt: Runtime, ms: Metastore, views: list[ViewDef]) -> list[str]:
+    """Create the Hive and Trino views among ``views`` through the metastore API (no engine needed)."""
+    done = []
+    for v in views:
+        if v.dialect == "spark":
+            continue
+        if v.dialect == "hive":
+            mv = MetastoreView(
+                database=v.database,
+                name=v.name,
+                columns=v.columns,
+                original_text=v.query,
+                expanded_text=v.query,
+                parameters={**v.properties, "comment": v.comment},
+            )
+        else:
+            mv = MetastoreView(
+                database=v.database,
+                name=v.name,
+                # Trino keeps a view's columns in its own text; the metastore gets a placeholder column.
+                columns=[("dummy", "string")],
+                original_text=dialects.trino_view_text(v, rt.cfg.views.trino_catalog),
+                expanded_text=dialects.PRESTO_VIEW_EXPANDED,
+                parameters={**v.properties, "presto_view": "true", "comment": "Presto View"},
+            )
+        ms.put_view(mv)
+        done.append(v.name)
+    return done
+
+
+def recreate(rt: Runtime, ms: Metastore, views: list[ViewDef]) -> None:
+    """Create ``views``: the Spark ones with one Spark submission, the others through the metastore."""
+    statements = spark_statements(rt, views)
+    if statements:
+        rt.engine.run_sql(rt.cfg, statements)
+    put_other_views(rt, ms, views)
+
+
+# ------------------------------------------------------------------------- freshness
+def _iso(value: datetime | None) -> str:
+    return value.astimezone(UTC).isoformat() if value is not None else ""
+
+
+def newest(*values: str | None) -> str:
+    """The greatest of ISO timestamps or increment names (empty ones ignored)."""
+    return max((v for v in values if v), default="")
+
+
+def commit_freshness(parent: Commit | None, increments: list[str], files: list[dict[str, Any]]) -> dict[str, str]:
+    """What a commit makes the base hold at the newest: the parent's, or what its files bring."""
+    before = (parent.freshness if parent is not None else None) or {}
+    return {
+        "increment": newest(before.get("increment"), *increments),
+        "event_time": newest(before.get("event_time"), *(f.get("newest_event", "") for f in files)),
+    }
+
+
+def base_properties(commit: Commit) -> dict[str, str]:
+    f = commit.freshness or {}
+    return {
+        "cdc.freshness.base.commit": str(commit.seq),
+        "cdc.freshness.base.committed_at": commit.committed_at,
+        "cdc.freshness.base.increment": f.get("increment", ""),
+        "cdc.freshness.base.event_time": f.get("event_time", ""),
+    }
+
+
+def view_freshness(commit: Commit, pending: Pending, now: datetime) -> dict[str, str]:
+    base = commit.freshness or {}
+    shown = [f for f in pending.view_files]
+    return {
+        "increment": newest(base.get("increment"), *pending.dirs),
+        "event_time": newest(base.get("event_time"), *(f.newest_event for f in shown)),
+        "checked_at": now.astimezone(UTC).isoformat(),
+    }
+
+
+def freshness_path(rt: Runtime) -> str:
+    return posixpath.join(rt.lake.layout.control, "freshness.json")
+
+
+def record_freshness(rt: Runtime, ms: Metastore, commit: Commit, view: dict[str, str] | None) -> dict[str, Any]:
+    """Write freshness where readers look: table properties and ``_cdc/freshness.json``."""
+    cfg = rt.cfg
+    doc: dict[str, Any] = {"table": cfg.qualified_name, "base": {**(commit.freshness or {}), "commit": commit.seq}}
+    props = {"base": base_properties(commit)}
+    if view is not None:
+        doc["view"] = view
+        props["view"] = {f"cdc.freshness.view.{k}": v for k, v in view.items()}
+    try:
+        ms.set_properties(cfg.database, rt.names["base_table"], props["base"])
+        if "view" in props:
+            for names in dialects.view_names(cfg).values():
+                if ms.get_table(cfg.database, names["view"]) is not None:
+                    ms.set_properties(cfg.database, names["view"], props["view"])
+        old = {}
+        if rt.lake.storage.exists(freshness_path(rt)):
+            try:
+                old = json.loads(rt.lake.storage.read_text(freshness_path(rt)))
+            except ValueError:
+                old = {}
+        rt.lake.storage.write_text(freshness_path(rt), json.dumps({**old, **doc}, indent=1, sort_keys=True))
+    except Exception:
+        log.exception("%s: could not record freshness %s", cfg.qualified_name, doc)
+        _count_failure("freshness", cfg.qualified_name)
+    return doc
+
+
+# ----------------------------------------------------------------------------- sync
+def duckdb_files(rt: Runtime, commit: Commit, pending: Pending) -> duckdb_views.Files:
+    """The files the DuckDB views read: the live version's and the pending increments' shown ones."""
+    st, lake = rt.lake.storage, rt.lake
+    locations = list((commit.partitions or {}).values()) or [lake.data_location(commit)]
+    data = sorted(e.path for loc in locations for e in st.list_dir(loc) if not e.is_dir and is_data_file(e.name))
+    tomb_dir = lake.layout.tombstones_dir(commit.version, commit.layout)
+    tombs = sorted(e.path for e in st.list_dir(tomb_dir) if not e.is_dir and is_data_file(e.name)) if tomb_dir else []
+    files = sorted(pending.view_files, key=lambda f: f.path)
+    columns = {c.name for c in rt.cfg.columns}
+    missing = set.intersection(*(set(f.missing_columns) for f in files)) if files else set()
+    return duckdb_views.Files(
+        data=data,
+        tombstones=tombs,
+        pending=[f.path for f in files],
+        missing_columns=missing & columns,
+        tombstones_in_data=commit.layout < 2,
+        commit=commit.seq,
+    )
+
+
+def write_duckdb(rt: Runtime, commit: Commit, pending: Pending) -> str | None:
+    """(Re)write the DuckDB views; a failure is logged and counted, never raised."""
+    if rt.cfg.views.duckdb is None:
+        return None
+    try:
+        return duckdb_views.write(rt.cfg, duckdb_files(rt, commit, pending), rt.lake.storage)
+    except Exception:
+        log.exception(
+            "%s: could not write the DuckDB views to %s; they keep their previous definition until the next refresh",
+            rt.cfg.qualified_name,
+            rt.cfg.views.duckdb,
+        )
+        _count_failure("duckdb_views", rt.cfg.qualified_name)
+        return None
+
+
+def sync(rt: Runtime, ms: Metastore, pending: Pending, commit: Commit, drop_gone: bool) -> dict[str, Any]:
+    """Make every view show ``pending`` over ``commit``: partitions, DuckDB views, freshness."""
+    from cdc_compaction.tasks import sync_view_partitions, utcnow
+
+    synced = sync_view_partitions(rt, ms, pending, drop_gone=drop_gone)
+    duck = write_duckdb(rt, commit, pending)
+    fresh = record_freshness(rt, ms, commit, view_freshness(commit, pending, utcnow()))
+    return {
+        "partitions_added": synced["added"],
+        "partitions_dropped": synced["dropped"],
+        "duckdb_views": duck,
+        "freshness": fresh.get("view", {}),
+    }

@@ -1,0 +1,138 @@
+"""Fresh views between compactions, and how fresh each thing a reader queries is.
+
+The view refresher (DAG ``cdc__views_refresh``, step ``tasks.refresh_pending``) shows
+newly landed increments in every view within its schedule, with metastore calls only,
+and stays out of a run's way; freshness is recorded as table properties of the base and
+the views, in ``_cdc/freshness.json``, and in the publish task's result.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from conftest import compact_once
+
+from cdc_compaction import tasks
+from cdc_compaction.conformance import land
+from cdc_compaction.lake import TableLease
+from cdc_compaction.metastore import connect
+from cdc_compaction.sql import table_names
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+def _ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def _rows(*rows: tuple[Any, ...]) -> list[dict[str, Any]]:
+    return [dict(zip(["id", "full_name", "op", "ts_ms"], r, strict=True)) for r in rows]
+
+
+def _props(rt: tasks.Runtime, table: str) -> dict[str, str]:
+    with connect(rt.metastore) as ms:
+        t = ms.get_table(rt.cfg.database, table)
+        return {k: v for k, v in (t.parameters or {}).items() if k.startswith("cdc.freshness.")}
+
+
+def _view(spark: Any, rt: tasks.Runtime) -> dict[int, str]:
+    name = f"`{rt.cfg.database}`.`{table_names(rt.cfg)['view_name']}`"
+    for role in ("base_table", "tombstones_table", "incremental_table"):
+        spark.catalog.refreshTable(f"`{rt.cfg.database}`.`{table_names(rt.cfg)[role]}`")
+    return {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {name}").collect()}
+
+
+def _duckdb_view(rt: tasks.Runtime) -> dict[int, str]:
+    with duckdb.connect() as con:
+        con.execute(Path(str(rt.cfg.views.duckdb)).read_text())
+        rows = con.execute(f'SELECT id, full_name FROM "{rt.cfg.database}"."{rt.cfg.table}_view"').fetchall()
+    return dict(rows)
+
+
+def test_new_increments_reach_the_views_without_a_compaction(
+    make_cfg: Any, runtime: Any, spark: Any, tmp_path: Path
+) -> None:
+    rt = runtime(make_cfg(views={"duckdb": str(tmp_path / "duck" / "views.sql")}))
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", _ms(T0)), (2, "Bob", "c", _ms(T0)))])
+    compact_once(rt, "run-1")
+    tasks.refresh_view(rt)
+    base_props = {
+        "cdc.freshness.base.commit": "1",
+        "cdc.freshness.base.increment": "increment_2026112210",
+        "cdc.freshness.base.event_time": T0.isoformat(),
+    }
+    got = _props(rt, table_names(rt.cfg)["base_table"])
+    assert {k: got[k] for k in base_props} == base_props
+
+    # An increment lands after the run: before this release the views showed it only at the next run.
+    later = T0 + timedelta(hours=1, minutes=7)
+    land(rt.cfg, "increment_2026112211", [_rows((2, "Bobby", "u", _ms(later)), (3, "Cy", "c", _ms(later)))])
+    assert _view(spark, rt) == {1: "Ann", 2: "Bob"}, "nothing registered it yet"
+    result = tasks.refresh_pending(rt)
+    assert result["partitions_added"] == ["increment_2026112211"]
+    assert _view(spark, rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
+    assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
+    view_props = _props(rt, table_names(rt.cfg)["view_name"])
+    assert view_props["cdc.freshness.view.increment"] == "increment_2026112211"
+    assert view_props["cdc.freshness.view.event_time"] == later.isoformat()
+    # The base did not move: its freshness says so.
+    got = _props(rt, table_names(rt.cfg)["base_table"])
+    assert {k: got[k] for k in base_props} == base_props
+    doc = json.loads(Path(rt.lake.layout.control, "freshness.json").read_text())
+    assert doc["base"]["increment"] == "increment_2026112210"
+    assert doc["view"]["increment"] == "increment_2026112211"
+
+    # The next run compacts it: the publish result reports both, and the base catches up.
+    path = tasks.plan(rt, "run-2")
+    rt.engine.compact(json.loads(Path(path).read_text()))
+    tasks.validate(rt, path)
+    published = tasks.publish(rt, path)
+    assert published["freshness"]["base"] == {"increment": "increment_2026112211", "event_time": later.isoformat()}
+    assert published["freshness"]["view"]["increment"] == "increment_2026112211"
+    # After publish the views no longer read the compacted increment (the base holds it): still right.
+    assert _view(spark, rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
+    assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
+    tasks.archive(rt, path)
+    assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}, "the DuckDB views name no archived file"
+
+
+def test_the_refresher_stays_out_of_a_running_compaction(make_cfg: Any, runtime: Any, spark: Any) -> None:
+    rt = runtime(make_cfg())
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    assert path
+    land(rt.cfg, "increment_2026112211", [_rows((2, "Bob", "c", 2))])
+    skipped = tasks.refresh_pending(rt)
+    assert "a run holds the table" in skipped["skipped"]
+    with connect(rt.metastore) as ms:
+        registered = ms.partitions(rt.cfg.database, table_names(rt.cfg)["incremental_table"])
+    assert "increment_2026112211" not in registered
+    # An expired lease (a dead run) does not keep the views stale.
+    later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
+    assert tasks.refresh_pending(rt, now=later)["partitions_added"] == ["increment_2026112211"]
+    TableLease(rt.lake).break_("test")
+
+
+def test_a_failing_duckdb_target_never_stops_a_publish(make_cfg: Any, runtime: Any, spark: Any, tmp_path: Path) -> None:
+    """A side channel: the DuckDB views cannot be written (their directory is a file), the data publishes."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the views' directory should be")
+    rt = runtime(make_cfg(views={"duckdb": str(blocker / "views.sql")}))
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", 1))])
+    from cdc_compaction import views
+
+    before = views.FAILURES.get("duckdb_views", 0)
+    compact_once(rt, "run-1")
+    assert rt.lake.latest_commit().seq == 1
+    assert _view(spark, rt) == {1: "Ann"}
+    assert views.FAILURES.get("duckdb_views", 0) > before
