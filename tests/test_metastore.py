@@ -197,3 +197,84 @@ def test_glue_partitions_are_added_and_moved_in_place(glue: Any) -> None:
         raw = glue.client.get_partition(DatabaseName=db, TableName="orders_incremental", PartitionValues=["p000"])
         assert raw["Partition"]["StorageDescriptor"]["Location"] == v2["p000"]
         assert ms.set_partitions(db, "orders_incremental", v2) == {"added": [], "moved": []}
+
+
+def _views_of(db: str) -> list[Any]:
+    from cdc_compaction import dialects, views
+    from cdc_compaction.registry import TableConfig
+
+    cfg = TableConfig.model_validate(
+        {
+            "database": db,
+            "table": "orders",
+            "columns": [
+                {"name": "id", "type": "int"},
+                {"name": "op", "type": "string"},
+                {"name": "ts", "type": "bigint"},
+            ],
+            "primary_key": ["id"],
+            "order_by": ["ts"],
+            "storage_root": "s3://lake/shop/orders",
+            "views": {"metastore": ["spark", "hive", "trino"], "trino_catalog": "awsdatacatalog"},
+        }
+    )
+    made = []
+
+    class Recorder:
+        def put_view(self, view: Any) -> None:
+            made.append(view)
+
+    rt = SimpleNamespace(cfg=cfg)
+    views.put_other_views(rt, Recorder(), dialects.metastore_views(cfg))  # type: ignore[arg-type]
+    return made
+
+
+@pytest.mark.s3
+def test_glue_holds_hive_and_athena_views(glue: Any) -> None:
+    """Athena reads views from Glue in Trino's encoding; Hive views keep HiveQL. Both through UpdateTable too."""
+    from cdc_compaction import dialects
+
+    made = _views_of(glue.db)
+    assert [v.name for v in made] == [
+        "orders_view_hive",
+        "orders_pending_rejects_hive",
+        "orders_view_trino",
+        "orders_pending_rejects_trino",
+    ]
+    with connect(MetastoreEndpoint(kind="glue")) as ms:
+        for v in made:
+            ms.put_view(v)
+            ms.put_view(v)  # again: replaced, not duplicated
+        ms.set_properties(glue.db, "orders_view_trino", {"cdc.freshness.view.increment": "increment_2026112210"})
+        from cdc_compaction.exceptions import MetastoreError
+
+        with pytest.raises(MetastoreError, match="is a table, not a view"):
+            ms.put_view(type(made[0])(**{**made[0].__dict__, "name": "orders_base"}))
+    trino = glue.client.get_table(DatabaseName=glue.db, Name="orders_view_trino")["Table"]
+    assert trino["TableType"] == "VIRTUAL_VIEW" and trino["Parameters"]["presto_view"] == "true"
+    assert trino["Parameters"]["cdc.freshness.view.increment"] == "increment_2026112210"
+    doc = dialects.decode_trino_view_text(trino["ViewOriginalText"])
+    assert doc["catalog"] == "awsdatacatalog" and doc["schema"] == glue.db
+    assert trino["ViewExpandedText"] == "/* Presto View */"
+    hive = glue.client.get_table(DatabaseName=glue.db, Name="orders_view_hive")["Table"]
+    assert "INPUT__FILE__NAME" in hive["ViewOriginalText"] and hive["ViewOriginalText"] == hive["ViewExpandedText"]
+    assert [c["Name"] for c in hive["StorageDescriptor"]["Columns"]] == ["id", "op", "ts"]
+
+
+@pytest.mark.metastore
+def test_the_thrift_metastore_holds_hive_and_trino_views(endpoint: MetastoreEndpoint, spark: Any) -> None:
+    """The local Hive 2.3 metastore stores both kinds as VIRTUAL_VIEW; Spark lists them beside its own."""
+    db = f"views_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE DATABASE `{db}`")
+    made = _views_of(db)
+    with connect(endpoint) as ms:
+        for v in made:
+            ms.put_view(v)
+        ms.put_view(made[0])
+        t = ms.get_table(db, "orders_view_trino")
+        assert t.tableType == "VIRTUAL_VIEW" and t.parameters["presto_view"] == "true"
+        assert t.viewOriginalText.startswith("/* Presto View: ")
+        h = ms.get_table(db, "orders_view_hive")
+        assert h.viewExpandedText == made[0].expanded_text and [c.name for c in h.sd.cols] == ["id", "op", "ts"]
+    listed = {r["viewName"] for r in spark.sql(f"SHOW VIEWS IN `{db}`").collect()}
+    assert {v.name for v in made} <= listed

@@ -204,7 +204,7 @@ class Checker:
         self.types = {c.name: c.type for c in cfg.columns if c.name != cfg.op_column}
 
     def _in_process(self, query: str) -> list[dict[str, str | None]]:
-        for t in ("base_table", "incremental_table"):  # this long-lived session caches table locations
+        for t in ("base_table", "tombstones_table", "incremental_table"):  # this session caches table locations
             self.spark.catalog.refreshTable(f"`{self.cfg.database}`.`{self.names[t]}`")
         return [r.asDict() for r in self.spark.sql(query).collect()]
 

@@ -13,6 +13,7 @@ The functions above ``run`` are pure ``DataFrame -> DataFrame`` transformations.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -291,6 +292,10 @@ def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]
     fs, p = _fs(spark, path)
     if not fs.exists(p):
         return []
+    # A checksummed file system (local files) hides its .crc files from listings: look under it
+    # (py4j raises for any other file system, which lists everything already).
+    with contextlib.suppress(Exception):
+        fs = fs.getRawFileSystem()
     files = []
     for st in fs.listStatus(p):
         name = st.getPath().getName()

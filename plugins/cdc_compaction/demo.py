@@ -155,6 +155,36 @@ def _where(cfg: TableConfig) -> None:
     print(f"  last run:   {json.dumps({k: v for k, v in commit.stats.items() if k != 'finished_at'})}")
 
 
+def _readers(cfg: TableConfig) -> None:
+    """The same table as DuckDB reads it: the base location from the pointer, and the DuckDB views."""
+    import duckdb
+
+    lake = Lake(cfg)
+    pointer = lake.read_pointer() or {}
+    locations = list((pointer.get("partitions") or {}).values()) or [pointer.get("location", "")]
+    cols = ", ".join(f'"{c}"' for c in cfg.column_names if c != cfg.op_column)
+    keys = ", ".join(f'"{k}"' for k in cfg.primary_key)
+    target = str(cfg.views.duckdb)
+    with duckdb.connect(target if target.endswith((".duckdb", ".db")) else ":memory:", read_only=False) as con:
+        con.execute("SET TimeZone = 'UTC'")
+        globs = [f"{loc}/*.parquet" for loc in locations]
+        print(f"DuckDB, SELECT {cols} FROM read_parquet({globs}) -- the base location, a plain glob:")
+        print(con.sql(f"SELECT {cols} FROM read_parquet(?) ORDER BY {keys}", params=[globs]))
+        if target.endswith(".sql"):
+            con.execute(Path(settings.resolve_storage_root(target)).read_text())
+        view = f'"{cfg.database}"."{sql.table_names(cfg)["view_name"]}"'
+        print(f"DuckDB, SELECT * FROM {view} (views from {target}):")
+        print(con.sql(f"SELECT {cols} FROM {view} ORDER BY {keys}"))
+
+
+def _freshness(spark: Any, cfg: TableConfig) -> None:
+    names = sql.table_names(cfg)
+    for t in ("base_table", "view_name"):
+        rows = spark.sql(f"SHOW TBLPROPERTIES `{cfg.database}`.`{names[t]}`").collect()
+        props = {r["key"]: r["value"] for r in rows if r["key"].startswith("cdc.freshness.")}
+        print(f"  {cfg.database}.{names[t]}: " + ", ".join(f"{k}={v}" for k, v in sorted(props.items())))
+
+
 def main() -> int:
     started = time.monotonic()
     for d in (ROOT / ".lake", ROOT / ".metastore"):
@@ -202,6 +232,20 @@ def main() -> int:
         print("where the files went:")
         for cfg in cfgs:
             _where(cfg)
+        print("\nthe same tables read by DuckDB (no metastore):")
+        for cfg in cfgs:
+            _readers(cfg)
+
+        print("\nfreshness after the second compaction (table properties):")
+        _freshness(spark, student)
+        print("hour 4 lands; the view refresher (DAG cdc__views_refresh, every 5 minutes) shows it, no compaction:")
+        _land(student, 4, [[{"id": 4, "full_name": "Dora", "op": "c", "ts_ms": _ms(4, 5)}]])
+        from cdc_compaction.tasks import refresh_pending
+
+        rt = Runtime(student, Lake(student), MetastoreEndpoint(ms.host, ms.port), SessionEngine(spark))
+        print(f"  refresh_pending: {json.dumps(refresh_pending(rt)['freshness'])}")
+        _freshness(spark, student)
+        _show(spark, student)
         spark.stop()
     finally:
         ms.stop()
