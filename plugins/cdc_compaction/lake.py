@@ -212,13 +212,18 @@ class Lake:
         path = self.layout.commit_path(seq)
         if not self.storage.exists(path):
             return None
+        text = self.storage.read_text(path)  # an I/O error here may heal: it stays a StorageError
         try:
-            return Commit.from_json(self.storage.read_text(path))
+            commit = Commit.from_json(text)
+            if commit.seq != seq:
+                raise ValueError(f"it names commit {commit.seq!r}")
         except (ValueError, TypeError) as exc:
-            raise StorageError(
+            # Permanent: retrying reads the same bytes. A person must restore the record.
+            raise CommitLogError(
                 f"commit record {path} of {self.cfg.qualified_name} is unreadable ({exc}); "
                 "restore it from the archive or backups before running again"
             ) from exc
+        return commit
 
     def read_pointer(self) -> dict[str, Any] | None:
         """The pointer file, or None if there is none; raise :class:`StorageError` if it is unreadable."""
