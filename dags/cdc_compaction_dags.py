@@ -15,7 +15,8 @@ from cdc_compaction.registry import load_registry
 from cdc_compaction.settings import registry_dir
 
 # When a task runs, Airflow parses this file for that task's DAG only: build just that one
-# (the DAG processor's full parse has no DAG id here and builds every table's DAG).
+# (the DAG processor's full parse has no DAG id here and builds every table's DAG). The entry
+# gets the full parse's verdict: load_registry still checks it against every other file.
 _entries = load_registry(registry_dir(), dag_id=get_parsing_context().dag_id)
 for _dag_id, _dag in sorted(build_dags(_entries).items()):
     globals()[_dag_id] = _dag

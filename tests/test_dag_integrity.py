@@ -141,6 +141,27 @@ def test_a_registry_error_dag_fails_its_task_at_once(tmp_path: Path, monkeypatch
     assert "school.student.yaml" in message and "school.student" in message and "primay_key" in message
 
 
+def test_a_task_process_parse_of_an_overlapping_table_gets_the_error_dag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's process parses the DAG file for its own DAG only: it must still refuse an overlapping root."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    _write(tmp_path, "tests.inner.yaml", student_doc(tmp_path / "lake" / "outer", "inner"))
+    _write(tmp_path, "tests.outer.yaml", student_doc(tmp_path / "lake", "outer"))
+    _write(tmp_path, "tests.other.yaml", student_doc(tmp_path / "lake", "other"))
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "cdc__tests__inner")
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "plan")
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["cdc__tests__inner"], "only the task's own DAG is built"
+    dag = bag.dags["cdc__tests__inner"]
+    assert sorted(dag.task_ids) == ["registry_error"], "the same error DAG the DAG processor shows"
+    with pytest.raises(AirflowFailException, match="overlaps storage_root") as raised:
+        dag.get_task("registry_error").python_callable()
+    assert "tests.outer.yaml" in str(raised.value)
+
+
 def test_a_registry_error_is_logged_at_parse_time(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from cdc_compaction.factory import build_dags
 
