@@ -609,6 +609,68 @@ def test_increments_with_a_writers_temporaries_wait(make_cfg, runtime) -> None:
     assert "_temporary" in waiting["increment_2026112201"]
 
 
+def test_an_increment_waiting_longer_than_alert_after_is_reported_and_alerted_once(make_cfg, runtime, caplog) -> None:
+    """Abandoned temporaries or a marker that never came: past alert_after, WARNING + one alert + the reports."""
+    from conftest import finish_run
+
+    increments = {"settle_seconds": 0, "wait_for_hour_end": False, "completion": "marker", "alert_after": "6h"}
+    rt = runtime(make_cfg(increments=increments))
+    assert rt.cfg.increments.alert_after == timedelta(hours=6)
+    tasks.ensure_tables(rt)
+    inc = Path(rt.lake.layout.incremental)
+
+    def complete(name: str, *rows: tuple[int, str | None, str, int]) -> None:
+        land(rt.cfg, name, [_rows(*rows)])
+        (inc / name / "_SUCCESS").write_bytes(b"")
+
+    complete("increment_2026112200", (1, "done", "c", 1))
+    land(rt.cfg, "increment_2026112201", [_rows((2, "no marker", "c", 1))])
+    complete("increment_2026112202", (3, "dead writer", "c", 1))
+    (inc / "increment_2026112202" / ".part-00001.parquet.inprogress").write_bytes(b"x")
+    (inc / "increment_2026112202" / "_temporary" / "0").mkdir(parents=True)
+    now = datetime.now(UTC)
+    alerts: list[list[dict[str, Any]]] = []
+
+    # Just landed: waiting, not stalled.
+    path = tasks.plan(rt, "run-1", now=now, on_stalled=alerts.append)
+    assert json.loads(Path(path).read_text())["stalled_increments"] == [] and alerts == []
+    finish_run(rt, path, now=now)
+
+    # Seven hours on, nothing changed: both are reported (plan file, landing.json, WARNING) and alerted once.
+    complete("increment_2026112203", (4, "new", "c", 1))
+    caplog.set_level("WARNING", logger="cdc_compaction.tasks")
+    later = now + timedelta(hours=7)
+    path = tasks.plan(rt, "run-2", now=later, on_stalled=alerts.append)
+    doc = json.loads(Path(path).read_text())
+    assert doc["increments"] == ["increment_2026112203"]
+    stalled = {s["increment"]: s["reason"] for s in doc["stalled_increments"]}
+    assert sorted(stalled) == ["increment_2026112201", "increment_2026112202"]
+    assert "no _SUCCESS marker" in stalled["increment_2026112201"] and "alert_after" in stalled["increment_2026112201"]
+    assert ".part-00001.parquet.inprogress" in stalled["increment_2026112202"]
+    assert "_temporary" in stalled["increment_2026112202"] and "remove them" in stalled["increment_2026112202"]
+    for name in stalled:
+        assert any(
+            r.levelname == "WARNING" and str(inc / name) in r.getMessage() and "alert_after" in r.getMessage()
+            for r in caplog.records
+        ), name
+    assert [sorted(a["increment"] for a in batch) for batch in alerts] == [sorted(stalled)]
+    report = json.loads(Path(rt.lake.layout.control, "landing.json").read_text())
+    assert sorted(s["increment"] for s in report["stalled_increments"]) == sorted(stalled)
+    finish_run(rt, path, now=later)
+
+    # Still stalled an hour later: reported again, not alerted again.
+    assert tasks.plan(rt, "run-3", now=later + timedelta(hours=1), on_stalled=alerts.append) == ""
+    report = json.loads(Path(rt.lake.layout.control, "landing.json").read_text())
+    assert len(report["stalled_increments"]) == 2 and len(alerts) == 1
+
+    # The marker comes: that increment is compacted; the other stays stalled and is not alerted again.
+    (inc / "increment_2026112201" / "_SUCCESS").write_bytes(b"")
+    path = tasks.plan(rt, "run-4", now=later + timedelta(hours=2), on_stalled=alerts.append)
+    doc = json.loads(Path(path).read_text())
+    assert doc["increments"] == ["increment_2026112201"]
+    assert [s["increment"] for s in doc["stalled_increments"]] == ["increment_2026112202"] and len(alerts) == 1
+
+
 def test_landing_entries_a_run_does_not_take_are_reported(make_cfg, runtime, caplog) -> None:
     rt = runtime(make_cfg())
     tasks.ensure_tables(rt)

@@ -362,7 +362,11 @@ def build_dag(cfg: TableConfig) -> DAG:
 
         def plan_step(**context: Any) -> str:
             """Record the exact input files; an empty result skips the rest of the run."""
-            from cdc_compaction.notifications import alert_ignored_landing, alert_quarantined_files
+            from cdc_compaction.notifications import (
+                alert_ignored_landing,
+                alert_quarantined_files,
+                alert_stalled_increments,
+            )
             from cdc_compaction.tasks import plan
 
             def quarantined(files: list[dict[str, Any]]) -> None:
@@ -371,7 +375,16 @@ def build_dag(cfg: TableConfig) -> DAG:
             def ignored(entries: list[dict[str, Any]]) -> None:
                 alert_ignored_landing(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, entries)
 
-            return plan(_runtime(cfg), run_id=context["run_id"], on_quarantined=quarantined, on_ignored=ignored)
+            def stalled(increments: list[dict[str, Any]]) -> None:
+                alert_stalled_increments(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, increments)
+
+            return plan(
+                _runtime(cfg),
+                run_id=context["run_id"],
+                on_quarantined=quarantined,
+                on_ignored=ignored,
+                on_stalled=stalled,
+            )
 
         def validate_step(plan_path: str) -> dict[str, Any]:
             """Check the new version (keys, counts, schema) before anything is published."""

@@ -148,6 +148,9 @@ class Increments(_Strict):
     settle_seconds: int = Field(default=120, ge=0)
     marker_file: str = "_SUCCESS"
     wait_for_hour_end: bool = True
+    #: An increment still incomplete this long after its hour ended and it last changed (a writer's
+    #: abandoned temporaries, a marker that never came) is reported and alerted about, once.
+    alert_after: Duration = timedelta(hours=6)
 
     @field_validator("directory", "prefix", "marker_file")
     @classmethod
