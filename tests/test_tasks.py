@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from datetime import UTC, datetime, timedelta
@@ -669,6 +670,53 @@ def test_an_increment_waiting_longer_than_alert_after_is_reported_and_alerted_on
     doc = json.loads(Path(path).read_text())
     assert doc["increments"] == ["increment_2026112201"]
     assert [s["increment"] for s in doc["stalled_increments"]] == ["increment_2026112202"] and len(alerts) == 1
+
+
+def test_validate_and_publish_succeed_when_the_alert_cannot_be_delivered(make_cfg, runtime, spark, monkeypatch) -> None:
+    """Issue 10 §2.17 as reported: alerts.emails set, no smtp_default connection, refused rows to alert about.
+
+    The DAG's own validate and publish callables (factory.build_dag) on a really staged version:
+    both succeed and the version is published; the failed delivery is logged and counted.
+    """
+    from airflow.sdk.observability.stats import Stats
+
+    from cdc_compaction import factory, notifications
+
+    monkeypatch.delenv("AIRFLOW_CONN_SMTP_DEFAULT", raising=False)
+    rt = runtime(make_cfg(alerts={"emails": ["owner@example.org"]}, retries=3))
+    assert rt.cfg.alerts.smtp_conn_id == "smtp_default" and rt.cfg.alerts.on_rejected_rows
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1), (3, "refused", "x", 1))])
+    path = tasks.plan(rt, "run-1")
+    _run_job(rt, path)
+    counted: list[tuple[str, dict[str, str]]] = []
+    monkeypatch.setattr(Stats, "incr", lambda name, *a, tags=None, **kw: counted.append((name, tags or {})))
+    monkeypatch.setattr(factory, "_runtime", lambda cfg: rt)
+    before = notifications.DELIVERY_FAILURES[rt.cfg.qualified_name]
+    dag = factory.build_dag(rt.cfg)
+    # On the module's logger itself: looking up the connection makes Airflow reconfigure the root logger.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger(notifications.__name__).addHandler(handler)
+    try:
+        stats = dag.get_task("validate").python_callable(plan_path=path)
+        published = dag.get_task("publish").python_callable(plan_path=path)
+    finally:
+        logging.getLogger(notifications.__name__).removeHandler(handler)
+
+    assert stats["rejected_rows"] == 1
+    assert published["version"] == rt.lake.latest_commit().version == stats["version"]
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+    failed = [r for r in records if "could not deliver the alert" in r.getMessage()]
+    assert (
+        len(failed) == 1
+        and "smtp_default" in failed[0].getMessage()
+        and "1 change events refused" in (failed[0].getMessage())
+    )
+    assert failed[0].exc_info is not None and "connection is not found" in str(failed[0].exc_info[1])
+    assert notifications.DELIVERY_FAILURES[rt.cfg.qualified_name] == before + 1
+    assert counted == [(notifications.DELIVERY_FAILED_METRIC, {"table": rt.cfg.qualified_name})]
 
 
 def test_landing_entries_a_run_does_not_take_are_reported(make_cfg, runtime, caplog) -> None:
