@@ -157,21 +157,6 @@ def test_a_stale_plan_is_not_compacted(make_cfg, runtime) -> None:
         tasks.validate(rt, path)
 
 
-def test_the_deployment_id_is_unique_by_default(monkeypatch) -> None:
-    from cdc_compaction import lake
-
-    monkeypatch.delenv("CDC_DEPLOYMENT_ID", raising=False)
-    ids = set()
-    for url in ("postgresql://a@db1/airflow", "postgresql://a:secret@db2/airflow", "sqlite:////tmp/x/airflow.db"):
-        monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", url)
-        lake._deployment_fingerprint.cache_clear()
-        ids.add(lake.deployment_id())
-    lake._deployment_fingerprint.cache_clear()
-    assert len(ids) == 3 and all(i.startswith("airflow-") for i in ids)
-    monkeypatch.setenv("CDC_DEPLOYMENT_ID", "blue")
-    assert lake.deployment_id() == "blue"
-
-
 def _stale_plan(rt: tasks.Runtime) -> str:
     """A plan whose commit number another plan took meanwhile (what a second deployment or a re-plan leaves)."""
     tasks.ensure_tables(rt)

@@ -33,13 +33,9 @@ its lease cannot publish over another run's commit.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
-import os
 import posixpath
-import socket
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -324,37 +320,10 @@ def _pointer_seq(text: str) -> int:
 
 # ------------------------------------------------------------------------- the lease
 def deployment_id() -> str:
-    """Names this Airflow deployment in leases: ``CDC_DEPLOYMENT_ID``, else one derived from its metadata DB.
+    """Names this Airflow deployment in leases (see :mod:`cdc_compaction.deployment`)."""
+    from cdc_compaction.deployment import deployment_id as _deployment_id
 
-    Two deployments share run ids (``scheduled__2026-…``), so a shared name would let both
-    hold one lease.  The default is unique per deployment without configuration: a hash of
-    the metadata database's address (password left out), or of the Execution API URL where
-    a worker has no database address.  Every process of one deployment shares that
-    configuration, so they agree on the name.
-    """
-    explicit = os.environ.get("CDC_DEPLOYMENT_ID", "").strip()
-    if explicit:
-        return explicit
-    return f"airflow-{_deployment_fingerprint()}"
-
-
-@functools.cache
-def _deployment_fingerprint() -> str:
-    identity = ""
-    try:
-        from airflow.configuration import conf
-
-        url = conf.get("database", "sql_alchemy_conn", fallback="") or ""
-        if url:
-            from sqlalchemy.engine import make_url
-
-            identity = make_url(url).set(password=None).render_as_string(hide_password=False)
-        else:
-            identity = conf.get("core", "execution_api_server_url", fallback="") or ""
-    except Exception:  # outside Airflow (CLI, tests): the host names the deployment
-        log.debug("no Airflow configuration to derive the deployment id from", exc_info=True)
-    identity = identity or f"host:{socket.gethostname()}"
-    return hashlib.sha256(identity.encode()).hexdigest()[:10]
+    return _deployment_id()
 
 
 @dataclass(frozen=True)

@@ -594,8 +594,12 @@ def plan(
     """
     now = now or utcnow()
     cfg, lake = rt.cfg, rt.lake
+    from cdc_compaction.deployment import register as register_deployment
+
     owner = lease_owner(run_id)
-    # Before anything else: one run per table at a time, across deployments sharing the lake.
+    # Before anything else: one run per table at a time, across deployments sharing the lake, and
+    # never two deployments under one name (their leases would not keep each other out).
+    register_deployment(lake)
     take_lease(rt, owner, now)
     try:
         return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored, on_stalled)
