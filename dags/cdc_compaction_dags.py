@@ -16,7 +16,8 @@ from cdc_compaction.settings import VIEW_REFRESH_DAG_ID, registry_dir
 
 # When a task runs, Airflow parses this file for that task's DAG only: build just that one
 # (the DAG processor's full parse has no DAG id here and builds every table's DAG, plus the
-# view refresher, which covers every table).
+# view refresher, which covers every table). The entry gets the full parse's verdict:
+# load_registry still checks it against every other file.
 _wanted = get_parsing_context().dag_id
 _entries = load_registry(registry_dir(), dag_id=None if _wanted == VIEW_REFRESH_DAG_ID else _wanted)
 for _dag_id, _dag in sorted(build_dags(_entries, view_refresher=_wanted in (None, VIEW_REFRESH_DAG_ID)).items()):

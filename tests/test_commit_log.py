@@ -57,10 +57,30 @@ def test_a_removed_latest_commit_record_is_refused_not_rolled_back(make_cfg, run
     assert visible_names(spark, rt.cfg) == {1: "Alicia", 2: "Bob", 3: "Cy"}
 
 
-def test_a_truncated_commit_record_is_refused(make_cfg, runtime) -> None:
+@pytest.mark.parametrize("content", ['{"seq": 2, "vers', "", "null", "[]", '{"seq": 2}'])
+def test_a_truncated_commit_record_is_refused_at_once(make_cfg, runtime, monkeypatch, content) -> None:
+    """Retrying reads the same bytes: a damaged record is a permanent error, the task fails at once."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cdc_compaction import factory
+    from cdc_compaction.exceptions import is_permanent
+
     rt = _two_commits(make_cfg, runtime)
-    Path(rt.lake.layout.commit_path(2)).write_text('{"seq": 2, "vers')
-    with pytest.raises(StorageError, match=r"00000002.json .* is unreadable"):
+    Path(rt.lake.layout.commit_path(2)).write_text(content)
+    with pytest.raises(CommitLogError, match=r"00000002.json .* is unreadable") as err:
+        tasks.plan(rt, "run-3")
+    assert is_permanent(err.value)
+    # Through the DAG's own plan callable: no retry, the owner is alerted now.
+    monkeypatch.setattr(factory, "_runtime", lambda cfg: rt)
+    plan_task = factory.build_dag(rt.cfg).get_task("plan")
+    with pytest.raises(AirflowFailException, match="CommitLogError"):
+        plan_task.python_callable(run_id="run-3")
+
+
+def test_a_commit_record_of_another_number_is_refused(make_cfg, runtime) -> None:
+    rt = _two_commits(make_cfg, runtime)
+    Path(rt.lake.layout.commit_path(2)).write_text(Path(rt.lake.layout.commit_path(1)).read_text())
+    with pytest.raises(CommitLogError, match=r"00000002.json .*\(it names commit 1\)"):
         tasks.plan(rt, "run-3")
 
 

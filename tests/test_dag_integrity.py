@@ -157,6 +157,27 @@ def test_a_registry_error_dag_fails_its_task_at_once(tmp_path: Path, monkeypatch
     assert "school.student.yaml" in message and "school.student" in message and "primay_key" in message
 
 
+def test_a_task_process_parse_of_an_overlapping_table_gets_the_error_dag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's process parses the DAG file for its own DAG only: it must still refuse an overlapping root."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    _write(tmp_path, "tests.inner.yaml", student_doc(tmp_path / "lake" / "outer", "inner"))
+    _write(tmp_path, "tests.outer.yaml", student_doc(tmp_path / "lake", "outer"))
+    _write(tmp_path, "tests.other.yaml", student_doc(tmp_path / "lake", "other"))
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "cdc__tests__inner")
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "plan")
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["cdc__tests__inner"], "only the task's own DAG is built"
+    dag = bag.dags["cdc__tests__inner"]
+    assert sorted(dag.task_ids) == ["registry_error"], "the same error DAG the DAG processor shows"
+    with pytest.raises(AirflowFailException, match="overlaps storage_root") as raised:
+        dag.get_task("registry_error").python_callable()
+    assert "tests.outer.yaml" in str(raised.value)
+
+
 def test_a_registry_error_is_logged_at_parse_time(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from cdc_compaction.factory import build_dags
 
@@ -342,12 +363,19 @@ def _db_state(db_path: Path) -> dict[str, Any]:
     """What the DAG processing wrote: DAG rows, import errors and each serialized DAG's doc_md."""
     with sqlite3.connect(db_path) as db:
         dags = {d: bool(stale) for d, stale in db.execute("SELECT dag_id, is_stale FROM dag")}
+        # What the scheduler reads to create runs: no import error flag, and a next run to create.
+        schedule = {
+            d: {"has_import_errors": bool(err), "next_dagrun_create_after": after, "timetable": summary}
+            for d, err, after, summary in db.execute(
+                "SELECT dag_id, has_import_errors, next_dagrun_create_after, timetable_summary FROM dag"
+            )
+        }
         errors = [(f, st) for f, st in db.execute("SELECT filename, stacktrace FROM import_error")]
         docs: dict[str, str] = {}
         for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
             doc = json.loads(data) if data is not None else json.loads(zlib.decompress(compressed))
             docs[dag_id] = doc["dag"].get("doc_md") or ""
-    return {"stale": dags, "import_errors": errors, "doc_md": docs}
+    return {"stale": dags, "import_errors": errors, "doc_md": docs, "schedule": schedule}
 
 
 @pytest.fixture
@@ -365,14 +393,38 @@ def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, goo
     typo["primay_key"] = typo.pop("primary_key")
     _write(good_registry, "tests.typo.yaml", typo)
 
-    state = _db_state(_reserialize(tmp_path, good_registry))
+    db_path = _reserialize(tmp_path, good_registry)
+    state = _db_state(db_path)
 
     assert state["import_errors"] == [], state["import_errors"]
     for table in GOOD_TABLES:
-        assert state["stale"].get(f"cdc__tests__{table}") is False, state["stale"]
+        dag_id = f"cdc__tests__{table}"
+        assert state["stale"].get(dag_id) is False, state["stale"]
+        # Schedulable: the scheduler has a next run to create for it (hourly), and no import error.
+        sched = state["schedule"][dag_id]
+        assert sched["has_import_errors"] is False and sched["next_dagrun_create_after"], sched
+        assert sched["timetable"] == "0 * * * *", sched
     assert state["stale"].get("cdc__tests__typo") is False, state["stale"]
+    broken = state["schedule"]["cdc__tests__typo"]
+    assert broken["has_import_errors"] is False and broken["next_dagrun_create_after"] is None, broken
     doc = state["doc_md"]["cdc__tests__typo"]
     assert "tests.typo.yaml" in doc and "primay_key" in doc and "primary_key" in doc
+
+    # Through the real CLI: a run of the broken table's DAG fails its one task with the registry error.
+    env = airflow_env(
+        tmp_path / "airflow", "thrift://127.0.0.1:9", registry_dir=good_registry, warehouse_dir=tmp_path / "warehouse"
+    )
+    airflow = str(Path(sys.executable).parent / "airflow")
+    proc = subprocess.run(
+        [airflow, "dags", "test", "cdc__tests__typo"], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "AirflowFailException: invalid registry entry" in out and "tests.typo.yaml" in out, out[-3000:]
+    assert "primay_key" in out, out[-3000:]
+    with sqlite3.connect(db_path) as db:
+        tis = db.execute("SELECT task_id, state, try_number FROM task_instance WHERE dag_id = 'cdc__tests__typo'")
+        assert list(tis) == [("registry_error", "failed", 1)], "failed at once, no retries"
 
 
 @pytest.mark.dag

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -113,3 +114,43 @@ def test_bad_emr_settings_are_refused(make_cfg: Callable[..., TableConfig], emr:
 def test_engine_emr_needs_its_settings(make_cfg: Callable[..., TableConfig]) -> None:
     with pytest.raises(Exception, match=r"engine 'emr' needs emr\.job_flow_id"):
         make_cfg(spark={"engine": "emr"})
+
+
+def _failed_step(*_: Any, **__: Any) -> dict[str, Any]:
+    """DescribeStep's answer for a step whose spark-submit failed (EMR reports no exit status of the job)."""
+    details = {"Reason": "Unknown Error.", "Message": "Application finished with failed status", "LogFile": "s3://x"}
+    return {
+        "ResponseMetadata": {"HTTPStatusCode": 200},
+        "Step": {"Status": {"State": "FAILED", "FailureDetails": details}},
+    }
+
+
+@pytest.mark.parametrize("stale", [True, False], ids=["stale-plan", "other-failure"])
+def test_a_failed_step_of_a_stale_plan_fails_the_sensor_at_once(
+    make_cfg: Callable[..., TableConfig], tmp_path: Any, monkeypatch: pytest.MonkeyPatch, stale: bool
+) -> None:
+    """The job wrote its permanent error beside the plan: the sensor fails at once; otherwise retries apply."""
+    import json
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cdc_compaction.factory import permanent_error_path
+
+    dag = build_dag(make_cfg(spark={"engine": "emr", "emr": EMR}))
+    sensor = dag.get_task("compact")
+    assert "plan_path" in sensor.template_fields
+    plan = tmp_path / "_cdc" / "plans" / "abc.json"
+    plan.parent.mkdir(parents=True)
+    plan.write_text("{}")
+    if stale:
+        error = "shop.orders: commit 4 was made by plan x, so plan abc is stale; nothing was written"
+        Path(permanent_error_path(str(plan))).write_text(json.dumps({"plan_id": "abc", "seq": 4, "error": error}))
+    sensor.plan_path = str(plan)
+    monkeypatch.setattr(type(sensor), "get_emr_response", _failed_step)
+    with pytest.raises(Exception) as raised:  # which class it is, is the point
+        sensor.poke({})
+    if stale:
+        assert isinstance(raised.value, AirflowFailException) and "is stale" in str(raised.value)
+        assert "EMR job failed" in str(raised.value.__cause__)
+    else:
+        assert not isinstance(raised.value, AirflowFailException) and "EMR job failed" in str(raised.value)

@@ -19,6 +19,7 @@ PERMANENT = [
     exc.ConcurrentCommitError("t: commit 3 was taken"),
     exc.CommitLogError("t: record 3 missing"),
     exc.StorageRootMismatchError("t: storage_root moved"),
+    exc.DeploymentConflictError("t: deployment id 'blue' is already used by another Airflow deployment"),
 ]
 TRANSIENT = [
     exc.StorageError("t: S3 answered 503"),

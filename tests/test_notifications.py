@@ -121,6 +121,22 @@ def test_rejected_rows_alert(smtp: _Inbox) -> None:
     assert len(smtp.messages) == 1, "no alert without refused rows"
 
 
+def test_stalled_increments_alert(smtp: _Inbox) -> None:
+    from cdc_compaction.notifications import alert_stalled_increments
+
+    stalled = [
+        {
+            "increment": "increment_2026112201",
+            "path": "/lake/t/incremental/increment_2026112201",
+            "reason": "has no _SUCCESS marker yet, unchanged since 2026-11-22 02:00 UTC (longer than ...)",
+        }
+    ]
+    alert_stalled_increments("school.student", ["owner@example.org"], "smtp_alerts", stalled)
+    ((_, msg),) = smtp.messages
+    assert msg["Subject"] == "[cdc-compaction] school.student: 1 increments stalled"
+    assert "/lake/t/incremental/increment_2026112201" in _body(msg) and "no _SUCCESS marker" in _body(msg)
+
+
 # ------------------------------------------------------------ through a real DAG run
 def _dags_test(env: dict[str, str], dag_id: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """`airflow dags test <dag_id>` in its own process group, killed whole if it hangs."""

@@ -159,16 +159,60 @@ def test_a_stale_plan_is_not_compacted(make_cfg, runtime) -> None:
         tasks.validate(rt, path)
 
 
-def test_the_deployment_id_is_unique_by_default(monkeypatch) -> None:
-    from cdc_compaction import lake
+def _stale_plan(rt: tasks.Runtime) -> str:
+    """A plan whose commit number another plan took meanwhile (what a second deployment or a re-plan leaves)."""
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
+    path = tasks.plan(rt, "run-1")
+    other = Commit(
+        seq=1,
+        version="v00000001-0000other000",
+        plan_id="0000other000",
+        run_id="x",
+        parent_seq=0,
+        files=[],
+        increments=[],
+    )
+    assert rt.lake.try_commit(other)
+    return path
 
-    monkeypatch.delenv("CDC_DEPLOYMENT_ID", raising=False)
-    ids = set()
-    for url in ("postgresql://a@db1/airflow", "postgresql://a:secret@db2/airflow", "sqlite:////tmp/x/airflow.db"):
-        monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", url)
-        lake._deployment_fingerprint.cache_clear()
-        ids.add(lake.deployment_id())
-    lake._deployment_fingerprint.cache_clear()
-    assert len(ids) == 3 and all(i.startswith("airflow-") for i in ids)
-    monkeypatch.setenv("CDC_DEPLOYMENT_ID", "blue")
-    assert lake.deployment_id() == "blue"
+
+def _compact_task(rt: tasks.Runtime, plan_path: str) -> Any:
+    """The DAG's real compact task (spark-submit through SparkSubmitHook), its plan argument rendered."""
+    from cdc_compaction.factory import build_dag
+
+    task = build_dag(rt.cfg).get_task("compact")
+    task.application_args = ["--plan", plan_path]
+    return task
+
+
+def test_a_stale_plan_fails_the_compact_task_at_once(make_cfg, runtime) -> None:
+    """spark-submit of a stale plan exits with the job's permanent-error status: no retries, nothing written."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cdc_compaction.engine import load_job
+    from cdc_compaction.factory import PERMANENT_EXIT_CODE, permanent_error_path
+
+    rt = runtime(make_cfg(retries=3))
+    path = _stale_plan(rt)
+    task = _compact_task(rt, path)
+    with pytest.raises(AirflowFailException, match="is stale") as raised:
+        task.execute({})
+    assert task._hook._submit_sp.returncode == PERMANENT_EXIT_CODE == load_job("compact").PERMANENT_EXIT_CODE
+    assert "Error code is: 65" in str(raised.value.__cause__), "SparkSubmitHook's own error stays attached"
+    assert (
+        json.loads(Path(permanent_error_path(path)).read_text())["plan_id"]
+        == json.loads(Path(path).read_text())["plan_id"]
+    )
+    assert not [p for p in Path(rt.lake.layout.base).iterdir() if p.name.startswith("v00000001-")]
+
+
+def test_a_compaction_that_may_heal_is_left_to_the_retries(make_cfg, runtime, tmp_path) -> None:
+    """Any other failure of the job (here: the plan file cannot be read) is retried as before."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    rt = runtime(make_cfg())
+    task = _compact_task(rt, str(tmp_path / "missing-plan.json"))
+    with pytest.raises(Exception, match="Error code is: 1") as raised:
+        task.execute({})
+    assert not isinstance(raised.value, AirflowFailException)

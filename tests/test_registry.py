@@ -969,6 +969,82 @@ def test_overlapping_storage_roots_are_refused(
         assert "a.one" in message and "b.two" in message
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param("/lake/shared", "/lake/shared/inner", id="nested"),
+        pytest.param("s3://bucket-a/lake/t", "s3a://bucket-a/lake/t/", id="s3-vs-s3a"),
+        pytest.param("RELATIVE", "ABSOLUTE", id="relative-vs-absolute"),
+    ],
+)
+def test_a_task_process_parse_sees_the_overlap_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str, second: str
+) -> None:
+    """With Airflow's parsing context (``dag_id``) only one table's DAG is built, with the full load's verdict."""
+    from cdc_compaction import settings
+
+    monkeypatch.delenv("CDC_LAKE_BASE", raising=False)
+    roots = {"RELATIVE": ".lake/overlap/t", "ABSOLUTE": str(settings.PROJECT_ROOT / ".lake" / "overlap" / "t")}
+    write_yaml(tmp_path, "a.one.yaml", good_doc("a", "one", storage_root=roots.get(first, first)))
+    write_yaml(tmp_path, "b.two.yaml", good_doc("b", "two", storage_root=roots.get(second, second)))
+    write_yaml(tmp_path, "c.other.yaml", good_doc("c", "other", storage_root="/lake/shared_not"))
+
+    for dag_id, other in (("cdc__a__one", "b.two.yaml"), ("cdc__b__two", "a.one.yaml")):
+        (entry,) = load_registry(tmp_path, dag_id=dag_id)
+        assert entry.dag_id == dag_id and entry.config is None and entry.error is not None
+        assert names_field(entry.error, "storage_root") and other in str(entry.error), entry.error.problems
+    (fine,) = load_registry(tmp_path, dag_id="cdc__c__other")
+    assert fine.error is None and fine.config is not None
+
+
+def _verdicts(entries: list[Any]) -> dict[str, str | None]:
+    return {e.path.name: (str(e.error) if e.error else None) for e in entries}
+
+
+def test_a_task_process_parse_gives_every_table_the_full_loads_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every way a root can be written, duplicates, invalid and hostile neighbours: one verdict per file."""
+    monkeypatch.setenv("CDC_LAKE_BASE", str(tmp_path / "base"))
+    write_yaml(tmp_path, "p.plain.yaml", good_doc("p", "plain", storage_root="/lake/x"))
+    # The same root written differently: quoted, with a comment, in flow style, relative.
+    write_text(
+        tmp_path,
+        "p.quoted.yaml",
+        yaml.safe_dump(good_doc("p", "quoted")).replace(
+            "storage_root: /lake/p/quoted", "storage_root: '/lake/x/q'  # nested under p.plain"
+        ),
+    )
+    write_text(
+        tmp_path,
+        "p.flow.yaml",
+        yaml.safe_dump(good_doc("p", "flow", storage_root="/lake/x/f"), default_flow_style=True),
+    )
+    write_yaml(tmp_path, "r.rel.yaml", good_doc("r", "rel", storage_root="rel/t"))
+    write_yaml(tmp_path, "r.abs.yaml", good_doc("r", "abs", storage_root=str(tmp_path / "base" / "rel" / "t" / "in")))
+    # One table in two files (the same name but for case), one of them overlapping another root.
+    write_yaml(tmp_path, "d.dup.yaml", good_doc("d", "dup", storage_root="/lake/d1"))
+    write_yaml(tmp_path, "D.dup.yaml", good_doc("D", "dup", storage_root="/lake/y/inner"))
+    write_yaml(tmp_path, "y.root.yaml", good_doc("y", "root", storage_root="/lake/y"))
+    # An invalid entry overlapping a valid one: it is its own error only; the valid one stays.
+    bad = good_doc("z", "bad", storage_root="/lake/z/inner")
+    bad["primay_key"] = bad.pop("primary_key")
+    write_yaml(tmp_path, "z.bad.yaml", bad)
+    write_yaml(tmp_path, "z.root.yaml", good_doc("z", "root", storage_root="/lake/z"))
+    (tmp_path / "h.hostile.yaml").write_bytes(b"storage_root: /lake/x\n\xff\xfe")
+    write_yaml(tmp_path, "s.solo.yaml", good_doc("s", "solo", storage_root="s3://bucket/solo"))
+
+    full = load_registry(tmp_path)
+    expected = _verdicts(full)
+    assert expected["y.root.yaml"] is None, "a duplicate entry is refused as such and overlaps nothing"
+    assert expected["z.root.yaml"] is None and expected["s.solo.yaml"] is None
+    assert all(expected[n] for n in ("p.plain.yaml", "p.quoted.yaml", "p.flow.yaml", "r.rel.yaml", "r.abs.yaml"))
+    assert "is defined by several files" in str(expected["D.dup.yaml"])
+    for e in full:
+        (alone,) = load_registry(tmp_path, dag_id=e.dag_id)
+        assert _verdicts([alone]) == {e.path.name: expected[e.path.name]}, e.path.name
+
+
 def test_sibling_storage_roots_with_a_common_name_prefix_are_fine(tmp_path: Path) -> None:
     write_yaml(tmp_path, "a.one.yaml", good_doc("a", "one", storage_root="/lake/t"))
     write_yaml(tmp_path, "b.two.yaml", good_doc("b", "two", storage_root="/lake/t2"))

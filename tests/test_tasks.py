@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -633,6 +634,115 @@ def test_increments_with_a_writers_temporaries_wait(make_cfg, runtime) -> None:
     assert sorted(waiting) == ["increment_2026112200", "increment_2026112201", "increment_2026112202"]
     assert ".part-00001.parquet.inprogress" in waiting["increment_2026112200"]
     assert "_temporary" in waiting["increment_2026112201"]
+
+
+def test_an_increment_waiting_longer_than_alert_after_is_reported_and_alerted_once(make_cfg, runtime, caplog) -> None:
+    """Abandoned temporaries or a marker that never came: past alert_after, WARNING + one alert + the reports."""
+    from conftest import finish_run
+
+    increments = {"settle_seconds": 0, "wait_for_hour_end": False, "completion": "marker", "alert_after": "6h"}
+    rt = runtime(make_cfg(increments=increments))
+    assert rt.cfg.increments.alert_after == timedelta(hours=6)
+    tasks.ensure_tables(rt)
+    inc = Path(rt.lake.layout.incremental)
+
+    def complete(name: str, *rows: tuple[int, str | None, str, int]) -> None:
+        land(rt.cfg, name, [_rows(*rows)])
+        (inc / name / "_SUCCESS").write_bytes(b"")
+
+    complete("increment_2026112200", (1, "done", "c", 1))
+    land(rt.cfg, "increment_2026112201", [_rows((2, "no marker", "c", 1))])
+    complete("increment_2026112202", (3, "dead writer", "c", 1))
+    (inc / "increment_2026112202" / ".part-00001.parquet.inprogress").write_bytes(b"x")
+    (inc / "increment_2026112202" / "_temporary" / "0").mkdir(parents=True)
+    now = datetime.now(UTC)
+    alerts: list[list[dict[str, Any]]] = []
+
+    # Just landed: waiting, not stalled.
+    path = tasks.plan(rt, "run-1", now=now, on_stalled=alerts.append)
+    assert json.loads(Path(path).read_text())["stalled_increments"] == [] and alerts == []
+    finish_run(rt, path, now=now)
+
+    # Seven hours on, nothing changed: both are reported (plan file, landing.json, WARNING) and alerted once.
+    complete("increment_2026112203", (4, "new", "c", 1))
+    caplog.set_level("WARNING", logger="cdc_compaction.tasks")
+    later = now + timedelta(hours=7)
+    path = tasks.plan(rt, "run-2", now=later, on_stalled=alerts.append)
+    doc = json.loads(Path(path).read_text())
+    assert doc["increments"] == ["increment_2026112203"]
+    stalled = {s["increment"]: s["reason"] for s in doc["stalled_increments"]}
+    assert sorted(stalled) == ["increment_2026112201", "increment_2026112202"]
+    assert "no _SUCCESS marker" in stalled["increment_2026112201"] and "alert_after" in stalled["increment_2026112201"]
+    assert ".part-00001.parquet.inprogress" in stalled["increment_2026112202"]
+    assert "_temporary" in stalled["increment_2026112202"] and "remove them" in stalled["increment_2026112202"]
+    for name in stalled:
+        assert any(
+            r.levelname == "WARNING" and str(inc / name) in r.getMessage() and "alert_after" in r.getMessage()
+            for r in caplog.records
+        ), name
+    assert [sorted(a["increment"] for a in batch) for batch in alerts] == [sorted(stalled)]
+    report = json.loads(Path(rt.lake.layout.control, "landing.json").read_text())
+    assert sorted(s["increment"] for s in report["stalled_increments"]) == sorted(stalled)
+    finish_run(rt, path, now=later)
+
+    # Still stalled an hour later: reported again, not alerted again.
+    assert tasks.plan(rt, "run-3", now=later + timedelta(hours=1), on_stalled=alerts.append) == ""
+    report = json.loads(Path(rt.lake.layout.control, "landing.json").read_text())
+    assert len(report["stalled_increments"]) == 2 and len(alerts) == 1
+
+    # The marker comes: that increment is compacted; the other stays stalled and is not alerted again.
+    (inc / "increment_2026112201" / "_SUCCESS").write_bytes(b"")
+    path = tasks.plan(rt, "run-4", now=later + timedelta(hours=2), on_stalled=alerts.append)
+    doc = json.loads(Path(path).read_text())
+    assert doc["increments"] == ["increment_2026112201"]
+    assert [s["increment"] for s in doc["stalled_increments"]] == ["increment_2026112202"] and len(alerts) == 1
+
+
+def test_validate_and_publish_succeed_when_the_alert_cannot_be_delivered(make_cfg, runtime, spark, monkeypatch) -> None:
+    """Issue 10 §2.17 as reported: alerts.emails set, no smtp_default connection, refused rows to alert about.
+
+    The DAG's own validate and publish callables (factory.build_dag) on a really staged version:
+    both succeed and the version is published; the failed delivery is logged and counted.
+    """
+    from airflow.sdk.observability.stats import Stats
+
+    from cdc_compaction import factory, notifications
+
+    monkeypatch.delenv("AIRFLOW_CONN_SMTP_DEFAULT", raising=False)
+    rt = runtime(make_cfg(alerts={"emails": ["owner@example.org"]}, retries=3))
+    assert rt.cfg.alerts.smtp_conn_id == "smtp_default" and rt.cfg.alerts.on_rejected_rows
+    tasks.ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1), (3, "refused", "x", 1))])
+    path = tasks.plan(rt, "run-1")
+    _run_job(rt, path)
+    counted: list[tuple[str, dict[str, str]]] = []
+    monkeypatch.setattr(Stats, "incr", lambda name, *a, tags=None, **kw: counted.append((name, tags or {})))
+    monkeypatch.setattr(factory, "_runtime", lambda cfg: rt)
+    before = notifications.DELIVERY_FAILURES[rt.cfg.qualified_name]
+    dag = factory.build_dag(rt.cfg)
+    # On the module's logger itself: looking up the connection makes Airflow reconfigure the root logger.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger(notifications.__name__).addHandler(handler)
+    try:
+        stats = dag.get_task("validate").python_callable(plan_path=path)
+        published = dag.get_task("publish").python_callable(plan_path=path)
+    finally:
+        logging.getLogger(notifications.__name__).removeHandler(handler)
+
+    assert stats["rejected_rows"] == 1
+    assert published["version"] == rt.lake.latest_commit().version == stats["version"]
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+    failed = [r for r in records if "could not deliver the alert" in r.getMessage()]
+    assert (
+        len(failed) == 1
+        and "smtp_default" in failed[0].getMessage()
+        and "1 change events refused" in (failed[0].getMessage())
+    )
+    assert failed[0].exc_info is not None and "connection is not found" in str(failed[0].exc_info[1])
+    assert notifications.DELIVERY_FAILURES[rt.cfg.qualified_name] == before + 1
+    assert counted == [(notifications.DELIVERY_FAILED_METRIC, {"table": rt.cfg.qualified_name})]
 
 
 def test_landing_entries_a_run_does_not_take_are_reported(make_cfg, runtime, caplog) -> None:

@@ -30,6 +30,16 @@ from pyspark.sql import functions as F
 
 log = logging.getLogger("cdc_compaction.compact")
 
+
+class PermanentJobError(Exception):
+    """An error no re-run of the job can heal (a stale plan): ``main`` exits with :data:`PERMANENT_EXIT_CODE`."""
+
+
+#: spark-submit's exit status after a :class:`PermanentJobError` (the DAG's compact task then fails at
+#: once); the error is also written beside the plan as ``<plan>.permanent_error.json`` for engines
+#: whose exit status does not reach Airflow (EMR steps, cluster deploy mode).
+PERMANENT_EXIT_CODE = 65
+
 META_COLUMNS = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
 META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cdc_ingested_at` timestamp"
 STATS_FILE = "_cdc_stats.json"
@@ -381,7 +391,7 @@ def committed_already(spark: SparkSession, plan: dict[str, Any]) -> bool:
         return False
     owner = json.loads(text).get("plan_id")
     if owner != plan["plan_id"]:
-        raise RuntimeError(
+        raise PermanentJobError(
             f"{plan['table']}: commit {plan['seq']} was made by plan {owner}, so plan {plan['plan_id']} is stale; "
             "nothing was written. Clear the run's plan task to plan again"
         )
@@ -655,6 +665,11 @@ def main(argv: list[str] | None = None) -> int:
         spark.sparkContext.setJobDescription(f"cdc compaction of {plan['table']} ({plan['plan_id']})")
         stats = run(spark, plan, attempt=new_attempt())
         print(json.dumps({"cdc_compaction_stats": {k: v for k, v in stats.items() if k != "output_files"}}))
+    except PermanentJobError as exc:
+        log.error("permanent error, retrying cannot help: %s", exc)
+        marker = {"plan_id": plan["plan_id"], "seq": plan["seq"], "table": plan["table"], "error": str(exc)}
+        _write_text(spark, args.plan.removesuffix(".json") + ".permanent_error.json", json.dumps(marker))
+        return PERMANENT_EXIT_CODE
     finally:
         spark.stop()
     return 0

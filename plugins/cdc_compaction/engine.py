@@ -150,7 +150,10 @@ class SessionEngine:
         # A fresh attempt directory per call, as spark-submit's ``main`` makes one per job:
         # a cleared or repeated compact never writes into a directory another attempt wrote.
         job = load_job("compact")
-        return job.run(self.spark, plan, attempt=job.new_attempt())
+        try:
+            return job.run(self.spark, plan, attempt=job.new_attempt())
+        except job.PermanentJobError as exc:  # a stale plan: as spark-submit's exit code tells the DAG
+            raise CompactionError(str(exc)) from exc
 
 
 class SparkSubmitEngine:

@@ -71,6 +71,10 @@ class ConcurrentRunError(CdcCompactionError):
     """Another run holds the table's lease: it is being compacted right now."""
 
 
+class DeploymentConflictError(CdcCompactionError):
+    """Two Airflow deployments use one deployment id: their leases would not keep each other out."""
+
+
 class StorageRootMismatchError(PlanError):
     """The metastore shows data under another storage root than the registry's, with no commit log here."""
 
@@ -95,7 +99,8 @@ def is_permanent(exc: BaseException) -> bool:
     """True for errors a retry of the same task cannot heal: fail them at once, alert the owner.
 
     Bad input, an invalid plan or registry, a schema conflict, a version that failed
-    validation, a plan another run overtook, a damaged commit log: each needs a person
+    validation, a plan another run overtook, a damaged commit log, two deployments sharing
+    one deployment id: each needs a person
     (or a new run) first.  Everything else -- storage, the metastore, Spark, a lease held by
     a live run -- may heal, so Airflow's retries with backoff apply.
     """
@@ -108,5 +113,6 @@ def is_permanent(exc: BaseException) -> bool:
         | PublishValidationError
         | ConcurrentCommitError
         | CommitLogError
-        | CompactionError,
+        | CompactionError
+        | DeploymentConflictError,
     )

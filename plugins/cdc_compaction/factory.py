@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -38,10 +39,78 @@ PLAN_PLACEHOLDER = "__cdc_compaction_plan_path__"
 # path pulled from XCom and the EMR step id. ``template_ext`` is emptied too: a templated value
 # ending in ``.json`` or ``.sql`` would otherwise be read as a template file from disk.
 class RegistrySparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit whose only templated field is ``application_args`` (``--plan`` and the plan-path XCom)."""
+    """spark-submit whose only templated field is ``application_args`` (``--plan`` and the plan-path XCom).
+
+    A job that ends with an error no retry can heal (a stale plan: the job's ``PermanentJobError``)
+    fails the task at once instead of going through the retries.
+    """
 
     template_fields: Sequence[str] = ("application_args",)
     template_ext: Sequence[str] = ()
+
+    def __init__(self, *, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.storage_conn_id = storage_conn_id
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return super().execute(context)
+        except Exception as exc:
+            sub = getattr(self._hook, "_submit_sp", None)  # the hook's spark-submit process, if it ran
+            problem = permanent_job_error(
+                plan_arg(self.application_args), self.storage_conn_id, getattr(sub, "returncode", None)
+            )
+            if problem is None:
+                raise
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(problem) from exc
+
+
+#: The compaction job's exit status for an error no retry can heal (``PERMANENT_EXIT_CODE`` in
+#: include/spark_jobs/compact.py), and the file it writes beside the plan with that error.
+PERMANENT_EXIT_CODE = 65
+PERMANENT_ERROR_SUFFIX = ".permanent_error.json"
+
+
+def plan_arg(args: Sequence[Any] | None) -> str | None:
+    """The plan path of the job's arguments (the value after ``--plan``)."""
+    args = list(args or [])
+    if "--plan" in args and args.index("--plan") + 1 < len(args):
+        return str(args[args.index("--plan") + 1])
+    return None
+
+
+def permanent_error_path(plan_path: str) -> str:
+    """Where the compaction job records a permanent error of the plan ``plan_path``."""
+    return plan_path.removesuffix(".json") + PERMANENT_ERROR_SUFFIX
+
+
+def permanent_job_error(plan_path: str | None, storage_conn_id: str, returncode: int | None = None) -> str | None:
+    """Why the failed compaction of ``plan_path`` can never succeed, or None if a retry may heal it.
+
+    Told by the job's exit status where it reaches Airflow (spark-submit in client mode), else
+    by the error file the job wrote beside the plan (EMR steps, YARN or Kubernetes cluster mode).
+    """
+    recorded = None
+    if plan_path:
+        from cdc_compaction.storage import storage_for
+
+        path = permanent_error_path(plan_path)
+        try:
+            storage = storage_for(path, storage_conn_id)
+            if storage.exists(path):
+                recorded = str(json.loads(storage.read_text(path)).get("error") or "(no message)")
+        except Exception:  # cannot tell: leave the failure to the retries
+            log.warning("could not read %s to tell whether the compaction can succeed", path, exc_info=True)
+    if recorded is not None:
+        return f"the compaction job failed permanently (retrying cannot help): {recorded}"
+    if returncode == PERMANENT_EXIT_CODE:
+        return (
+            f"the compaction job exited with {PERMANENT_EXIT_CODE}: an error retrying cannot help (see the "
+            "job's log above, e.g. a stale plan); clear the run's plan task to plan again"
+        )
+    return None
 
 
 # The EMR classes are built on first use, not at import: the amazon provider imports boto3, which
@@ -88,10 +157,30 @@ def _emr_step_sensor() -> type:
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 
     class RegistryEmrStepSensor(EmrStepSensor):
-        """Waits for the step; only ``step_id`` (the XCom pull written here) is templated."""
+        """Waits for the step; only ``step_id`` and ``plan_path`` (XCom pulls written here) are templated.
 
-        template_fields: Sequence[str] = ("step_id",)
+        A step that failed with an error no retry can heal (the job wrote it beside the plan:
+        EMR does not report the job's exit status) fails the task at once.
+        """
+
+        template_fields: Sequence[str] = ("step_id", "plan_path")
         template_ext: Sequence[str] = ()
+
+        def __init__(self, *, plan_path: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.plan_path = plan_path
+            self.storage_conn_id = storage_conn_id
+
+        def poke(self, context: Any) -> bool:
+            try:
+                return super().poke(context)
+            except Exception as exc:
+                problem = permanent_job_error(self.plan_path, self.storage_conn_id)
+                if problem is None:
+                    raise
+                from airflow.sdk.exceptions import AirflowFailException
+
+                raise AirflowFailException(problem) from exc
 
     return RegistryEmrStepSensor
 
@@ -213,6 +302,8 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
             task_id="compact",
             job_flow_id=emr.job_flow_id,
             step_id="{{ ti.xcom_pull(task_ids='compact_submit')[0] }}",
+            plan_path=PLAN_XCOM,
+            storage_conn_id=cfg.storage_conn_id,
             aws_conn_id=emr.aws_conn_id,
             mode="reschedule",
             doc_md="Wait for the EMR step; a failed step fails this task (the version is not published).",
@@ -223,6 +314,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         task_id="compact",
         application=str(settings.SPARK_JOBS_DIR / "compact.py"),
         application_args=["--plan", PLAN_XCOM],
+        storage_conn_id=cfg.storage_conn_id,
         conn_id=cfg.spark.conn_id,
         conf=compaction_conf(cfg),
         jars=",".join(cfg.spark.jars) or None,
@@ -270,7 +362,11 @@ def build_dag(cfg: TableConfig) -> DAG:
 
         def plan_step(**context: Any) -> str:
             """Record the exact input files; an empty result skips the rest of the run."""
-            from cdc_compaction.notifications import alert_ignored_landing, alert_quarantined_files
+            from cdc_compaction.notifications import (
+                alert_ignored_landing,
+                alert_quarantined_files,
+                alert_stalled_increments,
+            )
             from cdc_compaction.tasks import plan
 
             def quarantined(files: list[dict[str, Any]]) -> None:
@@ -279,7 +375,16 @@ def build_dag(cfg: TableConfig) -> DAG:
             def ignored(entries: list[dict[str, Any]]) -> None:
                 alert_ignored_landing(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, entries)
 
-            return plan(_runtime(cfg), run_id=context["run_id"], on_quarantined=quarantined, on_ignored=ignored)
+            def stalled(increments: list[dict[str, Any]]) -> None:
+                alert_stalled_increments(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, increments)
+
+            return plan(
+                _runtime(cfg),
+                run_id=context["run_id"],
+                on_quarantined=quarantined,
+                on_ignored=ignored,
+                on_stalled=stalled,
+            )
 
         def validate_step(plan_path: str) -> dict[str, Any]:
             """Check the new version (keys, counts, schema) before anything is published."""

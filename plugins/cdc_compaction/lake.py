@@ -38,13 +38,9 @@ its lease cannot publish over another run's commit.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
-import os
 import posixpath
-import socket
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -231,6 +227,8 @@ class Commit:
     @classmethod
     def from_json(cls, text: str) -> Commit:
         doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError(f"a commit record is a JSON object, not {type(doc).__name__}")
         doc.setdefault("layout", 1)  # a record from before layout 2
         return cls(**doc)
 
@@ -253,13 +251,18 @@ class Lake:
         path = self.layout.commit_path(seq)
         if not self.storage.exists(path):
             return None
+        text = self.storage.read_text(path)  # an I/O error here may heal: it stays a StorageError
         try:
-            return Commit.from_json(self.storage.read_text(path))
+            commit = Commit.from_json(text)
+            if commit.seq != seq:
+                raise ValueError(f"it names commit {commit.seq!r}")
         except (ValueError, TypeError) as exc:
-            raise StorageError(
+            # Permanent: retrying reads the same bytes. A person must restore the record.
+            raise CommitLogError(
                 f"commit record {path} of {self.cfg.qualified_name} is unreadable ({exc}); "
                 "restore it from the archive or backups before running again"
             ) from exc
+        return commit
 
     def read_pointer(self) -> dict[str, Any] | None:
         """The pointer file, or None if there is none; raise :class:`StorageError` if it is unreadable."""
@@ -375,37 +378,10 @@ def _pointer_seq(text: str) -> int:
 
 # ------------------------------------------------------------------------- the lease
 def deployment_id() -> str:
-    """Names this Airflow deployment in leases: ``CDC_DEPLOYMENT_ID``, else one derived from its metadata DB.
+    """Names this Airflow deployment in leases (see :mod:`cdc_compaction.deployment`)."""
+    from cdc_compaction.deployment import deployment_id as _deployment_id
 
-    Two deployments share run ids (``scheduled__2026-…``), so a shared name would let both
-    hold one lease.  The default is unique per deployment without configuration: a hash of
-    the metadata database's address (password left out), or of the Execution API URL where
-    a worker has no database address.  Every process of one deployment shares that
-    configuration, so they agree on the name.
-    """
-    explicit = os.environ.get("CDC_DEPLOYMENT_ID", "").strip()
-    if explicit:
-        return explicit
-    return f"airflow-{_deployment_fingerprint()}"
-
-
-@functools.cache
-def _deployment_fingerprint() -> str:
-    identity = ""
-    try:
-        from airflow.configuration import conf
-
-        url = conf.get("database", "sql_alchemy_conn", fallback="") or ""
-        if url:
-            from sqlalchemy.engine import make_url
-
-            identity = make_url(url).set(password=None).render_as_string(hide_password=False)
-        else:
-            identity = conf.get("core", "execution_api_server_url", fallback="") or ""
-    except Exception:  # outside Airflow (CLI, tests): the host names the deployment
-        log.debug("no Airflow configuration to derive the deployment id from", exc_info=True)
-    identity = identity or f"host:{socket.gethostname()}"
-    return hashlib.sha256(identity.encode()).hexdigest()[:10]
+    return _deployment_id()
 
 
 @dataclass(frozen=True)

@@ -184,3 +184,28 @@ def alert_ignored_landing(table: str, emails: list[str], smtp_conn_id: str, entr
     send_email(
         smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(entries)} landed entries ignored", body, table=table
     )
+
+
+def alert_stalled_increments(
+    table: str, emails: list[str], smtp_conn_id: str, increments: list[dict[str, Any]]
+) -> None:
+    """Warn that increments have waited longer than ``increments.alert_after`` to be complete.
+
+    A writer's abandoned temporaries or a completion marker that never came keep an increment
+    out of every compaction, possibly forever. Never raises (see :func:`send_email`).
+    """
+    if not increments:
+        return
+    log.warning("%s: %d increments are stalled, not complete: %s", table, len(increments), increments)
+    if not emails:
+        return
+    items = "".join(f"<li><code>{html.escape(i['path'])}</code>: {html.escape(i['reason'])}</li>" for i in increments)
+    body = (
+        f"<p>{len(increments)} increments of <b>{html.escape(table)}</b> have waited too long to be complete, "
+        f"so they are not compacted and their change events are in no base version yet:</p><ul>{items}</ul>"
+        "<p>Remove a dead writer's temporaries, or create the completion marker once the increment is complete; "
+        "the next run then compacts it.</p>"
+    )
+    send_email(
+        smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(increments)} increments stalled", body, table=table
+    )

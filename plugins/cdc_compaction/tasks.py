@@ -387,6 +387,9 @@ class Pending:
     held_back: list[dict[str, str]] = field(default_factory=list)
     #: Increments not complete yet, with the reason (current hour, no marker, not settled, a writer's temporaries).
     waiting: list[dict[str, str]] = field(default_factory=list)
+    #: Waiting increments that have not changed for ``increments.alert_after`` (temporaries or no marker):
+    #: they may wait forever, so they are reported and alerted about like ignored entries.
+    stalled: list[dict[str, str]] = field(default_factory=list)
     #: Landed files and directories a run never takes, with the reason and what to do.
     ignored: list[Ignored] = field(default_factory=list)
     #: The readable data files of the increments in ``dirs`` (waiting ones too), minus excluded ones:
@@ -410,20 +413,34 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
         out.ignored += listing.ignored
         data = listing.data
         hour = increment_hour(cfg, name)
-        waits = None
+        waits = fix = None
         if listing.in_progress:
             # A writer is still at work (or died): taking the increment now could miss its files,
             # and archive must never delete them (README, "Crash safety").
             waits = "holds a writer's temporaries " + ", ".join(sorted(e.name for e in listing.in_progress))
+            fix = "if no writer is still at work, they were left by one that died: remove them"
         elif inc.wait_for_hour_end and hour is not None and hour + timedelta(hours=1) > now:
             waits = "is the current hour; it waits until the hour ends"
         elif inc.completion == "marker" and not listing.markers:
             waits = f"has no {inc.marker_file} marker yet"
+            fix = f"check the sink; if the increment is complete, create {inc.marker_file} in it"
         elif data and inc.settle_seconds and max(e.mtime for e in data) > now.timestamp() - inc.settle_seconds:
             waits = f"changed within {inc.settle_seconds}s; waiting for it to settle"
         if waits is not None:
             log.info("%s: %s %s; not complete, not planned yet", cfg.qualified_name, path, waits)
             out.waiting.append({"increment": name, "path": path, "reason": waits})
+            since = _waiting_since(hour, listing)
+            if fix is not None and since is not None and now - since >= inc.alert_after:
+                out.stalled.append(
+                    {
+                        "increment": name,
+                        "path": path,
+                        "waiting_since": since.isoformat(),
+                        "reason": f"{waits}, unchanged since {since:%Y-%m-%d %H:%M} UTC (longer than "
+                        f"increments.alert_after, {inc.alert_after}); it is not compacted until it is complete: "
+                        f"{fix}",
+                    }
+                )
         refused = list(listing.unplanned_but_readable())
         shown: list[PlannedFile] = []
         for e in data:
@@ -466,24 +483,54 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
     return out
 
 
+def _waiting_since(hour: datetime | None, listing: Any) -> datetime | None:
+    """Since when an increment has waited: the end of its hour or its last change, whichever is later."""
+    entries = [*listing.data, *listing.markers, *listing.checksums, *listing.in_progress]
+    times = [datetime.fromtimestamp(max(mtimes), UTC)] if (mtimes := [e.mtime for e in entries if e.mtime]) else []
+    if hour is not None:
+        times.append(hour + timedelta(hours=1))
+    return max(times) if times else None
+
+
 def report_landing(
-    rt: Runtime, pending: Pending, on_ignored: Callable[[list[dict[str, Any]]], None] | None = None
+    rt: Runtime,
+    pending: Pending,
+    on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> None:
     """Log every landed entry the run does not take, record them, and alert about new ones.
 
     ``_cdc/landing.json`` holds the last plan's view of the landing area (ignored entries,
-    waiting and held-back increments), also when nothing was planned.  ``on_ignored`` is
-    called with the ignored entries not alerted about before; an alert that cannot be
-    delivered is logged and tried again by the next run, it never fails the plan.
+    waiting, stalled and held-back increments), also when nothing was planned.  ``on_ignored``
+    is called with the ignored entries not alerted about before, ``on_stalled`` likewise with
+    the stalled increments; an alert that cannot be delivered is logged and tried again by
+    the next run, it never fails the plan.
     """
     cfg, st = rt.cfg, rt.lake.storage
     path = landing_report_path(rt.lake.layout.control)
     for i in pending.ignored:
         log.warning("%s: %s is not compacted: %s", cfg.qualified_name, i.path, i.reason)
+    for s in pending.stalled:
+        log.warning("%s: increment %s %s", cfg.qualified_name, s["path"], s["reason"])
     try:
-        alerted = {(a["path"], a["reason"]) for a in json.loads(st.read_text(path)).get("alerted", [])}
+        previous = json.loads(st.read_text(path))
+        alerted = {(a["path"], a["reason"]) for a in previous.get("alerted", [])}
+        alerted_stalled = {str(p) for p in previous.get("alerted_stalled", [])}
     except Exception:  # noqa: BLE001 - no report yet, or a torn one: alert about everything
-        alerted = set()
+        alerted, alerted_stalled = set(), set()
+    # Once per increment (its reason names the time, so it is not the key); one that completed is forgotten.
+    alerted_stalled &= {s["path"] for s in pending.stalled}
+    new_stalled = [s for s in pending.stalled if s["path"] not in alerted_stalled]
+    if new_stalled and on_stalled is not None:
+        try:
+            on_stalled(new_stalled)
+            alerted_stalled |= {s["path"] for s in new_stalled}
+        except Exception:  # an undeliverable alert must not stop the compaction
+            log.exception(
+                "%s: could not send the alert about %d stalled increments; the next run tries again",
+                cfg.qualified_name,
+                len(new_stalled),
+            )
     now_ignored = {(i.path, i.reason) for i in pending.ignored}
     alerted &= now_ignored  # an entry that went and came back is new again
     new = [i.to_dict() for i in pending.ignored if (i.path, i.reason) not in alerted]
@@ -502,8 +549,10 @@ def report_landing(
         "checked_at": utcnow().isoformat(),
         "ignored_landing": as_dicts(pending.ignored),
         "waiting_increments": pending.waiting,
+        "stalled_increments": pending.stalled,
         "held_back_from_view": pending.held_back,
         "alerted": [{"path": p, "reason": r} for p, r in sorted(alerted)],
+        "alerted_stalled": sorted(alerted_stalled),
     }
     st.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
 
@@ -574,20 +623,26 @@ def plan(
     now: datetime | None = None,
     on_quarantined: Callable[[list[dict[str, Any]]], None] | None = None,
     on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> str:
     """Record the exact input of this run; return the plan file path, or '' if nothing is pending.
 
     ``on_quarantined`` is called with the bad files set aside (``on_bad_file: quarantine``),
-    ``on_ignored`` with landed entries the run will never take that were not alerted about
-    yet (see :func:`report_landing`; its failure is only logged).
+    ``on_ignored`` with landed entries the run will never take and ``on_stalled`` with
+    increments waiting longer than ``increments.alert_after``, each only with those not
+    alerted about yet (see :func:`report_landing`; their failure is only logged).
     """
     now = now or utcnow()
     cfg, lake = rt.cfg, rt.lake
+    from cdc_compaction.deployment import register as register_deployment
+
     owner = lease_owner(run_id)
-    # Before anything else: one run per table at a time, across deployments sharing the lake.
+    # Before anything else: one run per table at a time, across deployments sharing the lake, and
+    # never two deployments under one name (their leases would not keep each other out).
+    register_deployment(lake)
     take_lease(rt, owner, now)
     try:
-        return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored)
+        return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored, on_stalled)
     except Exception:
         # A plan that failed before recording its input has nothing in flight: let other runs go.
         try:
@@ -605,6 +660,7 @@ def _plan_under_lease(
     now: datetime,
     on_quarantined: Callable[[list[dict[str, Any]]], None] | None,
     on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> str:
     cfg, lake = rt.cfg, rt.lake
     with connect(rt.metastore) as ms:
@@ -627,7 +683,7 @@ def _plan_under_lease(
         files = pending.files
         # Before a bad file can fail the plan: the view must keep answering without it.
         views.sync(rt, ms, pending, latest, drop_gone=False)
-        report_landing(rt, pending, on_ignored)
+        report_landing(rt, pending, on_ignored, on_stalled)
         quarantined = set_aside_bad_files(rt, plan_id, pending.bad)
         if quarantined and on_quarantined is not None:
             on_quarantined(quarantined)
@@ -663,6 +719,7 @@ def _plan_under_lease(
         # What the run saw but did not take (README, "Bad input and the quarantine").
         "ignored_landing": as_dicts(pending.ignored),
         "waiting_increments": pending.waiting,
+        "stalled_increments": pending.stalled,
         "increments": sorted({f.increment for f in files}),
         "ingested_at": now.isoformat(),
         "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
