@@ -95,6 +95,14 @@ def with_extra_column(name: Any = "extra", type_: Any = "string", **more: Any) -
     return mutate
 
 
+def _both(*mutations: Callable[[Doc], None]) -> Callable[[Doc], None]:
+    def mutate(doc: Doc) -> None:
+        for m in mutations:
+            m(doc)
+
+    return mutate
+
+
 def setting(key: str, value: Any) -> Callable[[Doc], None]:
     def mutate(doc: Doc) -> None:
         doc[key] = value
@@ -509,6 +517,50 @@ def _bad_cases() -> list[Any]:
         pytest.param(
             Bad(setting("partition_by", {"columns": ["id"]}), "partition_by.columns", "Extra inputs are not permitted"),
             id="partition_by-typo",
+        ),
+    ]
+    cases += [
+        pytest.param(Bad(setting("views", {"metastore": []}), "views.metastore", "at least 1"), id="views-none"),
+        pytest.param(
+            Bad(setting("views", {"metastore": ["spark", "spark"]}), "views.metastore", "lists a dialect twice"),
+            id="views-twice",
+        ),
+        pytest.param(
+            Bad(setting("views", {"metastore": ["oracle"]}), "views.metastore.0", "'spark', 'hive' or 'trino'"),
+            id="views-oracle",
+        ),
+        pytest.param(
+            Bad(setting("views", {"duckdb": "/x/views.txt"}), "views.duckdb", "must end with .sql"), id="duckdb-ext"
+        ),
+        pytest.param(
+            Bad(setting("views", {"duckdb": "s3://b/lake/v.duckdb"}), "views.duckdb", "must be local"),
+            id="duckdb-file-on-s3",
+        ),
+        pytest.param(
+            Bad(setting("views", {"duckdb": "/x/tests.duckdb"}), "views", "would be ambiguous"),
+            id="duckdb-file-named-like-the-database",
+        ),
+        pytest.param(
+            Bad(setting("views", {"trino_catalog": "hive; DROP"}), "views.trino_catalog", "not a valid identifier"),
+            id="trino-catalog-injection",
+        ),
+        pytest.param(
+            Bad(setting("event_time", {"column": "nope"}), "event_time", "is not among the columns"),
+            id="event-time-unknown",
+        ),
+        pytest.param(
+            Bad(setting("event_time", {"column": "full_name"}), "event_time", "has type string"),
+            id="event-time-string",
+        ),
+        pytest.param(
+            Bad(setting("event_time", {"column": "ts_ms", "unit": "days"}), "event_time.unit", "'s', 'ms'"),
+            id="event-time-unit",
+        ),
+        pytest.param(
+            Bad(
+                _both(setting("views", {"metastore": ["spark", "trino"]}), setting("table", "t" * 110)), "table", "106"
+            ),
+            id="table-name-too-long-for-a-second-dialect",
         ),
     ]
     for what in ("database", "table"):

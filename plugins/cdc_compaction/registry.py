@@ -480,7 +480,16 @@ class TableConfig(_Strict):
                     f"event_time: column {self.event_time.column!r} has type {kind}; it needs a timestamp, a date "
                     "or an integer count of time units since the epoch (with unit: s, ms, us or ns)"
                 )
-        if self.views.duckdb is not None and {"file_row_number", "filename"} & set(lower):
+        duck = self.views.duckdb
+        if duck is not None and duck.endswith((".duckdb", ".db")):
+            stem = duck.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+            if stem.lower() == self.database.lower():
+                raise ValueError(
+                    f"views: DuckDB names a database file's catalog after the file, so in {duck!r} the catalog and "
+                    f"the schema {self.database!r} would have one name and every query of them would be ambiguous; "
+                    "name the file otherwise (e.g. lake.duckdb)"
+                )
+        if duck is not None and {"file_row_number", "filename"} & set(lower):
             raise ValueError(
                 "views: DuckDB views cannot read a table with a column named filename or file_row_number "
                 "(DuckDB's own columns for a row's file and position); leave views.duckdb unset"
