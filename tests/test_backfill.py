@@ -83,6 +83,8 @@ def airflow_cluster(
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            # A new registry file reaches the running DAG processor on its next parse of the DAG file.
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__CORE__PARALLELISM": "4",
             # Task processes inherit this: publish of one table dies by SIGKILL, once.
@@ -110,6 +112,32 @@ def airflow_cluster(
         yield env, registry
     finally:
         _stop(procs)
+
+
+def _wait_for_dag(env: dict[str, str], dag_id: str, timeout: float = 180.0) -> None:
+    """Wait until the running DAG processor has written ``dag_id`` (active) to the metadata DB.
+
+    Not ``airflow dags reserialize``: a second process serializing the same new DAG at the
+    moment the DAG processor does makes one of them fail on the ``dag`` table's primary key
+    (CI saw ``reserialize`` exit 1 so).  The DAG processor is what users run anyway.
+    """
+    import psycopg2
+
+    # libpq takes the URL without SQLAlchemy's "+driver".
+    url = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace("+psycopg2", "", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        db = psycopg2.connect(url)
+        try:
+            with db.cursor() as cur:
+                cur.execute("SELECT is_stale FROM dag WHERE dag_id = %s", (dag_id,))
+                row = cur.fetchone()
+        finally:
+            db.close()
+        if row is not None and row[0] is False:
+            return
+        assert time.monotonic() < deadline, f"the DAG processor did not write {dag_id} within {timeout:.0f}s"
+        time.sleep(1)
 
 
 def _runs(env: dict[str, str], dag_id: str) -> list[dict[str, Any]]:
@@ -143,7 +171,7 @@ def test_backfill_serializes_runs_and_compacts_everything_once(airflow_cluster, 
     land(cfg, "increment_2026110100", [[{"id": 1, "full_name": "a", "op": "c", "ts_ms": 1}]])
     land(cfg, "increment_2026110101", [[{"id": 1, "full_name": "b", "op": "u", "ts_ms": 2}]])
     land(cfg, "increment_2026110102", [[{"id": 2, "full_name": "c", "op": "c", "ts_ms": 3}]])
-    subprocess.run([AIRFLOW, "dags", "reserialize"], env=env, check=True, capture_output=True)
+    _wait_for_dag(env, cfg.dag_id)
     # Airflow starts no run of a paused DAG, backfill runs included.  Unpausing also lets
     # the scheduler add the latest scheduled run: it must queue behind, and find nothing.
     subprocess.run([AIRFLOW, "dags", "unpause", cfg.dag_id], env=env, check=True, capture_output=True)
@@ -192,7 +220,7 @@ def test_a_task_killed_after_the_commit_record_is_retried_by_airflow(airflow_clu
     cfg = TableConfig.model_validate(doc)
     land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "a", "op": "c", "ts_ms": 1}]])
     land(cfg, "increment_2026112201", [[{"id": 1, "full_name": "b", "op": "u", "ts_ms": 2}]])
-    subprocess.run([AIRFLOW, "dags", "reserialize"], env=env, check=True, capture_output=True)
+    _wait_for_dag(env, cfg.dag_id)
     subprocess.run([AIRFLOW, "dags", "unpause", cfg.dag_id], env=env, check=True, capture_output=True)
     subprocess.run([AIRFLOW, "dags", "trigger", cfg.dag_id], env=env, check=True, capture_output=True)
     deadline = time.monotonic() + 600
