@@ -31,7 +31,7 @@ from conftest import STUDENT_COLUMNS
 
 from cdc_compaction import faults
 from cdc_compaction.conformance import land
-from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+from cdc_compaction.devenv import airflow_env, ensure_airflow_db, metadata_rows
 from cdc_compaction.lake import Lake
 from cdc_compaction.local_services import LocalMetastore, free_port, port_open
 from cdc_compaction.registry import TableConfig
@@ -121,19 +121,11 @@ def _wait_for_dag(env: dict[str, str], dag_id: str, timeout: float = 180.0) -> N
     moment the DAG processor does makes one of them fail on the ``dag`` table's primary key
     (CI saw ``reserialize`` exit 1 so).  The DAG processor is what users run anyway.
     """
-    import psycopg2
-
-    # libpq takes the URL without SQLAlchemy's "+driver".
-    url = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].replace("+psycopg2", "", 1)
+    conn = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     deadline = time.monotonic() + timeout
     while True:
-        db = psycopg2.connect(url)
-        try:
-            with db.cursor() as cur:
-                cur.execute("SELECT is_stale FROM dag WHERE dag_id = %s", (dag_id,))
-                row = cur.fetchone()
-        finally:
-            db.close()
+        rows = metadata_rows(conn, "SELECT is_stale FROM dag WHERE dag_id = ?", (dag_id,))
+        row = rows[0] if rows else None
         if row is not None and row[0] is False:
             return
         assert time.monotonic() < deadline, f"the DAG processor did not write {dag_id} within {timeout:.0f}s"

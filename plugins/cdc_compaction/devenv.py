@@ -132,7 +132,7 @@ def postgres_metadata_db(postgres: LocalPostgres, label: str) -> str:
     return postgres.create_database(name)
 
 
-def _metadata_rows(conn: str, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+def metadata_rows(conn: str, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """Rows of a ``?``-parameterized query on the metadata DB named by a SQLAlchemy URL."""
     if conn.startswith("sqlite:///"):
         with sqlite3.connect(conn.removeprefix("sqlite:///")) as db:
@@ -155,7 +155,7 @@ def last_run_timings(airflow_home: Path, dag_id: str, sql_alchemy_conn: str | No
     That is SQLite under ``airflow_home``, or the database ``sql_alchemy_conn`` names.
     """
     conn = sql_alchemy_conn or f"sqlite:///{airflow_home}/airflow.db"
-    runs = _metadata_rows(
+    runs = metadata_rows(
         conn,
         "SELECT run_id, state, start_date, end_date FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
         (dag_id,),
@@ -163,7 +163,7 @@ def last_run_timings(airflow_home: Path, dag_id: str, sql_alchemy_conn: str | No
     if not runs:
         return {"dag_id": dag_id, "run_id": None}
     run = runs[0]
-    tasks = _metadata_rows(
+    tasks = metadata_rows(
         conn,
         "SELECT task_id, state, duration FROM task_instance WHERE dag_id = ? AND run_id = ? ORDER BY start_date",
         (dag_id, run[0]),
