@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql.functions import expr
 
 from cdc_compaction.engine import load_job
 from cdc_compaction.registry import TableConfig
@@ -997,3 +1001,36 @@ def test_key_lookup_and_full_ranking_write_the_same_version(spark: Any, make_cfg
     assert {k: v for k, v in lookup.items() if k not in ignore} == {k: v for k, v in full.items() if k not in ignore}
     assert (lookup["base_rows"], lookup["superseded_rows"], lookup["rejected_rows"]) == (6, 7, 1)
     assert_reconciles(lookup)
+
+
+# ------------------------------------------------------------ checks of the written output
+_sides = st.lists(
+    st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3), st.sampled_from(["c", "u", "d", None])),
+    max_size=12,
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_sides, tombstones=_sides)
+def test_output_tallies_count_rows_misplaced_rows_and_duplicate_keys(spark: Any, data: Any, tombstones: Any) -> None:
+    """One grouping answers the three checks that gate publishing; the expectation is counted here in Python.
+
+    A key (NULL parts included: NULL equals NULL as a grouping key) occurring more than once across
+    both outputs is a duplicate; a delete (op d) among the visible rows or a non-delete among the
+    tombstones is misplaced (a NULL op is neither).
+    """
+    ddl = "k1 string, k2 int, op string"
+    got = job.output_tallies(
+        spark.createDataFrame(data, ddl),
+        spark.createDataFrame(tombstones, ddl),
+        ["k1", "k2"],
+        expr("op = 'd'"),
+    )
+    keys = Counter((k1, k2) for k1, k2, _ in [*data, *tombstones])
+    assert got == {
+        "data_rows": len(data),
+        "tomb_rows": len(tombstones),
+        "data_misplaced": sum(op == "d" for _, _, op in data),
+        "tomb_misplaced": sum(op is not None and op != "d" for _, _, op in tombstones),
+        "duplicate_keys": sum(1 for n in keys.values() if n > 1),
+    }

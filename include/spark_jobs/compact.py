@@ -263,6 +263,41 @@ def fault_point(name: str, table: str) -> None:
         raise RuntimeError(f"injected fault at {name} for {table} (CDC_FAULTS is set)")
 
 
+def output_tallies(data: DataFrame, tombstones: DataFrame, pk: list[str], is_delete: Column) -> dict[str, int]:
+    """Rows, rows on the wrong side and keys found more than once in a written version: one Spark job.
+
+    ``data_misplaced`` counts deletes among the visible rows, ``tomb_misplaced`` upserts among the
+    tombstones; ``duplicate_keys`` counts the keys that occur more than once in both together (a key
+    lives once: visible or a tombstone).  One grouping by key answers all three, rather than a pass
+    over the output for each (the outputs are re-read from storage: these checks gate publishing).
+    """
+    side, wrong = "_cdc_side", "_cdc_wrong"
+
+    def tagged(df: DataFrame, value: int, bad: Column) -> DataFrame:
+        return df.select(*_keys(pk), F.lit(value).alias(side), F.when(bad, 1).otherwise(0).alias(wrong))
+
+    both = tagged(data, 0, is_delete).unionByName(tagged(tombstones, 1, ~is_delete))
+    is_data, is_tomb = F.col(side) == 0, F.col(side) == 1
+    per_key = both.groupBy(*_keys(pk)).agg(
+        F.count(F.lit(1)).alias("_cdc_n"),
+        F.sum(F.when(is_data, 1).otherwise(0)).alias("_cdc_d"),
+        F.sum(F.when(is_tomb, 1).otherwise(0)).alias("_cdc_t"),
+        F.sum(F.when(is_data, F.col(wrong)).otherwise(0)).alias("_cdc_dm"),
+        F.sum(F.when(is_tomb, F.col(wrong)).otherwise(0)).alias("_cdc_tm"),
+    )
+    names = {
+        "data_rows": "_cdc_d",
+        "tomb_rows": "_cdc_t",
+        "data_misplaced": "_cdc_dm",
+        "tomb_misplaced": "_cdc_tm",
+    }
+    total = per_key.agg(
+        *[F.coalesce(F.sum(col), F.lit(0)).alias(name) for name, col in names.items()],
+        F.coalesce(F.sum(F.when(F.col("_cdc_n") > 1, 1).otherwise(0)), F.lit(0)).alias("duplicate_keys"),
+    ).first()
+    return {name: int(total[name]) for name in [*names, "duplicate_keys"]}
+
+
 def _observed(obs: Observation, name: str) -> int:
     """An observed metric, or 0 when Spark reported none: adaptive execution drops the whole plan,
     observation included, when its input turned out empty (nothing observed means nothing counted)."""
@@ -565,35 +600,22 @@ def run(spark: SparkSession, plan: dict[str, Any], attempt: str | None = None) -
             df.unpersist()
 
     # Re-read what landed on storage: these checks gate publishing (see validate).
-    def tallies(wrong: Column) -> list[Column]:
-        return [
-            F.count(F.lit(1)).alias("rows"),
-            F.coalesce(F.sum(F.when(wrong, 1).otherwise(0)), F.lit(0)).alias("misplaced"),
-        ]
-
     partitioned: dict[str, Any] = {}
-    tomb_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
-    written_tomb = spark.read.schema(tomb_schema).parquet(tomb_out)
-    tomb_check = written_tomb.agg(*tallies(~is_delete)).first()
-    if part is None:
-        written = spark.read.schema(base_schema).parquet(data_out)
-        check = written.agg(*tallies(is_delete)).first()
-        data_rows, data_misplaced = int(check["rows"]), int(check["misplaced"])
-    else:
-        written = spark.read.schema(f"{base_schema}, {PARTITION_DDL}").parquet(data_out)
-        per_partition = {
-            r[PARTITION_COLUMN]: r for r in written.groupBy(PARTITION_COLUMN).agg(*tallies(is_delete)).collect()
-        }
-        data_rows = sum(int(r["rows"]) for r in per_partition.values())
-        data_misplaced = sum(int(r["misplaced"]) for r in per_partition.values())
-        partitioned["partition_rows"] = {v: int(r["rows"]) for v, r in sorted(per_partition.items())}
-    # A key lives once: in the visible rows or among the tombstones, never in both or twice.
-    all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
-    duplicate_keys = all_keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).count()
+    out_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
+    written_tomb = spark.read.schema(out_schema).parquet(tomb_out)
+    written = spark.read.schema(out_schema).parquet(data_out)
+    check = output_tallies(written, written_tomb, pk, is_delete)
+    data_rows, data_misplaced = check["data_rows"], check["data_misplaced"]
+    duplicate_keys = check["duplicate_keys"]
+    if part is not None:
+        # validate holds these against the Parquet footers of each partition directory.
+        per_partition = written.groupBy(PARTITION_COLUMN).count().collect()
+        partitioned["partition_rows"] = {r[PARTITION_COLUMN]: int(r["count"]) for r in sorted(per_partition)}
     output_files = _data_files(spark, data_out, DATA_DIR) + _data_files(spark, tomb_out, TOMBSTONES_DIR)
     if part is not None:
         # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
         reused_keys = base_keys.filter(~F.col(PARTITION_COLUMN).isin(touched))
+        all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
         duplicate_keys += reused_keys.join(all_keys, on=pk, how="left_semi").count()
         written_map = _written_partitions(output_files, data_out)
         if sorted(written_map) != sorted(partitioned["partition_rows"]):
@@ -610,7 +632,7 @@ def run(spark: SparkSession, plan: dict[str, Any], attempt: str | None = None) -
                 "partitions_reused": len(set(base_map) - set(touched)),
             }
         )
-    tomb_rows = int(tomb_check["rows"])
+    tomb_rows = check["tomb_rows"]
     output_rows = data_rows + tomb_rows
     accepted_rows = increment_rows - rejected_rows
     # Every ranked event is a winner (written, or an expired tombstone) or superseded; the key lookup
@@ -635,7 +657,7 @@ def run(spark: SparkSession, plan: dict[str, Any], attempt: str | None = None) -
         "output_tombstones": tomb_rows,
         "output_visible_rows": data_rows,
         # Deletes among the visible rows, or upserts among the tombstones: must be 0.
-        "misplaced_rows": data_misplaced + int(tomb_check["misplaced"]),
+        "misplaced_rows": data_misplaced + check["tomb_misplaced"],
         "duplicate_keys": int(duplicate_keys),
         "output_files": output_files,
         "finished_at": datetime.now(UTC).isoformat(),
