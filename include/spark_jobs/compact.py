@@ -271,29 +271,25 @@ def output_tallies(data: DataFrame, tombstones: DataFrame, pk: list[str], is_del
     lives once: visible or a tombstone).  One grouping by key answers all three, rather than a pass
     over the output for each (the outputs are re-read from storage: these checks gate publishing).
     """
-    side, wrong = "_cdc_side", "_cdc_wrong"
+    names = {"data_rows": "_cdc_d", "tomb_rows": "_cdc_t", "data_misplaced": "_cdc_dm", "tomb_misplaced": "_cdc_tm"}
 
-    def tagged(df: DataFrame, value: int, bad: Column) -> DataFrame:
-        return df.select(*_keys(pk), F.lit(value).alias(side), F.when(bad, 1).otherwise(0).alias(wrong))
+    def tagged(df: DataFrame, in_data: int, bad: Column) -> DataFrame:
+        wrong = F.when(bad, 1).otherwise(0)
+        return df.select(
+            *_keys(pk),
+            F.lit(in_data).alias("_cdc_d"),
+            F.lit(1 - in_data).alias("_cdc_t"),
+            (wrong * in_data).alias("_cdc_dm"),
+            (wrong * (1 - in_data)).alias("_cdc_tm"),
+        )
 
-    both = tagged(data, 0, is_delete).unionByName(tagged(tombstones, 1, ~is_delete))
-    is_data, is_tomb = F.col(side) == 0, F.col(side) == 1
-    per_key = both.groupBy(*_keys(pk)).agg(
-        F.count(F.lit(1)).alias("_cdc_n"),
-        F.sum(F.when(is_data, 1).otherwise(0)).alias("_cdc_d"),
-        F.sum(F.when(is_tomb, 1).otherwise(0)).alias("_cdc_t"),
-        F.sum(F.when(is_data, F.col(wrong)).otherwise(0)).alias("_cdc_dm"),
-        F.sum(F.when(is_tomb, F.col(wrong)).otherwise(0)).alias("_cdc_tm"),
-    )
-    names = {
-        "data_rows": "_cdc_d",
-        "tomb_rows": "_cdc_t",
-        "data_misplaced": "_cdc_dm",
-        "tomb_misplaced": "_cdc_tm",
-    }
+    both = tagged(data, 1, is_delete).unionByName(tagged(tombstones, 0, ~is_delete))
+    per_key = both.groupBy(*_keys(pk)).agg(*[F.sum(c).alias(c) for c in names.values()])
     total = per_key.agg(
-        *[F.coalesce(F.sum(col), F.lit(0)).alias(name) for name, col in names.items()],
-        F.coalesce(F.sum(F.when(F.col("_cdc_n") > 1, 1).otherwise(0)), F.lit(0)).alias("duplicate_keys"),
+        *[F.coalesce(F.sum(c), F.lit(0)).alias(name) for name, c in names.items()],
+        F.coalesce(F.sum(F.when(F.col("_cdc_d") + F.col("_cdc_t") > 1, 1).otherwise(0)), F.lit(0)).alias(
+            "duplicate_keys"
+        ),
     ).first()
     return {name: int(total[name]) for name in [*names, "duplicate_keys"]}
 
