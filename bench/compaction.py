@@ -54,7 +54,7 @@ from cdc_compaction.engine import SparkSubmitEngine, compaction_conf  # noqa: E4
 from cdc_compaction.lake import Lake, TableLease  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
 from cdc_compaction.metastore import connect  # noqa: E402
-from cdc_compaction.registry import TableConfig  # noqa: E402
+from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 from cdc_compaction.storage import is_data_file  # noqa: E402
 
@@ -191,7 +191,7 @@ class Bench:
             # Profiling only: Spark's event log (per-stage task times) for floor and ours alike.
             os.makedirs(self.args.event_log, exist_ok=True)
             spark["conf"] = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": self.args.event_log}
-        return TableConfig.model_validate(datagen.registry_doc(table, str(self.work / "lake" / table), **spark))
+        return parse_table(datagen.registry_doc(table, str(self.work / "lake" / table), **spark))
 
     def runtime(self, cfg: TableConfig) -> tasks.Runtime:
         return tasks.Runtime(

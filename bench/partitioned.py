@@ -48,7 +48,7 @@ from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SparkSubmitEngine  # noqa: E402
 from cdc_compaction.lake import Lake  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
-from cdc_compaction.registry import TableConfig  # noqa: E402
+from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 
 log = logging.getLogger("bench.partitioned")
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         endpoint = MetastoreEndpoint(ms.host, ms.port)
         tables = {
             name: Table(
-                TableConfig.model_validate(registry_doc(f"{name}_{args.rows}", work / "lake", name == "parted")),
+                parse_table(registry_doc(f"{name}_{args.rows}", work / "lake", name == "parted")),
                 endpoint,
                 str(work / "warehouse"),
                 work / "logs",

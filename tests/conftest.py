@@ -34,7 +34,7 @@ from cdc_compaction.engine import SessionEngine  # noqa: E402
 from cdc_compaction.exceptions import PreconditionFailedError  # noqa: E402
 from cdc_compaction.lake import Lake  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, LocalPostgres, free_port  # noqa: E402
-from cdc_compaction.registry import TableConfig  # noqa: E402
+from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 from cdc_compaction.sql import table_names  # noqa: E402
 
@@ -125,7 +125,7 @@ def make_cfg(tmp_path: Path) -> Callable[..., TableConfig]:
     def _make(table: str | None = None, **overrides: Any) -> TableConfig:
         counter["n"] += 1
         name = table or f"t_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**8}_{counter['n']}"
-        return TableConfig.model_validate(student_doc(tmp_path / "lake", name, **overrides))
+        return parse_table(student_doc(tmp_path / "lake", name, **overrides))
 
     return _make
 

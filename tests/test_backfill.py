@@ -34,7 +34,7 @@ from cdc_compaction.conformance import land
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db, metadata_rows
 from cdc_compaction.lake import Lake
 from cdc_compaction.local_services import LocalMetastore, free_port, port_open
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 
 pytestmark = [pytest.mark.dag, pytest.mark.metastore, pytest.mark.spark]
 
@@ -159,7 +159,7 @@ def test_backfill_serializes_runs_and_compacts_everything_once(airflow_cluster, 
         "retry_delay": "5s",
     }
     (registry / "tests.backfilled.yaml").write_text(yaml.safe_dump(doc))
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     land(cfg, "increment_2026110100", [[{"id": 1, "full_name": "a", "op": "c", "ts_ms": 1}]])
     land(cfg, "increment_2026110101", [[{"id": 1, "full_name": "b", "op": "u", "ts_ms": 2}]])
     land(cfg, "increment_2026110102", [[{"id": 2, "full_name": "c", "op": "c", "ts_ms": 3}]])
@@ -209,7 +209,7 @@ def test_a_task_killed_after_the_commit_record_is_retried_by_airflow(airflow_clu
         "retry_delay": "2s",
     }
     (registry / f"{KILLED_TABLE}.yaml").write_text(yaml.safe_dump(doc))
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "a", "op": "c", "ts_ms": 1}]])
     land(cfg, "increment_2026112201", [[{"id": 1, "full_name": "b", "op": "u", "ts_ms": 2}]])
     _wait_for_dag(env, cfg.dag_id)

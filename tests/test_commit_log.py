@@ -22,7 +22,7 @@ from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import CommitLogError, ConcurrentRunError, StorageError, StorageRootMismatchError
 from cdc_compaction.lake import TableLease
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import PROJECT_ROOT
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -129,8 +129,8 @@ def _moved(rt: tasks.Runtime, new_root: Path) -> tasks.Runtime:
     doc = student_doc(new_root.parent, rt.cfg.table, database=rt.cfg.database)
     doc["storage_root"] = str(new_root)
     return tasks.Runtime(
-        cfg=TableConfig.model_validate(doc),
-        lake=type(rt.lake)(TableConfig.model_validate(doc)),
+        cfg=parse_table(doc),
+        lake=type(rt.lake)(parse_table(doc)),
         metastore=rt.metastore,
         engine=rt.engine,
     )

@@ -22,7 +22,7 @@ from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import BadInputError, ConcurrentRunError
 from cdc_compaction.lake import Commit, Lake, TableLease
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
 
 
@@ -30,7 +30,7 @@ def _take(doc: dict[str, Any], owner: str, start_at: float) -> str:
     """In a separate process: wait for the common start time, then try to take the lease."""
     import time
 
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     time.sleep(max(0.0, start_at - time.time()))
     try:
         TableLease(Lake(cfg)).acquire(owner, timedelta(hours=1), datetime.now(UTC))
@@ -48,12 +48,12 @@ def test_of_many_processes_taking_the_lease_at_once_exactly_one_wins(tmp_path: P
         results = list(pool.map(_take, [doc] * 6, [f"deployment-{i}/run" for i in range(6)], [start_at] * 6))
     assert sorted(results) == ["refused"] * 5 + ["won"]
     # Expired leases are taken over the same way: exactly one of the racers gets the next number.
-    lease = TableLease(Lake(TableConfig.model_validate(doc)))
+    lease = TableLease(Lake(parse_table(doc)))
     assert lease.current() is not None and lease.current().n == 1
 
 
 def test_an_expired_lease_is_taken_over_and_a_released_one_reused(tmp_path: Path) -> None:
-    lease = TableLease(Lake(TableConfig.model_validate(student_doc(tmp_path / "lake", "leases"))))
+    lease = TableLease(Lake(parse_table(student_doc(tmp_path / "lake", "leases"))))
     now = datetime.now(UTC)
     first = lease.acquire("a/run-1", timedelta(minutes=5), now)
     assert lease.acquire("a/run-1", timedelta(minutes=5), now).n == first.n + 1, "the holder renews"
@@ -67,7 +67,7 @@ def test_an_expired_lease_is_taken_over_and_a_released_one_reused(tmp_path: Path
 
 
 def test_the_pointer_only_moves_forward_under_concurrent_writers(tmp_path: Path) -> None:
-    lake = Lake(TableConfig.model_validate(student_doc(tmp_path / "lake", "pointer")))
+    lake = Lake(parse_table(student_doc(tmp_path / "lake", "pointer")))
     seqs = list(range(1, 41))
     random.Random(7).shuffle(seqs)
     seen: list[int] = []
@@ -103,7 +103,7 @@ def test_two_deployments_sharing_a_lake_start_the_same_run_at_once(
     registry = tmp_path / "registry"
     registry.mkdir()
     (registry / "tests.shared_lake.yaml").write_text(yaml.safe_dump(doc))
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     rt = runtime(cfg)
     tasks.ensure_tables(rt)
     land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1}]])

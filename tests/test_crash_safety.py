@@ -42,7 +42,7 @@ from cdc_compaction.engine import SessionEngine, compaction_conf
 from cdc_compaction.exceptions import InjectedFaultError
 from cdc_compaction.lake import EMPTY_VERSION, Lake, TableLease
 from cdc_compaction.metastore import connect
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import PROJECT_ROOT, SPARK_JOBS_DIR, MetastoreEndpoint
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -117,7 +117,7 @@ class CrashRun:
         self.registry = tmp / "registry"
         self.registry.mkdir()
         (self.registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc))
-        self.cfg = TableConfig.model_validate(doc)
+        self.cfg = parse_table(doc)
         self.rt = tasks.Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
         self.reader = conf.Reader(spark)
         self.types = {c.name: c.type for c in self.cfg.columns if c.name != self.cfg.op_column}

@@ -26,7 +26,7 @@ from cdc_compaction.deployment import Identity
 from cdc_compaction.devenv import airflow_env
 from cdc_compaction.exceptions import DeploymentConflictError, is_permanent
 from cdc_compaction.lake import Lake, TableLease
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
 
@@ -40,7 +40,7 @@ def _fresh_identity(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _cfg(tmp_path: Path) -> TableConfig:
-    return TableConfig.model_validate(student_doc(tmp_path / "lake", "shared"))
+    return parse_table(student_doc(tmp_path / "lake", "shared"))
 
 
 # ----------------------------------------------------------------------------- in-process

@@ -22,7 +22,7 @@ import sqlglot
 from sqlglot import exp
 
 from cdc_compaction import dialects, duckdb_views, sql
-from cdc_compaction.registry import TableConfig, load_table
+from cdc_compaction.registry import TableConfig, load_table, parse_table
 
 SHIPPED_REGISTRY = Path(__file__).resolve().parents[1] / "include" / "registry"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -53,7 +53,7 @@ def test_every_dialect_applies_the_jobs_rule(dialect: str, kind: str) -> None:
 
 
 def test_nan_is_refused_in_every_dialect() -> None:
-    cfg = TableConfig.model_validate(
+    cfg = parse_table(
         {
             "database": "d",
             "table": "t",
@@ -133,7 +133,7 @@ def test_duckdb_views_rank_dedupe_and_hide_deletes(tmp_path: Path) -> None:
     Expectations are the contract's, written out by hand: greatest order_by wins, then the later
     increment, file and row; a tombstone hides its key from older events; refused rows are listed.
     """
-    cfg = TableConfig.model_validate(
+    cfg = parse_table(
         {
             "database": "d",
             "table": "t",

@@ -9,7 +9,7 @@ from conftest import student_doc
 
 from cdc_compaction import exceptions as exc
 from cdc_compaction import factory
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 
 PERMANENT = [
     exc.BadInputError("t: part-0.parquet is truncated"),
@@ -31,7 +31,7 @@ TRANSIENT = [
 
 
 def _dag(tmp_path: Any) -> Any:
-    return factory.build_dag(TableConfig.model_validate(student_doc(tmp_path / "lake")))
+    return factory.build_dag(parse_table(student_doc(tmp_path / "lake")))
 
 
 @pytest.mark.parametrize("error", PERMANENT, ids=lambda e: type(e).__name__)

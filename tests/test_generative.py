@@ -44,7 +44,7 @@ from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.exceptions import InjectedFaultError
 from cdc_compaction.lake import Lake, TableLease
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -403,7 +403,7 @@ class Harness:
             # DuckDB's views are checked against the model too (check_view).
             "views": {"duckdb": str(root / "_duckdb" / f"{name}.sql")},
         }
-        self.cfg = TableConfig.model_validate(doc)
+        self.cfg = parse_table(doc)
         self.rt = tasks.Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
         self.model = Model(self.spec)
         self.pending: list[Event] = []

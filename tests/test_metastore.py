@@ -201,9 +201,9 @@ def test_glue_partitions_are_added_and_moved_in_place(glue: Any) -> None:
 
 def _views_of(db: str) -> list[Any]:
     from cdc_compaction import dialects, views
-    from cdc_compaction.registry import TableConfig
+    from cdc_compaction.registry import parse_table
 
-    cfg = TableConfig.model_validate(
+    cfg = parse_table(
         {
             "database": db,
             "table": "orders",

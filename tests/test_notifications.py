@@ -23,7 +23,7 @@ from cdc_compaction import conformance as conf
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db, last_run_timings
 from cdc_compaction.local_services import LocalMetastore, free_port
 from cdc_compaction.notifications import CdcAlertNotifier, alert_rejected_rows
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 
 
 class _Inbox:
@@ -176,7 +176,7 @@ def test_a_failing_task_of_a_real_dag_run_mails_the_tables_owners(
     registry = tmp_path / "registry"
     registry.mkdir()
     (registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     (good,) = conf.land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 100}]])
     corrupt = Path(good).parent / "part-00001.parquet"
     corrupt.write_bytes(b"not parquet")

@@ -26,7 +26,7 @@ from cdc_compaction import conformance as conf
 from cdc_compaction import pgsource
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.local_services import LocalMetastore, LocalPostgres
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 from cdc_compaction.tasks import refresh_view
 
@@ -186,7 +186,7 @@ def test_the_lake_matches_postgres_after_every_hour(
     registry.mkdir()
     doc = conf.registry_doc(scn, tmp_path / "lake")
     (registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     env = airflow_env(
         tmp_path / "airflow", metastore.uri, registry_dir=registry, warehouse_dir=metastore.home / "warehouse"
     )

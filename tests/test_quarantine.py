@@ -24,7 +24,7 @@ from cdc_compaction.engine import SessionEngine
 from cdc_compaction.exceptions import InjectedFaultError, QuarantineError
 from cdc_compaction.lake import Lake
 from cdc_compaction.quarantine import Quarantine
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -39,7 +39,7 @@ def table(tmp_path: Path, spark: Any, endpoint: MetastoreEndpoint) -> Callable[.
         registry = tmp_path / "registry"
         registry.mkdir(exist_ok=True)
         (registry / f"tests.{name}.yaml").write_text(yaml.safe_dump(doc))
-        cfg = TableConfig.model_validate(doc)
+        cfg = parse_table(doc)
         return tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
 
     return _make
@@ -93,8 +93,8 @@ def test_refused_rows_have_a_manifest_and_come_back_after_a_registry_fix(
     assert [p.name for p in landed] == [f"reingest-{landed[0].name.split('-')[1]}-00000.parquet"]
 
     fixed = tasks.Runtime(
-        cfg=TableConfig.model_validate(fixed_doc),
-        lake=Lake(TableConfig.model_validate(fixed_doc)),
+        cfg=parse_table(fixed_doc),
+        lake=Lake(parse_table(fixed_doc)),
         metastore=rt.metastore,
         engine=rt.engine,
     )

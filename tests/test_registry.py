@@ -32,6 +32,7 @@ from cdc_compaction.registry import (
     load_registry,
     load_table,
     parse_entry,
+    parse_table,
 )
 
 SHIPPED_REGISTRY = Path(__file__).resolve().parents[1] / "include" / "registry"
@@ -184,7 +185,7 @@ def test_shipped_orders_overrides_and_reserved_word_columns() -> None:
 
 
 def test_defaults_of_a_minimal_entry() -> None:
-    cfg = TableConfig.model_validate(good_doc())
+    cfg = parse_table(good_doc())
     assert cfg.op_column == "op"
     assert (cfg.op_codes.create, cfg.op_codes.read, cfg.op_codes.update, cfg.op_codes.delete) == ("c", "r", "u", "d")
     assert cfg.schedule == "@hourly"
@@ -209,7 +210,7 @@ def test_defaults_of_a_minimal_entry() -> None:
     ],
 )
 def test_durations_parse(value: Any, expected: timedelta) -> None:
-    cfg = TableConfig.model_validate(good_doc(tombstone_retention=value))
+    cfg = parse_table(good_doc(tombstone_retention=value))
     assert cfg.tombstone_retention == expected
 
 
@@ -221,7 +222,7 @@ def test_retry_delays_parse_from_yaml(tmp_path: Path) -> None:
 
 
 def test_spark_conf_values_become_strings() -> None:
-    cfg = TableConfig.model_validate(good_doc(spark={"conf": {"spark.a.enabled": True, "spark.b.count": 4}}))
+    cfg = parse_table(good_doc(spark={"conf": {"spark.a.enabled": True, "spark.b.count": 4}}))
     assert cfg.spark.conf == {"spark.a.enabled": "true", "spark.b.count": "4"}
 
 
@@ -249,19 +250,19 @@ def test_partition_by_accepts(column: str, type_: str, transform: str) -> None:
     doc = good_doc(partition_by={"column": column, "transform": transform})
     if column not in {c["name"] for c in doc["columns"]}:
         doc["columns"].append({"name": column, "type": type_})
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     assert cfg.partition_by is not None
     assert (cfg.partition_by.column, cfg.partition_by.transform) == (column, transform)
 
 
 def test_partition_by_defaults() -> None:
-    assert TableConfig.model_validate(good_doc()).partition_by is None
-    cfg = TableConfig.model_validate(good_doc(partition_by={"column": "full_name"}))
+    assert parse_table(good_doc()).partition_by is None
+    cfg = parse_table(good_doc(partition_by={"column": "full_name"}))
     assert cfg.partition_by is not None and cfg.partition_by.transform == "identity"
 
 
 def test_models_are_frozen() -> None:
-    cfg = TableConfig.model_validate(good_doc())
+    cfg = parse_table(good_doc())
     with pytest.raises(ValidationError, match="frozen"):
         cfg.retries = 5  # type: ignore[misc]
 
@@ -656,7 +657,7 @@ def test_bad_entry_names_the_field(tmp_path: Path, bad: Bad) -> None:
 def test_s3_storage_roots_are_accepted(root: str, stored: str) -> None:
     from cdc_compaction.lake import Layout
 
-    cfg = TableConfig.model_validate(good_doc(storage_root=root, storage_conn_id="aws_lake"))
+    cfg = parse_table(good_doc(storage_root=root, storage_conn_id="aws_lake"))
     assert cfg.storage_root == stored
     assert cfg.storage_conn_id == "aws_lake"
     # S3 roots are used as written: no project-relative resolution.
@@ -666,7 +667,7 @@ def test_s3_storage_roots_are_accepted(root: str, stored: str) -> None:
 def test_bad_entry_model_validate_raises_too() -> None:
     doc = good_doc(primary_key=["nope"])
     with pytest.raises(ValueError, match="not among the columns"):
-        TableConfig.model_validate(doc)
+        parse_table(doc)
 
 
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
@@ -785,7 +786,7 @@ def test_dag_id_of_a_bad_file_comes_from_its_name(tmp_path: Path, file_name: str
 def test_dag_id_direct() -> None:
     entry = RegistryEntry(Path("/r/a.b.yaml"), None, RegistryError("/r/a.b.yaml", None, ["x"]))
     assert entry.dag_id == "cdc__a__b"
-    cfg = TableConfig.model_validate(good_doc("sales", "orders"))
+    cfg = parse_table(good_doc("sales", "orders"))
     assert RegistryEntry(Path("/r/whatever.yaml"), cfg, None).dag_id == "cdc__sales__orders"
 
 
@@ -1108,5 +1109,91 @@ def test_sibling_storage_roots_with_a_common_name_prefix_are_fine(tmp_path: Path
 def test_names_and_comments_at_the_metastore_limits_are_accepted() -> None:
     doc = good_doc(table="t" * 112)
     doc["columns"][1]["comment"] = "c" * 256
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     assert len(cfg.table) == 112
+
+
+# -- table modes -------------------------------------------------------------------------------
+
+
+def keyless_doc(**overrides: Any) -> Doc:
+    """A valid ``mode: keyless`` entry: two data columns, their before-images, an op and a sequence."""
+    doc: Doc = {
+        "mode": "keyless",
+        "database": "tests",
+        "table": "visits",
+        "columns": [
+            {"name": "name", "type": "string"},
+            {"name": "visits", "type": "int"},
+            {"name": "_before_name", "type": "string"},
+            {"name": "_before_visits", "type": "int"},
+            {"name": "op", "type": "string"},
+            {"name": "lsn", "type": "bigint"},
+        ],
+        "order_by": ["lsn"],
+        "storage_root": "/lake/tests/visits",
+    }
+    doc.update(overrides)
+    return doc
+
+
+def test_mode_picks_the_table_class() -> None:
+    from cdc_compaction.registry import CdcTable, KeylessTable
+
+    assert type(parse_table(good_doc())) is CdcTable  # no mode: cdc, as before modes existed
+    assert type(parse_table(good_doc(mode="cdc"))) is CdcTable
+    keyless = parse_table(keyless_doc())
+    assert type(keyless) is KeylessTable
+    assert keyless.data_columns == ["name", "visits"]
+    assert keyless.before_columns == ["_before_name", "_before_visits"]
+    assert keyless.control_columns == ["op", "_before_name", "_before_visits"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "fragment"),
+    [
+        (good_doc(mode="snapshots"), "mode", "must be one of 'cdc', 'keyless'"),
+        (good_doc(mode=3), "mode", "must be one of 'cdc', 'keyless'"),
+        # A cdc field in a keyless entry (and the other way round) is refused, not ignored.
+        (keyless_doc(primary_key=["name"]), "primary_key", "Extra inputs are not permitted"),
+        (good_doc(before_prefix="_old_"), "before_prefix", "Extra inputs are not permitted"),
+        (keyless_doc(order_by=[]), "order_by", "at least 1 item"),
+        (keyless_doc(before_prefix="_cdc_x"), "before_prefix", "reserved for the package"),
+        (keyless_doc(partition_by={"column": "name"}), "partition_by", "keyless tables are not partitioned"),
+    ],
+    ids=["unknown-mode", "mode-not-text", "keyless-with-key", "cdc-with-before", "no-order", "reserved", "partition"],
+)
+def test_mode_fields_are_checked(tmp_path: Path, doc: Doc, field: str, fragment: str) -> None:
+    err = refusal(write_yaml(tmp_path, f"tests.{doc['table']}.yaml", doc))
+    assert names_field(err, field), err.problems
+    assert fragment in str(err)
+
+
+def _keyless_columns(drop: str | None = None, retype: tuple[str, str] | None = None, add: Doc | None = None) -> Doc:
+    doc = keyless_doc()
+    cols = [c for c in doc["columns"] if c["name"] != drop]
+    if retype:
+        cols = [{**c, "type": retype[1]} if c["name"] == retype[0] else c for c in cols]
+    if add:
+        cols.append(add)
+    doc["columns"] = cols
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "fragment"),
+    [
+        (_keyless_columns(drop="_before_visits"), "'visits' has no before-image column '_before_visits'"),
+        (
+            _keyless_columns(retype=("_before_visits", "bigint")),
+            "'_before_visits' has type bigint but 'visits' has int",
+        ),
+        (_keyless_columns(drop="op"), "'op' is not among the columns"),
+        (_keyless_columns(retype=("lsn", "boolean")), "cannot order events"),
+    ],
+    ids=["missing-before", "before-type", "no-op", "boolean-order"],
+)
+def test_keyless_columns_are_checked(tmp_path: Path, doc: Doc, fragment: str) -> None:
+    err = refusal(write_yaml(tmp_path, "tests.visits.yaml", doc))
+    assert err.table == "tests.visits"
+    assert fragment in str(err), err.problems

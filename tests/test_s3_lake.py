@@ -37,7 +37,7 @@ from cdc_compaction import sql, tasks
 from cdc_compaction.engine import SessionEngine, load_job
 from cdc_compaction.lake import EMPTY_VERSION, Lake, Layout
 from cdc_compaction.quarantine import Quarantine
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.s3_storage import S3Storage
 from cdc_compaction.settings import MetastoreEndpoint
 from cdc_compaction.storage import Storage, read_parquet
@@ -231,7 +231,7 @@ def test_shared_scenario_on_s3(
 ) -> None:
     scn = conf.Scenario.load(SHARED / f"{name}.json")
     on_s3 = _on_s3(conf.registry_doc, bucket)
-    cfg = TableConfig.model_validate(on_s3(scn, tmp_path, "_s3"))
+    cfg = parse_table(on_s3(scn, tmp_path, "_s3"))
     monkeypatch.setattr(conf, "registry_doc", on_s3)
     runner, reader = S3Runner(spark, glue, tmp_path / "work"), GlueReader(glue)
     result = conf.run_scenario(scn, runner, reader, tmp_path, suffix="_s3")  # type: ignore[arg-type]
@@ -275,7 +275,7 @@ def _student(bucket: str, **overrides: Any) -> TableConfig:
         "keep_versions": 1,
         **overrides,
     }
-    return TableConfig.model_validate(doc)
+    return parse_table(doc)
 
 
 def _row(i: int | None, name: str, op: str, ts: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from conftest import STUDENT_COLUMNS
 
 from cdc_compaction.exceptions import IdentifierError
 from cdc_compaction.identifiers import check_identifier, normalize_hive_type, quote
-from cdc_compaction.registry import Column, TableConfig, load_table
+from cdc_compaction.registry import Column, TableConfig, load_table, parse_table
 from cdc_compaction.sql import (
     add_columns_statement,
     create_statements,
@@ -104,7 +104,7 @@ def doc(**overrides: Any) -> dict[str, Any]:
 
 
 def cfg_of(**overrides: Any) -> TableConfig:
-    return TableConfig.model_validate(doc(**overrides))
+    return parse_table(doc(**overrides))
 
 
 @pytest.fixture(scope="module")

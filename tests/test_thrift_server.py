@@ -42,7 +42,7 @@ from cdc_compaction.local_services import (
     port_open,
     pyspark_home,
 )
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
 from cdc_compaction.tasks import refresh_view
 
@@ -241,7 +241,7 @@ def test_beeline_reads_the_view_and_the_base_the_pipeline_built(
 ) -> None:
     scn = conf.Scenario.load(SHARED_CONFORMANCE / f"{name}.json")
     runner = conf.InProcessRunner(spark, endpoint)
-    cfg = TableConfig.model_validate(conf.registry_doc(scn, tmp_path / "lake", suffix="_jdbc"))
+    cfg = parse_table(conf.registry_doc(scn, tmp_path / "lake", suffix="_jdbc"))
     check = Checker(thrift_server, spark, cfg)
     runner.setup(cfg)
     compacted: list[dict[str, Any]] | None = None  # the last compaction's expected rows
@@ -338,7 +338,7 @@ def test_a_connection_opened_before_a_publish_reads_the_new_version(
 ) -> None:
     scn = conf.Scenario.load(SHARED_CONFORMANCE / "update_latest_wins.json")
     runner = conf.InProcessRunner(spark, endpoint)
-    cfg = TableConfig.model_validate(conf.registry_doc(scn, tmp_path / "lake", suffix="_jdbc_long"))
+    cfg = parse_table(conf.registry_doc(scn, tmp_path / "lake", suffix="_jdbc_long"))
     names = sql.table_names(cfg)
     view, base = (f"`{cfg.database}`.`{names[k]}`" for k in ("view_name", "base_table"))
     runner.setup(cfg)

@@ -38,7 +38,7 @@ from cdc_compaction.devenv import last_run_timings
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 from cdc_compaction.tasks import Runtime, archive, ensure_tables, plan, publish, refresh_view, validate
 
@@ -363,7 +363,7 @@ def run_scenario(
     if registry_dir is not None:
         registry_dir.mkdir(parents=True, exist_ok=True)
         (registry_dir / f"{DATABASE}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    cfg = TableConfig.model_validate(doc)
+    cfg = parse_table(doc)
     types = {c.name: c.type for c in cfg.columns if c.name != cfg.op_column}
     result = ScenarioResult(scn.name, True)
     try:

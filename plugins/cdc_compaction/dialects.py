@@ -1,7 +1,8 @@
 """A table's views in every reader's SQL dialect, rendered from the one rule.
 
-The compaction rule is written once, as the Jinja macros of ``include/sql/_rule.sql.j2``
-(Spark SQL).  ``view_query.sql.j2`` and ``rejects_query.sql.j2`` call those macros over
+The compaction rule is written once per table mode, as the Jinja macros of
+``include/sql/modes/<mode>/_rule.sql.j2`` (Spark SQL).  The mode's ``view_query.sql.j2`` and
+``rejects_query.sql.j2`` call those macros over
 placeholders: three sources (``__cdc_base__``, ``__cdc_tombstones__``,
 ``__cdc_incremental__``) and two functions giving a pending event's file name and row
 position (``__cdc_file_name__()``, ``__cdc_row_index__()``).  :func:`query` parses the
@@ -104,7 +105,7 @@ def _parse_spark(text: str) -> exp.Expression:
 
 
 def _template_tree(cfg: TableConfig, kind: str) -> exp.Expression:
-    return _parse_spark(sql.render(f"{'view' if kind == 'view' else 'rejects'}_query.sql.j2", cfg))
+    return _parse_spark(sql.render_mode(f"{'view' if kind == 'view' else 'rejects'}_query.sql.j2", cfg))
 
 
 def _expression(text: str, dialect: str) -> exp.Expression:

@@ -201,21 +201,14 @@ def base_asset(cfg: TableConfig) -> Asset:
 def doc_md(cfg: TableConfig) -> str:
     """The DAG's documentation, generated from its registry entry."""
     from cdc_compaction.lake import Layout
+    from cdc_compaction.modes import mode_of
     from cdc_compaction.sql import table_names
 
     lay = Layout.for_table(cfg)
     names = {k: f"`{cfg.database}.{v}`" for k, v in table_names(cfg).items()}
-    codes = cfg.op_codes
-    rows = []
-    for c in cfg.columns:
-        role = []
-        if c.name in cfg.primary_key:
-            role.append("key")
-        if c.name in cfg.order_by:
-            role.append(f"order {cfg.order_by.index(c.name) + 1}")
-        if c.name == cfg.op_column:
-            role.append("op")
-        rows.append(f"| `{c.name}` | `{c.type}` | {', '.join(role)} | {c.comment} |")
+    mode = mode_of(cfg)
+    roles = mode.column_roles(cfg)
+    rows = [f"| `{c.name}` | `{c.type}` | {', '.join(roles.get(c.name, []))} | {c.comment} |" for c in cfg.columns]
     lines = [
         f"### CDC compaction of `{cfg.qualified_name}`",
         "",
@@ -225,10 +218,7 @@ def doc_md(cfg: TableConfig) -> str:
         "|---|---|---|---|",
         *rows,
         "",
-        "* **Primary key:** " + ", ".join(f"`{k}`" for k in cfg.primary_key),
-        "* **Event order:** " + ", ".join(f"`{k}`" for k in cfg.order_by) + ", then increment, file, row position",
-        f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
-        f"update `{codes.update}`, delete `{codes.delete}`",
+        *mode.doc_lines(cfg),
         f"* **Tables:** {names['base_table']}, {names['incremental_table']}, {names['compactor_table']}",
         f"* **Views:** {names['view_name']} (current state), {names['rejects_view']} (refused pending events)",
         f"* **Landing area:** `{lay.incremental}/{cfg.increments.prefix}<{cfg.increments.time_format}>/`",

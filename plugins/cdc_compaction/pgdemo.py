@@ -26,7 +26,7 @@ from cdc_compaction import pgsource, settings, sql
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db, last_run_timings
 from cdc_compaction.lake import Lake
 from cdc_compaction.local_services import LocalMetastore, LocalPostgres, free_port
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import TableConfig, parse_table
 
 WORK = settings.PROJECT_ROOT / ".run" / "pgdemo"
 SLOT = "cdc_demo"
@@ -185,7 +185,7 @@ def main() -> int:
         registry.mkdir(parents=True)
         doc = registry_doc(lake)
         (registry / "pgdemo.students.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        cfg = TableConfig.model_validate(doc)
+        cfg = parse_table(doc)
         env = airflow_env(WORK / "airflow", ms.uri, registry_dir=registry, warehouse_dir=lake / "warehouse")
         print("preparing Airflow (SQLite under .run/pgdemo/airflow) ...")
         ensure_airflow_db(env)

@@ -24,7 +24,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -318,17 +321,19 @@ class EventTime(_Strict):
 
 
 class TableConfig(_Strict):
-    """One registry entry: everything the DAG for one table needs."""
+    """One registry entry: everything the DAG for one table needs.
 
-    mode: Literal["cdc"] = "cdc"
+    The fields here are shared by every table mode; each mode's own fields (its key, its ordering,
+    its change encoding) live on its subclass: :class:`CdcTable` (``mode: cdc``, the default) and
+    :class:`KeylessTable` (``mode: keyless``). :func:`parse_table` picks the class by ``mode``
+    (a pydantic discriminated union, :data:`TableSpec`).
+    """
+
+    mode: str
     database: str
     table: str
     description: str = ""
     columns: list[Column] = Field(min_length=1)
-    primary_key: list[str] = Field(min_length=1)
-    order_by: list[str] = Field(min_length=1)
-    op_column: str = "op"
-    op_codes: OpCodes = Field(default_factory=OpCodes)
     storage_root: str
     storage_conn_id: str = "aws_default"
     increments: Increments = Field(default_factory=Increments)
@@ -363,20 +368,6 @@ class TableConfig(_Strict):
     def _ident(cls, v: str, info: Any) -> str:
         check_identifier(v, info.field_name)
         return v
-
-    @field_validator("primary_key", "order_by")
-    @classmethod
-    def _ident_list(cls, v: list[str], info: Any) -> list[str]:
-        for name in v:
-            check_identifier(name, f"{info.field_name} column")
-        if len({n.lower() for n in v}) != len(v):
-            raise ValueError("lists a column twice")
-        return v
-
-    @field_validator("op_column")
-    @classmethod
-    def _op(cls, v: str, info: Any) -> str:
-        return check_identifier(v, info.field_name)
 
     @field_validator("owner")
     @classmethod
@@ -451,21 +442,8 @@ class TableConfig(_Strict):
         dupes = sorted({n for n in lower if lower.count(n) > 1})
         if dupes:
             raise ValueError(f"columns: duplicate column names {dupes} (Hive names are case-insensitive)")
-        known = set(names)
-        for field in ("primary_key", "order_by"):
-            missing = [c for c in getattr(self, field) if c not in known]
-            if missing:
-                raise ValueError(f"{field}: {missing} not among the columns {names}")
-        if self.op_column not in known:
-            raise ValueError(f"op_column: {self.op_column!r} is not among the columns {names}")
-        if self.op_column in self.primary_key or self.op_column in self.order_by:
-            raise ValueError("op_column: must not be part of primary_key or order_by")
         types = {c.name: c.type for c in self.columns}
-        if types[self.op_column] != "string":
-            raise ValueError(f"op_column: column {self.op_column!r} must have type string")
-        for c in self.order_by:
-            if types[c] in {"binary", "boolean"}:
-                raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
+        self._check_mode(names, types)
         if self.max_retry_delay < self.retry_delay:
             raise ValueError("max_retry_delay: must be at least retry_delay")
         self._check_derived_names()
@@ -507,10 +485,24 @@ class TableConfig(_Strict):
             return col, None if types[col] in _DATE_TYPES else self.event_time.unit
         if types.get("ts_ms") in {"bigint", "int"}:
             return "ts_ms", "ms"
-        for c in self.order_by:
+        for c in self.ordering_columns:
             if types[c] in _DATE_TYPES:
                 return c, None
         return None
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        """The mode's own cross-field checks (its key, ordering and change columns)."""
+        raise NotImplementedError  # every mode subclass defines it
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        """The columns that order a table's events (``order_by``), empty for a mode without."""
+        return []
+
+    @property
+    def control_columns(self) -> list[str]:
+        """Columns that describe a change rather than the row (the op column, before-images)."""
+        return []
 
     def _check_derived_names(self) -> None:
         from cdc_compaction.sql import table_names  # sql imports this module
@@ -531,10 +523,10 @@ class TableConfig(_Strict):
         assert part is not None
         if part.column not in types:
             raise ValueError(f"partition_by: column {part.column!r} is not among the columns {names}")
-        if part.column == self.op_column:
+        if part.column in self.control_columns:
             raise ValueError(
-                f"partition_by: column {part.column!r} is the op column; partition by a data column "
-                "(a key, a date, a region) instead"
+                f"partition_by: column {part.column!r} is the op column or a before-image: it describes the change, "
+                "not the row; partition by a data column (a key, a date, a region) instead"
             )
         kind = types[part.column]
         if part.transform != "identity" and kind not in _DATE_TYPES:
@@ -562,9 +554,179 @@ class TableConfig(_Strict):
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 
+
+def _check_ident_list(v: list[str], field: str) -> list[str]:
+    for name in v:
+        check_identifier(name, f"{field} column")
+    if len({n.lower() for n in v}) != len(v):
+        raise ValueError("lists a column twice")
+    return v
+
+
+def _check_op_and_order(
+    names: list[str], types: dict[str, str], op_column: str, order_by: list[str], key: list[str]
+) -> None:
+    """Checks shared by the modes whose events carry an op code and ordering columns."""
+    known = set(names)
+    for field, cols in (("primary_key", key), ("order_by", order_by)):
+        missing = [c for c in cols if c not in known]
+        if missing:
+            raise ValueError(f"{field}: {missing} not among the columns {names}")
+    if op_column not in known:
+        raise ValueError(f"op_column: {op_column!r} is not among the columns {names}")
+    if op_column in key or op_column in order_by:
+        raise ValueError("op_column: must not be part of primary_key or order_by")
+    if types[op_column] != "string":
+        raise ValueError(f"op_column: column {op_column!r} must have type string")
+    for c in order_by:
+        if types[c] in {"binary", "boolean"}:
+            raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
+
+
+class CdcTable(TableConfig):
+    """``mode: cdc``: change events of a keyed table; the latest event per key wins.
+
+    The contract is ``../shared/conformance/README.md``: ordering columns, then increment, file
+    and row break ties; a delete's winner is kept as a tombstone.
+    """
+
+    mode: Literal["cdc"] = "cdc"
+    primary_key: list[str] = Field(min_length=1)
+    order_by: list[str] = Field(min_length=1)
+    op_column: str = "op"
+    op_codes: OpCodes = Field(default_factory=OpCodes)
+
+    @field_validator("primary_key", "order_by")
+    @classmethod
+    def _ident_list(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    @field_validator("op_column")
+    @classmethod
+    def _op(cls, v: str, info: Any) -> str:
+        return check_identifier(v, info.field_name)
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        _check_op_and_order(names, types, self.op_column, self.order_by, self.primary_key)
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        return list(self.order_by)
+
+    @property
+    def control_columns(self) -> list[str]:
+        return [self.op_column]
+
     @property
     def value_columns(self) -> list[str]:
         return [c.name for c in self.columns if c.name not in self.primary_key]
+
+
+class KeylessTable(TableConfig):
+    """``mode: keyless``: change events of a table without a key; its rows are a multiset.
+
+    Inserts add a copy of the row, updates and deletes carry the full before-image (columns
+    ``<before_prefix><column>``) and change exactly one copy equal to it. ``order_by`` is the
+    source log's sequence: events apply in its order, and events at or below the last commit's
+    watermark are replays (README, "Table modes").
+    """
+
+    mode: Literal["keyless"]
+    order_by: list[str] = Field(min_length=1)
+    op_column: str = "op"
+    op_codes: OpCodes = Field(default_factory=OpCodes)
+    before_prefix: str = "_before_"
+
+    @field_validator("order_by")
+    @classmethod
+    def _ident_list(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    @field_validator("op_column")
+    @classmethod
+    def _op(cls, v: str, info: Any) -> str:
+        return check_identifier(v, info.field_name)
+
+    @field_validator("before_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$", v):
+            raise ValueError(f"{v!r} must be 1-32 letters, digits or '_', not starting with a digit")
+        if v.lower().startswith(RESERVED_PREFIX):
+            raise ValueError(f"must not start with {RESERVED_PREFIX!r} (reserved for the package)")
+        return v
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        _check_op_and_order(names, types, self.op_column, self.order_by, [])
+        if self.partition_by is not None:
+            raise ValueError("partition_by: keyless tables are not partitioned (yet); remove partition_by")
+        data = self.data_columns
+        if not data:
+            raise ValueError(f"columns: a keyless table needs data columns besides {self.control_columns}")
+        lower = {n.lower(): n for n in names}
+        for col in data:
+            before = f"{self.before_prefix}{col}"
+            found = lower.get(before.lower())
+            if found is None:
+                raise ValueError(
+                    f"columns: {col!r} has no before-image column {before!r} (updates and deletes of a keyless "
+                    "table carry the whole old row; name the columns with before_prefix)"
+                )
+            if types[found] != types[col]:
+                raise ValueError(f"columns: {found!r} has type {types[found]} but {col!r} has {types[col]}")
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        return list(self.order_by)
+
+    @property
+    def before_columns(self) -> list[str]:
+        """The before-image column of each data column, in the data columns' order."""
+        by_lower = {c.name.lower(): c.name for c in self.columns}
+        return [by_lower[f"{self.before_prefix}{c}".lower()] for c in self.data_columns]
+
+    @property
+    def data_columns(self) -> list[str]:
+        """The row's own columns: what the table holds (no op, sequence or before-image columns)."""
+        skip = {self.op_column.lower(), *(c.lower() for c in self.order_by)}
+        prefix = self.before_prefix.lower()
+        return [c.name for c in self.columns if c.name.lower() not in skip and not c.name.lower().startswith(prefix)]
+
+    @property
+    def control_columns(self) -> list[str]:
+        prefix = self.before_prefix.lower()
+        return [self.op_column, *(c.name for c in self.columns if c.name.lower().startswith(prefix))]
+
+
+def _mode_of(value: Any) -> str:
+    """The ``mode`` tag of a registry document (``cdc`` when absent) or of a validated table."""
+    if isinstance(value, dict):
+        mode = value.get("mode", "cdc")
+        return mode if isinstance(mode, str) else repr(mode)
+    return str(getattr(value, "mode", "cdc"))
+
+
+#: Every table mode, chosen by the entry's ``mode`` field (``cdc`` when the field is absent).
+TableSpec = Annotated[
+    Annotated[CdcTable, Tag("cdc")] | Annotated[KeylessTable, Tag("keyless")],
+    Discriminator(
+        _mode_of,
+        custom_error_type="unknown_mode",
+        custom_error_message="mode: must be one of 'cdc', 'keyless'",
+        custom_error_context={"discriminator": "mode"},
+    ),
+]
+MODES = ("cdc", "keyless")
+
+
+@functools.cache
+def _table_adapter() -> TypeAdapter[Any]:
+    return TypeAdapter(TableSpec)
+
+
+def parse_table(data: Any) -> TableConfig:
+    """Validate one registry document as the table class of its ``mode``; raises pydantic's ValidationError."""
+    return _table_adapter().validate_python(data)  # type: ignore[no-any-return]
 
 
 def dag_id_for(database: str, table: str) -> str:
@@ -600,18 +762,23 @@ class RegistryEntry:
 
 
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
+_ALL_FIELDS = frozenset({*CdcTable.model_fields, *KeylessTable.model_fields})
 
 
 def _format_pydantic(err: ValidationError) -> list[str]:
     problems = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        parts = list(e["loc"])
+        # A mode's own errors are located under its tag (('cdc', 'primary_key')): the file has no such level.
+        if parts and parts[0] in MODES:
+            parts = parts[1:]
+        loc = ".".join(str(p) for p in parts)
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         # Cross-field checks have no location of their own: their message starts with the field.
         m = _FIELD_PREFIX.match(msg) if not loc else None
-        if m and m.group(1) in TableConfig.model_fields:
+        if m and m.group(1) in _ALL_FIELDS:
             loc, msg = m.group(1), m.group(2)
         problems.append(f"field '{loc or '(entry)'}': {msg}")
     return problems
@@ -693,7 +860,7 @@ def parse_entry(path: Path, text: str) -> TableConfig:
         raise RegistryError(file, None, ["the file must hold one mapping (database, table, columns, ...)"])
     table = f"{data.get('database', '?')}.{data.get('table', '?')}"
     try:
-        cfg = TableConfig.model_validate(data)
+        cfg = parse_table(data)
     except ValidationError as exc:
         raise RegistryError(file, table, _format_pydantic(exc)) from exc
     except IdentifierError as exc:  # pragma: no cover - pydantic wraps these as ValueError

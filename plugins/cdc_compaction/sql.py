@@ -1,8 +1,10 @@
 """Rendering of the HiveQL / Spark SQL templates in ``include/sql``.
 
 The templates are the single source of truth for the DDL, the views and the
-compaction rule.  :func:`rule_sql` renders the rule's macros into the SQL fragments
-the Spark job applies, so the job and the view share one definition.
+compaction rule.  Each table mode has its rule and view queries in
+``include/sql/modes/<mode>/`` and builds the context they see (:mod:`cdc_compaction.modes`);
+:func:`rule_sql` renders the mode's rule macros into the SQL fragments the Spark job applies,
+so the job and the views share one definition.
 """
 
 from __future__ import annotations
@@ -42,48 +44,28 @@ def _env() -> jinja2.Environment:
     return env
 
 
+def template_module(name: str) -> Any:
+    """The macros of template ``name`` (below ``include/sql``), callable from Python."""
+    return _env().get_template(name).make_module({})
+
+
 def schema_fingerprint(cfg: TableConfig) -> str:
     """A short hash of everything that shapes the tables and views of ``cfg``."""
+    from cdc_compaction.modes import mode_of
+
     doc = {
         "columns": [[c.name, c.type, c.comment] for c in cfg.columns],
-        "primary_key": cfg.primary_key,
-        "order_by": cfg.order_by,
-        "op_column": cfg.op_column,
-        "op_codes": cfg.op_codes.model_dump(),
+        **mode_of(cfg).fingerprint_doc(cfg),
         # 2: NaN ordering values are refused (nan_order_by): views made under 1 are re-created.
         # 3: tombstones live in <t>_tombstones, not among the base table's rows: views read both.
         "rule_version": 3,
     }
-    # Only when set, so that unpartitioned tables keep the fingerprint they always had.
+    # Only when set, so that tables keep the fingerprint they had before these existed.
+    if cfg.mode != "cdc":
+        doc["mode"] = cfg.mode
     if cfg.partition_by is not None:
         doc["partition_by"] = cfg.partition_by.model_dump()
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class TableSqlContext:
-    """What the templates see as ``t``."""
-
-    database: str
-    table: str
-    qualified_name: str
-    columns: list[Any]
-    column_names: list[str]
-    primary_key: list[str]
-    order_by: list[str]
-    #: order_by columns of a floating-point type: NaN is refused there (Spark sorts it above +inf).
-    nan_order_by: list[str]
-    op_column: str
-    op_codes: Any
-    op_codes_all: list[str]
-    base_table: str
-    tombstones_table: str
-    incremental_table: str
-    compactor_table: str
-    view_name: str
-    rejects_view: str
-    fingerprint: str
-    partition_by: Any = None
 
 
 def table_names(cfg: TableConfig) -> dict[str, str]:
@@ -99,24 +81,11 @@ def table_names(cfg: TableConfig) -> dict[str, str]:
     }
 
 
-def context(cfg: TableConfig) -> TableSqlContext:
-    codes = cfg.op_codes
-    return TableSqlContext(
-        database=cfg.database,
-        table=cfg.table,
-        qualified_name=cfg.qualified_name,
-        columns=list(cfg.columns),
-        column_names=cfg.column_names,
-        primary_key=list(cfg.primary_key),
-        order_by=list(cfg.order_by),
-        nan_order_by=[c.name for c in cfg.columns if c.name in cfg.order_by and c.type.lower() in ("float", "double")],
-        op_column=cfg.op_column,
-        op_codes=codes,
-        op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
-        fingerprint=schema_fingerprint(cfg),
-        partition_by=cfg.partition_by,
-        **table_names(cfg),
-    )
+def context(cfg: TableConfig) -> Any:
+    """What the templates see as ``t``: the table's mode builds it (:meth:`TableMode.rule_context`)."""
+    from cdc_compaction.modes import mode_of
+
+    return mode_of(cfg).rule_context(cfg, schema_fingerprint(cfg))
 
 
 def render(template: str, cfg: TableConfig, **extra: Any) -> str:
@@ -124,32 +93,35 @@ def render(template: str, cfg: TableConfig, **extra: Any) -> str:
     return _env().get_template(template).render(t=context(cfg), **extra).strip()
 
 
-@dataclass(frozen=True)
-class RuleSql:
-    """The compaction rule as SQL expressions, for the Spark job."""
+def render_mode(template: str, cfg: TableConfig, **extra: Any) -> str:
+    """Render the table mode's own template ``template`` (``include/sql/modes/<mode>/<template>``)."""
+    from cdc_compaction.modes import mode_of
 
-    reject_reason: str
-    rank: str
-    is_delete: str
+    return render(mode_of(cfg).template(template), cfg, **extra)
+
+
+class RuleSql(dict[str, str]):
+    """The compaction rule as SQL expressions, for the Spark job (the plan's ``rule``).
+
+    Which expressions there are depends on the table's mode (cdc: ``reject_reason``, ``rank``,
+    ``is_delete``); each is also an attribute.
+    """
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     def to_dict(self) -> dict[str, str]:
-        return {"reject_reason": self.reject_reason, "rank": self.rank, "is_delete": self.is_delete}
-
-
-def _rule_macros() -> Any:
-    """The macros of ``_rule.sql.j2`` (the rule and the partition value), callable from Python."""
-    return _env().get_template("_rule.sql.j2").make_module({})
+        return dict(self)
 
 
 def rule_sql(cfg: TableConfig) -> RuleSql:
-    """Render the rule macros of ``_rule.sql.j2`` into expressions."""
-    module = _rule_macros()
-    t = context(cfg)
-    return RuleSql(
-        reject_reason=str(module.reject_reason(t)).strip(),
-        rank=str(module.rank(t)).strip(),
-        is_delete=str(module.is_delete(t)).strip(),
-    )
+    """Render the rule macros of the table mode's ``_rule.sql.j2`` into expressions."""
+    from cdc_compaction.modes import mode_of
+
+    return RuleSql(mode_of(cfg).rule_sql(cfg))
 
 
 @dataclass(frozen=True)
@@ -165,13 +137,13 @@ class PartitionSql:
 
 
 def partition_sql(cfg: TableConfig) -> PartitionSql | None:
-    """Render ``partition_value`` of ``_rule.sql.j2``; None for an unpartitioned table."""
+    """Render ``partition_value`` of ``_partition.sql.j2``; None for an unpartitioned table."""
     if cfg.partition_by is None:
         return None
     return PartitionSql(
         column=cfg.partition_by.column,
         transform=cfg.partition_by.transform,
-        value=str(_rule_macros().partition_value(context(cfg))).strip(),
+        value=str(template_module("_partition.sql.j2").partition_value(context(cfg))).strip(),
     )
 
 

@@ -1,0 +1,85 @@
+"""What a table mode supplies to the Airflow side, and the parts every mode shares.
+
+A *mode* is how a table's change files are turned into the table: ``cdc`` (the latest event
+per key wins), ``keyless`` (a multiset of rows changed one copy at a time), later ``snapshot``.
+Everything that differs between modes goes through :class:`TableMode`: the rendering context
+its SQL templates see (``include/sql/modes/<mode>/``), the rule the Spark job applies (the
+``rule`` of the plan), what else the plan carries, how ``validate`` reconciles the job's
+counts, and the rows of the DAG's documentation. The pipeline's steps, the storage layout,
+the commit protocol and the metastore handling are the same for every mode and know nothing
+of a mode's rule.
+
+The job side has a module of its own per mode (``cdc_compaction.job.modes``), which reads
+what :meth:`TableMode.plan_fields` and :meth:`TableMode.rule_sql` put into the plan.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from cdc_compaction.registry import TableConfig
+
+
+class TableMode(ABC):
+    """One table mode, as the Airflow side sees it. Stateless: one instance per mode."""
+
+    #: The registry's ``mode`` value.
+    name: ClassVar[str]
+    #: Templates this mode must provide under ``include/sql/modes/<name>/``.
+    TEMPLATES: ClassVar[tuple[str, ...]] = ("_rule.sql.j2", "view_query.sql.j2", "rejects_query.sql.j2")
+
+    def template(self, name: str) -> str:
+        """The path (below ``include/sql``) of this mode's template ``name``."""
+        return f"modes/{self.name}/{name}"
+
+    @abstractmethod
+    def rule_context(self, cfg: TableConfig, fingerprint: str) -> Any:
+        """What the SQL templates see as ``t`` (immutable; names, columns and the rule's parameters)."""
+
+    @abstractmethod
+    def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
+        """Everything of the mode that shapes its tables and views (hashed into ``cdc.fingerprint``)."""
+
+    @abstractmethod
+    def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
+        """The rule as SQL expressions, rendered from the mode's ``_rule.sql.j2``: the plan's ``rule``."""
+
+    @abstractmethod
+    def plan_fields(self, cfg: TableConfig, parent_stats: Mapping[str, Any]) -> dict[str, Any]:
+        """The mode's own entries of a plan (its key, ordering, anything carried over from the parent)."""
+
+    @abstractmethod
+    def count_problems(self, stats: Mapping[str, Any]) -> list[str]:
+        """Why the job's counts of one attempt do not add up (empty when they do).
+
+        ``validate`` refuses to publish a version with any problem; the checks every mode
+        shares (rows read against the parent and the planned files, the Parquet footers
+        against the reported rows, the schema) are made by ``validate`` itself.
+        """
+
+    @abstractmethod
+    def column_roles(self, cfg: TableConfig) -> dict[str, list[str]]:
+        """Column name -> its roles in the rule (``key``, ``order 1``, ``op`` …), for the DAG's docs."""
+
+    @abstractmethod
+    def doc_lines(self, cfg: TableConfig) -> list[str]:
+        """The mode's lines of the DAG's documentation (key, order, op codes …), as Markdown list items."""
+
+    @functools.cached_property
+    def _macros(self) -> Any:
+        from cdc_compaction import sql
+
+        return sql.template_module(self.template("_rule.sql.j2"))
+
+    def macros(self) -> Any:
+        """The macros of this mode's ``_rule.sql.j2``, callable from Python."""
+        return self._macros
+
+
+def nan_columns(cfg: TableConfig, columns: list[str]) -> list[str]:
+    """The floating-point ones of ``columns``: NaN is refused there (Spark sorts it above +inf)."""
+    types = {c.name: c.type.lower() for c in cfg.columns}
+    return [c for c in columns if types.get(c) in ("float", "double")]

@@ -1,0 +1,146 @@
+"""``mode: cdc``: change events of a keyed table, the latest event per key wins (the default mode).
+
+The rule is ``../shared/conformance/README.md``; its SQL is ``include/sql/modes/cdc/_rule.sql.j2``,
+applied by the Spark job (``cdc_compaction.job.compact``) and by every view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from cdc_compaction.modes.base import TableMode, nan_columns
+from cdc_compaction.registry import CdcTable, TableConfig
+
+
+@dataclass(frozen=True)
+class CdcContext:
+    """What the cdc templates see as ``t``."""
+
+    database: str
+    table: str
+    qualified_name: str
+    columns: list[Any]
+    column_names: list[str]
+    primary_key: list[str]
+    order_by: list[str]
+    #: order_by columns of a floating-point type: NaN is refused there (Spark sorts it above +inf).
+    nan_order_by: list[str]
+    op_column: str
+    op_codes: Any
+    op_codes_all: list[str]
+    base_table: str
+    tombstones_table: str
+    incremental_table: str
+    compactor_table: str
+    view_name: str
+    rejects_view: str
+    fingerprint: str
+    partition_by: Any = None
+
+
+class CdcMode(TableMode):
+    """The Airflow side of ``mode: cdc``."""
+
+    name = "cdc"
+
+    @staticmethod
+    def _cfg(cfg: TableConfig) -> CdcTable:
+        return cast(CdcTable, cfg)
+
+    def rule_context(self, cfg: TableConfig, fingerprint: str) -> CdcContext:
+        from cdc_compaction.sql import table_names
+
+        c = self._cfg(cfg)
+        codes = c.op_codes
+        return CdcContext(
+            database=c.database,
+            table=c.table,
+            qualified_name=c.qualified_name,
+            columns=list(c.columns),
+            column_names=c.column_names,
+            primary_key=list(c.primary_key),
+            order_by=list(c.order_by),
+            nan_order_by=nan_columns(c, list(c.order_by)),
+            op_column=c.op_column,
+            op_codes=codes,
+            op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
+            fingerprint=fingerprint,
+            partition_by=c.partition_by,
+            **table_names(c),
+        )
+
+    def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
+        c = self._cfg(cfg)
+        # The keys and values of the fingerprint before modes existed: a cdc table keeps its fingerprint.
+        return {
+            "primary_key": c.primary_key,
+            "order_by": c.order_by,
+            "op_column": c.op_column,
+            "op_codes": c.op_codes.model_dump(),
+        }
+
+    def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
+        from cdc_compaction import sql
+
+        m, t = self.macros(), sql.context(cfg)
+        return {
+            "reject_reason": str(m.reject_reason(t)).strip(),
+            "rank": str(m.rank(t)).strip(),
+            "is_delete": str(m.is_delete(t)).strip(),
+        }
+
+    def plan_fields(self, cfg: TableConfig, parent_stats: Mapping[str, Any]) -> dict[str, Any]:
+        c = self._cfg(cfg)
+        return {"primary_key": list(c.primary_key), "order_by": list(c.order_by)}
+
+    def count_problems(self, stats: Mapping[str, Any]) -> list[str]:
+        problems = []
+        if stats["duplicate_keys"]:
+            problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output (tombstones included)")
+        if stats.get("misplaced_rows", 0):
+            problems.append(
+                f"{stats['misplaced_rows']} rows are on the wrong side: deletes among the visible rows or "
+                "upserts among the tombstones"
+            )
+        expected = (
+            stats["base_rows"]
+            + stats["increment_rows"]
+            - stats["rejected_rows"]
+            - stats["superseded_rows"]
+            - stats["expired_tombstones"]
+        )
+        if expected != stats["output_rows"]:
+            problems.append(
+                f"row counts do not reconcile: base {stats['base_rows']} + increments {stats['increment_rows']} "
+                f"- rejected {stats['rejected_rows']} - superseded {stats['superseded_rows']} "
+                f"- expired tombstones {stats['expired_tombstones']} = {expected}, "
+                f"but the output has {stats['output_rows']}"
+            )
+        return problems
+
+    def column_roles(self, cfg: TableConfig) -> dict[str, list[str]]:
+        c = self._cfg(cfg)
+        roles: dict[str, list[str]] = {}
+        for col in c.columns:
+            role = []
+            if col.name in c.primary_key:
+                role.append("key")
+            if col.name in c.order_by:
+                role.append(f"order {c.order_by.index(col.name) + 1}")
+            if col.name == c.op_column:
+                role.append("op")
+            roles[col.name] = role
+        return roles
+
+    def doc_lines(self, cfg: TableConfig) -> list[str]:
+        c = self._cfg(cfg)
+        codes = c.op_codes
+        return [
+            "* **Mode:** `cdc` (the latest event per key wins; a delete's winner is kept as a tombstone)",
+            "* **Primary key:** " + ", ".join(f"`{k}`" for k in c.primary_key),
+            "* **Event order:** " + ", ".join(f"`{k}`" for k in c.order_by) + ", then increment, file, row position",
+            f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
+            f"update `{codes.update}`, delete `{codes.delete}`",
+        ]
