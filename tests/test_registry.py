@@ -169,7 +169,7 @@ def test_shipped_student_gets_the_defaults() -> None:
 def test_shipped_orders_overrides_and_reserved_word_columns() -> None:
     cfg = load_table(SHIPPED_REGISTRY, "shop.orders")
     assert cfg.primary_key == ["tenant", "order_no"]
-    assert cfg.order_by == ["ts_ms", "lsn"]
+    assert cfg.order_by == ["lsn"]
     assert "timestamp" in cfg.column_names
     assert "order" in cfg.column_names
     types = {c.name: c.type for c in cfg.columns}

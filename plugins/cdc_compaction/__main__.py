@@ -34,6 +34,7 @@ def _registry_validate(args: argparse.Namespace) -> int:
         print(f"no registry files (*.yaml) in {directory}", file=sys.stderr)
         return 1
     from cdc_compaction.engine import check_jars, spark_hadoop_version
+    from cdc_compaction.modes import mode_of
 
     hadoop = spark_hadoop_version()
     bad = 0
@@ -41,7 +42,7 @@ def _registry_validate(args: argparse.Namespace) -> int:
         if e.error is None:
             print(f"OK    {e.path.name}: {e.config.qualified_name} -> DAG {e.dag_id}")
             # A warning, not an error: a cluster's Spark may differ from the one installed here.
-            for problem in check_jars(e.config, hadoop):
+            for problem in [*check_jars(e.config, hadoop), *mode_of(e.config).warnings(e.config)]:
                 print(f"WARN  {problem}")
         else:
             bad += 1

@@ -31,8 +31,6 @@ FROM (
       THEN 'null_key:tenant'
       WHEN `order_no` IS NULL
       THEN 'null_key:order_no'
-      WHEN `ts_ms` IS NULL
-      THEN 'null_order_by:ts_ms'
       WHEN `lsn` IS NULL
       THEN 'null_order_by:lsn'
       WHEN `op` IS NULL

@@ -13,7 +13,7 @@ FROM (
     events.*,
     ROW_NUMBER() OVER (
       PARTITION BY `tenant`, `order_no`
-      ORDER BY `ts_ms` DESC, `lsn` DESC, `_cdc_increment` DESC, `_cdc_file` DESC, `_cdc_pos` DESC
+      ORDER BY `lsn` DESC, `_cdc_increment` DESC, `_cdc_file` DESC, `_cdc_pos` DESC
     ) AS `_cdc_rank`
   FROM (
     SELECT
@@ -67,8 +67,6 @@ FROM (
           THEN 'null_key:tenant'
           WHEN `order_no` IS NULL
           THEN 'null_key:order_no'
-          WHEN `ts_ms` IS NULL
-          THEN 'null_order_by:ts_ms'
           WHEN `lsn` IS NULL
           THEN 'null_order_by:lsn'
           WHEN `op` IS NULL

@@ -68,6 +68,10 @@ class TableMode(ABC):
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         """The mode's lines of the DAG's documentation (key, order, op codes …), as Markdown list items."""
 
+    def warnings(self, cfg: TableConfig) -> list[str]:
+        """Doubts about an entry that validates (``registry validate`` prints them as WARN lines)."""
+        return []
+
     @functools.cached_property
     def _macros(self) -> Any:
         from cdc_compaction import sql

@@ -6,12 +6,19 @@ applied by the Spark job (``cdc_compaction.job.compact``) and by every view.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from cdc_compaction.modes.base import TableMode, nan_columns
 from cdc_compaction.registry import CdcTable, TableConfig
+
+#: Columns that hold a position in the source's log (Debezium's ``lsn`` of Postgres, ``__lsn`` when
+#: ExtractNewRecordState adds it, MySQL's binlog ``pos``, SQL Server's ``change_lsn`` / ``commit_lsn``).
+_LOG_POSITION = re.compile(r"^(?:__)?(?:source_)?(?:lsn|change_lsn|commit_lsn|pos|scn|commit_scn)$", re.IGNORECASE)
+#: Columns that hold a time: Debezium's ``ts_ms`` (and ``__source_ts_ms`` …), or any timestamp.
+_TIME_NAME = re.compile(r"(?:^|_)ts(?:_ms|_us|_ns)?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,20 @@ class CdcMode(TableMode):
                 f"but the output has {stats['output_rows']}"
             )
         return problems
+
+    def warnings(self, cfg: TableConfig) -> list[str]:
+        c = self._cfg(cfg)
+        types = {col.name: col.type for col in c.columns}
+        first = c.order_by[0]
+        positions = [col.name for col in c.columns if _LOG_POSITION.match(col.name)]
+        if positions and first not in positions and (_TIME_NAME.search(first) or types[first] == "timestamp"):
+            return [
+                f"{c.qualified_name}: order_by starts with {first!r}, a time, though the table has the log position "
+                f"{positions[0]!r}. Debezium's initial snapshot stamps each row with the time it was read, later "
+                "than changes committed while the snapshot ran, so a stale snapshot copy can win (a deleted row "
+                f"stays, an old value comes back). Order by the log position: order_by: [{positions[0]}]"
+            ]
+        return []
 
     def column_roles(self, cfg: TableConfig) -> dict[str, list[str]]:
         c = self._cfg(cfg)

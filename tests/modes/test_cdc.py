@@ -1,0 +1,92 @@
+"""The cdc mode's Airflow side: its lint warnings and how it reconciles the job's counts (no Spark)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import STUDENT_COLUMNS
+
+from cdc_compaction.modes import mode_of
+from cdc_compaction.registry import parse_table
+
+
+def cdc(**overrides: Any) -> Any:
+    doc = {
+        "database": "tests",
+        "table": "orders",
+        "columns": [*STUDENT_COLUMNS, {"name": "lsn", "type": "bigint"}, {"name": "changed", "type": "timestamp"}],
+        "primary_key": ["id"],
+        "order_by": ["lsn"],
+        "storage_root": "/lake/tests/orders",
+        **overrides,
+    }
+    return parse_table(doc)
+
+
+@pytest.mark.parametrize(
+    ("order_by", "warned"),
+    [
+        (["lsn"], False),
+        (["lsn", "ts_ms"], False),
+        (["ts_ms", "lsn"], True),
+        (["ts_ms"], True),  # the table has an lsn column, and does not order by it
+        (["changed", "lsn"], True),  # a timestamp column, whatever its name
+        (["id"], False),  # not a time: nothing to say
+    ],
+)
+def test_a_time_before_the_log_position_is_warned_about(order_by: list[str], warned: bool) -> None:
+    cfg = cdc(order_by=order_by)
+    warnings = mode_of(cfg).warnings(cfg)
+    assert bool(warnings) == warned, warnings
+    if warned:
+        assert warnings[0].startswith(f"tests.orders: order_by starts with {order_by[0]!r}")
+        assert "order_by: [lsn]" in warnings[0]
+
+
+def test_no_log_position_no_warning() -> None:
+    cfg = parse_table(
+        {
+            "database": "tests",
+            "table": "student",
+            "columns": STUDENT_COLUMNS,
+            "primary_key": ["id"],
+            "order_by": ["ts_ms"],
+            "storage_root": "/lake/tests/student",
+        }
+    )
+    assert mode_of(cfg).warnings(cfg) == []
+
+
+def _stats(**kw: int) -> dict[str, int]:
+    # A run that read 10 base rows and 5 events, refused 1, and whose winners replaced 3 rows.
+    base = {
+        "base_rows": 10,
+        "increment_rows": 5,
+        "rejected_rows": 1,
+        "superseded_rows": 3,
+        "expired_tombstones": 0,
+        "output_rows": 11,
+        "duplicate_keys": 0,
+        "misplaced_rows": 0,
+    }
+    return {**base, **kw}
+
+
+def test_counts_that_add_up_pass() -> None:
+    assert mode_of(cdc()).count_problems(_stats()) == []
+    # An expired tombstone leaves the output, and is counted so.
+    assert mode_of(cdc()).count_problems(_stats(expired_tombstones=2, output_rows=9)) == []
+
+
+@pytest.mark.parametrize(
+    ("stats", "fragment"),
+    [
+        (_stats(output_rows=12), "row counts do not reconcile: base 10 + increments 5 - rejected 1 - superseded 3"),
+        (_stats(duplicate_keys=2), "2 keys appear more than once"),
+        (_stats(misplaced_rows=1), "1 rows are on the wrong side"),
+    ],
+)
+def test_counts_that_do_not_add_up_are_named(stats: dict[str, int], fragment: str) -> None:
+    problems = mode_of(cdc()).count_problems(stats)
+    assert len(problems) == 1 and fragment in problems[0], problems
