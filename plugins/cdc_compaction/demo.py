@@ -3,7 +3,7 @@
 1. starts the local Thrift metastore (from the pyspark wheel) and prepares a SQLite
    Airflow under ``.airflow``;
 2. lands change files for ``school.student`` and ``shop.orders`` (composite key,
-   reserved-word columns, decimals, an lsn tie-breaker, one refused row);
+   reserved-word columns, decimals, ordered by lsn, one refused row);
 3. runs both tables' DAGs at the same time (``airflow dags test``: ensure tables,
    plan, spark-submit compaction, validate, publish, archive, refresh view);
 4. lands more hours, including a late event that must lose, shows the view
@@ -89,7 +89,7 @@ def orders_events(h: int) -> list[list[dict[str, Any]]]:
         1: [
             [
                 ev("globex", 1, "5.00", "new", "c", 1, 200),
-                # Same ts_ms: the lsn decides, the later lsn (paid) wins.
+                # The same ts_ms, but the table orders by lsn: the later lsn (paid) wins, whatever the file order.
                 ev("acme", 1, "10.50", "paid", "u", 20, 203),
                 ev("acme", 1, "10.50", "cancelled", "u", 20, 202),
                 # A row without its key: refused, kept in quarantine, counted.
