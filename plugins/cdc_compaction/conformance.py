@@ -88,9 +88,9 @@ def registry_doc(
         "database": DATABASE,
         "table": scn.table_name + suffix,
         "description": scn.about,
+        # The scenario's table as written: its mode and that mode's fields (primary_key, order_by …).
+        **{k: v for k, v in t.items() if k != "columns"},
         "columns": t["columns"],
-        "primary_key": t["primary_key"],
-        "order_by": t["order_by"],
         "op_column": t.get("op_column", "op"),
         "storage_root": str(lake_dir / (scn.table_name + suffix)),
         "increments": {"settle_seconds": 0, "wait_for_hour_end": False},

@@ -592,11 +592,14 @@ class CdcTable(TableConfig):
 
     mode: Literal["cdc"] = "cdc"
     primary_key: list[str] = Field(min_length=1)
+    #: Key columns that may be NULL (a unique key over nullable columns, Debezium's
+    #: ``message.key.columns`` on a table without a primary key): NULL then equals NULL as a key value.
+    nullable_key: list[str] = Field(default_factory=list)
     order_by: list[str] = Field(min_length=1)
     op_column: str = "op"
     op_codes: OpCodes = Field(default_factory=OpCodes)
 
-    @field_validator("primary_key", "order_by")
+    @field_validator("primary_key", "order_by", "nullable_key")
     @classmethod
     def _ident_list(cls, v: list[str], info: Any) -> list[str]:
         return _check_ident_list(v, str(info.field_name))
@@ -608,6 +611,9 @@ class CdcTable(TableConfig):
 
     def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
         _check_op_and_order(names, types, self.op_column, self.order_by, self.primary_key)
+        outside = [c for c in self.nullable_key if c not in self.primary_key]
+        if outside:
+            raise ValueError(f"nullable_key: {outside} are not primary_key columns {self.primary_key}")
 
     @property
     def ordering_columns(self) -> list[str]:
@@ -616,6 +622,11 @@ class CdcTable(TableConfig):
     @property
     def control_columns(self) -> list[str]:
         return [self.op_column]
+
+    @property
+    def required_key(self) -> list[str]:
+        """The key columns a change event must not leave NULL (the others are ``nullable_key``)."""
+        return [c for c in self.primary_key if c not in self.nullable_key]
 
     @property
     def value_columns(self) -> list[str]:

@@ -90,3 +90,25 @@ def test_counts_that_add_up_pass() -> None:
 def test_counts_that_do_not_add_up_are_named(stats: dict[str, int], fragment: str) -> None:
     problems = mode_of(cdc()).count_problems(stats)
     assert len(problems) == 1 and fragment in problems[0], problems
+
+
+def test_a_nullable_key_column_is_not_refused_when_null() -> None:
+    from cdc_compaction.sql import rule_sql, schema_fingerprint
+
+    plain = cdc(primary_key=["id", "full_name"])
+    nullable = cdc(primary_key=["id", "full_name"], nullable_key=["full_name"])
+    assert "'null_key:full_name'" in rule_sql(plain).reject_reason
+    assert "'null_key:full_name'" not in rule_sql(nullable).reject_reason
+    assert "'null_key:id'" in rule_sql(nullable).reject_reason  # the other key column still must not be NULL
+    # Both rank by the whole key: a NULL is one key value.
+    assert "PARTITION BY `id`, `full_name`" in rule_sql(nullable).rank
+    # The option reshapes the views (the fingerprint), and a table without it keeps the one it had.
+    assert schema_fingerprint(nullable) != schema_fingerprint(plain)
+    assert schema_fingerprint(plain) == schema_fingerprint(cdc(primary_key=["id", "full_name"], nullable_key=[]))
+
+
+def test_nullable_key_must_name_key_columns(tmp_path: Any) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"nullable_key: \['ts_ms'\] are not primary_key columns"):
+        cdc(nullable_key=["ts_ms"])

@@ -31,6 +31,8 @@ class CdcContext:
     columns: list[Any]
     column_names: list[str]
     primary_key: list[str]
+    #: Key columns a change event must not leave NULL (primary_key less nullable_key).
+    required_key: list[str]
     order_by: list[str]
     #: order_by columns of a floating-point type: NaN is refused there (Spark sorts it above +inf).
     nan_order_by: list[str]
@@ -68,6 +70,7 @@ class CdcMode(TableMode):
             columns=list(c.columns),
             column_names=c.column_names,
             primary_key=list(c.primary_key),
+            required_key=c.required_key,
             order_by=list(c.order_by),
             nan_order_by=nan_columns(c, list(c.order_by)),
             op_column=c.op_column,
@@ -81,12 +84,16 @@ class CdcMode(TableMode):
     def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
         c = self._cfg(cfg)
         # The keys and values of the fingerprint before modes existed: a cdc table keeps its fingerprint.
-        return {
+        doc: dict[str, Any] = {
             "primary_key": c.primary_key,
             "order_by": c.order_by,
             "op_column": c.op_column,
             "op_codes": c.op_codes.model_dump(),
         }
+        # Only when set, so that a table keeps the fingerprint it had before the option existed.
+        if c.nullable_key:
+            doc["nullable_key"] = c.nullable_key
+        return doc
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
         from cdc_compaction import sql
@@ -147,7 +154,7 @@ class CdcMode(TableMode):
         for col in c.columns:
             role = []
             if col.name in c.primary_key:
-                role.append("key")
+                role.append("key, may be NULL" if col.name in c.nullable_key else "key")
             if col.name in c.order_by:
                 role.append(f"order {c.order_by.index(col.name) + 1}")
             if col.name == c.op_column:
@@ -160,7 +167,8 @@ class CdcMode(TableMode):
         codes = c.op_codes
         return [
             "* **Mode:** `cdc` (the latest event per key wins; a delete's winner is kept as a tombstone)",
-            "* **Primary key:** " + ", ".join(f"`{k}`" for k in c.primary_key),
+            "* **Primary key:** "
+            + ", ".join(f"`{k}`" + (" (may be NULL)" if k in c.nullable_key else "") for k in c.primary_key),
             "* **Event order:** " + ", ".join(f"`{k}`" for k in c.order_by) + ", then increment, file, row position",
             f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
             f"update `{codes.update}`, delete `{codes.delete}`",
