@@ -583,6 +583,36 @@ def _check_op_and_order(
             raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
 
 
+class Unchanged(_Strict):
+    """Columns a change event may leave out (``mode: cdc``): the key's previous value is kept.
+
+    Debezium cannot read a Postgres TOAST column that an update did not change and sends the
+    placeholder ``__debezium_unavailable_value`` instead (``marker: placeholder``); some sources
+    send NULL for a column they did not capture (``marker: "null"``: NULL then always means
+    unchanged, so such a column cannot be set to NULL).
+    """
+
+    columns: list[str] = Field(min_length=1)
+    marker: Literal["placeholder", "null"] = "placeholder"
+    placeholder: str = "__debezium_unavailable_value"
+
+    @field_validator("columns")
+    @classmethod
+    def _cols(cls, v: list[str]) -> list[str]:
+        return _check_ident_list(v, "unchanged")
+
+    @field_validator("placeholder")
+    @classmethod
+    def _placeholder(cls, v: str) -> str:
+        if not v or len(v) > 256 or any(ch in v for ch in "\n\r\x00"):
+            raise ValueError("the placeholder is one line of 1-256 characters")
+        return v
+
+
+#: Types a placeholder string can stand in (Debezium writes it into text columns).
+_TEXT_TYPES = ("string", "varchar", "char")
+
+
 class CdcTable(TableConfig):
     """``mode: cdc``: change events of a keyed table; the latest event per key wins.
 
@@ -598,6 +628,8 @@ class CdcTable(TableConfig):
     order_by: list[str] = Field(min_length=1)
     op_column: str = "op"
     op_codes: OpCodes = Field(default_factory=OpCodes)
+    #: Columns a change event may leave out (partial rows): the key's previous value is kept.
+    unchanged: Unchanged | None = None
 
     @field_validator("primary_key", "order_by", "nullable_key")
     @classmethod
@@ -614,6 +646,17 @@ class CdcTable(TableConfig):
         outside = [c for c in self.nullable_key if c not in self.primary_key]
         if outside:
             raise ValueError(f"nullable_key: {outside} are not primary_key columns {self.primary_key}")
+        if self.unchanged is not None:
+            for c in self.unchanged.columns:
+                if c not in types:
+                    raise ValueError(f"unchanged: column {c!r} is not among the columns {names}")
+                if c in self.primary_key or c in self.order_by or c == self.op_column:
+                    raise ValueError(f"unchanged: column {c!r} is a key, ordering or op column: never left out")
+                if self.unchanged.marker == "placeholder" and not types[c].startswith(_TEXT_TYPES):
+                    raise ValueError(
+                        f"unchanged: column {c!r} has type {types[c]}, which cannot hold the placeholder "
+                        f"{self.unchanged.placeholder!r}; use marker: null for it, or list only text columns"
+                    )
 
     @property
     def ordering_columns(self) -> list[str]:

@@ -39,6 +39,11 @@ class CdcContext:
     op_column: str
     op_codes: Any
     op_codes_all: list[str]
+    #: Columns an event may leave out (registry ``unchanged``): their value is the key's previous one.
+    unchanged_columns: list[str]
+    #: How a left-out value arrives: ``placeholder`` (this text) or ``null``.
+    unchanged_marker: str
+    unchanged_placeholder: str
     base_table: str
     tombstones_table: str
     incremental_table: str
@@ -76,6 +81,9 @@ class CdcMode(TableMode):
             op_column=c.op_column,
             op_codes=codes,
             op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
+            unchanged_columns=list(c.unchanged.columns) if c.unchanged else [],
+            unchanged_marker=c.unchanged.marker if c.unchanged else "placeholder",
+            unchanged_placeholder=c.unchanged.placeholder if c.unchanged else "",
             fingerprint=fingerprint,
             partition_by=c.partition_by,
             **table_names(c),
@@ -93,17 +101,23 @@ class CdcMode(TableMode):
         # Only when set, so that a table keeps the fingerprint it had before the option existed.
         if c.nullable_key:
             doc["nullable_key"] = c.nullable_key
+        if c.unchanged is not None:
+            doc["unchanged"] = c.unchanged.model_dump()
         return doc
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
         from cdc_compaction import sql
 
         m, t = self.macros(), sql.context(cfg)
-        return {
+        rule = {
             "reject_reason": str(m.reject_reason(t)).strip(),
             "rank": str(m.rank(t)).strip(),
             "is_delete": str(m.is_delete(t)).strip(),
         }
+        # Partial rows: each left-out column's value as a window over the key's events (see _rule.sql.j2).
+        for col in t.unchanged_columns:
+            rule[f"fill:{col}"] = str(m.filled(t, col)).strip()
+        return rule
 
     def plan_fields(self, cfg: TableConfig, parent_stats: Mapping[str, Any]) -> dict[str, Any]:
         c = self._cfg(cfg)
@@ -159,6 +173,8 @@ class CdcMode(TableMode):
                 role.append(f"order {c.order_by.index(col.name) + 1}")
             if col.name == c.op_column:
                 role.append("op")
+            if c.unchanged is not None and col.name in c.unchanged.columns:
+                role.append("may be left out")
             roles[col.name] = role
         return roles
 
@@ -172,4 +188,18 @@ class CdcMode(TableMode):
             "* **Event order:** " + ", ".join(f"`{k}`" for k in c.order_by) + ", then increment, file, row position",
             f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
             f"update `{codes.update}`, delete `{codes.delete}`",
+            *(
+                [
+                    "* **Left-out values:** "
+                    + ", ".join(f"`{x}`" for x in c.unchanged.columns)
+                    + (
+                        f" arrive as `{c.unchanged.placeholder}`"
+                        if c.unchanged.marker == "placeholder"
+                        else " arrive as NULL"
+                    )
+                    + " and keep the key's previous value"
+                ]
+                if c.unchanged
+                else []
+            ),
         ]
