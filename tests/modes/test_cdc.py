@@ -112,3 +112,31 @@ def test_nullable_key_must_name_key_columns(tmp_path: Any) -> None:
 
     with pytest.raises(ValidationError, match=r"nullable_key: \['ts_ms'\] are not primary_key columns"):
         cdc(nullable_key=["ts_ms"])
+
+
+@pytest.mark.parametrize(
+    ("unchanged", "fragment"),
+    [
+        ({"columns": ["nope"]}, "unchanged: column 'nope' is not among the columns"),
+        ({"columns": ["id"]}, "is a key, ordering or op column"),
+        ({"columns": ["lsn"]}, "is a key, ordering or op column"),
+        ({"columns": ["changed"]}, "cannot hold the placeholder"),  # a timestamp: Debezium's text cannot be there
+        ({"columns": ["full_name"], "placeholder": ""}, "1-256 characters"),
+    ],
+)
+def test_unchanged_columns_are_checked(unchanged: dict[str, Any], fragment: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=fragment):
+        cdc(unchanged=unchanged)
+
+
+def test_unchanged_columns_reach_the_rule_and_the_docs() -> None:
+    from cdc_compaction.sql import rule_sql
+
+    cfg = cdc(unchanged={"columns": ["full_name", "changed"], "marker": "null"})  # NULL works for any type
+    rule = rule_sql(cfg)
+    assert set(rule) == {"reject_reason", "rank", "is_delete", "fill:full_name", "fill:changed"}
+    assert "last_value(`changed`) IGNORE NULLS OVER" in rule["fill:changed"]
+    assert mode_of(cfg).column_roles(cfg)["full_name"] == ["may be left out"]
+    assert any("keep the key's previous value" in line for line in mode_of(cfg).doc_lines(cfg))
