@@ -630,8 +630,12 @@ class CdcTable(TableConfig):
     op_codes: OpCodes = Field(default_factory=OpCodes)
     #: Columns a change event may leave out (partial rows): the key's previous value is kept.
     unchanged: Unchanged | None = None
+    #: Columns holding the key before the change, one per primary_key column (seed 002's
+    #: oldKeyValues, wal2json's oldkeys, Debezium's before-image of the key): an update whose old
+    #: key differs retires the old key; a delete names the key it deletes there.
+    old_key: list[str] = Field(default_factory=list)
 
-    @field_validator("primary_key", "order_by", "nullable_key")
+    @field_validator("primary_key", "order_by", "nullable_key", "old_key")
     @classmethod
     def _ident_list(cls, v: list[str], info: Any) -> list[str]:
         return _check_ident_list(v, str(info.field_name))
@@ -646,6 +650,18 @@ class CdcTable(TableConfig):
         outside = [c for c in self.nullable_key if c not in self.primary_key]
         if outside:
             raise ValueError(f"nullable_key: {outside} are not primary_key columns {self.primary_key}")
+        if self.old_key:
+            if len(self.old_key) != len(self.primary_key):
+                raise ValueError(
+                    f"old_key: {self.old_key} must name one column per primary_key column {self.primary_key}, in order"
+                )
+            for old, key in zip(self.old_key, self.primary_key, strict=True):
+                if old not in types:
+                    raise ValueError(f"old_key: column {old!r} is not among the columns {names}")
+                if old in self.primary_key or old in self.order_by or old == self.op_column:
+                    raise ValueError(f"old_key: column {old!r} is a key, ordering or op column itself")
+                if types[old] != types[key]:
+                    raise ValueError(f"old_key: column {old!r} has type {types[old]} but {key!r} has {types[key]}")
         if self.unchanged is not None:
             for c in self.unchanged.columns:
                 if c not in types:
@@ -664,7 +680,7 @@ class CdcTable(TableConfig):
 
     @property
     def control_columns(self) -> list[str]:
-        return [self.op_column]
+        return [self.op_column, *self.old_key]
 
     @property
     def required_key(self) -> list[str]:

@@ -140,3 +140,37 @@ def test_unchanged_columns_reach_the_rule_and_the_docs() -> None:
     assert "last_value(`changed`) IGNORE NULLS OVER" in rule["fill:changed"]
     assert mode_of(cfg).column_roles(cfg)["full_name"] == ["may be left out"]
     assert any("keep the key's previous value" in line for line in mode_of(cfg).doc_lines(cfg))
+
+
+def _with_old_key(**overrides: Any) -> Any:
+    cols = [*STUDENT_COLUMNS, {"name": "_before_id", "type": "int"}, {"name": "lsn", "type": "bigint"}]
+    return cdc(columns=cols, old_key=["_before_id"], **overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"old_key": ["_before_id", "full_name"]}, "must name one column per primary_key column"),
+        ({"old_key": ["nope"]}, "old_key: column 'nope' is not among the columns"),
+        ({"old_key": ["full_name"]}, "has type string but 'id' has int"),
+        ({"old_key": ["lsn"]}, "is a key, ordering or op column itself"),
+    ],
+)
+def test_old_key_is_checked(overrides: dict[str, Any], fragment: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=fragment):
+        _with_old_key(**overrides)
+
+
+def test_old_key_reaches_the_rule() -> None:
+    from cdc_compaction.sql import rule_sql
+
+    cfg = _with_old_key()
+    rule = rule_sql(cfg)
+    assert {"changes_key", "deletes_old_key"} <= set(rule)
+    # A delete by old key is checked there, any other event on its key columns.
+    assert "THEN 'null_key:_before_id'" in rule["reject_reason"]
+    assert mode_of(cfg).column_roles(cfg)["_before_id"] == ["old key of id"]
+    assert "deletes that old key" in " ".join(mode_of(cfg).doc_lines(cfg))
+    assert "changes_key" not in rule_sql(cdc())  # without old_key the rule has no key changes

@@ -33,6 +33,10 @@ class CdcContext:
     primary_key: list[str]
     #: Key columns a change event must not leave NULL (primary_key less nullable_key).
     required_key: list[str]
+    #: The key before the change, one column per primary_key column (registry ``old_key``); empty if none.
+    old_key: list[str]
+    #: (old key column, key column, may it be NULL) for each key column, when there is an old key.
+    old_key_pairs: list[tuple[str, str, bool]]
     order_by: list[str]
     #: order_by columns of a floating-point type: NaN is refused there (Spark sorts it above +inf).
     nan_order_by: list[str]
@@ -76,6 +80,8 @@ class CdcMode(TableMode):
             column_names=c.column_names,
             primary_key=list(c.primary_key),
             required_key=c.required_key,
+            old_key=list(c.old_key),
+            old_key_pairs=[(o, k, k in c.nullable_key) for o, k in zip(c.old_key, c.primary_key, strict=True)],
             order_by=list(c.order_by),
             nan_order_by=nan_columns(c, list(c.order_by)),
             op_column=c.op_column,
@@ -103,6 +109,8 @@ class CdcMode(TableMode):
             doc["nullable_key"] = c.nullable_key
         if c.unchanged is not None:
             doc["unchanged"] = c.unchanged.model_dump()
+        if c.old_key:
+            doc["old_key"] = c.old_key
         return doc
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
@@ -114,6 +122,10 @@ class CdcMode(TableMode):
             "rank": str(m.rank(t)).strip(),
             "is_delete": str(m.is_delete(t)).strip(),
         }
+        if t.old_key:
+            # Key changes (registry old_key): which events retire their old key, which delete by it.
+            rule["changes_key"] = str(m.changes_key(t)).strip()
+            rule["deletes_old_key"] = str(m.deletes_old_key(t)).strip()
         # Partial rows: each left-out column's value as a window over the key's events (see _rule.sql.j2).
         for col in t.unchanged_columns:
             rule[f"fill:{col}"] = str(m.filled(t, col)).strip()
@@ -173,6 +185,8 @@ class CdcMode(TableMode):
                 role.append(f"order {c.order_by.index(col.name) + 1}")
             if col.name == c.op_column:
                 role.append("op")
+            if col.name in c.old_key:
+                role.append(f"old key of {c.primary_key[c.old_key.index(col.name)]}")
             if c.unchanged is not None and col.name in c.unchanged.columns:
                 role.append("may be left out")
             roles[col.name] = role
@@ -188,6 +202,15 @@ class CdcMode(TableMode):
             "* **Event order:** " + ", ".join(f"`{k}`" for k in c.order_by) + ", then increment, file, row position",
             f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
             f"update `{codes.update}`, delete `{codes.delete}`",
+            *(
+                [
+                    "* **Key changes:** an update whose "
+                    + ", ".join(f"`{x}`" for x in c.old_key)
+                    + " differ from the key deletes that old key; a delete with them set deletes that key"
+                ]
+                if c.old_key
+                else []
+            ),
             *(
                 [
                     "* **Left-out values:** "
