@@ -81,7 +81,9 @@ class CdcMode(TableMode):
             primary_key=list(c.primary_key),
             required_key=c.required_key,
             old_key=list(c.old_key),
-            old_key_pairs=[(o, k, k in c.nullable_key) for o, k in zip(c.old_key, c.primary_key, strict=True)],
+            old_key_pairs=[(o, k, k in c.nullable_key) for o, k in zip(c.old_key, c.primary_key, strict=True)]
+            if c.old_key
+            else [],
             order_by=list(c.order_by),
             nan_order_by=nan_columns(c, list(c.order_by)),
             op_column=c.op_column,
