@@ -144,7 +144,7 @@ def test_unchanged_columns_reach_the_rule_and_the_docs() -> None:
 
 def _with_old_key(**overrides: Any) -> Any:
     cols = [*STUDENT_COLUMNS, {"name": "_before_id", "type": "int"}, {"name": "lsn", "type": "bigint"}]
-    return cdc(columns=cols, old_key=["_before_id"], **overrides)
+    return cdc(**{"columns": cols, "old_key": ["_before_id"], **overrides})
 
 
 @pytest.mark.parametrize(
