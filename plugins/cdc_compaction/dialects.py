@@ -105,7 +105,9 @@ def _parse_spark(text: str) -> exp.Expression:
 
 
 def _template_tree(cfg: TableConfig, kind: str) -> exp.Expression:
-    return _parse_spark(sql.render_mode(f"{'view' if kind == 'view' else 'rejects'}_query.sql.j2", cfg))
+    if kind == "view":
+        return _parse_spark(sql.render_mode("view_query.sql.j2", cfg))
+    return _parse_spark(sql.render("rejects_query.sql.j2", cfg))
 
 
 def _expression(text: str, dialect: str) -> exp.Expression:
@@ -131,6 +133,10 @@ def query(cfg: TableConfig, kind: str, dialect: str, sources: dict[str, exp.Expr
             return file_name.copy()
         if isinstance(node, exp.Anonymous) and node.name.lower() == ROW_INDEX:
             return row_index.copy()
+        if dialect == "hive" and isinstance(node, exp.GenerateSeries):
+            # Hive 2.3 has no sequence(): an array of n elements to explode is split(space(n - 1), ' ').
+            n = exp.Cast(this=exp.Sub(this=node.args["end"].copy(), expression=exp.Literal.number(1)), to="int")
+            return exp.Split(this=exp.Anonymous(this="space", expressions=[n]), expression=exp.Literal.string(" "))
         if dialect == "hive" and isinstance(node, exp.IsNan):
             # Hive has no isnan(), and its comparison operators compare doubles with compareTo, which
             # holds NaN equal to NaN (so `x <> x` never finds one): compare with NaN itself.
@@ -175,8 +181,11 @@ REJECT_COLUMNS = [("_cdc_increment", "string"), ("_cdc_file", "string"), ("_cdc_
 
 def view_columns(cfg: TableConfig, kind: str) -> list[tuple[str, str]]:
     """(name, Hive type) of the view's columns."""
-    cols = [(c.name, c.type) for c in cfg.columns]
-    return cols if kind == "view" else [*cols, *REJECT_COLUMNS, ("_cdc_reject_reason", "string")]
+    from cdc_compaction.modes import mode_of
+
+    if kind == "view":
+        return mode_of(cfg).view_columns(cfg)
+    return [(c.name, c.type) for c in cfg.columns] + [*REJECT_COLUMNS, ("_cdc_reject_reason", "string")]
 
 
 def view_names(cfg: TableConfig) -> dict[str, dict[str, str]]:

@@ -29,7 +29,7 @@ class TableMode(ABC):
     #: The registry's ``mode`` value.
     name: ClassVar[str]
     #: Templates this mode must provide under ``include/sql/modes/<name>/``.
-    TEMPLATES: ClassVar[tuple[str, ...]] = ("_rule.sql.j2", "view_query.sql.j2", "rejects_query.sql.j2")
+    TEMPLATES: ClassVar[tuple[str, ...]] = ("_rule.sql.j2", "view_query.sql.j2")
 
     def template(self, name: str) -> str:
         """The path (below ``include/sql``) of this mode's template ``name``."""
@@ -67,6 +67,10 @@ class TableMode(ABC):
     @abstractmethod
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         """The mode's lines of the DAG's documentation (key, order, op codes …), as Markdown list items."""
+
+    def view_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
+        """(name, Hive type) of the columns ``<t>_view`` shows: every registry column unless the mode says."""
+        return [(c.name, c.type) for c in cfg.columns]
 
     def warnings(self, cfg: TableConfig) -> list[str]:
         """Doubts about an entry that validates (``registry validate`` prints them as WARN lines)."""

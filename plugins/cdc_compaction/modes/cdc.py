@@ -55,6 +55,8 @@ class CdcContext:
     view_name: str
     rejects_view: str
     fingerprint: str
+    #: This mode's rule macros (``include/sql/modes/cdc/_rule.sql.j2``), for templates shared by the modes.
+    rule_template: str
     partition_by: Any = None
 
 
@@ -93,6 +95,7 @@ class CdcMode(TableMode):
             unchanged_marker=c.unchanged.marker if c.unchanged else "placeholder",
             unchanged_placeholder=c.unchanged.placeholder if c.unchanged else "",
             fingerprint=fingerprint,
+            rule_template=self.template("_rule.sql.j2"),
             partition_by=c.partition_by,
             **table_names(c),
         )
