@@ -2,7 +2,7 @@
 
 Each case runs the shared scenario ``late_update_for_deleted_key`` (three compactions:
 insert, delete, then a late older update that must not resurrect the key) and crashes
-the *second* run at one fault point (:mod:`cdc_compaction.faults`), either
+the *second* run at one fault point (:mod:`cdc_compaction.job.faults`), either
 
 * ``raise``: the step raises there, in this process, or
 * ``kill``: the step runs in its own process (``python -m cdc_compaction step`` -- what
@@ -37,9 +37,10 @@ import pytest
 import yaml
 
 from cdc_compaction import conformance as conf
-from cdc_compaction import faults, sql, tasks
+from cdc_compaction import sql, tasks
 from cdc_compaction.engine import SessionEngine, compaction_conf
-from cdc_compaction.exceptions import InjectedFaultError
+from cdc_compaction.job import faults
+from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import EMPTY_VERSION, Lake, TableLease
 from cdc_compaction.metastore import connect
 from cdc_compaction.registry import TableConfig

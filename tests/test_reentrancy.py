@@ -20,7 +20,7 @@ from conftest import compact_once, visible_names
 from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import ConcurrentCommitError
-from cdc_compaction.faults import ENV as FAULTS_ENV
+from cdc_compaction.job.faults import ENV as FAULTS_ENV
 from cdc_compaction.lake import Commit
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
