@@ -1,11 +1,15 @@
 """The Spark side of cdc_compaction: what spark-submit ships to the cluster.
 
 A leaf package: its modules import the standard library, pyspark and each other, never
-Airflow and never a ``cdc_compaction`` module outside ``job/`` (``tests/job`` checks it).
+Airflow and never a ``cdc_compaction`` module outside ``job/`` (``tests/job`` checks it), so
+that ``cdc_compaction/__init__.py`` plus this directory, zipped by :mod:`.bundle`, is all a
+cluster needs (``spark-submit --py-files``).  The jobs themselves are still the self-contained
+scripts of ``include/spark_jobs``, for now.
 
 * :mod:`.contract` -- every name and file format the Airflow side and the job share
   (pure standard library: the DAG's modules import it at parse time);
-* :mod:`.faults` -- the named fault points of the crash tests, for both sides.
+* :mod:`.faults` -- the named fault points of the crash tests, for both sides;
+* :mod:`.bundle` -- builds the zip that ships them (the job package).
 """
 
 from __future__ import annotations
