@@ -1,20 +1,17 @@
 """Engines that run Spark work: spark-submit (what the DAG uses) or one in-process session.
 
-Both run the same job code from ``include/spark_jobs`` and the same rendered SQL, so the
-in-process engine (used by ``make conformance MODE=inprocess`` and the tests) exercises
-exactly what a DAG run submits.
+Both run the same job code, the job package :mod:`cdc_compaction.job`, and the same rendered
+SQL, so the in-process engine (used by ``make conformance MODE=inprocess`` and the tests)
+exercises exactly what a DAG run submits.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 import posixpath
 import tempfile
-from functools import lru_cache
-from types import ModuleType
 from typing import Any, Protocol
 
 from cdc_compaction import settings
@@ -37,18 +34,6 @@ BASE_SPARK_CONF: dict[str, str] = {
     "spark.sql.parquet.compression.codec": "snappy",
     **NO_SQL_SUBSTITUTION,
 }
-
-
-@lru_cache(maxsize=4)
-def load_job(name: str) -> ModuleType:
-    """Import a job module from ``include/spark_jobs`` by file path (it is not a package)."""
-    path = settings.SPARK_JOBS_DIR / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"cdc_spark_jobs_{name}", path)
-    if spec is None or spec.loader is None:  # pragma: no cover - file missing from the checkout
-        raise CompactionError(f"cannot load Spark job {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def job_package_dir() -> str:
@@ -195,12 +180,15 @@ class SessionEngine:
         self.spark = spark
 
     def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
-        load_job("run_sql").run_statements(self.spark, statements)
+        from cdc_compaction.job import run_sql  # imports pyspark: only when a session runs
+
+        run_sql.run_statements(self.spark, statements)
 
     def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
+        from cdc_compaction.job import compact as job
+
         # A fresh attempt directory per call, as spark-submit's ``main`` makes one per job:
         # a cleared or repeated compact never writes into a directory another attempt wrote.
-        job = load_job("compact")
         try:
             return job.run(self.spark, plan, attempt=job.new_attempt())
         except job.PermanentJobError as exc:  # a stale plan: as spark-submit's exit code tells the DAG

@@ -57,7 +57,7 @@ def test_entries_are_sorted_with_fixed_times_and_modes_and_only_the_job() -> Non
         f"cdc_compaction/job/{p.relative_to(job_dir).as_posix()}" for p in job_dir.rglob("*.py")
     ]
     assert names == sorted(names) == sorted(expected)
-    assert {"cdc_compaction/job/faults.py", "cdc_compaction/job/contract.py"} <= set(names)
+    assert {"cdc_compaction/job/compact.py", "cdc_compaction/job/contract.py"} <= set(names)
     assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
     assert {(i.external_attr >> 16) & 0o777 for i in infos} == {0o644}
     assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
@@ -78,8 +78,8 @@ def test_the_zip_alone_carries_the_job(tmp_path: Path) -> None:
     path = bundle.build(tmp_path / "pkg")
     code = (
         "import json, sys\n"
-        "import cdc_compaction.job.contract as c, cdc_compaction.job.faults as r\n"
-        "print(json.dumps({'compact': c.__file__, 'run_sql': r.__file__, 'main': callable(r.fault_point),"
+        "import cdc_compaction.job.compact as c, cdc_compaction.job.run_sql as r\n"
+        "print(json.dumps({'compact': c.__file__, 'run_sql': r.__file__, 'main': callable(c.main),"
         " 'plugins': [p for p in sys.path if p.rstrip('/').endswith('plugins')]}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -89,8 +89,8 @@ def test_the_zip_alone_carries_the_job(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["compact"] == f"{path}/cdc_compaction/job/contract.py"
-    assert got["run_sql"] == f"{path}/cdc_compaction/job/faults.py"
+    assert got["compact"] == f"{path}/cdc_compaction/job/compact.py"
+    assert got["run_sql"] == f"{path}/cdc_compaction/job/run_sql.py"
     assert got["main"] is True and got["plugins"] == []
     # ... and nothing else of the package is in it: the Airflow side stays behind.
     probe = subprocess.run(
