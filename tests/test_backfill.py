@@ -29,9 +29,9 @@ import pytest
 import yaml
 from conftest import STUDENT_COLUMNS
 
-from cdc_compaction import faults
 from cdc_compaction.conformance import land
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db, metadata_rows
+from cdc_compaction.job import faults
 from cdc_compaction.lake import Lake
 from cdc_compaction.local_services import LocalMetastore, free_port, port_open
 from cdc_compaction.registry import parse_table

@@ -23,13 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.functions import expr
 
-from cdc_compaction.engine import load_job
+from cdc_compaction.job import compact as job
+from cdc_compaction.job import contract
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.sql import rule_sql, spark_schema_ddl
 
 pytestmark = pytest.mark.spark
-
-job = load_job("compact")
 
 INC0 = "increment_2026112200"
 INC1 = "increment_2026112201"
@@ -105,7 +104,7 @@ def compact_events(
     """ranked + new_base over ``rows``: key tuple -> the surviving row as a dict."""
     rule = rule_sql(cfg)
     result = job.new_base(job.ranked(events_df(spark, cfg, rows), rule.rank), rule.is_delete, cutoff)
-    assert result.columns == cfg.column_names + job.META_COLUMNS
+    assert result.columns == [*cfg.column_names, *job.META_COLUMNS]
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in result.collect():
         d = r.asDict()
@@ -146,10 +145,17 @@ def make_plan(
     ingested_at: datetime,
     retention: timedelta = timedelta(days=7),
 ) -> dict[str, Any]:
-    """A plan in the format tasks.plan() writes (the keys the job reads)."""
+    """A plan in the format tasks.plan() writes: the keys the contract requires, and those the job reads."""
     return {
         "plan_id": plan_id,
+        "run_id": "tests",
+        "owner": "tests",
         "table": cfg.qualified_name,
+        "seq": 1,
+        "parent_seq": 0,
+        "parent_version": "v00000000-empty",
+        "version": f"v00000001-{plan_id}",
+        "increments": sorted({f["increment"] for f in files}),
         "column_names": cfg.column_names,
         "primary_key": cfg.primary_key,
         "schema_ddl": spark_schema_ddl(cfg),
@@ -444,7 +450,7 @@ def test_accepted_and_rejected_split_classified_events(spark: Any, make_cfg: Mak
     ingested_at = datetime(2026, 11, 22, 13, 45, 10)
 
     good = job.accepted(classified, ingested_at)
-    assert good.columns == cfg.column_names + job.META_COLUMNS
+    assert good.columns == [*cfg.column_names, *job.META_COLUMNS]
     assert sorted(tuple(r) for r in good.collect()) == [
         (1, "good", "c", 1, INC0, F0, 0, ingested_at),
         (2, "gone", "d", 2, INC1, F1, 0, ingested_at),
@@ -568,7 +574,7 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         (2, "Bob 2", "u", 3),
         (3, "Cy", "c", 5),
     ]
-    assert list(rows1[0]) == cfg.column_names + job.META_COLUMNS
+    assert list(rows1[0]) == [*cfg.column_names, *job.META_COLUMNS]
     assert [(r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows1] == [
         (INC0, F0, 2),
         (INC1, F0, 1),
@@ -729,16 +735,34 @@ REGION_COLUMNS: list[dict[str, str]] = [
 PC = "_cdc_partition"
 
 
-def test_the_plugins_mirror_the_jobs_names() -> None:
-    """The job is self-contained, so the tasks repeat its names; they must not drift apart."""
-    from cdc_compaction import tasks
+def test_the_plugins_copies_of_the_contracts_names_agree() -> None:
+    """tasks.py and lake.py still define some of the contract's names themselves: while they do, they must agree.
 
-    assert (tasks.PARTITION_COLUMN, tasks.META_COLUMNS, tasks.STATS_FILE) == (
-        job.PARTITION_COLUMN,
-        job.META_COLUMNS,
-        job.STATS_FILE,
-    )
-    assert PC == job.PARTITION_COLUMN
+    (A name they import from the contract, or no longer define, passes.)
+    """
+    from cdc_compaction import lake, tasks
+
+    copies = {
+        (tasks, "PARTITION_COLUMN"): contract.PARTITION_COLUMN,
+        (tasks, "META_COLUMNS"): contract.META_COLUMNS,
+        (tasks, "STATS_FILE"): contract.STATS_FILE,
+        (tasks, "_PARTITION_DIR"): contract.PARTITION_DIR_PREFIX,
+        (lake, "DATA_DIR"): contract.DATA_DIR,
+        (lake, "TOMBSTONES_DIR"): contract.TOMBSTONES_DIR,
+        (lake, "LAYOUT"): contract.LAYOUT,
+        (lake, "_PARTITION_PREFIX"): contract.PARTITION_DIR_PREFIX,
+    }
+    differ = {
+        f"{module.__name__}.{name}": getattr(module, name)
+        for (module, name), value in copies.items()
+        if hasattr(module, name) and tuple_if_list(getattr(module, name)) != value
+    }
+    assert differ == {}
+    assert PC == job.PARTITION_COLUMN == contract.PARTITION_COLUMN
+
+
+def tuple_if_list(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def region_cfg(make_cfg: MakeCfg) -> TableConfig:

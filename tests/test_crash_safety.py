@@ -2,7 +2,7 @@
 
 Each case runs the shared scenario ``late_update_for_deleted_key`` (three compactions:
 insert, delete, then a late older update that must not resurrect the key) and crashes
-the *second* run at one fault point (:mod:`cdc_compaction.faults`), either
+the *second* run at one fault point (:mod:`cdc_compaction.job.faults`), either
 
 * ``raise``: the step raises there, in this process, or
 * ``kill``: the step runs in its own process (``python -m cdc_compaction step`` -- what
@@ -37,9 +37,10 @@ import pytest
 import yaml
 
 from cdc_compaction import conformance as conf
-from cdc_compaction import faults, sql, tasks
-from cdc_compaction.engine import SessionEngine, compaction_conf
-from cdc_compaction.exceptions import InjectedFaultError
+from cdc_compaction import sql, tasks
+from cdc_compaction.engine import SessionEngine, compaction_conf, job_package
+from cdc_compaction.job import faults
+from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import EMPTY_VERSION, Lake, TableLease
 from cdc_compaction.metastore import connect
 from cdc_compaction.registry import TableConfig, parse_table
@@ -75,18 +76,15 @@ def test_every_fault_point_is_tested() -> None:
     assert [p for p, _ in CRASH_POINTS] + OTHER_POINTS == list(faults.POINTS)
 
 
-def test_the_spark_job_parses_faults_like_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The job carries its own copy of the parser (it ships without the package)."""
-    from cdc_compaction.engine import load_job
+def test_the_spark_job_arms_its_fault_points_through_the_one_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job ships with ``cdc_compaction.job.faults`` in its package: one parser for both sides."""
+    from cdc_compaction.job import compact as job
 
-    job = load_job("compact")
+    assert job.fault_point is faults.fault_point
     monkeypatch.setenv(faults.ENV, "compact.before_stats@db.t=raise, other=kill")
-    with pytest.raises(RuntimeError, match=r"injected fault at compact\.before_stats"):
+    with pytest.raises(InjectedFaultError, match=r"injected fault at compact\.before_stats"):
         job.fault_point("compact.before_stats", "db.t")
     job.fault_point("compact.before_stats", "db.other")  # another table: inert
-    with pytest.raises(InjectedFaultError):
-        faults.fault_point("compact.before_stats", "db.t")
-    faults.fault_point("compact.before_stats", "db.other")
     monkeypatch.setenv(faults.ONCE_ENV, str(PROJECT_ROOT / ".run" / f"once-{os.getpid()}-{time.time_ns()}"))
     with pytest.raises(InjectedFaultError):
         faults.fault_point("compact.before_stats", "db.t")
@@ -168,6 +166,8 @@ class CrashRun:
     def step_in_subprocess(self, name: str, run_id: str, plan_path: str, fault: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins"), faults.ENV: fault}
         if name == "compact":
+            # As on a cluster: the job comes from the job package (--py-files) alone, not from plugins/.
+            del env["PYTHONPATH"]
             cmd = spark_submit_cmd(self.cfg, plan_path)
         else:
             cmd = [sys.executable, "-m", "cdc_compaction", "step", name, self.cfg.qualified_name]
@@ -378,7 +378,7 @@ def spark_submit_cmd(cfg: TableConfig, plan_path: str) -> list[str]:
     cmd = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", "local[1]"]
     for k, v in {**compaction_conf(cfg), "spark.driver.memory": "512m"}.items():
         cmd += ["--conf", f"{k}={v}"]
-    return [*cmd, str(SPARK_JOBS_DIR / "compact.py"), "--plan", plan_path]
+    return [*cmd, "--py-files", job_package(), str(SPARK_JOBS_DIR / "compact.py"), "--plan", plan_path]
 
 
 def _kill_when(proc: subprocess.Popen, where: Path, pattern: str, timeout: float = 300) -> bool:

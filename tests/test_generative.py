@@ -39,10 +39,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from cdc_compaction import faults, tasks
+from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
-from cdc_compaction.exceptions import InjectedFaultError
+from cdc_compaction.job import faults
+from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import Lake, TableLease
 from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint

@@ -17,11 +17,13 @@ import pytest
 import yaml
 from conftest import PROJECT_ROOT, compact_once, student_doc, visible_names
 
-from cdc_compaction import faults, tasks
+from cdc_compaction import tasks
 from cdc_compaction.__main__ import main
 from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
-from cdc_compaction.exceptions import InjectedFaultError, QuarantineError
+from cdc_compaction.exceptions import QuarantineError
+from cdc_compaction.job import faults
+from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import Lake
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import parse_table

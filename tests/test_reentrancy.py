@@ -20,7 +20,7 @@ from conftest import compact_once, visible_names
 from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import ConcurrentCommitError
-from cdc_compaction.faults import ENV as FAULTS_ENV
+from cdc_compaction.job.faults import ENV as FAULTS_ENV
 from cdc_compaction.lake import Commit
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -190,15 +190,17 @@ def test_a_stale_plan_fails_the_compact_task_at_once(make_cfg, runtime) -> None:
     """spark-submit of a stale plan exits with the job's permanent-error status: no retries, nothing written."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cdc_compaction.engine import load_job
     from cdc_compaction.factory import PERMANENT_EXIT_CODE, permanent_error_path
+    from cdc_compaction.job import contract
 
     rt = runtime(make_cfg(retries=3))
     path = _stale_plan(rt)
     task = _compact_task(rt, path)
     with pytest.raises(AirflowFailException, match="is stale") as raised:
         task.execute({})
-    assert task._hook._submit_sp.returncode == PERMANENT_EXIT_CODE == load_job("compact").PERMANENT_EXIT_CODE
+    assert task._hook._submit_sp.returncode == PERMANENT_EXIT_CODE == contract.PERMANENT_EXIT_CODE
+    # The job ran from the job package the task built (spark-submit --py-files), not from plugins/.
+    assert Path(task._hook._py_files).name.startswith("cdc_compaction_job-") and Path(task._hook._py_files).is_file()
     assert "Error code is: 65" in str(raised.value.__cause__), "SparkSubmitHook's own error stays attached"
     assert (
         json.loads(Path(permanent_error_path(path)).read_text())["plan_id"]

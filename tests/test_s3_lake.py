@@ -34,7 +34,8 @@ from conftest import STUDENT_COLUMNS
 
 from cdc_compaction import conformance as conf
 from cdc_compaction import sql, tasks
-from cdc_compaction.engine import SessionEngine, load_job
+from cdc_compaction.engine import SessionEngine
+from cdc_compaction.job import compact as job
 from cdc_compaction.lake import EMPTY_VERSION, Lake, Layout
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig, parse_table
@@ -89,7 +90,6 @@ class MirrorEngine:
         _mirror_down(self.storage, plan["base_location"], w / "base")
         if plan.get("base_tombstones_location"):
             _mirror_down(self.storage, plan["base_tombstones_location"], w / "tombstones")
-        job = load_job("compact")
         if self.storage.exists(plan["commit_path"]):
             return {"plan_id": plan["plan_id"], "already_committed": True}  # as the job does on S3A
         local = dict(plan, base_location=str(w / "base"), output_location=str(w / "out"), commit_path=None)

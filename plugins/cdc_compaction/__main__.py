@@ -11,6 +11,7 @@ Commands:
   quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
   lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
   step STEP DB.TABLE                     run one step of a table's DAG by hand (outside Airflow)
+  job-package [--out DIR]                build the Spark job's zip (spark-submit --py-files); print its path
 """
 
 from __future__ import annotations
@@ -307,6 +308,14 @@ def _step(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_package(args: argparse.Namespace) -> int:
+    from cdc_compaction.engine import job_package_dir
+    from cdc_compaction.job import bundle
+
+    print(bundle.build(args.out or job_package_dir()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cdc_compaction", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -398,6 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT")
     st.add_argument("--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"))
     st.set_defaults(func=_step)
+
+    jp = sub.add_parser(
+        "job-package",
+        help="build the Spark job's zip for spark-submit --py-files (upload it next to spark.emr.application)",
+    )
+    jp.add_argument("--out", help="directory to write it to (default: $CDC_JOB_PACKAGE_DIR or .run/job-package)")
+    jp.set_defaults(func=_job_package)
 
     args = parser.parse_args(argv)
     if args.command == "quarantine" and args.action == "reingest" and not args.entry:

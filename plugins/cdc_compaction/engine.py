@@ -1,19 +1,17 @@
 """Engines that run Spark work: spark-submit (what the DAG uses) or one in-process session.
 
-Both run the same job code from ``include/spark_jobs`` and the same rendered SQL, so the
-in-process engine (used by ``make conformance MODE=inprocess`` and the tests) exercises
-exactly what a DAG run submits.
+Both run the same job code, the job package :mod:`cdc_compaction.job`, and the same rendered
+SQL, so the in-process engine (used by ``make conformance MODE=inprocess`` and the tests)
+exercises exactly what a DAG run submits.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
+import posixpath
 import tempfile
-from functools import lru_cache
-from types import ModuleType
 from typing import Any, Protocol
 
 from cdc_compaction import settings
@@ -38,16 +36,21 @@ BASE_SPARK_CONF: dict[str, str] = {
 }
 
 
-@lru_cache(maxsize=4)
-def load_job(name: str) -> ModuleType:
-    """Import a job module from ``include/spark_jobs`` by file path (it is not a package)."""
-    path = settings.SPARK_JOBS_DIR / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"cdc_spark_jobs_{name}", path)
-    if spec is None or spec.loader is None:  # pragma: no cover - file missing from the checkout
-        raise CompactionError(f"cannot load Spark job {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def job_package_dir() -> str:
+    """Where task runs build the job package: ``$CDC_JOB_PACKAGE_DIR`` or ``.run/job-package`` of the project."""
+    return os.environ.get("CDC_JOB_PACKAGE_DIR") or str(settings.PROJECT_ROOT / ".run" / "job-package")
+
+
+def job_package() -> str:
+    """The job package zip for ``spark-submit --py-files``, built if this source's zip is not there yet.
+
+    Called when a task runs, never while the DAG file is parsed (it reads the job's sources).
+    """
+    from cdc_compaction.job import bundle
+
+    path = bundle.build(job_package_dir())
+    log.info("job package: %s", path)
+    return str(path)
 
 
 GLUE_CLIENT_FACTORY = "com.amazonaws.glue.catalog.metastore.AWSGlueDataCatalogHiveClientFactory"
@@ -60,11 +63,41 @@ def compaction_conf(cfg: TableConfig) -> dict[str, str]:
     return {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hadoop, **cfg.spark.conf, **NO_SQL_SUBSTITUTION}
 
 
-def emr_steps(cfg: TableConfig, plan_arg: str) -> list[dict[str, Any]]:
-    """The EMR step that runs the compaction: ``spark-submit`` through ``command-runner.jar``."""
+def emr_job_package_uri(application: str) -> str:
+    """The job package's S3 URI when ``spark.emr.py_files`` is not set: this source's zip beside ``application``.
+
+    The name carries the hash of this deployment's job source (``python -m cdc_compaction job-package``
+    prints it), so a step never runs another version of the job than the Airflow side expects.
+    """
+    from cdc_compaction.job import bundle
+
+    return f"{posixpath.dirname(application)}/{bundle.file_name(bundle.build_bytes())}"
+
+
+def check_emr_job_package(uri: str) -> None:
+    """Warn when ``spark.emr.py_files`` names a zip other than this deployment's job package."""
+    from cdc_compaction.job import bundle
+
+    expected = bundle.file_name(bundle.build_bytes())
+    if posixpath.basename(uri) != expected:
+        log.warning(
+            "spark.emr.py_files is %s, but this deployment's job package is %s: the cluster may run another "
+            "version of the job (python -m cdc_compaction job-package builds it; upload it and point py_files at it)",
+            uri,
+            expected,
+        )
+
+
+def emr_steps(cfg: TableConfig, plan_arg: str, py_files: str | None = None) -> list[dict[str, Any]]:
+    """The EMR step that runs the compaction: ``spark-submit`` through ``command-runner.jar``.
+
+    ``--py-files`` is ``py_files``, else ``spark.emr.py_files``, else :func:`emr_job_package_uri`
+    (which reads the job's sources: the DAG passes a placeholder instead, filled when the task runs).
+    """
     emr = cfg.spark.emr
     if emr is None:
         raise CompactionError(f"{cfg.qualified_name}: spark.engine is emr but spark.emr is not set")
+    py_files = py_files or emr.py_files or emr_job_package_uri(emr.application)
     args = ["spark-submit", "--deploy-mode", emr.deploy_mode, "--name", f"cdc-compact-{cfg.qualified_name}"]
     for k, v in compaction_conf(cfg).items():
         args += ["--conf", f"{k}={v}"]
@@ -78,7 +111,10 @@ def emr_steps(cfg: TableConfig, plan_arg: str) -> list[dict[str, Any]]:
         {
             "Name": f"cdc-compact-{cfg.qualified_name}",
             "ActionOnFailure": emr.action_on_failure,
-            "HadoopJarStep": {"Jar": "command-runner.jar", "Args": [*args, emr.application, "--plan", plan_arg]},
+            "HadoopJarStep": {
+                "Jar": "command-runner.jar",
+                "Args": [*args, "--py-files", py_files, emr.application, "--plan", plan_arg],
+            },
         }
     ]
 
@@ -144,12 +180,15 @@ class SessionEngine:
         self.spark = spark
 
     def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
-        load_job("run_sql").run_statements(self.spark, statements)
+        from cdc_compaction.job import run_sql  # imports pyspark: only when a session runs
+
+        run_sql.run_statements(self.spark, statements)
 
     def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
+        from cdc_compaction.job import compact as job
+
         # A fresh attempt directory per call, as spark-submit's ``main`` makes one per job:
         # a cleared or repeated compact never writes into a directory another attempt wrote.
-        job = load_job("compact")
         try:
             return job.run(self.spark, plan, attempt=job.new_attempt())
         except job.PermanentJobError as exc:  # a stale plan: as spark-submit's exit code tells the DAG
@@ -157,7 +196,7 @@ class SessionEngine:
 
 
 class SparkSubmitEngine:
-    """Runs SQL through ``spark-submit include/spark_jobs/run_sql.py`` (one JVM per call)."""
+    """Runs SQL through ``spark-submit include/spark_jobs/run_sql.py`` and the job package (one JVM per call)."""
 
     def __init__(self, endpoint: MetastoreEndpoint, warehouse_dir: str) -> None:
         self.endpoint = endpoint
@@ -177,6 +216,7 @@ class SparkSubmitEngine:
                 name=f"cdc-ddl-{cfg.qualified_name}",
                 application_args=["--statements", path],
                 driver_memory=cfg.spark.driver_memory,
+                py_files=job_package(),
             )
             try:
                 hook.submit(application=str(settings.SPARK_JOBS_DIR / "run_sql.py"))

@@ -21,6 +21,7 @@ from airflow.sdk import DAG, Asset
 
 from cdc_compaction import settings
 from cdc_compaction.exceptions import CompactionError, RegistryError
+from cdc_compaction.job.contract import PERMANENT_EXIT_CODE, PermanentErrorRecord, permanent_error_path
 from cdc_compaction.notifications import CdcAlertNotifier
 from cdc_compaction.registry import RegistryEntry, TableConfig
 
@@ -30,6 +31,10 @@ PLAN_XCOM = "{{ ti.xcom_pull(task_ids='plan') }}"
 #: Stands in for the plan path as the last argument of the EMR step until the task runs
 #: (see ``RegistryEmrAddStepsOperator``): the step itself is registry data and is not templated.
 PLAN_PLACEHOLDER = "__cdc_compaction_plan_path__"
+#: Stands in for the job package's S3 URI after ``--py-files`` in the EMR step until the task runs,
+#: when ``spark.emr.py_files`` is not set: the URI names the zip of this deployment's job source
+#: (see ``engine.emr_job_package_uri``), which must not be read while the DAG file is parsed.
+PY_FILES_PLACEHOLDER = "__cdc_compaction_job_package__"
 
 
 # Registry values are data, never templates. Airflow renders every ``template_fields`` attribute
@@ -42,7 +47,8 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
     """spark-submit whose only templated field is ``application_args`` (``--plan`` and the plan-path XCom).
 
     A job that ends with an error no retry can heal (a stale plan: the job's ``PermanentJobError``)
-    fails the task at once instead of going through the retries.
+    fails the task at once instead of going through the retries.  The job package (``--py-files``)
+    is built when the task runs, not when the DAG file is parsed.
     """
 
     template_fields: Sequence[str] = ("application_args",)
@@ -51,6 +57,14 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
     def __init__(self, *, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.storage_conn_id = storage_conn_id
+
+    def _get_hook(self) -> Any:
+        # Every path that builds the hook goes through here: execute, the provider's resumable
+        # backends (YARN, Kubernetes), and whoever asks for the task's exact command line.
+        from cdc_compaction.engine import job_package
+
+        self.py_files = job_package()
+        return super()._get_hook()
 
     def execute(self, context: Any) -> Any:
         try:
@@ -67,23 +81,12 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
             raise AirflowFailException(problem) from exc
 
 
-#: The compaction job's exit status for an error no retry can heal (``PERMANENT_EXIT_CODE`` in
-#: include/spark_jobs/compact.py), and the file it writes beside the plan with that error.
-PERMANENT_EXIT_CODE = 65
-PERMANENT_ERROR_SUFFIX = ".permanent_error.json"
-
-
 def plan_arg(args: Sequence[Any] | None) -> str | None:
     """The plan path of the job's arguments (the value after ``--plan``)."""
     args = list(args or [])
     if "--plan" in args and args.index("--plan") + 1 < len(args):
         return str(args[args.index("--plan") + 1])
     return None
-
-
-def permanent_error_path(plan_path: str) -> str:
-    """Where the compaction job records a permanent error of the plan ``plan_path``."""
-    return plan_path.removesuffix(".json") + PERMANENT_ERROR_SUFFIX
 
 
 def permanent_job_error(plan_path: str | None, storage_conn_id: str, returncode: int | None = None) -> str | None:
@@ -100,7 +103,8 @@ def permanent_job_error(plan_path: str | None, storage_conn_id: str, returncode:
         try:
             storage = storage_for(path, storage_conn_id)
             if storage.exists(path):
-                recorded = str(json.loads(storage.read_text(path)).get("error") or "(no message)")
+                record = PermanentErrorRecord.from_dict(json.loads(storage.read_text(path)))
+                recorded = str(record.error or "(no message)")
         except Exception:  # cannot tell: leave the failure to the retries
             log.warning("could not read %s to tell whether the compaction can succeed", path, exc_info=True)
     if recorded is not None:
@@ -121,7 +125,11 @@ def _emr_add_steps_operator() -> type:
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
 
     class RegistryEmrAddStepsOperator(EmrAddStepsOperator):
-        """Adds the compaction step; only ``plan_path`` is templated, and it fills the step's last argument."""
+        """Adds the compaction step; only ``plan_path`` is templated, and it fills the step's last argument.
+
+        Without ``spark.emr.py_files`` the step's ``--py-files`` is filled in when the task runs, too:
+        the job package of this deployment's source, beside ``spark.emr.application``.
+        """
 
         template_fields: Sequence[str] = ("plan_path",)
         template_ext: Sequence[str] = ()
@@ -131,18 +139,28 @@ def _emr_add_steps_operator() -> type:
             self.plan_path = plan_path
 
         def steps_with_plan(self) -> list[dict[str, Any]]:
-            """The steps as submitted: the (rendered) plan path after ``--plan``, every other value as written."""
+            """The steps as submitted: the (rendered) plan path after ``--plan``, the job package's URI
+            after ``--py-files``, every other value as written."""
+            from cdc_compaction.engine import check_emr_job_package, emr_job_package_uri
+
             steps = copy.deepcopy(self.steps)
             filled = 0
             for step in steps:
                 args = step["HadoopJarStep"]["Args"]
-                # By position, not by search: a registry value that happens to equal the
+                # By position, not by search: a registry value that happens to equal a
                 # placeholder elsewhere in the step is data and stays as it is.
-                if args[-2:] == ["--plan", PLAN_PLACEHOLDER]:
+                if args[-2:] == ["--plan", PLAN_PLACEHOLDER] and args[-5] == "--py-files":
                     args[-1] = self.plan_path
+                    if args[-4] == PY_FILES_PLACEHOLDER:
+                        args[-4] = emr_job_package_uri(args[-3])
+                    else:
+                        check_emr_job_package(args[-4])
                     filled += 1
             if filled != 1:
-                raise CompactionError(f"{self.task_id}: expected one step ending in --plan {PLAN_PLACEHOLDER}")
+                raise CompactionError(
+                    f"{self.task_id}: expected one step ending in "
+                    f"--py-files <zip> <application> --plan {PLAN_PLACEHOLDER}"
+                )
             return steps
 
         def execute(self, context: Any) -> Any:
@@ -284,7 +302,8 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
             task_id="compact_submit",
             job_flow_id=emr.job_flow_id,
             aws_conn_id=emr.aws_conn_id,
-            steps=emr_steps(cfg, PLAN_PLACEHOLDER),
+            # The plan path, and the job package's URI unless the registry names it, are filled in at run time.
+            steps=emr_steps(cfg, PLAN_PLACEHOLDER, py_files=emr.py_files or PY_FILES_PLACEHOLDER),
             plan_path=PLAN_XCOM,
             doc_md="Add the compaction as an EMR step (spark-submit through command-runner.jar).",
         )
@@ -311,7 +330,8 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         name=f"cdc-compact-{cfg.qualified_name}",
         driver_memory=cfg.spark.driver_memory,
         executor_memory=cfg.spark.executor_memory,
-        doc_md="Run `include/spark_jobs/compact.py` on the planned files; writes a new version directory.",
+        doc_md="Run the compaction job (`include/spark_jobs/compact.py`, the job package as `--py-files`) on the "
+        "planned files; writes a new version directory.",
     )
     return compact, compact
 

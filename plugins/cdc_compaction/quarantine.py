@@ -37,8 +37,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cdc_compaction.exceptions import QuarantineError
-from cdc_compaction.faults import fault_point
 from cdc_compaction.inputs import arrow_schema
+from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Lake
 from cdc_compaction.landing import increment_hour, is_in_progress, layout_example
 from cdc_compaction.storage import is_data_file, read_parquet, storage_for

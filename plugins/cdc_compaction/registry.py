@@ -187,11 +187,21 @@ class Alerts(_Strict):
 
 
 class EmrSettings(_Strict):
-    """Where and how an EMR step runs the compaction (``spark.engine: emr``)."""
+    """Where and how an EMR step runs the compaction (``spark.engine: emr``).
+
+    ``application`` is the deployed ``include/spark_jobs/compact.py``, the entry script of the job
+    package; ``py_files`` is the deployed job package (``python -m cdc_compaction job-package``).
+    ``py_files`` is optional on purpose: left out, it is derived when the task runs, as the zip of
+    this deployment's job source in the S3 folder of ``application`` (the zip's name carries the
+    hash of the source), so the step always runs the job version the Airflow side was built with,
+    and an upgrade needs the new zip uploaded but no registry edit.  Set it to keep the zip
+    elsewhere; a zip whose name is not this source's is then used as written, with a warning.
+    """
 
     job_flow_id: str
     aws_conn_id: str = "aws_default"
     application: str
+    py_files: str | None = None
     deploy_mode: Literal["cluster", "client"] = "cluster"
     action_on_failure: Literal["CONTINUE", "CANCEL_AND_WAIT"] = "CONTINUE"
 
@@ -207,6 +217,16 @@ class EmrSettings(_Strict):
     def _application(cls, v: str) -> str:
         if not re.match(r"^s3://[a-z0-9.\-]{3,63}/[A-Za-z0-9_.\-/]+\.py$", v) or "/../" in v:
             raise ValueError(f"{v!r} must be the s3:// URI of the deployed compact.py (EMR reads it from S3)")
+        return v
+
+    @field_validator("py_files")
+    @classmethod
+    def _py_files(cls, v: str | None) -> str | None:
+        if v is not None and (not re.match(r"^s3://[a-z0-9.\-]{3,63}/[A-Za-z0-9_.\-/]+\.zip$", v) or "/../" in v):
+            raise ValueError(
+                f"{v!r} must be the s3:// URI of the deployed job package zip "
+                "(python -m cdc_compaction job-package builds it)"
+            )
         return v
 
 

@@ -38,9 +38,9 @@ from cdc_compaction.exceptions import (
     SchemaChangeError,
     StorageRootMismatchError,
 )
-from cdc_compaction.faults import fault_point
 from cdc_compaction.identifiers import normalize_hive_type
 from cdc_compaction.inputs import check_file, hive_widening, parquet_footer
+from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import (
     DATA_DIR,
     EMPTY_VERSION,

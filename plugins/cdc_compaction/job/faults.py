@@ -9,8 +9,9 @@ and applies nothing twice -- the way Iceberg, Delta and Hadoop's committers are 
     CDC_FAULTS="archive.after_first_delete@shop.orders=raise"   # only for that table
     CDC_FAULTS_ONCE_DIR=/tmp/x                             # fire each point once (then retries pass)
 
-The Spark job (``include/spark_jobs/compact.py``) reads the same variable: it ships
-to the cluster without this package, so it carries a copy of the parser.
+One implementation for both sides: the Airflow tasks and the Spark job
+(:mod:`cdc_compaction.job.compact`, which ships to the cluster in the job package) call
+the same :func:`fault_point`, so it imports nothing outside ``cdc_compaction.job``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,20 @@ import logging
 import os
 import signal
 
-from cdc_compaction.exceptions import InjectedFaultError
-
 log = logging.getLogger(__name__)
 
 ENV = "CDC_FAULTS"
 ONCE_ENV = "CDC_FAULTS_ONCE_DIR"
 ACTIONS = ("raise", "kill")
+
+
+class InjectedFaultError(RuntimeError):
+    """Raised at a fault point armed through ``CDC_FAULTS`` (crash tests only).
+
+    Defined here, not among the package's exceptions, because the Spark job raises it too and
+    ships without them; a RuntimeError, as the job's own copy of the parser raised before.
+    """
+
 
 #: Every fault point of the package, in the order a run passes them.
 POINTS = (

@@ -1,0 +1,681 @@
+"""PySpark compaction job: base + planned increments -> a new base version.
+
+Part of the job package (``cdc_compaction.job``), which spark-submit ships to the cluster:
+it imports nothing of the Airflow side.  Everything it needs arrives in the plan file
+written by the DAG's ``plan`` task (:class:`~cdc_compaction.job.contract.Plan`), including
+the compaction rule as SQL expressions rendered from ``include/sql/_rule.sql.j2`` -- the
+same macros the view uses.  ``include/spark_jobs/compact.py`` is its entry script:
+
+    spark-submit --py-files cdc_compaction_job-<hash>.zip include/spark_jobs/compact.py \\
+        --plan /lake/t/_cdc/plans/<id>.json
+
+The functions above ``run`` are pure ``DataFrame -> DataFrame`` transformations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import posixpath
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote
+
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
+from pyspark.sql import functions as F
+
+from cdc_compaction.job.contract import (
+    DATA_DIR,
+    DEFAULT_COMPRESSION,
+    KEY_LOOKUP_MAX_EVENTS,
+    LAYOUT,
+    META_COLUMNS,
+    META_DDL,
+    PARTITION_COLUMN,
+    PARTITION_DDL,
+    PARTITION_DIR_PREFIX,
+    PERMANENT_EXIT_CODE,
+    PROVENANCE,
+    STATS_FILE,
+    TOMBSTONES_DIR,
+    JobStats,
+    OutputFile,
+    PermanentErrorRecord,
+    Plan,
+    permanent_error_path,
+)
+from cdc_compaction.job.faults import fault_point
+
+log = logging.getLogger(__name__)
+
+
+class PermanentJobError(Exception):
+    """An error no re-run of the job can heal (a stale plan): ``main`` exits with :data:`PERMANENT_EXIT_CODE`.
+
+    It is also recorded beside the plan (:func:`~cdc_compaction.job.contract.permanent_error_path`)
+    for engines whose exit status does not reach Airflow (EMR steps, cluster deploy mode).
+    """
+
+
+def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
+    """``plan`` as a :class:`Plan`: the plan file's JSON object is checked for the keys the contract requires."""
+    return plan if isinstance(plan, Plan) else Plan.from_dict(plan)
+
+
+def with_provenance(raw: DataFrame, columns: list[str]) -> DataFrame:
+    """Registry columns plus where each event came from: increment, file name, row position.
+
+    ``raw`` must expose Spark's hidden ``_metadata`` column (a file-based read).
+    """
+    return raw.select(
+        *[F.col(f"`{c}`") for c in columns],
+        F.element_at(F.split(F.col("_metadata.file_path"), "/"), -2).alias("_cdc_increment"),
+        F.col("_metadata.file_name").alias("_cdc_file"),
+        F.col("_metadata.row_index").alias("_cdc_pos"),
+    )
+
+
+def classify(events: DataFrame, reject_reason_sql: str) -> DataFrame:
+    """Add ``_cdc_reject_reason``: NULL for a valid event, else why it is refused."""
+    return events.withColumn("_cdc_reject_reason", F.expr(reject_reason_sql))
+
+
+def accepted(classified: DataFrame, ingested_at: datetime) -> DataFrame:
+    """The valid events, stamped with the time they were first compacted."""
+    return (
+        classified.filter(F.col("_cdc_reject_reason").isNull())
+        .drop("_cdc_reject_reason")
+        .withColumn("_cdc_ingested_at", F.lit(ingested_at).cast("timestamp"))
+    )
+
+
+def rejected(classified: DataFrame, plan_id: str) -> DataFrame:
+    """The refused events with their reason, as they go to quarantine."""
+    return classified.filter(F.col("_cdc_reject_reason").isNotNull()).withColumn("_cdc_plan_id", F.lit(plan_id))
+
+
+def ranked(events: DataFrame, rank_sql: str) -> DataFrame:
+    """Rank every event of a key; rank 1 is the winner under the compaction rule."""
+    return events.withColumn("_cdc_rank", F.expr(rank_sql))
+
+
+def expired_tombstone(is_delete_sql: str, cutoff: datetime | None) -> Column:
+    """True for a delete winner older than the tombstone retention."""
+    if cutoff is None:
+        return F.lit(False)
+    return F.expr(is_delete_sql) & (F.col("_cdc_ingested_at") < F.lit(cutoff).cast("timestamp"))
+
+
+def new_base(ranked_events: DataFrame, is_delete_sql: str, cutoff: datetime | None) -> DataFrame:
+    """Keep each key's winner (tombstones too, until they expire)."""
+    return ranked_events.filter((F.col("_cdc_rank") == 1) & ~expired_tombstone(is_delete_sql, cutoff)).drop("_cdc_rank")
+
+
+def rank_touched_keys(
+    base: DataFrame, fresh: DataFrame, pk: list[str], order_by: list[str], rank_sql: str
+) -> DataFrame:
+    """``ranked`` over the events of the keys ``fresh`` touches only: their base rows and every event.
+
+    Narrow on purpose (keys, ordering columns, provenance, and ``_cdc_src``: 0 for a base row,
+    1 for an event): only these rows are shuffled and sorted, not the whole table.
+    """
+    cols = [F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE])]
+    keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
+    touched = base.select(*cols).join(F.broadcast(keys), on=pk, how="left_semi").withColumn("_cdc_src", F.lit(0))
+    events = touched.unionByName(fresh.select(*cols).withColumn("_cdc_src", F.lit(1)))
+    return ranked(events, rank_sql)
+
+
+def winners_by_key_lookup(base: DataFrame, fresh: DataFrame, touched_ranks: DataFrame, pk: list[str]) -> DataFrame:
+    """Every key's winner, ``_cdc_rank`` 1 (the input of ``new_base``), given ``rank_touched_keys``.
+
+    The base rows of untouched keys pass as they are, the touched keys' base rows that lost
+    are left out (a broadcast anti-join on the key), and the winning events join them. The
+    base is read once and never shuffled.
+    """
+    src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
+    losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*[F.col(f"`{c}`") for c in pk])
+    won = touched_ranks.filter((src == 1) & (rank == 1)).select(*PROVENANCE)
+    kept = base.join(F.broadcast(losers), on=pk, how="left_anti")
+    return kept.unionByName(fresh.join(won, on=list(PROVENANCE), how="left_semi")).withColumn("_cdc_rank", F.lit(1))
+
+
+# ------------------------------------------------------------- partitioned tables
+def _keys(pk: list[str]) -> list[Column]:
+    return [F.col(f"`{c}`") for c in pk]
+
+
+def event_partitions(events: DataFrame, partition_column: str, partition_sql: str) -> DataFrame:
+    """The partitions (``_cdc_partition``) that events with a partition value of their own go to."""
+    return (
+        events.filter(F.col(f"`{partition_column}`").isNotNull())
+        .select(F.expr(partition_sql).alias(PARTITION_COLUMN))
+        .distinct()
+    )
+
+
+def partitions_of_keys(base_keys: DataFrame, events: DataFrame, pk: list[str]) -> DataFrame:
+    """The partitions of base rows whose key is among ``events``' keys.
+
+    ``base_keys`` needs only the key columns and ``_cdc_partition``.  This is how an event that
+    does not carry the partition column (a key-only delete), or whose key moves to another
+    partition, finds the partition its key lives in now.
+    """
+    keys = events.select(*_keys(pk)).distinct()
+    return base_keys.join(keys, on=pk, how="left_semi").select(PARTITION_COLUMN).distinct()
+
+
+def touched_partitions(
+    base_keys: DataFrame,
+    events: DataFrame,
+    pk: list[str],
+    partition_column: str,
+    partition_sql: str,
+    known_keys: DataFrame | None = None,
+) -> DataFrame:
+    """Every data partition a compaction of ``events`` may change: where they go, and where their keys are.
+
+    An event without a partition value whose key is not known (``known_keys``: the base's
+    keys, tombstones included; ``base_keys`` when not given) goes to the NULL sentinel
+    partition, so that one is touched too.
+    """
+    known = base_keys if known_keys is None else known_keys
+    unplaced = (
+        events.filter(F.col(f"`{partition_column}`").isNull())
+        .join(known.select(*_keys(pk)), on=pk, how="left_anti")
+        .select(F.expr(partition_sql).alias(PARTITION_COLUMN))
+    )
+    return (
+        event_partitions(events, partition_column, partition_sql)
+        .unionByName(partitions_of_keys(base_keys, events, pk))
+        .unionByName(unplaced)
+        .distinct()
+    )
+
+
+def assign_partitions(ranked_events: DataFrame, pk: list[str], partition_column: str, partition_sql: str) -> DataFrame:
+    """Set ``_cdc_partition`` of every event to the partition it is written to if it wins.
+
+    Base rows carry their partition, increment events carry NULL.  An event with a partition
+    value goes to that partition; one without (a key-only delete) stays where its key was in
+    the base, so that a delete does not move its key; a key never seen goes to the NULL
+    sentinel ``partition_sql`` yields.
+    """
+    in_base = F.max(F.col(PARTITION_COLUMN)).over(Window.partitionBy(*_keys(pk)))
+    missing = F.col(f"`{partition_column}`").isNull() & in_base.isNotNull()
+    return ranked_events.withColumn(PARTITION_COLUMN, F.when(missing, in_base).otherwise(F.expr(partition_sql)))
+
+
+def partition_dir_value(name: str) -> str | None:
+    """The partition value of a directory Spark's ``partitionBy`` wrote, e.g. ``_cdc_partition=a%3Ab``."""
+    prefix = PARTITION_DIR_PREFIX
+    return unquote(name[len(prefix) :]) if name.startswith(prefix) else None
+
+
+def read_partitions(spark: SparkSession, schema_ddl: str, partitions: dict[str, str]) -> DataFrame:
+    """The rows of the given partitions ({value: location}), with ``_cdc_partition``.
+
+    Partitions live in the version directory that last rewrote them, so they are read in one
+    scan per version directory, and Spark's partition discovery supplies ``_cdc_partition``
+    (it un-escapes the directory names; the schema keeps the values strings).
+    """
+    schema = f"{schema_ddl}, {PARTITION_DDL}"
+    if not partitions:
+        return spark.createDataFrame([], schema)
+    by_parent: dict[str, list[str]] = {}
+    odd: dict[str, str] = {}
+    for value, location in sorted(partitions.items()):
+        loc = location.rstrip("/")
+        if partition_dir_value(posixpath.basename(loc)) == value:
+            by_parent.setdefault(posixpath.dirname(loc), []).append(loc)
+        else:
+            odd[value] = loc  # registered somewhere else (by hand): read it on its own
+    frames = [spark.read.schema(schema).option("basePath", parent).parquet(*locs) for parent, locs in by_parent.items()]
+    frames += [
+        spark.read.schema(schema_ddl).parquet(loc).withColumn(PARTITION_COLUMN, F.lit(value))
+        for value, loc in odd.items()
+    ]
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out
+
+
+def output_tallies(data: DataFrame, tombstones: DataFrame, pk: list[str], is_delete: Column) -> dict[str, int]:
+    """Rows, rows on the wrong side and keys found more than once in a written version: one Spark job.
+
+    ``data_misplaced`` counts deletes among the visible rows, ``tomb_misplaced`` upserts among the
+    tombstones; ``duplicate_keys`` counts the keys that occur more than once in both together (a key
+    lives once: visible or a tombstone).  One grouping by key answers all three, rather than a pass
+    over the output for each (the outputs are re-read from storage: these checks gate publishing).
+    """
+    names = {"data_rows": "_cdc_d", "tomb_rows": "_cdc_t", "data_misplaced": "_cdc_dm", "tomb_misplaced": "_cdc_tm"}
+
+    def tagged(df: DataFrame, in_data: int, bad: Column) -> DataFrame:
+        wrong = F.when(bad, 1).otherwise(0)
+        return df.select(
+            *_keys(pk),
+            F.lit(in_data).alias("_cdc_d"),
+            F.lit(1 - in_data).alias("_cdc_t"),
+            (wrong * in_data).alias("_cdc_dm"),
+            (wrong * (1 - in_data)).alias("_cdc_tm"),
+        )
+
+    both = tagged(data, 1, is_delete).unionByName(tagged(tombstones, 0, ~is_delete))
+    per_key = both.groupBy(*_keys(pk)).agg(*[F.sum(c).alias(c) for c in names.values()])
+    total = per_key.agg(
+        *[F.coalesce(F.sum(c), F.lit(0)).alias(name) for name, c in names.items()],
+        F.coalesce(F.sum(F.when(F.col("_cdc_d") + F.col("_cdc_t") > 1, 1).otherwise(0)), F.lit(0)).alias(
+            "duplicate_keys"
+        ),
+    ).first()
+    return {name: int(total[name]) for name in [*names, "duplicate_keys"]}
+
+
+def _observed(obs: Observation, name: str) -> int:
+    """An observed metric, or 0 when Spark reported none: adaptive execution drops the whole plan,
+    observation included, when its input turned out empty (nothing observed means nothing counted)."""
+    try:
+        return int(obs.get[name])
+    except Exception:  # noqa: BLE001 - Py4J's error for "no metrics" is a plain assertion
+        log.info("no %s metrics reported (empty input); counted as 0", name)
+        return 0
+
+
+def _ts(value: str | None) -> datetime | None:
+    # Keep the time zone: PySpark reads a naive datetime literal as driver-local time.
+    return datetime.fromisoformat(value).astimezone(UTC) if value else None
+
+
+def _write_text(spark: SparkSession, path: str, text: str) -> None:
+    """Write a small file through Hadoop's FileSystem, so any Spark-readable URI works."""
+    fs, p = _fs(spark, path)
+    out = fs.create(p, True)
+    try:
+        out.write(bytearray(text.encode("utf-8")))
+    finally:
+        out.close()
+
+
+def _is_data_name(name: str) -> bool:
+    return not name.startswith(("_", "."))
+
+
+def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]]:
+    """Data files under ``path`` as ``<rel>/<file>`` (partition directories as ``<rel>/<dir>/<file>``).
+
+    Anything else there -- Spark's ``_SUCCESS``, a local file system's ``.crc`` checksums, a
+    committer's markers -- is deleted: the directory is this attempt's own, not yet committed,
+    and a reader's glob over it must find Parquet data files and nothing else.
+    """
+    fs, p = _fs(spark, path)
+    if not fs.exists(p):
+        return []
+    # A checksummed file system (local files) hides its .crc files from listings: look under it
+    # (py4j raises for any other file system, which lists everything already).
+    with contextlib.suppress(Exception):
+        fs = fs.getRawFileSystem()
+    files = []
+    for st in fs.listStatus(p):
+        name = st.getPath().getName()
+        if st.isFile() and _is_data_name(name):
+            files.append({"name": f"{rel}/{name}", "size": int(st.getLen())})
+        elif st.isDirectory() and partition_dir_value(name) is not None and "/" not in rel:
+            files += _data_files(spark, f"{path.rstrip('/')}/{name}", f"{rel}/{name}")
+        else:
+            log.info("removing %s from the output: not a data file", st.getPath().toString())
+            fs.delete(st.getPath(), True)
+    return sorted(files, key=lambda f: f["name"])
+
+
+def _written_partitions(files: list[dict[str, Any]], data_dir: str) -> dict[str, str]:
+    """Partition value -> directory of every partition the job wrote under ``data_dir``."""
+    dirs = {f["name"].split("/")[1] for f in files if f["name"].startswith(f"{DATA_DIR}/") and f["name"].count("/") > 1}
+    return {value: f"{data_dir.rstrip('/')}/{d}" for d in sorted(dirs) if (value := partition_dir_value(d)) is not None}
+
+
+def _no_bookkeeping_files(spark: SparkSession) -> None:
+    """Write only data files: no ``_SUCCESS`` marker, no summary files, no ``.crc`` beside local files.
+
+    Readers that glob a location (DuckDB's ``read_parquet('<dir>/*')``) would pick them up.
+    What a cluster still writes is removed by :func:`_data_files`.
+    """
+    # SQL confs are copied into the Hadoop configuration of every write.
+    spark.conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+    spark.conf.set("parquet.summary.metadata.level", "NONE")
+    try:
+        jvm = spark._jvm
+        local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark._jsc.hadoopConfiguration())
+        local.setWriteChecksum(False)
+    except Exception:  # only an optimisation: _data_files removes what is written anyway
+        log.debug("could not turn off local checksum files", exc_info=True)
+
+
+def new_attempt() -> str:
+    """A fresh, unique attempt token: every run of the job writes a directory of its own."""
+    return "a" + uuid.uuid4().hex[:10]
+
+
+def attempt_locations(plan: Plan | Mapping[str, Any], attempt: str | None) -> tuple[str, str]:
+    """(output, quarantine) directories of one attempt at ``plan``: ``<version>-<attempt>``.
+
+    A re-run of the compaction (a cleared task, a retry, a second deployment) never writes
+    into a directory another attempt wrote, least of all the one a commit made live.
+    Without an attempt (tests driving ``run`` directly) the plan's locations are used as-is.
+    """
+    p = as_plan(plan)
+    out, quarantine = p.output_location.rstrip("/"), p.quarantine_location.rstrip("/")
+    return (f"{out}-{attempt}", f"{quarantine}-{attempt}") if attempt else (out, quarantine)
+
+
+def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    jvm = spark._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
+
+
+def _read_small(spark: SparkSession, path: str) -> str | None:
+    """A small file's text through Hadoop's FileSystem, or None if it does not exist."""
+    fs, p = _fs(spark, path)
+    if not fs.exists(p):
+        return None
+    stream = fs.open(p)
+    try:
+        reader = spark._jvm.java.io.BufferedReader(spark._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+        lines = []
+        while (line := reader.readLine()) is not None:
+            lines.append(line)
+        return "\n".join(lines)
+    finally:
+        stream.close()
+
+
+def committed_already(spark: SparkSession, plan: Plan | Mapping[str, Any]) -> bool:
+    """True if ``plan`` was committed already: there is nothing left to compute.
+
+    Raises if another plan took the plan's commit number: the plan is stale.
+    """
+    p = as_plan(plan)
+    path = p.commit_path
+    text = _read_small(spark, path) if path else None
+    if text is None:
+        return False
+    owner = json.loads(text).get("plan_id")
+    if owner != p.plan_id:
+        raise PermanentJobError(
+            f"{p.table}: commit {p.seq} was made by plan {owner}, so plan {p.plan_id} is stale; "
+            "nothing was written. Clear the run's plan task to plan again"
+        )
+    return True
+
+
+def read_base(
+    spark: SparkSession, plan: Plan, schema: str, columns: list[str], is_delete_sql: str
+) -> tuple[DataFrame, DataFrame]:
+    """(visible rows, tombstones) of the live version of an unpartitioned table.
+
+    A version of layout 1 (written before tombstones moved out of the data directory)
+    holds both in one directory: they are told apart by the rule's ``is_delete``.
+    """
+    cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS]]
+    data = spark.read.schema(schema).parquet(plan.base_location).select(*cols)
+    tomb_loc = plan.base_tombstones_location
+    if tomb_loc:
+        return data, spark.read.schema(schema).parquet(tomb_loc).select(*cols)
+    return data.filter(~F.expr(is_delete_sql)), data.filter(F.expr(is_delete_sql))
+
+
+def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None = None) -> dict[str, Any]:
+    """Compact according to ``plan`` into the attempt's own directory; write its stats; return them.
+
+    The directory gets ``data/`` (the visible rows) and ``tombstones/`` (the delete winners
+    within their retention) and, last, the stats file.  If the plan was committed already,
+    nothing is written and ``{"already_committed": True}`` is returned: re-running a
+    finished run's compaction is a no-op.  The stats are returned as written
+    (:meth:`JobStats.to_dict <cdc_compaction.job.contract.JobStats.to_dict>`).
+    """
+    plan = as_plan(plan)
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    if committed_already(spark, plan):
+        log.info("%s: plan %s is committed already; nothing to do", plan.table, plan.plan_id)
+        return {"plan_id": plan.plan_id, "table": plan.table, "already_committed": True}
+    _no_bookkeeping_files(spark)
+    # Lists, not the plan's tuples: PySpark's join takes a list of key columns.
+    columns = list(plan.column_names)
+    rule = plan.rule
+    is_delete = F.expr(rule.is_delete)
+    pk = list(plan.primary_key)
+    ingested_at = _ts(plan.ingested_at)
+    cutoff = _ts(plan.tombstone_cutoff)
+    out, quarantine = attempt_locations(plan, attempt)
+    data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
+    mode = "errorifexists" if attempt else "overwrite"
+    # Partitioned tables (registry partition_by): only the data partitions the increments touch
+    # are read and rewritten; the plan lists the live version's partitions as {value: location}.
+    part = plan.partition_by
+    base_map: dict[str, str] = plan.base_partitions or {}
+    base_schema = f"{plan.schema_ddl}, {META_DDL}"
+    # A live version of layout 1 keeps its tombstones inside its data (partitions): read it all once.
+    old_layout = int(plan.base_layout) < LAYOUT
+    touched: list[str] = []
+    log.info("compacting %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
+
+    if part is None:
+        base_data, base_tomb = read_base(spark, plan, base_schema, columns, rule.is_delete)
+    else:
+        # Key columns only: finding the keys' partitions must not read whole rows.
+        base_keys = read_partitions(spark, base_schema, base_map).select(*_keys(pk), F.col(PARTITION_COLUMN))
+        tomb_loc = plan.base_tombstones_location
+        tomb_cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]]
+        if tomb_loc and not old_layout:
+            base_tomb = spark.read.schema(f"{base_schema}, {PARTITION_DDL}").parquet(tomb_loc).select(*tomb_cols)
+        else:
+            base_tomb = spark.createDataFrame([], f"{base_schema}, {PARTITION_DDL}")
+
+    paths = [f.path for f in plan.files]
+    raw = spark.read.schema(plan.schema_ddl).parquet(*paths)
+    # Not cached: re-reading the planned files (only the columns each use needs) is cheaper than
+    # building an in-memory copy of every event, which a large increment spills anyway.
+    classified = classify(with_provenance(raw, columns), rule.reject_reason)
+    cached: list[DataFrame] = []
+    # Counts the tombstones that expire as they are written.
+    obs_tomb = Observation("cdc_compaction_tombstones")
+    try:
+        totals = classified.agg(F.count(F.lit(1)).alias("rows"), F.count("_cdc_reject_reason").alias("bad")).first()
+        increment_rows, rejected_rows = int(totals["rows"]), int(totals["bad"])
+        bad = rejected(classified, plan.plan_id)
+        if rejected_rows:
+            bad.write.mode(mode).parquet(quarantine)
+            counts = bad.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
+            reasons: dict[str, int] = {}
+            by_file: dict[str, int] = {}
+            for r in counts:
+                reasons[r["_cdc_reject_reason"]] = reasons.get(r["_cdc_reject_reason"], 0) + r["count"]
+                where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
+                by_file[where] = by_file.get(where, 0) + r["count"]
+        else:
+            reasons, by_file = {}, {}
+        fresh = accepted(classified, ingested_at)
+
+        # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
+        # Not when the events outnumber the base (a first load): one ranking of every row is cheaper then.
+        lookup_max = int(KEY_LOOKUP_MAX_EVENTS if plan.key_lookup_max_events is None else plan.key_lookup_max_events)
+        base_rows = lookup_max if plan.base_rows is None else plan.base_rows
+        lookup = part is None and increment_rows - rejected_rows <= min(lookup_max, base_rows)
+        lookup_superseded = 0
+        base_read: int | None = None
+        if lookup:
+            order_by = list(plan.order_by or columns)
+            # Cached (it is read three times) in as many partitions as adaptive execution chooses, not 200.
+            spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+            touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank)
+            touched_ranks = touched_ranks.persist()
+            cached.append(touched_ranks)
+            lookup_superseded = touched_ranks.filter(F.col("_cdc_rank") > 1).count()
+            src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
+            losers = F.broadcast(touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk)))
+            won = touched_ranks.filter((src == 1) & (rank == 1)).select(*PROVENANCE)
+            fresh_winners = fresh.join(won, on=list(PROVENANCE), how="left_semi")
+            # The base is read once per output and never shuffled: untouched keys pass as they are.
+            visible = base_data.join(losers, on=pk, how="left_anti").unionByName(fresh_winners.filter(~is_delete))
+            deleted = base_tomb.join(losers, on=pk, how="left_anti").unionByName(fresh_winners.filter(is_delete))
+            # Everything the ranking did not count is a winner: counted on the writes below.
+            visible = visible.withColumn("_cdc_rank", F.lit(1))
+            deleted = deleted.withColumn("_cdc_rank", F.lit(1))
+        else:
+            if part is None:
+                base_all = base_data.unionByName(base_tomb)
+                ranked_events = ranked(base_all.unionByName(fresh), rule.rank)
+            else:
+                fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
+                known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
+                found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known).collect()
+                touched = sorted({r[PARTITION_COLUMN] for r in found})
+                if old_layout:
+                    # Layout 1 keeps tombstones inside the partitions: rewrite every one once, tombstones out.
+                    touched = sorted(set(touched) | set(base_map))
+                base = read_partitions(spark, base_schema, {v: base_map[v] for v in touched if v in base_map})
+                base = base.select(*[F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]])
+                base_all = base.unionByName(base_tomb)
+                ranked_events = assign_partitions(
+                    ranked(base_all.unionByName(fresh_p), rule.rank), pk, part.column, part.value
+                )
+            # The base rows this compaction ranks, counted on their own (validate holds them against
+            # the parent version's rows): a scan of the files' row counts, no data.
+            base_read = base_all.count()
+            # Both outputs come from one ranking: keep the winners rather than rank every row twice.
+            winners = ranked_events.filter(F.col("_cdc_rank") == 1).persist()
+            cached.append(winners)
+            visible, deleted = winners.filter(~is_delete), winners.filter(is_delete)
+
+        # Always the registry's column order: joins put the key columns first, and validate (and
+        # every reader of the base table) expects the registry's order.
+        out_columns = [*columns, *META_COLUMNS, *([PARTITION_COLUMN] if part is not None else [])]
+        visible = visible.select(*[F.col(f"`{c}`") for c in out_columns])
+        expired = expired_tombstone(rule.is_delete, cutoff)
+        deleted = deleted.observe(
+            obs_tomb, F.coalesce(F.sum(F.when(expired, 1).otherwise(0)), F.lit(0)).alias("expired_tombstones")
+        )
+        deleted = deleted.filter(~expired).select(*[F.col(f"`{c}`") for c in out_columns])
+        if part is not None:
+            # One task per partition value, so one file per partition (split at max_records_per_file)
+            # rather than one per task and partition; output_files is sized for a whole-table rewrite.
+            visible = visible.repartition(F.col(PARTITION_COLUMN))
+        elif plan.output_files:
+            # Files of about the registry's target size (see tasks.output_sizing): merge, never shuffle.
+            visible = visible.coalesce(int(plan.output_files))
+        # errorifexists: an attempt's directory is new; finding one there means something is wrong.
+        compression = DEFAULT_COMPRESSION if plan.compression is None else plan.compression
+        writer = visible.write.mode(mode).option("compression", compression)
+        if plan.max_records_per_file:
+            writer = writer.option("maxRecordsPerFile", int(plan.max_records_per_file))
+        if part is not None:
+            writer = writer.partitionBy(PARTITION_COLUMN)
+        writer.parquet(data_out)
+        # Tombstones stay one small unpartitioned set (with their partition as a column).
+        deleted.coalesce(1).write.mode(mode).option("compression", compression).parquet(tomb_out)
+        expired_count = _observed(obs_tomb, "expired_tombstones")
+    finally:
+        for df in cached:
+            df.unpersist()
+
+    # Re-read what landed on storage: these checks gate publishing (see validate).
+    partitioned: dict[str, Any] = {}
+    out_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
+    written_tomb = spark.read.schema(out_schema).parquet(tomb_out)
+    written = spark.read.schema(out_schema).parquet(data_out)
+    check = output_tallies(written, written_tomb, pk, is_delete)
+    data_rows, data_misplaced = check["data_rows"], check["data_misplaced"]
+    duplicate_keys = check["duplicate_keys"]
+    if part is not None:
+        # validate holds these against the Parquet footers of each partition directory.
+        per_partition = written.groupBy(PARTITION_COLUMN).count().collect()
+        partitioned["partition_rows"] = {r[PARTITION_COLUMN]: int(r["count"]) for r in sorted(per_partition)}
+    output_files = _data_files(spark, data_out, DATA_DIR) + _data_files(spark, tomb_out, TOMBSTONES_DIR)
+    if part is not None:
+        # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
+        reused_keys = base_keys.filter(~F.col(PARTITION_COLUMN).isin(touched))
+        all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
+        duplicate_keys += reused_keys.join(all_keys, on=pk, how="left_semi").count()
+        written_map = _written_partitions(output_files, data_out)
+        if sorted(written_map) != sorted(partitioned["partition_rows"]):
+            raise RuntimeError(
+                f"{plan.table}: partition directories {sorted(written_map)} in {data_out} do not match the "
+                f"partitions of the rows read back {sorted(partitioned['partition_rows'])}"
+            )
+        partitioned.update(
+            {
+                "partition_by": {"column": part.column, "transform": part.transform},
+                "partitions": written_map,
+                "partitions_touched": tuple(touched),
+                "partitions_rewritten": len(written_map),
+                "partitions_reused": len(set(base_map) - set(touched)),
+            }
+        )
+    tomb_rows = check["tomb_rows"]
+    output_rows = data_rows + tomb_rows
+    accepted_rows = increment_rows - rejected_rows
+    # Every ranked event is a winner (written, or an expired tombstone) or superseded; the key lookup
+    # counted its losers while ranking, the full ranking counted the base rows it read. validate
+    # holds base_rows against the parent version's rows and increment_rows against the planned files.
+    winners_count = output_rows + expired_count
+    superseded = lookup_superseded if lookup else int(base_read or 0) + accepted_rows - winners_count
+    events_total = winners_count + superseded
+    stats = JobStats(
+        plan_id=plan.plan_id,
+        table=plan.table,
+        attempt=attempt or "",
+        layout=LAYOUT,
+        base_rows=base_read if base_read is not None else events_total - accepted_rows,
+        increment_rows=increment_rows,
+        rejected_rows=rejected_rows,
+        rejected_by_reason=reasons,
+        rejected_by_file=by_file,
+        superseded_rows=superseded,
+        expired_tombstones=expired_count,
+        output_rows=output_rows,
+        output_tombstones=tomb_rows,
+        output_visible_rows=data_rows,
+        # Deletes among the visible rows, or upserts among the tombstones: must be 0.
+        misplaced_rows=data_misplaced + check["tomb_misplaced"],
+        duplicate_keys=int(duplicate_keys),
+        output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
+        finished_at=datetime.now(UTC).isoformat(),
+        **partitioned,
+    ).to_dict()
+    fault_point("compact.before_stats", plan.table)
+    _write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
+    log.info("compacted %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
+    return stats
+
+
+def _read_plan(spark: SparkSession, path: str) -> dict[str, Any]:
+    text = "\n".join(r.value for r in spark.read.text(path, wholetext=True).collect())
+    return json.loads(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Compact CDC increments into a new base version.")
+    parser.add_argument("--plan", required=True, help="plan file written by the DAG's plan task")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # No appName here: it would override spark-submit --name (cdc-compact-<db>.<table>),
+    # which is how the cluster manager's UI tells the tables' compactions apart.
+    spark = SparkSession.builder.getOrCreate()
+    try:
+        plan = Plan.from_dict(_read_plan(spark, args.plan))
+        spark.sparkContext.setJobDescription(f"cdc compaction of {plan.table} ({plan.plan_id})")
+        stats = run(spark, plan, attempt=new_attempt())
+        print(json.dumps({"cdc_compaction_stats": {k: v for k, v in stats.items() if k != "output_files"}}))
+    except PermanentJobError as exc:
+        log.error("permanent error, retrying cannot help: %s", exc)
+        marker = PermanentErrorRecord(plan_id=plan.plan_id, seq=plan.seq, table=plan.table, error=str(exc))
+        _write_text(spark, permanent_error_path(args.plan), json.dumps(marker.to_dict()))
+        return PERMANENT_EXIT_CODE
+    finally:
+        spark.stop()
+    return 0

@@ -1,0 +1,370 @@
+"""The contract between the Airflow side and the Spark job: shared names and file formats.
+
+Everything both sides must agree on is defined here once: the hidden columns of the base
+table, the layout of a version directory, the job's exit status for an error no retry can
+heal, and the three JSON files that pass between them --
+
+* the plan (``_cdc/plans/<plan>.json``), written by the DAG's ``plan`` task, read by the job
+  and by ``validate``/``publish``/``archive``: :class:`Plan`;
+* the job's stats (``<version>/_cdc_stats.json``), which ``validate`` checks: :class:`JobStats`;
+* the permanent-error record beside a plan (``<plan>.permanent_error.json``): :class:`PermanentErrorRecord`.
+
+The dataclasses describe the files as they are on disk, key for key, so that existing
+lakes and in-flight plans are read as before: ``from_dict(doc).to_dict() == doc`` for
+what today's code writes, keys the class does not know are kept in ``extra`` (and
+written back), and an optional key keeps the default its readers always gave it.
+
+Pure standard library, no pyspark: the DAG's modules import it at parse time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+# ------------------------------------------------------------------ base table columns
+#: The columns the compaction adds to every registry column, in this order.
+META_COLUMNS: tuple[str, ...] = ("_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at")
+META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cdc_ingested_at` timestamp"
+#: Where an event came from (increment, file name, row position): the last tie-breakers of the rule.
+PROVENANCE: tuple[str, ...] = ("_cdc_increment", "_cdc_file", "_cdc_pos")
+PROVENANCE_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint"
+#: The hidden partition column of a partitioned base table (registry ``partition_by``), and the
+#: prefix of its directories as Spark's ``partitionBy`` writes them (``_cdc_partition=<escaped value>``).
+PARTITION_COLUMN = "_cdc_partition"
+PARTITION_DDL = f"`{PARTITION_COLUMN}` string"
+PARTITION_DIR_PREFIX = f"{PARTITION_COLUMN}="
+
+# ------------------------------------------------------------------ version directories
+#: A version directory holds ``data/`` (the visible rows: the base table's location, Parquet data
+#: files and nothing else), ``tombstones/`` (the delete winners kept for tombstone_retention, read
+#: by the next compaction and the views) and the stats file beside them.  Layout 1, the layout
+#: before tombstones moved out, kept every row and the stats in the version directory itself.
+DATA_DIR = "data"
+TOMBSTONES_DIR = "tombstones"
+STATS_FILE = "_cdc_stats.json"
+LAYOUT = 2
+
+# ------------------------------------------------------------------ job settings
+#: Up to this many accepted events, only the keys they touch are ranked and the base rows of the
+#: other keys are copied as they are (no shuffle of the base); above it, every row is ranked.
+#: A plan's ``key_lookup_max_events`` overrides it.
+KEY_LOOKUP_MAX_EVENTS = 2_000_000
+#: The Parquet codec of the job's output unless the plan names another (``compression``).
+DEFAULT_COMPRESSION = "snappy"
+
+# ------------------------------------------------------------------ permanent errors
+#: spark-submit's exit status after an error no re-run of the job can heal (a stale plan): the
+#: DAG's compact task then fails at once instead of going through its retries.
+PERMANENT_EXIT_CODE = 65
+#: The job also records that error beside the plan, ``<plan>.permanent_error.json``, for engines
+#: whose exit status does not reach Airflow (EMR steps, cluster deploy mode).
+PERMANENT_ERROR_SUFFIX = ".permanent_error.json"
+
+
+def permanent_error_path(plan_path: str) -> str:
+    """Where the compaction job records a permanent error of the plan ``plan_path``."""
+    return plan_path.removesuffix(".json") + PERMANENT_ERROR_SUFFIX
+
+
+class ContractError(ValueError):
+    """A plan, stats or error file that does not have the shape of the contract (a key missing)."""
+
+
+# ------------------------------------------------------------------ (de)serialisation
+# Field metadata: "load" converts the JSON value of a key (not called for null); "omit" leaves
+# a key out of to_dict() while it is None -- for keys today's writers leave out, so that a file
+# is written back as it was read.
+T = TypeVar("T")
+
+
+def _meta(*, load: Callable[[Any], Any] | None = None, omit: bool = True) -> dict[str, Any]:
+    return {"load": load, "omit": omit}
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
+
+
+def _json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.to_dict()
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value
+
+
+def _dump(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if f.name == "extra":
+            continue
+        value = getattr(obj, f.name)
+        if value is None and f.metadata.get("omit"):
+            continue
+        out[f.name] = _json(value)
+    out.update(getattr(obj, "extra", {}))
+    return out
+
+
+def _load(cls: type[T], doc: Mapping[str, Any], what: str) -> T:
+    if not isinstance(doc, Mapping):
+        raise ContractError(f"{what} must be a JSON object, not {type(doc).__name__}")
+    known = [f for f in dataclasses.fields(cls) if f.name != "extra"]
+    missing = [
+        f.name
+        for f in known
+        if f.name not in doc and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ContractError(f"{what} lacks {', '.join(missing)}")
+    kwargs: dict[str, Any] = {}
+    for f in known:
+        if f.name in doc:
+            value, load = doc[f.name], f.metadata.get("load")
+            kwargs[f.name] = load(value) if load is not None and value is not None else value
+    names = {f.name for f in known}
+    if any(f.name == "extra" for f in dataclasses.fields(cls)):
+        kwargs["extra"] = {k: v for k, v in doc.items() if k not in names}
+    return cls(**kwargs)
+
+
+# ------------------------------------------------------------------ the plan
+@dataclass(frozen=True)
+class Rule:
+    """The compaction rule as Spark SQL expressions, rendered from ``include/sql/_rule.sql.j2``."""
+
+    #: NULL for a valid event, else why it is refused.
+    reject_reason: str
+    #: ``row_number()`` of an event among its key's events; 1 wins.
+    rank: str
+    #: True for a delete.
+    is_delete: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Rule:
+        return _load(cls, doc, "the plan's rule")
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """A partitioned table's partitioning (registry ``partition_by``) as the plan hands it to the job."""
+
+    column: str
+    transform: str
+    #: The partition value of an event as a Spark SQL expression (NULL values get a sentinel).
+    value: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> PartitionSpec:
+        return _load(cls, doc, "the plan's partition_by")
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """One change file a plan takes as input (the Airflow side's ``lake.PlannedFile`` on disk)."""
+
+    increment: str
+    name: str
+    path: str
+    size: int
+    #: Rows in the file, from its footer (``validate`` holds the job's count against their sum).
+    rows: int = 0
+    #: Left out of to_dict() when empty, as the plan task writes them.
+    ignored_columns: tuple[str, ...] = field(default=(), metadata=_meta(load=_strs))
+    missing_columns: tuple[str, ...] = field(default=(), metadata=_meta(load=_strs))
+    #: The newest source event time in the file (ISO, from its footer's statistics), or "".
+    newest_event: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = _dump(self)
+        for key in ("ignored_columns", "missing_columns", "newest_event"):
+            if not doc[key]:
+                del doc[key]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> PlanFile:
+        return _load(cls, doc, "a planned file")
+
+
+def _files(value: Any) -> tuple[PlanFile, ...]:
+    return tuple(PlanFile.from_dict(f) for f in value)
+
+
+def _dicts(value: Any) -> tuple[dict[str, Any], ...]:
+    return tuple(dict(v) for v in value)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan file: the exact input of one run and everything the job needs to compact it.
+
+    Required are the keys the job or the Airflow side read unconditionally; the others keep
+    the defaults their readers gave them (``None`` where a reader falls back on something
+    else, documented per field).  Keys this class does not know are kept in ``extra``.
+    """
+
+    plan_id: str
+    run_id: str
+    #: The lease owner that made the plan (``lease_owner(run_id)``).
+    owner: str
+    #: ``database.table``.
+    table: str
+    #: The commit number this plan would make, and the one it was made on.
+    seq: int
+    parent_seq: int
+    parent_version: str
+    #: ``v<seq>-<plan_id>``: every attempt of the job writes ``<output_location>-<attempt>``.
+    version: str
+    output_location: str
+    quarantine_location: str
+    #: The live version's visible rows (layout 1: tombstones too).
+    base_location: str
+    files: tuple[PlanFile, ...] = field(metadata=_meta(load=_files))
+    increments: tuple[str, ...] = field(metadata=_meta(load=_strs))
+    #: When the events are compacted (ISO time), stamped as ``_cdc_ingested_at``.
+    ingested_at: str
+    #: The registry's columns in order, its key, and its schema as Spark DDL.
+    column_names: tuple[str, ...] = field(metadata=_meta(load=_strs))
+    primary_key: tuple[str, ...] = field(metadata=_meta(load=_strs))
+    schema_ddl: str
+    rule: Rule = field(metadata=_meta(load=Rule.from_dict))
+    #: The registry's order_by; the job ranks by every column when it is absent.
+    order_by: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs))
+    #: Rows of the live version; the job's key lookup takes it as unbounded when absent.
+    base_rows: int | None = field(default=None, metadata=_meta())
+    #: The live version's layout: 1 for plans made before layout 2 existed.
+    base_layout: int = field(default=1, metadata=_meta(omit=False))
+    #: Its tombstones; null for a layout-1 base (they are among its data), written as such.
+    base_tombstones_location: str | None = field(default=None, metadata=_meta(omit=False))
+    base_tombstones: int | None = field(default=None, metadata=_meta())
+    #: The commit record this plan would create: the job checks it first (a committed plan is a no-op).
+    commit_path: str | None = field(default=None, metadata=_meta())
+    #: Delete winners compacted before this time (ISO) expire; none expire when absent.
+    tombstone_cutoff: str | None = field(default=None, metadata=_meta())
+    planned_at: str | None = field(default=None, metadata=_meta())
+    #: What the run saw but did not take (reports for people; the job ignores them).
+    quarantined_files: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
+    ignored_landing: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
+    waiting_increments: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
+    stalled_increments: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
+    #: Output sizing (``tasks.output_sizing``): coalesce to this many files, cap a file at this many rows.
+    output_files: int | None = field(default=None, metadata=_meta())
+    max_records_per_file: int | None = field(default=None, metadata=_meta())
+    #: Partitioned tables only: the partitioning and the live version's partitions {value: location}.
+    partition_by: PartitionSpec | None = field(default=None, metadata=_meta(load=PartitionSpec.from_dict))
+    base_partitions: dict[str, str] | None = field(default=None, metadata=_meta())
+    #: Overrides of the job's defaults (:data:`KEY_LOOKUP_MAX_EVENTS`, :data:`DEFAULT_COMPRESSION`);
+    #: the plan task does not write them.
+    key_lookup_max_events: int | None = field(default=None, metadata=_meta())
+    compression: str | None = field(default=None, metadata=_meta())
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Plan:
+        plan_id = doc.get("plan_id", "?") if isinstance(doc, Mapping) else "?"
+        return _load(cls, doc, f"plan {plan_id}")
+
+
+# ------------------------------------------------------------------ the job's stats
+@dataclass(frozen=True)
+class OutputFile:
+    """A data file of the version the job wrote: ``data/...`` or ``tombstones/...``, and its bytes."""
+
+    name: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> OutputFile:
+        return _load(cls, doc, "an output file")
+
+
+def _output_files(value: Any) -> tuple[OutputFile, ...]:
+    return tuple(OutputFile.from_dict(f) for f in value)
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """``_cdc_stats.json``: what the job read, refused, kept and wrote; ``validate`` checks it.
+
+    Written last, so its presence marks a finished attempt.  Keys that stats of earlier
+    versions of the job lack are optional: ``layout`` (1 then), ``attempt``,
+    ``rejected_by_file`` and ``misplaced_rows`` (not counted then).
+    """
+
+    plan_id: str
+    table: str
+    #: Base rows the compaction ranked (the parent version's rows: validate holds them against it).
+    base_rows: int
+    #: Rows of the planned files, and those refused (by reason; by ``<increment>/<file>``).
+    increment_rows: int
+    rejected_rows: int
+    rejected_by_reason: dict[str, int]
+    #: Events that lost to a newer one of their key, and tombstones dropped past their retention.
+    superseded_rows: int
+    expired_tombstones: int
+    #: Rows written: visible ones plus tombstones.
+    output_rows: int
+    output_tombstones: int
+    output_visible_rows: int
+    #: Keys found more than once in the output (must be 0).
+    duplicate_keys: int
+    output_files: tuple[OutputFile, ...] = field(metadata=_meta(load=_output_files))
+    finished_at: str
+    attempt: str = ""
+    layout: int = 1
+    rejected_by_file: dict[str, int] = field(default_factory=dict)
+    #: Deletes among the visible rows plus upserts among the tombstones (must be 0).
+    misplaced_rows: int | None = field(default=None, metadata=_meta())
+    #: Partitioned tables only: rows per written partition, the partitioning, the written
+    #: partitions {value: directory}, which were touched, and how many rewritten / reused.
+    partition_rows: dict[str, int] | None = field(default=None, metadata=_meta())
+    partition_by: dict[str, str] | None = field(default=None, metadata=_meta())
+    partitions: dict[str, str] | None = field(default=None, metadata=_meta())
+    partitions_touched: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs))
+    partitions_rewritten: int | None = field(default=None, metadata=_meta())
+    partitions_reused: int | None = field(default=None, metadata=_meta())
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> JobStats:
+        return _load(cls, doc, f"the stats file ({STATS_FILE})")
+
+
+# ------------------------------------------------------------------ the permanent-error record
+@dataclass(frozen=True)
+class PermanentErrorRecord:
+    """``<plan>.permanent_error.json``: why the job can never compact this plan (read leniently: every key optional)."""
+
+    plan_id: str = ""
+    seq: int | None = None
+    table: str = ""
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> PermanentErrorRecord:
+        return _load(cls, doc, f"the permanent-error record ({PERMANENT_ERROR_SUFFIX})")
