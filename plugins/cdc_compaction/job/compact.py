@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
+import operator
 import posixpath
 import uuid
 from collections.abc import Mapping
@@ -31,6 +33,7 @@ from pyspark.sql import functions as F
 from cdc_compaction.job.contract import (
     DATA_DIR,
     DEFAULT_COMPRESSION,
+    FRESH_VIEW,
     KEY_LOOKUP_MAX_EVENTS,
     LAYOUT,
     META_COLUMNS,
@@ -115,19 +118,83 @@ def new_base(ranked_events: DataFrame, is_delete_sql: str, cutoff: datetime | No
     return ranked_events.filter((F.col("_cdc_rank") == 1) & ~expired_tombstone(is_delete_sql, cutoff)).drop("_cdc_rank")
 
 
+def key_join(left: DataFrame, right: DataFrame, pk: list[str], how: str, broadcast: bool = False) -> DataFrame:
+    """``left`` semi- or anti-joined with ``right`` on the key, NULL equal to NULL.
+
+    A key column may hold NULL as a value (registry ``nullable_key``); an equi-join would never
+    match it. Where the rule refuses NULL keys this is the plain key join.
+    """
+    keys = right.select(*[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)])
+    cond = functools.reduce(operator.and_, [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)])
+    return left.join(F.broadcast(keys) if broadcast else keys, cond, how)
+
+
+def with_fills(events: DataFrame, fills: Mapping[str, str]) -> DataFrame:
+    """Each left-out column (registry ``unchanged``) replaced by its value at that event: the rule's window."""
+    for column, expression in fills.items():
+        events = events.withColumn(column, F.expr(expression))
+    return events
+
+
 def rank_touched_keys(
-    base: DataFrame, fresh: DataFrame, pk: list[str], order_by: list[str], rank_sql: str
+    base: DataFrame,
+    fresh: DataFrame,
+    pk: list[str],
+    order_by: list[str],
+    rank_sql: str,
+    fills: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """``ranked`` over the events of the keys ``fresh`` touches only: their base rows and every event.
 
-    Narrow on purpose (keys, ordering columns, provenance, and ``_cdc_src``: 0 for a base row,
-    1 for an event): only these rows are shuffled and sorted, not the whole table.
+    Narrow on purpose (keys, ordering columns, provenance, the left-out columns to fill, and
+    ``_cdc_src``: 0 for a base row, 1 for an event): only these rows are shuffled and sorted,
+    not the whole table.
     """
-    cols = [F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE])]
+    fills = fills or {}
+    cols = [F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE, *fills])]
     keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
-    touched = base.select(*cols).join(F.broadcast(keys), on=pk, how="left_semi").withColumn("_cdc_src", F.lit(0))
+    touched = key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True).withColumn("_cdc_src", F.lit(0))
     events = touched.unionByName(fresh.select(*cols).withColumn("_cdc_src", F.lit(1)))
-    return ranked(events, rank_sql)
+    return with_fills(ranked(events, rank_sql), fills)
+
+
+def winning_events(
+    fresh: DataFrame, won: DataFrame, pk: list[str], fills: Mapping[str, str] | None = None
+) -> DataFrame:
+    """The events of ``fresh`` that ``won`` (winners of ``rank_touched_keys``) names, left-out columns filled.
+
+    An event is named by its provenance and key: a key change (registry ``old_key``) is two
+    rows of one event, its old key's retirement and its new key's upsert.
+    """
+    fills = dict(fills or {})
+    w = won.select(
+        *[F.col(c).alias(f"_cdc_w{c}") for c in PROVENANCE],
+        *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)],
+        *[F.col(f"`{c}`").alias(f"_cdc_f{i}") for i, c in enumerate(fills)],
+    )
+    cond = functools.reduce(
+        operator.and_,
+        [F.col(c) == F.col(f"_cdc_w{c}") for c in PROVENANCE]
+        + [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)],
+    )
+    if not fills:
+        return fresh.join(w, cond, "left_semi")
+    filled = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
+    return fresh.join(w, cond, "inner").select(*[filled.get(c, F.col(f"`{c}`")) for c in fresh.columns])
+
+
+def keyed_events(spark: SparkSession, fresh: DataFrame, keyed_sql: str) -> DataFrame:
+    """The accepted events keyed as the rule ranks them (registry ``old_key``): the rule's ``keyed_events``.
+
+    A delete by old key moves to that key; a key change adds a delete of its old key. The
+    statement is the one every view applies, over a temporary view of the events.
+    """
+    fresh.createOrReplaceTempView(FRESH_VIEW)
+    try:
+        return spark.sql(keyed_sql)
+    finally:
+        # The plan keeps what it read: the view can go once Spark has analysed the statement.
+        spark.catalog.dropTempView(FRESH_VIEW)
 
 
 def winners_by_key_lookup(base: DataFrame, fresh: DataFrame, touched_ranks: DataFrame, pk: list[str]) -> DataFrame:
@@ -139,9 +206,9 @@ def winners_by_key_lookup(base: DataFrame, fresh: DataFrame, touched_ranks: Data
     """
     src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
     losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*[F.col(f"`{c}`") for c in pk])
-    won = touched_ranks.filter((src == 1) & (rank == 1)).select(*PROVENANCE)
-    kept = base.join(F.broadcast(losers), on=pk, how="left_anti")
-    return kept.unionByName(fresh.join(won, on=list(PROVENANCE), how="left_semi")).withColumn("_cdc_rank", F.lit(1))
+    won = touched_ranks.filter((src == 1) & (rank == 1))
+    kept = key_join(base, losers, pk, "left_anti", broadcast=True)
+    return kept.unionByName(winning_events(fresh, won, pk)).withColumn("_cdc_rank", F.lit(1))
 
 
 # ------------------------------------------------------------- partitioned tables
@@ -166,7 +233,7 @@ def partitions_of_keys(base_keys: DataFrame, events: DataFrame, pk: list[str]) -
     partition, finds the partition its key lives in now.
     """
     keys = events.select(*_keys(pk)).distinct()
-    return base_keys.join(keys, on=pk, how="left_semi").select(PARTITION_COLUMN).distinct()
+    return key_join(base_keys, keys, pk, "left_semi").select(PARTITION_COLUMN).distinct()
 
 
 def touched_partitions(
@@ -184,11 +251,9 @@ def touched_partitions(
     partition, so that one is touched too.
     """
     known = base_keys if known_keys is None else known_keys
-    unplaced = (
-        events.filter(F.col(f"`{partition_column}`").isNull())
-        .join(known.select(*_keys(pk)), on=pk, how="left_anti")
-        .select(F.expr(partition_sql).alias(PARTITION_COLUMN))
-    )
+    unplaced = key_join(
+        events.filter(F.col(f"`{partition_column}`").isNull()), known.select(*_keys(pk)), pk, "left_anti"
+    ).select(F.expr(partition_sql).alias(PARTITION_COLUMN))
     return (
         event_partitions(events, partition_column, partition_sql)
         .unionByName(partitions_of_keys(base_keys, events, pk))
@@ -444,9 +509,13 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         log.info("%s: plan %s is committed already; nothing to do", plan.table, plan.plan_id)
         return {"plan_id": plan.plan_id, "table": plan.table, "already_committed": True}
     _no_bookkeeping_files(spark)
+    if plan.table_mode == "keyless":
+        from cdc_compaction.job.modes.keyless import run_keyless  # a mode of its own: job/modes/keyless.py
+
+        return run_keyless(spark, plan, attempt)
     # Lists, not the plan's tuples: PySpark's join takes a list of key columns.
     columns = list(plan.column_names)
-    rule = plan.rule
+    rule = plan.cdc_rule
     is_delete = F.expr(rule.is_delete)
     pk = list(plan.primary_key)
     ingested_at = _ts(plan.ingested_at)
@@ -500,6 +569,11 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         else:
             reasons, by_file = {}, {}
         fresh = accepted(classified, ingested_at)
+        if rule.keyed_events:
+            # Key changes (registry old_key): deletes by old key under that key, and each key change
+            # once more as a delete of its old key -- the rule's keyed_events, as the views apply it.
+            fresh = keyed_events(spark, fresh, rule.keyed_events)
+        fills = rule.fills
 
         # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
         # Not when the events outnumber the base (a first load): one ranking of every row is cheaper then.
@@ -512,24 +586,28 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             order_by = list(plan.order_by or columns)
             # Cached (it is read three times) in as many partitions as adaptive execution chooses, not 200.
             spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-            touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank)
+            touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills)
             touched_ranks = touched_ranks.persist()
             cached.append(touched_ranks)
             lookup_superseded = touched_ranks.filter(F.col("_cdc_rank") > 1).count()
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
-            losers = F.broadcast(touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk)))
-            won = touched_ranks.filter((src == 1) & (rank == 1)).select(*PROVENANCE)
-            fresh_winners = fresh.join(won, on=list(PROVENANCE), how="left_semi")
+            losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
+            won = touched_ranks.filter((src == 1) & (rank == 1))
+            fresh_winners = winning_events(fresh, won, pk, fills)
             # The base is read once per output and never shuffled: untouched keys pass as they are.
-            visible = base_data.join(losers, on=pk, how="left_anti").unionByName(fresh_winners.filter(~is_delete))
-            deleted = base_tomb.join(losers, on=pk, how="left_anti").unionByName(fresh_winners.filter(is_delete))
+            visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
+                fresh_winners.filter(~is_delete)
+            )
+            deleted = key_join(base_tomb, losers, pk, "left_anti", broadcast=True).unionByName(
+                fresh_winners.filter(is_delete)
+            )
             # Everything the ranking did not count is a winner: counted on the writes below.
             visible = visible.withColumn("_cdc_rank", F.lit(1))
             deleted = deleted.withColumn("_cdc_rank", F.lit(1))
         else:
             if part is None:
                 base_all = base_data.unionByName(base_tomb)
-                ranked_events = ranked(base_all.unionByName(fresh), rule.rank)
+                ranked_events = with_fills(ranked(base_all.unionByName(fresh), rule.rank), fills)
             else:
                 fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
                 known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
@@ -542,7 +620,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 base = base.select(*[F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]])
                 base_all = base.unionByName(base_tomb)
                 ranked_events = assign_partitions(
-                    ranked(base_all.unionByName(fresh_p), rule.rank), pk, part.column, part.value
+                    with_fills(ranked(base_all.unionByName(fresh_p), rule.rank), fills), pk, part.column, part.value
                 )
             # The base rows this compaction ranks, counted on their own (validate holds them against
             # the parent version's rows): a scan of the files' row counts, no data.
@@ -600,7 +678,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
         reused_keys = base_keys.filter(~F.col(PARTITION_COLUMN).isin(touched))
         all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
-        duplicate_keys += reused_keys.join(all_keys, on=pk, how="left_semi").count()
+        duplicate_keys += key_join(reused_keys, all_keys, pk, "left_semi").count()
         written_map = _written_partitions(output_files, data_out)
         if sorted(written_map) != sorted(partitioned["partition_rows"]):
             raise RuntimeError(

@@ -136,7 +136,11 @@ def _load(cls: type[T], doc: Mapping[str, Any], what: str) -> T:
 # ------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class Rule:
-    """The compaction rule as Spark SQL expressions, rendered from ``include/sql/_rule.sql.j2``."""
+    """The ``cdc`` mode's rule as Spark SQL expressions, rendered from ``include/sql/modes/cdc/_rule.sql.j2``.
+
+    A plan's ``rule`` is this for a cdc table (``Plan.mode`` absent or ``cdc``); other modes hand
+    their job module a rule of their own shape (see :data:`KEYLESS_RULE_KEYS`).
+    """
 
     #: NULL for a valid event, else why it is refused.
     reject_reason: str
@@ -144,6 +148,18 @@ class Rule:
     rank: str
     #: True for a delete.
     is_delete: str
+    #: Key changes (registry ``old_key``): a statement over :data:`FRESH_VIEW` (the accepted events)
+    #: keying them as the rule ranks them -- a delete by old key under that key, a key change once
+    #: more as a delete of its old key.
+    keyed_events: str | None = field(default=None, metadata=_meta(omit=True))
+    #: Partial rows (registry ``unchanged``): ``fill:<column>`` -> the column's value at each event
+    #: (a window over the key's events), kept here under those keys.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fills(self) -> dict[str, str]:
+        """Left-out column -> the window expression giving its value at each event."""
+        return {k.removeprefix(FILL_PREFIX): v for k, v in sorted(self.extra.items()) if k.startswith(FILL_PREFIX)}
 
     def to_dict(self) -> dict[str, Any]:
         return _dump(self)
@@ -151,6 +167,26 @@ class Rule:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Rule:
         return _load(cls, doc, "the plan's rule")
+
+
+#: The key prefix of a partial-row column's fill expression in a cdc rule.
+FILL_PREFIX = "fill:"
+#: The temporary view of a cdc compaction's accepted events that ``Rule.keyed_events`` reads.
+FRESH_VIEW = "_cdc_fresh_events"
+#: The columns an accepted event carries after the registry's: provenance and when it was compacted.
+FRESH_EXTRA_COLUMNS = (*("_cdc_increment", "_cdc_file", "_cdc_pos"), "_cdc_ingested_at")
+
+#: The temporary views the keyless job registers, and so the relations its rule is rendered over
+#: (the views render the same macros over the metastore's tables).
+KEYLESS_RELATIONS: dict[str, str] = {
+    "base": "`_cdc_keyless_base`",
+    "events": "`_cdc_keyless_events`",
+    "watermark": "`_cdc_keyless_watermark`",
+    "fates": "`_cdc_keyless_fates`",
+    "counts": "`_cdc_keyless_counts`",
+}
+#: The statements of a keyless rule, rendered from ``include/sql/modes/keyless/_rule.sql.j2``.
+KEYLESS_RULE_KEYS = ("reject_reason", "event_fates", "event_counts", "new_watermark", "value_counts", "copies")
 
 
 @dataclass(frozen=True)
@@ -239,7 +275,8 @@ class Plan:
     column_names: tuple[str, ...] = field(metadata=_meta(load=_strs))
     primary_key: tuple[str, ...] = field(metadata=_meta(load=_strs))
     schema_ddl: str
-    rule: Rule = field(metadata=_meta(load=Rule.from_dict))
+    #: The table mode's rule as SQL (for cdc a :class:`Rule`: see :attr:`cdc_rule`).
+    rule: dict[str, Any]
     #: The registry's order_by; the job ranks by every column when it is absent.
     order_by: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs))
     #: Rows of the live version; the job's key lookup takes it as unbounded when absent.
@@ -265,6 +302,13 @@ class Plan:
     #: Partitioned tables only: the partitioning and the live version's partitions {value: location}.
     partition_by: PartitionSpec | None = field(default=None, metadata=_meta(load=PartitionSpec.from_dict))
     base_partitions: dict[str, str] | None = field(default=None, metadata=_meta())
+    #: The table mode (registry ``mode``); absent in plans of cdc tables made before modes existed.
+    mode: str | None = field(default=None, metadata=_meta(omit=True))
+    #: cdc ``old_key``: the columns holding each key column's value before the change.
+    old_key: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
+    #: keyless: the row's columns and their before-image columns, aligned.
+    data_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
+    before_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
     #: Overrides of the job's defaults (:data:`KEY_LOOKUP_MAX_EVENTS`, :data:`DEFAULT_COMPRESSION`);
     #: the plan task does not write them.
     key_lookup_max_events: int | None = field(default=None, metadata=_meta())
@@ -273,6 +317,15 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return _dump(self)
+
+    @property
+    def table_mode(self) -> str:
+        return self.mode or "cdc"
+
+    @property
+    def cdc_rule(self) -> Rule:
+        """The rule of a cdc table's plan, typed."""
+        return Rule.from_dict(self.rule)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Plan:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW
 from cdc_compaction.modes.base import TableMode, nan_columns
 from cdc_compaction.registry import CdcTable, TableConfig
 
@@ -128,9 +129,10 @@ class CdcMode(TableMode):
             "is_delete": str(m.is_delete(t)).strip(),
         }
         if t.old_key:
-            # Key changes (registry old_key): which events retire their old key, which delete by it.
-            rule["changes_key"] = str(m.changes_key(t)).strip()
-            rule["deletes_old_key"] = str(m.deletes_old_key(t)).strip()
+            # Key changes (registry old_key): the job keys its accepted events with the statement the
+            # views apply to pending ones, over the temporary view it registers.
+            extra = ", ".join(f"`{c}`" for c in FRESH_EXTRA_COLUMNS)
+            rule["keyed_events"] = str(m.keyed_events(t, extra, f"`{FRESH_VIEW}`", "TRUE")).strip()
         # Partial rows: each left-out column's value as a window over the key's events (see _rule.sql.j2).
         for col in t.unchanged_columns:
             rule[f"fill:{col}"] = str(m.filled(t, col)).strip()

@@ -25,31 +25,40 @@ Airflow or the rest of ``cdc_compaction``.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.types import StructField, StructType
 
+from cdc_compaction.job.contract import (
+    DATA_DIR,
+    KEYLESS_RELATIONS,
+    KEYLESS_RULE_KEYS,
+    LAYOUT,
+    META_COLUMNS,
+    META_DDL,
+    STATS_FILE,
+    TOMBSTONES_DIR,
+    JobStats,
+    OutputFile,
+    Plan,
+)
+from cdc_compaction.job.faults import fault_point
+
 log = logging.getLogger("cdc_compaction.compact.keyless")
 
-#: The temporary views the rendered rule reads; names no registry column or table can take.
-BASE_VIEW = "_cdc_keyless_base"
-EVENTS_VIEW = "_cdc_keyless_events"
-WATERMARK_VIEW = "_cdc_keyless_watermark"
-FATES_VIEW = "_cdc_keyless_fates"
-COUNTS_VIEW = "_cdc_keyless_counts"
-#: What the rule macros' relation arguments must be for this module.
-RELATIONS = {
-    "base": f"`{BASE_VIEW}`",
-    "events": f"`{EVENTS_VIEW}`",
-    "watermark": f"`{WATERMARK_VIEW}`",
-    "fates": f"`{FATES_VIEW}`",
-    "counts": f"`{COUNTS_VIEW}`",
-}
-RULE_KEYS = ("reject_reason", "event_fates", "event_counts", "new_watermark", "value_counts", "copies")
+#: The temporary views the rendered rule reads (the contract's relations, unquoted).
+RELATIONS = dict(KEYLESS_RELATIONS)
+BASE_VIEW, EVENTS_VIEW, WATERMARK_VIEW, FATES_VIEW, COUNTS_VIEW = (
+    RELATIONS[k].strip("`") for k in ("base", "events", "watermark", "fates", "counts")
+)
+RULE_KEYS = KEYLESS_RULE_KEYS
 REJECT_REASON = "_cdc_reject_reason"
 
 
@@ -161,3 +170,127 @@ def compact_keyless(
         raise RuntimeError(f"keyless compaction: the rows do not balance ({balance} != output_rows): {stats}")
     log.info("keyless compaction: %s", stats)
     return rows, stats
+
+
+def _json_value(value: Any) -> Any:
+    """A watermark value as JSON (for the stats, which people read; the next run reads the data)."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    return value
+
+
+def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str, Any]:
+    """The keyless compaction of ``plan`` into the attempt's own directory (called by ``compact.run``).
+
+    ``data/`` gets the copies (the data columns; the op, order_by and before-image columns are NULL,
+    the metadata columns say when they were compacted), ``tombstones/`` one row holding the new
+    watermark in its order_by columns (none before anything was applied). Like the cdc job it
+    re-reads what it wrote and counts it for ``validate``, and writes the stats file last.
+    """
+    from cdc_compaction.job import compact as job  # the shared driver pieces; it imports this module lazily
+
+    columns = list(plan.column_names)
+    order_by = list(plan.order_by or ())
+    data_cols = list(plan.data_columns or ())
+    rule = plan.rule
+    ingested_at = job._ts(plan.ingested_at)
+    out, quarantine = job.attempt_locations(plan, attempt)
+    data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
+    write_mode = "errorifexists" if attempt else "overwrite"
+    schema = f"{plan.schema_ddl}, {META_DDL}"
+    log.info("compacting keyless %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
+
+    base_all = spark.read.schema(schema).parquet(plan.base_location).select(*[F.col(f"`{c}`") for c in data_cols])
+    tomb_loc = plan.base_tombstones_location
+    marks = spark.read.schema(schema).parquet(tomb_loc) if tomb_loc else spark.createDataFrame([], schema)
+    mark_rows = marks.select(*[F.col(f"`{c}`") for c in order_by]).collect()
+    if len(mark_rows) > 1:
+        raise RuntimeError(f"{plan.table}: {len(mark_rows)} watermark rows in {tomb_loc}; a keyless version holds one")
+    watermark = [mark_rows[0][c] for c in order_by] if mark_rows else None
+
+    raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
+    events = job.with_provenance(raw, columns)
+    classified = classify(events, rule["reject_reason"])
+    bad = job.rejected(classified, plan.plan_id)
+    by_file = {
+        f"{r['_cdc_increment']}/{r['_cdc_file']}": int(r["count"])
+        for r in bad.groupBy("_cdc_increment", "_cdc_file").count().collect()
+    }
+    if by_file:
+        bad.write.mode(write_mode).parquet(quarantine)
+
+    base_copies = base_all.count()
+    rows, counts = compact_keyless(spark, base_all, events, rule, order_by, watermark)
+    stamp = F.lit(ingested_at).cast("timestamp")
+    plain = [c for c in columns if c not in data_cols]
+    types = dict(raw.dtypes)
+
+    def typed_null(c: str) -> Any:
+        return F.lit(None).cast(types[c]).alias(c)
+
+    # Every registry column, then the metadata: the schema validate expects and readers see in <t>_base.
+    out_cols = [*columns, *META_COLUMNS]
+    copies = rows.select(
+        *[F.col(f"`{c}`") for c in data_cols],
+        *[typed_null(c) for c in plain],
+        *[F.lit(None).cast("string").alias(c) for c in ("_cdc_increment", "_cdc_file")],
+        F.lit(None).cast("bigint").alias("_cdc_pos"),
+        stamp.alias("_cdc_ingested_at"),
+    ).select(*[F.col(f"`{c}`") for c in out_cols])
+    if plan.output_files:
+        copies = copies.coalesce(int(plan.output_files))
+    compression = plan.compression or "snappy"
+    copies.write.mode(write_mode).option("compression", compression).parquet(data_out)
+    new_mark = counts["new_watermark"]
+    mark_schema = StructType([StructField(c, raw.schema[c].dataType, True) for c in order_by])
+    mark_df = spark.createDataFrame([tuple(new_mark)] if new_mark is not None else [], mark_schema)
+    mark_out = mark_df.select(
+        *[F.col(f"`{c}`") if c in order_by else typed_null(c) for c in columns],
+        *[F.lit(None).cast("string").alias(c) for c in ("_cdc_increment", "_cdc_file")],
+        F.lit(None).cast("bigint").alias("_cdc_pos"),
+        stamp.alias("_cdc_ingested_at"),
+    )
+    mark_out.coalesce(1).write.mode(write_mode).option("compression", compression).parquet(tomb_out)
+
+    # Re-read what landed on storage: these counts gate publishing (validate).
+    data_rows = spark.read.schema(schema).parquet(data_out).count()
+    tomb_rows = spark.read.schema(schema).parquet(tomb_out).count()
+    output_files = job._data_files(spark, data_out, DATA_DIR) + job._data_files(spark, tomb_out, TOMBSTONES_DIR)
+    stats = JobStats(
+        plan_id=plan.plan_id,
+        table=plan.table,
+        attempt=attempt or "",
+        layout=LAYOUT,
+        base_rows=base_copies + len(mark_rows),
+        increment_rows=counts["increment_rows"],
+        rejected_rows=counts["rejected_rows"],
+        rejected_by_reason=counts["rejected_by_reason"],
+        rejected_by_file=by_file,
+        superseded_rows=counts["superseded_rows"],
+        expired_tombstones=0,
+        output_rows=data_rows + tomb_rows,
+        output_tombstones=tomb_rows,
+        output_visible_rows=data_rows,
+        misplaced_rows=0,
+        duplicate_keys=0,
+        output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
+        finished_at=datetime.now(UTC).isoformat(),
+        extra={
+            "mode": "keyless",
+            "base_copies": base_copies,
+            "base_watermarks": len(mark_rows),
+            "replayed_rows": counts["replayed_rows"],
+            "applied_rows": counts["applied_rows"],
+            "additions": counts["additions"],
+            "removals": counts["removals"],
+            "unmatched_removals": counts["unmatched_removals"],
+            "watermark": None if watermark is None else [_json_value(v) for v in watermark],
+            "new_watermark": None if new_mark is None else [_json_value(v) for v in new_mark],
+        },
+    ).to_dict()
+    fault_point("compact.before_stats", plan.table)
+    job._write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
+    log.info("compacted keyless %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
+    return stats
