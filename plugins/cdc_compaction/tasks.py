@@ -64,6 +64,7 @@ from cdc_compaction.landing import (
     view_report_path,
 )
 from cdc_compaction.metastore import Metastore, connect
+from cdc_compaction.modes import mode_of
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
@@ -724,8 +725,9 @@ def _plan_under_lease(
         "ingested_at": now.isoformat(),
         "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
         "column_names": cfg.column_names,
-        "primary_key": cfg.primary_key,
-        "order_by": cfg.order_by,
+        # The mode's own entries (cdc: primary_key, order_by; keyless: order_by, data and before columns).
+        "mode": cfg.mode,
+        **mode_of(cfg).plan_fields(cfg, latest.stats),
         "schema_ddl": sql.spark_schema_ddl(cfg),
         "rule": rule.to_dict(),
         "planned_at": now.isoformat(),
@@ -922,27 +924,8 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         problems.append(f"stats belong to plan {stats.get('plan_id')}, not {p['plan_id']}")
     if stats.get("layout") != LAYOUT:
         problems.append(f"the job wrote layout {stats.get('layout', 1)}, this version of the package expects {LAYOUT}")
-    if stats["duplicate_keys"]:
-        problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output (tombstones included)")
-    if stats.get("misplaced_rows", 0):
-        problems.append(
-            f"{stats['misplaced_rows']} rows are on the wrong side: deletes among the visible rows or "
-            "upserts among the tombstones"
-        )
-    expected = (
-        stats["base_rows"]
-        + stats["increment_rows"]
-        - stats["rejected_rows"]
-        - stats["superseded_rows"]
-        - stats["expired_tombstones"]
-    )
-    if expected != stats["output_rows"]:
-        problems.append(
-            f"row counts do not reconcile: base {stats['base_rows']} + increments {stats['increment_rows']} "
-            f"- rejected {stats['rejected_rows']} - superseded {stats['superseded_rows']} "
-            f"- expired tombstones {stats['expired_tombstones']} = {expected}, "
-            f"but the output has {stats['output_rows']}"
-        )
+    # The counts the table mode's rule must add up to (keys, sides, rows in and out).
+    problems += mode_of(cfg).count_problems(stats)
     # The job must have read the whole previous base (partitioned: all of each partition it
     # touched) and every planned file.
     parent = lake.read_commit(p["parent_seq"])

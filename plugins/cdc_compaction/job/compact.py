@@ -569,10 +569,13 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         else:
             reasons, by_file = {}, {}
         fresh = accepted(classified, ingested_at)
+        retired_keys = 0
         if rule.keyed_events:
             # Key changes (registry old_key): deletes by old key under that key, and each key change
             # once more as a delete of its old key -- the rule's keyed_events, as the views apply it.
             fresh = keyed_events(spark, fresh, rule.keyed_events)
+            # The rows keying added (one per key change): ranked like events, so counted like them.
+            retired_keys = fresh.count() - (increment_rows - rejected_rows)
         fills = rule.fills
 
         # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
@@ -696,7 +699,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         )
     tomb_rows = check["tomb_rows"]
     output_rows = data_rows + tomb_rows
-    accepted_rows = increment_rows - rejected_rows
+    # The events ranked: the accepted ones, and the old keys that key changes retire (registry old_key).
+    accepted_rows = increment_rows - rejected_rows + retired_keys
     # Every ranked event is a winner (written, or an expired tombstone) or superseded; the key lookup
     # counted its losers while ranking, the full ranking counted the base rows it read. validate
     # holds base_rows against the parent version's rows and increment_rows against the planned files.
@@ -724,6 +728,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
         **partitioned,
+        # Only when there were any, so that stats of tables without old_key read as before.
+        extra={"retired_keys": retired_keys} if retired_keys else {},
     ).to_dict()
     fault_point("compact.before_stats", plan.table)
     _write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))

@@ -304,8 +304,6 @@ class Plan:
     base_partitions: dict[str, str] | None = field(default=None, metadata=_meta())
     #: The table mode (registry ``mode``); absent in plans of cdc tables made before modes existed.
     mode: str | None = field(default=None, metadata=_meta(omit=True))
-    #: cdc ``old_key``: the columns holding each key column's value before the change.
-    old_key: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
     #: keyless: the row's columns and their before-image columns, aligned.
     data_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
     before_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))

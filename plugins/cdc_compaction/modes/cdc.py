@@ -151,17 +151,21 @@ class CdcMode(TableMode):
                 f"{stats['misplaced_rows']} rows are on the wrong side: deletes among the visible rows or "
                 "upserts among the tombstones"
             )
+        # A key change (registry old_key) is ranked twice: the old key's retirement and the new key's upsert.
+        retired = int(stats.get("retired_keys", 0))
         expected = (
             stats["base_rows"]
             + stats["increment_rows"]
             - stats["rejected_rows"]
+            + retired
             - stats["superseded_rows"]
             - stats["expired_tombstones"]
         )
         if expected != stats["output_rows"]:
             problems.append(
                 f"row counts do not reconcile: base {stats['base_rows']} + increments {stats['increment_rows']} "
-                f"- rejected {stats['rejected_rows']} - superseded {stats['superseded_rows']} "
+                f"- rejected {stats['rejected_rows']} + retired old keys {retired} "
+                f"- superseded {stats['superseded_rows']} "
                 f"- expired tombstones {stats['expired_tombstones']} = {expected}, "
                 f"but the output has {stats['output_rows']}"
             )

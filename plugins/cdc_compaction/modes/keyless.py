@@ -107,6 +107,8 @@ class KeylessMode(TableMode):
     def plan_fields(self, cfg: TableConfig, parent_stats: Mapping[str, Any]) -> dict[str, Any]:
         c = self._cfg(cfg)
         return {
+            # No key: the contract's primary_key is empty for a keyless plan.
+            "primary_key": [],
             "order_by": list(c.order_by),
             "data_columns": c.data_columns,
             "before_columns": c.before_columns,
