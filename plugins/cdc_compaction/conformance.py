@@ -344,6 +344,10 @@ class DagRunner(InProcessRunner):
         return dict(after.stats) if after.seq > before else None
 
 
+#: Counts a scenario's compact step may expect besides ``rejected``, and the stats that hold them.
+COUNTED = {"replayed": "replayed_rows", "superseded": "superseded_rows", "unmatched_removals": "unmatched_removals"}
+
+
 def run_scenario(
     scn: Scenario,
     runner: InProcessRunner,
@@ -396,6 +400,12 @@ def run_scenario(
                 rejected = int(stats["rejected_rows"]) if stats else 0
                 if rejected != body.get("rejected", 0):
                     result.failures.append(f"step {i} compact: rejected {rejected}, expected {body.get('rejected', 0)}")
+                # A mode's own counts, where the scenario gives them (keyless: tests/scenarios/README.md).
+                for key, stat in COUNTED.items():
+                    if key in body:
+                        got = int((stats or {}).get(stat, 0))
+                        if got != body[key]:
+                            result.failures.append(f"step {i} compact: {key} {got}, expected {body[key]}")
             else:
                 result.failures.append(f"step {i}: unknown step kind {kind!r}")
     except Exception as exc:
