@@ -172,6 +172,24 @@ def visible_names(spark: Any, cfg: TableConfig) -> dict[int, str]:
     return {r["id"]: r["full_name"] for r in rows}
 
 
+@pytest.fixture(scope="module")
+def dag_runner(
+    spark: Any, endpoint: MetastoreEndpoint, metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    """Runs scenario compactions as real DAG runs (``airflow dags test``, spark-submit) in a fresh Airflow home."""
+    from cdc_compaction import conformance as conf
+    from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+
+    work = tmp_path_factory.mktemp("dagmode")
+    env = airflow_env(
+        work / "airflow", metastore.uri, registry_dir=work / "registry", warehouse_dir=metastore.home / "warehouse"
+    )
+    ensure_airflow_db(env)
+    runner = conf.DagRunner(spark, endpoint, env)
+    runner.work = work  # type: ignore[attr-defined]
+    return runner
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """moto's server (S3, EMR, Glue APIs) on 127.0.0.1, stopped by this fixture."""

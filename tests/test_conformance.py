@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from cdc_compaction import conformance as conf
-from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.local_services import LocalMetastore
 from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
 
@@ -181,20 +180,6 @@ def test_cli_runs_scenarios_from_any_directory_and_exits_nonzero_on_mismatch(tmp
     assert "unexpected: full_name='Bob'" in proc.stdout
     assert "1 passed, 1 failed" in proc.stdout
     assert not LocalMetastore(tmp_path / "w" / "metastore").pid(), "the CLI stops the metastore it started"
-
-
-@pytest.fixture(scope="module")
-def dag_runner(
-    spark: Any, endpoint: MetastoreEndpoint, metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
-) -> conf.DagRunner:
-    work = tmp_path_factory.mktemp("dagmode")
-    env = airflow_env(
-        work / "airflow", metastore.uri, registry_dir=work / "registry", warehouse_dir=metastore.home / "warehouse"
-    )
-    ensure_airflow_db(env)
-    runner = conf.DagRunner(spark, endpoint, env)
-    runner.work = work  # type: ignore[attr-defined]
-    return runner
 
 
 @pytest.mark.dag

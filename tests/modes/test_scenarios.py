@@ -64,3 +64,23 @@ def test_cdc_scenario_partitioned(path: Path, inprocess: conf.InProcessRunner, r
 def test_keyless_scenario(path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path) -> None:
     result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_k")
     assert result.ok, "\n".join(result.failures)
+
+
+#: One scenario of each option and mode as real DAG runs (the rest run in-process above, through
+#: the same task functions): key changes, partial rows, and a keyless table.
+DAG_SCENARIOS = [
+    SCENARIO_DIR / "cdc" / "old_key_chain.json",
+    SCENARIO_DIR / "cdc" / "unchanged_placeholder.json",
+    SCENARIO_DIR / "keyless" / "seed_003_alice_alice_bob.json",
+]
+
+
+@pytest.mark.dag
+@pytest.mark.parametrize("path", DAG_SCENARIOS, ids=[p.stem for p in DAG_SCENARIOS])
+def test_scenario_dag(path: Path, dag_runner: Any, readers: Any) -> None:
+    work: Path = dag_runner.work
+    scn = conf.Scenario.load(path)
+    result = conf.run_scenario(scn, dag_runner, readers, work / "lake", registry_dir=work / "registry", suffix="_dag")
+    assert result.ok, "\n".join(result.failures)
+    runs = [t for t in dag_runner.timings if t["dag_id"].endswith(scn.table_name + "_dag")]
+    assert runs and all(t["state"] == "success" for t in runs)
