@@ -8,10 +8,9 @@ Like the cdc job, this module imports nothing from the Airflow package: the rule
 SQL expressions rendered from ``include/sql/modes/snapshot/_rule.sql.j2`` (a
 :class:`SnapshotRule`, which travels in the plan as a dict).  The functions are pure
 ``DataFrame -> DataFrame`` transformations except :func:`increment_facts` and
-:func:`apply_snapshots`, which run the few actions a compaction needs: one to materialize the
-hashed rows and one to learn what each increment holds, then, per applied snapshot, one to
-materialize every key's outcome (the next current table and the history partition) and one
-to count its operations.
+:func:`apply_snapshots`, which run the few actions a compaction needs: one to learn what each
+increment holds, then one per applied snapshot to count its operations (each also fills a
+local checkpoint: the hashed rows, every key's outcome).
 
 Columns of the outputs (the current table and every history partition alike): the table's
 columns, ``operation``, ``eff_start_date``, ``_cdc_key_hash``, ``_cdc_row_hash`` and the
@@ -324,7 +323,9 @@ def _local_checkpoint(df: DataFrame) -> DataFrame:
     # Each snapshot's current table is the next one's input, read twice (rows and hashes): without
     # cutting the lineage here, the plan of the n-th snapshot would hold 2^n copies of the first.
     # The hashed rows are read by every step: materialized, their hashes are computed once.
-    return df.localCheckpoint(eager=True)
+    # Not eager: the lineage is cut at once, and the next action (the facts, the counts) fills the
+    # checkpoint while it computes, instead of a job of its own.
+    return df.localCheckpoint(eager=False)
 
 
 @dataclass
