@@ -1,1 +1,1 @@
-"""Reference models of the table modes, written from their contracts alone (``tests/scenarios/README.md``)."""
+"""Reference models of the table modes, written from the contracts alone (never from the project's code)."""
