@@ -38,9 +38,9 @@ from cdc_compaction.engine import SessionEngine, load_job
 from cdc_compaction.lake import EMPTY_VERSION, Lake, Layout
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
-from cdc_compaction.s3_storage import S3Storage
 from cdc_compaction.settings import MetastoreEndpoint
 from cdc_compaction.storage import Storage, read_parquet
+from cdc_compaction.storage.s3 import S3Storage
 
 pytestmark = [pytest.mark.s3, pytest.mark.spark]
 

@@ -18,8 +18,8 @@ import pytest
 from conftest import race
 
 from cdc_compaction.exceptions import PreconditionFailedError, StorageError
-from cdc_compaction.s3_storage import RETRY_CONFIG, S3Storage
 from cdc_compaction.storage import FileInfo, storage_for
+from cdc_compaction.storage.s3 import RETRY_CONFIG, S3Storage
 
 pytestmark = pytest.mark.s3
 
