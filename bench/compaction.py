@@ -49,11 +49,16 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SparkSubmitEngine, compaction_conf  # noqa: E402
 from cdc_compaction.lake import Lake, TableLease  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
 from cdc_compaction.metastore import connect  # noqa: E402
+from cdc_compaction.pipeline.archive import archive  # noqa: E402
+from cdc_compaction.pipeline.plan import plan as run_plan  # noqa: E402
+from cdc_compaction.pipeline.publish import publish  # noqa: E402
+from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
+from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
+from cdc_compaction.pipeline.validate import validate  # noqa: E402
 from cdc_compaction.registry import TableConfig  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 from cdc_compaction.storage import is_data_file  # noqa: E402
@@ -163,13 +168,13 @@ def _job_entry(job: JobResult, rows: int, out_dir: str | None) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------------- the runner
-def ensure_and_plan(rt: tasks.Runtime, run_id: str, steps: dict[str, float]) -> str:
+def ensure_and_plan(rt: Runtime, run_id: str, steps: dict[str, float]) -> str:
     """The run's first two tasks, each timed into ``steps``; return the plan's path."""
     with Stopwatch() as sw:
-        tasks.ensure_tables(rt)
+        ensure_tables(rt)
     steps["ensure_tables_s"] = sw.seconds
     with Stopwatch() as sw:
-        plan_path = tasks.plan(rt, run_id=run_id)
+        plan_path = run_plan(rt, run_id=run_id)
     steps["plan_s"] = sw.seconds
     return plan_path
 
@@ -193,8 +198,8 @@ class Bench:
             spark["conf"] = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": self.args.event_log}
         return TableConfig.model_validate(datagen.registry_doc(table, str(self.work / "lake" / table), **spark))
 
-    def runtime(self, cfg: TableConfig) -> tasks.Runtime:
-        return tasks.Runtime(
+    def runtime(self, cfg: TableConfig) -> Runtime:
+        return Runtime(
             cfg=cfg, lake=Lake(cfg), metastore=self.endpoint, engine=SparkSubmitEngine(self.endpoint, self.warehouse)
         )
 
@@ -216,7 +221,7 @@ class Bench:
             shutil.copytree(cache / "lake", root, copy_function=os.link)
             rt = self.runtime(cfg)
             with Stopwatch() as sw:
-                tasks.ensure_tables(rt)
+                ensure_tables(rt)
             load = {**json.loads(done.read_text()), "reused_from_cache": str(cache)}
             load["steps"] = {**load["steps"], "ensure_tables_s": round(sw.seconds, 3)}
             log.info("%s: initial load reused from %s (made %s)", cfg.qualified_name, cache, load.get("made_at"))
@@ -237,7 +242,7 @@ class Bench:
         check_job(job)
         for step in ("validate", "publish", "archive"):
             with Stopwatch() as sw:
-                getattr(tasks, step)(rt, plan_path)
+                {"validate": validate, "publish": publish, "archive": archive}[step](rt, plan_path)
             steps[f"{step}_s"] = sw.seconds
         commit = rt.lake.latest_commit()
         return {
@@ -286,7 +291,7 @@ class Bench:
             ours = run_measured("ours", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{slug}_ours"))
             check_job(ours)
             with Stopwatch() as sw:
-                stats = tasks.validate(rt, plan_path)
+                stats = validate(rt, plan_path)
             steps["validate_s"] = sw.seconds
             # The job wrote its own attempt directory beside the plan's version name.
             outputs["ours"] = stats["output_location"]
@@ -340,7 +345,7 @@ class Bench:
         log.info("%s: %s; checksums %s", name, ratios, "match" if same else "DIFFER")
         return result
 
-    def discard(self, rt: tasks.Runtime, plan: dict[str, Any], landed: str) -> None:
+    def discard(self, rt: Runtime, plan: dict[str, Any], landed: str) -> None:
         """Forget a measured run without publishing it: the next fraction starts from the same base."""
         for d in (plan["output_location"], plan["quarantine_location"]):
             for attempt in glob.glob(glob.escape(d.rstrip("/")) + "*"):  # <location>-<attempt> of every run

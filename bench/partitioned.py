@@ -44,10 +44,15 @@ from measure import start_logging, write_result
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SparkSubmitEngine  # noqa: E402
 from cdc_compaction.lake import Lake  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.pipeline.archive import archive  # noqa: E402
+from cdc_compaction.pipeline.plan import plan  # noqa: E402
+from cdc_compaction.pipeline.publish import publish  # noqa: E402
+from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
+from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
+from cdc_compaction.pipeline.validate import validate  # noqa: E402
 from cdc_compaction.registry import TableConfig  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 
@@ -221,9 +226,7 @@ class Table:
 
     def __init__(self, cfg: TableConfig, endpoint: MetastoreEndpoint, warehouse: str, logs: Path) -> None:
         self.cfg = cfg
-        self.rt = tasks.Runtime(
-            cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse)
-        )
+        self.rt = Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse))
         self.logs = logs
 
     def land(self, source: Path) -> None:
@@ -231,8 +234,8 @@ class Table:
 
     def compact(self, run_id: str) -> dict[str, Any]:
         """plan, the measured spark-submit, validate, publish, archive."""
-        tasks.ensure_tables(self.rt)
-        plan_path = tasks.plan(self.rt, run_id)
+        ensure_tables(self.rt)
+        plan_path = plan(self.rt, run_id)
         log_file = self.logs / f"{self.cfg.table}_{run_id}.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
@@ -247,7 +250,7 @@ class Table:
                 f"compaction of {self.cfg.qualified_name} failed ({proc.returncode}); {log_file}:\n{tail}"
             )
         for step in ("validate", "publish", "archive"):
-            getattr(tasks, step)(self.rt, plan_path)
+            {"validate": validate, "publish": publish, "archive": archive}[step](self.rt, plan_path)
         stats = self.rt.lake.latest_commit().stats
         keys = ("base_rows", "increment_rows", "output_rows", "partitions_rewritten", "partitions_reused")
         return {"wall_s": wall, "job_s": job_seconds(log_file), **{k: stats[k] for k in keys if k in stats}}
@@ -285,7 +288,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         ddl = CollectSql()
         for t in tables.values():
-            tasks.ensure_tables(tasks.Runtime(cfg=t.cfg, lake=t.rt.lake, metastore=endpoint, engine=ddl))
+            ensure_tables(Runtime(cfg=t.cfg, lake=t.rt.lake, metastore=endpoint, engine=ddl))
         tables["parted"].rt.engine.run_sql(tables["parted"].cfg, ddl.statements)
         initial, change = {}, {}
         for name, t in tables.items():

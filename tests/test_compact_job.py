@@ -146,7 +146,7 @@ def make_plan(
     ingested_at: datetime,
     retention: timedelta = timedelta(days=7),
 ) -> dict[str, Any]:
-    """A plan in the format tasks.plan() writes (the keys the job reads)."""
+    """A plan in the format pipeline.plan.plan() writes (the keys the job reads)."""
     return {
         "plan_id": plan_id,
         "table": cfg.qualified_name,
@@ -731,9 +731,9 @@ PC = "_cdc_partition"
 
 def test_the_plugins_mirror_the_jobs_names() -> None:
     """The job is self-contained, so the tasks repeat its names; they must not drift apart."""
-    from cdc_compaction import tasks
+    from cdc_compaction.pipeline.runtime import META_COLUMNS, PARTITION_COLUMN, STATS_FILE
 
-    assert (tasks.PARTITION_COLUMN, tasks.META_COLUMNS, tasks.STATS_FILE) == (
+    assert (PARTITION_COLUMN, META_COLUMNS, STATS_FILE) == (
         job.PARTITION_COLUMN,
         job.META_COLUMNS,
         job.STATS_FILE,

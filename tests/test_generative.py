@@ -39,11 +39,18 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from cdc_compaction import faults, tasks
+from cdc_compaction import faults
 from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.exceptions import InjectedFaultError
 from cdc_compaction.lake import Lake, TableLease
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime, load_plan
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -404,7 +411,7 @@ class Harness:
             "views": {"duckdb": str(root / "_duckdb" / f"{name}.sql")},
         }
         self.cfg = TableConfig.model_validate(doc)
-        self.rt = tasks.Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
+        self.rt = Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
         self.model = Model(self.spec)
         self.pending: list[Event] = []
         self.compacted: list[Event] = []
@@ -528,8 +535,8 @@ class Harness:
 
     # -- steps ------------------------------------------------------------------------
     def setup(self) -> None:
-        tasks.ensure_tables(self.rt)
-        tasks.refresh_view(self.rt)
+        ensure_tables(self.rt)
+        refresh_view(self.rt)
 
     def land(self, increment: str, files: list[list[dict[str, Any]]]) -> None:
         for path in land(self.cfg, increment, files):
@@ -545,13 +552,13 @@ class Harness:
     def task(self, name: str, run_id: str, plan_path: str) -> str:
         rt = self.rt
         if name == "plan":
-            return tasks.plan(rt, run_id)
+            return plan(rt, run_id)
         if name == "compact":
-            rt.engine.compact(tasks.load_plan(rt, plan_path))  # type: ignore[attr-defined]
+            rt.engine.compact(load_plan(rt, plan_path))  # type: ignore[attr-defined]
         elif name == "refresh_view":
-            tasks.refresh_view(rt)
+            refresh_view(rt)
         else:
-            getattr(tasks, name)(rt, plan_path)
+            {"validate": validate, "publish": publish, "archive": archive}[name](rt, plan_path)
         return plan_path
 
     def one_run(self, run_id: str, crash: tuple[str, str, str] | None) -> None:
@@ -597,7 +604,7 @@ class Harness:
         for i, step in enumerate(self.scn.steps, 1):
             if step[0] == "land":
                 self.land(step[1], step[2])
-                tasks.refresh_view(self.rt)
+                refresh_view(self.rt)
                 self.refresh()
                 self.check_view(f"step {i} (land {step[1]})")
             else:

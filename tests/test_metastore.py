@@ -200,7 +200,8 @@ def test_glue_partitions_are_added_and_moved_in_place(glue: Any) -> None:
 
 
 def _views_of(db: str) -> list[Any]:
-    from cdc_compaction import dialects, views
+    from cdc_compaction import dialects
+    from cdc_compaction.pipeline import views
     from cdc_compaction.registry import TableConfig
 
     cfg = TableConfig.model_validate(

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from conftest import STUDENT_COLUMNS, compact_once, visible_names
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import (
     ArchiveError,
@@ -23,7 +22,15 @@ from cdc_compaction.exceptions import (
     SchemaChangeError,
 )
 from cdc_compaction.lake import Commit, TableLease
+from cdc_compaction.landing import increment_hour
 from cdc_compaction.metastore import connect
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime, lease_owner
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import attempts, validate
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.sql import table_names
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -33,52 +40,52 @@ def _rows(*items: tuple[int, str | None, str, int]) -> list[dict[str, Any]]:
     return [{"id": i, "full_name": n, "op": op, "ts_ms": ts} for i, n, op, ts in items]
 
 
-def _run_job(rt: tasks.Runtime, path: str) -> None:
+def _run_job(rt: Runtime, path: str) -> None:
     """The compact task: the Spark job on the plan, in this process."""
     rt.engine.compact(json.loads(rt.lake.storage.read_text(path)))  # type: ignore[attr-defined]
 
 
-def _staged(rt: tasks.Runtime, run_id: str) -> str:
+def _staged(rt: Runtime, run_id: str) -> str:
     """plan + compact + validate: a version ready to publish."""
-    path = tasks.plan(rt, run_id)
+    path = plan(rt, run_id)
     _run_job(rt, path)
-    tasks.validate(rt, path)
+    validate(rt, path)
     return path
 
 
-def _commit_record_only(rt: tasks.Runtime, path: str) -> bool:
+def _commit_record_only(rt: Runtime, path: str) -> bool:
     """What a publish that dies right after its atomic step leaves: the commit record alone."""
     p = json.loads(Path(path).read_text())
-    version, stats = tasks.attempts(rt, p)[-1]
+    version, stats = attempts(rt, p)[-1]
     fields = ("seq", "plan_id", "run_id", "parent_seq", "files", "increments")
     return rt.lake.try_commit(Commit(**{f: p[f] for f in fields}, version=version, stats=stats))
 
 
 def test_plan_is_empty_without_increments_and_reused_on_retry(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
-    assert tasks.plan(rt, "run-1") == ""
+    ensure_tables(rt)
+    assert plan(rt, "run-1") == ""
     land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
-    first = tasks.plan(rt, "run-2")
+    first = plan(rt, "run-2")
     # A new file landing before the retry must not change the retried plan's input.
     land(rt.cfg, "increment_2026112201", [_rows((2, "b", "c", 1))])
-    again = tasks.plan(rt, "run-2")
+    again = plan(rt, "run-2")
     assert first == again
     doc = json.loads(Path(first).read_text())
     assert [f["increment"] for f in doc["files"]] == ["increment_2026112200"]
     # Another run may not plan while run-2 holds the table's lease...
     with pytest.raises(ConcurrentRunError, match="being compacted by another run"):
-        tasks.plan(rt, "run-3")
+        plan(rt, "run-3")
     # ...until an operator breaks it (run-2 is dead); then it plans everything pending.
     TableLease(rt.lake).break_("test")
-    other = json.loads(Path(tasks.plan(rt, "run-3")).read_text())
+    other = json.loads(Path(plan(rt, "run-3")).read_text())
     assert [f["increment"] for f in other["files"]] == ["increment_2026112200", "increment_2026112201"]
 
 
 def test_incomplete_increments_wait(make_cfg, runtime) -> None:
     now = datetime(2026, 11, 22, 10, 30, tzinfo=UTC)
     rt = runtime(make_cfg(increments={"settle_seconds": 600, "wait_for_hour_end": True}))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112210", [_rows((1, "current hour", "c", 1))])
     land(rt.cfg, "increment_2026112208", [_rows((2, "settled", "c", 1))])
     land(rt.cfg, "increment_2026112209", [_rows((3, "just written", "c", 1))])
@@ -88,22 +95,22 @@ def test_incomplete_increments_wait(make_cfg, runtime) -> None:
         os.utime(f, (old, old))
     for f in (inc / "increment_2026112209").iterdir():
         os.utime(f, (now.timestamp() - 5, now.timestamp() - 5))
-    doc = json.loads(Path(tasks.plan(rt, "r", now=now)).read_text())
+    doc = json.loads(Path(plan(rt, "r", now=now)).read_text())
     assert doc["increments"] == ["increment_2026112208"]
 
     marker = runtime(make_cfg(increments={"completion": "marker", "settle_seconds": 0, "wait_for_hour_end": False}))
-    tasks.ensure_tables(marker)
+    ensure_tables(marker)
     land(marker.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
     land(marker.cfg, "increment_2026112201", [_rows((2, "b", "c", 1))])
     (Path(marker.lake.layout.incremental) / "increment_2026112201" / "_SUCCESS").write_text("")
-    doc = json.loads(Path(tasks.plan(marker, "r")).read_text())
+    doc = json.loads(Path(plan(marker, "r")).read_text())
     assert doc["increments"] == ["increment_2026112201"]
     assert {f["name"] for f in doc["files"]} == {"part-00000.parquet"}, "markers are not data"
 
 
 def test_full_run_publishes_archives_and_is_idempotent(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
     path = compact_once(rt, "run-1")
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
@@ -118,16 +125,16 @@ def test_full_run_publishes_archives_and_is_idempotent(make_cfg, runtime, spark)
     assert archived.exists()
     assert not (Path(rt.lake.layout.incremental) / "increment_2026112200").exists()
     # Retrying publish and archive after success changes nothing and applies nothing twice.
-    assert tasks.publish(rt, path)["seq"] == 1
-    assert tasks.archive(rt, path)["archived_files"] == 0
+    assert publish(rt, path)["seq"] == 1
+    assert archive(rt, path)["archived_files"] == 0
     assert rt.lake.latest_commit().seq == 1
-    assert tasks.plan(rt, "run-2") == ""
+    assert plan(rt, "run-2") == ""
 
 
 def test_publish_retry_after_unknown_commit_state(make_cfg, runtime, spark) -> None:
     """The commit record was written, then publish died: the retry rolls forward."""
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
     compact_once(rt, "run-1")
     land(rt.cfg, "increment_2026112201", [_rows((1, "Alicia", "u", 2))])
@@ -136,22 +143,22 @@ def test_publish_retry_after_unknown_commit_state(make_cfg, runtime, spark) -> N
     # The crash: neither the metastore nor the pointer moved.
     assert visible_names(spark, rt.cfg) == {1: "Alice"}
     assert rt.lake.read_pointer()["seq"] == 1  # type: ignore[index]
-    assert tasks.publish(rt, path)["seq"] == 2
+    assert publish(rt, path)["seq"] == 2
     assert visible_names(spark, rt.cfg) == {1: "Alicia"}
     assert rt.lake.read_pointer()["seq"] == 2  # type: ignore[index]
 
 
 def test_next_plan_rolls_forward_a_crashed_publish_and_archive(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
     assert _commit_record_only(rt, _staged(rt, "run-1"))
     # The run died after the commit record and was never retried: its lease blocks other runs...
     with pytest.raises(ConcurrentRunError):
-        tasks.plan(rt, "run-2")
+        plan(rt, "run-2")
     # ...until it expires; then the next run's plan repairs everything.
     later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
-    assert tasks.plan(rt, "run-2", now=later) == ""
+    assert plan(rt, "run-2", now=later) == ""
     assert visible_names(spark, rt.cfg) == {1: "Alice"}
     assert rt.lake.is_archived(1)
     assert not (Path(rt.lake.layout.incremental) / "increment_2026112200").exists()
@@ -159,45 +166,45 @@ def test_next_plan_rolls_forward_a_crashed_publish_and_archive(make_cfg, runtime
 
 def test_a_second_run_is_refused_by_the_lease_and_changes_nothing(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    a = tasks.plan(rt, "scheduled")
+    a = plan(rt, "scheduled")
     plans_before = sorted(os.listdir(rt.lake.layout.plans))
     with pytest.raises(ConcurrentRunError, match="/scheduled"):
-        tasks.plan(rt, "manual")
+        plan(rt, "manual")
     assert sorted(os.listdir(rt.lake.layout.plans)) == plans_before, "the refused run wrote nothing"
     _run_job(rt, a)
-    tasks.validate(rt, a)
-    tasks.publish(rt, a)
-    tasks.archive(rt, a)  # releases the lease
-    assert tasks.plan(rt, "manual") == ""
+    validate(rt, a)
+    publish(rt, a)
+    archive(rt, a)  # releases the lease
+    assert plan(rt, "manual") == ""
     assert visible_names(spark, rt.cfg) == {1: "Alice"}
 
 
 def test_a_run_that_lost_its_lease_cannot_publish(make_cfg, runtime, spark) -> None:
     """A stuck run whose lease expired meets the lease, then the commit record's compare-and-swap."""
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    a = tasks.plan(rt, "scheduled")
+    a = plan(rt, "scheduled")
     later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
-    b = tasks.plan(rt, "manual", now=later)  # a looks dead: its lease expired, b takes over
+    b = plan(rt, "manual", now=later)  # a looks dead: its lease expired, b takes over
     assert a != b
     for p in (a, b):
         _run_job(rt, p)
-        tasks.validate(rt, p)
+        validate(rt, p)
     # The loser's version directory is garbage, removed by a later publish's cleanup.
-    losers = [v for v, _ in tasks.attempts(rt, json.loads(Path(a).read_text()))]
+    losers = [v for v, _ in attempts(rt, json.loads(Path(a).read_text()))]
     assert losers
     with pytest.raises(ConcurrentRunError, match="/manual"):
-        tasks.publish(rt, a)
-    tasks.publish(rt, b, now=later)
-    tasks.archive(rt, b)
+        publish(rt, a)
+    publish(rt, b, now=later)
+    archive(rt, b)
     # Once b released the lease, a gets past it -- and the commit record still stops it.
     with pytest.raises(ConcurrentCommitError, match="commit 1 was taken by plan"):
-        tasks.publish(rt, a)
+        publish(rt, a)
     with pytest.raises(ArchiveError, match="never committed"):
-        tasks.archive(rt, a)
+        archive(rt, a)
     assert rt.lake.latest_commit().seq == 1
     assert visible_names(spark, rt.cfg) == {1: "Alice"}
     TableLease(rt.lake).break_("test")  # a never finishes: an operator gives its lease up
@@ -209,49 +216,49 @@ def test_a_run_that_lost_its_lease_cannot_publish(make_cfg, runtime, spark) -> N
 
 def test_validation_refuses_tampered_output(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
-    path = tasks.plan(rt, "run-1")
+    path = plan(rt, "run-1")
     _run_job(rt, path)
-    out = Path(rt.lake.layout.version_dir(tasks.attempts(rt, json.loads(Path(path).read_text()))[-1][0]))
+    out = Path(rt.lake.layout.version_dir(attempts(rt, json.loads(Path(path).read_text()))[-1][0]))
     stats_file = out / "_cdc_stats.json"
     stats = json.loads(stats_file.read_text())
     stats_file.write_text(json.dumps({**stats, "output_rows": 3}))
     with pytest.raises(PublishValidationError, match="do not reconcile"):
-        tasks.validate(rt, path)
+        validate(rt, path)
     stats_file.write_text(json.dumps(stats))
     # Where readers glob, only data files: a marker or a checksum file there is refused.
     for junk in ("data/_SUCCESS", "data/.part-0.parquet.crc", "tombstones/_committed_1"):
         (out / junk).write_text("")
         with pytest.raises(PublishValidationError, match="not data files where readers read"):
-            tasks.validate(rt, path)
+            validate(rt, path)
         (out / junk).unlink()
     for f in out.glob("data/*.parquet"):
         f.unlink()
     with pytest.raises(PublishValidationError, match="output files differ"):
-        tasks.validate(rt, path)
+        validate(rt, path)
     assert rt.lake.latest_commit().seq == 0, "nothing was published"
     assert visible_names(spark, rt.cfg) == {}
 
 
 def test_validation_refuses_input_changed_after_planning(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    path = tasks.plan(rt, "run-1")
+    path = plan(rt, "run-1")
     # The sink rewrote the file after the plan recorded it: the job reads two rows, not one.
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
     _run_job(rt, path)
     with pytest.raises(PublishValidationError, match="read 2 increment rows, the planned files held 1"):
-        tasks.validate(rt, path)
+        validate(rt, path)
 
 
 def test_archive_survives_half_done_state_and_refuses_lost_files(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1)), _rows((2, "b", "c", 1))])
     path = _staged(rt, "run-1")
-    tasks.publish(rt, path)
+    publish(rt, path)
     inc = Path(rt.lake.layout.incremental) / "increment_2026112200"
     arch = Path(rt.lake.layout.archive) / "c00000001" / "increment_2026112200"
     # Half-archived: the first file copied and deleted, the second copied only.
@@ -259,24 +266,24 @@ def test_archive_survives_half_done_state_and_refuses_lost_files(make_cfg, runti
     (arch / "part-00000.parquet").write_bytes((inc / "part-00000.parquet").read_bytes())
     (inc / "part-00000.parquet").unlink()
     (arch / "part-00001.parquet").write_bytes((inc / "part-00001.parquet").read_bytes())
-    result = tasks.archive(rt, path)
+    result = archive(rt, path)
     assert result["archived_files"] == 1
     assert sorted(p.name for p in arch.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     assert not inc.exists()
 
     rt2 = runtime(make_cfg())
-    tasks.ensure_tables(rt2)
+    ensure_tables(rt2)
     land(rt2.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
     path2 = _staged(rt2, "run-1")
-    tasks.publish(rt2, path2)
+    publish(rt2, path2)
     (Path(rt2.lake.layout.incremental) / "increment_2026112200" / "part-00000.parquet").unlink()
     with pytest.raises(ArchiveError, match="neither in the landing area nor archived"):
-        tasks.archive(rt2, path2)
+        archive(rt2, path2)
 
 
 def test_old_versions_are_cleaned_up(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg(keep_versions=2))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     for hour in range(4):
         land(rt.cfg, f"increment_20261122{hour:02d}", [_rows((1, f"v{hour}", "u", hour))])
         compact_once(rt, f"run-{hour}")
@@ -290,7 +297,7 @@ def test_old_versions_are_cleaned_up(make_cfg, runtime, spark) -> None:
 
 def test_tombstones_expire_after_retention(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg(tombstone_retention="1d"))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     t0 = datetime(2026, 11, 1, tzinfo=UTC)
     land(rt.cfg, "increment_2026110100", [_rows((1, "a", "c", 1), (2, "b", "c", 1))])
     compact_once(rt, "r1", now=t0)
@@ -307,16 +314,16 @@ def test_tombstones_expire_after_retention(make_cfg, runtime, spark) -> None:
 def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runtime, spark, tmp_path) -> None:
     cfg = make_cfg()
     rt = runtime(cfg)
-    first = tasks.ensure_tables(rt)
+    first = ensure_tables(rt)
     assert first["ddl_statements"] >= 4
-    assert tasks.ensure_tables(rt)["ddl_statements"] == 0, "unchanged registry: no DDL, no JVM"
+    assert ensure_tables(rt)["ddl_statements"] == 0, "unchanged registry: no DDL, no JVM"
     land(cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
     compact_once(rt, "r1")
     grown = cfg.model_copy(update={"columns": [*cfg.columns, cfg.columns[1].model_copy(update={"name": "email"})]})
     rt2 = runtime(grown)
     # ADD COLUMNS + fingerprint on four tables (base, tombstones, incremental, compactor), and both
     # views recreated in the same submission.
-    assert tasks.ensure_tables(rt2)["ddl_statements"] == 10
+    assert ensure_tables(rt2)["ddl_statements"] == 10
     base = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
     spark.catalog.refreshTable(base)
     assert "email" in spark.table(base).columns
@@ -327,7 +334,7 @@ def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runti
     assert got == {1: None, 2: "b@x"}
     shrunk = cfg.model_copy(update={"columns": [c for c in cfg.columns if c.name != "full_name"]})
     with pytest.raises(SchemaChangeError, match="full_name"):
-        tasks.ensure_tables(runtime(shrunk))
+        ensure_tables(runtime(shrunk))
 
 
 def test_column_comments_reach_the_metastore_verbatim(make_cfg, runtime, spark) -> None:
@@ -343,7 +350,7 @@ def test_column_comments_reach_the_metastore_verbatim(make_cfg, runtime, spark) 
     rt = runtime(cfg)
     spark.conf.set("spark.sql.variable.substitute", "true")
     try:
-        tasks.ensure_tables(rt)
+        ensure_tables(rt)
     finally:
         spark.conf.set("spark.sql.variable.substitute", "false")
     with connect(rt.metastore) as ms:
@@ -355,7 +362,7 @@ def test_column_comments_reach_the_metastore_verbatim(make_cfg, runtime, spark) 
 
 def test_refresh_view_only_recreates_changed_views(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)  # creates the views too
+    ensure_tables(rt)  # creates the views too
     submissions: list[list[str]] = []
     engine = rt.engine
 
@@ -365,13 +372,13 @@ def test_refresh_view_only_recreates_changed_views(make_cfg, runtime) -> None:
             engine.run_sql(cfg, statements)
 
     rt.engine = Counting()
-    assert tasks.refresh_view(rt)["views_recreated"] == []
+    assert refresh_view(rt)["views_recreated"] == []
     assert submissions == [], "nothing changed: no Spark submission"
     names = table_names(rt.cfg)
-    assert tasks.refresh_view(rt, force=True)["views_recreated"] == sorted([names["view_name"], names["rejects_view"]])
+    assert refresh_view(rt, force=True)["views_recreated"] == sorted([names["view_name"], names["rejects_view"]])
     assert len(submissions) == 1
     land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
-    result = tasks.refresh_view(rt)
+    result = refresh_view(rt)
     assert (result["partitions_added"], result["partitions_dropped"], result["views_recreated"]) == (
         ["increment_2026112200"],
         [],
@@ -396,7 +403,7 @@ def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None
         order_by=["ts_ms", "lsn"],
     )
     rt = runtime(cfg)
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
 
     def ev(group: str, order: int, select: str, op: str, ts: int, lsn: int) -> dict[str, Any]:
         return {"group": group, "order": order, "timestamp": "2026-11-22T10:00:00Z", "select": select} | {
@@ -415,7 +422,7 @@ def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None
         "increment_2026112201",
         [[ev("b", 1, "9.00", "c", 1, 1), ev("b", 2, "8.00", "c", 1, 1), ev("b", 2, "0", "d", 2, 1)]],
     )
-    tasks.refresh_view(rt)
+    refresh_view(rt)
     names = table_names(cfg)
     view = f"`{cfg.database}`.`{names['view_name']}`"
     for t in ("base_table", "incremental_table"):
@@ -441,19 +448,19 @@ def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None
 )
 def test_unreadable_landed_files_are_refused_by_name(make_cfg, runtime, content: bytes | None, reason: str) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     (good,) = land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
     bad = Path(rt.lake.layout.incremental) / "increment_2026112200" / "part-00001.parquet"
     bad.write_bytes(content if content is not None else Path(good).read_bytes()[:-20])
     (Path(good).parent / "_SUCCESS").write_text("")  # markers are not data and never refused
     (Path(good).parent / ".part-00000.parquet.crc").write_text("x")
     with pytest.raises(PlanError) as err:
-        tasks.plan(rt, "run-1")
+        plan(rt, "run-1")
     assert str(bad) in str(err.value) and reason in str(err.value)
     assert rt.cfg.qualified_name in str(err.value) and "Nothing was compacted" in str(err.value)
     assert rt.lake.latest_commit().seq == 0 and Path(good).exists() and bad.exists()
     bad.unlink()
-    assert tasks.plan(rt, "run-2"), "with the bad file moved away, the rest compacts"
+    assert plan(rt, "run-2"), "with the bad file moved away, the rest compacts"
 
 
 # ------------------------------------------------------------------ partitioned tables
@@ -479,7 +486,7 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     rt = runtime(make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"}, keep_versions=1))
     cfg, lay = rt.cfg, rt.lake.layout
     db, base_table = cfg.database, table_names(cfg)["base_table"]
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(
         cfg,
         "increment_2026112200",
@@ -560,18 +567,18 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
 
 def test_partitioning_cannot_change_under_a_table(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"}))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_regional((1, "EU", "Ann", "c", 1))])
     compact_once(rt, "run-1")
     land(rt.cfg, "increment_2026112201", [_regional((2, "US", "Bob", "c", 2))])
     other = rt.cfg.model_copy(update={"partition_by": rt.cfg.partition_by.model_copy(update={"column": "full_name"})})
     with pytest.raises(PlanError, match=r"'partition_by' is .*full_name.* in the registry, but the live .*'region'"):
-        tasks.plan(runtime(other), "run-2")
-    assert not TableLease(rt.lake).holds(tasks.lease_owner("run-2"), datetime.now(UTC)), (
+        plan(runtime(other), "run-2")
+    assert not TableLease(rt.lake).holds(lease_owner("run-2"), datetime.now(UTC)), (
         "the refused plan gave the lease back"
     )
     with pytest.raises(SchemaChangeError, match="field 'partition_by' asks for no partitions"):
-        tasks.ensure_tables(runtime(rt.cfg.model_copy(update={"partition_by": None})))
+        ensure_tables(runtime(rt.cfg.model_copy(update={"partition_by": None})))
     assert compact_once(rt, "run-2"), "the registry as it was still compacts"
     assert visible_names(spark, rt.cfg) == {1: "Ann", 2: "Bob"}
 
@@ -580,7 +587,7 @@ def test_partitioning_cannot_change_under_a_table(make_cfg, runtime, spark) -> N
 def test_archive_deletes_only_the_files_it_archived(make_cfg, runtime, monkeypatch) -> None:
     """A writer's temporaries and files landing during archive stay; checksums of archived files go."""
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
     land(rt.cfg, "increment_2026112201", [_rows((2, "b", "c", 1))])
     inc0 = Path(rt.lake.layout.incremental) / "increment_2026112200"
@@ -588,7 +595,7 @@ def test_archive_deletes_only_the_files_it_archived(make_cfg, runtime, monkeypat
     # A checksum beside the file (not Hadoop's hidden .x.crc: the local reader would verify it).
     (inc0 / "part-00000.parquet.crc").write_bytes(b"crc")
     path = _staged(rt, "run-1")
-    tasks.publish(rt, path)
+    publish(rt, path)
     # After the plan: a writer starts a file in increment 00 (hidden), and one lands in 01 while
     # archive lists the directory (between what used to be its two listings).
     (inc0 / ".part-00001.parquet.inprogress").write_bytes(b"half a file")
@@ -603,7 +610,7 @@ def test_archive_deletes_only_the_files_it_archived(make_cfg, runtime, monkeypat
         return out
 
     monkeypatch.setattr(rt.lake.storage, "list_dir", list_dir)
-    result = tasks.archive(rt, path)
+    result = archive(rt, path)
     monkeypatch.undo()
     assert result["archived_files"] == 2
     assert sorted(p.name for p in inc0.iterdir()) == [".part-00001.parquet.inprogress"], "the checksum went along"
@@ -618,7 +625,7 @@ def test_archive_deletes_only_the_files_it_archived(make_cfg, runtime, monkeypat
 
 def test_increments_with_a_writers_temporaries_wait(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     inc = Path(rt.lake.layout.incremental)
     land(rt.cfg, "increment_2026112200", [_rows((1, "hidden temp", "c", 1))])
     (inc / "increment_2026112200" / ".part-00001.parquet.inprogress").write_bytes(b"x")
@@ -628,7 +635,7 @@ def test_increments_with_a_writers_temporaries_wait(make_cfg, runtime) -> None:
     (inc / "increment_2026112202" / "part-00001.parquet.tmp").write_bytes(b"x")
     land(rt.cfg, "increment_2026112203", [_rows((4, "complete", "c", 1))])
     (inc / "increment_2026112203" / "part-00000.parquet.crc").write_bytes(b"crc")  # checksums are no temporaries
-    doc = json.loads(Path(tasks.plan(rt, "run-1")).read_text())
+    doc = json.loads(Path(plan(rt, "run-1")).read_text())
     assert doc["increments"] == ["increment_2026112203"]
     waiting = {w["increment"]: w["reason"] for w in doc["waiting_increments"]}
     assert sorted(waiting) == ["increment_2026112200", "increment_2026112201", "increment_2026112202"]
@@ -643,7 +650,7 @@ def test_an_increment_waiting_longer_than_alert_after_is_reported_and_alerted_on
     increments = {"settle_seconds": 0, "wait_for_hour_end": False, "completion": "marker", "alert_after": "6h"}
     rt = runtime(make_cfg(increments=increments))
     assert rt.cfg.increments.alert_after == timedelta(hours=6)
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     inc = Path(rt.lake.layout.incremental)
 
     def complete(name: str, *rows: tuple[int, str | None, str, int]) -> None:
@@ -659,15 +666,15 @@ def test_an_increment_waiting_longer_than_alert_after_is_reported_and_alerted_on
     alerts: list[list[dict[str, Any]]] = []
 
     # Just landed: waiting, not stalled.
-    path = tasks.plan(rt, "run-1", now=now, on_stalled=alerts.append)
+    path = plan(rt, "run-1", now=now, on_stalled=alerts.append)
     assert json.loads(Path(path).read_text())["stalled_increments"] == [] and alerts == []
     finish_run(rt, path, now=now)
 
     # Seven hours on, nothing changed: both are reported (plan file, landing.json, WARNING) and alerted once.
     complete("increment_2026112203", (4, "new", "c", 1))
-    caplog.set_level("WARNING", logger="cdc_compaction.tasks")
+    caplog.set_level("WARNING", logger="cdc_compaction.pipeline.pending")
     later = now + timedelta(hours=7)
-    path = tasks.plan(rt, "run-2", now=later, on_stalled=alerts.append)
+    path = plan(rt, "run-2", now=later, on_stalled=alerts.append)
     doc = json.loads(Path(path).read_text())
     assert doc["increments"] == ["increment_2026112203"]
     stalled = {s["increment"]: s["reason"] for s in doc["stalled_increments"]}
@@ -686,13 +693,13 @@ def test_an_increment_waiting_longer_than_alert_after_is_reported_and_alerted_on
     finish_run(rt, path, now=later)
 
     # Still stalled an hour later: reported again, not alerted again.
-    assert tasks.plan(rt, "run-3", now=later + timedelta(hours=1), on_stalled=alerts.append) == ""
+    assert plan(rt, "run-3", now=later + timedelta(hours=1), on_stalled=alerts.append) == ""
     report = json.loads(Path(rt.lake.layout.control, "landing.json").read_text())
     assert len(report["stalled_increments"]) == 2 and len(alerts) == 1
 
     # The marker comes: that increment is compacted; the other stays stalled and is not alerted again.
     (inc / "increment_2026112201" / "_SUCCESS").write_bytes(b"")
-    path = tasks.plan(rt, "run-4", now=later + timedelta(hours=2), on_stalled=alerts.append)
+    path = plan(rt, "run-4", now=later + timedelta(hours=2), on_stalled=alerts.append)
     doc = json.loads(Path(path).read_text())
     assert doc["increments"] == ["increment_2026112201"]
     assert [s["increment"] for s in doc["stalled_increments"]] == ["increment_2026112202"] and len(alerts) == 1
@@ -711,9 +718,9 @@ def test_validate_and_publish_succeed_when_the_alert_cannot_be_delivered(make_cf
     monkeypatch.delenv("AIRFLOW_CONN_SMTP_DEFAULT", raising=False)
     rt = runtime(make_cfg(alerts={"emails": ["owner@example.org"]}, retries=3))
     assert rt.cfg.alerts.smtp_conn_id == "smtp_default" and rt.cfg.alerts.on_rejected_rows
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1), (3, "refused", "x", 1))])
-    path = tasks.plan(rt, "run-1")
+    path = plan(rt, "run-1")
     _run_job(rt, path)
     counted: list[tuple[str, dict[str, str]]] = []
     monkeypatch.setattr(Stats, "incr", lambda name, *a, tags=None, **kw: counted.append((name, tags or {})))
@@ -747,7 +754,7 @@ def test_validate_and_publish_succeed_when_the_alert_cannot_be_delivered(make_cf
 
 def test_landing_entries_a_run_does_not_take_are_reported(make_cfg, runtime, caplog) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     inc = Path(rt.lake.layout.incremental)
     (good,) = land(rt.cfg, "increment_2026112200", [_rows((1, "a", "c", 1))])
     (inc / "increment_2026112200" / "late").mkdir()
@@ -755,16 +762,16 @@ def test_landing_entries_a_run_does_not_take_are_reported(make_cfg, runtime, cap
     (inc / "stray.parquet").write_bytes(Path(good).read_bytes())
     land(rt.cfg, "increment_202611229", [_rows((2, "not zero-padded", "c", 1))])
     land(rt.cfg, "hourly_2026112201", [_rows((3, "other layout", "c", 1))])
-    assert tasks.increment_hour(rt.cfg, "increment_202611229") is None
-    assert tasks.increment_hour(rt.cfg, "increment_2026112209") == datetime(2026, 11, 22, 9, tzinfo=UTC)
+    assert increment_hour(rt.cfg, "increment_202611229") is None
+    assert increment_hour(rt.cfg, "increment_2026112209") == datetime(2026, 11, 22, 9, tzinfo=UTC)
     alerts: list[list[dict[str, Any]]] = []
 
     def undeliverable(entries: list[dict[str, Any]]) -> None:
         alerts.append(entries)
         raise ConnectionRefusedError("smtp is down")
 
-    caplog.set_level("WARNING", logger="cdc_compaction.tasks")
-    path = tasks.plan(rt, "run-1", on_ignored=undeliverable)
+    caplog.set_level("WARNING", logger="cdc_compaction.pipeline.pending")
+    path = plan(rt, "run-1", on_ignored=undeliverable)
     doc = json.loads(Path(path).read_text())
     assert doc["increments"] == ["increment_2026112200"]
     assert [f["name"] for f in doc["files"]] == ["part-00000.parquet"]
@@ -784,20 +791,20 @@ def test_landing_entries_a_run_does_not_take_are_reported(make_cfg, runtime, cap
 
     finish_run(rt, path)
     delivered: list[list[dict[str, Any]]] = []
-    assert tasks.plan(rt, "run-2", on_ignored=delivered.append) == ""
-    assert tasks.plan(rt, "run-3", on_ignored=delivered.append) == ""
+    assert plan(rt, "run-2", on_ignored=delivered.append) == ""
+    assert plan(rt, "run-3", on_ignored=delivered.append) == ""
     assert [len(d) for d in delivered] == [4]
 
 
 def test_one_unreadable_pending_file_does_not_break_the_views(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg())
     cfg, names = rt.cfg, table_names(rt.cfg)
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
     compact_once(rt, "run-1")
     land(cfg, "increment_2026112201", [_rows((2, "Bob", "c", 1), (None, "no key", "c", 1))])  # type: ignore[arg-type]
     (good,) = land(cfg, "increment_2026112202", [_rows((3, "Carol", "c", 1))])
-    assert tasks.refresh_view(rt)["partitions_added"] == ["increment_2026112201", "increment_2026112202"]
+    assert refresh_view(rt)["partitions_added"] == ["increment_2026112201", "increment_2026112202"]
     truncated = Path(good).with_name("part-00001.parquet")
     truncated.write_bytes(Path(good).read_bytes()[:-20])
 
@@ -810,9 +817,9 @@ def test_one_unreadable_pending_file_does_not_break_the_views(make_cfg, runtime,
 
     # The plan refuses the file (on_bad_file: fail) -- and first takes its increment out of the view.
     with pytest.raises(PlanError, match=r"part-00001\.parquet"):
-        tasks.plan(rt, "run-2")
+        plan(rt, "run-2")
     assert query() == ({1: "Alice", 2: "Bob"}, ["null_key:id"])
-    result = tasks.refresh_view(rt)
+    result = refresh_view(rt)
     assert [(h["increment"], Path(h["path"]).name) for h in result["held_back"]] == [
         ("increment_2026112202", "part-00001.parquet")
     ]
@@ -821,5 +828,5 @@ def test_one_unreadable_pending_file_does_not_break_the_views(make_cfg, runtime,
     assert sidecar["held_back"] == result["held_back"]
     assert query() == ({1: "Alice", 2: "Bob"}, ["null_key:id"])
     truncated.unlink()  # fixed: the increment comes back
-    assert tasks.refresh_view(rt)["partitions_added"] == ["increment_2026112202"]
+    assert refresh_view(rt)["partitions_added"] == ["increment_2026112202"]
     assert query()[0] == {1: "Alice", 2: "Bob", 3: "Carol"}

@@ -265,8 +265,8 @@ def _step(args: argparse.Namespace) -> int:
     """One step of a table's run, as its DAG task does it (the compaction in a local SparkSession)."""
     import json
 
-    from cdc_compaction import tasks
     from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline import archive, plan, publish, runtime, tables, validate, views
     from cdc_compaction.settings import MetastoreEndpoint
 
     cfg = _table(args)
@@ -287,21 +287,22 @@ def _step(args: argparse.Namespace) -> int:
         def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
             return self._engine().compact(plan)
 
-    rt = tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=_LazySession())
+    rt = runtime.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=_LazySession())
     if args.step in ("compact", "validate", "publish", "archive") and not args.plan:
         print(f"step {args.step} needs --plan (the path the plan step printed)", file=sys.stderr)
         return 2
     result: Any
     if args.step == "ensure_tables":
-        result = tasks.ensure_tables(rt)
+        result = tables.ensure_tables(rt)
     elif args.step == "plan":
-        result = tasks.plan(rt, run_id=args.run_id)
+        result = plan.plan(rt, run_id=args.run_id)
     elif args.step == "compact":
-        result = rt.engine.compact(tasks.load_plan(rt, args.plan))
+        result = rt.engine.compact(runtime.load_plan(rt, args.plan))
     elif args.step == "refresh_view":
-        result = tasks.refresh_view(rt)
+        result = views.refresh_view(rt)
     else:
-        result = getattr(tasks, args.step)(rt, args.plan)
+        step = {"validate": validate, "publish": publish, "archive": archive}[args.step]
+        result = getattr(step, args.step)(rt, args.plan)
     print(json.dumps(result, default=str))
     return 0
 

@@ -38,9 +38,15 @@ from cdc_compaction.devenv import last_run_timings
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
-from cdc_compaction.tasks import Runtime, archive, ensure_tables, plan, publish, refresh_view, validate
 
 log = logging.getLogger(__name__)
 

@@ -272,8 +272,8 @@ def _runtime(cfg: TableConfig) -> Any:
 
     from cdc_compaction.engine import SparkSubmitEngine
     from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline.runtime import Runtime
     from cdc_compaction.settings import MetastoreEndpoint
-    from cdc_compaction.tasks import Runtime
 
     conn = BaseHook.get_connection(settings.METASTORE_CONN_ID)
     endpoint = MetastoreEndpoint.from_connection(conn)
@@ -356,7 +356,7 @@ def build_dag(cfg: TableConfig) -> DAG:
         # same XCom template as the compaction and is made a direct downstream of plan below.
         def ensure_tables_step() -> dict[str, Any]:
             """Create the database and the base / incremental / compactor tables; add new columns."""
-            from cdc_compaction.tasks import ensure_tables
+            from cdc_compaction.pipeline.tables import ensure_tables
 
             return ensure_tables(_runtime(cfg))
 
@@ -367,7 +367,7 @@ def build_dag(cfg: TableConfig) -> DAG:
                 alert_quarantined_files,
                 alert_stalled_increments,
             )
-            from cdc_compaction.tasks import plan
+            from cdc_compaction.pipeline.plan import plan
 
             def quarantined(files: list[dict[str, Any]]) -> None:
                 alert_quarantined_files(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, files)
@@ -389,7 +389,7 @@ def build_dag(cfg: TableConfig) -> DAG:
         def validate_step(plan_path: str) -> dict[str, Any]:
             """Check the new version (keys, counts, schema) before anything is published."""
             from cdc_compaction.notifications import alert_rejected_rows
-            from cdc_compaction.tasks import validate
+            from cdc_compaction.pipeline.validate import validate
 
             rt = _runtime(cfg)
             stats = validate(rt, plan_path)
@@ -405,19 +405,19 @@ def build_dag(cfg: TableConfig) -> DAG:
 
         def publish_step(plan_path: str) -> dict[str, Any]:
             """Commit the version and swap the base table's location (atomic)."""
-            from cdc_compaction.tasks import publish
+            from cdc_compaction.pipeline.publish import publish
 
             return publish(_runtime(cfg), plan_path)
 
         def archive_step(plan_path: str) -> dict[str, Any]:
             """Move compacted increments to the archive (copy, verify, delete)."""
-            from cdc_compaction.tasks import archive
+            from cdc_compaction.pipeline.archive import archive
 
             return archive(_runtime(cfg), plan_path)
 
         def refresh_view_step(plan_path: str) -> dict[str, Any]:
             """Register pending increments and keep the deduplicating views current."""
-            from cdc_compaction.tasks import refresh_view
+            from cdc_compaction.pipeline.views import refresh_view
 
             return refresh_view(_runtime(cfg))
 
@@ -516,7 +516,7 @@ def build_view_refresher(cfgs: Sequence[TableConfig]) -> DAG:
 
     Every few minutes (``$CDC_VIEW_REFRESH_SCHEDULE``) one task per database registers newly
     landed increments of its tables, rewrites their DuckDB views and records freshness
-    (:func:`cdc_compaction.tasks.refresh_pending`): metastore calls only, no Spark.  A table
+    (:func:`cdc_compaction.pipeline.views.refresh_pending`): metastore calls only, no Spark.  A table
     that fails is logged and named in the task's error after every other table of the
     database was refreshed; one table's trouble never stops another.
     """
@@ -538,7 +538,7 @@ def build_view_refresher(cfgs: Sequence[TableConfig]) -> DAG:
 
             def refresh(tables: list[TableConfig] = tables) -> dict[str, Any]:
                 """Register new increments, rewrite DuckDB views, record freshness: for each table of the database."""
-                from cdc_compaction.tasks import refresh_pending
+                from cdc_compaction.pipeline.views import refresh_pending
 
                 results: dict[str, Any] = {}
                 failed: list[str] = []
