@@ -53,9 +53,7 @@ from cdc_compaction.engine import SparkSubmitEngine, compaction_conf  # noqa: E4
 from cdc_compaction.lake import Lake, TableLease  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
 from cdc_compaction.metastore import connect  # noqa: E402
-from cdc_compaction.pipeline.archive import archive  # noqa: E402
-from cdc_compaction.pipeline.plan import plan as run_plan  # noqa: E402
-from cdc_compaction.pipeline.publish import publish  # noqa: E402
+from cdc_compaction.pipeline import order  # noqa: E402
 from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
 from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
 from cdc_compaction.pipeline.validate import validate  # noqa: E402
@@ -169,13 +167,14 @@ def _job_entry(job: JobResult, rows: int, out_dir: str | None) -> dict[str, Any]
 
 # ---------------------------------------------------------------------- the runner
 def ensure_and_plan(rt: Runtime, run_id: str, steps: dict[str, float]) -> str:
-    """The run's first two tasks, each timed into ``steps``; return the plan's path."""
-    with Stopwatch() as sw:
-        ensure_tables(rt)
-    steps["ensure_tables_s"] = sw.seconds
-    with Stopwatch() as sw:
-        plan_path = run_plan(rt, run_id=run_id)
-    steps["plan_s"] = sw.seconds
+    """The run's steps up to plan (ensure_tables, plan), each timed into ``steps``; return the plan's path."""
+    plan_path = ""
+    for step in order.between(order.STEP_IDS[0], order.PLAN):
+        with Stopwatch() as sw:
+            result = step.call(rt, run_id=run_id)
+        steps[f"{step.id}_s"] = sw.seconds
+        if step.id == order.PLAN:
+            plan_path = result
     return plan_path
 
 
@@ -240,10 +239,12 @@ class Bench:
         plan_path = ensure_and_plan(rt, f"bench_initial_{cfg.table}", steps)
         job = run_measured("initial", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{cfg.table}_initial"))
         check_job(job)
-        for step in ("validate", "publish", "archive"):
-            with Stopwatch() as sw:
-                {"validate": validate, "publish": publish, "archive": archive}[step](rt, plan_path)
-            steps[f"{step}_s"] = sw.seconds
+        # The steps after the compaction that work on its plan (validate, publish, archive).
+        for step in order.after(order.COMPACT):
+            if step.takes_plan:
+                with Stopwatch() as sw:
+                    step.call(rt, plan_path)
+                steps[f"{step.id}_s"] = sw.seconds
         commit = rt.lake.latest_commit()
         return {
             "made_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -42,10 +42,10 @@ from cdc_compaction.engine import SessionEngine, compaction_conf
 from cdc_compaction.exceptions import InjectedFaultError
 from cdc_compaction.lake import EMPTY_VERSION, Lake, TableLease
 from cdc_compaction.metastore import connect
-from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline import order
 from cdc_compaction.pipeline.plan import plan as run_plan
 from cdc_compaction.pipeline.publish import publish
-from cdc_compaction.pipeline.runtime import Runtime, load_plan
+from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.validate import validate
 from cdc_compaction.pipeline.views import refresh_view
@@ -56,7 +56,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
 SCENARIO = PROJECT_ROOT.parent / "shared" / "conformance" / "late_update_for_deleted_key.json"
 CRASHING_RUN = 2
-STEPS = ["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
+STEPS = list(order.STEP_IDS)
 
 # (fault point, the task it crashes): every boundary of the commit protocol.
 CRASH_POINTS = [
@@ -161,16 +161,7 @@ class CrashRun:
 
     # -- running --------------------------------------------------------------------
     def step(self, name: str, run_id: str, plan_path: str) -> Any:
-        rt = self.rt
-        if name == "ensure_tables":
-            return ensure_tables(rt)
-        if name == "plan":
-            return run_plan(rt, run_id)
-        if name == "compact":
-            return rt.engine.compact(load_plan(rt, plan_path))  # type: ignore[attr-defined]
-        if name == "refresh_view":
-            return refresh_view(rt)
-        return {"validate": validate, "publish": publish, "archive": archive}[name](rt, plan_path)
+        return order.step(name).call(self.rt, plan_path, run_id)
 
     def step_in_subprocess(self, name: str, run_id: str, plan_path: str, fault: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins"), faults.ENV: fault}
@@ -186,7 +177,7 @@ class CrashRun:
         """ensure_tables ... refresh_view; with ``crash`` = (point, task, raise|kill) one task crashes first."""
         plan_path = ""
         for name in STEPS:
-            if name not in ("ensure_tables", "plan", "refresh_view") and not plan_path:
+            if order.step(name).takes_plan and not plan_path:
                 continue  # plan found nothing: the DAG skips the rest
             if crash is not None and crash[1] == name:
                 point, _, mode = crash

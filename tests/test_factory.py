@@ -9,6 +9,7 @@ from conftest import student_doc
 
 from cdc_compaction import exceptions as exc
 from cdc_compaction import factory
+from cdc_compaction.pipeline import order
 from cdc_compaction.registry import TableConfig
 
 PERMANENT = [
@@ -29,16 +30,6 @@ TRANSIENT = [
     OSError("connection reset"),
 ]
 
-#: Where each step's function lives (the task callables import it from there when they run).
-STEP_MODULES = {
-    "ensure_tables": "cdc_compaction.pipeline.tables",
-    "plan": "cdc_compaction.pipeline.plan",
-    "validate": "cdc_compaction.pipeline.validate",
-    "publish": "cdc_compaction.pipeline.publish",
-    "archive": "cdc_compaction.pipeline.archive",
-    "refresh_view": "cdc_compaction.pipeline.views",
-}
-
 
 def _dag(tmp_path: Any) -> Any:
     return factory.build_dag(TableConfig.model_validate(student_doc(tmp_path / "lake")))
@@ -53,7 +44,7 @@ def test_errors_no_retry_can_heal_fail_the_task_at_once(tmp_path, monkeypatch, t
         raise error
 
     monkeypatch.setattr(factory, "_runtime", lambda cfg: None)
-    monkeypatch.setattr(f"{STEP_MODULES[task_id]}.{task_id}", broken)
+    monkeypatch.setattr(order.step(task_id).target, broken)
     task = _dag(tmp_path).get_task(task_id)
     kwargs = {"run_id": "r"} if task_id == "plan" else ({} if task_id == "ensure_tables" else {"plan_path": "/p"})
     with pytest.raises(AirflowFailException, match=type(error).__name__) as raised:
@@ -67,6 +58,6 @@ def test_errors_that_may_heal_are_left_to_airflows_retries(tmp_path, monkeypatch
         raise error
 
     monkeypatch.setattr(factory, "_runtime", lambda cfg: None)
-    monkeypatch.setattr("cdc_compaction.pipeline.publish.publish", broken)
+    monkeypatch.setattr(order.step("publish").target, broken)
     with pytest.raises(type(error)):
         _dag(tmp_path).get_task("publish").python_callable(plan_path="/p")

@@ -44,12 +44,9 @@ from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.exceptions import InjectedFaultError
 from cdc_compaction.lake import Lake, TableLease
-from cdc_compaction.pipeline.archive import archive
-from cdc_compaction.pipeline.plan import plan
-from cdc_compaction.pipeline.publish import publish
-from cdc_compaction.pipeline.runtime import Runtime, load_plan
+from cdc_compaction.pipeline import order
+from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
-from cdc_compaction.pipeline.validate import validate
 from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
@@ -550,22 +547,14 @@ class Harness:
                 self.model.events.append(ev)
 
     def task(self, name: str, run_id: str, plan_path: str) -> str:
-        rt = self.rt
-        if name == "plan":
-            return plan(rt, run_id)
-        if name == "compact":
-            rt.engine.compact(load_plan(rt, plan_path))  # type: ignore[attr-defined]
-        elif name == "refresh_view":
-            refresh_view(rt)
-        else:
-            {"validate": validate, "publish": publish, "archive": archive}[name](rt, plan_path)
-        return plan_path
+        result = order.step(name).call(self.rt, plan_path, run_id)
+        return result if name == order.PLAN else plan_path
 
     def one_run(self, run_id: str, crash: tuple[str, str, str] | None) -> None:
         """plan ... refresh_view, as the DAG runs them; a crash fires once, then the operator recovers."""
         plan_path = ""
-        for name in ("plan", "compact", "validate", "publish", "archive", "refresh_view"):
-            if name not in ("plan", "refresh_view") and not plan_path:
+        for name in [s.id for s in order.between(order.PLAN, order.STEP_IDS[-1])]:
+            if order.step(name).takes_plan and not plan_path:
                 continue  # nothing pending: the DAG skips to the end
             if crash is not None and crash[1] == name:
                 point, _, recovery = crash

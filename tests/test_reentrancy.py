@@ -21,13 +21,13 @@ from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import ConcurrentCommitError
 from cdc_compaction.faults import ENV as FAULTS_ENV
 from cdc_compaction.lake import Commit
+from cdc_compaction.pipeline import order
 from cdc_compaction.pipeline.archive import archive
 from cdc_compaction.pipeline.plan import plan as run_plan
 from cdc_compaction.pipeline.publish import publish
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.validate import validate
-from cdc_compaction.pipeline.views import refresh_view
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
@@ -47,13 +47,7 @@ def _tree(root: str) -> dict[str, str]:
 
 def _step(rt: Runtime, name: str, plan_path: str, run_id: str) -> Any:
     """One task of the DAG, as its callable runs it."""
-    if name == "plan":
-        return run_plan(rt, run_id)
-    if name == "compact":
-        return rt.engine.compact(json.loads(Path(plan_path).read_text()))  # type: ignore[attr-defined]
-    if name == "refresh_view":
-        return refresh_view(rt)
-    return {"validate": validate, "publish": publish, "archive": archive}[name](rt, plan_path)
+    return order.step(name).call(rt, plan_path, run_id)
 
 
 def _published(make_cfg: Any, runtime: Any) -> tuple[Runtime, str, dict[str, str]]:

@@ -1,8 +1,8 @@
 """The steps of one compaction run, as plain functions, one module per responsibility.
 
 The DAG wraps each step in a task; the in-process conformance runner, the CLI's ``step``
-command and the benchmark call them directly, in the same order.  Each step is
-idempotent and safe to retry:
+command and the benchmark call them directly -- all in the order :mod:`.order` writes
+down once.  Each step is idempotent and safe to retry:
 
 * ``ensure_tables`` (:mod:`.tables`) creates or extends the tables and views;
 * ``plan`` (:mod:`.plan`) records the exact input files, so a retry reads the same input;
@@ -17,6 +17,6 @@ idempotent and safe to retry:
 Shared by them: :mod:`.runtime` (the runtime, the clock, plan files), :mod:`.pending`
 (what the landing area holds for a run) and :mod:`.retention` (what may be deleted).
 
-This package imports nothing itself: importing one module of it loads only what that
-module needs.
+This package imports nothing itself: the DAG file reads :mod:`.order` at parse time,
+which must not load Spark, the metastore client or pyarrow.
 """
