@@ -20,6 +20,7 @@ from cdc_compaction.inputs import check_file
 from cdc_compaction.lake import PlannedFile
 from cdc_compaction.landing import (
     Ignored,
+    IncrementListing,
     as_dicts,
     classify_increment,
     increment_hour,
@@ -27,6 +28,7 @@ from cdc_compaction.landing import (
     scan_landing,
 )
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
+from cdc_compaction.registry import Increments
 
 log = logging.getLogger(__name__)
 
@@ -80,24 +82,12 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
         out.ignored += listing.ignored
         data = listing.data
         hour = increment_hour(cfg, name)
-        waits = fix = None
-        if listing.in_progress:
-            # A writer is still at work (or died): taking the increment now could miss its files,
-            # and archive must never delete them (README, "Crash safety").
-            waits = "holds a writer's temporaries " + ", ".join(sorted(e.name for e in listing.in_progress))
-            fix = "if no writer is still at work, they were left by one that died: remove them"
-        elif inc.wait_for_hour_end and hour is not None and hour + timedelta(hours=1) > now:
-            waits = "is the current hour; it waits until the hour ends"
-        elif inc.completion == "marker" and not listing.markers:
-            waits = f"has no {inc.marker_file} marker yet"
-            fix = f"check the sink; if the increment is complete, create {inc.marker_file} in it"
-        elif data and inc.settle_seconds and max(e.mtime for e in data) > now.timestamp() - inc.settle_seconds:
-            waits = f"changed within {inc.settle_seconds}s; waiting for it to settle"
+        waits, fix = why_waiting(inc, listing, hour, now) or (None, None)
         if waits is not None:
             log.info("%s: %s %s; not complete, not planned yet", cfg.qualified_name, path, waits)
             out.waiting.append({"increment": name, "path": path, "reason": waits})
             since = _waiting_since(hour, listing)
-            if fix is not None and since is not None and now - since >= inc.alert_after:
+            if is_stalled(fix, since, now, inc.alert_after):
                 out.stalled.append(
                     {
                         "increment": name,
@@ -148,6 +138,41 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
             out.dirs[name] = path
             out.view_files += shown
     return out
+
+
+def why_waiting(
+    inc: Increments, listing: IncrementListing, hour: datetime | None, now: datetime
+) -> tuple[str, str | None] | None:
+    """Why an increment is not complete at ``now``, and what fixes that; None if a run may take it.
+
+    Decided from its listing alone, first match wins: a writer's temporaries in it; the current
+    hour (``wait_for_hour_end``); no marker (``completion: marker``); a data file changed within
+    ``settle_seconds``.  The fix is None where the wait ends by itself (the hour, the settling).
+    """
+    data = listing.data
+    if listing.in_progress:
+        # A writer is still at work (or died): taking the increment now could miss its files,
+        # and archive must never delete them (README, "Crash safety").
+        waits = "holds a writer's temporaries " + ", ".join(sorted(e.name for e in listing.in_progress))
+        return waits, "if no writer is still at work, they were left by one that died: remove them"
+    if inc.wait_for_hour_end and hour is not None and hour + timedelta(hours=1) > now:
+        return "is the current hour; it waits until the hour ends", None
+    if inc.completion == "marker" and not listing.markers:
+        return (
+            f"has no {inc.marker_file} marker yet",
+            f"check the sink; if the increment is complete, create {inc.marker_file} in it",
+        )
+    if data and inc.settle_seconds and max(e.mtime for e in data) > now.timestamp() - inc.settle_seconds:
+        return f"changed within {inc.settle_seconds}s; waiting for it to settle", None
+    return None
+
+
+def is_stalled(fix: str | None, since: datetime | None, now: datetime, alert_after: timedelta) -> bool:
+    """A waiting increment is stalled (reported, alerted) once it waited ``alert_after`` since ``since``.
+
+    Only one whose wait does not end by itself (it has a ``fix``): temporaries, a missing marker.
+    """
+    return fix is not None and since is not None and now - since >= alert_after
 
 
 def _waiting_since(hour: datetime | None, listing: Any) -> datetime | None:

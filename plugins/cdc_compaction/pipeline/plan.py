@@ -88,7 +88,15 @@ def output_sizing(rt: Runtime, latest: Commit, files: list[PlannedFile]) -> dict
     )
     rows = int(latest.stats.get("output_rows", 0)) + sum(f.rows for f in files)
     size = base_bytes + sum(f.size for f in files)
-    target = rt.cfg.spark.target_file_mb * 2**20
+    return sizing(size, rows, rt.cfg.spark.target_file_mb * 2**20)
+
+
+def sizing(size: int, rows: int, target: int) -> dict[str, int]:
+    """The output's cut for ``size`` input bytes holding ``rows`` rows, at ``target`` bytes a file.
+
+    ``ceil(size / target)`` files, each capped at the rows that fit in twice the target at the
+    input's bytes per row.  Without rows or bytes to go by: one file, no cap (0).
+    """
     if not rows or not size:
         return {"output_files": 1, "max_records_per_file": 0}
     return {"output_files": max(1, -(-size // target)), "max_records_per_file": max(1, 2 * target * rows // size)}

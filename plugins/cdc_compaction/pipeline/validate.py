@@ -120,6 +120,83 @@ def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit
     return problems
 
 
+def count_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None, out: str) -> list[str]:
+    """What the job's counts (``stats``) contradict: themselves, the plan ``p`` and the ``parent`` version.
+
+    No I/O: the plan's file rows are the footer counts ``plan`` recorded, the parent's rows
+    its commit record's.  ``out`` is the attempt's version directory (partitioned tables:
+    where the rewritten partitions must lie).  One line per problem, in a fixed order.
+    """
+    problems: list[str] = []
+    if stats.get("plan_id") != p["plan_id"]:
+        problems.append(f"stats belong to plan {stats.get('plan_id')}, not {p['plan_id']}")
+    if stats.get("layout") != LAYOUT:
+        problems.append(f"the job wrote layout {stats.get('layout', 1)}, this version of the package expects {LAYOUT}")
+    if stats["duplicate_keys"]:
+        problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output (tombstones included)")
+    if stats.get("misplaced_rows", 0):
+        problems.append(
+            f"{stats['misplaced_rows']} rows are on the wrong side: deletes among the visible rows or "
+            "upserts among the tombstones"
+        )
+    expected = (
+        stats["base_rows"]
+        + stats["increment_rows"]
+        - stats["rejected_rows"]
+        - stats["superseded_rows"]
+        - stats["expired_tombstones"]
+    )
+    if expected != stats["output_rows"]:
+        problems.append(
+            f"row counts do not reconcile: base {stats['base_rows']} + increments {stats['increment_rows']} "
+            f"- rejected {stats['rejected_rows']} - superseded {stats['superseded_rows']} "
+            f"- expired tombstones {stats['expired_tombstones']} = {expected}, "
+            f"but the output has {stats['output_rows']}"
+        )
+    # The job must have read the whole previous base (partitioned: all of each partition it
+    # touched) and every planned file.
+    if p.get("partition_by"):
+        problems += _partition_problems(p, stats, parent, out)
+    else:
+        parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
+        if stats["base_rows"] != parent_rows:
+            problems.append(
+                f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}"
+            )
+    # Row counts the plan read from the footers: a file changed after planning shows up here.
+    planned_rows = sum(int(f["rows"]) for f in p["files"])
+    if planned_rows != stats["increment_rows"]:
+        problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files held {planned_rows}")
+    return problems
+
+
+def footer_problems(
+    p: dict[str, Any], stats: dict[str, Any], footer_rows: dict[str, int], footer_rows_by_partition: dict[str, int]
+) -> list[str]:
+    """What the rows counted in the written files' Parquet footers contradict in the job's report.
+
+    ``footer_rows`` by directory (``data``, ``tombstones``), ``footer_rows_by_partition`` by
+    partition value (partitioned tables' ``data`` only).
+    """
+    problems: list[str] = []
+    if footer_rows[DATA_DIR] != stats["output_visible_rows"]:
+        problems.append(
+            f"Parquet footers of {DATA_DIR}/ hold {footer_rows[DATA_DIR]} rows, "
+            f"the job reported {stats['output_visible_rows']} visible rows"
+        )
+    if footer_rows[TOMBSTONES_DIR] != stats["output_tombstones"]:
+        problems.append(
+            f"Parquet footers of {TOMBSTONES_DIR}/ hold {footer_rows[TOMBSTONES_DIR]} rows, "
+            f"the job reported {stats['output_tombstones']} tombstones"
+        )
+    if p.get("partition_by") and footer_rows_by_partition != stats.get("partition_rows"):
+        problems.append(
+            f"rows per partition in the Parquet footers {footer_rows_by_partition} differ from the job's "
+            f"report {stats.get('partition_rows')}"
+        )
+    return problems
+
+
 def attempts(rt: Runtime, p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(version, stats) of every finished attempt at plan ``p``, oldest first.
 
@@ -189,47 +266,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         )
     version, stats = tried[-1]
     out = lake.layout.version_dir(version)
-    problems: list[str] = []
-    if stats.get("plan_id") != p["plan_id"]:
-        problems.append(f"stats belong to plan {stats.get('plan_id')}, not {p['plan_id']}")
-    if stats.get("layout") != LAYOUT:
-        problems.append(f"the job wrote layout {stats.get('layout', 1)}, this version of the package expects {LAYOUT}")
-    if stats["duplicate_keys"]:
-        problems.append(f"{stats['duplicate_keys']} keys appear more than once in the output (tombstones included)")
-    if stats.get("misplaced_rows", 0):
-        problems.append(
-            f"{stats['misplaced_rows']} rows are on the wrong side: deletes among the visible rows or "
-            "upserts among the tombstones"
-        )
-    expected = (
-        stats["base_rows"]
-        + stats["increment_rows"]
-        - stats["rejected_rows"]
-        - stats["superseded_rows"]
-        - stats["expired_tombstones"]
-    )
-    if expected != stats["output_rows"]:
-        problems.append(
-            f"row counts do not reconcile: base {stats['base_rows']} + increments {stats['increment_rows']} "
-            f"- rejected {stats['rejected_rows']} - superseded {stats['superseded_rows']} "
-            f"- expired tombstones {stats['expired_tombstones']} = {expected}, "
-            f"but the output has {stats['output_rows']}"
-        )
-    # The job must have read the whole previous base (partitioned: all of each partition it
-    # touched) and every planned file.
-    parent = lake.read_commit(p["parent_seq"])
-    if p.get("partition_by"):
-        problems += _partition_problems(p, stats, parent, out)
-    else:
-        parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
-        if stats["base_rows"] != parent_rows:
-            problems.append(
-                f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}"
-            )
-    # Row counts the plan read from the footers: a file changed after planning shows up here.
-    planned_rows = sum(int(f["rows"]) for f in p["files"])
-    if planned_rows != stats["increment_rows"]:
-        problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files held {planned_rows}")
+    problems = count_problems(p, stats, lake.read_commit(p["parent_seq"]), out)
     # What is on storage must be what the job reported, with the expected schema, and nothing else
     # where readers glob: the data and tombstones directories hold Parquet data files only.
     on_disk, other = _output_files(lake.storage, out)
@@ -264,21 +301,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         ):
             problems.append(f"{name} has schema {got}, expected {expect}")
             break
-    if footer_rows[DATA_DIR] != stats["output_visible_rows"]:
-        problems.append(
-            f"Parquet footers of {DATA_DIR}/ hold {footer_rows[DATA_DIR]} rows, "
-            f"the job reported {stats['output_visible_rows']} visible rows"
-        )
-    if footer_rows[TOMBSTONES_DIR] != stats["output_tombstones"]:
-        problems.append(
-            f"Parquet footers of {TOMBSTONES_DIR}/ hold {footer_rows[TOMBSTONES_DIR]} rows, "
-            f"the job reported {stats['output_tombstones']} tombstones"
-        )
-    if p.get("partition_by") and footer_rows_by_partition != stats.get("partition_rows"):
-        problems.append(
-            f"rows per partition in the Parquet footers {footer_rows_by_partition} differ from the job's "
-            f"report {stats.get('partition_rows')}"
-        )
+    problems += footer_problems(p, stats, footer_rows, footer_rows_by_partition)
     if problems:
         raise PublishValidationError(
             f"{cfg.qualified_name}: version {version} failed validation and was not published: "
