@@ -377,13 +377,8 @@ def _pointer_seq(text: str) -> int:
 
 
 # ------------------------------------------------------------------------- the lease
-def deployment_id() -> str:
-    """Names this Airflow deployment in leases (see :mod:`cdc_compaction.deployment`)."""
-    from cdc_compaction.deployment import deployment_id as _deployment_id
-
-    return _deployment_id()
-
-
+# Who holds a lease is a string the caller makes (pipeline.runtime.lease_owner: the deployment
+# id and the run id): this module does not import cdc_compaction.deployment, which uses Lake in its types.
 @dataclass(frozen=True)
 class Lease:
     """One numbered lease file: who holds the table, since and until when."""
