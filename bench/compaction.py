@@ -49,11 +49,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SparkSubmitEngine, compaction_conf  # noqa: E402
 from cdc_compaction.lake import Lake, TableLease  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
 from cdc_compaction.metastore import connect  # noqa: E402
+from cdc_compaction.pipeline import order  # noqa: E402
+from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
+from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
+from cdc_compaction.pipeline.validate import validate  # noqa: E402
 from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 from cdc_compaction.storage import is_data_file  # noqa: E402
@@ -163,14 +166,15 @@ def _job_entry(job: JobResult, rows: int, out_dir: str | None) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------------- the runner
-def ensure_and_plan(rt: tasks.Runtime, run_id: str, steps: dict[str, float]) -> str:
-    """The run's first two tasks, each timed into ``steps``; return the plan's path."""
-    with Stopwatch() as sw:
-        tasks.ensure_tables(rt)
-    steps["ensure_tables_s"] = sw.seconds
-    with Stopwatch() as sw:
-        plan_path = tasks.plan(rt, run_id=run_id)
-    steps["plan_s"] = sw.seconds
+def ensure_and_plan(rt: Runtime, run_id: str, steps: dict[str, float]) -> str:
+    """The run's steps up to plan (ensure_tables, plan), each timed into ``steps``; return the plan's path."""
+    plan_path = ""
+    for step in order.between(order.STEP_IDS[0], order.PLAN):
+        with Stopwatch() as sw:
+            result = step.call(rt, run_id=run_id)
+        steps[f"{step.id}_s"] = sw.seconds
+        if step.id == order.PLAN:
+            plan_path = result
     return plan_path
 
 
@@ -193,8 +197,8 @@ class Bench:
             spark["conf"] = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": self.args.event_log}
         return parse_table(datagen.registry_doc(table, str(self.work / "lake" / table), **spark))
 
-    def runtime(self, cfg: TableConfig) -> tasks.Runtime:
-        return tasks.Runtime(
+    def runtime(self, cfg: TableConfig) -> Runtime:
+        return Runtime(
             cfg=cfg, lake=Lake(cfg), metastore=self.endpoint, engine=SparkSubmitEngine(self.endpoint, self.warehouse)
         )
 
@@ -216,7 +220,7 @@ class Bench:
             shutil.copytree(cache / "lake", root, copy_function=os.link)
             rt = self.runtime(cfg)
             with Stopwatch() as sw:
-                tasks.ensure_tables(rt)
+                ensure_tables(rt)
             load = {**json.loads(done.read_text()), "reused_from_cache": str(cache)}
             load["steps"] = {**load["steps"], "ensure_tables_s": round(sw.seconds, 3)}
             log.info("%s: initial load reused from %s (made %s)", cfg.qualified_name, cache, load.get("made_at"))
@@ -235,10 +239,12 @@ class Bench:
         plan_path = ensure_and_plan(rt, f"bench_initial_{cfg.table}", steps)
         job = run_measured("initial", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{cfg.table}_initial"))
         check_job(job)
-        for step in ("validate", "publish", "archive"):
-            with Stopwatch() as sw:
-                getattr(tasks, step)(rt, plan_path)
-            steps[f"{step}_s"] = sw.seconds
+        # The steps after the compaction that work on its plan (validate, publish, archive).
+        for step in order.after(order.COMPACT):
+            if step.takes_plan:
+                with Stopwatch() as sw:
+                    step.call(rt, plan_path)
+                steps[f"{step.id}_s"] = sw.seconds
         commit = rt.lake.latest_commit()
         return {
             "made_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -286,7 +292,7 @@ class Bench:
             ours = run_measured("ours", submit_command(cfg, ["--plan", plan_path]), self.logs(f"{slug}_ours"))
             check_job(ours)
             with Stopwatch() as sw:
-                stats = tasks.validate(rt, plan_path)
+                stats = validate(rt, plan_path)
             steps["validate_s"] = sw.seconds
             # The job wrote its own attempt directory beside the plan's version name.
             outputs["ours"] = stats["output_location"]
@@ -340,7 +346,7 @@ class Bench:
         log.info("%s: %s; checksums %s", name, ratios, "match" if same else "DIFFER")
         return result
 
-    def discard(self, rt: tasks.Runtime, plan: dict[str, Any], landed: str) -> None:
+    def discard(self, rt: Runtime, plan: dict[str, Any], landed: str) -> None:
         """Forget a measured run without publishing it: the next fraction starts from the same base."""
         for d in (plan["output_location"], plan["quarantine_location"]):
             for attempt in glob.glob(glob.escape(d.rstrip("/")) + "*"):  # <location>-<attempt> of every run

@@ -48,11 +48,12 @@ if str(ROOT / "plugins") not in sys.path:
 from cdc_compaction.conformance import land  # noqa: E402
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.pipeline.order import STEP_IDS  # noqa: E402
 from cdc_compaction.registry import TableConfig, load_table  # noqa: E402
 
 TARGET_SECONDS = 60.0
 DATABASE, TABLE = "bench", "hourly_orders"
-TASK_ORDER = ["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
+TASK_ORDER = list(STEP_IDS)
 
 log = logging.getLogger("bench.hourly_run")
 

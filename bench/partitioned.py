@@ -44,10 +44,12 @@ from measure import start_logging, write_result
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SparkSubmitEngine  # noqa: E402
 from cdc_compaction.lake import Lake  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.pipeline import order  # noqa: E402
+from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
+from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
 from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 
@@ -221,9 +223,7 @@ class Table:
 
     def __init__(self, cfg: TableConfig, endpoint: MetastoreEndpoint, warehouse: str, logs: Path) -> None:
         self.cfg = cfg
-        self.rt = tasks.Runtime(
-            cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse)
-        )
+        self.rt = Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse))
         self.logs = logs
 
     def land(self, source: Path) -> None:
@@ -231,8 +231,11 @@ class Table:
 
     def compact(self, run_id: str) -> dict[str, Any]:
         """plan, the measured spark-submit, validate, publish, archive."""
-        tasks.ensure_tables(self.rt)
-        plan_path = tasks.plan(self.rt, run_id)
+        plan_path = ""
+        for step in order.between(order.STEP_IDS[0], order.PLAN):
+            result = step.call(self.rt, run_id=run_id)
+            if step.id == order.PLAN:
+                plan_path = result
         log_file = self.logs / f"{self.cfg.table}_{run_id}.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
@@ -246,8 +249,10 @@ class Table:
             raise RuntimeError(
                 f"compaction of {self.cfg.qualified_name} failed ({proc.returncode}); {log_file}:\n{tail}"
             )
-        for step in ("validate", "publish", "archive"):
-            getattr(tasks, step)(self.rt, plan_path)
+        # The steps after the compaction that work on its plan (validate, publish, archive).
+        for step in order.after(order.COMPACT):
+            if step.takes_plan:
+                step.call(self.rt, plan_path)
         stats = self.rt.lake.latest_commit().stats
         keys = ("base_rows", "increment_rows", "output_rows", "partitions_rewritten", "partitions_reused")
         return {"wall_s": wall, "job_s": job_seconds(log_file), **{k: stats[k] for k in keys if k in stats}}
@@ -285,7 +290,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         ddl = CollectSql()
         for t in tables.values():
-            tasks.ensure_tables(tasks.Runtime(cfg=t.cfg, lake=t.rt.lake, metastore=endpoint, engine=ddl))
+            ensure_tables(Runtime(cfg=t.cfg, lake=t.rt.lake, metastore=endpoint, engine=ddl))
         tables["parted"].rt.engine.run_sql(tables["parted"].cfg, ddl.statements)
         initial, change = {}, {}
         for name, t in tables.items():

@@ -29,11 +29,15 @@ if "AIRFLOW_HOME" not in os.environ or os.environ.get("CDC_TESTS_OWN_AIRFLOW_HOM
     os.environ.update(airflow_env(_AIRFLOW_HOME, "thrift://127.0.0.1:9083"))
     os.environ["CDC_TESTS_OWN_AIRFLOW_HOME"] = "1"
 
-from cdc_compaction import tasks  # noqa: E402
 from cdc_compaction.engine import SessionEngine  # noqa: E402
 from cdc_compaction.exceptions import PreconditionFailedError  # noqa: E402
 from cdc_compaction.lake import Lake  # noqa: E402
 from cdc_compaction.local_services import LocalMetastore, LocalPostgres, free_port  # noqa: E402
+from cdc_compaction.pipeline.archive import archive  # noqa: E402
+from cdc_compaction.pipeline.plan import plan  # noqa: E402
+from cdc_compaction.pipeline.publish import publish  # noqa: E402
+from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
+from cdc_compaction.pipeline.validate import validate  # noqa: E402
 from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 from cdc_compaction.sql import table_names  # noqa: E402
@@ -136,28 +140,28 @@ def lake_of() -> Callable[[TableConfig], Lake]:
 
 
 @pytest.fixture
-def runtime(spark: Any, endpoint: MetastoreEndpoint) -> Callable[[TableConfig], tasks.Runtime]:
+def runtime(spark: Any, endpoint: MetastoreEndpoint) -> Callable[[TableConfig], Runtime]:
     """A step runtime on the real metastore, with the compaction job in the session's Spark."""
 
-    def _rt(cfg: TableConfig) -> tasks.Runtime:
-        return tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
+    def _rt(cfg: TableConfig) -> Runtime:
+        return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
 
     return _rt
 
 
-def finish_run(rt: tasks.Runtime, path: str, now: Any = None) -> None:
+def finish_run(rt: Runtime, path: str, now: Any = None) -> None:
     """compact + validate + publish + archive of a planned run, as the DAG's tasks do."""
     import json
 
     rt.engine.compact(json.loads(rt.lake.storage.read_text(path)))  # type: ignore[attr-defined]
-    tasks.validate(rt, path)
-    tasks.publish(rt, path, now=now)
-    tasks.archive(rt, path)
+    validate(rt, path)
+    publish(rt, path, now=now)
+    archive(rt, path)
 
 
-def compact_once(rt: tasks.Runtime, run_id: str, now: Any = None) -> str:
+def compact_once(rt: Runtime, run_id: str, now: Any = None) -> str:
     """One whole run (plan ... archive); returns the plan path, '' if nothing was pending."""
-    path = tasks.plan(rt, run_id, now=now)
+    path = plan(rt, run_id, now=now)
     if path:
         finish_run(rt, path, now=now)
     return path

@@ -18,10 +18,12 @@ import pytest
 import yaml
 from conftest import compact_once, student_doc, visible_names
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import CommitLogError, ConcurrentRunError, StorageError, StorageRootMismatchError
 from cdc_compaction.lake import TableLease
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.runtime import Runtime, utcnow
+from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import PROJECT_ROOT
 
@@ -32,9 +34,9 @@ def _rows(*items: tuple[int, str | None, str, int]) -> list[dict[str, Any]]:
     return [{"id": i, "full_name": n, "op": op, "ts_ms": ts} for i, n, op, ts in items]
 
 
-def _two_commits(make_cfg: Any, runtime: Any, **overrides: Any) -> tasks.Runtime:
+def _two_commits(make_cfg: Any, runtime: Any, **overrides: Any) -> Runtime:
     rt = runtime(make_cfg(**overrides))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
     compact_once(rt, "run-1")
     land(rt.cfg, "increment_2026112201", [_rows((1, "Alicia", "u", 2), (3, "Cy", "c", 2))])
@@ -68,7 +70,7 @@ def test_a_truncated_commit_record_is_refused_at_once(make_cfg, runtime, monkeyp
     rt = _two_commits(make_cfg, runtime)
     Path(rt.lake.layout.commit_path(2)).write_text(content)
     with pytest.raises(CommitLogError, match=r"00000002.json .* is unreadable") as err:
-        tasks.plan(rt, "run-3")
+        plan(rt, "run-3")
     assert is_permanent(err.value)
     # Through the DAG's own plan callable: no retry, the owner is alerted now.
     monkeypatch.setattr(factory, "_runtime", lambda cfg: rt)
@@ -81,7 +83,7 @@ def test_a_commit_record_of_another_number_is_refused(make_cfg, runtime) -> None
     rt = _two_commits(make_cfg, runtime)
     Path(rt.lake.layout.commit_path(2)).write_text(Path(rt.lake.layout.commit_path(1)).read_text())
     with pytest.raises(CommitLogError, match=r"00000002.json .*\(it names commit 1\)"):
-        tasks.plan(rt, "run-3")
+        plan(rt, "run-3")
 
 
 @pytest.mark.parametrize("content", ["", "{", "null", '{"seq": "two"}', "[]"])
@@ -107,12 +109,12 @@ def _cli(registry: Path, *args: str) -> subprocess.CompletedProcess[str]:
 )
 def test_a_corrupt_lease_is_held_until_broken_and_lease_break_works(make_cfg, runtime, tmp_path, content) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    TableLease(rt.lake).acquire("someone/run", rt.cfg.lease_timeout, tasks.utcnow())
+    TableLease(rt.lake).acquire("someone/run", rt.cfg.lease_timeout, utcnow())
     Path(rt.lake.layout.lease_path(1)).write_text(content)
     with pytest.raises(ConcurrentRunError, match=r"unreadable lease file .*00000001.json") as err:
-        tasks.plan(rt, "run-1")
+        plan(rt, "run-1")
     assert "lease break" in str(err.value)
     registry = tmp_path / "registry"
     registry.mkdir()
@@ -122,13 +124,13 @@ def test_a_corrupt_lease_is_held_until_broken_and_lease_break_works(make_cfg, ru
     assert shown.returncode == 0 and "unreadable lease file" in shown.stdout, shown.stdout + shown.stderr
     broke = _cli(registry, "lease", "break", rt.cfg.qualified_name)
     assert broke.returncode == 0 and "broke lease 1" in broke.stdout, broke.stdout + broke.stderr
-    assert tasks.plan(rt, "run-1") != ""
+    assert plan(rt, "run-1") != ""
 
 
-def _moved(rt: tasks.Runtime, new_root: Path) -> tasks.Runtime:
+def _moved(rt: Runtime, new_root: Path) -> Runtime:
     doc = student_doc(new_root.parent, rt.cfg.table, database=rt.cfg.database)
     doc["storage_root"] = str(new_root)
-    return tasks.Runtime(
+    return Runtime(
         cfg=parse_table(doc),
         lake=type(rt.lake)(parse_table(doc)),
         metastore=rt.metastore,
@@ -140,7 +142,7 @@ def test_a_storage_root_changed_without_the_data_is_refused(make_cfg, runtime, s
     rt = _two_commits(make_cfg, runtime)
     moved = _moved(rt, tmp_path / "elsewhere" / rt.cfg.table)
     land(moved.cfg, "increment_2026112202", [_rows((4, "Di", "c", 3))])
-    for step in (lambda: tasks.ensure_tables(moved), lambda: tasks.plan(moved, "run-3")):
+    for step in (lambda: ensure_tables(moved), lambda: plan(moved, "run-3")):
         with pytest.raises(StorageRootMismatchError, match="has no record of that commit") as err:
             step()
         assert "field 'storage_root'" in str(err.value) and rt.lake.live_location() in str(err.value)
@@ -152,7 +154,7 @@ def test_a_storage_root_moved_with_its_data_is_followed(make_cfg, runtime, spark
     new_root = tmp_path / "elsewhere" / rt.cfg.table
     shutil.copytree(rt.lake.layout.root, new_root)
     moved = _moved(rt, new_root)
-    tasks.ensure_tables(moved)
+    ensure_tables(moved)
     land(moved.cfg, "increment_2026112202", [_rows((4, "Di", "c", 3))])
     compact_once(moved, "run-3")
     assert moved.lake.live_location().startswith(str(new_root))

@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 from pyspark.sql.functions import expr
 
 from cdc_compaction.job import compact as job
-from cdc_compaction.job import contract
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.sql import rule_sql, spark_schema_ddl
 
@@ -145,7 +144,7 @@ def make_plan(
     ingested_at: datetime,
     retention: timedelta = timedelta(days=7),
 ) -> dict[str, Any]:
-    """A plan in the format tasks.plan() writes: the keys the contract requires, and those the job reads."""
+    """A plan in the format pipeline.plan.plan() writes (the keys the job reads)."""
     return {
         "plan_id": plan_id,
         "run_id": "tests",
@@ -733,36 +732,6 @@ REGION_COLUMNS: list[dict[str, str]] = [
     {"name": "ts_ms", "type": "bigint"},
 ]
 PC = "_cdc_partition"
-
-
-def test_the_plugins_copies_of_the_contracts_names_agree() -> None:
-    """tasks.py and lake.py still define some of the contract's names themselves: while they do, they must agree.
-
-    (A name they import from the contract, or no longer define, passes.)
-    """
-    from cdc_compaction import lake, tasks
-
-    copies = {
-        (tasks, "PARTITION_COLUMN"): contract.PARTITION_COLUMN,
-        (tasks, "META_COLUMNS"): contract.META_COLUMNS,
-        (tasks, "STATS_FILE"): contract.STATS_FILE,
-        (tasks, "_PARTITION_DIR"): contract.PARTITION_DIR_PREFIX,
-        (lake, "DATA_DIR"): contract.DATA_DIR,
-        (lake, "TOMBSTONES_DIR"): contract.TOMBSTONES_DIR,
-        (lake, "LAYOUT"): contract.LAYOUT,
-        (lake, "_PARTITION_PREFIX"): contract.PARTITION_DIR_PREFIX,
-    }
-    differ = {
-        f"{module.__name__}.{name}": getattr(module, name)
-        for (module, name), value in copies.items()
-        if hasattr(module, name) and tuple_if_list(getattr(module, name)) != value
-    }
-    assert differ == {}
-    assert PC == job.PARTITION_COLUMN == contract.PARTITION_COLUMN
-
-
-def tuple_if_list(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
 
 
 def region_cfg(make_cfg: MakeCfg) -> TableConfig:

@@ -18,10 +18,13 @@ import pytest
 import yaml
 from conftest import finish_run, student_doc, visible_names
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import BadInputError, ConcurrentRunError
 from cdc_compaction.lake import Commit, Lake, TableLease
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
 
@@ -105,7 +108,7 @@ def test_two_deployments_sharing_a_lake_start_the_same_run_at_once(
     (registry / "tests.shared_lake.yaml").write_text(yaml.safe_dump(doc))
     cfg = parse_table(doc)
     rt = runtime(cfg)
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1}]])
     run_id = "scheduled__2026-11-22T10:00:00+00:00"
     cmd = [sys.executable, "-m", "cdc_compaction", "step", "plan", cfg.qualified_name, "--run-id", run_id]
@@ -129,7 +132,7 @@ def test_two_deployments_sharing_a_lake_start_the_same_run_at_once(
     assert "is being compacted by another run" in loser_err or "took the lease at the same moment" in loser_err
     assert len(os.listdir(rt.lake.layout.plans)) == 1, "the refused deployment wrote no plan"
     finish_run(rt, winner)
-    tasks.refresh_view(rt)
+    refresh_view(rt)
     assert visible_names(spark, cfg) == {1: "Alice"}
     assert rt.lake.latest_commit().seq == 1
 
@@ -141,15 +144,15 @@ def test_two_tables_compact_in_parallel_and_a_third_tables_trouble_stops_only_it
 ) -> None:
     rts = [runtime(make_cfg()), runtime(make_cfg()), runtime(make_cfg())]
     for i, rt in enumerate(rts):
-        tasks.ensure_tables(rt)
+        ensure_tables(rt)
         rows = [{"id": k, "full_name": f"t{i}-{k}", "op": "c", "ts_ms": 1} for k in range(50)]
         land(rt.cfg, "increment_2026112200", [rows[:25], rows[25:]])
     # The third table's sink wrote a broken file.
     (Path(rts[2].lake.layout.incremental) / "increment_2026112200" / "part-00002.parquet").write_bytes(b"\x00" * 64)
 
-    def whole_run(rt: tasks.Runtime) -> int | str:
+    def whole_run(rt: Runtime) -> int | str:
         try:
-            path = tasks.plan(rt, "scheduled__2026-11-22T10:00:00+00:00")
+            path = plan(rt, "scheduled__2026-11-22T10:00:00+00:00")
         except BadInputError as exc:
             return type(exc).__name__
         finish_run(rt, path)

@@ -37,12 +37,19 @@ import pytest
 import yaml
 
 from cdc_compaction import conformance as conf
-from cdc_compaction import sql, tasks
+from cdc_compaction import sql
 from cdc_compaction.engine import SessionEngine, compaction_conf, job_package
 from cdc_compaction.job import faults
 from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import EMPTY_VERSION, Lake, TableLease
 from cdc_compaction.metastore import connect
+from cdc_compaction.pipeline import order
+from cdc_compaction.pipeline.plan import plan as run_plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import PROJECT_ROOT, SPARK_JOBS_DIR, MetastoreEndpoint
 
@@ -50,7 +57,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
 SCENARIO = PROJECT_ROOT.parent / "shared" / "conformance" / "late_update_for_deleted_key.json"
 CRASHING_RUN = 2
-STEPS = ["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
+STEPS = list(order.STEP_IDS)
 
 # (fault point, the task it crashes): every boundary of the commit protocol.
 CRASH_POINTS = [
@@ -116,7 +123,7 @@ class CrashRun:
         self.registry.mkdir()
         (self.registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc))
         self.cfg = parse_table(doc)
-        self.rt = tasks.Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
+        self.rt = Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
         self.reader = conf.Reader(spark)
         self.types = {c.name: c.type for c in self.cfg.columns if c.name != self.cfg.op_column}
         self.landed: list[str] = []
@@ -152,16 +159,7 @@ class CrashRun:
 
     # -- running --------------------------------------------------------------------
     def step(self, name: str, run_id: str, plan_path: str) -> Any:
-        rt = self.rt
-        if name == "ensure_tables":
-            return tasks.ensure_tables(rt)
-        if name == "plan":
-            return tasks.plan(rt, run_id)
-        if name == "compact":
-            return rt.engine.compact(tasks.load_plan(rt, plan_path))  # type: ignore[attr-defined]
-        if name == "refresh_view":
-            return tasks.refresh_view(rt)
-        return getattr(tasks, name)(rt, plan_path)
+        return order.step(name).call(self.rt, plan_path, run_id)
 
     def step_in_subprocess(self, name: str, run_id: str, plan_path: str, fault: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins"), faults.ENV: fault}
@@ -179,7 +177,7 @@ class CrashRun:
         """ensure_tables ... refresh_view; with ``crash`` = (point, task, raise|kill) one task crashes first."""
         plan_path = ""
         for name in STEPS:
-            if name not in ("ensure_tables", "plan", "refresh_view") and not plan_path:
+            if order.step(name).takes_plan and not plan_path:
                 continue  # plan found nothing: the DAG skips the rest
             if crash is not None and crash[1] == name:
                 point, _, mode = crash
@@ -210,8 +208,8 @@ class CrashRun:
             del os.environ[faults.ENV]
 
     def run(self, crash: tuple[str, str, str] | None = None) -> None:
-        tasks.ensure_tables(self.rt)
-        tasks.refresh_view(self.rt)
+        ensure_tables(self.rt)
+        refresh_view(self.rt)
         previous: list[dict[str, Any]] = []
         n = 0
         for step in self.scn.steps:
@@ -225,7 +223,7 @@ class CrashRun:
                     for p in conf.land(self.cfg, body["increment"], files)
                 ]
             elif kind == "check_view":
-                tasks.refresh_view(self.rt)
+                refresh_view(self.rt)
                 assert not self.rows_differ(body["expect"], self.reader.view(self.cfg))
             elif kind == "compact":
                 n += 1
@@ -333,8 +331,8 @@ def test_partitioned_publish_interrupted_between_moves_and_drops(
 
     run = partitioned_run
     steps = run.scn.steps
-    tasks.ensure_tables(run.rt)
-    tasks.refresh_view(run.rt)
+    ensure_tables(run.rt)
+    refresh_view(run.rt)
     incremental = Path(run.rt.lake.layout.incremental)
     for i in (0, 2):
         landed = conf.land(run.cfg, steps[i]["land"]["increment"], steps[i]["land"]["files"])
@@ -342,9 +340,9 @@ def test_partitioned_publish_interrupted_between_moves_and_drops(
         if i == 0:
             run.one_run("run-1")
     old, new = steps[1]["compact"]["expect"], steps[4]["compact"]["expect"]
-    plan_path = tasks.plan(run.rt, "run-2")
+    plan_path = run_plan(run.rt, "run-2")
     run.step("compact", "run-2", plan_path)
-    tasks.validate(run.rt, plan_path)
+    validate(run.rt, plan_path)
 
     def dying_drop(self: Metastore, db: str, name: str, values: list[str]) -> list[str]:
         if values:
@@ -354,7 +352,7 @@ def test_partitioned_publish_interrupted_between_moves_and_drops(
     with monkeypatch.context() as m:
         m.setattr(Metastore, "drop_partitions", dying_drop)
         with pytest.raises(MetastoreError, match="went away"):
-            tasks.publish(run.rt, plan_path)
+            publish(run.rt, plan_path)
     base_table = sql.table_names(run.cfg)["base_table"]
     with connect(run.endpoint) as ms:
         assert sorted(ms.partitions(run.cfg.database, base_table)) == ["Alice", "Angela", "Bob", "Carol"]
@@ -364,7 +362,7 @@ def test_partitioned_publish_interrupted_between_moves_and_drops(
     assert not run.rows_differ(old + new, base)
     assert not run.rows_differ(new, run.reader.view(run.cfg))
     # The retry rolls forward: the vanished partitions go, the table is the new one.
-    tasks.publish(run.rt, plan_path)
+    publish(run.rt, plan_path)
     for name in ("archive", "refresh_view"):
         run.step(name, "run-2", plan_path)
     assert not run.rows_differ(new, run.reader.visible_base(run.cfg))
@@ -406,10 +404,10 @@ def killable() -> Iterator[list[subprocess.Popen]]:
 def test_spark_submit_killed_while_writing_the_output(crash_run: CrashRun, killable: list[subprocess.Popen]) -> None:
     """SIGKILL of the whole spark-submit process group while Spark's committer has files in flight."""
     run = crash_run
-    tasks.ensure_tables(run.rt)
+    ensure_tables(run.rt)
     rows = [{"id": i, "full_name": f"n{i}", "op": "c", "ts_ms": i} for i in range(20000)]
     conf.land(run.cfg, "increment_2026112200", [rows[:10000], rows[10000:]])
-    plan_path = tasks.plan(run.rt, "run-1")
+    plan_path = run_plan(run.rt, "run-1")
     plan = json.loads(Path(plan_path).read_text())
     # Many small output files keep the write going long enough to be caught in the middle.
     plan["max_records_per_file"] = 50
@@ -429,7 +427,7 @@ def test_spark_submit_killed_while_writing_the_output(crash_run: CrashRun, killa
     assert proc.returncode == -signal.SIGKILL
     # Debris: a half-written version without stats. validate refuses it; readers see the old (empty) table.
     with pytest.raises(Exception, match="no attempt of the compaction job finished"):
-        tasks.validate(run.rt, plan_path)
+        validate(run.rt, plan_path)
     assert run.reader.visible_base(run.cfg) == []
     # The retried compact task writes a new attempt beside the debris (which publish's cleanup removes).
     run.step("compact", "run-1", plan_path)

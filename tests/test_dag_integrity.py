@@ -20,11 +20,12 @@ from test_registry import HOSTILE_FILES
 
 from cdc_compaction import notifications
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+from cdc_compaction.pipeline.order import STEP_IDS
 from cdc_compaction.registry import load_registry
 from cdc_compaction.settings import PROJECT_ROOT, VIEW_REFRESH_DAG_ID, registry_dir
 
 DAGS = PROJECT_ROOT / "dags"
-TASK_ORDER = ["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
+TASK_ORDER = list(STEP_IDS)
 #: The DAG that keeps every table's views fresh between compactions (one per deployment).
 REFRESHER = VIEW_REFRESH_DAG_ID
 

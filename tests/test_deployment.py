@@ -21,11 +21,13 @@ import pytest
 import yaml
 from conftest import student_doc
 
-from cdc_compaction import deployment, tasks
+from cdc_compaction import deployment
 from cdc_compaction.deployment import Identity
 from cdc_compaction.devenv import airflow_env
 from cdc_compaction.exceptions import DeploymentConflictError, is_permanent
 from cdc_compaction.lake import Lake, TableLease
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -92,9 +94,9 @@ def test_plan_refuses_a_shared_deployment_id_before_taking_the_lease(
     deployment.register(lake, Identity("blue", "aaaa1111", "CDC_DEPLOYMENT_ID"))
     monkeypatch.setattr(deployment, "identity", lambda: Identity("blue", "bbbb2222", "CDC_DEPLOYMENT_ID"))
     # No metastore on port 9: the refusal comes before anything is read or written.
-    rt = tasks.Runtime(cfg=cfg, lake=lake, metastore=MetastoreEndpoint("127.0.0.1", 9), engine=None)  # type: ignore[arg-type]
+    rt = Runtime(cfg=cfg, lake=lake, metastore=MetastoreEndpoint("127.0.0.1", 9), engine=None)  # type: ignore[arg-type]
     with pytest.raises(DeploymentConflictError, match="already used by another Airflow deployment"):
-        tasks.plan(rt, "scheduled__2026-11-22T10:00:00+00:00")
+        plan(rt, "scheduled__2026-11-22T10:00:00+00:00")
     assert TableLease(lake).current() is None, "no lease was taken"
 
 

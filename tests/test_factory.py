@@ -9,6 +9,7 @@ from conftest import student_doc
 
 from cdc_compaction import exceptions as exc
 from cdc_compaction import factory
+from cdc_compaction.pipeline import order
 from cdc_compaction.registry import parse_table
 
 PERMANENT = [
@@ -39,13 +40,11 @@ def _dag(tmp_path: Any) -> Any:
 def test_errors_no_retry_can_heal_fail_the_task_at_once(tmp_path, monkeypatch, task_id, error) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cdc_compaction import tasks
-
     def broken(*args: Any, **kwargs: Any) -> None:
         raise error
 
     monkeypatch.setattr(factory, "_runtime", lambda cfg: None)
-    monkeypatch.setattr(tasks, task_id, broken)
+    monkeypatch.setattr(order.step(task_id).target, broken)
     task = _dag(tmp_path).get_task(task_id)
     kwargs = {"run_id": "r"} if task_id == "plan" else ({} if task_id == "ensure_tables" else {"plan_path": "/p"})
     with pytest.raises(AirflowFailException, match=type(error).__name__) as raised:
@@ -55,12 +54,10 @@ def test_errors_no_retry_can_heal_fail_the_task_at_once(tmp_path, monkeypatch, t
 
 @pytest.mark.parametrize("error", TRANSIENT, ids=lambda e: type(e).__name__)
 def test_errors_that_may_heal_are_left_to_airflows_retries(tmp_path, monkeypatch, error) -> None:
-    from cdc_compaction import tasks
-
     def broken(*args: Any, **kwargs: Any) -> None:
         raise error
 
     monkeypatch.setattr(factory, "_runtime", lambda cfg: None)
-    monkeypatch.setattr(tasks, "publish", broken)
+    monkeypatch.setattr(order.step("publish").target, broken)
     with pytest.raises(type(error)):
         _dag(tmp_path).get_task("publish").python_callable(plan_path="/p")

@@ -1,6 +1,6 @@
 """Fresh views between compactions, and how fresh each thing a reader queries is.
 
-The view refresher (DAG ``cdc__views_refresh``, step ``tasks.refresh_pending``) shows
+The view refresher (DAG ``cdc__views_refresh``, step ``refresh_pending``) shows
 newly landed increments in every view within its schedule, with metastore calls only,
 and stays out of a run's way; freshness is recorded as table properties of the base and
 the views, in ``_cdc/freshness.json``, and in the publish task's result.
@@ -17,10 +17,16 @@ import duckdb
 import pytest
 from conftest import compact_once
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.lake import TableLease
 from cdc_compaction.metastore import connect
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
+from cdc_compaction.pipeline.views import refresh_pending, refresh_view
 from cdc_compaction.sql import table_names
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -36,20 +42,20 @@ def _rows(*rows: tuple[Any, ...]) -> list[dict[str, Any]]:
     return [dict(zip(["id", "full_name", "op", "ts_ms"], r, strict=True)) for r in rows]
 
 
-def _props(rt: tasks.Runtime, table: str) -> dict[str, str]:
+def _props(rt: Runtime, table: str) -> dict[str, str]:
     with connect(rt.metastore) as ms:
         t = ms.get_table(rt.cfg.database, table)
         return {k: v for k, v in (t.parameters or {}).items() if k.startswith("cdc.freshness.")}
 
 
-def _view(spark: Any, rt: tasks.Runtime) -> dict[int, str]:
+def _view(spark: Any, rt: Runtime) -> dict[int, str]:
     name = f"`{rt.cfg.database}`.`{table_names(rt.cfg)['view_name']}`"
     for role in ("base_table", "tombstones_table", "incremental_table"):
         spark.catalog.refreshTable(f"`{rt.cfg.database}`.`{table_names(rt.cfg)[role]}`")
     return {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {name}").collect()}
 
 
-def _duckdb_view(rt: tasks.Runtime) -> dict[int, str]:
+def _duckdb_view(rt: Runtime) -> dict[int, str]:
     with duckdb.connect() as con:
         con.execute(Path(str(rt.cfg.views.duckdb)).read_text())
         rows = con.execute(f'SELECT id, full_name FROM "{rt.cfg.database}"."{rt.cfg.table}_view"').fetchall()
@@ -60,10 +66,10 @@ def test_new_increments_reach_the_views_without_a_compaction(
     make_cfg: Any, runtime: Any, spark: Any, tmp_path: Path
 ) -> None:
     rt = runtime(make_cfg(views={"duckdb": str(tmp_path / "duck" / "views.sql")}))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", _ms(T0)), (2, "Bob", "c", _ms(T0)))])
     compact_once(rt, "run-1")
-    tasks.refresh_view(rt)
+    refresh_view(rt)
     base_props = {
         "cdc.freshness.base.commit": "1",
         "cdc.freshness.base.increment": "increment_2026112210",
@@ -76,7 +82,7 @@ def test_new_increments_reach_the_views_without_a_compaction(
     later = T0 + timedelta(hours=1, minutes=7)
     land(rt.cfg, "increment_2026112211", [_rows((2, "Bobby", "u", _ms(later)), (3, "Cy", "c", _ms(later)))])
     assert _view(spark, rt) == {1: "Ann", 2: "Bob"}, "nothing registered it yet"
-    result = tasks.refresh_pending(rt)
+    result = refresh_pending(rt)
     assert result["partitions_added"] == ["increment_2026112211"]
     assert _view(spark, rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
     assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
@@ -91,34 +97,34 @@ def test_new_increments_reach_the_views_without_a_compaction(
     assert doc["view"]["increment"] == "increment_2026112211"
 
     # The next run compacts it: the publish result reports both, and the base catches up.
-    path = tasks.plan(rt, "run-2")
+    path = plan(rt, "run-2")
     rt.engine.compact(json.loads(Path(path).read_text()))
-    tasks.validate(rt, path)
-    published = tasks.publish(rt, path)
+    validate(rt, path)
+    published = publish(rt, path)
     assert published["freshness"]["base"] == {"increment": "increment_2026112211", "event_time": later.isoformat()}
     assert published["freshness"]["view"]["increment"] == "increment_2026112211"
     # After publish the views no longer read the compacted increment (the base holds it): still right.
     assert _view(spark, rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
     assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
-    tasks.archive(rt, path)
+    archive(rt, path)
     assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}, "the DuckDB views name no archived file"
 
 
 def test_the_refresher_stays_out_of_a_running_compaction(make_cfg: Any, runtime: Any, spark: Any) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", 1))])
-    path = tasks.plan(rt, "run-1")
+    path = plan(rt, "run-1")
     assert path
     land(rt.cfg, "increment_2026112211", [_rows((2, "Bob", "c", 2))])
-    skipped = tasks.refresh_pending(rt)
+    skipped = refresh_pending(rt)
     assert "a run holds the table" in skipped["skipped"]
     with connect(rt.metastore) as ms:
         registered = ms.partitions(rt.cfg.database, table_names(rt.cfg)["incremental_table"])
     assert "increment_2026112211" not in registered
     # An expired lease (a dead run) does not keep the views stale.
     later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
-    assert tasks.refresh_pending(rt, now=later)["partitions_added"] == ["increment_2026112211"]
+    assert refresh_pending(rt, now=later)["partitions_added"] == ["increment_2026112211"]
     TableLease(rt.lake).break_("test")
 
 
@@ -127,9 +133,9 @@ def test_a_failing_duckdb_target_never_stops_a_publish(make_cfg: Any, runtime: A
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the views' directory should be")
     rt = runtime(make_cfg(views={"duckdb": str(blocker / "views.sql")}))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", 1))])
-    from cdc_compaction import views
+    from cdc_compaction.pipeline import views
 
     before = views.FAILURES.get("duckdb_views", 0)
     compact_once(rt, "run-1")

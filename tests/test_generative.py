@@ -39,12 +39,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.job import faults
 from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import Lake, TableLease
+from cdc_compaction.pipeline import order
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -405,7 +408,7 @@ class Harness:
             "views": {"duckdb": str(root / "_duckdb" / f"{name}.sql")},
         }
         self.cfg = parse_table(doc)
-        self.rt = tasks.Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
+        self.rt = Runtime(cfg=self.cfg, lake=Lake(self.cfg), metastore=endpoint, engine=SessionEngine(spark))
         self.model = Model(self.spec)
         self.pending: list[Event] = []
         self.compacted: list[Event] = []
@@ -529,8 +532,8 @@ class Harness:
 
     # -- steps ------------------------------------------------------------------------
     def setup(self) -> None:
-        tasks.ensure_tables(self.rt)
-        tasks.refresh_view(self.rt)
+        ensure_tables(self.rt)
+        refresh_view(self.rt)
 
     def land(self, increment: str, files: list[list[dict[str, Any]]]) -> None:
         for path in land(self.cfg, increment, files):
@@ -544,22 +547,14 @@ class Harness:
                 self.model.events.append(ev)
 
     def task(self, name: str, run_id: str, plan_path: str) -> str:
-        rt = self.rt
-        if name == "plan":
-            return tasks.plan(rt, run_id)
-        if name == "compact":
-            rt.engine.compact(tasks.load_plan(rt, plan_path))  # type: ignore[attr-defined]
-        elif name == "refresh_view":
-            tasks.refresh_view(rt)
-        else:
-            getattr(tasks, name)(rt, plan_path)
-        return plan_path
+        result = order.step(name).call(self.rt, plan_path, run_id)
+        return result if name == order.PLAN else plan_path
 
     def one_run(self, run_id: str, crash: tuple[str, str, str] | None) -> None:
         """plan ... refresh_view, as the DAG runs them; a crash fires once, then the operator recovers."""
         plan_path = ""
-        for name in ("plan", "compact", "validate", "publish", "archive", "refresh_view"):
-            if name not in ("plan", "refresh_view") and not plan_path:
+        for name in [s.id for s in order.between(order.PLAN, order.STEP_IDS[-1])]:
+            if order.step(name).takes_plan and not plan_path:
                 continue  # nothing pending: the DAG skips to the end
             if crash is not None and crash[1] == name:
                 point, _, recovery = crash
@@ -598,7 +593,7 @@ class Harness:
         for i, step in enumerate(self.scn.steps, 1):
             if step[0] == "land":
                 self.land(step[1], step[2])
-                tasks.refresh_view(self.rt)
+                refresh_view(self.rt)
                 self.refresh()
                 self.check_view(f"step {i} (land {step[1]})")
             else:

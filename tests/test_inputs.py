@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import STUDENT_COLUMNS, compact_once
 
-from cdc_compaction import tasks
 from cdc_compaction.exceptions import BadInputError
 from cdc_compaction.inputs import check_file, readable_as
 from cdc_compaction.lake import Lake
+from cdc_compaction.pipeline.plan import plan as run_plan
+from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.sql import table_names
@@ -121,7 +122,7 @@ def _landing(cfg: TableConfig) -> Path:
 def test_drift_that_is_safe_is_compacted(make_cfg, runtime, spark) -> None:
     """int -> bigint and a missing column are accepted; an extra column is ignored when the policy says so."""
     rt = runtime(make_cfg(on_extra_columns="ignore"))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     d = _landing(rt.cfg)
     _write(d / "part-0.parquet", {**STUDENT, "ts_ms": pa.array([5], pa.int32())})  # narrower ordering column
     _write(d / "part-1.parquet", {"id": pa.array([2], pa.int16()), "op": pa.array(["c"]), "ts_ms": pa.array([1])})
@@ -137,13 +138,13 @@ def test_drift_that_is_safe_is_compacted(make_cfg, runtime, spark) -> None:
 @pytest.mark.metastore
 def test_bad_files_fail_the_run_by_default_and_nothing_moves(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     d = _landing(rt.cfg)
     good = _write(d / "part-0.parquet", STUDENT)
     wrong = _write(d / "part-1.parquet", {**STUDENT, "id": pa.array(["one"])})
     extra = _write(d / "part-2.parquet", {**STUDENT, "nickname": pa.array(["x"])})
     with pytest.raises(BadInputError) as err:
-        tasks.plan(rt, "r1")
+        run_plan(rt, "r1")
     msg = str(err.value)
     assert rt.cfg.qualified_name in msg and "2 landed file(s) cannot be compacted" in msg
     assert f"{wrong}: incompatible schema: column 'id' is string in the file but int in the registry" in msg
@@ -157,7 +158,7 @@ def test_bad_files_fail_the_run_by_default_and_nothing_moves(make_cfg, runtime) 
 @pytest.mark.metastore
 def test_bad_files_are_quarantined_with_reasons_and_the_rest_compacts(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg(on_bad_file="quarantine"))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     d = _landing(rt.cfg)
     _write(d / "part-0.parquet", STUDENT)
     _write(d / "part-1.parquet", {**STUDENT, "id": pa.array(["one"])})
@@ -166,7 +167,7 @@ def test_bad_files_are_quarantined_with_reasons_and_the_rest_compacts(make_cfg, 
     # (Hadoop writes one beside _SUCCESS; a .crc beside a data file is verified by Hadoop's local FS.)
     (d / "._SUCCESS.crc").write_bytes(b"crc\x00")
     seen: list[list[dict[str, Any]]] = []
-    path = tasks.plan(rt, "r1", on_quarantined=seen.append)
+    path = run_plan(rt, "r1", on_quarantined=seen.append)
     plan = json.loads(Path(path).read_text())
     assert [f["name"] for f in plan["files"]] == ["part-0.parquet"]
     assert [Path(q["file"]).name for q in plan["quarantined_files"]] == ["part-1.parquet", "part-2.parquet"]
@@ -190,7 +191,7 @@ TS_COLUMNS = [*STUDENT_COLUMNS, {"name": "updated_at", "type": "timestamp"}]
 def test_dictionary_strings_and_int96_timestamps_are_accepted_and_compacted(make_cfg, runtime, spark) -> None:
     """Both are what Spark itself reads (and INT96 is what it writes): no false refusal."""
     rt = runtime(make_cfg(columns=TS_COLUMNS))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     d = _landing(rt.cfg)
     d.mkdir(parents=True)
     at = [datetime(2026, 11, 22, 1, 2, 3, 456789), datetime(2026, 11, 22, 4, 5, 6)]
@@ -254,7 +255,7 @@ def test_spark_cannot_read_columns_differing_only_by_case(spark: Any, tmp_path: 
 @pytest.mark.metastore
 def test_a_case_clash_file_is_quarantined_and_the_rest_compacts(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg(on_bad_file="quarantine"))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     d = _landing(rt.cfg)
     _write(d / "part-0.parquet", STUDENT)
     _write(d / "part-1.parquet", {**STUDENT, "ID": pa.array([2], pa.int32())})
@@ -268,7 +269,7 @@ def test_a_case_clash_file_is_quarantined_and_the_rest_compacts(make_cfg, runtim
 @pytest.mark.metastore
 def test_a_partition_value_too_long_for_a_directory_name_is_refused_at_plan(make_cfg, runtime) -> None:
     rt = runtime(make_cfg(partition_by={"column": "full_name"}))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     d = _landing(rt.cfg)
     # 200 characters, but ':' is escaped by Spark as %3A: 15 + 50 * 3 + 150 = 315 bytes.
     long_value = ":" * 50 + "x" * 150
@@ -284,7 +285,7 @@ def test_a_partition_value_too_long_for_a_directory_name_is_refused_at_plan(make
         },
     )
     with pytest.raises(BadInputError) as err:
-        tasks.plan(rt, "r1")
+        run_plan(rt, "r1")
     msg = str(err.value)
     assert "part-1.parquet" in msg and "row 2:" in msg and "315 bytes" in msg and "over the 255" in msg
     assert "part-0.parquet" not in msg

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import compact_once
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
+from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.sql import table_names
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -49,7 +49,7 @@ def _visible(spark: Any, cfg: Any) -> dict[tuple[str, int], str]:
 )
 def test_key_in_another_order_than_the_columns_keeps_compacting(make_cfg, runtime, spark, overrides) -> None:
     rt = runtime(make_cfg(columns=COLUMNS, **overrides))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(
         rt.cfg,
         "increment_2026112200",

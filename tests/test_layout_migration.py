@@ -21,9 +21,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import compact_once
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.metastore import connect
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.sql import table_names
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -42,7 +44,7 @@ def _rows(*rows: tuple[Any, ...], regional: bool = False) -> list[dict[str, Any]
     return [dict(zip(names, r, strict=True)) for r in rows]
 
 
-def downgrade_to_layout_1(rt: tasks.Runtime) -> None:
+def downgrade_to_layout_1(rt: Runtime) -> None:
     """Rewrite the live (only) version as the release before layout 2 left it."""
     lake, cfg = rt.lake, rt.cfg
     commit = lake.latest_commit()
@@ -106,7 +108,7 @@ def test_a_layout_1_table_moves_to_layout_2_with_its_next_compaction(
     over = {"columns": REGION_COLUMNS, "partition_by": {"column": "region"}} if partitioned else {}
     rt = runtime(make_cfg(**over))
     cfg = rt.cfg
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     first = [(1, "EU", "Ann", "c", 1), (2, "EU", "Bob", "c", 1), (3, "US", "Cy", "c", 1), (2, "EU", None, "d", 2)]
     if not partitioned:
         first = [(i, n, o, t) for i, _, n, o, t in first]
@@ -119,8 +121,8 @@ def test_a_layout_1_table_moves_to_layout_2_with_its_next_compaction(
     # The old layout as readers met it: Bob's tombstone among the base's rows.
     assert (2, None, "d") in _read(spark, cfg, "base_table")
     # The upgraded release's first task recreates what is missing; the view hides the old tombstone.
-    tasks.ensure_tables(rt)
-    tasks.refresh_view(rt)
+    ensure_tables(rt)
+    refresh_view(rt)
     assert _read(spark, cfg, "view_name") == [(1, "Ann", "c"), (3, "Cy", "c")]
 
     # A late event older than Bob's delete must not bring him back; Ann changes.
@@ -129,7 +131,7 @@ def test_a_layout_1_table_moves_to_layout_2_with_its_next_compaction(
         later = [(i, n, o, t) for i, _, n, o, t in later]
     land(cfg, "increment_2026112201", [_rows(*later, regional=partitioned)])
     compact_once(rt, "run-2")
-    tasks.refresh_view(rt)
+    refresh_view(rt)
     new = rt.lake.latest_commit()
     assert (new.seq, new.layout) == (2, 2)
     assert new.stats["base_rows"] == 3, "the whole old version was read, its tombstone included"

@@ -11,6 +11,7 @@ import pytest
 from cdc_compaction.engine import GLUE_CLIENT_FACTORY, hive_conf
 from cdc_compaction.local_services import free_port
 from cdc_compaction.metastore import GlueMetastore, Metastore, connect
+from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
 
@@ -200,8 +201,8 @@ def test_glue_partitions_are_added_and_moved_in_place(glue: Any) -> None:
 
 
 def _views_of(db: str) -> list[Any]:
-    from cdc_compaction import dialects, views
-    from cdc_compaction.registry import parse_table
+    from cdc_compaction import dialects
+    from cdc_compaction.pipeline import views
 
     cfg = parse_table(
         {

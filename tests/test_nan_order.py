@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from conftest import compact_once
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.sql import table_names
 
@@ -50,7 +51,7 @@ def test_a_nan_ordering_value_is_refused_and_never_wins(make_cfg, runtime, spark
     columns = [dict(c, type=order_type) if c["name"] == "version" else c for c in COLUMNS]
     rt = runtime(make_cfg(columns=columns, order_by=["version"]))
     cfg = rt.cfg
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(cfg, "increment_2026112200", [_rows((1, "Ann", "c", 1.0), (2, "Ben", "c", 1.0))])
     compact_once(rt, "run-1")
     # A NaN update of key 1, then a real later update of it; key 2 gets only a NaN delete.
@@ -58,7 +59,7 @@ def test_a_nan_ordering_value_is_refused_and_never_wins(make_cfg, runtime, spark
     land(cfg, "increment_2026112202", [_rows((1, "Anna", "u", 2.0))])
 
     # Pending: the view shows what a compaction would produce now, the rejects view why.
-    tasks.refresh_view(rt)
+    refresh_view(rt)
     view = {r["id"]: r["full_name"] for r in _select(spark, cfg, "view_name")}
     assert view == {1: "Anna", 2: "Ben"}
     rejects = sorted((r["id"], r["_cdc_reject_reason"]) for r in _select(spark, cfg, "rejects_view"))

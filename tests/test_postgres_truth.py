@@ -26,9 +26,9 @@ from cdc_compaction import conformance as conf
 from cdc_compaction import pgsource
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.local_services import LocalMetastore, LocalPostgres
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
-from cdc_compaction.tasks import refresh_view
 
 pytestmark = [pytest.mark.dag, pytest.mark.spark, pytest.mark.metastore]
 

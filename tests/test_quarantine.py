@@ -17,7 +17,6 @@ import pytest
 import yaml
 from conftest import PROJECT_ROOT, compact_once, student_doc, visible_names
 
-from cdc_compaction import tasks
 from cdc_compaction.__main__ import main
 from cdc_compaction.conformance import land
 from cdc_compaction.engine import SessionEngine
@@ -25,6 +24,12 @@ from cdc_compaction.exceptions import QuarantineError
 from cdc_compaction.job import faults
 from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import Lake
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime, load_plan
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
@@ -33,21 +38,21 @@ pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
 
 @pytest.fixture
-def table(tmp_path: Path, spark: Any, endpoint: MetastoreEndpoint) -> Callable[..., tasks.Runtime]:
+def table(tmp_path: Path, spark: Any, endpoint: MetastoreEndpoint) -> Callable[..., Runtime]:
     """A table with its registry file on disk, so the CLI finds it like an operator would."""
 
-    def _make(name: str, **overrides: Any) -> tasks.Runtime:
+    def _make(name: str, **overrides: Any) -> Runtime:
         doc = student_doc(tmp_path / "lake", name, **overrides)
         registry = tmp_path / "registry"
         registry.mkdir(exist_ok=True)
         (registry / f"tests.{name}.yaml").write_text(yaml.safe_dump(doc))
         cfg = parse_table(doc)
-        return tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
+        return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SessionEngine(spark))
 
     return _make
 
 
-def _cli(rt: tasks.Runtime, tmp_path: Path, *args: str) -> int:
+def _cli(rt: Runtime, tmp_path: Path, *args: str) -> int:
     return main([args[0], args[1], rt.cfg.qualified_name, *args[2:], "--registry-dir", str(tmp_path / "registry")])
 
 
@@ -55,7 +60,7 @@ def test_refused_rows_have_a_manifest_and_come_back_after_a_registry_fix(
     table, tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rt = table("q_rows")
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     rows = [
         {"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1},
         {"id": 2, "full_name": "Bob", "op": "U", "ts_ms": 2},  # an op code the registry does not know yet
@@ -94,7 +99,7 @@ def test_refused_rows_have_a_manifest_and_come_back_after_a_registry_fix(
     landed = sorted((Path(rt.lake.layout.incremental) / "increment_2026112200").iterdir())
     assert [p.name for p in landed] == [f"reingest-{landed[0].name.split('-')[1]}-00000.parquet"]
 
-    fixed = tasks.Runtime(
+    fixed = Runtime(
         cfg=parse_table(fixed_doc),
         lake=Lake(parse_table(fixed_doc)),
         metastore=rt.metastore,
@@ -111,7 +116,7 @@ def test_refused_rows_have_a_manifest_and_come_back_after_a_registry_fix(
 
 def test_quarantined_files_come_back_after_the_source_fixed_them(table, tmp_path: Path, spark: Any) -> None:
     rt = table("q_files", on_bad_file="quarantine")
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     (good,) = land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1}]])
     broken = Path(good).with_name("part-00001.parquet")
     broken.write_bytes(Path(good).read_bytes()[:-30])  # truncated by the sink
@@ -142,9 +147,9 @@ def test_unknown_entry_is_a_clear_error(table) -> None:
         Quarantine(rt.lake).reingest("rows/v9")
 
 
-def _refused_rows_entry(rt: tasks.Runtime) -> str:
+def _refused_rows_entry(rt: Runtime) -> str:
     """One compaction that refuses a row (unknown op code): the id of its quarantine entry."""
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "X", "ts_ms": 1}]])
     assert compact_once(rt, "r1")
     (entry,) = Quarantine(rt.lake).entries()
@@ -179,7 +184,7 @@ def test_reingest_refuses_targets_outside_the_increments(
     assert visible_names(spark, rt.cfg) == {}
 
 
-def _reingest_killed_after_the_first_file(rt: tasks.Runtime, tmp_path: Path, entry_id: str, source: Path) -> None:
+def _reingest_killed_after_the_first_file(rt: Runtime, tmp_path: Path, entry_id: str, source: Path) -> None:
     """``quarantine reingest`` in its own process, SIGKILLed at the fault point after the first file."""
     env = {
         **os.environ,
@@ -197,7 +202,7 @@ def test_a_killed_reingest_is_finished_by_running_it_again(
     table, tmp_path: Path, spark: Any, runs_in_between: bool
 ) -> None:
     rt = table(f"q_resume_{int(runs_in_between)}", on_bad_file="quarantine")
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     (good,) = land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "c", "ts_ms": 1}]])
     for n in (1, 2):
         Path(good).with_name(f"part-0000{n}.parquet").write_bytes(Path(good).read_bytes()[: -10 * n])
@@ -243,14 +248,14 @@ def test_rows_refused_by_a_publish_that_crashed_after_its_commit_record_are_list
     table, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rt = table("q_crash")
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Alice", "op": "X", "ts_ms": 1}]])
-    path = tasks.plan(rt, "r1")
-    rt.engine.compact(tasks.load_plan(rt, path))  # type: ignore[attr-defined]
-    tasks.validate(rt, path)
+    path = plan(rt, "r1")
+    rt.engine.compact(load_plan(rt, path))  # type: ignore[attr-defined]
+    validate(rt, path)
     monkeypatch.setenv(faults.ENV, f"publish.after_commit_record@{rt.cfg.qualified_name}=raise")
     with pytest.raises(InjectedFaultError, match=r"publish\.after_commit_record"):
-        tasks.publish(rt, path)
+        publish(rt, path)
     monkeypatch.delenv(faults.ENV)
     version = rt.lake.latest_commit().version
     manifest = Path(rt.lake.layout.quarantine_dir(version)) / "_manifest.json"
@@ -269,8 +274,8 @@ def test_rows_refused_by_a_publish_that_crashed_after_its_commit_record_are_list
     pq.write_table(fixed, tmp_path / "fixed.parquet")
     assert len(Quarantine(rt.lake).reingest(entry.id, source=str(tmp_path / "fixed.parquet"))) == 1
     assert json.loads(manifest.read_text())["reingested_at"]
-    tasks.publish(rt, path)  # the retry of the crashed task, then the rest of the run
-    tasks.archive(rt, path)
+    publish(rt, path)  # the retry of the crashed task, then the rest of the run
+    archive(rt, path)
     (entry,) = Quarantine(rt.lake).entries()
     assert entry.reingested_at is not None, "the retry keeps the re-ingested manifest"
     assert compact_once(rt, "r2")

@@ -17,11 +17,17 @@ from typing import Any
 import pytest
 from conftest import compact_once, visible_names
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import ConcurrentCommitError
 from cdc_compaction.job.faults import ENV as FAULTS_ENV
 from cdc_compaction.lake import Commit
+from cdc_compaction.pipeline import order
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan as run_plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
@@ -39,20 +45,14 @@ def _tree(root: str) -> dict[str, str]:
     }
 
 
-def _step(rt: tasks.Runtime, name: str, plan_path: str, run_id: str) -> Any:
+def _step(rt: Runtime, name: str, plan_path: str, run_id: str) -> Any:
     """One task of the DAG, as its callable runs it."""
-    if name == "plan":
-        return tasks.plan(rt, run_id)
-    if name == "compact":
-        return rt.engine.compact(json.loads(Path(plan_path).read_text()))  # type: ignore[attr-defined]
-    if name == "refresh_view":
-        return tasks.refresh_view(rt)
-    return getattr(tasks, name)(rt, plan_path)
+    return order.step(name).call(rt, plan_path, run_id)
 
 
-def _published(make_cfg: Any, runtime: Any) -> tuple[tasks.Runtime, str, dict[str, str]]:
+def _published(make_cfg: Any, runtime: Any) -> tuple[Runtime, str, dict[str, str]]:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
     compact_once(rt, "run-1")
     land(rt.cfg, "increment_2026112201", [_rows((1, "Alicia", "u", 2), (3, "Cy", "c", 2), (9, None, "x", 2))])
@@ -85,7 +85,7 @@ def test_compaction_of_a_published_plan_writes_nothing(make_cfg, runtime) -> Non
         "already_committed": True,
     }
     assert sorted(p.name for p in base.iterdir()) == before, "no new directory either"
-    assert tasks.validate(rt, path)["already_committed"] is True
+    assert validate(rt, path)["already_committed"] is True
 
 
 def test_a_second_attempt_killed_mid_write_never_touches_the_validated_one(
@@ -93,11 +93,11 @@ def test_a_second_attempt_killed_mid_write_never_touches_the_validated_one(
 ) -> None:
     """compact, validate, then compact again and kill it: publish commits the validated attempt, whole."""
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows(*[(i, f"n{i}", "c", 1) for i in range(50)])])
-    path = tasks.plan(rt, "run-1")
+    path = run_plan(rt, "run-1")
     _step(rt, "compact", path, "run-1")
-    first = tasks.validate(rt, path)
+    first = validate(rt, path)
     first_files = _tree(first["output_location"])
     monkeypatch.setenv(FAULTS_ENV, "compact.before_stats=raise")
     with pytest.raises(RuntimeError, match="injected fault"):
@@ -106,9 +106,9 @@ def test_a_second_attempt_killed_mid_write_never_touches_the_validated_one(
     # The killed attempt wrote a directory of its own, beside the validated one.
     attempts = sorted(p.name for p in Path(rt.lake.layout.base).iterdir() if p.name.startswith("v00000001-"))
     assert len(attempts) == 2
-    assert tasks.publish(rt, path)["version"] == first["version"]
+    assert publish(rt, path)["version"] == first["version"]
     assert _tree(first["output_location"]) == first_files
-    tasks.archive(rt, path)
+    archive(rt, path)
     assert len(visible_names(spark, rt.cfg)) == 50
     # The unfinished attempt is garbage: the next publish's cleanup removes it.
     land(rt.cfg, "increment_2026112201", [_rows((50, "x", "c", 2))])
@@ -119,28 +119,28 @@ def test_a_second_attempt_killed_mid_write_never_touches_the_validated_one(
 def test_two_attempts_of_one_plan_publish_exactly_one(make_cfg, runtime, spark) -> None:
     """Two deployments (or a cleared task) ran the same plan twice: one attempt is committed, once."""
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    path = tasks.plan(rt, "run-1")
-    assert tasks.plan(rt, "run-1") == path, "the same run id reuses the plan"
+    path = run_plan(rt, "run-1")
+    assert run_plan(rt, "run-1") == path, "the same run id reuses the plan"
     for _ in range(2):
         _step(rt, "compact", path, "run-1")
-        tasks.validate(rt, path)
-    published = [tasks.publish(rt, path), tasks.publish(rt, path)]
+        validate(rt, path)
+    published = [publish(rt, path), publish(rt, path)]
     same = ("seq", "version")
     assert {k: published[0][k] for k in same} == {k: published[1][k] for k in same}
     assert published[0]["freshness"]["base"] == published[1]["freshness"]["base"]
     assert rt.lake.latest_commit().seq == 1
-    tasks.archive(rt, path)
+    archive(rt, path)
     assert visible_names(spark, rt.cfg) == {1: "Alice"}
 
 
 def test_a_stale_plan_is_not_compacted(make_cfg, runtime) -> None:
     """A plan whose commit number another plan took: its compaction refuses and writes nothing."""
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    path = tasks.plan(rt, "run-1")
+    path = run_plan(rt, "run-1")
     plan = json.loads(Path(path).read_text())
     other = Commit(
         seq=1,
@@ -156,14 +156,14 @@ def test_a_stale_plan_is_not_compacted(make_cfg, runtime) -> None:
         rt.engine.compact(plan)  # type: ignore[attr-defined]
     assert not [p for p in Path(rt.lake.layout.base).iterdir() if p.name.startswith("v00000001-")]
     with pytest.raises(ConcurrentCommitError, match="stale"):
-        tasks.validate(rt, path)
+        validate(rt, path)
 
 
-def _stale_plan(rt: tasks.Runtime) -> str:
+def _stale_plan(rt: Runtime) -> str:
     """A plan whose commit number another plan took meanwhile (what a second deployment or a re-plan leaves)."""
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(rt.cfg, "increment_2026112200", [_rows((1, "Alice", "c", 1))])
-    path = tasks.plan(rt, "run-1")
+    path = run_plan(rt, "run-1")
     other = Commit(
         seq=1,
         version="v00000001-0000other000",
@@ -177,7 +177,7 @@ def _stale_plan(rt: tasks.Runtime) -> str:
     return path
 
 
-def _compact_task(rt: tasks.Runtime, plan_path: str) -> Any:
+def _compact_task(rt: Runtime, plan_path: str) -> Any:
     """The DAG's real compact task (spark-submit through SparkSubmitHook), its plan argument rendered."""
     from cdc_compaction.factory import build_dag
 

@@ -18,12 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import compact_once
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import SchemaChangeError
 from cdc_compaction.inputs import hive_widening
 from cdc_compaction.lake import Lake
 from cdc_compaction.metastore import _spark_schema_widened, connect
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.sql import table_names
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -44,7 +45,7 @@ def _select(spark: Any, cfg: Any, kind: str) -> list[tuple[Any, ...]]:
 
 def test_a_widened_column_keeps_every_table_and_view_readable(make_cfg, runtime, spark, tmp_path) -> None:
     rt = runtime(make_cfg(columns=_columns(), order_by=["ts_ms"]))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     land(
         rt.cfg, "increment_2026112200", [[{"id": 1, "score": 7, "price": "1.25", "ratio": 0.5, "op": "c", "ts_ms": 1}]]
     )
@@ -56,7 +57,7 @@ def test_a_widened_column_keeps_every_table_and_view_readable(make_cfg, runtime,
         order_by=["ts_ms"],
     )
     rt = runtime(wide)
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     with connect(rt.metastore) as ms:
         for kind in ("base_table", "incremental_table", "compactor_table"):
             cols = {c.name: c.type for c in ms.get_table(wide.database, rt.names[kind]).sd.cols}
@@ -82,7 +83,7 @@ def test_a_widened_column_keeps_every_table_and_view_readable(make_cfg, runtime,
     )
     (target := Path(inc) / "increment_2026112201").mkdir(parents=True)
     (d / "part-00000.parquet").rename(target / "part-00000.parquet")
-    tasks.refresh_view(rt)
+    refresh_view(rt)
     want = [(1, 7, Decimal("1.2500"), 0.5), (2, 2**40, Decimal("12345678.1234"), 0.25)]
     assert _select(spark, wide, "view_name") == want
     compact_once(rt, "run-2")
@@ -102,11 +103,11 @@ def test_a_widened_column_keeps_every_table_and_view_readable(make_cfg, runtime,
 )
 def test_any_other_type_change_is_refused_naming_the_column(make_cfg, runtime, change, old, new) -> None:
     rt = runtime(make_cfg(columns=_columns(), order_by=["ts_ms"]))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     changed = runtime(make_cfg(table=rt.cfg.table, columns=_columns(**change), order_by=["ts_ms"]))
     (col,) = change
     with pytest.raises(SchemaChangeError) as err:
-        tasks.ensure_tables(changed)
+        ensure_tables(changed)
     msg = str(err.value)
     assert f"column {col!r} is {old} in table" in msg and f"registry says {new}" in msg
     assert "only widening" in msg

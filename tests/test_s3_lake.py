@@ -33,15 +33,22 @@ import pytest
 from conftest import STUDENT_COLUMNS
 
 from cdc_compaction import conformance as conf
-from cdc_compaction import sql, tasks
+from cdc_compaction import sql
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.job import compact as job
 from cdc_compaction.lake import EMPTY_VERSION, Lake, Layout
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan as run_plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig, parse_table
-from cdc_compaction.s3_storage import S3Storage
 from cdc_compaction.settings import MetastoreEndpoint
-from cdc_compaction.storage import Storage, read_parquet
+from cdc_compaction.storage import Storage, is_data_file, read_parquet
+from cdc_compaction.storage.s3 import S3Storage
 
 pytestmark = [pytest.mark.s3, pytest.mark.spark]
 
@@ -127,7 +134,7 @@ class GlueReader:
         name = sql.table_names(cfg)["base_table"]
         location = self.glue.get_table(DatabaseName=cfg.database, Name=name)["Table"]["StorageDescriptor"]["Location"]
         lake = Lake(cfg)
-        if not any(e for e in lake.storage.list_dir(location) if not e.is_dir and tasks.is_data_file(e.name)):
+        if not any(e for e in lake.storage.list_dir(location) if not e.is_dir and is_data_file(e.name)):
             return []
         # A plain read of the location: it holds the visible rows and nothing else.
         return read_parquet(lake.storage, location).select(cfg.column_names).to_pylist()
@@ -200,11 +207,9 @@ class S3Runner(conf.InProcessRunner):
         self.glue = glue
         self.work = work
 
-    def runtime(self, cfg: TableConfig) -> tasks.Runtime:
+    def runtime(self, cfg: TableConfig) -> Runtime:
         lake = Lake(cfg)
-        return tasks.Runtime(
-            cfg=cfg, lake=lake, metastore=GLUE, engine=MirrorEngine(self.spark, lake.storage, self.work)
-        )
+        return Runtime(cfg=cfg, lake=lake, metastore=GLUE, engine=MirrorEngine(self.spark, lake.storage, self.work))
 
     def setup(self, cfg: TableConfig) -> None:
         register_in_glue(self.glue, cfg)
@@ -212,16 +217,16 @@ class S3Runner(conf.InProcessRunner):
 
     def compact(self, cfg: TableConfig) -> dict[str, Any] | None:
         rt = self.runtime(cfg)
-        tasks.ensure_tables(rt)
-        plan_path = tasks.plan(rt, run_id=f"s3__{uuid.uuid4().hex[:12]}")
+        ensure_tables(rt)
+        plan_path = run_plan(rt, run_id=f"s3__{uuid.uuid4().hex[:12]}")
         if not plan_path:
-            tasks.refresh_view(rt)
+            refresh_view(rt)
             return None
         rt.engine.compact(json.loads(rt.lake.storage.read_text(plan_path)))  # type: ignore[attr-defined]
-        tasks.validate(rt, plan_path)
-        tasks.publish(rt, plan_path)
-        tasks.archive(rt, plan_path)
-        tasks.refresh_view(rt)
+        validate(rt, plan_path)
+        publish(rt, plan_path)
+        archive(rt, plan_path)
+        refresh_view(rt)
         return dict(rt.lake.latest_commit().stats)
 
 

@@ -18,8 +18,8 @@ import pytest
 from conftest import race
 
 from cdc_compaction.exceptions import PreconditionFailedError, StorageError
-from cdc_compaction.s3_storage import RETRY_CONFIG, S3Storage
 from cdc_compaction.storage import FileInfo, storage_for
+from cdc_compaction.storage.s3 import RETRY_CONFIG, S3Storage
 
 pytestmark = pytest.mark.s3
 
@@ -391,7 +391,7 @@ class InjectedCrashError(Exception):
 
 
 def archive_files(s3: S3Storage, files: list[tuple[str, str, int]], crash_after_copy: bool = False) -> int:
-    """tasks.archive_commit's per-file steps: copy unless already archived, verify the size, delete."""
+    """pipeline.archive.archive_commit's per-file steps: copy unless already archived, verify the size, delete."""
     moved = 0
     for src, dst, size in files:
         if s3.exists(src):

@@ -42,9 +42,9 @@ from cdc_compaction.local_services import (
     port_open,
     pyspark_home,
 )
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
-from cdc_compaction.tasks import refresh_view
 
 SHARED_CONFORMANCE = PROJECT_ROOT.parent / "shared" / "conformance"
 #: An increment pending over a compacted base: the view shows an update and a re-insert the base does not have

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_compaction import settings
+from cdc_compaction.pipeline.order import STEP_IDS
 
 
 def _registry_validate(args: argparse.Namespace) -> int:
@@ -267,8 +268,9 @@ def _step(args: argparse.Namespace) -> int:
     """One step of a table's run, as its DAG task does it (the compaction in a local SparkSession)."""
     import json
 
-    from cdc_compaction import tasks
     from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline import order
+    from cdc_compaction.pipeline.runtime import Runtime
     from cdc_compaction.settings import MetastoreEndpoint
 
     cfg = _table(args)
@@ -289,21 +291,12 @@ def _step(args: argparse.Namespace) -> int:
         def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
             return self._engine().compact(plan)
 
-    rt = tasks.Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=_LazySession())
-    if args.step in ("compact", "validate", "publish", "archive") and not args.plan:
+    rt = Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=_LazySession())
+    step = order.step(args.step)
+    if step.takes_plan and not args.plan:
         print(f"step {args.step} needs --plan (the path the plan step printed)", file=sys.stderr)
         return 2
-    result: Any
-    if args.step == "ensure_tables":
-        result = tasks.ensure_tables(rt)
-    elif args.step == "plan":
-        result = tasks.plan(rt, run_id=args.run_id)
-    elif args.step == "compact":
-        result = rt.engine.compact(tasks.load_plan(rt, args.plan))
-    elif args.step == "refresh_view":
-        result = tasks.refresh_view(rt)
-    else:
-        result = getattr(tasks, args.step)(rt, args.plan)
+    result = step.call(rt, args.plan or "", args.run_id)
     print(json.dumps(result, default=str))
     return 0
 
@@ -398,11 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     le.set_defaults(func=_lease)
 
     st = sub.add_parser("step", help="run one step of a table's run by hand")
-    st.add_argument(
-        "step", choices=["ensure_tables", "plan", "compact", "validate", "publish", "archive", "refresh_view"]
-    )
+    st.add_argument("step", choices=STEP_IDS)
     table_args(st)
-    st.add_argument("--plan", help="the plan file (compact, validate, publish, archive)")
+    st.add_argument("--plan", help="the plan file (the steps after plan that read it: compact, validate, ...)")
     st.add_argument("--run-id", default="manual", help="plan: the run id that owns the lease and the plan")
     st.add_argument("--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT")
     st.add_argument("--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"))

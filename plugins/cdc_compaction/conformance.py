@@ -38,9 +38,12 @@ from cdc_compaction.devenv import last_run_timings
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.lake import Lake
+from cdc_compaction.pipeline import order
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import MetastoreEndpoint
-from cdc_compaction.tasks import Runtime, archive, ensure_tables, plan, publish, refresh_view, validate
 
 log = logging.getLogger(__name__)
 
@@ -294,19 +297,17 @@ class InProcessRunner:
         refresh_view(rt)
 
     def compact(self, cfg: TableConfig) -> dict[str, Any] | None:
-        """One whole run; returns the stats of the version it published (None: nothing to do)."""
+        """One whole run, the steps in ``order.ORDER``; the stats of the version it published (None: nothing to do)."""
         rt = self.runtime(cfg)
-        ensure_tables(rt)
-        plan_path = plan(rt, run_id=f"inprocess__{uuid.uuid4().hex[:12]}")
-        if not plan_path:
-            refresh_view(rt)
-            return None
-        self.engine.compact(json.loads(rt.lake.storage.read_text(plan_path)))
-        validate(rt, plan_path)
-        publish(rt, plan_path)
-        archive(rt, plan_path)
-        refresh_view(rt)
-        return dict(rt.lake.latest_commit().stats)
+        run_id = f"inprocess__{uuid.uuid4().hex[:12]}"
+        plan_path = ""
+        for step in order.ORDER:
+            if step.takes_plan and not plan_path:
+                continue  # nothing planned: the steps on the plan are skipped, the views still refreshed
+            result = step.call(rt, plan_path, run_id)
+            if step.id == order.PLAN:
+                plan_path = result
+        return dict(rt.lake.latest_commit().stats) if plan_path else None
 
 
 class DagRunner(InProcessRunner):

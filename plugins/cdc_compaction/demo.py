@@ -213,8 +213,9 @@ def main() -> int:
             _land(orders, h, orders_events(h))
 
         from cdc_compaction.engine import local_session
+        from cdc_compaction.pipeline.runtime import Runtime
+        from cdc_compaction.pipeline.views import refresh_view
         from cdc_compaction.settings import MetastoreEndpoint
-        from cdc_compaction.tasks import Runtime, refresh_view
 
         spark = local_session(MetastoreEndpoint(ms.host, ms.port), str(ROOT / ".lake" / "warehouse"), "cdc-demo")
         from cdc_compaction.engine import SessionEngine
@@ -240,7 +241,7 @@ def main() -> int:
         _freshness(spark, student)
         print("hour 4 lands; the view refresher (DAG cdc__views_refresh, every 5 minutes) shows it, no compaction:")
         _land(student, 4, [[{"id": 4, "full_name": "Dora", "op": "c", "ts_ms": _ms(4, 5)}]])
-        from cdc_compaction.tasks import refresh_pending
+        from cdc_compaction.pipeline.views import refresh_pending
 
         rt = Runtime(student, Lake(student), MetastoreEndpoint(ms.host, ms.port), SessionEngine(spark))
         print(f"  refresh_pending: {json.dumps(refresh_pending(rt)['freshness'])}")

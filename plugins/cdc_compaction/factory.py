@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from cdc_compaction import settings
 from cdc_compaction.exceptions import CompactionError, RegistryError
 from cdc_compaction.job.contract import PERMANENT_EXIT_CODE, PermanentErrorRecord, permanent_error_path
 from cdc_compaction.notifications import CdcAlertNotifier
+from cdc_compaction.pipeline import order
 from cdc_compaction.registry import RegistryEntry, TableConfig
 
 log = logging.getLogger(__name__)
@@ -280,8 +282,8 @@ def _runtime(cfg: TableConfig) -> Any:
 
     from cdc_compaction.engine import SparkSubmitEngine
     from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline.runtime import Runtime
     from cdc_compaction.settings import MetastoreEndpoint
-    from cdc_compaction.tasks import Runtime
 
     conn = BaseHook.get_connection(settings.METASTORE_CONN_ID)
     endpoint = MetastoreEndpoint.from_connection(conn)
@@ -362,22 +364,19 @@ def build_dag(cfg: TableConfig) -> DAG:
         render_template_as_native_obj=False,
     ) as dag:
         # Plain operators, not @task: the decorator's signature binding and XComArg wiring cost
-        # about a third of a 500-table parse. Every later task reads the plan path through the
-        # same XCom template as the compaction and is made a direct downstream of plan below.
+        # about a third of a 500-table parse. The steps, their order, task ids and docs come from
+        # pipeline.order; written here is only what Airflow adds to a step: the run id for plan,
+        # the alerts, and that every task after plan reads the plan path through the same XCom
+        # template as the compaction (and is made a direct downstream of plan below).
         def ensure_tables_step() -> dict[str, Any]:
-            """Create the database and the base / incremental / compactor tables; add new columns."""
-            from cdc_compaction.tasks import ensure_tables
-
-            return ensure_tables(_runtime(cfg))
+            return order.step("ensure_tables").function()(_runtime(cfg))
 
         def plan_step(**context: Any) -> str:
-            """Record the exact input files; an empty result skips the rest of the run."""
             from cdc_compaction.notifications import (
                 alert_ignored_landing,
                 alert_quarantined_files,
                 alert_stalled_increments,
             )
-            from cdc_compaction.tasks import plan
 
             def quarantined(files: list[dict[str, Any]]) -> None:
                 alert_quarantined_files(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, files)
@@ -388,7 +387,7 @@ def build_dag(cfg: TableConfig) -> DAG:
             def stalled(increments: list[dict[str, Any]]) -> None:
                 alert_stalled_increments(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, increments)
 
-            return plan(
+            return order.step(order.PLAN).function()(
                 _runtime(cfg),
                 run_id=context["run_id"],
                 on_quarantined=quarantined,
@@ -397,12 +396,10 @@ def build_dag(cfg: TableConfig) -> DAG:
             )
 
         def validate_step(plan_path: str) -> dict[str, Any]:
-            """Check the new version (keys, counts, schema) before anything is published."""
             from cdc_compaction.notifications import alert_rejected_rows
-            from cdc_compaction.tasks import validate
 
             rt = _runtime(cfg)
-            stats = validate(rt, plan_path)
+            stats = order.step("validate").function()(rt, plan_path)
             if cfg.alerts.on_rejected_rows:
                 alert_rejected_rows(
                     cfg.qualified_name,
@@ -414,51 +411,55 @@ def build_dag(cfg: TableConfig) -> DAG:
             return stats
 
         def publish_step(plan_path: str) -> dict[str, Any]:
-            """Commit the version and swap the base table's location (atomic)."""
-            from cdc_compaction.tasks import publish
-
-            return publish(_runtime(cfg), plan_path)
+            return order.step("publish").function()(_runtime(cfg), plan_path)
 
         def archive_step(plan_path: str) -> dict[str, Any]:
-            """Move compacted increments to the archive (copy, verify, delete)."""
-            from cdc_compaction.tasks import archive
-
-            return archive(_runtime(cfg), plan_path)
+            return order.step("archive").function()(_runtime(cfg), plan_path)
 
         def refresh_view_step(plan_path: str) -> dict[str, Any]:
-            """Register pending increments and keep the deduplicating views current."""
-            from cdc_compaction.tasks import refresh_view
+            return order.step("refresh_view").function()(_runtime(cfg))
 
-            return refresh_view(_runtime(cfg))
-
-        def python_task(task_id: str, step: Any, takes_plan: bool = True, **kwargs: Any) -> PythonOperator:
-            # op_kwargs (and op_args) are templated: they hold only the plan-path XCom written here.
-            # Registry values reach the steps through ``cfg`` in their closures, never as templates.
-            op_kwargs = {"plan_path": PLAN_XCOM} if takes_plan else None
-            return PythonOperator(
-                task_id=task_id, python_callable=fail_fast(step), op_kwargs=op_kwargs, doc_md=step.__doc__, **kwargs
-            )
-
-        ensured = python_task("ensure_tables", ensure_tables_step, takes_plan=False)
-        # Runs of one table are serialized here, not only by max_active_runs (a backfill has
-        # its own max_active_runs): plan waits until the previous run's plan and every task
-        # downstream of it (compact ... refresh_view) succeeded or were skipped.
-        plan = ShortCircuitOperator(
-            task_id="plan",
-            python_callable=fail_fast(plan_step),
-            depends_on_past=True,
-            wait_for_downstream=True,
-            doc_md=plan_step.__doc__,
-        )
-        compact_first, compact = _compact_tasks(cfg)
-        validated = python_task("validate", validate_step)
-        published = python_task("publish", publish_step, outlets=[base_asset(cfg)])
-        archived = python_task("archive", archive_step)
-        refreshed = python_task("refresh_view", refresh_view_step)
-        ensured >> plan >> compact_first
-        compact >> validated >> published >> archived >> refreshed
+        callables: dict[str, Callable[..., Any]] = {
+            "ensure_tables": ensure_tables_step,
+            order.PLAN: plan_step,
+            "validate": validate_step,
+            "publish": publish_step,
+            "archive": archive_step,
+            "refresh_view": refresh_view_step,
+        }
+        extra: dict[str, dict[str, Any]] = {"publish": {"outlets": [base_asset(cfg)]}}
+        after_plan = [s.id for s in order.after(order.PLAN)]
+        made: dict[str, tuple[Any, Any]] = {}  # step id -> its (first, last) task
+        for step in order.ORDER:
+            if step.id == order.COMPACT:
+                made[step.id] = _compact_tasks(cfg)
+                continue
+            if step.id == order.PLAN:
+                # Runs of one table are serialized here, not only by max_active_runs (a backfill has
+                # its own max_active_runs): plan waits until the previous run's plan and every task
+                # downstream of it (compact ... refresh_view) succeeded or were skipped.
+                task: Any = ShortCircuitOperator(
+                    task_id=step.id,
+                    python_callable=fail_fast(callables[step.id]),
+                    depends_on_past=True,
+                    wait_for_downstream=True,
+                    doc_md=step.doc,
+                )
+            else:
+                # op_kwargs (and op_args) are templated: they hold only the plan-path XCom written here.
+                # Registry values reach the steps through ``cfg`` in their closures, never as templates.
+                task = PythonOperator(
+                    task_id=step.id,
+                    python_callable=fail_fast(callables[step.id]),
+                    op_kwargs={"plan_path": PLAN_XCOM} if step.id in after_plan else None,
+                    doc_md=step.doc,
+                    **extra.get(step.id, {}),
+                )
+            made[step.id] = (task, task)
+        for (_, last), (first, _) in itertools.pairwise(made.values()):
+            last >> first
         # Every later task is a direct downstream of plan (see plan's comment above).
-        plan >> [compact, validated, published, archived, refreshed]
+        made[order.PLAN][1] >> [made[s][1] for s in after_plan]
     return dag
 
 
@@ -526,7 +527,7 @@ def build_view_refresher(cfgs: Sequence[TableConfig]) -> DAG:
 
     Every few minutes (``$CDC_VIEW_REFRESH_SCHEDULE``) one task per database registers newly
     landed increments of its tables, rewrites their DuckDB views and records freshness
-    (:func:`cdc_compaction.tasks.refresh_pending`): metastore calls only, no Spark.  A table
+    (:func:`cdc_compaction.pipeline.views.refresh_pending`): metastore calls only, no Spark.  A table
     that fails is logged and named in the task's error after every other table of the
     database was refreshed; one table's trouble never stops another.
     """
@@ -548,7 +549,7 @@ def build_view_refresher(cfgs: Sequence[TableConfig]) -> DAG:
 
             def refresh(tables: list[TableConfig] = tables) -> dict[str, Any]:
                 """Register new increments, rewrite DuckDB views, record freshness: for each table of the database."""
-                from cdc_compaction.tasks import refresh_pending
+                from cdc_compaction.pipeline.views import refresh_pending
 
                 results: dict[str, Any] = {}
                 failed: list[str] = []

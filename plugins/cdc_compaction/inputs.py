@@ -26,6 +26,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from cdc_compaction.exceptions import StorageError
+from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.storage import LocalStorage, Storage
 
@@ -268,14 +269,13 @@ def newest_event_time(cfg: TableConfig, meta: Any) -> datetime | None:
 
 #: The longest file name most file systems (and S3 key components in practice) take.
 MAX_NAME_BYTES = 255
-_PARTITION_DIR = "_cdc_partition="
 # Characters Spark escapes (as %XX) in a partition directory name (ExternalCatalogUtils.escapePathName).
 _SPARK_ESCAPED = {chr(c) for c in range(0x01, 0x20)} | set("\"#%'*/:=?\\\x7f{[]^")
 
 
 def partition_dir_name(value: str) -> str:
     """The directory name Spark's ``partitionBy`` gives a ``_cdc_partition`` value."""
-    return _PARTITION_DIR + "".join(f"%{ord(ch):02X}" if ch in _SPARK_ESCAPED else ch for ch in value)
+    return PARTITION_DIR_PREFIX + "".join(f"%{ord(ch):02X}" if ch in _SPARK_ESCAPED else ch for ch in value)
 
 
 def _partition_value_problem(cfg: TableConfig, storage: Storage, path: str, found_names: set[str]) -> str | None:

@@ -46,6 +46,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cdc_compaction.exceptions import CommitLogError, ConcurrentRunError, PreconditionFailedError, StorageError
+from cdc_compaction.job.contract import DATA_DIR, LAYOUT, PARTITION_DIR_PREFIX, TOMBSTONES_DIR
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import resolve_storage_root
 from cdc_compaction.storage import Storage, storage_for
@@ -53,19 +54,13 @@ from cdc_compaction.storage import Storage, storage_for
 log = logging.getLogger(__name__)
 
 EMPTY_VERSION = "v00000000-empty"
-#: Layout 2: a version directory holds ``data/`` and ``tombstones/``; layout 1 (commits made
-#: before) held every row, tombstones included, in the version directory itself.
-LAYOUT = 2
-DATA_DIR = "data"
-TOMBSTONES_DIR = "tombstones"
-_PARTITION_PREFIX = "_cdc_partition="
 
 
 def version_dir_of(location: str) -> str:
     """The version directory a location of the base lies in: the directory itself (layout 1),
     its ``data``/``tombstones`` (layout 2), or a partition directory inside either."""
     loc = location.rstrip("/")
-    if posixpath.basename(loc).startswith(_PARTITION_PREFIX):
+    if posixpath.basename(loc).startswith(PARTITION_DIR_PREFIX):
         loc = posixpath.dirname(loc)
     if posixpath.basename(loc) in (DATA_DIR, TOMBSTONES_DIR):
         loc = posixpath.dirname(loc)
@@ -377,13 +372,8 @@ def _pointer_seq(text: str) -> int:
 
 
 # ------------------------------------------------------------------------- the lease
-def deployment_id() -> str:
-    """Names this Airflow deployment in leases (see :mod:`cdc_compaction.deployment`)."""
-    from cdc_compaction.deployment import deployment_id as _deployment_id
-
-    return _deployment_id()
-
-
+# Who holds a lease is a string the caller makes (pipeline.runtime.lease_owner: the deployment
+# id and the run id): this module does not import cdc_compaction.deployment, which uses Lake in its types.
 @dataclass(frozen=True)
 class Lease:
     """One numbered lease file: who holds the table, since and until when."""

@@ -162,8 +162,10 @@ def _run_dag(env: dict[str, str], cfg: TableConfig) -> None:
 def main() -> int:
     from cdc_compaction.demo import _hour
     from cdc_compaction.engine import SessionEngine, local_session
+    from cdc_compaction.pipeline.runtime import Runtime
+    from cdc_compaction.pipeline.tables import ensure_tables
+    from cdc_compaction.pipeline.views import refresh_view
     from cdc_compaction.settings import MetastoreEndpoint
-    from cdc_compaction.tasks import Runtime, ensure_tables, refresh_view
 
     started = time.monotonic()
     shutil.rmtree(WORK, ignore_errors=True)

@@ -19,10 +19,15 @@ from typing import Any
 
 import pytest
 
-from cdc_compaction import tasks
 from cdc_compaction.conformance import land
 from cdc_compaction.job import contract
 from cdc_compaction.job.contract import ContractError, JobStats, Plan, PlanFile
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan as run_plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import validate
 
 JOB_DIR = Path(contract.__file__).parent
 REGION_COLUMNS = [
@@ -47,7 +52,7 @@ def _imports(code: str, package: str) -> list[str]:
                 module = f"{base}.{node.module}" if node.module else base
             else:
                 module = node.module or ""
-            # ``from cdc_compaction import tasks`` imports the module cdc_compaction.tasks.
+            # ``from cdc_compaction import sql`` imports the module cdc_compaction.sql.
             found += [f"{module}.{a.name}" if module == "cdc_compaction" else module for a in node.names]
     return found
 
@@ -196,9 +201,9 @@ def test_the_permanent_error_record_round_trips() -> None:
 
 
 # ------------------------------------------------------------------ real files of the plan step and the job
-def _run_and_round_trip(rt: tasks.Runtime, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _run_and_round_trip(rt: Runtime, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Plan and compact one run; check both files round-trip; finish the run. Returns (plan, stats) as on disk."""
-    path = tasks.plan(rt, run_id)
+    path = run_plan(rt, run_id)
     assert path, "something was landed: there is a plan"
     doc = json.loads(rt.lake.storage.read_text(path))
     plan = Plan.from_dict(doc)
@@ -211,9 +216,9 @@ def _run_and_round_trip(rt: tasks.Runtime, run_id: str) -> tuple[dict[str, Any],
     assert stats.to_dict() == on_disk == result
     assert stats.extra == {}, f"keys the job writes but JobStats does not describe: {sorted(stats.extra)}"
     assert stats.layout == contract.LAYOUT and stats.plan_id == plan.plan_id
-    tasks.validate(rt, path)
-    tasks.publish(rt, path)
-    tasks.archive(rt, path)
+    validate(rt, path)
+    publish(rt, path)
+    archive(rt, path)
     return doc, on_disk
 
 
@@ -221,7 +226,7 @@ def _run_and_round_trip(rt: tasks.Runtime, run_id: str) -> tuple[dict[str, Any],
 @pytest.mark.metastore
 def test_real_plans_and_stats_round_trip(make_cfg, runtime) -> None:
     rt = runtime(make_cfg())
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     rows = [{"id": 1, "full_name": "Ann", "op": "c", "ts_ms": 1}, {"id": 2, "full_name": "Bob", "op": "c", "ts_ms": 1}]
     land(rt.cfg, "increment_2026112200", [rows])
     first, _ = _run_and_round_trip(rt, "run-1")
@@ -236,7 +241,7 @@ def test_real_plans_and_stats_round_trip(make_cfg, runtime) -> None:
 @pytest.mark.metastore
 def test_real_plans_and_stats_of_a_partitioned_table_round_trip(make_cfg, runtime) -> None:
     rt = runtime(make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"}))
-    tasks.ensure_tables(rt)
+    ensure_tables(rt)
     rows = [
         {"id": 1, "region": "EU", "full_name": "Ann", "op": "c", "ts_ms": 1},
         {"id": 2, "region": "US", "full_name": "Bob", "op": "c", "ts_ms": 1},
@@ -247,3 +252,29 @@ def test_real_plans_and_stats_of_a_partitioned_table_round_trip(make_cfg, runtim
     plan, stats = _run_and_round_trip(rt, "run-2")
     assert Plan.from_dict(plan).partition_by is not None and sorted(plan["base_partitions"]) == ["EU", "US"]
     assert JobStats.from_dict(stats).partitions_touched == ("EU",) and stats["partitions_reused"] == 1
+
+
+def test_the_contracts_names_are_defined_once() -> None:
+    """No module of the package assigns a name of the contract again (the job's names are not mirrored)."""
+    import ast
+
+    from cdc_compaction.job import contract
+
+    shared = {n for n in dir(contract) if n.isupper() and not n.startswith("_")}
+    package = Path(contract.__file__).resolve().parents[1]
+    again: list[str] = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "contract.py" and path.parent.name == "job":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            again += [
+                f"{path.relative_to(package)}: {t.id}" for t in targets if isinstance(t, ast.Name) and t.id in shared
+            ]
+    assert again == [], "define these in cdc_compaction.job.contract only (import them from there)"

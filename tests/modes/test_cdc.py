@@ -82,7 +82,10 @@ def test_counts_that_add_up_pass() -> None:
 @pytest.mark.parametrize(
     ("stats", "fragment"),
     [
-        (_stats(output_rows=12), "row counts do not reconcile: base 10 + increments 5 - rejected 1 - superseded 3"),
+        (
+            _stats(output_rows=12),
+            "row counts do not reconcile: base 10 + increments 5 - rejected 1 + retired old keys 0 - superseded 3",
+        ),
         (_stats(duplicate_keys=2), "2 keys appear more than once"),
         (_stats(misplaced_rows=1), "1 rows are on the wrong side"),
     ],

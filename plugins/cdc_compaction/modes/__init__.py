@@ -18,3 +18,8 @@ MODES: dict[str, TableMode] = {m.name: m for m in (CdcMode(), KeylessMode())}
 def mode_of(cfg: TableConfig) -> TableMode:
     """The mode of a validated registry table."""
     return MODES[cfg.mode]
+
+
+def mode_named(name: str | None) -> TableMode:
+    """The mode a plan or commit names (``None``: made before modes existed, so ``cdc``)."""
+    return MODES[name or "cdc"]

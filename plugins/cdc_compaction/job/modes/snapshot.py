@@ -29,6 +29,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
 
+from cdc_compaction.job.contract import PROVENANCE
+
 INSERT, UPDATE, NO_CHANGE, DELETE, NOT_SUPPLIED = "I", "U", "N", "D", "X"
 OPERATIONS = (INSERT, UPDATE, NO_CHANGE, DELETE, NOT_SUPPLIED)
 
@@ -40,7 +42,7 @@ REJECT_REASON = "_cdc_reject_reason"
 #: A row's business date, when the table is dated by a column (NULL otherwise).
 BUSINESS_DATE = "_cdc_business_date"
 INCREMENT = "_cdc_increment"
-PROVENANCE = [INCREMENT, "_cdc_file", "_cdc_pos"]
+
 # The columns the operation rule reads (see the template's header).
 OLD_ROW_HASH = "_cdc_old_row_hash"
 NEW_ROW_HASH = "_cdc_new_row_hash"

@@ -1,4 +1,4 @@
-"""The :class:`~cdc_compaction.storage.Storage` protocol on Amazon S3 (and S3-compatible stores).
+"""The :class:`~cdc_compaction.storage.base.Storage` protocol on Amazon S3 (and S3-compatible stores).
 
 Paths are ``s3://bucket/key`` (or ``s3a://bucket/key``: the same object) strings.  S3
 has no directories: a "directory" is a key prefix ending in ``/``, it exists while at
@@ -29,7 +29,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from cdc_compaction.exceptions import PreconditionFailedError, StorageError
-from cdc_compaction.storage import S3_SCHEMES, FileInfo
+from cdc_compaction.storage.base import S3_SCHEMES, FileInfo
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ A table's readers see three things besides the base table: the views (``<t>_view
 ``<t>_pending_rejects``, in the metastore in every dialect ``views.metastore`` lists, and
 for DuckDB in ``views.duckdb``), the increments registered under ``<t>_incremental`` that
 those views read, and how fresh each is.  :func:`sync` brings all of them to what the
-landing area holds now; ``plan``, ``publish``, ``refresh_view`` and the view refresher
-DAG call it (README, "Readers").
+landing area holds now; ``plan``, ``publish`` and the two steps here call it:
+:func:`refresh_view` (the run's last step) and :func:`refresh_pending` (the view
+refresher DAG's step, between runs) (README, "Readers").
 
 Freshness is recorded as table properties (``cdc.freshness.*``) of ``<t>_base`` and of
 every ``<t>_view``, and in ``_cdc/freshness.json``:
@@ -24,16 +25,17 @@ import json
 import logging
 import posixpath
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cdc_compaction import dialects, duckdb_views
 from cdc_compaction.dialects import ViewDef
-from cdc_compaction.lake import Commit
-from cdc_compaction.metastore import Metastore, MetastoreView
+from cdc_compaction.job.faults import fault_point
+from cdc_compaction.lake import Commit, TableLease
+from cdc_compaction.landing import view_report_path
+from cdc_compaction.metastore import Metastore, MetastoreView, connect
+from cdc_compaction.pipeline.pending import Pending, pending_files
+from cdc_compaction.pipeline.runtime import Runtime, utcnow
 from cdc_compaction.storage import is_data_file
-
-if TYPE_CHECKING:  # tasks imports this module
-    from cdc_compaction.tasks import Pending, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,6 @@ def _count_failure(what: str, table: str) -> None:
         log.debug("could not count %s", what, exc_info=True)
 
 
-# --------------------------------------------------------------------- metastore views
 def stale(rt: Runtime, ms: Metastore) -> list[ViewDef]:
     """The metastore views that are missing, of another dialect, or made from another registry schema."""
     out = []
@@ -109,7 +110,6 @@ def recreate(rt: Runtime, ms: Metastore, views: list[ViewDef]) -> None:
     put_other_views(rt, ms, views)
 
 
-# ------------------------------------------------------------------------- freshness
 def _iso(value: datetime | None) -> str:
     return value.astimezone(UTC).isoformat() if value is not None else ""
 
@@ -179,7 +179,6 @@ def record_freshness(rt: Runtime, ms: Metastore, commit: Commit, view: dict[str,
     return doc
 
 
-# ----------------------------------------------------------------------------- sync
 def duckdb_files(rt: Runtime, commit: Commit, pending: Pending) -> duckdb_views.Files:
     """The files the DuckDB views read: the live version's and the pending increments' shown ones."""
     st, lake = rt.lake.storage, rt.lake
@@ -218,8 +217,6 @@ def write_duckdb(rt: Runtime, commit: Commit, pending: Pending) -> str | None:
 
 def sync(rt: Runtime, ms: Metastore, pending: Pending, commit: Commit, drop_gone: bool) -> dict[str, Any]:
     """Make every view show ``pending`` over ``commit``: partitions, DuckDB views, freshness."""
-    from cdc_compaction.tasks import sync_view_partitions, utcnow
-
     synced = sync_view_partitions(rt, ms, pending, drop_gone=drop_gone)
     duck = write_duckdb(rt, commit, pending)
     fresh = record_freshness(rt, ms, commit, view_freshness(commit, pending, utcnow()))
@@ -229,3 +226,90 @@ def sync(rt: Runtime, ms: Metastore, pending: Pending, commit: Commit, drop_gone
         "duckdb_views": duck,
         "freshness": fresh.get("view", {}),
     }
+
+
+def sync_view_partitions(rt: Runtime, ms: Metastore, pending: Pending, drop_gone: bool = False) -> dict[str, list[str]]:
+    """Register the increments the view may show; drop held-back ones (and, with ``drop_gone``, vanished ones)."""
+    cfg, table = rt.cfg, rt.names["incremental_table"]
+    held = {h["increment"] for h in pending.held_back}
+    registered = ms.partitions(cfg.database, table)
+    drop = sorted(v for v in registered if v in held or (drop_gone and v not in pending.dirs))
+    dropped = ms.drop_partitions(cfg.database, table, drop)
+    added = ms.add_partitions(cfg.database, table, pending.dirs)
+    if pending.held_back:
+        log.warning(
+            "%s: increments %s are kept out of %s until fixed: %s. Replace or remove each file named (or let "
+            "on_bad_file: quarantine set it aside); the rest of the view is unaffected",
+            cfg.qualified_name,
+            sorted(held),
+            rt.names["view_name"],
+            "; ".join(f"{h['path']}: {h['reason']}" for h in pending.held_back),
+        )
+    return {"added": added, "dropped": dropped}
+
+
+def refresh_pending(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
+    """The view refresher's step: show newly landed increments in the views, between compactions.
+
+    Registers them, rewrites the DuckDB views and records freshness -- metadata calls only, no
+    Spark.  While a run holds the table's lease it does nothing: that run registers what it
+    leaves pending when it ends, and staying out of its way keeps the two from undoing each
+    other's registrations.
+    """
+    now = now or utcnow()
+    held = TableLease(rt.lake).current()
+    if held is not None and not held.released and not held.expired(now):
+        log.info("%s: a run holds the table (%s); it refreshes the views itself", rt.cfg.qualified_name, held.owner)
+        return {"skipped": f"a run holds the table: {held.describe()}"}
+    latest = rt.lake.latest_commit()
+    committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
+    pending = pending_files(rt, now, committed)
+    pending.dirs = {k: v for k, v in pending.dirs.items() if rt.lake.storage.list_dir(v)}
+    with connect(rt.metastore) as ms:
+        shown = sync(rt, ms, pending, latest, drop_gone=True)
+    if pending.held_back:
+        shown["held_back"] = pending.held_back
+    return shown
+
+
+def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
+    """Show readers what the landing area holds now: register pending increments, rewrite the
+    DuckDB views, record freshness, and (re)create the views if they changed.
+
+    An increment holding a file the plan would refuse (:func:`check_file`) or one Spark
+    would read but no plan takes is held back: not registered (dropped if it was), listed
+    in the result, the log and ``_cdc/view_held_back.json``.  The view keeps answering
+    with every other increment.  The view refresher DAG runs this every few minutes.
+    """
+    cfg = rt.cfg
+    latest = rt.lake.latest_commit()
+    committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
+    pending = pending_files(rt, utcnow(), committed)
+    # Empty directories (an archived increment being removed) have nothing to show.
+    pending.dirs = {k: v for k, v in pending.dirs.items() if rt.lake.storage.list_dir(v)}
+    with connect(rt.metastore) as ms:
+        shown = sync(rt, ms, pending, latest, drop_gone=True)
+        outdated = stale(rt, ms)
+        rt.lake.storage.write_text(
+            view_report_path(rt.lake.layout.control),
+            json.dumps(
+                {"table": cfg.qualified_name, "checked_at": utcnow().isoformat(), "held_back": pending.held_back},
+                indent=1,
+                sort_keys=True,
+            ),
+        )
+        fault_point("refresh_view.after_partitions", cfg.qualified_name)
+        if force:
+            outdated = dialects.metastore_views(cfg)
+        if outdated:
+            recreate(rt, ms, outdated)
+    result: dict[str, Any] = {
+        "partitions_added": shown["partitions_added"],
+        "partitions_dropped": shown["partitions_dropped"],
+        "views_recreated": sorted(v.name for v in outdated),
+        "duckdb_views": shown["duckdb_views"],
+        "freshness": shown["freshness"],
+    }
+    if pending.held_back:
+        result["held_back"] = pending.held_back
+    return result

@@ -1,8 +1,7 @@
-"""Lake storage behind one small interface.
+"""Lake storage on a POSIX file system (local disks and HDFS-style mounts).
 
-The transactional protocol (plans, commit records, the pointer, archiving) is
-written against :class:`Storage`, so that other back ends (S3) can slot in without
-touching it.  :class:`LocalStorage` covers local and HDFS-style mounted paths.
+Atomic renames give whole-file writes, ``link()`` gives create-if-absent, and an
+advisory lock beside a file gives compare-and-swap (see :class:`LocalStorage`).
 """
 
 from __future__ import annotations
@@ -14,10 +13,10 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO
 
 from cdc_compaction.exceptions import PreconditionFailedError, StorageError
+from cdc_compaction.storage.base import FileInfo
 
 log = logging.getLogger(__name__)
 
@@ -29,62 +28,6 @@ def _default_file_mode() -> int:
 
 
 _FILE_MODE = _default_file_mode()
-
-
-def is_data_file(name: str) -> bool:
-    """Spark's and Hive's rule: names starting with '_' or '.' are not data; nor are checksums."""
-    return not name.startswith(("_", ".")) and not name.endswith(".crc")
-
-
-def read_parquet(storage: Storage, path: str) -> Any:
-    """One Parquet file, or every data file of a directory, as one Arrow table."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        entries = storage.list_dir(path)
-    except StorageError:
-        entries = []  # a plain local file; if it is something worse, open_read below says so
-    files = [e.path for e in entries if not e.is_dir and is_data_file(e.name)] if entries else [path]
-    tables = []
-    for f in files:
-        with storage.open_read(f) as fh:
-            tables.append(pq.read_table(fh))
-    if not tables:
-        raise StorageError(f"{path} holds no Parquet data files")
-    return pa.concat_tables(tables, promote_options="default")
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    """One entry of a directory listing."""
-
-    path: str
-    name: str
-    is_dir: bool
-    size: int
-    mtime: float
-
-
-class Storage(Protocol):
-    """What the compaction protocol needs from a file system."""
-
-    def exists(self, path: str) -> bool: ...
-    def list_dir(self, path: str) -> list[FileInfo]: ...
-    def read_text(self, path: str) -> str: ...
-    def open_read(self, path: str) -> BinaryIO: ...
-    def write_text(self, path: str, text: str) -> None: ...
-    def write_bytes(self, path: str, data: bytes) -> None: ...
-    def create_exclusive(self, path: str, text: str) -> None: ...
-    def read_versioned(self, path: str) -> tuple[str | None, str | None]: ...
-    def write_if_match(self, path: str, text: str, token: str | None) -> None: ...
-    def copy(self, src: str, dst: str) -> None: ...
-    def size(self, path: str) -> int: ...
-    def delete(self, path: str) -> None: ...
-    def delete_tree(self, path: str) -> None: ...
-    def remove_dir_if_empty(self, path: str) -> bool: ...
-    def join(self, *parts: str) -> str: ...
-    def makedirs(self, path: str) -> None: ...
 
 
 class LocalStorage:
@@ -248,18 +191,3 @@ class LocalStorage:
             return True
         except OSError:
             return False
-
-
-#: URI schemes served by S3Storage: ``s3://`` (EMR's EMRFS) and ``s3a://`` (Hadoop's S3A).
-S3_SCHEMES = ("s3://", "s3a://")
-
-
-def storage_for(root: str, aws_conn_id: str = "aws_default") -> Storage:
-    """The storage implementation for a resolved storage root (S3 through Airflow connection ``aws_conn_id``)."""
-    if root.startswith(S3_SCHEMES):
-        from cdc_compaction.s3_storage import S3Storage  # lazy: only S3 lakes load boto3 and the provider
-
-        return S3Storage(aws_conn_id)
-    if "://" in root and not root.startswith("file://"):
-        raise StorageError(f"no storage implementation for {root!r} in this version")
-    return LocalStorage()

@@ -1,0 +1,17 @@
+"""The ``compact`` step in this process: hand the plan to the runtime's engine.
+
+In a DAG the step is a Spark job of its own (``spark-submit`` or an EMR step, built by
+``factory._compact_tasks``); the in-process runner, the CLI and the tests run the same job
+in their SparkSession through :class:`~cdc_compaction.engine.SessionEngine`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc_compaction.pipeline.runtime import Runtime, load_plan
+
+
+def compact(rt: Runtime, plan_path: str) -> dict[str, Any]:
+    """Run the compaction job on the plan ``plan_path`` with the runtime's engine; return the job's stats."""
+    return rt.engine.compact(load_plan(rt, plan_path))  # type: ignore[attr-defined]

@@ -1,0 +1,236 @@
+"""The ``plan`` step: take the table's lease, finish what a crashed run left, record the run's exact input.
+
+The plan file names every input file (so a retry reads the same input), the version to
+write and how to size its files; bad files are failed on or set aside per
+``on_bad_file`` before anything is planned.  An empty result skips the rest of the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from cdc_compaction import sql
+from cdc_compaction.exceptions import BadInputError, PlanError
+from cdc_compaction.job.faults import fault_point
+from cdc_compaction.lake import Commit, PlannedFile, TableLease
+from cdc_compaction.landing import as_dicts
+from cdc_compaction.metastore import connect
+from cdc_compaction.modes import mode_of
+from cdc_compaction.pipeline import views
+from cdc_compaction.pipeline.archive import archive_commit
+from cdc_compaction.pipeline.pending import pending_files, report_landing
+from cdc_compaction.pipeline.publish import check_storage_root, sync_base_location
+from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
+from cdc_compaction.quarantine import Quarantine
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.storage import is_data_file
+
+log = logging.getLogger(__name__)
+
+
+def _plan_id(cfg: TableConfig, owner: str, seq: int) -> str:
+    return hashlib.sha1(f"{cfg.qualified_name}|{owner}|{seq}".encode()).hexdigest()[:12]
+
+
+def _partitioning(cfg: TableConfig) -> dict[str, str] | None:
+    """The registry's partitioning as the job records it in its stats (None: unpartitioned)."""
+    p = cfg.partition_by
+    return {"column": p.column, "transform": p.transform} if p is not None else None
+
+
+def _check_partitioning(rt: Runtime, latest: Commit) -> None:
+    """Refuse to compact on top of a live version that was partitioned otherwise."""
+    had, want = latest.stats.get("partition_by"), _partitioning(rt.cfg)
+    if latest.seq > 0 and had != want:
+        raise PlanError(
+            f"{rt.cfg.qualified_name}: field 'partition_by' is {want} in the registry, but the live version "
+            f"{latest.version} (commit {latest.seq}) was written with {had}. Changing partition_by is not "
+            "automatic: put partition_by back, or reload the table under a new storage_root and table name "
+            "(see README, 'Partitioned tables')"
+        )
+
+
+def set_aside_bad_files(rt: Runtime, plan_id: str, bad: list[tuple[PlannedFile, str]]) -> list[dict[str, Any]]:
+    """Apply ``on_bad_file``: fail naming every file and reason, or move them to quarantine."""
+    cfg = rt.cfg
+    if not bad:
+        return []
+    listing = "; ".join(f"{f.path}: {reason}" for f, reason in bad)
+    if cfg.on_bad_file == "fail":
+        raise BadInputError(
+            f"{cfg.qualified_name}: {len(bad)} landed file(s) cannot be compacted: {listing}. Nothing was "
+            "compacted and nothing was moved. Fix the registry (new columns) or replace each file with a good "
+            "copy, or move it out of the landing area (keep it for the source team); then clear the plan task. "
+            "To set such files aside automatically, set on_bad_file: quarantine"
+        )
+    q = Quarantine(rt.lake)
+    out = []
+    for f, reason in bad:
+        dst = q.set_aside_file(plan_id, f.increment, f.name, f.path, f.size, reason)
+        out.append({"file": f.path, "quarantined_to": dst, "reason": reason})
+    log.warning("%s: %d bad file(s) moved to quarantine: %s", cfg.qualified_name, len(bad), listing)
+    return out
+
+
+def output_sizing(rt: Runtime, latest: Commit, files: list[PlannedFile]) -> dict[str, int]:
+    """How the job cuts its output into files of about ``spark.target_file_mb``.
+
+    Estimated from the input: the live version's bytes and rows plus the planned files'.
+    ``output_files`` is what the job coalesces to (no shuffle; fewer, fuller files), and
+    ``max_records_per_file`` caps a file at twice the target's rows (no giant files).
+    """
+    base_bytes = sum(
+        e.size for e in rt.lake.storage.list_dir(rt.lake.data_location(latest)) if not e.is_dir and is_data_file(e.name)
+    )
+    rows = int(latest.stats.get("output_rows", 0)) + sum(f.rows for f in files)
+    size = base_bytes + sum(f.size for f in files)
+    return sizing(size, rows, rt.cfg.spark.target_file_mb * 2**20)
+
+
+def sizing(size: int, rows: int, target: int) -> dict[str, int]:
+    """The output's cut for ``size`` input bytes holding ``rows`` rows, at ``target`` bytes a file.
+
+    ``ceil(size / target)`` files, each capped at the rows that fit in twice the target at the
+    input's bytes per row.  Without rows or bytes to go by: one file, no cap (0).
+    """
+    if not rows or not size:
+        return {"output_files": 1, "max_records_per_file": 0}
+    return {"output_files": max(1, -(-size // target)), "max_records_per_file": max(1, 2 * target * rows // size)}
+
+
+def plan(
+    rt: Runtime,
+    run_id: str,
+    now: datetime | None = None,
+    on_quarantined: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> str:
+    """Record the exact input of this run; return the plan file path, or '' if nothing is pending.
+
+    ``on_quarantined`` is called with the bad files set aside (``on_bad_file: quarantine``),
+    ``on_ignored`` with landed entries the run will never take and ``on_stalled`` with
+    increments waiting longer than ``increments.alert_after``, each only with those not
+    alerted about yet (see :func:`report_landing`; their failure is only logged).
+    """
+    now = now or utcnow()
+    cfg, lake = rt.cfg, rt.lake
+    from cdc_compaction.deployment import register as register_deployment
+
+    owner = lease_owner(run_id)
+    # Before anything else: one run per table at a time, across deployments sharing the lake, and
+    # never two deployments under one name (their leases would not keep each other out).
+    register_deployment(lake)
+    take_lease(rt, owner, now)
+    try:
+        return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored, on_stalled)
+    except Exception:
+        # A plan that failed before recording its input has nothing in flight: let other runs go.
+        try:
+            if not lake.storage.exists(lake.layout.plan_path(_plan_id(cfg, owner, lake.latest_commit().seq + 1))):
+                TableLease(lake).release(owner)
+        except Exception:  # the plan's own error is the one to report; the lease then expires
+            log.exception("%s: could not give the lease back after the failed plan", cfg.qualified_name)
+        raise
+
+
+def _plan_under_lease(
+    rt: Runtime,
+    run_id: str,
+    owner: str,
+    now: datetime,
+    on_quarantined: Callable[[list[dict[str, Any]]], None] | None,
+    on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> str:
+    cfg, lake = rt.cfg, rt.lake
+    with connect(rt.metastore) as ms:
+        check_storage_root(rt, ms)
+        latest = lake.latest_commit()
+        _check_partitioning(rt, latest)
+        # Roll forward whatever a crashed earlier run left half-done.
+        sync_base_location(rt, ms, latest)
+        if not lake.is_archived(latest.seq):
+            log.info("%s: finishing the archive of commit %d first", cfg.qualified_name, latest.seq)
+            archive_commit(rt, ms, latest)
+        seq = latest.seq + 1
+        plan_id = _plan_id(cfg, owner, seq)
+        path = lake.layout.plan_path(plan_id)
+        if lake.storage.exists(path):
+            log.info("%s: reusing plan %s of this run (retry)", cfg.qualified_name, plan_id)
+            return path
+        committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
+        pending = pending_files(rt, now, committed)
+        files = pending.files
+        # Before a bad file can fail the plan: the view must keep answering without it.
+        views.sync(rt, ms, pending, latest, drop_gone=False)
+        report_landing(rt, pending, on_ignored, on_stalled)
+        quarantined = set_aside_bad_files(rt, plan_id, pending.bad)
+        if quarantined and on_quarantined is not None:
+            on_quarantined(quarantined)
+    if not files:
+        log.info("%s: nothing to compact", cfg.qualified_name)
+        TableLease(lake).release(owner)
+        return ""
+    version = f"v{seq:08d}-{plan_id}"
+    rule = sql.rule_sql(cfg)
+    doc = {
+        "plan_id": plan_id,
+        "run_id": run_id,
+        "owner": owner,
+        "table": cfg.qualified_name,
+        "seq": seq,
+        "parent_seq": latest.seq,
+        "parent_version": latest.version,
+        "base_rows": int(latest.stats.get("output_rows", 0)),
+        "version": version,
+        # Layout 2 (README, "Crash safety"): the live visible rows and, apart, its tombstones;
+        # a live version of layout 1 holds both in base_location.
+        "base_layout": latest.layout,
+        "base_location": lake.data_location(latest),
+        "base_tombstones_location": lake.layout.tombstones_dir(latest.version, latest.layout),
+        "base_tombstones": int(latest.stats.get("output_tombstones", 0)),
+        # Each attempt of the job writes <output_location>-<attempt> (never into a committed version).
+        "output_location": lake.layout.version_dir(version),
+        "quarantine_location": lake.layout.quarantine_dir(version),
+        # The job checks it first: a plan that was committed already is not compacted again.
+        "commit_path": lake.layout.commit_path(seq),
+        "files": [f.to_dict() for f in files],
+        "quarantined_files": quarantined,
+        # What the run saw but did not take (README, "Bad input and the quarantine").
+        "ignored_landing": as_dicts(pending.ignored),
+        "waiting_increments": pending.waiting,
+        "stalled_increments": pending.stalled,
+        "increments": sorted({f.increment for f in files}),
+        "ingested_at": now.isoformat(),
+        "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
+        "column_names": cfg.column_names,
+        # The mode's own entries (cdc: primary_key, order_by; keyless: order_by, data and before columns).
+        "mode": cfg.mode,
+        **mode_of(cfg).plan_fields(cfg, latest.stats),
+        "schema_ddl": sql.spark_schema_ddl(cfg),
+        "rule": rule.to_dict(),
+        "planned_at": now.isoformat(),
+        **output_sizing(rt, latest, files),
+    }
+    part = sql.partition_sql(cfg)
+    if part is not None:
+        # The job reads and rewrites only the partitions the increments touch (README, "Partitioned tables").
+        doc["partition_by"] = part.to_dict()
+        doc["base_partitions"] = latest.partitions or {}
+    lake.storage.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
+    fault_point("plan.after_plan_written", cfg.qualified_name)
+    log.info(
+        "%s: planned %s: %d files from %d increments on top of %s",
+        cfg.qualified_name,
+        plan_id,
+        len(files),
+        len(doc["increments"]),
+        latest.version,
+    )
+    return path

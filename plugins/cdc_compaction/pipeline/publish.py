@@ -1,0 +1,229 @@
+"""The ``publish`` step: commit the validated version, then make it live.
+
+The commit record is the one atomic decision (create-if-absent); after it the metastore
+location (or partition map) of the base table, then the tombstones table, then the
+pointer roll forward to the newest commit -- idempotent, never backwards, so a retry or
+the next run's ``plan`` finishes what a crash left (README, "Crash safety").
+:func:`check_storage_root` refuses a storage root that moved without its data.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from datetime import datetime
+from typing import Any
+
+from cdc_compaction.exceptions import (
+    CommitLogError,
+    ConcurrentCommitError,
+    PublishValidationError,
+    StorageRootMismatchError,
+)
+from cdc_compaction.job.contract import STATS_FILE
+from cdc_compaction.job.faults import fault_point
+from cdc_compaction.lake import Commit, version_dir_of
+from cdc_compaction.metastore import Metastore, connect
+from cdc_compaction.pipeline import views
+from cdc_compaction.pipeline.pending import pending_files
+from cdc_compaction.pipeline.retention import cleanup_versions
+from cdc_compaction.pipeline.runtime import Runtime, load_plan, read_json, take_lease, utcnow, version_seq
+from cdc_compaction.quarantine import Quarantine
+
+log = logging.getLogger(__name__)
+
+
+def sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """Roll the metastore and the pointer forward to ``commit`` (idempotent, never backwards)."""
+    if rt.cfg.partition_by is not None:
+        _sync_base_partitions(rt, ms, commit)
+        return
+    db, base = rt.cfg.database, rt.names["base_table"]
+    target = rt.lake.data_location(commit)
+    current = ms.table_location(db, base)
+    if current is not None:
+        seq = version_seq(current)
+        # A slow retry of an older commit must not move readers back to an older version.
+        if seq is not None and seq > commit.seq and posixpath.dirname(version_dir_of(current)) == rt.lake.layout.base:
+            _check_log_reaches(rt, seq, current)
+            log.warning(
+                "%s: base is at %s, newer than commit %d; left alone", rt.cfg.qualified_name, current, commit.seq
+            )
+        else:
+            ms.set_location(db, base, target)
+            fault_point("publish.after_metastore_swap", rt.cfg.qualified_name)
+            _sync_tombstones(rt, ms, commit)
+    # No pointer is needed before the first commit; after it, it only ever moves forward.
+    if commit.seq > 0:
+        rt.lake.advance_pointer(commit)
+
+
+def _sync_tombstones(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """Move the tombstones table to ``commit``'s tombstones, after the base moved (never before).
+
+    In that order every moment shows readers of the view a correct state: the new visible rows
+    with the old tombstones still hide what the commit deleted, and the commit's increments
+    stay registered until they are archived (README, "Crash safety").
+    """
+    db, tomb = rt.cfg.database, rt.names["tombstones_table"]
+    if ms.get_table(db, tomb) is None:
+        return  # created by ensure_tables, at the live tombstones
+    current = ms.table_location(db, tomb)
+    seq = version_seq(current)
+    if seq is not None and seq > commit.seq and posixpath.dirname(version_dir_of(current or "")) == rt.lake.layout.base:
+        return  # newer already: never backwards
+    ms.set_location(db, tomb, rt.lake.tombstones_location(commit))
+
+
+def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """The partitioned form of the swap: register ``commit``'s partition map (idempotent, never backwards).
+
+    The table stays at ``base/``; its partitions point into version directories.  Partitions
+    are added and moved first (a Thrift metastore moves them all in one ``alter_partitions``
+    call), vanished ones are dropped last: a reader of the base table never misses a row, and
+    a key that changed partition may show twice only until the moves are done.  The view is
+    consistent throughout (README, "Partitioned tables").
+    """
+    cfg, lay = rt.cfg, rt.lake.layout
+    db, base = cfg.database, rt.names["base_table"]
+    registered = ms.partitions(db, base)
+    seqs = [version_seq(loc) or 0 for loc in registered.values() if loc.startswith(lay.base + "/")]
+    if max(seqs, default=0) > commit.seq:
+        _check_log_reaches(rt, max(seqs), f"the partitions of {base}")
+        # A slow retry of an older commit must not move readers back to an older version.
+        log.warning("%s: base partitions come from a commit newer than %d; left alone", cfg.qualified_name, commit.seq)
+    else:
+        if ms.table_location(db, base) != lay.base:
+            ms.set_location(db, base, lay.base)  # the storage root moved (or a table from before partitioning)
+        wanted = commit.partitions or {}
+        ms.set_partitions(db, base, wanted)
+        ms.drop_partitions(db, base, sorted(set(registered) - set(wanted)))
+        fault_point("publish.after_metastore_swap", cfg.qualified_name)
+        _sync_tombstones(rt, ms, commit)
+    if commit.seq > 0:
+        rt.lake.advance_pointer(commit)
+
+
+def check_storage_root(rt: Runtime, ms: Metastore) -> None:
+    """Refuse a ``storage_root`` that changed under a live table without its data moving along.
+
+    The metastore names the live version (the table's location, or its partitions'); if
+    that lies under another root, the registry's root must hold the same commit (the whole
+    tree was copied there).  Otherwise the next run would publish a near-empty base.
+    """
+    cfg, lay = rt.cfg, rt.lake.layout
+    db, base = cfg.database, rt.names["base_table"]
+    location = ms.table_location(db, base)
+    if location is None:
+        return
+    shown = list(ms.partitions(db, base).values()) if cfg.partition_by is not None else [location]
+    for loc in shown:
+        version_dir = version_dir_of(loc)
+        seq = version_seq(version_dir)
+        if not seq or posixpath.dirname(version_dir) == lay.base:
+            continue
+        here = rt.lake.read_commit(seq)
+        if here is not None and here.version == posixpath.basename(version_dir):
+            continue  # the whole tree moved: follow it
+        raise StorageRootMismatchError(
+            f"{cfg.qualified_name}: field 'storage_root' is {cfg.storage_root} ({lay.root}), but the metastore "
+            f"serves {base} from {loc} (commit {seq}), and {lay.commits} has no record of that commit. Nothing "
+            f"was changed. Put storage_root back, or move the data: copy the whole old table root (base/, "
+            f"_cdc/, incremental/, archive/, quarantine/) to {lay.root}, then run again"
+        )
+
+
+def _check_log_reaches(rt: Runtime, seq: int, shown: str) -> None:
+    """Readers were shown commit ``seq`` (the metastore names it): its record must exist.
+
+    Otherwise the commit log lost its newest records, and going on would publish on top
+    of an older version and clean up the newer one: a silent rollback.
+    """
+    if rt.lake.read_commit(seq) is None:
+        raise CommitLogError(
+            f"{rt.cfg.qualified_name}: the metastore shows readers commit {seq} ({shown}), but the commit record "
+            f"{rt.lake.layout.commit_path(seq)} does not exist: the commit log lost records. Nothing was changed. "
+            "Restore the missing commit records (backups, object versioning) before running again"
+        )
+
+
+def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[str, Any]:
+    """Commit the validated version and make it live; safe to retry at any point."""
+    cfg, lake = rt.cfg, rt.lake
+    p = load_plan(rt, plan_path)
+    existing = lake.read_commit(p["seq"])
+    if existing is None:
+        # Renew the lease: a run that lost it (expired, taken over) must not commit.
+        take_lease(rt, p["owner"], now)
+        fault_point("publish.before_commit_record", cfg.qualified_name)
+        latest = lake.latest_commit()
+        if latest.seq != p["parent_seq"]:
+            raise ConcurrentCommitError(
+                f"{cfg.qualified_name}: plan {p['plan_id']} was made on commit {p['parent_seq']} but the table is "
+                f"at commit {latest.seq} now; another run published first. Nothing was changed: re-run the DAG"
+            )
+        marker_path = lake.layout.validated_path(p["plan_id"])
+        if not lake.storage.exists(marker_path):
+            raise PublishValidationError(
+                f"{cfg.qualified_name}: no attempt at plan {p['plan_id']} has passed validation ({marker_path} is "
+                "missing). Nothing was published: clear the validate task (and compact, if it failed)"
+            )
+        version = read_json(rt, marker_path)["version"]
+        stats = read_json(rt, posixpath.join(lake.layout.version_dir(version), STATS_FILE))
+        commit = Commit(
+            seq=p["seq"],
+            version=version,
+            plan_id=p["plan_id"],
+            run_id=p["run_id"],
+            parent_seq=p["parent_seq"],
+            files=p["files"],
+            increments=p["increments"],
+            stats={k: v for k, v in stats.items() if k != "output_files"},
+            committed_at=(now or utcnow()).isoformat(),
+            layout=int(stats["layout"]),
+            freshness=views.commit_freshness(latest, p["increments"], p["files"]),
+        )
+        if p.get("partition_by"):
+            commit.partitions, commit.partition_rows = next_partitions(latest, stats)
+        # The one atomic decision: create-if-absent of the commit record.
+        if lake.try_commit(commit):
+            log.info("%s: committed %s as commit %d", cfg.qualified_name, commit.version, commit.seq)
+            fault_point("publish.after_commit_record", cfg.qualified_name)
+        existing = lake.read_commit(commit.seq)
+    assert existing is not None
+    if existing.plan_id != p["plan_id"]:
+        raise ConcurrentCommitError(
+            f"{cfg.qualified_name}: commit {existing.seq} was taken by plan {existing.plan_id} "
+            f"(run {existing.run_id}); this run's plan {p['plan_id']} is discarded. "
+            "Nothing was changed: re-run the DAG"
+        )
+    with connect(rt.metastore) as ms:
+        # Roll forward to the newest commit: normally this one, after a slow retry a later one.
+        live = lake.latest_commit()
+        sync_base_location(rt, ms, live)
+        fault_point("publish.after_pointer", cfg.qualified_name)
+        # The views stop reading the increments the base now holds (before archive deletes them):
+        # every engine, DuckDB too, then reads each event once.
+        committed = {f"{f['increment']}/{f['name']}" for f in live.files}
+        shown = views.sync(rt, ms, pending_files(rt, utcnow(), committed), live, drop_gone=True)
+    Quarantine(lake).record_rows(existing.version, existing.seq, existing.stats)
+    removed = cleanup_versions(rt, existing.seq)
+    return {
+        "seq": existing.seq,
+        "version": existing.version,
+        "removed_versions": removed,
+        "freshness": {"base": existing.freshness or {}, "view": shown["freshness"]},
+    }
+
+
+def next_partitions(parent: Commit, stats: dict[str, Any]) -> tuple[dict[str, str], dict[str, int]]:
+    """The new version's partitions: rewritten ones in its own directory, untouched ones where they were.
+
+    A touched partition the job wrote nothing for (every row moved away or expired) is gone.
+    """
+    touched = set(stats["partitions_touched"])
+    parts = {v: loc for v, loc in (parent.partitions or {}).items() if v not in touched}
+    rows = {v: n for v, n in (parent.partition_rows or {}).items() if v not in touched}
+    parts.update(stats["partitions"])
+    rows.update(stats["partition_rows"])
+    return dict(sorted(parts.items())), dict(sorted(rows.items()))

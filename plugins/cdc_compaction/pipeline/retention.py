@@ -1,0 +1,121 @@
+"""Which files of a table's lake may go: old base versions, stale attempts, old plans, writers' temporaries.
+
+``publish`` calls :func:`cleanup_versions` after a commit; ``archive`` sweeps the
+temporaries a killed copy left.  Nothing a kept commit names, nothing of a run that may
+still be in flight, and the empty genesis version are ever deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from dataclasses import dataclass
+from datetime import timedelta
+
+from cdc_compaction.job.contract import DATA_DIR, TOMBSTONES_DIR
+from cdc_compaction.job.faults import fault_point
+from cdc_compaction.lake import EMPTY_VERSION, Commit, version_dir_of
+from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def kept_seqs(live_seq: int, keep_versions: int) -> range:
+    """The commits whose versions ``keep_versions`` keeps: the live one and those just before it."""
+    return range(max(0, live_seq - keep_versions + 1), live_seq + 1)
+
+
+@dataclass(frozen=True)
+class VersionVerdict:
+    """What :func:`cleanup_versions` does to the directories of ``base/``, decided from names alone."""
+
+    #: Version directories deleted whole.
+    delete: frozenset[str]
+    #: Older version directories that stay only for partitions a kept commit names (the rest of each goes).
+    by_reference: frozenset[str]
+    #: The partition locations the kept commits name: what stays of a ``by_reference`` directory.
+    referenced: frozenset[str]
+
+
+def decide_versions(entries: list[tuple[str, bool]], kept: list[Commit], live_seq: int, base: str) -> VersionVerdict:
+    """Which of ``base/``'s entries (name, is a directory) go, with the commits ``kept`` and ``live_seq`` live.
+
+    No I/O.  Deleted: version directories of a commit number up to the live one that no kept
+    commit names -- older versions, and attempts or versions of plans that never committed.
+    """
+    keep = {c.version for c in kept}
+    # Partitioned tables reuse untouched partitions by reference: an older version's directory
+    # stays as long as a kept commit names one of its partitions, with only those partitions.
+    # (layout 1: base/<v>/_cdc_partition=x; layout 2: base/<v>/data/_cdc_partition=x).
+    referenced = {loc.rstrip("/") for c in kept for loc in (c.partitions or {}).values()}
+    by_reference = {
+        posixpath.basename(version_dir_of(loc)) for loc in referenced if posixpath.dirname(version_dir_of(loc)) == base
+    } - keep
+    delete = set()
+    for name, is_dir in entries:
+        m = VERSION_NAME.match(name)
+        # The empty genesis version stays: ensure_tables points new tables at it.
+        if not is_dir or name in by_reference or name in keep or name == EMPTY_VERSION or m is None:
+            continue
+        # Versions of a later seq may belong to a run in flight: leave them alone.
+        if int(m.group(1)) <= live_seq:
+            delete.add(name)
+    return VersionVerdict(frozenset(delete), frozenset(by_reference), frozenset(referenced))
+
+
+def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
+    """Delete base versions beyond ``keep_versions`` and stale uncommitted ones."""
+    lake = rt.lake
+    kept = [c for s in kept_seqs(live_seq, rt.cfg.keep_versions) if (c := lake.read_commit(s))]
+    entries = lake.storage.list_dir(lake.layout.base)
+    verdict = decide_versions([(e.name, e.is_dir) for e in entries], kept, live_seq, lake.layout.base)
+    referenced, by_reference = verdict.referenced, verdict.by_reference
+    removed = []
+    for e in entries:
+        if e.is_dir and e.name in by_reference:
+            version_dir = lake.layout.version_dir(e.name)
+            # Only the referenced partitions stay; its tombstones belong to no kept commit.
+            for parent in (version_dir, posixpath.join(version_dir, DATA_DIR)):
+                for sub in lake.storage.list_dir(parent):
+                    path = posixpath.join(parent, sub.name)
+                    unreferenced = partition_dir_value(sub.name) is not None and path not in referenced
+                    if sub.is_dir and (unreferenced or (parent == version_dir and sub.name == TOMBSTONES_DIR)):
+                        lake.storage.delete_tree(path)
+                        removed.append(f"{e.name}/{path[len(version_dir) + 1 :]}")
+            continue
+        if e.is_dir and e.name in verdict.delete:
+            lake.storage.delete_tree(e.path)
+            removed.append(e.name)
+            fault_point("cleanup.after_first_delete", rt.cfg.qualified_name)
+    # Quarantined rows of a committed version are kept until re-ingested; those of a
+    # version that never became live were never refused for real: the rows are still pending.
+    for e in lake.storage.list_dir(posixpath.dirname(lake.layout.quarantine_dir(EMPTY_VERSION))):
+        m = VERSION_NAME.match(e.name)
+        if e.is_dir and m is not None and int(m.group(1)) <= live_seq:
+            commit = lake.read_commit(int(m.group(1)))
+            if commit is None or commit.version != e.name:
+                lake.storage.delete_tree(e.path)
+    sweep_temporaries(rt, [lake.layout.control, lake.layout.plans, lake.layout.commits])
+    for e in lake.storage.list_dir(lake.layout.plans):
+        try:
+            doc = read_json(rt, e.path)
+        except Exception:  # noqa: BLE001 - a torn plan file from a crash is garbage too
+            lake.storage.delete(e.path)
+            continue
+        if int(doc.get("seq", 0)) <= live_seq - rt.cfg.keep_versions:
+            lake.storage.delete(e.path)
+    if removed:
+        log.info("%s: removed old versions %s", rt.cfg.qualified_name, removed)
+    return removed
+
+
+def sweep_temporaries(rt: Runtime, dirs: list[str], older_than: timedelta = timedelta(hours=1)) -> int:
+    """Delete temporary files a killed writer left behind (hidden ``*.tmp`` / ``*.copying``)."""
+    cutoff = utcnow().timestamp() - older_than.total_seconds()
+    n = 0
+    for d in dirs:
+        for e in rt.lake.storage.list_dir(d):
+            if not e.is_dir and e.name.startswith(".") and e.name.endswith((".tmp", ".copying")) and e.mtime < cutoff:
+                rt.lake.storage.delete(e.path)
+                n += 1
+    return n

@@ -1,0 +1,79 @@
+"""What every step of a run shares: the :class:`Runtime`, the clock, plan files, version names, the lease owner.
+
+The names the compaction job writes (``META_COLUMNS``, ``STATS_FILE``, ``PARTITION_COLUMN``)
+come from the job's contract (``cdc_compaction.job.contract``), where they are defined once.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote
+
+from cdc_compaction import sql
+from cdc_compaction.deployment import deployment_id
+from cdc_compaction.engine import Engine
+from cdc_compaction.exceptions import PlanError
+from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
+from cdc_compaction.lake import Lake, TableLease, version_dir_of
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+
+#: ``v<seq>-<plan>`` or, since every compaction attempt writes its own directory, ``v<seq>-<plan>-<attempt>``.
+VERSION_NAME = re.compile(r"^v(\d{8})-([0-9a-z]+(?:-[0-9a-z]+)?)$")
+
+
+@dataclass
+class Runtime:
+    """Everything a step needs: the table, its lake, the metastore and a Spark engine."""
+
+    cfg: TableConfig
+    lake: Lake
+    metastore: MetastoreEndpoint
+    engine: Engine
+
+    @property
+    def names(self) -> dict[str, str]:
+        return sql.table_names(self.cfg)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def read_json(rt: Runtime, path: str) -> dict[str, Any]:
+    return json.loads(rt.lake.storage.read_text(path))
+
+
+def load_plan(rt: Runtime, plan_path: str) -> dict[str, Any]:
+    if not plan_path or not rt.lake.storage.exists(plan_path):
+        raise PlanError(f"{rt.cfg.qualified_name}: plan file {plan_path!r} does not exist; clear the run's plan task")
+    return read_json(rt, plan_path)
+
+
+def version_seq(location: str | None) -> int | None:
+    """The commit sequence number of the version a base location lies in (None for other locations).
+
+    Takes a version directory, its ``data``/``tombstones`` or a partition directory in them.
+    """
+    m = VERSION_NAME.match(posixpath.basename(version_dir_of(location or "")))
+    return int(m.group(1)) if m else None
+
+
+def partition_dir_value(name: str) -> str | None:
+    """The value of a partition directory Spark's ``partitionBy`` wrote (``_cdc_partition=a%3Ab`` -> ``a:b``)."""
+    return unquote(name[len(PARTITION_DIR_PREFIX) :]) if name.startswith(PARTITION_DIR_PREFIX) else None
+
+
+def lease_owner(run_id: str) -> str:
+    """Who holds a table's lease during a run: this deployment and the Airflow run."""
+    return f"{deployment_id()}/{run_id}"
+
+
+def take_lease(rt: Runtime, owner: str, now: datetime | None = None) -> None:
+    """Take or renew the table's lease for ``owner`` (see :class:`cdc_compaction.lake.TableLease`)."""
+    TableLease(rt.lake).acquire(owner, rt.cfg.lease_timeout, now or utcnow())

@@ -1,0 +1,294 @@
+"""The ``validate`` step: check the newest attempt at a plan before it may be published.
+
+The job's counts must reconcile with themselves, with the plan (the planned files' footer
+rows), with the parent version and with the Parquet footers of what is on storage; the
+files must be the ones the job reported, with the expected schema, and nothing else where
+readers glob.  The attempt that passed is recorded: ``publish`` commits exactly that one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from typing import Any
+
+from cdc_compaction.exceptions import CompactionError, ConcurrentCommitError, PublishValidationError
+from cdc_compaction.inputs import parquet_footer
+from cdc_compaction.job.contract import DATA_DIR, LAYOUT, PARTITION_COLUMN, STATS_FILE, TOMBSTONES_DIR
+from cdc_compaction.lake import Commit
+from cdc_compaction.metastore import connect
+from cdc_compaction.modes import mode_named
+from cdc_compaction.pipeline.runtime import Runtime, load_plan, partition_dir_value, read_json, utcnow
+from cdc_compaction.storage import Storage, is_data_file
+
+log = logging.getLogger(__name__)
+
+_ARROW_TYPES = {
+    "tinyint": "int8",
+    "smallint": "int16",
+    "int": "int32",
+    "bigint": "int64",
+    "float": "float",
+    "double": "double",
+    "string": "string",
+    "boolean": "bool",
+    "date": "date32[day]",
+    "binary": "binary",
+}
+
+
+def _arrow_type_ok(hive_type: str, arrow_type: str) -> bool:
+    if hive_type in _ARROW_TYPES:
+        return _ARROW_TYPES[hive_type] == arrow_type
+    if hive_type == "timestamp":
+        return arrow_type.startswith("timestamp")
+    if hive_type.startswith("decimal"):
+        return arrow_type.startswith("decimal")
+    if hive_type.startswith(("varchar", "char")):
+        return arrow_type == "string"
+    return False
+
+
+def _footer(storage: Storage, path: str) -> tuple[int, Any]:
+    meta = parquet_footer(storage, path)
+    return meta.num_rows, meta.schema.to_arrow_schema()
+
+
+def _output_files(storage: Storage, out: str) -> tuple[dict[str, int], list[str]]:
+    """A layout-2 version directory's files: (data files by ``data/…``/``tombstones/…`` name, anything else).
+
+    Partition directories' files are named ``data/<dir>/<file>``.  Anything else inside
+    ``data/`` or ``tombstones/`` (a ``_SUCCESS`` marker, ``.crc`` checksums, a stray
+    directory) is returned apart: a reader's glob of the location would pick it up.
+    """
+    files: dict[str, int] = {}
+    other: list[str] = []
+
+    def walk(path: str, rel: str, partitions: bool) -> None:
+        for e in storage.list_dir(path):
+            name = f"{rel}/{e.name}"
+            if not e.is_dir and is_data_file(e.name):
+                files[name] = e.size
+            elif e.is_dir and partitions and partition_dir_value(e.name) is not None:
+                walk(e.path, name, False)
+            else:
+                other.append(name + ("/" if e.is_dir else ""))
+
+    walk(posixpath.join(out, DATA_DIR), DATA_DIR, True)
+    walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
+    return files, other
+
+
+def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None, out: str) -> list[str]:
+    """A partitioned compaction's own checks: it read whole partitions and wrote only touched ones."""
+    problems = []
+    touched = set(stats.get("partitions_touched", []))
+    parent_map = p.get("base_partitions") or {}
+    parent_rows = sum(int(((parent.partition_rows if parent else None) or {}).get(v, 0)) for v in touched)
+    # Layout 2 keeps a partitioned table's tombstones apart, and the job ranks all of them.
+    if parent is not None and parent.layout >= 2:
+        parent_rows += int(parent.stats.get("output_tombstones", 0))
+    if stats["base_rows"] != parent_rows:
+        problems.append(
+            f"the job read {stats['base_rows']} base rows from the {len(touched & set(parent_map))} partitions it "
+            f"touched and the tombstones, but they hold {parent_rows} in version {p['parent_version']}"
+        )
+    if int(p.get("base_layout", 1)) < 2 and not set(parent_map) <= touched:
+        problems.append(
+            f"the live version has layout 1 (tombstones inside its partitions), so every partition must be "
+            f"rewritten once, but {sorted(set(parent_map) - touched)} were not"
+        )
+    written = stats.get("partitions", {})
+    if not set(written) <= touched:
+        problems.append(f"the job wrote partitions {sorted(set(written) - touched)} it did not report as touched")
+    data = posixpath.join(out.rstrip("/"), DATA_DIR)
+    outside = sorted(v for v, loc in written.items() if posixpath.dirname(loc.rstrip("/")) != data)
+    if outside:
+        problems.append(f"partitions {outside} were reported outside the new version's data directory {data}")
+    if stats.get("partitions_reused") != len(set(parent_map) - touched):
+        problems.append(
+            f"the job reports {stats.get('partitions_reused')} reused partitions, "
+            f"the plan leaves {len(set(parent_map) - touched)} untouched"
+        )
+    return problems
+
+
+def count_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None, out: str) -> list[str]:
+    """What the job's counts (``stats``) contradict: themselves, the plan ``p`` and the ``parent`` version.
+
+    No I/O: the plan's file rows are the footer counts ``plan`` recorded, the parent's rows
+    its commit record's.  ``out`` is the attempt's version directory (partitioned tables:
+    where the rewritten partitions must lie).  One line per problem, in a fixed order.
+    """
+    problems: list[str] = []
+    if stats.get("plan_id") != p["plan_id"]:
+        problems.append(f"stats belong to plan {stats.get('plan_id')}, not {p['plan_id']}")
+    if stats.get("layout") != LAYOUT:
+        problems.append(f"the job wrote layout {stats.get('layout', 1)}, this version of the package expects {LAYOUT}")
+    # The counts the table mode's rule must add up to (keys, sides, rows in and out); plans made
+    # before modes existed are cdc plans.
+    problems += mode_named(p.get("mode")).count_problems(stats)
+    # The job must have read the whole previous base (partitioned: all of each partition it
+    # touched) and every planned file.
+    if p.get("partition_by"):
+        problems += _partition_problems(p, stats, parent, out)
+    else:
+        parent_rows = int(parent.stats.get("output_rows", 0)) if parent is not None else 0
+        if stats["base_rows"] != parent_rows:
+            problems.append(
+                f"the job read {stats['base_rows']} base rows, but version {p['parent_version']} has {parent_rows}"
+            )
+    # Row counts the plan read from the footers: a file changed after planning shows up here.
+    planned_rows = sum(int(f["rows"]) for f in p["files"])
+    if planned_rows != stats["increment_rows"]:
+        problems.append(f"the job read {stats['increment_rows']} increment rows, the planned files held {planned_rows}")
+    return problems
+
+
+def footer_problems(
+    p: dict[str, Any], stats: dict[str, Any], footer_rows: dict[str, int], footer_rows_by_partition: dict[str, int]
+) -> list[str]:
+    """What the rows counted in the written files' Parquet footers contradict in the job's report.
+
+    ``footer_rows`` by directory (``data``, ``tombstones``), ``footer_rows_by_partition`` by
+    partition value (partitioned tables' ``data`` only).
+    """
+    problems: list[str] = []
+    if footer_rows[DATA_DIR] != stats["output_visible_rows"]:
+        problems.append(
+            f"Parquet footers of {DATA_DIR}/ hold {footer_rows[DATA_DIR]} rows, "
+            f"the job reported {stats['output_visible_rows']} visible rows"
+        )
+    if footer_rows[TOMBSTONES_DIR] != stats["output_tombstones"]:
+        problems.append(
+            f"Parquet footers of {TOMBSTONES_DIR}/ hold {footer_rows[TOMBSTONES_DIR]} rows, "
+            f"the job reported {stats['output_tombstones']} tombstones"
+        )
+    if p.get("partition_by") and footer_rows_by_partition != stats.get("partition_rows"):
+        problems.append(
+            f"rows per partition in the Parquet footers {footer_rows_by_partition} differ from the job's "
+            f"report {stats.get('partition_rows')}"
+        )
+    return problems
+
+
+def attempts(rt: Runtime, p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(version, stats) of every finished attempt at plan ``p``, oldest first.
+
+    Every run of the compaction job writes its own ``<version>-<attempt>`` directory; an
+    attempt has finished when its stats file is there (the job writes it last).
+    """
+    found = []
+    for e in rt.lake.storage.list_dir(rt.lake.layout.base):
+        if not e.is_dir or not (e.name == p["version"] or e.name.startswith(p["version"] + "-")):
+            continue
+        stats_path = posixpath.join(e.path, STATS_FILE)
+        if not rt.lake.storage.exists(stats_path):
+            continue  # killed or still running: not an attempt to publish
+        try:
+            stats = read_json(rt, stats_path)
+        except ValueError:
+            log.warning("%s: unreadable %s is skipped", rt.cfg.qualified_name, stats_path)
+            continue
+        if stats.get("plan_id") == p["plan_id"]:
+            found.append((e.name, stats))
+    return sorted(found, key=lambda a: (str(a[1].get("finished_at", "")), a[0]))
+
+
+def _locations(rt: Runtime, version: str) -> dict[str, str]:
+    lay = rt.lake.layout
+    return {
+        "version": version,
+        "output_location": lay.version_dir(version),
+        "quarantine_location": lay.quarantine_dir(version),
+    }
+
+
+def _committed(rt: Runtime, p: dict[str, Any]) -> Commit | None:
+    """The commit of plan ``p`` if it was committed; raise if another plan took its number."""
+    commit = rt.lake.read_commit(p["seq"])
+    if commit is not None and commit.plan_id != p["plan_id"]:
+        raise ConcurrentCommitError(
+            f"{rt.cfg.qualified_name}: commit {commit.seq} was taken by plan {commit.plan_id} "
+            f"(run {commit.run_id}); this run's plan {p['plan_id']} is stale and nothing of it is published. "
+            "Nothing was changed: re-run the DAG"
+        )
+    return commit
+
+
+def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
+    """Check the newest attempt at the plan before it may be published; raise :class:`PublishValidationError`.
+
+    Records which attempt passed (publish commits exactly that one). A plan that was
+    committed already is not validated again: its commit's stats are returned.
+    """
+    cfg, lake = rt.cfg, rt.lake
+    p = load_plan(rt, plan_path)
+    done = _committed(rt, p)
+    if done is not None:
+        log.info(
+            "%s: plan %s is committed already as %s; nothing to validate",
+            cfg.qualified_name,
+            p["plan_id"],
+            done.version,
+        )
+        return {**done.stats, **_locations(rt, done.version), "already_committed": True}
+    tried = attempts(rt, p)
+    if not tried:
+        raise CompactionError(
+            f"{cfg.qualified_name}: no attempt of the compaction job finished plan {p['plan_id']} (no "
+            f"{STATS_FILE} in any {p['output_location']}-<attempt> directory). Clear the compact task to run it again"
+        )
+    version, stats = tried[-1]
+    out = lake.layout.version_dir(version)
+    problems = count_problems(p, stats, lake.read_commit(p["parent_seq"]), out)
+    # What is on storage must be what the job reported, with the expected schema, and nothing else
+    # where readers glob: the data and tombstones directories hold Parquet data files only.
+    on_disk, other = _output_files(lake.storage, out)
+    if other:
+        problems.append(f"{out} holds files that are not data files where readers read: {sorted(other)}")
+    reported = {f["name"]: f["size"] for f in stats["output_files"]}
+    if on_disk != reported:
+        problems.append(
+            f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}"
+        )
+    footer_rows = {DATA_DIR: 0, TOMBSTONES_DIR: 0}
+    footer_rows_by_partition: dict[str, int] = {}
+    want = [(c.name, c.type) for c in cfg.columns] + [
+        ("_cdc_increment", "string"),
+        ("_cdc_file", "string"),
+        ("_cdc_pos", "bigint"),
+        ("_cdc_ingested_at", "timestamp"),
+    ]
+    # Tombstones keep their partition as a column; data files have it in their directory name.
+    want_tomb = want + ([(PARTITION_COLUMN, "string")] if p.get("partition_by") else [])
+    for name in sorted(on_disk):
+        rows, schema = _footer(lake.storage, posixpath.join(out, name))
+        kind, _, rest = name.partition("/")
+        footer_rows[kind] += rows
+        if kind == DATA_DIR and "/" in rest:
+            value = partition_dir_value(rest.split("/", 1)[0]) or ""
+            footer_rows_by_partition[value] = footer_rows_by_partition.get(value, 0) + rows
+        expect = want_tomb if kind == TOMBSTONES_DIR else want
+        got = [(f.name, str(f.type)) for f in schema]
+        if [n for n, _ in got] != [n for n, _ in expect] or not all(
+            _arrow_type_ok(h, a) for (_, h), (_, a) in zip(expect, got, strict=True)
+        ):
+            problems.append(f"{name} has schema {got}, expected {expect}")
+            break
+    problems += footer_problems(p, stats, footer_rows, footer_rows_by_partition)
+    if problems:
+        raise PublishValidationError(
+            f"{cfg.qualified_name}: version {version} failed validation and was not published: "
+            + "; ".join(problems)
+            + ". Nothing changed for readers; inspect the version directory and the compact task log, "
+            "then clear the compact task (a new attempt writes a new directory)"
+        )
+    with connect(rt.metastore) as ms:
+        # Let people inspect the staged output through the compactor table.
+        ms.set_location(cfg.database, rt.names["compactor_table"], posixpath.join(out, DATA_DIR))
+    marker = {"plan_id": p["plan_id"], "seq": p["seq"], "version": version, "validated_at": utcnow().isoformat()}
+    lake.storage.write_text(lake.layout.validated_path(p["plan_id"]), json.dumps(marker, indent=1, sort_keys=True))
+    log.info("%s: version %s validated (%d rows)", cfg.qualified_name, version, stats["output_rows"])
+    return {**{k: v for k, v in stats.items() if k != "output_files"}, **_locations(rt, version)}

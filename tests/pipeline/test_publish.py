@@ -1,0 +1,188 @@
+"""The ``publish`` step: the commit record, rolling forward, the lease, partition maps.
+
+On real storage, metastore and Spark (moved here from ``tests/test_tasks.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import compact_once, visible_names
+
+from cdc_compaction.conformance import land
+from cdc_compaction.exceptions import (
+    ArchiveError,
+    ConcurrentCommitError,
+    ConcurrentRunError,
+)
+from cdc_compaction.lake import TableLease
+from cdc_compaction.metastore import connect
+from cdc_compaction.pipeline.archive import archive
+from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.validate import attempts, validate
+from cdc_compaction.sql import table_names
+
+from .helpers import REGION_COLUMNS, commit_record_only, file_mtimes, region_rows, run_job, staged, student_rows
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+
+def test_full_run_publishes_archives_and_is_idempotent(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg())
+    ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [student_rows((1, "Alice", "c", 1), (2, "Bob", "c", 1))])
+    path = compact_once(rt, "run-1")
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+    commit = rt.lake.latest_commit()
+    assert commit.seq == 1 and commit.increments == ["increment_2026112200"]
+    pointer = rt.lake.read_pointer()
+    assert pointer is not None and pointer["version"] == commit.version
+    with connect(rt.metastore) as ms:
+        assert ms.table_location(rt.cfg.database, table_names(rt.cfg)["base_table"]) == pointer["location"]
+        assert ms.partitions(rt.cfg.database, table_names(rt.cfg)["incremental_table"]) == {}
+    archived = Path(rt.lake.layout.archive) / "c00000001" / "increment_2026112200" / "part-00000.parquet"
+    assert archived.exists()
+    assert not (Path(rt.lake.layout.incremental) / "increment_2026112200").exists()
+    # Retrying publish and archive after success changes nothing and applies nothing twice.
+    assert publish(rt, path)["seq"] == 1
+    assert archive(rt, path)["archived_files"] == 0
+    assert rt.lake.latest_commit().seq == 1
+    assert plan(rt, "run-2") == ""
+
+
+def test_publish_retry_after_unknown_commit_state(make_cfg, runtime, spark) -> None:
+    """The commit record was written, then publish died: the retry rolls forward."""
+    rt = runtime(make_cfg())
+    ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [student_rows((1, "Alice", "c", 1))])
+    compact_once(rt, "run-1")
+    land(rt.cfg, "increment_2026112201", [student_rows((1, "Alicia", "u", 2))])
+    path = staged(rt, "run-2")
+    assert commit_record_only(rt, path)
+    # The crash: neither the metastore nor the pointer moved.
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
+    assert rt.lake.read_pointer()["seq"] == 1  # type: ignore[index]
+    assert publish(rt, path)["seq"] == 2
+    assert visible_names(spark, rt.cfg) == {1: "Alicia"}
+    assert rt.lake.read_pointer()["seq"] == 2  # type: ignore[index]
+
+
+def test_a_run_that_lost_its_lease_cannot_publish(make_cfg, runtime, spark) -> None:
+    """A stuck run whose lease expired meets the lease, then the commit record's compare-and-swap."""
+    rt = runtime(make_cfg())
+    ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [student_rows((1, "Alice", "c", 1))])
+    a = plan(rt, "scheduled")
+    later = datetime.now(UTC) + rt.cfg.lease_timeout + timedelta(minutes=1)
+    b = plan(rt, "manual", now=later)  # a looks dead: its lease expired, b takes over
+    assert a != b
+    for p in (a, b):
+        run_job(rt, p)
+        validate(rt, p)
+    # The loser's version directory is garbage, removed by a later publish's cleanup.
+    losers = [v for v, _ in attempts(rt, json.loads(Path(a).read_text()))]
+    assert losers
+    with pytest.raises(ConcurrentRunError, match="/manual"):
+        publish(rt, a)
+    publish(rt, b, now=later)
+    archive(rt, b)
+    # Once b released the lease, a gets past it -- and the commit record still stops it.
+    with pytest.raises(ConcurrentCommitError, match="commit 1 was taken by plan"):
+        publish(rt, a)
+    with pytest.raises(ArchiveError, match="never committed"):
+        archive(rt, a)
+    assert rt.lake.latest_commit().seq == 1
+    assert visible_names(spark, rt.cfg) == {1: "Alice"}
+    TableLease(rt.lake).break_("test")  # a never finishes: an operator gives its lease up
+    land(rt.cfg, "increment_2026112201", [student_rows((2, "Bob", "c", 1))])
+    compact_once(rt, "next")
+    assert not [v for v in losers if (Path(rt.lake.layout.base) / v).exists()]
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
+
+
+def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cfg, runtime, spark) -> None:
+    rt = runtime(make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"}, keep_versions=1))
+    cfg, lay = rt.cfg, rt.lake.layout
+    db, base_table = cfg.database, table_names(cfg)["base_table"]
+    ensure_tables(rt)
+    land(
+        cfg,
+        "increment_2026112200",
+        [
+            region_rows(
+                (1, "EU", "Ann", "c", 1),
+                (2, "EU", "Ben", "c", 1),
+                (3, "US", "Cy", "c", 1),
+                (4, "US", "Di", "c", 1),
+                (5, "APAC", "Ed", "c", 1),
+                (6, "APAC", "Fi", "c", 1),
+            )
+        ],
+    )
+    compact_once(rt, "run-1")
+    c1 = rt.lake.latest_commit()
+    v1 = lay.version_dir(c1.version)
+    assert sorted(c1.partitions) == ["APAC", "EU", "US"]
+    assert all(loc.startswith(v1 + "/data/_cdc_partition=") for loc in c1.partitions.values())
+    assert c1.partition_rows == {"APAC": 2, "EU": 2, "US": 2}
+    apac_files = file_mtimes(c1.partitions["APAC"])
+    assert apac_files
+
+    # A key-only delete (id 1: EU, found through its key) and a key moving from US to LATAM (id 3).
+    land(cfg, "increment_2026112201", [region_rows((1, None, None, "d", 2), (3, "LATAM", "Cy", "u", 2))])
+    compact_once(rt, "run-2")
+    c2 = rt.lake.latest_commit()
+    v2 = lay.version_dir(c2.version)
+    assert (c2.stats["partitions_rewritten"], c2.stats["partitions_reused"]) == (3, 1)
+    assert c2.stats["base_rows"] == 4, "only EU and US were read"
+    # APAC is reused by reference: same directory, same files, untouched.
+    assert c2.partitions["APAC"] == c1.partitions["APAC"]
+    assert file_mtimes(c2.partitions["APAC"]) == apac_files
+    assert {p: loc.startswith(v2 + "/") for p, loc in c2.partitions.items()} == {
+        "APAC": False,
+        "EU": True,
+        "LATAM": True,
+        "US": True,
+    }
+    assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == [
+        "_cdc_partition=EU",
+        "_cdc_partition=LATAM",
+        "_cdc_partition=US",
+    ]
+    # The partitions hold visible rows only: id 1's tombstone is among the tombstones, with its partition.
+    assert c2.partition_rows == {"APAC": 2, "EU": 1, "LATAM": 1, "US": 1}
+    tombstones = spark.read.parquet(str(Path(v2) / "tombstones")).collect()
+    assert [(r["id"], r["op"], r["_cdc_partition"]) for r in tombstones] == [(1, "d", "EU")]
+    # Readers: the metastore's partitions and the pointer name the same map.
+    with connect(rt.metastore) as ms:
+        assert ms.partitions(db, base_table) == c2.partitions
+        assert ms.table_location(db, base_table) == lay.base
+    assert rt.lake.read_pointer()["partitions"] == c2.partitions
+    assert visible_names(spark, cfg) == {2: "Ben", 3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
+    # The compactor table shows what the last compaction wrote: the rewritten partitions.
+    compactor = f"`{db}`.`{table_names(cfg)['compactor_table']}`"
+    spark.catalog.refreshTable(compactor)
+    assert sorted(r["id"] for r in spark.sql(f"SELECT id FROM {compactor}").collect()) == [2, 3, 4]
+    # keep_versions=1: v1 stays for its APAC partition only; its rewritten partitions and tombstones are gone.
+    assert sorted(p.name for p in Path(v1).iterdir() if p.is_dir()) == ["data"]
+    assert sorted(p.name for p in (Path(v1) / "data").iterdir() if p.is_dir()) == ["_cdc_partition=APAC"]
+
+    # The last US key moves to EU: US is touched, ends empty and disappears from the table.
+    land(cfg, "increment_2026112202", [region_rows((4, "EU", "Di", "u", 3))])
+    compact_once(rt, "run-3")
+    c3 = rt.lake.latest_commit()
+    assert sorted(c3.partitions) == ["APAC", "EU", "LATAM"]
+    assert c3.partitions["LATAM"] == c2.partitions["LATAM"] and c3.partitions["APAC"] == c1.partitions["APAC"]
+    assert c3.stats["partitions_touched"] == ["EU", "US"]
+    with connect(rt.metastore) as ms:
+        assert ms.partitions(db, base_table) == c3.partitions
+    assert visible_names(spark, cfg) == {2: "Ben", 3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
+    versions = sorted(p.name.split("-")[0] for p in Path(lay.base).iterdir())
+    assert versions == ["v00000000", "v00000001", "v00000002", "v00000003"], "v1 and v2 hold reused partitions"
+    assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
+    assert not (Path(v2) / "tombstones").exists()

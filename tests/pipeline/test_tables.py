@@ -1,0 +1,124 @@
+"""The ``ensure_tables`` step: new columns, refused drops, registry text as data, reserved words.
+
+On real storage, metastore and Spark (moved here from ``tests/test_tasks.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import STUDENT_COLUMNS, compact_once
+
+from cdc_compaction.conformance import land
+from cdc_compaction.exceptions import (
+    SchemaChangeError,
+)
+from cdc_compaction.metastore import connect
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.pipeline.views import refresh_view
+from cdc_compaction.sql import table_names
+
+from .helpers import student_rows
+
+pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+
+
+def test_ensure_tables_adds_new_columns_and_refuses_dropped_ones(make_cfg, runtime, spark, tmp_path) -> None:
+    cfg = make_cfg()
+    rt = runtime(cfg)
+    first = ensure_tables(rt)
+    assert first["ddl_statements"] >= 4
+    assert ensure_tables(rt)["ddl_statements"] == 0, "unchanged registry: no DDL, no JVM"
+    land(cfg, "increment_2026112200", [student_rows((1, "a", "c", 1))])
+    compact_once(rt, "r1")
+    grown = cfg.model_copy(update={"columns": [*cfg.columns, cfg.columns[1].model_copy(update={"name": "email"})]})
+    rt2 = runtime(grown)
+    # ADD COLUMNS + fingerprint on four tables (base, tombstones, incremental, compactor), and both
+    # views recreated in the same submission.
+    assert ensure_tables(rt2)["ddl_statements"] == 10
+    base = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
+    spark.catalog.refreshTable(base)
+    assert "email" in spark.table(base).columns
+    land(grown, "increment_2026112201", [[{"id": 2, "full_name": "b", "email": "b@x", "op": "c", "ts_ms": 2}]])
+    compact_once(rt2, "r2")
+    spark.catalog.refreshTable(base)
+    got = {r["id"]: r["email"] for r in spark.sql(f"SELECT id, email FROM {base}").collect()}
+    assert got == {1: None, 2: "b@x"}
+    shrunk = cfg.model_copy(update={"columns": [c for c in cfg.columns if c.name != "full_name"]})
+    with pytest.raises(SchemaChangeError, match="full_name"):
+        ensure_tables(runtime(shrunk))
+
+
+def test_column_comments_reach_the_metastore_verbatim(make_cfg, runtime, spark) -> None:
+    """Registry text is data: Spark SQL must not substitute ``${...}`` inside the DDL's comments.
+
+    Spark substitutes ``${env:HOME}``, ``${spark.app.name}``, ``${hivevar:x}`` anywhere in a
+    statement, string literals included, unless ``spark.sql.variable.substitute`` is false. The
+    session is switched to Spark's default (on) first: ``run_sql.py`` must turn it off itself,
+    whatever session it is given.
+    """
+    comments = {"id": "${env:HOME}", "full_name": "${spark.app.name} and ${hivevar:x}", "op": "{{ 7*7 }}"}
+    cfg = make_cfg(columns=[{**c, "comment": comments.get(c["name"], "")} for c in STUDENT_COLUMNS])
+    rt = runtime(cfg)
+    spark.conf.set("spark.sql.variable.substitute", "true")
+    try:
+        ensure_tables(rt)
+    finally:
+        spark.conf.set("spark.sql.variable.substitute", "false")
+    with connect(rt.metastore) as ms:
+        for name in ("base_table", "incremental_table", "compactor_table"):
+            table = ms.get_table(cfg.database, table_names(cfg)[name])
+            got = {c.name: c.comment for c in table.sd.cols if c.name in comments}
+            assert got == comments, name
+
+
+def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None:
+    """Columns named timestamp, order and group, a composite key and two ordering columns."""
+    cfg = make_cfg(
+        columns=[
+            {"name": "group", "type": "string"},
+            {"name": "order", "type": "int"},
+            {"name": "timestamp", "type": "timestamp"},
+            {"name": "select", "type": "decimal(10,2)"},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": "bigint"},
+            {"name": "lsn", "type": "bigint"},
+        ],
+        primary_key=["group", "order"],
+        order_by=["ts_ms", "lsn"],
+    )
+    rt = runtime(cfg)
+    ensure_tables(rt)
+
+    def ev(group: str, order: int, select: str, op: str, ts: int, lsn: int) -> dict[str, Any]:
+        return {"group": group, "order": order, "timestamp": "2026-11-22T10:00:00Z", "select": select} | {
+            "op": op,
+            "ts_ms": ts,
+            "lsn": lsn,
+        }
+
+    land(
+        cfg,
+        "increment_2026112200",
+        [[ev("a", 1, "1.00", "c", 1, 1), ev("a", 1, "2.00", "u", 2, 5), ev("a", 1, "3.00", "u", 2, 4)]],
+    )
+    land(
+        cfg,
+        "increment_2026112201",
+        [[ev("b", 1, "9.00", "c", 1, 1), ev("b", 2, "8.00", "c", 1, 1), ev("b", 2, "0", "d", 2, 1)]],
+    )
+    refresh_view(rt)
+    names = table_names(cfg)
+    view = f"`{cfg.database}`.`{names['view_name']}`"
+    for t in ("base_table", "incremental_table"):
+        spark.catalog.refreshTable(f"`{cfg.database}`.`{names[t]}`")
+    query = f"SELECT `group`, `order`, CAST(`select` AS STRING) AS s FROM {view} ORDER BY `group`, `order`"
+    expected = [("a", 1, "2.00"), ("b", 1, "9.00")]
+    assert [tuple(r) for r in spark.sql(query).collect()] == expected
+    compact_once(rt, "run-1")
+    base = f"`{cfg.database}`.`{names['base_table']}`"
+    spark.catalog.refreshTable(base)
+    got = spark.sql(f"SELECT `group`, `order`, CAST(`select` AS STRING) FROM {base} WHERE op <> 'd' ORDER BY 1, 2")
+    assert [tuple(r) for r in got.collect()] == expected
+    assert str(spark.sql(f"SELECT `timestamp` FROM {base} LIMIT 1").first()[0]) == "2026-11-22 10:00:00"
