@@ -45,6 +45,34 @@ from cdc_compaction.sql import table_names  # noqa: E402
 SHARED_CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 
 
+#: ``make fuzz`` sets this; unset means the bounded, reproducible ``make test`` run.
+FUZZ_EXAMPLES = os.environ.get("CDC_FUZZ_EXAMPLES")
+
+
+def fuzz_settings(test_examples: int) -> Any:
+    """Hypothesis settings of the generative tests: bounded and derandomized under ``make test``,
+    ``CDC_FUZZ_EXAMPLES`` fresh examples (shrunk on failure) under ``make fuzz``."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    common: dict[str, Any] = {
+        "deadline": None,
+        # Examples share one SparkSession and create their own tables: slow by design,
+        # and the function-scoped fixtures are not per-example state.
+        "suppress_health_check": [
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.data_too_large,
+        ],
+        "print_blob": True,
+    }
+    if FUZZ_EXAMPLES:
+        return settings(max_examples=int(FUZZ_EXAMPLES), derandomize=False, **common)
+    # No shrinking in make test: a failure there is reported as found; `make fuzz` shrinks.
+    return settings(
+        max_examples=test_examples, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate], **common
+    )
+
+
 @pytest.fixture(scope="session")
 def metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMetastore]:
     home = tmp_path_factory.mktemp("metastore")

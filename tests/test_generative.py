@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from conftest import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_compaction.conformance import land
@@ -52,35 +53,6 @@ from cdc_compaction.registry import parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
-
-# ------------------------------------------------------------------------- budget
-#: ``make fuzz`` sets this; unset means the bounded, reproducible ``make test`` run.
-FUZZ_EXAMPLES = os.environ.get("CDC_FUZZ_EXAMPLES")
-
-
-def fuzz_settings(test_examples: int) -> settings:
-    """Bounded and derandomized under ``make test``; many fresh examples under ``make fuzz``."""
-    common: dict[str, Any] = {
-        "deadline": None,
-        # Examples share one SparkSession and create their own tables: slow by design,
-        # and the function-scoped fixtures are not per-example state.
-        "suppress_health_check": [
-            HealthCheck.too_slow,
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.data_too_large,
-        ],
-        "print_blob": True,
-    }
-    if FUZZ_EXAMPLES:
-        return settings(max_examples=int(FUZZ_EXAMPLES), derandomize=False, **common)
-    # No shrinking in make test: a failure there is reported as found; `make fuzz` shrinks.
-    return settings(
-        max_examples=test_examples,
-        derandomize=True,
-        database=None,
-        phases=[Phase.explicit, Phase.generate, Phase.shrink],
-        **common,
-    )
 
 
 # -------------------------------------------------------------------- the model

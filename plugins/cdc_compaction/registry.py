@@ -633,7 +633,30 @@ class Unchanged(_Strict):
 _TEXT_TYPES = ("string", "varchar", "char")
 
 
-class CdcTable(TableConfig):
+class _EventTable(TableConfig):
+    """The fields of the modes whose change files are events: an op code and the source log's order."""
+
+    mode: str
+    order_by: list[str] = Field(min_length=1)
+    op_column: str = "op"
+    op_codes: OpCodes = Field(default_factory=OpCodes)
+
+    @field_validator("order_by")
+    @classmethod
+    def _order(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    @field_validator("op_column")
+    @classmethod
+    def _op(cls, v: str, info: Any) -> str:
+        return check_identifier(v, info.field_name)
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        return list(self.order_by)
+
+
+class CdcTable(_EventTable):
     """``mode: cdc``: change events of a keyed table; the latest event per key wins.
 
     The contract is ``../shared/conformance/README.md``: ordering columns, then increment, file
@@ -645,9 +668,6 @@ class CdcTable(TableConfig):
     #: Key columns that may be NULL (a unique key over nullable columns, Debezium's
     #: ``message.key.columns`` on a table without a primary key): NULL then equals NULL as a key value.
     nullable_key: list[str] = Field(default_factory=list)
-    order_by: list[str] = Field(min_length=1)
-    op_column: str = "op"
-    op_codes: OpCodes = Field(default_factory=OpCodes)
     #: Columns a change event may leave out (partial rows): the key's previous value is kept.
     unchanged: Unchanged | None = None
     #: Columns holding the key before the change, one per primary_key column (seed 002's
@@ -655,15 +675,10 @@ class CdcTable(TableConfig):
     #: key differs retires the old key; a delete names the key it deletes there.
     old_key: list[str] = Field(default_factory=list)
 
-    @field_validator("primary_key", "order_by", "nullable_key", "old_key")
+    @field_validator("primary_key", "nullable_key", "old_key")
     @classmethod
     def _ident_list(cls, v: list[str], info: Any) -> list[str]:
         return _check_ident_list(v, str(info.field_name))
-
-    @field_validator("op_column")
-    @classmethod
-    def _op(cls, v: str, info: Any) -> str:
-        return check_identifier(v, info.field_name)
 
     def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
         _check_op_and_order(names, types, self.op_column, self.order_by, self.primary_key)
@@ -695,10 +710,6 @@ class CdcTable(TableConfig):
                     )
 
     @property
-    def ordering_columns(self) -> list[str]:
-        return list(self.order_by)
-
-    @property
     def control_columns(self) -> list[str]:
         return [self.op_column, *self.old_key]
 
@@ -712,7 +723,7 @@ class CdcTable(TableConfig):
         return [c.name for c in self.columns if c.name not in self.primary_key]
 
 
-class KeylessTable(TableConfig):
+class KeylessTable(_EventTable):
     """``mode: keyless``: change events of a table without a key; its rows are a multiset.
 
     Inserts add a copy of the row, updates and deletes carry the full before-image (columns
@@ -722,20 +733,7 @@ class KeylessTable(TableConfig):
     """
 
     mode: Literal["keyless"]
-    order_by: list[str] = Field(min_length=1)
-    op_column: str = "op"
-    op_codes: OpCodes = Field(default_factory=OpCodes)
     before_prefix: str = "_before_"
-
-    @field_validator("order_by")
-    @classmethod
-    def _ident_list(cls, v: list[str], info: Any) -> list[str]:
-        return _check_ident_list(v, str(info.field_name))
-
-    @field_validator("op_column")
-    @classmethod
-    def _op(cls, v: str, info: Any) -> str:
-        return check_identifier(v, info.field_name)
 
     @field_validator("before_prefix")
     @classmethod
@@ -764,10 +762,6 @@ class KeylessTable(TableConfig):
                 )
             if types[found] != types[col]:
                 raise ValueError(f"columns: {found!r} has type {types[found]} but {col!r} has {types[col]}")
-
-    @property
-    def ordering_columns(self) -> list[str]:
-        return list(self.order_by)
 
     @property
     def before_columns(self) -> list[str]:

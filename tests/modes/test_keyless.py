@@ -23,7 +23,6 @@ import functools
 import itertools
 import json
 import math
-import os
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -32,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from conftest import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from models.keyless_model import (
     NAN,
@@ -269,32 +269,6 @@ def test_scenario_on_spark(spark: Any, name: str, doc: dict[str, Any]) -> None:
             problems += mismatches(table, model[i], side.rows, stats_counts(stats))
             problems += compare_compaction(where, stats, side.rows, model[i].outcome)
     assert not problems, "\n".join(problems)
-
-
-# ------------------------------------------------------ (c) random streams
-FUZZ_EXAMPLES = os.environ.get("CDC_FUZZ_EXAMPLES")
-
-
-def fuzz_settings(test_examples: int) -> settings:
-    """Bounded and derandomized under ``make test``; ``CDC_FUZZ_EXAMPLES`` fresh examples otherwise."""
-    common: dict[str, Any] = {
-        "deadline": None,
-        "suppress_health_check": [
-            HealthCheck.too_slow,
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.data_too_large,
-        ],
-        "print_blob": True,
-    }
-    if FUZZ_EXAMPLES:
-        return settings(max_examples=int(FUZZ_EXAMPLES), derandomize=False, **common)
-    return settings(
-        max_examples=test_examples,
-        derandomize=True,
-        database=None,
-        phases=[Phase.explicit, Phase.generate, Phase.shrink],
-        **common,
-    )
 
 
 DATA_VALUES = (("a", 1), ("a", None), ("b", 1), (None, None))  # tiny: equal rows and NULLs collide often

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import types
 from collections import Counter, defaultdict
@@ -33,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from conftest import FUZZ_EXAMPLES, fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from models.snapshot_model import (
     Increment,
@@ -373,30 +373,6 @@ def test_seed_001_worked_example(spark: Any) -> None:
         ("U", "2026-06-19"),
         ("I", "2026-06-19"),
     }
-
-
-# ==================================================================== (d) generative: Spark vs model
-FUZZ_EXAMPLES = os.environ.get("CDC_FUZZ_EXAMPLES")
-
-
-def fuzz_settings(test_examples: int) -> settings:
-    """Bounded and derandomized under ``make test``; ``CDC_FUZZ_EXAMPLES`` fresh examples otherwise."""
-    common: dict[str, Any] = {
-        "deadline": None,
-        # Examples share one SparkSession: slow by design, and the fixtures are not per-example state.
-        "suppress_health_check": [
-            HealthCheck.too_slow,
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.data_too_large,
-        ],
-        "print_blob": True,
-    }
-    if FUZZ_EXAMPLES:
-        return settings(max_examples=int(FUZZ_EXAMPLES), derandomize=False, **common)
-    # No shrinking in make test: a failure there is reported as found; `make fuzz` shrinks.
-    return settings(
-        max_examples=test_examples, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate], **common
-    )
 
 
 #: Keys ('a|b','c') and ('a','b|c') are both in the domain: a delimiter-joined hash would merge them.

@@ -18,9 +18,31 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from cdc_compaction.registry import TableConfig
+
+
+@dataclass(frozen=True)
+class TableContext:
+    """What every mode's templates see as ``t``; each mode's context adds its rule's parameters."""
+
+    database: str
+    table: str
+    qualified_name: str
+    columns: list[Any]
+    column_names: list[str]
+    base_table: str
+    tombstones_table: str
+    incremental_table: str
+    compactor_table: str
+    view_name: str
+    rejects_view: str
+    fingerprint: str
+    #: The mode's rule macros (``include/sql/modes/<mode>/_rule.sql.j2``), for templates the modes share.
+    rule_template: str
+    partition_by: Any
 
 
 class TableMode(ABC):
@@ -30,6 +52,22 @@ class TableMode(ABC):
     name: ClassVar[str]
     #: Templates this mode must provide under ``include/sql/modes/<name>/``.
     TEMPLATES: ClassVar[tuple[str, ...]] = ("_rule.sql.j2", "view_query.sql.j2")
+
+    def common_context(self, cfg: TableConfig, fingerprint: str) -> dict[str, Any]:
+        """The :class:`TableContext` fields of ``cfg``, for the mode's own context class."""
+        from cdc_compaction.sql import table_names
+
+        return {
+            "database": cfg.database,
+            "table": cfg.table,
+            "qualified_name": cfg.qualified_name,
+            "columns": list(cfg.columns),
+            "column_names": cfg.column_names,
+            "fingerprint": fingerprint,
+            "rule_template": self.template("_rule.sql.j2"),
+            "partition_by": cfg.partition_by,
+            **table_names(cfg),
+        }
 
     def template(self, name: str) -> str:
         """The path (below ``include/sql``) of this mode's template ``name``."""

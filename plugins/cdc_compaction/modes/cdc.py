@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW
-from cdc_compaction.modes.base import TableMode, nan_columns
+from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
 from cdc_compaction.registry import CdcTable, TableConfig
 
 #: Columns that hold a position in the source's log (Debezium's ``lsn`` of Postgres, ``__lsn`` when
@@ -23,14 +23,9 @@ _TIME_NAME = re.compile(r"(?:^|_)ts(?:_ms|_us|_ns)?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
-class CdcContext:
+class CdcContext(TableContext):
     """What the cdc templates see as ``t``."""
 
-    database: str
-    table: str
-    qualified_name: str
-    columns: list[Any]
-    column_names: list[str]
     primary_key: list[str]
     #: Key columns a change event must not leave NULL (primary_key less nullable_key).
     required_key: list[str]
@@ -49,16 +44,6 @@ class CdcContext:
     #: How a left-out value arrives: ``placeholder`` (this text) or ``null``.
     unchanged_marker: str
     unchanged_placeholder: str
-    base_table: str
-    tombstones_table: str
-    incremental_table: str
-    compactor_table: str
-    view_name: str
-    rejects_view: str
-    fingerprint: str
-    #: This mode's rule macros (``include/sql/modes/cdc/_rule.sql.j2``), for templates shared by the modes.
-    rule_template: str
-    partition_by: Any = None
 
 
 class CdcMode(TableMode):
@@ -71,16 +56,10 @@ class CdcMode(TableMode):
         return cast(CdcTable, cfg)
 
     def rule_context(self, cfg: TableConfig, fingerprint: str) -> CdcContext:
-        from cdc_compaction.sql import table_names
-
         c = self._cfg(cfg)
         codes = c.op_codes
         return CdcContext(
-            database=c.database,
-            table=c.table,
-            qualified_name=c.qualified_name,
-            columns=list(c.columns),
-            column_names=c.column_names,
+            **self.common_context(c, fingerprint),
             primary_key=list(c.primary_key),
             required_key=c.required_key,
             old_key=list(c.old_key),
@@ -95,10 +74,6 @@ class CdcMode(TableMode):
             unchanged_columns=list(c.unchanged.columns) if c.unchanged else [],
             unchanged_marker=c.unchanged.marker if c.unchanged else "placeholder",
             unchanged_placeholder=c.unchanged.placeholder if c.unchanged else "",
-            fingerprint=fingerprint,
-            rule_template=self.template("_rule.sql.j2"),
-            partition_by=c.partition_by,
-            **table_names(c),
         )
 
     def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:

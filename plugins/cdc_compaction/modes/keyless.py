@@ -15,19 +15,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from cdc_compaction.job.contract import KEYLESS_RELATIONS
-from cdc_compaction.modes.base import TableMode, nan_columns
+from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
 from cdc_compaction.registry import KeylessTable, TableConfig
 
 
 @dataclass(frozen=True)
-class KeylessContext:
+class KeylessContext(TableContext):
     """What the keyless templates see as ``t``."""
 
-    database: str
-    table: str
-    qualified_name: str
-    columns: list[Any]
-    column_names: list[str]
     #: The row's own columns: what the table holds.
     data_columns: list[str]
     #: The before-image column of each data column, aligned with data_columns.
@@ -37,15 +32,6 @@ class KeylessContext:
     op_column: str
     op_codes: Any
     op_codes_all: list[str]
-    base_table: str
-    tombstones_table: str
-    incremental_table: str
-    compactor_table: str
-    view_name: str
-    rejects_view: str
-    fingerprint: str
-    rule_template: str
-    partition_by: Any = None
 
 
 class KeylessMode(TableMode):
@@ -58,16 +44,10 @@ class KeylessMode(TableMode):
         return cast(KeylessTable, cfg)
 
     def rule_context(self, cfg: TableConfig, fingerprint: str) -> KeylessContext:
-        from cdc_compaction.sql import table_names
-
         c = self._cfg(cfg)
         codes = c.op_codes
         return KeylessContext(
-            database=c.database,
-            table=c.table,
-            qualified_name=c.qualified_name,
-            columns=list(c.columns),
-            column_names=c.column_names,
+            **self.common_context(c, fingerprint),
             data_columns=c.data_columns,
             before_columns=c.before_columns,
             order_by=list(c.order_by),
@@ -75,9 +55,6 @@ class KeylessMode(TableMode):
             op_column=c.op_column,
             op_codes=codes,
             op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
-            fingerprint=fingerprint,
-            rule_template=self.template("_rule.sql.j2"),
-            **table_names(c),
         )
 
     def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
