@@ -10,6 +10,12 @@ right after each hour the test takes ``SELECT * FROM students`` from PostgreSQL.
 After every hour the table's view (base + pending increments) must equal that snapshot;
 after the hours where the real DAG runs (``airflow dags test``: spark-submit and all)
 the base table's visible rows must equal it too -- as multisets of rows.
+
+Three shapes of the same changes, three tables: Debezium's (a key change is a delete and a
+create), a source that carries the old key (registry ``old_key``: key changes and deletes
+name the key they had), and a table without a primary key under ``REPLICA IDENTITY FULL``
+(``mode: keyless``: updates and deletes carry the whole old row; the workload also inserts
+exact duplicates there).
 """
 
 from __future__ import annotations
@@ -45,9 +51,11 @@ DATA_TYPES = {"id": "int", "full_name": "string", "grade": "int"}
 class Workload:
     """Random transactions on ``students``; it reads the current keys from PostgreSQL to pick valid ones."""
 
-    def __init__(self, conn: Any, rng: random.Random) -> None:
+    def __init__(self, conn: Any, rng: random.Random, duplicates: bool = False) -> None:
         self.conn = conn
         self.rng = rng
+        #: A table without a key may hold equal rows: insert copies of existing ones too.
+        self.duplicates = duplicates
         self.committed = 0
         self.rolled_back = 0
         self.kinds: Counter[str] = Counter()
@@ -70,6 +78,7 @@ class Workload:
         kinds = ["insert"] * (6 if len(live) < 30 else 1)
         if live:
             kinds += ["update", "update", "delete", "rekey", "multi", "reinsert", "bulk"]
+            kinds += ["duplicate"] * self.duplicates
         if not free:
             kinds = [k for k in kinds if k not in ("insert", "rekey")]
         kind = self.rng.choice(kinds)
@@ -94,6 +103,8 @@ class Workload:
                 cur.execute(
                     "UPDATE students SET grade = %s, full_name = %s WHERE id = %s", (self._grade(), self._name(), key)
                 )
+        elif kind == "duplicate":
+            cur.execute("INSERT INTO students SELECT * FROM students WHERE id = %s LIMIT 1", (self.rng.choice(live),))
         elif kind == "reinsert":
             key = self.rng.choice(live)
             cur.execute("DELETE FROM students WHERE id = %s", (key,))
@@ -129,20 +140,39 @@ def data_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: r[k] for k in DATA_TYPES} for r in rows]
 
 
-@pytest.fixture
-def source(postgres: LocalPostgres) -> Any:
+#: The lake's table for each source shape (registry fields besides the shared columns).
+SHAPES: dict[str, dict[str, Any]] = {
+    "debezium": {"primary_key": ["id"]},
+    "old_key": {"primary_key": ["id"], "old_key": ["_before_id"]},
+    "keyless": {"mode": "keyless"},
+}
+EXTRA_COLUMNS = {
+    "debezium": [],
+    "old_key": [{"name": "_before_id", "type": "int"}],
+    "keyless": [{"name": f"_before_{c}", "type": t} for c, t in DATA_TYPES.items()],
+}
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def source(request: pytest.FixtureRequest, postgres: LocalPostgres) -> Any:
     """A fresh database with ``students`` and a wal2json slot on it; dropped afterwards."""
     from psycopg2 import sql as pgsql
 
+    shape = request.param
     name = f"truth_{random.randrange(10**9)}"
     postgres.create_database(name)
     conn = postgres.connect(name)
     with conn.cursor() as cur:
-        cur.execute("CREATE TABLE students (id int PRIMARY KEY, full_name text, grade int)")
+        if shape == "keyless":
+            # No key: PostgreSQL sends the whole old row of an update or delete only under FULL.
+            cur.execute("CREATE TABLE students (id int, full_name text, grade int)")
+            cur.execute("ALTER TABLE students REPLICA IDENTITY FULL")
+        else:
+            cur.execute("CREATE TABLE students (id int PRIMARY KEY, full_name text, grade int)")
     conn.commit()
     pgsource.create_slot(conn, name)
     try:
-        yield conn, name
+        yield conn, name, shape
     finally:
         conn.rollback()
         pgsource.drop_slot(conn, name)
@@ -155,29 +185,30 @@ def source(postgres: LocalPostgres) -> Any:
 
 
 def test_the_lake_matches_postgres_after_every_hour(
-    source: tuple[Any, str],
+    source: tuple[Any, str, str],
     spark: Any,
     endpoint: MetastoreEndpoint,
     metastore: LocalMetastore,
     tmp_path: Path,
 ) -> None:
-    conn, slot = source
+    conn, slot, shape = source
     scn = conf.Scenario(
         path=tmp_path / "pg_truth.json",
-        name="pg_students",
+        name=f"pg_students_{shape}",
         about="students, from a PostgreSQL logical replication slot (wal2json)",
         table={
             "columns": [
                 {"name": "id", "type": "int"},
                 {"name": "full_name", "type": "string"},
                 {"name": "grade", "type": "int"},
+                *EXTRA_COLUMNS[shape],
                 {"name": "op", "type": "string"},
                 {"name": "ts_ms", "type": "bigint"},
                 {"name": "lsn", "type": "bigint"},
             ],
-            "primary_key": ["id"],
+            **SHAPES[shape],
             # wal2json v2 gives every change its own LSN, several changes of one row in one
-            # transaction included: the LSN alone orders a key's events.
+            # transaction included: the LSN alone orders a key's events (and a keyless log).
             "order_by": ["lsn"],
         },
         steps=[],
@@ -195,18 +226,18 @@ def test_the_lake_matches_postgres_after_every_hour(
     reader = conf.Reader(spark)
     runner.setup(cfg)
 
-    work = Workload(conn, random.Random(SEED))
+    work = Workload(conn, random.Random(SEED), duplicates=shape == "keyless")
     events = 0
     failures: list[str] = []
     for hour in range(1, HOURS + 1):
         work.hour()
         expected = snapshot(conn)
         changes = pgsource.read_changes(conn, slot, "public.students")
-        rows = pgsource.debezium_rows(cfg, changes)
+        rows = pgsource.SHAPES[shape](cfg, changes)
         # The registry orders by lsn alone: no key may see two of its events at one LSN.
         per_key_lsn = Counter((r["id"], r["lsn"]) for r in rows)
         assert max(per_key_lsn.values(), default=1) == 1, "two events of one key share an LSN"
-        pgsource.land_changes(cfg, f"increment_20250101{hour:02d}", changes)
+        pgsource.land_changes(cfg, f"increment_20250101{hour:02d}", changes, shape)
         events += len(rows)
 
         if hour in DAG_AFTER:
@@ -223,6 +254,8 @@ def test_the_lake_matches_postgres_after_every_hour(
     # The workload did what it is meant to exercise.
     assert work.rolled_back >= 3 and work.committed >= 50
     assert {"insert", "update", "delete", "rekey", "multi", "reinsert", "bulk"} <= set(work.kinds), work.kinds
+    if shape == "keyless":
+        assert work.kinds["duplicate"] >= 3 and len(expected) > len({r["id"] for r in expected}), "equal rows"
     assert events >= 200, events
     assert len(expected) >= 20, "the table still has rows to compare"
     assert [t["state"] for t in runner.timings] == ["success"] * len(DAG_AFTER)

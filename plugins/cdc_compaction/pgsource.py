@@ -17,6 +17,10 @@ An update that changes the primary key becomes a delete of the old key followed 
 create of the new key, both at the update's LSN, as Debezium emits it.  A delete
 carries the key columns (from the replica identity) and nulls elsewhere.
 
+The same changes can also be landed as a source that carries the old key lands them
+(:func:`old_key_rows`, for ``old_key`` tables) or, for a table without a primary key under
+``REPLICA IDENTITY FULL``, with whole before-images (:func:`keyless_rows`, ``mode: keyless``).
+
 The PostgreSQL demo (``make demo SOURCE=postgres``) and ``tests/test_postgres_truth.py``
 land their changes through this module.
 """
@@ -138,8 +142,62 @@ def debezium_rows(
     return rows
 
 
-def land_changes(cfg: TableConfig, increment: str, changes: list[Change], **names: str) -> list[str]:
+def old_key_rows(
+    cfg: TableConfig, changes: list[Change], ts_column: str = "ts_ms", lsn_column: str = "lsn"
+) -> list[dict[str, Any]]:
+    """The events of ``changes`` as a source that carries the old key lands them (registry ``old_key``).
+
+    As wal2json gives them (seed 002's oldKeyValues): an update names the key it had before in the
+    old-key columns when the key changed (the replica identity is sent then), a delete names its key
+    only there and has no column values. One event per change: key changes are not split.
+    """
+    key, old = list(cfg.primary_key), list(cfg.old_key)
+    data_columns = [c for c in cfg.column_names if c not in (cfg.op_column, ts_column, lsn_column, *old)]
+    rows: list[dict[str, Any]] = []
+    for ch in changes:
+        values = ch.columns if ch.action != "D" else {}
+        row = {c: values.get(c) for c in data_columns}
+        before = {k: ch.identity[k] for k in key if k in ch.identity}
+        if ch.action == "D" and len(before) != len(key):
+            raise SourceError(f"delete at lsn {ch.lsn} of {ch.table} lacks key columns {key}: {ch.identity}")
+        row.update({o: before.get(k) for o, k in zip(old, key, strict=True)})
+        row.update({cfg.op_column: _OPS[ch.action], ts_column: ch.commit_ms, lsn_column: ch.lsn})
+        rows.append(row)
+    return rows
+
+
+def keyless_rows(
+    cfg: TableConfig, changes: list[Change], ts_column: str = "ts_ms", lsn_column: str = "lsn"
+) -> list[dict[str, Any]]:
+    """The events of ``changes`` for a table without a key (``mode: keyless``, ``REPLICA IDENTITY FULL``).
+
+    An update carries the whole old row (wal2json's identity under REPLICA IDENTITY FULL) in the
+    before-image columns and the new row in the data columns; a delete only the old row.
+    """
+    data, before = list(cfg.data_columns), list(cfg.before_columns)
+    rows: list[dict[str, Any]] = []
+    for ch in changes:
+        if ch.action in ("U", "D") and not all(c in ch.identity for c in data):
+            raise SourceError(
+                f"{ch.action} at lsn {ch.lsn} of {ch.table} lacks the old row ({sorted(ch.identity)}): a table "
+                "without a key needs REPLICA IDENTITY FULL"
+            )
+        values = ch.columns if ch.action != "D" else {}
+        row: dict[str, Any] = {c: values.get(c) for c in data}
+        row.update({b: ch.identity.get(c) for c, b in zip(data, before, strict=True)})
+        row.update({cfg.op_column: _OPS[ch.action], ts_column: ch.commit_ms, lsn_column: ch.lsn})
+        rows.append(row)
+    return rows
+
+
+#: How each source shape turns wal2json changes into landed events.
+SHAPES = {"debezium": debezium_rows, "old_key": old_key_rows, "keyless": keyless_rows}
+
+
+def land_changes(
+    cfg: TableConfig, increment: str, changes: list[Change], shape: str = "debezium", **names: str
+) -> list[str]:
     """Write ``changes`` as one Parquet file of ``increment`` in the table's landing area."""
     from cdc_compaction.conformance import land
 
-    return land(cfg, increment, [debezium_rows(cfg, changes, **names)])
+    return land(cfg, increment, [SHAPES[shape](cfg, changes, **names)])
