@@ -144,7 +144,8 @@ def data_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 SHAPES: dict[str, dict[str, Any]] = {
     "debezium": {"primary_key": ["id"]},
     "old_key": {"primary_key": ["id"], "old_key": ["_before_id"]},
-    "keyless": {"mode": "keyless"},
+    # ts_ms is when the change was committed: the event's, not the row's (no before-image).
+    "keyless": {"mode": "keyless", "event_time": {"column": "ts_ms"}},
 }
 EXTRA_COLUMNS = {
     "debezium": [],

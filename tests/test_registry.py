@@ -1147,6 +1147,13 @@ def test_mode_picks_the_table_class() -> None:
     assert keyless.data_columns == ["name", "visits"]
     assert keyless.before_columns == ["_before_name", "_before_visits"]
     assert keyless.control_columns == ["op", "_before_name", "_before_visits"]
+    # A column that describes the event, not the row: its time (event_time) is no data column.
+    timed = keyless_doc(event_time={"column": "ts_ms"})
+    timed["columns"].append({"name": "ts_ms", "type": "bigint"})
+    assert parse_table(timed).data_columns == ["name", "visits"]
+    timed.pop("event_time")
+    with pytest.raises(ValidationError, match="declare it as event_time or put it in order_by"):
+        parse_table(timed)
 
 
 @pytest.mark.parametrize(

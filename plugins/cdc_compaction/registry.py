@@ -758,7 +758,8 @@ class KeylessTable(_EventTable):
             if found is None:
                 raise ValueError(
                     f"columns: {col!r} has no before-image column {before!r} (updates and deletes of a keyless "
-                    "table carry the whole old row; name the columns with before_prefix)"
+                    "table carry the whole old row; name the columns with before_prefix). If it describes the "
+                    "event rather than the row (a commit time), declare it as event_time or put it in order_by"
                 )
             if types[found] != types[col]:
                 raise ValueError(f"columns: {found!r} has type {types[found]} but {col!r} has {types[col]}")
@@ -771,8 +772,10 @@ class KeylessTable(_EventTable):
 
     @property
     def data_columns(self) -> list[str]:
-        """The row's own columns: what the table holds (no op, sequence or before-image columns)."""
+        """The row's own columns: what the table holds (no op, sequence, event time or before-image columns)."""
         skip = {self.op_column.lower(), *(c.lower() for c in self.order_by)}
+        if self.event_time is not None:
+            skip.add(self.event_time.column.lower())
         prefix = self.before_prefix.lower()
         return [c.name for c in self.columns if c.name.lower() not in skip and not c.name.lower().startswith(prefix)]
 
