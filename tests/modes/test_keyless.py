@@ -2,11 +2,8 @@
 
 (a) every scenario of ``tests/scenarios/keyless/`` against the reference model (pure Python): the
     scenarios and the model, written separately from one contract, agree;
-(b) every scenario through the Spark side: the rule rendered from
-    ``include/sql/modes/keyless/_rule.sql.j2`` with the project's own Jinja environment,
-    ``compact_keyless`` for each ``compact`` step (state carried between steps as the pipeline
-    will: base rows and watermark), the ``new_state`` query over base + pending increments for
-    each ``check_view`` -- compared with the scenario and with the model;
+(b) every scenario through the real pipeline is ``tests/modes/test_scenarios.py`` (the job, validate,
+    publish and the views, read by Spark and DuckDB);
 (c) random event streams (tiny value domain, so equal rows collide; before-images mostly taken
     from the source's rows; random increments, files, replays and compaction points): Spark
     against the model;
@@ -247,28 +244,8 @@ def test_engine_specific_sql_stays_in_copies() -> None:
 
 
 # ---------------------------------------------- (b) the scenarios through Spark
-@pytest.mark.parametrize("name,doc", SCENARIOS, ids=SCENARIO_IDS)
-@pytest.mark.spark
-@pytest.mark.metastore
-def test_scenario_on_spark(spark: Any, name: str, doc: dict[str, Any]) -> None:
-    table = KeylessTable.from_doc(doc["table"])
-    model = {r.index: r for r in run_scenario(doc)}
-    side = SparkKeyless(spark, table)
-    problems: list[str] = []
-    for i, step in enumerate(doc["steps"]):
-        ((kind, body),) = step.items()
-        where = f"{name} step {i} ({kind})"
-        if kind == "land":
-            side.land(body["increment"], body["files"])
-        elif kind == "check_view":
-            rows, rejected = side.view()
-            problems += mismatches(table, model[i], rows, {"rejected": rejected})
-            problems += compare_view(where, rows, rejected, model[i].outcome)
-        else:
-            stats = side.compact()
-            problems += mismatches(table, model[i], side.rows, stats_counts(stats))
-            problems += compare_compaction(where, stats, side.rows, model[i].outcome)
-    assert not problems, "\n".join(problems)
+# tests/modes/test_scenarios.py runs every scenario through the real pipeline (the job, validate,
+# publish and the views in Spark and DuckDB); the random streams below hold the job against the model.
 
 
 DATA_VALUES = (("a", 1), ("a", None), ("b", 1), (None, None))  # tiny: equal rows and NULLs collide often

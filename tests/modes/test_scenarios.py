@@ -70,7 +70,7 @@ def test_keyless_scenario(path: Path, inprocess: conf.InProcessRunner, readers: 
 #: the same task functions): key changes, partial rows, and a keyless table.
 DAG_SCENARIOS = [
     SCENARIO_DIR / "cdc" / "old_key_chain.json",
-    SCENARIO_DIR / "cdc" / "unchanged_placeholder.json",
+    SCENARIO_DIR / "cdc" / "unchanged_null.json",
     SCENARIO_DIR / "keyless" / "seed_003_alice_alice_bob.json",
 ]
 
