@@ -647,7 +647,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             # rather than one per task and partition; output_files is sized for a whole-table rewrite.
             visible = visible.repartition(F.col(PARTITION_COLUMN))
         elif plan.output_files:
-            # Files of about the registry's target size (see tasks.output_sizing): merge, never shuffle.
+            # Files of about the registry's target size (see pipeline.plan.output_sizing): merge, never shuffle.
             visible = visible.coalesce(int(plan.output_files))
         # errorifexists: an attempt's directory is new; finding one there means something is wrong.
         compression = DEFAULT_COMPRESSION if plan.compression is None else plan.compression

@@ -296,7 +296,7 @@ class Plan:
     ignored_landing: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
     waiting_increments: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
     stalled_increments: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
-    #: Output sizing (``tasks.output_sizing``): coalesce to this many files, cap a file at this many rows.
+    #: Output sizing (``pipeline.plan.output_sizing``): coalesce to this many files, cap a file at this many rows.
     output_files: int | None = field(default=None, metadata=_meta())
     max_records_per_file: int | None = field(default=None, metadata=_meta())
     #: Partitioned tables only: the partitioning and the live version's partitions {value: location}.
