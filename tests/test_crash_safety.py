@@ -457,9 +457,9 @@ MODE_POINTS = [
     ("publish.after_commit_record", "publish"),
     ("archive.after_first_delete", "archive"),
 ]
-#: The keyless table at every point above; the cdc options change the job only: its boundary and the commit.
+#: The keyless table at every point above; the cdc options change the job only: crashed where it writes.
 MODE_CASES = [("keyless", point, task) for point, task in MODE_POINTS] + [
-    (mode, point, task) for mode in ("old_key", "unchanged") for point, task in MODE_POINTS[:2]
+    (mode, *MODE_POINTS[0]) for mode in ("old_key", "unchanged")
 ]
 
 
