@@ -205,6 +205,14 @@ def visible_names(spark: Any, cfg: TableConfig) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
+def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> Any:
+    """Runs scenario compactions in this process: the task functions in the pipeline's order, one SparkSession."""
+    from cdc_compaction import conformance as conf
+
+    return conf.InProcessRunner(spark, endpoint)
+
+
+@pytest.fixture(scope="module")
 def dag_runner(
     spark: Any, endpoint: MetastoreEndpoint, metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
 ) -> Any:

@@ -19,7 +19,7 @@ import pytest
 
 from cdc_compaction import conformance as conf
 from cdc_compaction.local_services import LocalMetastore
-from cdc_compaction.settings import PROJECT_ROOT, MetastoreEndpoint
+from cdc_compaction.settings import PROJECT_ROOT
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
@@ -41,11 +41,6 @@ DAG_HANDFUL = [
 def test_the_shared_scenarios_are_there() -> None:
     assert len(SCENARIOS) >= 19, f"expected the shared scenarios in {SHARED_CONFORMANCE}"
     assert set(DAG_HANDFUL) <= {p.stem for p in SCENARIOS}
-
-
-@pytest.fixture(scope="module")
-def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> conf.InProcessRunner:
-    return conf.InProcessRunner(spark, endpoint)
 
 
 Readers = list[conf.Reader | conf.DuckDBReader]

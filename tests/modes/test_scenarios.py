@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from cdc_compaction import conformance as conf
-from cdc_compaction.settings import MetastoreEndpoint
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
@@ -49,11 +48,6 @@ def test_the_mode_scenarios_are_there() -> None:
         "old_key_late_event",
     }
     assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 6 and len(CDC_PARTITIONED) == 2
-
-
-@pytest.fixture(scope="module")
-def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> conf.InProcessRunner:
-    return conf.InProcessRunner(spark, endpoint)
 
 
 @pytest.fixture(scope="module")
