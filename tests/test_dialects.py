@@ -259,46 +259,51 @@ def test_hives_own_equality_is_how_the_hive_view_finds_nan(spark: Any) -> None:
     assert row.asDict() == {"ne_self": False, "nan": True, "float_nan": True, "num": False, "inf": False, "nul": None}
 
 
+def _table(name: str, columns: str, **fields: Any) -> TableConfig:
+    """A table ``crm.<name>`` with ``columns`` ("name:type ...") and views in three metastore dialects."""
+    cols = [dict(zip(("name", "type"), c.split(":"), strict=True)) for c in columns.split()]
+    doc = {"database": "crm", "table": name, "columns": cols, "storage_root": f"/lake/crm/{name}"}
+    return parse_table({**doc, "views": {"metastore": ["spark", "hive", "trino"]}, **fields})
+
+
 def _mode_tables() -> dict[str, TableConfig]:
     """A table of every mode and cdc option whose view SQL differs from the plain cdc rule."""
-    keyless = {
-        "mode": "keyless",
-        "database": "crm",
-        "table": "visits",
-        "columns": [
-            {"name": "name", "type": "string"},
-            {"name": "n", "type": "int"},
-            {"name": "_before_name", "type": "string"},
-            {"name": "_before_n", "type": "int"},
-            {"name": "op", "type": "string"},
-            {"name": "lsn", "type": "bigint"},
-        ],
-        "order_by": ["lsn"],
-        "storage_root": "/lake/crm/visits",
-        "views": {"metastore": ["spark", "hive", "trino"]},
+    return {
+        "keyless": _table(
+            "visits",
+            "name:string n:int _before_name:string _before_n:int op:string lsn:bigint",
+            mode="keyless",
+            order_by=["lsn"],
+        ),
+        "cdc-options": _table(
+            "people",
+            "id:int bio:string _before_id:int op:string lsn:bigint",
+            primary_key=["id"],
+            order_by=["lsn"],
+            old_key=["_before_id"],
+            unchanged={"columns": ["bio"]},
+        ),
+        # Source presets: a binlog file compared as a number, a boolean delete marker, full-load
+        # rows without op or order (NULLS FIRST/LAST spelled out).
+        "debezium-mysql": _table(
+            "binlog",
+            "id:int bio:string __op:string __file:string __pos:bigint __deleted:boolean",
+            source="debezium",
+            primary_key=["id"],
+            unchanged={"columns": ["bio"]},
+        ),
+        "dms": _table(
+            "dms",
+            "id:int bio:string Op:string AR_H_CHANGE_SEQ:string",
+            source="dms",
+            primary_key=["id"],
+            unchanged={"columns": ["bio"], "marker": "null"},
+        ),
     }
-    options = {
-        "database": "crm",
-        "table": "people",
-        "columns": [
-            {"name": "id", "type": "int"},
-            {"name": "bio", "type": "string"},
-            {"name": "_before_id", "type": "int"},
-            {"name": "op", "type": "string"},
-            {"name": "lsn", "type": "bigint"},
-        ],
-        "primary_key": ["id"],
-        "order_by": ["lsn"],
-        "old_key": ["_before_id"],
-        "unchanged": {"columns": ["bio"]},
-        "storage_root": "/lake/crm/people",
-        "views": {"metastore": ["spark", "hive", "trino"]},
-    }
-    return {"keyless": parse_table(keyless), "cdc-options": parse_table(options)}
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("name", ["keyless", "cdc-options"])
+@pytest.mark.parametrize("name", ["keyless", "cdc-options", "debezium-mysql", "dms"])
 def test_every_modes_hive_view_parses_with_hives_own_parser(spark: Any, name: str) -> None:
     """The keyless fold (sequence() spelled for Hive) and the cdc options' windows and unions parse in Hive 2.3."""
     cfg = _mode_tables()[name]

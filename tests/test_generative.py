@@ -28,6 +28,7 @@ import itertools
 import math
 import os
 import posixpath
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,11 @@ class TableSpec:
     primary_key: tuple[str, ...]
     order_by: tuple[str, ...]
     op_column: str
+    #: Source conventions (README, "Source presets"): a delete-marker column, full-load rows
+    #: (a NULL op is a read and may lack its order), an order column holding binlog file names.
+    deleted: str | None = None
+    load_rows: bool = False
+    binlog: str | None = None
 
     @property
     def types(self) -> dict[str, str]:
@@ -100,31 +106,60 @@ def defects(spec: TableSpec, row: dict[str, Any]) -> set[str]:
     in the event order.  A null op code is outside the codes, so either name fits it.
     """
     out: set[str] = set()
+    load_row = spec.load_rows and row.get(spec.op_column) is None
     for k in spec.primary_key:
         if row.get(k) is None:
             out.add(f"null_key:{k}")
     for c in spec.order_by:
         v = row.get(c)
         if v is None:
-            out.add(f"null_order_by:{c}")
+            if not load_row:  # a full-load row may lack its order
+                out.add(f"null_order_by:{c}")
         elif isinstance(v, float) and math.isnan(v):
             out.add(f"nan_order_by:{c}")
+        elif c == spec.binlog and not BINLOG_NAME.search(v):
+            out.add(f"bad_order_by:{c}")
     op = row.get(spec.op_column)
-    if op is None:
+    if op is None and not spec.load_rows:
         out |= {"null_op", "unknown_op"}
-    elif op not in OP_CODES:
+    elif effective_op(spec, row) not in OP_CODES:
         out.add("unknown_op")
     return out
+
+
+#: A binlog file name ends in its number, at most 18 digits (it must fit a BIGINT).
+BINLOG_NAME = re.compile(r"(?:^|[^0-9])([0-9]{1,18})$")
+
+
+def effective_op(spec: TableSpec, row: dict[str, Any]) -> Any:
+    """The op an event stands for: a delete when marked deleted, a read for a full-load row, else its code."""
+    if spec.deleted is not None:
+        mark = row.get(spec.deleted)
+        if mark is True or (isinstance(mark, str) and mark.lower() == "true"):
+            return DELETE
+    op = row.get(spec.op_column)
+    return "r" if op is None and spec.load_rows else op
 
 
 def event_order(spec: TableSpec, e: Event) -> tuple[Any, ...]:
     """The contract's order, compared left to right: order_by values, increment, file, row position.
 
     Numbers compare as numbers (so -0.0 ties with 0.0), strings by code point (the
-    same order as their UTF-8 bytes), timestamps as instants.
+    same order as their UTF-8 bytes), timestamps as instants, binlog file names by their
+    number; a missing value (a full-load row's) before every value.
     """
     v = e.values
-    return (*(v[c] for c in spec.order_by), e.increment, e.file, e.pos)
+
+    def key(c: str) -> tuple[Any, ...]:
+        if v[c] is None:
+            return (0,)
+        if c == spec.binlog:
+            found = BINLOG_NAME.search(v[c])
+            assert found is not None, v[c]  # refused otherwise
+            return (1, int(found.group(1)))
+        return (1, v[c])
+
+    return (*(key(c) for c in spec.order_by), e.increment, e.file, e.pos)
 
 
 @dataclass
@@ -151,8 +186,8 @@ class Model:
     def state(self, events: list[Event]) -> tuple[list[Event], list[Event]]:
         """(visible winners, tombstones) over these events."""
         w = list(self.winners(events).values())
-        op = self.spec.op_column
-        return [e for e in w if e.values[op] != DELETE], [e for e in w if e.values[op] == DELETE]
+        deleted = [effective_op(self.spec, e.values) == DELETE for e in w]
+        return [e for e, d in zip(w, deleted, strict=True) if not d], [e for e, d in zip(w, deleted, strict=True) if d]
 
 
 # ----------------------------------------------------------------- strategies
@@ -182,10 +217,22 @@ OTHER_VALUES: dict[str, list[Any]] = {
     "boolean": [True, False],
 }
 OPS = ["c", "u", "d", "r", "c", "u", "d", None, "x", "U"]
+DELETED_NAMES = ["__deleted", "is_deleted", "Deleted"]
+DELETED_VALUES: dict[str, list[Any]] = {"string": ["false", "true", "TRUE", "yes"], "boolean": [False, True]}
+#: Binlog file names, the smallest first: a rollover past six digits, names without a number, a
+#: number too long for a BIGINT.
+BINLOG_VALUES = [
+    "mysql-bin.000009",
+    "mysql-bin.000010",
+    "mysql-bin.999999",
+    "mysql-bin.1000000",
+    "bin",
+    "b.1" + "0" * 18,
+]
 
 
-def order_values(t: str) -> list[Any]:
-    return ORDER_VALUES[t]
+def order_values(spec: TableSpec, c: str) -> list[Any]:
+    return BINLOG_VALUES if c == spec.binlog else ORDER_VALUES[spec.types[c]]
 
 
 @st.composite
@@ -200,9 +247,16 @@ def tables(draw: st.DrawFn) -> TableSpec:
     cols += [(n, draw(st.sampled_from(ORDER_TYPES))) for n in orders]
     cols += [(n, draw(st.sampled_from(OTHER_TYPES))) for n in others]
     cols.append((op_column, "string"))
+    deleted = None
+    if draw(st.integers(0, 2)) == 0:
+        deleted = draw(st.sampled_from(DELETED_NAMES))
+        cols.append((deleted, draw(st.sampled_from(sorted(DELETED_VALUES)))))
+    text_orders = [n for n, t in cols if n in orders and t == "string"]
+    binlog = draw(st.sampled_from(text_orders)) if text_orders and draw(st.booleans()) else None
     columns = tuple(draw(st.permutations(cols)))
     primary_key = tuple(draw(st.permutations(keys)))
-    return TableSpec(columns, primary_key, tuple(draw(st.permutations(orders))), op_column)
+    order_by = tuple(draw(st.permutations(orders)))
+    return TableSpec(columns, primary_key, order_by, op_column, deleted, draw(st.booleans()), binlog)
 
 
 def pick(draw: st.DrawFn, values: list[Any], null_one_in: int = 0) -> Any:
@@ -223,6 +277,9 @@ class Scenario:
     def __repr__(self) -> str:  # hypothesis prints this for a failing example
         lines = [f"table: columns={list(self.spec.columns)} primary_key={list(self.spec.primary_key)}"]
         lines.append(f"       order_by={list(self.spec.order_by)} op_column={self.spec.op_column!r}")
+        lines.append(
+            f"       deleted={self.spec.deleted!r} load_rows={self.spec.load_rows} binlog={self.spec.binlog!r}"
+        )
         lines.append(f"keep_versions={self.keep_versions}")
         for s in self.steps:
             if s[0] == "land":
@@ -262,8 +319,10 @@ def scenarios(draw: st.DrawFn, crashes: bool = False) -> Scenario:
 
     def fresh() -> dict[str, Any]:
         row = {k: pick(draw, KEY_VALUES[types[k]], 12) for k in spec.primary_key}
-        row |= {c: pick(draw, order_values(types[c]), 12) for c in spec.order_by}
-        row |= {c: pick(draw, OTHER_VALUES[types[c]], 4) for c in others}
+        row |= {c: pick(draw, order_values(spec, c), 12) for c in spec.order_by}
+        row |= {
+            c: pick(draw, DELETED_VALUES[types[c]] if c == spec.deleted else OTHER_VALUES[types[c]], 4) for c in others
+        }
         row[spec.op_column] = draw(st.sampled_from(OPS))
         return row
 
@@ -276,10 +335,15 @@ def scenarios(draw: st.DrawFn, crashes: bool = False) -> Scenario:
             return dict(old)
         row = fresh() | key_of(old)
         if kind == "late":  # the same key, with the smallest ordering values: older than most
-            row |= {c: min(v for v in order_values(types[c]) if v == v) for c in spec.order_by}  # v == v: not NaN
+            row |= {c: smallest(spec, c) for c in spec.order_by}
             return row
         # A key-only delete: only key + op + ordering columns are non-null.
         return row | {c: None for c in others} | {spec.op_column: DELETE}
+
+    def smallest(spec: TableSpec, c: str) -> Any:
+        if c == spec.binlog:
+            return BINLOG_VALUES[0]
+        return min(v for v in order_values(spec, c) if v == v)  # v == v: not NaN
 
     # Distinct increments, landing in random order: a late increment may sort before compacted ones.
     hours = draw(st.lists(st.integers(0, 47), min_size=1, max_size=4, unique=True))
@@ -368,6 +432,9 @@ class Harness:
             "primary_key": list(self.spec.primary_key),
             "order_by": list(self.spec.order_by),
             "op_column": self.spec.op_column,
+            **({"deleted_column": self.spec.deleted} if self.spec.deleted else {}),
+            **({"missing_op": "read"} if self.spec.load_rows else {}),
+            **({"order_as": {self.spec.binlog: "binlog_file"}} if self.spec.binlog else {}),
             "storage_root": str(root / name),
             "increments": {"settle_seconds": 0, "wait_for_hour_end": False},
             "schedule": None,
@@ -658,3 +725,31 @@ def test_the_model_follows_the_contract() -> None:
     x = Event((("id", 1), ("f", -0.0), ("op", "c")), "increment_2026112201", "part-00000.parquet", 1)
     y = Event((("id", 1), ("f", 0.0), ("op", "c")), "increment_2026112201", "part-00000.parquet", 0)
     assert Model(nan_spec).winners([x, y])[(1,)] is x
+
+
+def test_the_model_follows_the_source_conventions() -> None:
+    """Hand-checked cases of the model's delete marker, full-load rows and binlog order (README, "Source presets")."""
+    cols = (("id", "int"), ("f", "string"), ("v", "string"), ("gone", "string"), ("op", "string"))
+    spec = TableSpec(cols, ("id",), ("f",), "op", deleted="gone", load_rows=True, binlog="f")
+
+    def ev(row: dict[str, Any], pos: int) -> Event:
+        return Event(tuple((c, row.get(c)) for c, _ in cols), "increment_2026112201", "part-00000.parquet", pos)
+
+    m = Model(spec)
+    # The file number, not the text: mysql-bin.1000000 follows mysql-bin.999999.
+    old = ev({"id": 1, "f": "mysql-bin.999999", "v": "old", "op": "c"}, 1)
+    new = ev({"id": 1, "f": "mysql-bin.1000000", "v": "new", "op": "u"}, 0)
+    assert m.winners([old, new])[(1,)] is new
+    # A full-load row (no op, no order) is a read older than every event, even later in the file.
+    load = ev({"id": 1, "v": "load"}, 9)
+    assert defects(spec, load.values) == set() and m.winners([load, old])[(1,)] is old
+    assert m.state([load]) == ([load], [])
+    # The marker makes a delete of any code, even an unknown one; other marker values do not.
+    marked = ev({"id": 1, "f": "mysql-bin.1000001", "op": "x", "gone": "TRUE"}, 0)
+    assert defects(spec, marked.values) == set() and m.state([new, marked]) == ([], [marked])
+    kept = ev({"id": 1, "f": "mysql-bin.1000001", "op": "u", "gone": "yes"}, 0)
+    assert m.state([new, kept]) == ([kept], [])
+    # A name without a number, or with one too long for a BIGINT, is refused; so is a change without order.
+    assert defects(spec, {"id": 1, "f": "bin", "op": "c"}) == {"bad_order_by:f"}
+    assert defects(spec, {"id": 1, "f": "b.1" + "0" * 18, "op": "c"}) == {"bad_order_by:f"}
+    assert defects(spec, {"id": 1, "f": None, "op": "c"}) == {"null_order_by:f"}

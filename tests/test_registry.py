@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from cdc_compaction.exceptions import RegistryError
 from cdc_compaction.registry import (
     Alerts,
+    CdcTable,
     Column,
     Increments,
     OpCodes,
@@ -1203,4 +1204,136 @@ def _keyless_columns(drop: str | None = None, retype: tuple[str, str] | None = N
 def test_keyless_columns_are_checked(tmp_path: Path, doc: Doc, fragment: str) -> None:
     err = refusal(write_yaml(tmp_path, "tests.visits.yaml", doc))
     assert err.table == "tests.visits"
+    assert fragment in str(err), err.problems
+
+
+# -- source presets ----------------------------------------------------------------------------
+
+
+def preset_doc(source: str, columns: list[tuple[str, str]], **overrides: Any) -> Doc:
+    """A ``mode: cdc`` entry keyed by ``id`` with ``columns`` (name, type) and ``source``, nothing else said."""
+    doc: Doc = {
+        "database": "tests",
+        "table": "src",
+        "source": source,
+        "primary_key": ["id"],
+        "columns": [{"name": "id", "type": "int"}, *({"name": n, "type": t} for n, t in columns)],
+        "storage_root": "/lake/tests/src",
+    }
+    doc.update(overrides)
+    return doc
+
+
+DEBEZIUM_PG = [("name", "string"), ("__op", "string"), ("__lsn", "bigint"), ("__source_ts_ms", "bigint")]
+DEBEZIUM_MYSQL = [("name", "string"), ("__op", "string"), ("__file", "string"), ("__pos", "bigint"), ("__row", "int")]
+DMS = [("name", "string"), ("Op", "string"), ("AR_H_CHANGE_SEQ", "string")]
+
+
+def test_debezium_postgres_preset_fills_op_order_and_event_time() -> None:
+    cfg = parse_table(preset_doc("debezium", [*DEBEZIUM_PG, ("__deleted", "string")]))
+    assert isinstance(cfg, CdcTable)
+    assert (cfg.op_column, cfg.order_by, cfg.deleted_column) == ("__op", ["__lsn"], "__deleted")
+    assert [cfg.op_codes.create, cfg.op_codes.read, cfg.op_codes.update, cfg.op_codes.delete] == ["c", "r", "u", "d"]
+    assert cfg.event_time is not None and (cfg.event_time.column, cfg.event_time.unit) == ("__source_ts_ms", "ms")
+    assert cfg.missing_op == "refuse" and cfg.order_as == {}
+    # Without a __deleted column there is no delete marker.
+    assert parse_table(preset_doc("debezium", DEBEZIUM_PG)).deleted_column is None
+
+
+def test_debezium_mysql_preset_orders_by_binlog_position_with_the_file_as_a_number() -> None:
+    cfg = parse_table(preset_doc("debezium", DEBEZIUM_MYSQL))
+    assert cfg.order_by == ["__file", "__pos", "__row"]
+    assert cfg.order_as == {"__file": "binlog_file"}
+    no_row = parse_table(preset_doc("debezium", [c for c in DEBEZIUM_MYSQL if c[0] != "__row"]))
+    assert no_row.order_by == ["__file", "__pos"]
+
+
+def test_dms_preset_reads_a_missing_op_as_a_full_load_row() -> None:
+    cfg = parse_table(preset_doc("dms", DMS))
+    assert (cfg.op_column, cfg.order_by, cfg.missing_op) == ("Op", ["AR_H_CHANGE_SEQ"], "read")
+    assert (cfg.op_codes.create, cfg.op_codes.update, cfg.op_codes.delete) == ("I", "U", "D")
+
+
+def test_wal2json_preset_uses_kind_and_a_numeric_lsn() -> None:
+    cfg = parse_table(preset_doc("wal2json", [("name", "string"), ("kind", "string"), ("lsn", "bigint")]))
+    assert (cfg.op_column, cfg.order_by) == ("kind", ["lsn"])
+    assert (cfg.op_codes.create, cfg.op_codes.update, cfg.op_codes.delete) == ("insert", "update", "delete")
+
+
+def test_every_preset_default_is_overridable() -> None:
+    cols = [*DEBEZIUM_PG, ("__deleted", "string"), ("op", "string"), ("seq", "bigint")]
+    cfg = parse_table(
+        preset_doc(
+            "debezium",
+            cols,
+            op_column="op",
+            order_by=["seq"],
+            deleted_column=None,
+            event_time={"column": "seq", "unit": "us"},
+        )
+    )
+    assert (cfg.op_column, cfg.order_by, cfg.deleted_column) == ("op", ["seq"], None)
+    assert cfg.event_time is not None and cfg.event_time.unit == "us"
+    # One op code overridden, the preset's others kept.
+    dms = parse_table(preset_doc("dms", DMS, op_codes={"delete": "X"}, missing_op="refuse"))
+    assert (dms.op_codes.create, dms.op_codes.delete, dms.missing_op) == ("I", "X", "refuse")
+
+
+def test_generic_is_the_default_and_changes_nothing() -> None:
+    cfg = parse_table(
+        preset_doc("generic", [("op", "string"), ("lsn", "bigint"), ("__deleted", "string")], order_by=["lsn"])
+    )
+    assert cfg.source == "generic" and cfg.op_column == "op" and cfg.deleted_column is None
+    del_source = preset_doc("generic", [("op", "string"), ("lsn", "bigint")], order_by=["lsn"])
+    del del_source["source"]
+    assert parse_table(del_source).source == "generic"
+
+
+def test_a_keyless_table_takes_the_presets_op_and_order_only() -> None:
+    doc = keyless_doc(source="debezium")
+    doc["columns"] = [
+        {"name": "name", "type": "string"},
+        {"name": "_before_name", "type": "string"},
+        {"name": "__op", "type": "string"},
+        {"name": "__lsn", "type": "bigint"},
+    ]
+    del doc["order_by"]
+    cfg = parse_table(doc)
+    assert (cfg.op_column, cfg.order_by, cfg.data_columns) == ("__op", ["__lsn"], ["name"])
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "fragment"),
+    [
+        (preset_doc("oracle", DEBEZIUM_PG, order_by=["__lsn"]), "source", "'generic', 'debezium', 'dms' or 'wal2json'"),
+        (preset_doc("debezium", [("name", "string"), ("__op", "string")]), "order_by", "Field required"),
+        (
+            preset_doc("wal2json", [("kind", "string"), ("lsn", "string")]),
+            "order_by",
+            "land the LSN as a bigint",
+        ),
+        (preset_doc("debezium", [*DEBEZIUM_PG, ("__deleted", "int")]), "deleted_column", "needs string"),
+        (preset_doc("debezium", DEBEZIUM_PG, deleted_column="gone"), "deleted_column", "not among the columns"),
+        (preset_doc("debezium", DEBEZIUM_PG, deleted_column="__lsn"), "deleted_column", "ordering, op or old-key"),
+        (preset_doc("debezium", DEBEZIUM_PG, order_as={"name": "binlog_file"}), "order_as", "not an order_by column"),
+        (preset_doc("debezium", DEBEZIUM_PG, order_as={"__lsn": "binlog_file"}), "order_as", "compares a text column"),
+        (preset_doc("dms", DMS, missing_op="maybe"), "missing_op", "'refuse' or 'read'"),
+        (keyless_doc(deleted_column="op"), "deleted_column", "Extra inputs are not permitted"),
+    ],
+    ids=[
+        "unknown-source",
+        "no-order-column",
+        "wal2json-text-lsn",
+        "deleted-int",
+        "deleted-missing",
+        "deleted-is-order",
+        "order-as-not-ordering",
+        "order-as-number",
+        "missing-op-value",
+        "keyless-deleted",
+    ],
+)
+def test_source_conventions_are_checked(tmp_path: Path, doc: Doc, field: str, fragment: str) -> None:
+    err = refusal(write_yaml(tmp_path, f"tests.{doc['table']}.yaml", doc))
+    assert names_field(err, field), err.problems
     assert fragment in str(err), err.problems

@@ -94,7 +94,6 @@ def registry_doc(
         # The scenario's table as written: its mode and that mode's fields (primary_key, order_by …).
         **{k: v for k, v in t.items() if k != "columns"},
         "columns": t["columns"],
-        "op_column": t.get("op_column", "op"),
         "storage_root": str(lake_dir / (scn.table_name + suffix)),
         "increments": {"settle_seconds": 0, "wait_for_hour_end": False},
         "schedule": None,
@@ -125,18 +124,24 @@ def _arrow_value(value: Any, hive_type: str) -> Any:
     return value
 
 
-def land(cfg: TableConfig, increment: str, files: list[list[dict[str, Any]]]) -> list[str]:
-    """Write each inner list as one Parquet file of the increment, as the CDC sink would."""
+def land(cfg: TableConfig, increment: str, files: list[Any]) -> list[str]:
+    """Write each file of the increment as one Parquet file, as the CDC sink would.
+
+    A file is a list of rows (every registry column), or ``{"columns": [...], "rows": [...]}``
+    for a file that has only those columns (AWS DMS writes its full-load files without ``Op``).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = arrow_schema(cfg)
+    full = arrow_schema(cfg)
     lake = Lake(cfg)
     d = posixpath.join(lake.layout.incremental, increment)
     lake.storage.makedirs(d)
     written = []
-    for i, rows in enumerate(files):
-        cols = {c.name: [_arrow_value(r.get(c.name), c.type) for r in rows] for c in cfg.columns}
+    for i, spec in enumerate(files):
+        rows, names = (spec["rows"], spec["columns"]) if isinstance(spec, dict) else (spec, cfg.column_names)
+        schema = pa.schema([full.field(n) for n in names])
+        cols = {c.name: [_arrow_value(r.get(c.name), c.type) for r in rows] for c in cfg.columns if c.name in names}
         table = pa.table({n: pa.array(v, type=schema.field(n).type) for n, v in cols.items()}, schema=schema)
         buf = pa.BufferOutputStream()
         pq.write_table(table, buf)

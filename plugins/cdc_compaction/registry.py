@@ -633,13 +633,79 @@ class Unchanged(_Strict):
 _TEXT_TYPES = ("string", "varchar", "char")
 
 
+#: What the change-data tools write, as registry defaults (README, "Source presets"). Each entry's
+#: own fields win; a default that names a column applies only when the entry declares that column.
+SOURCES = ("generic", "debezium", "dms", "wal2json")
+
+
+def _source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any]:
+    """The fields ``source`` fills in where an entry of ``mode`` with ``columns`` leaves them out."""
+    found: dict[str, Any] = {}
+    if source == "debezium":
+        # ExtractNewRecordState with add.fields=op,source.ts_ms,lsn (Postgres) or file,pos,row (MySQL).
+        found["op_column"] = "__op"
+        if "__lsn" in columns:
+            found["order_by"] = ["__lsn"]
+        elif {"__file", "__pos"} <= columns:
+            # A binlog position is (file, offset in it, row of the event); the file's name ends in a
+            # sequence number, compared as a number (mysql-bin.999999 < mysql-bin.1000000).
+            found["order_by"] = ["__file", "__pos", *(["__row"] if "__row" in columns else [])]
+            if mode == "cdc":
+                found["order_as"] = {"__file": "binlog_file"}
+        if "__source_ts_ms" in columns:
+            found["event_time"] = {"column": "__source_ts_ms", "unit": "ms"}
+        if mode == "cdc" and "__deleted" in columns:
+            found["deleted_column"] = "__deleted"  # delete.handling.mode=rewrite
+    elif source == "dms":
+        # Op is I/U/D on change rows; full-load files carry no Op at all (unless IncludeOpForFullLoad).
+        found["op_column"] = "Op"
+        found["op_codes"] = {"create": "I", "update": "U", "delete": "D", "read": "L"}
+        if mode == "cdc":
+            found["missing_op"] = "read"
+        if "AR_H_CHANGE_SEQ" in columns:
+            found["order_by"] = ["AR_H_CHANGE_SEQ"]
+    elif source == "wal2json":
+        # format-version 1: "kind" is insert/update/delete; the LSN landed as a number.
+        found["op_column"] = "kind"
+        found["op_codes"] = {"create": "insert", "update": "update", "delete": "delete", "read": "snapshot"}
+        if "lsn" in columns:
+            found["order_by"] = ["lsn"]
+    return found
+
+
 class _EventTable(TableConfig):
     """The fields of the modes whose change files are events: an op code and the source log's order."""
 
     mode: str
+    #: The tool that wrote the change files: fills in op column, op codes, order and delete
+    #: conventions the entry leaves out (:func:`_source_defaults`).
+    source: Literal["generic", "debezium", "dms", "wal2json"] = "generic"
     order_by: list[str] = Field(min_length=1)
     op_column: str = "op"
     op_codes: OpCodes = Field(default_factory=OpCodes)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("source", "generic") not in SOURCES:
+            return data  # pydantic reports a wrong source or document itself
+        columns = data.get("columns")
+        names = {c.get("name") for c in columns if isinstance(c, dict)} if isinstance(columns, list) else set()
+        defaults = _source_defaults(data.get("source", "generic"), str(data.get("mode", "cdc")), names)
+        merged = {**defaults, **data}
+        if isinstance(defaults.get("op_codes"), dict) and isinstance(data.get("op_codes"), dict):
+            merged["op_codes"] = {**defaults["op_codes"], **data["op_codes"]}  # override one code, keep the rest
+        return merged
+
+    def _check_source(self, types: dict[str, str]) -> None:
+        """What a preset knows its tool gets wrong unless the landing converts it."""
+        if self.source == "wal2json":
+            text = [c for c in self.order_by if types[c].startswith(_TEXT_TYPES)]
+            if text:
+                raise ValueError(
+                    f"order_by: {text} hold text, and wal2json's LSN text (0/16B3748) does not order as text "
+                    "(0/9 sorts after 0/10); land the LSN as a bigint (pg_lsn - '0/0')"
+                )
 
     @field_validator("order_by")
     @classmethod
@@ -674,6 +740,15 @@ class CdcTable(_EventTable):
     #: oldKeyValues, wal2json's oldkeys, Debezium's before-image of the key): an update whose old
     #: key differs retires the old key; a delete names the key it deletes there.
     old_key: list[str] = Field(default_factory=list)
+    #: A column that marks a delete (Debezium's ``__deleted`` under ``delete.handling.mode=rewrite``):
+    #: ``true`` makes the event a delete, whatever its op code says.
+    deleted_column: str | None = None
+    #: A NULL op: refused (``null_op``), or a full-load row (``read``: AWS DMS writes its full-load
+    #: files without ``Op``); such a row may also have NULL ``order_by`` values: it orders before every event.
+    missing_op: Literal["refuse", "read"] = "refuse"
+    #: How an ``order_by`` column compares when not as its values: ``binlog_file`` compares a MySQL
+    #: binlog file name by the number it ends in.
+    order_as: dict[str, Literal["binlog_file"]] = Field(default_factory=dict)
 
     @field_validator("primary_key", "nullable_key", "old_key")
     @classmethod
@@ -682,6 +757,7 @@ class CdcTable(_EventTable):
 
     def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
         _check_op_and_order(names, types, self.op_column, self.order_by, self.primary_key)
+        self._check_source(types)
         outside = [c for c in self.nullable_key if c not in self.primary_key]
         if outside:
             raise ValueError(f"nullable_key: {outside} are not primary_key columns {self.primary_key}")
@@ -697,6 +773,21 @@ class CdcTable(_EventTable):
                     raise ValueError(f"old_key: column {old!r} is a key, ordering or op column itself")
                 if types[old] != types[key]:
                     raise ValueError(f"old_key: column {old!r} has type {types[old]} but {key!r} has {types[key]}")
+        if self.deleted_column is not None:
+            d = self.deleted_column
+            if d not in types:
+                raise ValueError(f"deleted_column: column {d!r} is not among the columns {names}")
+            if d in self.primary_key or d in self.order_by or d == self.op_column or d in self.old_key:
+                raise ValueError(f"deleted_column: column {d!r} is a key, ordering, op or old-key column itself")
+            if types[d] not in ("string", "boolean"):
+                raise ValueError(
+                    f"deleted_column: column {d!r} has type {types[d]}; it needs string ('true') or boolean"
+                )
+        for c, how in self.order_as.items():
+            if c not in self.order_by:
+                raise ValueError(f"order_as: {c!r} is not an order_by column {self.order_by}")
+            if types[c] not in _TEXT_TYPES and not types[c].startswith(_TEXT_TYPES):
+                raise ValueError(f"order_as: {how} compares a text column, but {c!r} has type {types[c]}")
         if self.unchanged is not None:
             for c in self.unchanged.columns:
                 if c not in types:
@@ -711,7 +802,7 @@ class CdcTable(_EventTable):
 
     @property
     def control_columns(self) -> list[str]:
-        return [self.op_column, *self.old_key]
+        return [self.op_column, *self.old_key, *([self.deleted_column] if self.deleted_column else [])]
 
     @property
     def required_key(self) -> list[str]:
@@ -746,6 +837,7 @@ class KeylessTable(_EventTable):
 
     def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
         _check_op_and_order(names, types, self.op_column, self.order_by, [])
+        self._check_source(types)
         if self.partition_by is not None:
             raise ValueError("partition_by: keyless tables are not partitioned (yet); remove partition_by")
         data = self.data_columns

@@ -46,6 +46,10 @@ def test_the_mode_scenarios_are_there() -> None:
         "old_key_chain",
         "old_key_seed002",
         "old_key_late_event",
+        "debezium_rewrite_deletes",
+        "mysql_binlog_order",
+        "dms_full_load_then_changes",
+        "wal2json_kinds",
     }
     assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 6 and len(CDC_PARTITIONED) == 2
 

@@ -44,6 +44,11 @@ class CdcContext(TableContext):
     #: How a left-out value arrives: ``placeholder`` (this text) or ``null``.
     unchanged_marker: str
     unchanged_placeholder: str
+    #: Source conventions (registry ``deleted_column``, ``missing_op``, ``order_as``; README, "Source presets").
+    deleted_column: str | None = None
+    deleted_is_boolean: bool = False
+    missing_op: str = "refuse"
+    order_as: Any = None
 
 
 class CdcMode(TableMode):
@@ -74,6 +79,11 @@ class CdcMode(TableMode):
             unchanged_columns=list(c.unchanged.columns) if c.unchanged else [],
             unchanged_marker=c.unchanged.marker if c.unchanged else "placeholder",
             unchanged_placeholder=c.unchanged.placeholder if c.unchanged else "",
+            deleted_column=c.deleted_column,
+            deleted_is_boolean=c.deleted_column is not None
+            and {col.name: col.type for col in c.columns}[c.deleted_column] == "boolean",
+            missing_op=c.missing_op,
+            order_as=dict(c.order_as),
         )
 
     def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
@@ -92,6 +102,12 @@ class CdcMode(TableMode):
             doc["unchanged"] = c.unchanged.model_dump()
         if c.old_key:
             doc["old_key"] = c.old_key
+        if c.deleted_column:
+            doc["deleted_column"] = c.deleted_column
+        if c.missing_op != "refuse":
+            doc["missing_op"] = c.missing_op
+        if c.order_as:
+            doc["order_as"] = dict(sorted(c.order_as.items()))
         return doc
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
@@ -175,6 +191,8 @@ class CdcMode(TableMode):
                 role.append(f"old key of {c.primary_key[c.old_key.index(col.name)]}")
             if c.unchanged is not None and col.name in c.unchanged.columns:
                 role.append("may be left out")
+            if col.name == c.deleted_column:
+                role.append("delete marker")
             roles[col.name] = role
         return roles
 
@@ -185,9 +203,18 @@ class CdcMode(TableMode):
             "* **Mode:** `cdc` (the latest event per key wins; a delete's winner is kept as a tombstone)",
             "* **Primary key:** "
             + ", ".join(f"`{k}`" + (" (may be NULL)" if k in c.nullable_key else "") for k in c.primary_key),
-            "* **Event order:** " + ", ".join(f"`{k}`" for k in c.order_by) + ", then increment, file, row position",
+            "* **Event order:** "
+            + ", ".join(f"`{k}`" + (f" (as a {c.order_as[k]})" if k in c.order_as else "") for k in c.order_by)
+            + ", then increment, file, row position",
             f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
-            f"update `{codes.update}`, delete `{codes.delete}`",
+            f"update `{codes.update}`, delete `{codes.delete}`"
+            + (f" (source preset `{c.source}`)" if c.source != "generic" else ""),
+            *([f"* **Deletes:** also rows whose `{c.deleted_column}` is true"] if c.deleted_column else []),
+            *(
+                ["* **Full-load rows:** a missing op is a read; such a row orders before every event"]
+                if c.missing_op == "read"
+                else []
+            ),
             *(
                 [
                     "* **Key changes:** an update whose "
