@@ -22,7 +22,9 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Airflow reads its configuration once, at first import: point it at a test-only home
 # (SQLite, this project's dags/ and plugins/) before any test imports it.
-_AIRFLOW_HOME = PROJECT_ROOT / ".run" / "airflow-tests"
+# One per pytest-xdist worker: its SQLite database takes one writer at a time.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_AIRFLOW_HOME = PROJECT_ROOT / ".run" / ("airflow-tests" + (f"-{_WORKER}" if _WORKER else ""))
 if "AIRFLOW_HOME" not in os.environ or os.environ.get("CDC_TESTS_OWN_AIRFLOW_HOME") == "1":
     from cdc_compaction.devenv import airflow_env
 

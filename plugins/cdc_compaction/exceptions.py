@@ -87,10 +87,6 @@ class QuarantineError(CdcCompactionError):
     """A quarantine entry cannot be listed or re-ingested."""
 
 
-class InjectedFaultError(CdcCompactionError):
-    """Raised at a fault point armed through ``CDC_FAULTS`` (crash tests only)."""
-
-
 class AirflowSetupError(CdcCompactionError):
     """The project-local Airflow could not be prepared (e.g. ``airflow db migrate`` failed)."""
 
