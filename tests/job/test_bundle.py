@@ -73,6 +73,25 @@ def test_another_source_gives_another_name(tmp_path: Path) -> None:
     assert bundle.file_name(bundle.build_bytes(copy)) != bundle.file_name(same)
 
 
+def test_a_new_package_prunes_superseded_ones_only_when_they_are_old(tmp_path: Path) -> None:
+    out = tmp_path / "jobs"
+    out.mkdir()
+    day = 24 * 3600
+    old = out / f"{bundle.PREFIX}00000000000000aa.zip"
+    recent = out / f"{bundle.PREFIX}00000000000000bb.zip"
+    other = out / "someone-elses.zip"
+    for path, age in ((old, 3 * day), (recent, 3600), (other, 30 * day)):
+        path.write_bytes(b"x")
+        os.utime(path, (path.stat().st_atime, path.stat().st_mtime - age))
+    built = bundle.build(out)
+    # A job submitted an hour ago may still read its zip; three days ago, none can.
+    assert sorted(p.name for p in out.iterdir()) == sorted([built.name, recent.name, other.name])
+    # The current package itself is never pruned, however old its file.
+    os.utime(built, (built.stat().st_atime, built.stat().st_mtime - 10 * day))
+    assert bundle.prune(out, keep=built) == [] and built.is_file()
+    assert bundle.prune(out, keep=built, now=recent.stat().st_mtime + 3 * day) == [recent]
+
+
 def test_the_zip_alone_carries_the_job(tmp_path: Path) -> None:
     """A fresh interpreter with the zip and the venv's site-packages (pyspark), without plugins/, imports the job."""
     path = bundle.build(tmp_path / "pkg")

@@ -17,6 +17,7 @@ import hashlib
 import io
 import os
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -75,4 +76,29 @@ def build(out_dir: str | os.PathLike[str], package_dir: Path = PACKAGE_DIR) -> P
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    prune(out, keep=target)
     return target
+
+
+#: A superseded job package is removed once it is this old: a job submitted before the upgrade
+#: may still be reading it (local mode's Python workers import from the zip while the job runs),
+#: and no job lives longer than a run's lease (``lease_timeout``, 6 hours by default).
+PRUNE_AFTER_SECONDS = 2 * 24 * 3600
+
+
+def prune(out_dir: str | os.PathLike[str], keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the job packages in ``out_dir`` other than ``keep`` older than :data:`PRUNE_AFTER_SECONDS`.
+
+    Called when a new package is written, i.e. once per code change, so that upgrades do not
+    pile up zips. Returns what it removed; one it cannot remove is left for the next time.
+    """
+    now = time.time() if now is None else now
+    removed = []
+    for old in Path(out_dir).glob(f"{PREFIX}*.zip"):
+        try:
+            if old.name != keep.name and now - old.stat().st_mtime > PRUNE_AFTER_SECONDS:
+                old.unlink()
+                removed.append(old)
+        except OSError:
+            continue  # gone already (another task pruned it), or not ours to remove
+    return removed
