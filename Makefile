@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 SCENARIOS ?= ../shared/conformance/*.json
 MODE ?= inprocess
 PYTEST_ARGS ?=
+# make test's pytest workers (pytest-xdist; 0: one process). The suite waits on JVM starts, Airflow
+# processes and Spark jobs as much as it computes, so two workers use two cores better than one.
+TEST_WORKERS ?= 2
 # make demo SOURCE=postgres: a real PostgreSQL table (wal2json) as the CDC source.
 SOURCE ?= files
 # PostgreSQL's server and wal2json (make test, make demo SOURCE=postgres); check-postgres installs them as root.
@@ -59,7 +62,7 @@ install: check-java $(STAMP)  ## create .venv and install the pinned requirement
 test: install check-postgres $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
 
 test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
