@@ -45,8 +45,15 @@ class SnapshotContext(TableContext):
     business_date_column: str | None
     #: (name, Hive type, comment) of the columns the outputs add after the registry's (the DDL's column list).
     mode_columns: list[tuple[str, str, str]]
+    #: ``<t>_history``: the net changes, one partition per business date.
+    history_table: str
     #: The rule's reject reason reads the key hash: the pending-rejects query computes it first.
     hash_key_for_rejects: bool = True
+
+
+def history_table(cfg: TableConfig) -> str:
+    """The name of a snapshot table's history table, ``<t>_history``."""
+    return f"{cfg.table}_history"
 
 
 def last_applied(parent: Commit) -> str | None:
@@ -73,6 +80,7 @@ class SnapshotMode(TableMode):
             delta=c.delta,
             business_date_column=c.business_date_column,
             mode_columns=[(n, t, _COMMENTS[n]) for n, t in SNAPSHOT_COLUMNS],
+            history_table=history_table(c),
         )
 
     def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
