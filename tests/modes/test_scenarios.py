@@ -38,6 +38,11 @@ KEYLESS_PIPELINE = [
 ]
 
 
+#: Every snapshot scenario, through the pipeline: the current table (<t>_base) and every history
+#: partition (<t>_history) read back through the metastore, and the mode's counts.
+SNAPSHOT = sorted((SCENARIO_DIR / "snapshot").glob("*.json"))
+
+
 def test_the_mode_scenarios_are_there() -> None:
     assert {p.stem for p in CDC} >= {
         "nullable_key",
@@ -48,6 +53,7 @@ def test_the_mode_scenarios_are_there() -> None:
         "old_key_late_event",
     }
     assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 6 and len(CDC_PARTITIONED) == 2
+    assert len(SNAPSHOT) >= 12
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +80,14 @@ def test_cdc_scenario_partitioned(path: Path, inprocess: conf.InProcessRunner, r
 @pytest.mark.parametrize("path", KEYLESS_PIPELINE, ids=[p.stem for p in KEYLESS_PIPELINE])
 def test_keyless_scenario(path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path) -> None:
     result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_k")
+    assert result.ok, "\n".join(result.failures)
+
+
+@pytest.mark.parametrize("path", SNAPSHOT, ids=[p.stem for p in SNAPSHOT])
+def test_snapshot_scenario(path: Path, inprocess: conf.InProcessRunner, spark: Any, tmp_path: Path) -> None:
+    result = conf.run_scenario(
+        conf.Scenario.load(path), inprocess, [conf.Reader(spark)], tmp_path / "lake", suffix="_s"
+    )
     assert result.ok, "\n".join(result.failures)
 
 
