@@ -479,3 +479,50 @@ def test_every_mode_crashes_then_retries(
     run.run(crash=(point, task, "raise"))
     assert run.window_checks == 1
     run.assert_clean()
+
+
+def test_snapshot_mode_crashes_after_its_output_then_retries(make_snapshot_cfg, runtime, spark) -> None:
+    """mode: snapshot, crashed after the job wrote its current table and history partition (no stats yet).
+
+    Nothing is published by the crashed attempt; the retry publishes exactly once, and the history
+    holds each business date once (the crashed attempt's partition is cleaned up, never registered).
+    With keep_versions 1, the first version stays only for its history partition.
+    """
+    from conftest import compact_once, snapshot_state
+
+    from cdc_compaction.exceptions import CompactionError
+
+    rt = runtime(make_snapshot_cfg(keep_versions=1))
+    ensure_tables(rt)
+    refresh_view(rt)
+    conf.land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bob"}]])
+    compact_once(rt, "run-1")
+    day1 = snapshot_state(spark, rt.cfg)
+    rows = [{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bobby"}, {"id": 3, "full_name": "Cy"}]
+    conf.land(rt.cfg, "increment_2026112300", [rows])
+    path = run_plan(rt, "run-2")
+    os.environ[faults.ENV] = f"compact.before_stats@{rt.cfg.qualified_name}=raise"
+    try:
+        with pytest.raises((InjectedFaultError, RuntimeError), match=r"injected fault at compact\.before_stats"):
+            order.step("compact").call(rt, path, "run-2")
+    finally:
+        del os.environ[faults.ENV]
+    base = Path(rt.lake.layout.base)
+    assert [p.name for p in base.glob("v00000002-*/history/eff_start_date=*")] == ["eff_start_date=2026-11-23"]
+    with pytest.raises(CompactionError, match="no attempt of the compaction job finished"):
+        validate(rt, path)
+    assert snapshot_state(spark, rt.cfg) == day1, "readers see the published version only"
+    for name in ("compact", "validate", "publish", "archive", "refresh_view"):
+        order.step(name).call(rt, path, "run-2")
+    commit = rt.lake.latest_commit()
+    assert commit.seq == 2 and rt.lake.read_commit(3) is None
+    assert sorted(commit.history or {}) == ["2026-11-22", "2026-11-23"]
+    assert snapshot_state(spark, rt.cfg) == (
+        {1: ("Ann", "N", "2026-11-22"), 2: ("Bobby", "U", "2026-11-23"), 3: ("Cy", "I", "2026-11-23")},
+        {"2026-11-22": [(1, "Ann", "I"), (2, "Bob", "I")], "2026-11-23": [(2, "Bobby", "U"), (3, "Cy", "I")]},
+    )
+    # Each date once on storage: the crashed attempt went with publish's cleanup; version 1 keeps only its history.
+    on_disk = sorted(str(p.relative_to(base)).split("/", 1)[1] for p in base.glob("v0000000[12]-*/history/*"))
+    assert on_disk == ["history/eff_start_date=2026-11-22", "history/eff_start_date=2026-11-23"]
+    first = Path(rt.lake.read_commit(1).version if rt.lake.read_commit(1) else "")
+    assert not (base / first / "data").exists(), "the first version's current table went; its history stays"
