@@ -91,12 +91,13 @@ def test_snapshot_scenario(path: Path, inprocess: conf.InProcessRunner, spark: A
     assert result.ok, "\n".join(result.failures)
 
 
-#: A cdc option whose rule statement travels in the plan file (key changes) and a keyless table as
-#: real DAG runs (spark-submit with the job package); the rest run in-process above, through the
-#: same task functions.
+#: A cdc option whose rule statement travels in the plan file (key changes), a keyless table and a
+#: snapshot table (its history published by the DAG's tasks) as real DAG runs (spark-submit with the
+#: job package); the rest run in-process above, through the same task functions.
 DAG_SCENARIOS = [
     SCENARIO_DIR / "cdc" / "old_key_chain.json",
     SCENARIO_DIR / "keyless" / "seed_003_alice_alice_bob.json",
+    SCENARIO_DIR / "snapshot" / "update_nochange_delete_insert.json",
 ]
 
 
