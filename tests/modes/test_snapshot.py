@@ -660,12 +660,9 @@ def test_plan_fields_carry_the_business_dates_and_the_last_applied_date() -> Non
 
     cfg = _registry_table()
     mode = mode_of(cfg)
-    assert mode.plan_fields(cfg, GENESIS) == {
-        "primary_key": ["id"],
-        "delta": False,
-        "business_date_column": None,
-        "last_applied": None,
-    }
+    assert mode.plan_fields(cfg, GENESIS) == {"primary_key": ["id"], "delta": False}
+    dated = _registry_table(business_date={"column": "as_of"})
+    assert mode.plan_fields(dated, GENESIS)["business_date_column"] == "as_of"
     parent = Commit(2, "v2", "p", "r", 1, [], [], history={"2026-11-22": "/a", "2026-11-24": "/b", "2026-11-23": "/c"})
     assert mode.plan_fields(cfg, parent)["last_applied"] == "2026-11-24"
     # The UTC date of the increment's hour: every hour of a day is that day.

@@ -111,13 +111,13 @@ class SnapshotMode(TableMode):
 
     def plan_fields(self, cfg: TableConfig, parent: Commit) -> dict[str, Any]:
         c = self._cfg(cfg)
-        # Filled in by plan_increments (the plan step knows the increments only after this call).
-        return {
-            "primary_key": list(c.primary_key),
-            "delta": c.delta,
-            "business_date_column": c.business_date_column,
-            "last_applied": last_applied(parent),
-        }
+        fields: dict[str, Any] = {"primary_key": list(c.primary_key), "delta": c.delta}
+        # Left out when None, as job.contract.Plan writes them back (the plan round-trips key for key).
+        if c.business_date_column:
+            fields["business_date_column"] = c.business_date_column
+        if (last := last_applied(parent)) is not None:
+            fields["last_applied"] = last
+        return fields
 
     def plan_increments(self, cfg: TableConfig, increments: list[str]) -> dict[str, Any]:
         """The plan's entries that depend on its increments: each one's business date from its name."""
