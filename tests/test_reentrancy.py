@@ -19,6 +19,7 @@ from conftest import compact_once, snapshot_state, visible_names
 
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import ConcurrentCommitError
+from cdc_compaction.job.contract import Plan
 from cdc_compaction.job.faults import ENV as FAULTS_ENV
 from cdc_compaction.lake import Commit
 from cdc_compaction.pipeline import order
@@ -233,6 +234,10 @@ def test_a_published_snapshot_run_is_reentrant(make_snapshot_cfg, runtime, spark
     path = compact_once(rt, "run-2")
     commit = rt.lake.latest_commit()
     assert sorted(commit.history or {}) == ["2026-11-22", "2026-11-23"]
+    doc = json.loads(Path(path).read_text())
+    plan = Plan.from_dict(doc)
+    assert plan.to_dict() == doc and plan.extra == {}, "the snapshot plan round-trips key for key"
+    assert (plan.last_applied, plan.business_dates) == ("2026-11-22", {"increment_2026112300": "2026-11-23"})
     state = snapshot_state(spark, rt.cfg)
     assert state == (
         {2: ("Bobby", "U", "2026-11-23"), 3: ("Cy", "I", "2026-11-23")},
