@@ -93,7 +93,7 @@ def _output_files(storage: Storage, out: str) -> tuple[dict[str, int], list[str]
     return files, other
 
 
-def _history_problems(stats: dict[str, Any], out: str, footer_rows_by_date: dict[str, int]) -> list[str]:
+def history_problems(stats: dict[str, Any], out: str, footer_rows_by_date: dict[str, int]) -> list[str]:
     """A snapshot compaction's history partitions: in this attempt's ``history/``, holding the rows reported."""
     problems = []
     reported = stats.get("history") or {}
@@ -325,7 +325,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
             break
     problems += footer_problems(p, stats, footer_rows, footer_rows_by_partition)
     if p.get("mode") == "snapshot":
-        problems += _history_problems(stats, out, footer_rows_by_date)
+        problems += history_problems(stats, out, footer_rows_by_date)
     elif footer_rows[HISTORY_DIR]:
         problems.append(f"{out} holds history files, but the table is not a snapshot table")
     if problems:
