@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -481,12 +482,17 @@ def test_every_mode_crashes_then_retries(
     run.assert_clean()
 
 
-def test_snapshot_mode_crashes_after_its_output_then_retries(make_snapshot_cfg, runtime, spark) -> None:
-    """mode: snapshot, crashed after the job wrote its current table and history partition (no stats yet).
+SNAPSHOT_POINTS = [("compact.before_stats", "compact"), ("publish.after_metastore_swap", "publish")]
 
-    Nothing is published by the crashed attempt; the retry publishes exactly once, and the history
-    holds each business date once (the crashed attempt's partition is cleaned up, never registered).
-    With keep_versions 1, the first version stays only for its history partition.
+
+@pytest.mark.parametrize(("point", "task"), SNAPSHOT_POINTS, ids=[p for p, _ in SNAPSHOT_POINTS])
+def test_snapshot_mode_crashes_then_retries(make_snapshot_cfg, runtime, spark, point: str, task: str) -> None:
+    """mode: snapshot, crashed after the job wrote its current table and history partition (no stats yet), or
+    after publish committed and swapped the base but before it registered the history partition.
+
+    The crashed attempt is never published; the retry publishes exactly once, and the history holds
+    each business date once (a crashed attempt's partition is cleaned up, never registered). With
+    keep_versions 1, the first version stays only for its history partition.
     """
     from conftest import compact_once, snapshot_state
 
@@ -501,28 +507,39 @@ def test_snapshot_mode_crashes_after_its_output_then_retries(make_snapshot_cfg, 
     rows = [{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bobby"}, {"id": 3, "full_name": "Cy"}]
     conf.land(rt.cfg, "increment_2026112300", [rows])
     path = run_plan(rt, "run-2")
-    os.environ[faults.ENV] = f"compact.before_stats@{rt.cfg.qualified_name}=raise"
+    steps = ["compact", "validate", "publish", "archive", "refresh_view"]
+    for name in steps[: steps.index(task)]:
+        order.step(name).call(rt, path, "run-2")
+    os.environ[faults.ENV] = f"{point}@{rt.cfg.qualified_name}=raise"
     try:
-        with pytest.raises((InjectedFaultError, RuntimeError), match=r"injected fault at compact\.before_stats"):
-            order.step("compact").call(rt, path, "run-2")
+        with pytest.raises((InjectedFaultError, RuntimeError), match="injected fault at " + re.escape(point)):
+            order.step(task).call(rt, path, "run-2")
     finally:
         del os.environ[faults.ENV]
     base = Path(rt.lake.layout.base)
-    assert [p.name for p in base.glob("v00000002-*/history/eff_start_date=*")] == ["eff_start_date=2026-11-23"]
-    with pytest.raises(CompactionError, match="no attempt of the compaction job finished"):
-        validate(rt, path)
-    assert snapshot_state(spark, rt.cfg) == day1, "readers see the published version only"
-    for name in ("compact", "validate", "publish", "archive", "refresh_view"):
+    new_current = {1: ("Ann", "N", "2026-11-22"), 2: ("Bobby", "U", "2026-11-23"), 3: ("Cy", "I", "2026-11-23")}
+    if task == "compact":
+        assert [p.name for p in base.glob("v00000002-*/history/eff_start_date=*")] == ["eff_start_date=2026-11-23"]
+        with pytest.raises(CompactionError, match="no attempt of the compaction job finished"):
+            validate(rt, path)
+        assert snapshot_state(spark, rt.cfg) == day1, "readers see the published version only"
+    else:
+        # Committed and swapped: the current table is new, the history not registered yet (the next
+        # publish or plan rolls it forward).
+        assert rt.lake.latest_commit().seq == 2
+        current, history = snapshot_state(spark, rt.cfg)
+        assert current == new_current and history == day1[1]
+    for name in steps[steps.index(task) :]:
         order.step(name).call(rt, path, "run-2")
     commit = rt.lake.latest_commit()
     assert commit.seq == 2 and rt.lake.read_commit(3) is None
     assert sorted(commit.history or {}) == ["2026-11-22", "2026-11-23"]
     assert snapshot_state(spark, rt.cfg) == (
-        {1: ("Ann", "N", "2026-11-22"), 2: ("Bobby", "U", "2026-11-23"), 3: ("Cy", "I", "2026-11-23")},
+        new_current,
         {"2026-11-22": [(1, "Ann", "I"), (2, "Bob", "I")], "2026-11-23": [(2, "Bobby", "U"), (3, "Cy", "I")]},
     )
-    # Each date once on storage: the crashed attempt went with publish's cleanup; version 1 keeps only its history.
+    # Each date once on storage: a crashed attempt went with publish's cleanup; version 1 keeps only its history.
     on_disk = sorted(str(p.relative_to(base)).split("/", 1)[1] for p in base.glob("v0000000[12]-*/history/*"))
     assert on_disk == ["history/eff_start_date=2026-11-22", "history/eff_start_date=2026-11-23"]
-    first = Path(rt.lake.read_commit(1).version if rt.lake.read_commit(1) else "")
-    assert not (base / first / "data").exists(), "the first version's current table went; its history stays"
+    first = rt.lake.read_commit(1)
+    assert first is not None and not (base / first.version / "data").exists(), "its current table went"
