@@ -504,6 +504,16 @@ def test_snapshot_mode_crashes_then_retries(make_snapshot_cfg, runtime, spark, p
     conf.land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bob"}]])
     compact_once(rt, "run-1")
     day1 = snapshot_state(spark, rt.cfg)
+    base_table = f"`{rt.cfg.database}`.`{sql.table_names(rt.cfg)['base_table']}`"
+
+    def ingested() -> dict[int, Any]:
+        spark.catalog.refreshTable(base_table)
+        return {
+            r["id"]: r["_cdc_ingested_at"]
+            for r in spark.sql(f"SELECT id, _cdc_ingested_at FROM {base_table}").collect()
+        }
+
+    first_stamps = ingested()
     rows = [{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bobby"}, {"id": 3, "full_name": "Cy"}]
     conf.land(rt.cfg, "increment_2026112300", [rows])
     path = run_plan(rt, "run-2")
@@ -538,6 +548,9 @@ def test_snapshot_mode_crashes_then_retries(make_snapshot_cfg, runtime, spark, p
         new_current,
         {"2026-11-22": [(1, "Ann", "I"), (2, "Bob", "I")], "2026-11-23": [(2, "Bobby", "U"), (3, "Cy", "I")]},
     )
+    stamps = ingested()
+    assert stamps[1] == first_stamps[1], "an unchanged row (N) keeps when its values were compacted"
+    assert stamps[2] > first_stamps[2] and stamps[3] == stamps[2]
     # Each date once on storage: a crashed attempt went with publish's cleanup; version 1 keeps only its history.
     on_disk = sorted(str(p.relative_to(base)).split("/", 1)[1] for p in base.glob("v0000000[12]-*/history/*"))
     assert on_disk == ["history/eff_start_date=2026-11-22", "history/eff_start_date=2026-11-23"]

@@ -19,6 +19,7 @@ provenance of the row's values (``_cdc_increment``, ``_cdc_file``, ``_cdc_pos``)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -38,6 +39,7 @@ from cdc_compaction.job.contract import (
     HISTORY_DIR_PREFIX,
     KEY_HASH_COLUMN,
     LAYOUT,
+    META_COLUMNS,
     META_DDL,
     OPERATION_COLUMN,
     PROVENANCE,
@@ -65,6 +67,8 @@ REJECT_REASON = "_cdc_reject_reason"
 #: A row's business date, when the table is dated by a column (NULL otherwise).
 BUSINESS_DATE = "_cdc_business_date"
 INCREMENT = "_cdc_increment"
+#: When a row's values were compacted: the last metadata column (the contract's).
+INGESTED_AT = META_COLUMNS[-1]
 
 # The columns the operation rule reads (see the template's header).
 OLD_ROW_HASH = "_cdc_old_row_hash"
@@ -500,7 +504,9 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     from cdc_compaction.job import compact as job  # the shared driver pieces; it imports this module lazily
 
     columns = list(plan.column_names)
-    rule = SnapshotRule.from_dict(plan.rule)
+    # _cdc_ingested_at travels with each row as if it were a column of the table (the hashes and
+    # the comparison never read it): a row that keeps its values (N, X) keeps when they were compacted.
+    rule = dataclasses.replace(SnapshotRule.from_dict(plan.rule), columns=[*columns, INGESTED_AT])
     ingested_at = job._ts(plan.ingested_at)
     out, quarantine = job.attempt_locations(plan, attempt)
     data_out, tomb_out, hist_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}", f"{out}/{HISTORY_DIR}"
@@ -510,14 +516,15 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     schema = f"{plan.schema_ddl}, {extra_ddl}, {META_DDL}"
     log.info("compacting snapshot %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 
-    # The parent's current table, as the rule's functions hold it (no _cdc_ingested_at: it is stamped anew).
+    # The parent's current table, as the rule's functions hold it.
     parent = spark.read.schema(schema).parquet(plan.base_location)
     base_rows = parent.count()
     current = parent.select(*[_c(c) for c in rule.output_columns]) if base_rows else None
 
     raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
     increment_rows = raw.count()
-    rows = hashed(job.with_provenance(raw, columns), rule)
+    stamp = F.lit(ingested_at).cast("timestamp")
+    rows = hashed(job.with_provenance(raw, columns).withColumn(INGESTED_AT, stamp), rule)
     names = plan.business_dates or {}
     increments = {i: date.fromisoformat(names[i]) if names.get(i) else None for i in plan.increments}
     before = date.fromisoformat(plan.last_applied) if plan.last_applied else None
@@ -534,9 +541,9 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     if by_file:
         bad.write.mode(write_mode).parquet(quarantine)
 
-    stamp = F.lit(ingested_at).cast("timestamp").alias("_cdc_ingested_at")
-    out_cols = [*rule.output_columns]
-    current_out = comp.current.select(*[_c(c) for c in out_cols], stamp)
+    # In the order of the tables' DDL: the registry's columns, the mode's, then the metadata.
+    out_cols = [*columns, OPERATION, EFF_START_DATE, KEY_HASH, ROW_HASH, *PROVENANCE, INGESTED_AT]
+    current_out = comp.current.select(*[_c(c) for c in out_cols])
     if plan.output_files:
         current_out = current_out.coalesce(int(plan.output_files))
     writer = current_out.write.mode(write_mode).option("compression", compression)
@@ -546,17 +553,20 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
 
     # One directory per applied date, written on its own: a date whose snapshot changed nothing
     # still gets one (empty) file, which Spark's partitionBy would not write.
-    hist_cols = [c for c in out_cols if c != EFF_START_DATE]
+    # Every history row is a change this compaction made: stamped with its time (a D row's values are older).
+    hist_cols = [c for c in out_cols if c not in (EFF_START_DATE, INGESTED_AT)]
     written_dates: dict[str, str] = {}
     for _increment, d in comp.applied:
         where = f"{hist_out}/{HISTORY_DIR_PREFIX}{d.isoformat()}"
-        part = comp.history.filter(_c(EFF_START_DATE) == F.lit(d)).select(*[_c(c) for c in hist_cols], stamp)
+        part = comp.history.filter(_c(EFF_START_DATE) == F.lit(d)).select(
+            *[_c(c) for c in hist_cols], stamp.alias(INGESTED_AT)
+        )
         part.coalesce(1).write.mode(write_mode).option("compression", compression).parquet(where)
         written_dates[d.isoformat()] = where
     # No tombstones in this mode; the directory holds one empty file of the current table's schema.
-    comp.current.where(F.lit(False)).select(*[_c(c) for c in out_cols], stamp).coalesce(1).write.mode(
-        write_mode
-    ).option("compression", compression).parquet(tomb_out)
+    comp.current.where(F.lit(False)).select(*[_c(c) for c in out_cols]).coalesce(1).write.mode(write_mode).option(
+        "compression", compression
+    ).parquet(tomb_out)
 
     # Re-read what landed on storage: these counts gate publishing (validate).
     written = spark.read.schema(schema).parquet(data_out)
