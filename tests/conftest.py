@@ -165,6 +165,39 @@ def make_cfg(tmp_path: Path) -> Callable[..., TableConfig]:
 
 
 @pytest.fixture
+def make_snapshot_cfg(tmp_path: Path) -> Callable[..., TableConfig]:
+    """Build a ``mode: snapshot`` TableConfig (key ``id``, compared ``full_name``) for a fresh table."""
+    counter = {"n": 0}
+
+    def _make(**overrides: Any) -> TableConfig:
+        counter["n"] += 1
+        name = f"s_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**8}_{counter['n']}"
+        doc = student_doc(tmp_path / "lake", name, mode="snapshot", columns=[dict(c) for c in STUDENT_COLUMNS[:2]])
+        del doc["order_by"]
+        doc.update(overrides)
+        return parse_table(doc)
+
+    return _make
+
+
+def snapshot_state(spark: Any, cfg: TableConfig) -> tuple[dict[int, tuple[str, str, str]], dict[str, list[Any]]]:
+    """A snapshot table as readers see it through the metastore: the current table (id -> full_name,
+    operation, eff_start_date) and ``<t>_history`` (date -> sorted (id, full_name, operation) rows)."""
+    names = table_names(cfg)
+    base, history = f"`{cfg.database}`.`{names['base_table']}`", f"`{cfg.database}`.`{cfg.table}_history`"
+    for t in (base, history):
+        spark.catalog.refreshTable(t)
+    current = {
+        r["id"]: (r["full_name"], r["operation"], str(r["eff_start_date"]))
+        for r in spark.sql(f"SELECT id, full_name, operation, eff_start_date FROM {base}").collect()
+    }
+    dates: dict[str, list[Any]] = {r[0].split("=", 1)[1]: [] for r in spark.sql(f"SHOW PARTITIONS {history}").collect()}
+    for r in spark.sql(f"SELECT id, full_name, operation, eff_start_date FROM {history}").collect():
+        dates[r["eff_start_date"]].append((r["id"], r["full_name"], r["operation"]))
+    return current, {d: sorted(rows) for d, rows in dates.items()}
+
+
+@pytest.fixture
 def lake_of() -> Callable[[TableConfig], Lake]:
     return Lake
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -479,3 +480,79 @@ def test_every_mode_crashes_then_retries(
     run.run(crash=(point, task, "raise"))
     assert run.window_checks == 1
     run.assert_clean()
+
+
+SNAPSHOT_POINTS = [("compact.before_stats", "compact"), ("publish.after_metastore_swap", "publish")]
+
+
+@pytest.mark.parametrize(("point", "task"), SNAPSHOT_POINTS, ids=[p for p, _ in SNAPSHOT_POINTS])
+def test_snapshot_mode_crashes_then_retries(make_snapshot_cfg, runtime, spark, point: str, task: str) -> None:
+    """mode: snapshot, crashed after the job wrote its current table and history partition (no stats yet), or
+    after publish committed and swapped the base but before it registered the history partition.
+
+    The crashed attempt is never published; the retry publishes exactly once, and the history holds
+    each business date once (a crashed attempt's partition is cleaned up, never registered). With
+    keep_versions 1, the first version stays only for its history partition.
+    """
+    from conftest import compact_once, snapshot_state
+
+    from cdc_compaction.exceptions import CompactionError
+
+    rt = runtime(make_snapshot_cfg(keep_versions=1))
+    ensure_tables(rt)
+    refresh_view(rt)
+    conf.land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bob"}]])
+    compact_once(rt, "run-1")
+    day1 = snapshot_state(spark, rt.cfg)
+    base_table = f"`{rt.cfg.database}`.`{sql.table_names(rt.cfg)['base_table']}`"
+
+    def ingested() -> dict[int, Any]:
+        spark.catalog.refreshTable(base_table)
+        return {
+            r["id"]: r["_cdc_ingested_at"]
+            for r in spark.sql(f"SELECT id, _cdc_ingested_at FROM {base_table}").collect()
+        }
+
+    first_stamps = ingested()
+    rows = [{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bobby"}, {"id": 3, "full_name": "Cy"}]
+    conf.land(rt.cfg, "increment_2026112300", [rows])
+    path = run_plan(rt, "run-2")
+    steps = ["compact", "validate", "publish", "archive", "refresh_view"]
+    for name in steps[: steps.index(task)]:
+        order.step(name).call(rt, path, "run-2")
+    os.environ[faults.ENV] = f"{point}@{rt.cfg.qualified_name}=raise"
+    try:
+        with pytest.raises((InjectedFaultError, RuntimeError), match="injected fault at " + re.escape(point)):
+            order.step(task).call(rt, path, "run-2")
+    finally:
+        del os.environ[faults.ENV]
+    base = Path(rt.lake.layout.base)
+    new_current = {1: ("Ann", "N", "2026-11-22"), 2: ("Bobby", "U", "2026-11-23"), 3: ("Cy", "I", "2026-11-23")}
+    if task == "compact":
+        assert [p.name for p in base.glob("v00000002-*/history/eff_start_date=*")] == ["eff_start_date=2026-11-23"]
+        with pytest.raises(CompactionError, match="no attempt of the compaction job finished"):
+            validate(rt, path)
+        assert snapshot_state(spark, rt.cfg) == day1, "readers see the published version only"
+    else:
+        # Committed and swapped: the current table is new, the history not registered yet (the next
+        # publish or plan rolls it forward).
+        assert rt.lake.latest_commit().seq == 2
+        current, history = snapshot_state(spark, rt.cfg)
+        assert current == new_current and history == day1[1]
+    for name in steps[steps.index(task) :]:
+        order.step(name).call(rt, path, "run-2")
+    commit = rt.lake.latest_commit()
+    assert commit.seq == 2 and rt.lake.read_commit(3) is None
+    assert sorted(commit.history or {}) == ["2026-11-22", "2026-11-23"]
+    assert snapshot_state(spark, rt.cfg) == (
+        new_current,
+        {"2026-11-22": [(1, "Ann", "I"), (2, "Bob", "I")], "2026-11-23": [(2, "Bobby", "U"), (3, "Cy", "I")]},
+    )
+    stamps = ingested()
+    assert stamps[1] == first_stamps[1], "an unchanged row (N) keeps when its values were compacted"
+    assert stamps[2] > first_stamps[2] and stamps[3] == stamps[2]
+    # Each date once on storage: a crashed attempt went with publish's cleanup; version 1 keeps only its history.
+    on_disk = sorted(str(p.relative_to(base)).split("/", 1)[1] for p in base.glob("v0000000[12]-*/history/*"))
+    assert on_disk == ["history/eff_start_date=2026-11-22", "history/eff_start_date=2026-11-23"]
+    first = rt.lake.read_commit(1)
+    assert first is not None and not (base / first.version / "data").exists(), "its current table went"

@@ -61,3 +61,16 @@ def test_errors_that_may_heal_are_left_to_airflows_retries(tmp_path, monkeypatch
     monkeypatch.setattr(order.step("publish").target, broken)
     with pytest.raises(type(error)):
         _dag(tmp_path).get_task("publish").python_callable(plan_path="/p")
+
+
+def test_a_snapshot_table_gets_its_dag_and_docs(tmp_path) -> None:
+    """mode: snapshot builds the same DAG as every mode; its docs name its key, snapshots and outputs."""
+    doc = student_doc(tmp_path / "lake", "accounts", mode="snapshot", columns=[{"name": "id", "type": "int"}])
+    del doc["order_by"]
+    cfg = parse_table({**doc, "columns": [*doc["columns"], {"name": "as_of", "type": "date"}]})
+    dag = factory.build_dag(cfg)
+    assert [t.task_id for t in dag.tasks] == [
+        t.task_id for t in factory.build_dag(parse_table(student_doc(tmp_path / "lake"))).tasks
+    ]
+    docs = factory.doc_md(cfg)
+    assert "`snapshot`" in docs and "accounts_history" in docs and "no view over pending snapshots yet" in docs

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import compact_once, visible_names
+from conftest import compact_once, snapshot_state, visible_names
 
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import ConcurrentCommitError
+from cdc_compaction.job.contract import Plan
 from cdc_compaction.job.faults import ENV as FAULTS_ENV
 from cdc_compaction.lake import Commit
 from cdc_compaction.pipeline import order
@@ -218,3 +219,49 @@ def test_a_compaction_that_may_heal_is_left_to_the_retries(make_cfg, runtime, tm
     with pytest.raises(Exception, match="Error code is: 1") as raised:
         task.execute({})
     assert not isinstance(raised.value, AirflowFailException)
+
+
+def test_a_published_snapshot_run_is_reentrant(make_snapshot_cfg, runtime, spark) -> None:
+    """mode: snapshot: publishing the same commit again changes nothing, compacting its plan again writes nothing."""
+    from cdc_compaction.metastore import connect
+    from cdc_compaction.modes.snapshot import history_table
+
+    rt = runtime(make_snapshot_cfg())
+    ensure_tables(rt)
+    land(rt.cfg, "increment_2026112200", [[{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bob"}]])
+    compact_once(rt, "run-1")
+    land(rt.cfg, "increment_2026112300", [[{"id": 2, "full_name": "Bobby"}, {"id": 3, "full_name": "Cy"}]])
+    path = compact_once(rt, "run-2")
+    commit = rt.lake.latest_commit()
+    assert sorted(commit.history or {}) == ["2026-11-22", "2026-11-23"]
+    doc = json.loads(Path(path).read_text())
+    plan = Plan.from_dict(doc)
+    assert plan.to_dict() == doc and plan.extra == {}, "the snapshot plan round-trips key for key"
+    assert (plan.last_applied, plan.business_dates) == ("2026-11-22", {"increment_2026112300": "2026-11-23"})
+    state = snapshot_state(spark, rt.cfg)
+    assert state == (
+        {2: ("Bobby", "U", "2026-11-23"), 3: ("Cy", "I", "2026-11-23")},
+        {
+            "2026-11-22": [(1, "Ann", "I"), (2, "Bob", "I")],
+            "2026-11-23": [(1, "Ann", "D"), (2, "Bobby", "U"), (3, "Cy", "I")],
+        },
+    )
+    trees = {loc: _tree(loc) for loc in [rt.lake.live_location(), *(commit.history or {}).values()]}
+    base = Path(rt.lake.layout.base)
+    before = sorted(p.name for p in base.iterdir())
+
+    def registered() -> dict[str, str]:
+        with connect(rt.metastore) as ms:
+            return ms.partitions(rt.cfg.database, history_table(rt.cfg))
+
+    partitions = registered()
+    assert sorted(partitions) == ["2026-11-22", "2026-11-23"]
+    assert _step(rt, "compact", path, "run-2")["already_committed"] is True
+    assert sorted(p.name for p in base.iterdir()) == before, "compacting a published plan writes nothing"
+    for _ in range(2):
+        publish(rt, path)
+    assert rt.lake.latest_commit() == commit
+    assert registered() == partitions
+    assert snapshot_state(spark, rt.cfg) == state
+    assert {loc: _tree(loc) for loc in trees} == trees, "a published version or history partition was written again"
+    assert sorted(p.name for p in base.iterdir()) == before

@@ -470,7 +470,7 @@ def _bad_cases() -> list[Any]:
             Bad(setting("spark", {"conf": {"spark x": "1"}}), "spark.conf", "'spark x' is not a valid property name"),
             id="spark-conf-key",
         ),
-        pytest.param(Bad(setting("mode", "snapshot"), "mode", "'cdc'"), id="mode-unknown"),
+        pytest.param(Bad(setting("mode", "snapshots"), "mode", "'cdc'"), id="mode-unknown"),
         pytest.param(
             Bad(
                 setting("partition_by", {"column": "nope"}),
@@ -1160,8 +1160,8 @@ def test_mode_picks_the_table_class() -> None:
 @pytest.mark.parametrize(
     ("doc", "field", "fragment"),
     [
-        (good_doc(mode="snapshots"), "mode", "must be one of 'cdc', 'keyless'"),
-        (good_doc(mode=3), "mode", "must be one of 'cdc', 'keyless'"),
+        (good_doc(mode="snapshots"), "mode", "must be one of 'cdc', 'keyless', 'snapshot'"),
+        (good_doc(mode=3), "mode", "must be one of 'cdc', 'keyless', 'snapshot'"),
         # A cdc field in a keyless entry (and the other way round) is refused, not ignored.
         (keyless_doc(primary_key=["name"]), "primary_key", "Extra inputs are not permitted"),
         (good_doc(before_prefix="_old_"), "before_prefix", "Extra inputs are not permitted"),
@@ -1337,3 +1337,89 @@ def test_source_conventions_are_checked(tmp_path: Path, doc: Doc, field: str, fr
     err = refusal(write_yaml(tmp_path, f"tests.{doc['table']}.yaml", doc))
     assert names_field(err, field), err.problems
     assert fragment in str(err), err.problems
+
+
+def snapshot_doc(**overrides: Any) -> Doc:
+    """A valid ``mode: snapshot`` entry: a two-column key, two compared columns and a date column."""
+    doc: Doc = {
+        "mode": "snapshot",
+        "database": "tests",
+        "table": "accounts",
+        "columns": [
+            {"name": "bank", "type": "string"},
+            {"name": "id", "type": "int"},
+            {"name": "balance", "type": "decimal(12,2)"},
+            {"name": "as_of", "type": "date"},
+            {"name": "owner", "type": "string"},
+        ],
+        "primary_key": ["bank", "id"],
+        "storage_root": "/lake/tests/accounts",
+    }
+    doc.update(overrides)
+    return doc
+
+
+def test_snapshot_mode_gets_its_class_and_defaults() -> None:
+    from cdc_compaction.registry import SnapshotTable
+
+    cfg = parse_table(snapshot_doc())
+    assert type(cfg) is SnapshotTable
+    assert cfg.delta is False and cfg.business_date is None and cfg.business_date_column is None
+    # Compared: every column but the key, in registry order.
+    assert cfg.value_columns == ["balance", "as_of", "owner"]
+    dated = parse_table(snapshot_doc(delta=True, business_date={"column": "as_of"}))
+    assert dated.delta is True and dated.business_date_column == "as_of"
+    assert dated.value_columns == ["balance", "owner"], "the business date is not compared"
+
+
+def _snapshot_with_column(name: str, type_: str = "string") -> Doc:
+    doc = snapshot_doc()
+    doc["columns"] = [*doc["columns"], {"name": name, "type": type_}]
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "fragment"),
+    [
+        (snapshot_doc(primary_key=[]), "primary_key", "at least 1 item"),
+        (snapshot_doc(primary_key=["nope"]), "primary_key", "['nope'] not among the columns"),
+        (snapshot_doc(order_by=["id"]), "order_by", "Extra inputs are not permitted"),
+        (snapshot_doc(op_column="op"), "op_column", "Extra inputs are not permitted"),
+        (snapshot_doc(delta="sometimes"), "delta", "valid boolean"),
+        (snapshot_doc(business_date={"column": "nope"}), "business_date", "'nope' is not among the columns"),
+        (snapshot_doc(business_date={"column": "owner"}), "business_date", "has type string; it must have type date"),
+        (snapshot_doc(business_date="as_of"), "business_date", "valid dictionary"),
+        (snapshot_doc(business_date={"column": "as_of", "x": 1}), "business_date.x", "Extra inputs"),
+        (_snapshot_with_column("operation"), "columns", "'operation' is reserved for the package"),
+        (_snapshot_with_column("EFF_START_DATE", "date"), "columns", "'EFF_START_DATE' is reserved for the package"),
+        (_snapshot_with_column("_cdc_key_hash"), "columns.5.name", "reserved for the package"),
+        (snapshot_doc(partition_by={"column": "bank"}), "partition_by", "snapshot tables are not partitioned"),
+    ],
+    ids=[
+        "no-key",
+        "key-not-a-column",
+        "order_by",
+        "op_column",
+        "delta-not-bool",
+        "date-not-a-column",
+        "date-not-a-date",
+        "date-not-a-mapping",
+        "date-extra-field",
+        "operation-column",
+        "eff_start_date-column",
+        "hash-column",
+        "partitioned",
+    ],
+)
+def test_snapshot_fields_are_checked(tmp_path: Path, doc: Doc, field: str, fragment: str) -> None:
+    path = write_yaml(tmp_path, "tests.accounts.yaml", doc)
+    err = refusal(path)
+    assert err.file == str(path) and err.table == "tests.accounts"
+    assert names_field(err, field), err.problems
+    assert fragment in str(err), err.problems
+
+
+def test_snapshot_business_date_must_not_be_a_key_column(tmp_path: Path) -> None:
+    doc = snapshot_doc(primary_key=["bank", "as_of"], business_date={"column": "as_of"})
+    err = refusal(write_yaml(tmp_path, "tests.accounts.yaml", doc))
+    assert names_field(err, "business_date") and "is a primary_key column" in str(err), err.problems

@@ -37,6 +37,7 @@ from cdc_compaction import sql
 from cdc_compaction.devenv import last_run_timings
 from cdc_compaction.engine import SessionEngine
 from cdc_compaction.inputs import arrow_schema
+from cdc_compaction.job.contract import EFF_START_DATE_COLUMN, OPERATION_COLUMN
 from cdc_compaction.lake import Lake
 from cdc_compaction.pipeline import order
 from cdc_compaction.pipeline.runtime import Runtime
@@ -188,6 +189,39 @@ def diff_rows(expected: list[dict[str, Any]], actual: list[dict[str, Any]], type
     return lines
 
 
+def shown_columns(cfg: TableConfig) -> list[str]:
+    """The base table's columns a scenario's ``expect`` lists: the registry's (snapshot: and operation, date)."""
+    if cfg.mode == "snapshot":
+        return [*cfg.column_names, OPERATION_COLUMN, EFF_START_DATE_COLUMN]
+    return list(cfg.column_names)
+
+
+def compared_types(cfg: TableConfig) -> dict[str, str]:
+    """Column -> Hive type of what a scenario's rows are compared on (the op column is not)."""
+    if cfg.mode == "snapshot":
+        return {**{c.name: c.type for c in cfg.columns}, OPERATION_COLUMN: "string", EFF_START_DATE_COLUMN: "date"}
+    return {c.name: c.type for c in cfg.columns if c.name != getattr(cfg, "op_column", None)}
+
+
+#: A snapshot compaction's counts a scenario's compact step lists, as the job's stats hold them.
+SNAPSHOT_COUNTS = ("counts", "applied", "replayed", "rejected", "refused")
+
+
+def snapshot_count_failures(body: dict[str, Any], stats: dict[str, Any] | None) -> list[str]:
+    """Where a snapshot compaction's counts differ from a scenario's compact step (README of its scenarios)."""
+    stats = stats or {}
+    got = {
+        "counts": {op: int(n) for op, n in (stats.get("counts") or dict.fromkeys("IUNDX", 0)).items()},
+        "applied": [inc for inc, _ in stats.get("applied", [])],
+        "replayed": int(stats.get("replayed", 0)),
+        "rejected": {k: v for k, v in (stats.get("rejected") or {}).items() if v},
+        "refused": {k: v for k, v in (stats.get("refused") or {}).items() if v},
+    }
+    return [
+        f"{key} {got[key]}, expected {body[key]}" for key in SNAPSHOT_COUNTS if key in body and got[key] != body[key]
+    ]
+
+
 # ---------------------------------------------------------------------- runners
 class DuckDBReader:
     """Reads what a DuckDB user reads: the base location from the pointer, and the DuckDB views.
@@ -217,7 +251,7 @@ class DuckDBReader:
         globs = [posixpath.join(loc, "*.parquet") for loc in locations if glob.glob(posixpath.join(loc, "*.parquet"))]
         if not globs:
             return []
-        cols = ", ".join(f'"{c}"' for c in cfg.column_names)
+        cols = ", ".join(f'"{c}"' for c in shown_columns(cfg))
         with self._connect() as con:
             cur = con.execute(f"SELECT {cols} FROM read_parquet(?)", [globs])
             names = [d[0] for d in cur.description]
@@ -267,8 +301,22 @@ class Reader:
         """A plain ``SELECT`` of the base table: it holds the visible rows and nothing else."""
         self._refresh(cfg)
         names = sql.table_names(cfg)
-        cols = ", ".join(f"`{c}`" for c in cfg.column_names)
+        cols = ", ".join(f"`{c}`" for c in shown_columns(cfg))
         return self._rows(f"SELECT {cols} FROM `{cfg.database}`.`{names['base_table']}`")
+
+    def history(self, cfg: TableConfig) -> dict[str, list[dict[str, Any]]]:
+        """A snapshot table's ``<t>_history``: every registered partition (empty ones too), date -> rows."""
+        from cdc_compaction.modes.snapshot import history_table
+
+        name = f"`{cfg.database}`.`{history_table(cfg)}`"
+        self.spark.catalog.refreshTable(name)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in self.spark.sql(f"SHOW PARTITIONS {name}").collect():
+            out[r[0].split("=", 1)[1]] = []
+        cols = ", ".join(f"`{c}`" for c in shown_columns(cfg))
+        for row in self._rows(f"SELECT {cols} FROM {name}"):
+            out.setdefault(str(row[EFF_START_DATE_COLUMN]), []).append(row)
+        return out
 
     def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
         self._refresh(cfg)
@@ -374,7 +422,8 @@ def run_scenario(
         registry_dir.mkdir(parents=True, exist_ok=True)
         (registry_dir / f"{DATABASE}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     cfg = parse_table(doc)
-    types = {c.name: c.type for c in cfg.columns if c.name != cfg.op_column}
+    types = compared_types(cfg)
+    op_column = getattr(cfg, "op_column", None)
     result = ScenarioResult(scn.name, True)
     try:
         runner.setup(cfg)
@@ -387,7 +436,7 @@ def run_scenario(
                 for r in readers:
                     if not r.reads_views:
                         continue
-                    got = [{k: v for k, v in row.items() if k != cfg.op_column} for row in r.view(cfg)]
+                    got = [{k: v for k, v in row.items() if k != op_column} for row in r.view(cfg)]
                     diff = diff_rows(body["expect"], got, types)
                     if diff:
                         result.failures.append(f"step {i} check_view ({r.name}): rows differ\n" + "\n".join(diff))
@@ -403,6 +452,13 @@ def run_scenario(
                     diff = diff_rows(body["expect"], r.visible_base(cfg), types)
                     if diff:
                         result.failures.append(f"step {i} compact ({r.name}): base rows differ\n" + "\n".join(diff))
+                if cfg.mode == "snapshot":
+                    # The history (every partition so far) and the mode's counts (tests/scenarios/snapshot/README.md).
+                    for r in readers:
+                        if "history" in body and hasattr(r, "history"):
+                            result.failures += _history_failures(i, r.name, body["history"], r.history(cfg), types)
+                    result.failures += [f"step {i} compact: {f}" for f in snapshot_count_failures(body, stats)]
+                    continue
                 rejected = int(stats["rejected_rows"]) if stats else 0
                 if rejected != body.get("rejected", 0):
                     result.failures.append(f"step {i} compact: rejected {rejected}, expected {body.get('rejected', 0)}")
@@ -420,6 +476,21 @@ def run_scenario(
     result.ok = not result.failures
     result.seconds = time.monotonic() - start
     return result
+
+
+def _history_failures(
+    step: int, reader: str, expected: dict[str, list[dict[str, Any]]], got: dict[str, list[dict[str, Any]]], types: Any
+) -> list[str]:
+    failures = []
+    if sorted(expected) != sorted(got):
+        failures.append(
+            f"step {step} compact ({reader}): history partitions {sorted(got)}, expected {sorted(expected)}"
+        )
+    for day in sorted(set(expected) & set(got)):
+        diff = diff_rows(expected[day], got[day], types)
+        if diff:
+            failures.append(f"step {step} compact ({reader}): history {day} rows differ\n" + "\n".join(diff))
+    return failures
 
 
 def expand(patterns: list[str]) -> list[Path]:

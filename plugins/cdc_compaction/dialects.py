@@ -203,6 +203,8 @@ def view_names(cfg: TableConfig) -> dict[str, dict[str, str]]:
 
 
 def _comment(cfg: TableConfig, kind: str) -> str:
+    if kind == "view" and cfg.mode == "snapshot":
+        return f"Current table of {cfg.qualified_name} as published (no view over pending snapshots yet)"
     if kind == "view":
         return f"Current state of {cfg.qualified_name}: base plus pending increments, deduplicated at query time"
     return f"Change events of {cfg.qualified_name} in pending increments that compaction will refuse, with the reason"

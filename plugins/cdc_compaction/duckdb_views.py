@@ -78,7 +78,10 @@ def _empty(columns: list[tuple[str, str]]) -> str:
 
 def _stored(cfg: TableConfig, files: Sequence[str]) -> str:
     """A live version's rows (written by the job, so in the registry's types): columns and provenance."""
-    columns = [(c.name, c.type) for c in cfg.columns] + META
+    from cdc_compaction.modes import mode_of
+
+    # The mode's own output columns (snapshot: operation, eff_start_date, the hashes) follow the registry's.
+    columns = [(c.name, c.type) for c in cfg.columns] + mode_of(cfg).output_columns(cfg) + META
     if not files:
         return _empty(columns)
     cols = ", ".join(_q(n) for n, _ in columns)
@@ -118,10 +121,14 @@ def sources(cfg: TableConfig, files: Files) -> dict[str, exp.Expression]:
 
 def script(cfg: TableConfig, files: Files, now: datetime | None = None) -> str:
     """The DuckDB statements that (re)create the table's views, as one script."""
+    from cdc_compaction.modes import mode_of
+
     names = sql.table_names(cfg)
     db = _q(cfg.database)
     src = sources(cfg, files)
-    base_cols = ", ".join(_q(c) for c in cfg.column_names)
+    # A snapshot table's current table shows each key's operation and eff_start_date too.
+    shown = [*cfg.column_names, *(n for n, _ in mode_of(cfg).output_columns(cfg) if not n.startswith("_cdc_"))]
+    base_cols = ", ".join(_q(c) for c in shown)
     base = f"SELECT {base_cols} FROM ({_stored(cfg, files.data)})"
     if files.tombstones_in_data:
         is_delete = sqlglot.transpile(sql.rule_sql(cfg).is_delete, read="spark", write="duckdb")[0]

@@ -210,11 +210,15 @@ class Commit:
     layout: int = LAYOUT
     #: The newest increment and source event time the base holds after this commit (README, "Readers").
     freshness: dict[str, str] | None = None
+    #: Snapshot tables only: every history partition so far as {business date: location}, the
+    #: parent's and the ones this version wrote. A partition keeps the location of the version
+    #: that applied its date: nothing a commit references is ever written again.
+    history: dict[str, str] | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
-        # Unpartitioned tables keep the record format they always had.
-        for key in ("partitions", "partition_rows", "freshness"):
+        # Unpartitioned tables (and tables of other modes than snapshot) keep the record format they always had.
+        for key in ("partitions", "partition_rows", "freshness", "history"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)

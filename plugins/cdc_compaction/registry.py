@@ -344,9 +344,9 @@ class TableConfig(_Strict):
     """One registry entry: everything the DAG for one table needs.
 
     The fields here are shared by every table mode; each mode's own fields (its key, its ordering,
-    its change encoding) live on its subclass: :class:`CdcTable` (``mode: cdc``, the default) and
-    :class:`KeylessTable` (``mode: keyless``). :func:`parse_table` picks the class by ``mode``
-    (a pydantic discriminated union, :data:`TableSpec`).
+    its change encoding) live on its subclass: :class:`CdcTable` (``mode: cdc``, the default),
+    :class:`KeylessTable` (``mode: keyless``) and :class:`SnapshotTable` (``mode: snapshot``).
+    :func:`parse_table` picks the class by ``mode`` (a pydantic discriminated union, :data:`TableSpec`).
     """
 
     mode: str
@@ -877,6 +877,78 @@ class KeylessTable(_EventTable):
         return [self.op_column, *(c.name for c in self.columns if c.name.lower().startswith(prefix))]
 
 
+class BusinessDate(_Strict):
+    """Where a snapshot's business date comes from when not from its increment's name (``mode: snapshot``)."""
+
+    column: str
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, v: str) -> str:
+        return check_identifier(v, "business_date column")
+
+
+#: The columns a snapshot table's outputs add after the registry's (job.contract.SNAPSHOT_COLUMNS):
+#: a registry column of that name would clash with them.
+_SNAPSHOT_OUTPUT_COLUMNS = ("operation", "eff_start_date")
+
+
+class SnapshotTable(TableConfig):
+    """``mode: snapshot``: every increment is one export of the table (or of its changed rows).
+
+    Comparing each export with the current table by hashes finds each key's operation (I, U, N,
+    D, X); the outputs are the current table and a history of net changes, one partition per
+    business date (the contract: ``tests/scenarios/snapshot/README.md``). No ``order_by``, no op
+    column: exports apply in the order of their business dates.
+    """
+
+    mode: Literal["snapshot"]
+    primary_key: list[str] = Field(min_length=1)
+    #: False: every increment is a full export (a key it lacks is deleted). True: the changed rows only.
+    delta: bool = False
+    #: None: the business date of an increment is the UTC date of its name's hour.
+    business_date: BusinessDate | None = None
+
+    @field_validator("primary_key")
+    @classmethod
+    def _key(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        lower = {n.lower(): n for n in names}
+        for own in _SNAPSHOT_OUTPUT_COLUMNS:
+            if own in lower:
+                raise ValueError(
+                    f"columns: {lower[own]!r} is reserved for the package: a snapshot table's outputs add the "
+                    f"columns {list(_SNAPSHOT_OUTPUT_COLUMNS)}; rename the column"
+                )
+        missing = [c for c in self.primary_key if c not in types]
+        if missing:
+            raise ValueError(f"primary_key: {missing} not among the columns {names}")
+        if self.partition_by is not None:
+            raise ValueError("partition_by: snapshot tables are not partitioned (yet); remove partition_by")
+        if self.business_date is not None:
+            col = self.business_date.column
+            if col not in types:
+                raise ValueError(f"business_date: column {col!r} is not among the columns {names}")
+            if types[col] != "date":
+                raise ValueError(f"business_date: column {col!r} has type {types[col]}; it must have type date")
+            if col in self.primary_key:
+                raise ValueError(
+                    f"business_date: column {col!r} is a primary_key column; the business date is not part of a key"
+                )
+
+    @property
+    def business_date_column(self) -> str | None:
+        return self.business_date.column if self.business_date is not None else None
+
+    @property
+    def value_columns(self) -> list[str]:
+        """The compared columns, in registry order: neither key columns nor the business-date column."""
+        skip = {*self.primary_key, *([self.business_date_column] if self.business_date_column else [])}
+        return [c.name for c in self.columns if c.name not in skip]
+
+
 def _mode_of(value: Any) -> str:
     """The ``mode`` tag of a registry document (``cdc`` when absent) or of a validated table."""
     if isinstance(value, dict):
@@ -887,15 +959,17 @@ def _mode_of(value: Any) -> str:
 
 #: Every table mode, chosen by the entry's ``mode`` field (``cdc`` when the field is absent).
 TableSpec = Annotated[
-    Annotated[CdcTable, Tag("cdc")] | Annotated[KeylessTable, Tag("keyless")],
+    Annotated[CdcTable, Tag("cdc")]
+    | Annotated[KeylessTable, Tag("keyless")]
+    | Annotated[SnapshotTable, Tag("snapshot")],
     Discriminator(
         _mode_of,
         custom_error_type="unknown_mode",
-        custom_error_message="mode: must be one of 'cdc', 'keyless'",
+        custom_error_message="mode: must be one of 'cdc', 'keyless', 'snapshot'",
         custom_error_context={"discriminator": "mode"},
     ),
 ]
-MODES = ("cdc", "keyless")
+MODES = ("cdc", "keyless", "snapshot")
 
 
 @functools.cache
@@ -941,7 +1015,7 @@ class RegistryEntry:
 
 
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
-_ALL_FIELDS = frozenset({*CdcTable.model_fields, *KeylessTable.model_fields})
+_ALL_FIELDS = frozenset({*CdcTable.model_fields, *KeylessTable.model_fields, *SnapshotTable.model_fields})
 
 
 def _format_pydantic(err: ValidationError) -> list[str]:

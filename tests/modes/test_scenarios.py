@@ -38,6 +38,12 @@ KEYLESS_PIPELINE = [
 ]
 
 
+#: Every snapshot scenario, through the pipeline: the current table (<t>_base, through the metastore
+#: and by DuckDB from the pointer's location), every history partition (<t>_history, through the
+#: metastore) and the mode's counts.
+SNAPSHOT = sorted((SCENARIO_DIR / "snapshot").glob("*.json"))
+
+
 def test_the_mode_scenarios_are_there() -> None:
     assert {p.stem for p in CDC} >= {
         "nullable_key",
@@ -52,6 +58,7 @@ def test_the_mode_scenarios_are_there() -> None:
         "wal2json_kinds",
     }
     assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 6 and len(CDC_PARTITIONED) == 2
+    assert len(SNAPSHOT) >= 12
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +88,19 @@ def test_keyless_scenario(path: Path, inprocess: conf.InProcessRunner, readers: 
     assert result.ok, "\n".join(result.failures)
 
 
-#: A cdc option whose rule statement travels in the plan file (key changes) and a keyless table as
-#: real DAG runs (spark-submit with the job package); the rest run in-process above, through the
-#: same task functions.
+@pytest.mark.parametrize("path", SNAPSHOT, ids=[p.stem for p in SNAPSHOT])
+def test_snapshot_scenario(path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path) -> None:
+    result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_s")
+    assert result.ok, "\n".join(result.failures)
+
+
+#: A cdc option whose rule statement travels in the plan file (key changes), a keyless table and a
+#: snapshot table (its history published by the DAG's tasks) as real DAG runs (spark-submit with the
+#: job package); the rest run in-process above, through the same task functions.
 DAG_SCENARIOS = [
     SCENARIO_DIR / "cdc" / "old_key_chain.json",
     SCENARIO_DIR / "keyless" / "seed_003_alice_alice_bob.json",
+    SCENARIO_DIR / "snapshot" / "update_nochange_delete_insert.json",
 ]
 
 

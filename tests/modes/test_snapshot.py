@@ -618,3 +618,144 @@ def test_history_of_a_key_gives_its_versions() -> None:
             versions[r["id"]].append((d, r["operation"]))
     assert versions[1] == [("2026-11-22", "I"), ("2026-11-23", "D"), ("2026-11-24", "I")]
     assert versions[2] == [("2026-11-22", "I")]
+
+
+# ------------------------------------------------------------- (f) the Airflow side (modes/snapshot.py)
+def _registry_table(**overrides: Any) -> Any:
+    from cdc_compaction.registry import parse_table
+
+    doc = {
+        "mode": "snapshot",
+        "database": "tests",
+        "table": "accounts",
+        "columns": [{"name": "id", "type": "int"}, {"name": "v", "type": "string"}, {"name": "as_of", "type": "date"}],
+        "primary_key": ["id"],
+        "storage_root": "/lake/tests/accounts",
+        **overrides,
+    }
+    return parse_table(doc)
+
+
+def test_the_mode_hands_the_job_the_rule_it_reads() -> None:
+    """The plan's rule is what SnapshotRule.from_dict reads, rendered as the Spark tests render it."""
+    from cdc_compaction import sql
+    from cdc_compaction.modes import mode_of
+
+    cfg = _registry_table(business_date={"column": "as_of"}, delta=True)
+    rule = sql.rule_sql(cfg).to_dict()
+    assert job.SnapshotRule.from_dict(rule).to_dict() == rule
+    model_table = SnapshotTable(
+        columns=(("id", "int"), ("v", "string"), ("as_of", "date")),
+        primary_key=("id",),
+        delta=True,
+        business_date_column="as_of",
+    )
+    assert rule == rule_for(model_table).to_dict()
+    assert mode_of(cfg).name == "snapshot"
+
+
+def test_plan_fields_carry_the_business_dates_and_the_last_applied_date() -> None:
+    from cdc_compaction.lake import GENESIS, Commit
+    from cdc_compaction.modes import mode_of
+
+    cfg = _registry_table()
+    mode = mode_of(cfg)
+    assert mode.plan_fields(cfg, GENESIS) == {"primary_key": ["id"], "delta": False}
+    dated = _registry_table(business_date={"column": "as_of"})
+    assert mode.plan_fields(dated, GENESIS)["business_date_column"] == "as_of"
+    parent = Commit(2, "v2", "p", "r", 1, [], [], history={"2026-11-22": "/a", "2026-11-24": "/b", "2026-11-23": "/c"})
+    assert mode.plan_fields(cfg, parent)["last_applied"] == "2026-11-24"
+    # The UTC date of the increment's hour: every hour of a day is that day.
+    assert mode.plan_increments(cfg, ["increment_2026112200", "increment_2026112223", "increment_2026112301"]) == {
+        "business_dates": {
+            "increment_2026112200": "2026-11-22",
+            "increment_2026112223": "2026-11-22",
+            "increment_2026112301": "2026-11-23",
+        }
+    }
+
+
+def _good_stats() -> dict[str, Any]:
+    """Stats of a compaction over a 3-key table: day 2 (I 1, U 1, N 1, D 1 of 3 keys) applied, a replay, a refusal."""
+    return {
+        "mode": "snapshot",
+        "base_rows": 3,
+        "increment_rows": 7,
+        "rejected_rows": 2,
+        "rejected_by_reason": {"null_key:id": 2},
+        "rejected_by_file": {"increment_2026112300/part-00000.parquet": 2},
+        "output_rows": 3,
+        "output_visible_rows": 3,
+        "output_tombstones": 0,
+        "duplicate_keys": 0,
+        "misplaced_rows": 0,
+        "counts": {"I": 1, "U": 1, "N": 1, "D": 1, "X": 0},
+        "steps": [["increment_2026112300", "2026-11-23", {"I": 1, "U": 1, "N": 1, "D": 1, "X": 0}]],
+        "applied": [["increment_2026112300", "2026-11-23"]],
+        "replayed": 1,
+        "rejected": {"null_key:id": 2},
+        "refused": {"empty_snapshot": 1},
+        "increments": {
+            "increment_2026112200": "replayed",
+            "increment_2026112300": "applied",
+            "increment_2026112400": "refused:empty_snapshot",
+        },
+        "last_applied": "2026-11-22",
+        "history": {"2026-11-23": {"location": "/v/history/eff_start_date=2026-11-23", "rows": 3}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({}, None),
+        ({"base_rows": 4}, "the current table had 4 keys, but U 1 + N 1 + D 1 + X 0 = 3 were classified"),
+        (
+            {"output_visible_rows": 4, "output_rows": 4},
+            "the applied snapshots leave 3 keys, but the current table has 4",
+        ),
+        ({"history": {"2026-11-23": {"location": "/x", "rows": 2}}}, "history partition 2026-11-23 holds 2 rows"),
+        ({"counts": {"I": 2, "U": 1, "N": 1, "D": 1, "X": 0}}, "are not the sum of each snapshot's"),
+        ({"replayed": 0}, "3 increments, but 1 applied + 0 replayed"),
+        ({"last_applied": "2026-11-23"}, "not after the last applied date 2026-11-23"),
+        ({"rejected": {}}, "refused rows do not reconcile"),
+        ({"rejected_by_file": {}}, "0 rows were quarantined, but 2 refused"),
+        ({"duplicate_keys": 1}, "1 keys appear more than once"),
+        ({"output_tombstones": 1}, "a snapshot table keeps none"),
+        ({"mode": "keyless"}, "not of a snapshot compaction"),
+    ],
+)
+def test_count_problems_holds_the_job_to_the_contract(change: dict[str, Any], fragment: str | None) -> None:
+    from cdc_compaction.modes import mode_named
+
+    problems = mode_named("snapshot").count_problems({**_good_stats(), **change})
+    if fragment is None:
+        assert problems == []
+    else:
+        assert any(fragment in p for p in problems), problems
+
+
+def test_the_outputs_and_docs_of_a_snapshot_table() -> None:
+    from cdc_compaction import sql
+    from cdc_compaction.modes import mode_of
+
+    cfg = _registry_table(business_date={"column": "as_of"})
+    mode = mode_of(cfg)
+    assert mode.view_columns(cfg) == [
+        ("id", "int"),
+        ("v", "string"),
+        ("as_of", "date"),
+        ("operation", "string"),
+        ("eff_start_date", "date"),
+    ]
+    assert mode.column_roles(cfg) == {"id": ["key 1"], "v": ["compared"], "as_of": ["business date (not compared)"]}
+    docs = "\n".join(mode.doc_lines(cfg))
+    assert "accounts_history" in docs and "no view over pending snapshots yet" in docs
+    base_ddl = sql.create_statements(
+        cfg, base_location="/b", tombstones_location="/t", incremental_location="/i", compactor_location="/c"
+    )[1]
+    order = ["`as_of` date", "`operation` string", "`eff_start_date` date", "`_cdc_key_hash`", "`_cdc_increment`"]
+    assert [base_ddl.index(c) for c in order] == sorted(base_ddl.index(c) for c in order)
+    history = sql.render("create_history.sql.j2", cfg, location="/lake/tests/accounts/base")
+    assert "PARTITIONED BY (`eff_start_date`)" in history and "`eff_start_date` string" in history
+    assert "`eff_start_date` date" not in history

@@ -12,7 +12,7 @@ from typing import Any
 
 from cdc_compaction.job.contract import LAYOUT
 from cdc_compaction.lake import Commit
-from cdc_compaction.pipeline.validate import count_problems, footer_problems
+from cdc_compaction.pipeline.validate import count_problems, footer_problems, history_problems
 
 OUT = "/lake/t/base/v00000002-abc-1"
 
@@ -104,3 +104,21 @@ def test_a_partitioned_table_counts_per_partition() -> None:
     assert "rows per partition" in problem
     # Unpartitioned tables have no partitions to count.
     assert footer_problems(_plan(), stats, {"data": 9, "tombstones": 2}, {"EU": 1}) == []
+
+
+def test_history_partitions_must_be_the_attempts_own_and_hold_the_rows_reported() -> None:
+    """Snapshot tables: each applied date's partition in this attempt's history/, its footers' rows as reported."""
+    out = "/lake/t/base/v00000002-p-a1"
+    where = f"{out}/history/eff_start_date="
+    stats = {"history": {"2026-11-22": {"location": f"{where}2026-11-22", "rows": 3}}}
+    assert history_problems(stats, out, {"2026-11-22": 3}) == []
+    empty = {"history": {"2026-11-23": {"location": f"{where}2026-11-23", "rows": 0}}}
+    assert history_problems(empty, out, {"2026-11-23": 0}) == [], "an applied date that changed nothing"
+    (problem,) = history_problems(stats, out, {"2026-11-22": 2})
+    assert "differ from the job's report" in problem
+    assert any("have no Parquet file" in p for p in history_problems(empty, out, {}))
+    elsewhere = {
+        "history": {"2026-11-22": {"location": "/lake/t/base/v00000001-o/history/eff_start_date=2026-11-22", "rows": 3}}
+    }
+    assert any("outside the new version's" in p for p in history_problems(elsewhere, out, {"2026-11-22": 3}))
+    assert any("differ" in p for p in history_problems(stats, out, {"2026-11-22": 3, "2026-11-24": 1}))

@@ -513,6 +513,10 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         from cdc_compaction.job.modes.keyless import run_keyless  # a mode of its own: job/modes/keyless.py
 
         return run_keyless(spark, plan, attempt)
+    if plan.table_mode == "snapshot":
+        from cdc_compaction.job.modes.snapshot import run_snapshot  # a mode of its own: job/modes/snapshot.py
+
+        return run_snapshot(spark, plan, attempt)
     # Lists, not the plan's tuples: PySpark's join takes a list of key columns.
     columns = list(plan.column_names)
     rule = plan.cdc_rule

@@ -189,6 +189,25 @@ KEYLESS_RELATIONS: dict[str, str] = {
 KEYLESS_RULE_KEYS = ("reject_reason", "event_fates", "event_counts", "new_watermark", "value_counts", "copies")
 
 
+#: The ``snapshot`` mode's own columns in its outputs (the current table and the history), after the
+#: registry's columns and before the metadata columns: each key's operation, the business date its
+#: values start at, and the two hashes its comparison joins on (tests/scenarios/snapshot/README.md).
+OPERATION_COLUMN = "operation"
+EFF_START_DATE_COLUMN = "eff_start_date"
+KEY_HASH_COLUMN = "_cdc_key_hash"
+ROW_HASH_COLUMN = "_cdc_row_hash"
+SNAPSHOT_COLUMNS: tuple[tuple[str, str], ...] = (
+    (OPERATION_COLUMN, "string"),
+    (EFF_START_DATE_COLUMN, "date"),
+    (KEY_HASH_COLUMN, "string"),
+    (ROW_HASH_COLUMN, "string"),
+)
+#: A snapshot version's history partitions: ``<version>/history/eff_start_date=YYYY-MM-DD/``, one per
+#: business date the version applied (each written once, by the version that applied its date).
+HISTORY_DIR = "history"
+HISTORY_DIR_PREFIX = f"{EFF_START_DATE_COLUMN}="
+
+
 @dataclass(frozen=True)
 class PartitionSpec:
     """A partitioned table's partitioning (registry ``partition_by``) as the plan hands it to the job."""
@@ -307,6 +326,13 @@ class Plan:
     #: keyless: the row's columns and their before-image columns, aligned.
     data_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
     before_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
+    #: snapshot: full (False) or delta (True) snapshots; each pending increment's business date from
+    #: its name (ISO; used unless ``business_date_column``); the greatest business date applied so far
+    #: (ISO, the parent's greatest history partition; None before the first).
+    delta: bool | None = field(default=None, metadata=_meta(omit=True))
+    business_date_column: str | None = field(default=None, metadata=_meta(omit=True))
+    business_dates: dict[str, str] | None = field(default=None, metadata=_meta(omit=True))
+    last_applied: str | None = field(default=None, metadata=_meta(omit=True))
     #: Overrides of the job's defaults (:data:`KEY_LOOKUP_MAX_EVENTS`, :data:`DEFAULT_COMPRESSION`);
     #: the plan task does not write them.
     key_lookup_max_events: int | None = field(default=None, metadata=_meta())

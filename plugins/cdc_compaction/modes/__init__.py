@@ -10,9 +10,10 @@ from __future__ import annotations
 from cdc_compaction.modes.base import TableMode
 from cdc_compaction.modes.cdc import CdcMode
 from cdc_compaction.modes.keyless import KeylessMode
+from cdc_compaction.modes.snapshot import SnapshotMode
 from cdc_compaction.registry import TableConfig
 
-MODES: dict[str, TableMode] = {m.name: m for m in (CdcMode(), KeylessMode())}
+MODES: dict[str, TableMode] = {m.name: m for m in (CdcMode(), KeylessMode(), SnapshotMode())}
 
 
 def mode_of(cfg: TableConfig) -> TableMode:

@@ -1,7 +1,8 @@
 """What a table mode supplies to the Airflow side, and the parts every mode shares.
 
 A *mode* is how a table's change files are turned into the table: ``cdc`` (the latest event
-per key wins), ``keyless`` (a multiset of rows changed one copy at a time), later ``snapshot``.
+per key wins), ``keyless`` (a multiset of rows changed one copy at a time) and ``snapshot``
+(exports of the whole table, compared with the current table).
 Everything that differs between modes goes through :class:`TableMode`: the rendering context
 its SQL templates see (``include/sql/modes/<mode>/``), the rule the Spark job applies (the
 ``rule`` of the plan), what else the plan carries, how ``validate`` reconciles the job's
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from cdc_compaction.lake import Commit
 from cdc_compaction.registry import TableConfig
 
 
@@ -86,8 +88,12 @@ class TableMode(ABC):
         """The rule as SQL expressions, rendered from the mode's ``_rule.sql.j2``: the plan's ``rule``."""
 
     @abstractmethod
-    def plan_fields(self, cfg: TableConfig, parent_stats: Mapping[str, Any]) -> dict[str, Any]:
-        """The mode's own entries of a plan (its key, ordering, anything carried over from the parent)."""
+    def plan_fields(self, cfg: TableConfig, parent: Commit) -> dict[str, Any]:
+        """The mode's own entries of a plan (its key, ordering, anything carried over from the ``parent`` commit)."""
+
+    def plan_increments(self, cfg: TableConfig, increments: list[str]) -> dict[str, Any]:
+        """The mode's entries of a plan that depend on the increments it takes (none unless the mode says)."""
+        return {}
 
     @abstractmethod
     def count_problems(self, stats: Mapping[str, Any]) -> list[str]:
@@ -105,6 +111,10 @@ class TableMode(ABC):
     @abstractmethod
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         """The mode's lines of the DAG's documentation (key, order, op codes …), as Markdown list items."""
+
+    def output_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
+        """(name, Hive type) of the columns the mode's outputs add after the registry's (before the metadata)."""
+        return []
 
     def view_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
         """(name, Hive type) of the columns ``<t>_view`` shows: every registry column unless the mode says."""

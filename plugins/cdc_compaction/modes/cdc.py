@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW
+from cdc_compaction.lake import Commit
 from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
 from cdc_compaction.registry import CdcTable, TableConfig
 
@@ -129,7 +130,7 @@ class CdcMode(TableMode):
             rule[f"fill:{col}"] = str(m.filled(t, col)).strip()
         return rule
 
-    def plan_fields(self, cfg: TableConfig, parent_stats: Mapping[str, Any]) -> dict[str, Any]:
+    def plan_fields(self, cfg: TableConfig, parent: Commit) -> dict[str, Any]:
         c = self._cfg(cfg)
         return {"primary_key": list(c.primary_key), "order_by": list(c.order_by)}
 

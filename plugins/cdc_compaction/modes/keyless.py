@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from cdc_compaction.job.contract import KEYLESS_RELATIONS
+from cdc_compaction.lake import Commit
 from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
 from cdc_compaction.registry import KeylessTable, TableConfig
 
@@ -81,7 +82,7 @@ class KeylessMode(TableMode):
             "copies": str(m.copies(t, r["counts"])).strip(),
         }
 
-    def plan_fields(self, cfg: TableConfig, parent_stats: Mapping[str, Any]) -> dict[str, Any]:
+    def plan_fields(self, cfg: TableConfig, parent: Commit) -> dict[str, Any]:
         c = self._cfg(cfg)
         return {
             # No key: the contract's primary_key is empty for a keyless plan.

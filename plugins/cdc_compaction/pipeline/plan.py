@@ -212,7 +212,8 @@ def _plan_under_lease(
         "column_names": cfg.column_names,
         # The mode's own entries (cdc: primary_key, order_by; keyless: order_by, data and before columns).
         "mode": cfg.mode,
-        **mode_of(cfg).plan_fields(cfg, latest.stats),
+        **mode_of(cfg).plan_fields(cfg, latest),
+        **mode_of(cfg).plan_increments(cfg, sorted({f.increment for f in files})),
         "schema_ddl": sql.spark_schema_ddl(cfg),
         "rule": rule.to_dict(),
         "planned_at": now.isoformat(),

@@ -1,9 +1,10 @@
 """The ``publish`` step: commit the validated version, then make it live.
 
 The commit record is the one atomic decision (create-if-absent); after it the metastore
-location (or partition map) of the base table, then the tombstones table, then the
-pointer roll forward to the newest commit -- idempotent, never backwards, so a retry or
-the next run's ``plan`` finishes what a crash left (README, "Crash safety").
+location (or partition map) of the base table, then the tombstones table, then (snapshot
+tables) the history's partitions, then the pointer roll forward to the newest commit --
+idempotent, never backwards, so a retry or the next run's ``plan`` finishes what a crash
+left (README, "Crash safety").
 :func:`check_storage_root` refuses a storage root that moved without its data.
 """
 
@@ -53,6 +54,8 @@ def sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
             ms.set_location(db, base, target)
             fault_point("publish.after_metastore_swap", rt.cfg.qualified_name)
             _sync_tombstones(rt, ms, commit)
+    # After the base: a reader of the history never sees a date the current table does not hold yet.
+    _sync_history(rt, ms, commit)
     # No pointer is needed before the first commit; after it, it only ever moves forward.
     if commit.seq > 0:
         rt.lake.advance_pointer(commit)
@@ -73,6 +76,42 @@ def _sync_tombstones(rt: Runtime, ms: Metastore, commit: Commit) -> None:
     if seq is not None and seq > commit.seq and posixpath.dirname(version_dir_of(current or "")) == rt.lake.layout.base:
         return  # newer already: never backwards
     ms.set_location(db, tomb, rt.lake.tombstones_location(commit))
+
+
+def _sync_history(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """Register ``commit``'s history partitions in ``<t>_history`` (snapshot tables; idempotent).
+
+    Partitions are added (or moved, when the storage root moved), never dropped: a date's
+    partition stays where the version that applied it wrote it, and every later commit names it
+    at that same location, so a slow retry of an older commit registers nothing a newer one lacks.
+    """
+    if rt.cfg.mode != "snapshot" or not commit.history:
+        return
+    from cdc_compaction.modes.snapshot import history_table
+
+    db, name = rt.cfg.database, history_table(rt.cfg)
+    if ms.get_table(db, name) is None:
+        return  # created by ensure_tables; the next publish or plan registers the partitions
+    changed = ms.set_partitions(db, name, commit.history)
+    if changed["added"] or changed["moved"]:
+        log.info("%s: history partitions %s", rt.cfg.qualified_name, changed)
+
+
+def next_history(parent: Commit, stats: dict[str, Any]) -> dict[str, str]:
+    """The new commit's history partitions: the parent's, plus the dates this version applied.
+
+    A date the parent has is never taken again (the job applies only dates after the last one,
+    and validate holds it to that): a partition a commit references is never written again.
+    """
+    parts = dict(parent.history or {})
+    for day, written in (stats.get("history") or {}).items():
+        if day in parts:
+            raise PublishValidationError(
+                f"{parent.seq}: history partition {day} exists already at {parts[day]}; the new version wrote "
+                f"{written['location']} again. Nothing was published"
+            )
+        parts[day] = written["location"]
+    return dict(sorted(parts.items()))
 
 
 def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
@@ -185,6 +224,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         )
         if p.get("partition_by"):
             commit.partitions, commit.partition_rows = next_partitions(latest, stats)
+        if p.get("mode") == "snapshot":
+            commit.history = next_history(latest, stats)
         # The one atomic decision: create-if-absent of the commit record.
         if lake.try_commit(commit):
             log.info("%s: committed %s as commit %d", cfg.qualified_name, commit.version, commit.seq)

@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass
 from datetime import timedelta
 
-from cdc_compaction.job.contract import DATA_DIR, TOMBSTONES_DIR
+from cdc_compaction.job.contract import DATA_DIR, HISTORY_DIR, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import EMPTY_VERSION, Commit, version_dir_of
 from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
@@ -31,7 +31,8 @@ class VersionVerdict:
 
     #: Version directories deleted whole.
     delete: frozenset[str]
-    #: Older version directories that stay only for partitions a kept commit names (the rest of each goes).
+    #: Older version directories that stay only for partitions (base or history) a kept commit names
+    #: (the rest of each goes).
     by_reference: frozenset[str]
     #: The partition locations the kept commits name: what stays of a ``by_reference`` directory.
     referenced: frozenset[str]
@@ -51,6 +52,14 @@ def decide_versions(entries: list[tuple[str, bool]], kept: list[Commit], live_se
     by_reference = {
         posixpath.basename(version_dir_of(loc)) for loc in referenced if posixpath.dirname(version_dir_of(loc)) == base
     } - keep
+    # Snapshot tables: every commit names all history partitions so far (base/<v>/history/eff_start_date=d),
+    # each in the version that applied its date, which stays for them.
+    history = {loc.rstrip("/") for c in kept for loc in (c.history or {}).values()}
+    for loc in history:
+        version_dir = posixpath.dirname(posixpath.dirname(loc))
+        if posixpath.dirname(version_dir) == base and posixpath.basename(version_dir) not in keep:
+            by_reference.add(posixpath.basename(version_dir))
+    referenced |= history
     delete = set()
     for name, is_dir in entries:
         m = VERSION_NAME.match(name)
@@ -74,6 +83,7 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     for e in entries:
         if e.is_dir and e.name in by_reference:
             version_dir = lake.layout.version_dir(e.name)
+            removed += _keep_only_history(rt, version_dir, referenced)
             # Only the referenced partitions stay; its tombstones belong to no kept commit.
             for parent in (version_dir, posixpath.join(version_dir, DATA_DIR)):
                 for sub in lake.storage.list_dir(parent):
@@ -106,6 +116,30 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
             lake.storage.delete(e.path)
     if removed:
         log.info("%s: removed old versions %s", rt.cfg.qualified_name, removed)
+    return removed
+
+
+def _keep_only_history(rt: Runtime, version_dir: str, referenced: frozenset[str]) -> list[str]:
+    """Of an old snapshot version kept for its history partitions: drop the others and its current table.
+
+    A version directory without ``history/`` (any other mode's) is left to the caller as it was.
+    """
+    storage = rt.lake.storage
+    history = posixpath.join(version_dir, HISTORY_DIR)
+    if not storage.exists(history) and not any(e.name == HISTORY_DIR for e in storage.list_dir(version_dir)):
+        return []
+    removed = []
+    for sub in storage.list_dir(history):
+        path = posixpath.join(history, sub.name)
+        if sub.is_dir and path not in referenced:
+            storage.delete_tree(path)
+            removed.append(f"{posixpath.basename(version_dir)}/{HISTORY_DIR}/{sub.name}")
+    data = posixpath.join(version_dir, DATA_DIR)
+    if not any(loc == data or loc.startswith(data + "/") for loc in referenced):
+        for sub in storage.list_dir(version_dir):
+            if sub.is_dir and sub.name == DATA_DIR:
+                storage.delete_tree(data)
+                removed.append(f"{posixpath.basename(version_dir)}/{DATA_DIR}")
     return removed
 
 

@@ -15,10 +15,19 @@ from typing import Any
 
 from cdc_compaction.exceptions import CompactionError, ConcurrentCommitError, PublishValidationError
 from cdc_compaction.inputs import parquet_footer
-from cdc_compaction.job.contract import DATA_DIR, LAYOUT, PARTITION_COLUMN, STATS_FILE, TOMBSTONES_DIR
+from cdc_compaction.job.contract import (
+    DATA_DIR,
+    EFF_START_DATE_COLUMN,
+    HISTORY_DIR,
+    HISTORY_DIR_PREFIX,
+    LAYOUT,
+    PARTITION_COLUMN,
+    STATS_FILE,
+    TOMBSTONES_DIR,
+)
 from cdc_compaction.lake import Commit
 from cdc_compaction.metastore import connect
-from cdc_compaction.modes import mode_named
+from cdc_compaction.modes import mode_named, mode_of
 from cdc_compaction.pipeline.runtime import Runtime, load_plan, partition_dir_value, read_json, utcnow
 from cdc_compaction.storage import Storage, is_data_file
 
@@ -65,19 +74,45 @@ def _output_files(storage: Storage, out: str) -> tuple[dict[str, int], list[str]
     files: dict[str, int] = {}
     other: list[str] = []
 
-    def walk(path: str, rel: str, partitions: bool) -> None:
+    def walk(path: str, rel: str, partitions: bool, prefix: str = "") -> None:
         for e in storage.list_dir(path):
             name = f"{rel}/{e.name}"
             if not e.is_dir and is_data_file(e.name):
                 files[name] = e.size
-            elif e.is_dir and partitions and partition_dir_value(e.name) is not None:
+            elif e.is_dir and (
+                (partitions and partition_dir_value(e.name) is not None) or (prefix and e.name.startswith(prefix))
+            ):
                 walk(e.path, name, False)
             else:
                 other.append(name + ("/" if e.is_dir else ""))
 
     walk(posixpath.join(out, DATA_DIR), DATA_DIR, True)
     walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
+    # snapshot tables: history/eff_start_date=<date>/ (no such directory in other modes' versions).
+    walk(posixpath.join(out, HISTORY_DIR), HISTORY_DIR, False, HISTORY_DIR_PREFIX)
     return files, other
+
+
+def history_problems(stats: dict[str, Any], out: str, footer_rows_by_date: dict[str, int]) -> list[str]:
+    """A snapshot compaction's history partitions: in this attempt's ``history/``, holding the rows reported."""
+    problems = []
+    reported = stats.get("history") or {}
+    where = posixpath.join(out.rstrip("/"), HISTORY_DIR)
+    outside = sorted(
+        d for d, h in reported.items() if h.get("location", "").rstrip("/") != f"{where}/{HISTORY_DIR_PREFIX}{d}"
+    )
+    if outside:
+        problems.append(f"history partitions {outside} were reported outside the new version's {where}")
+    rows = {d: int(h.get("rows", -1)) for d, h in reported.items()}
+    if rows != {d: footer_rows_by_date.get(d, 0) for d in rows} or not set(footer_rows_by_date) <= set(rows):
+        problems.append(
+            f"rows per history partition in the Parquet footers {footer_rows_by_date} differ from the job's "
+            f"report {rows}"
+        )
+    missing = sorted(d for d in rows if d not in footer_rows_by_date)
+    if missing:
+        problems.append(f"history partitions {missing} have no Parquet file (an applied date has one, maybe empty)")
+    return problems
 
 
 def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None, out: str) -> list[str]:
@@ -253,16 +288,23 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         problems.append(
             f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}"
         )
-    footer_rows = {DATA_DIR: 0, TOMBSTONES_DIR: 0}
+    footer_rows = {DATA_DIR: 0, TOMBSTONES_DIR: 0, HISTORY_DIR: 0}
     footer_rows_by_partition: dict[str, int] = {}
-    want = [(c.name, c.type) for c in cfg.columns] + [
-        ("_cdc_increment", "string"),
-        ("_cdc_file", "string"),
-        ("_cdc_pos", "bigint"),
-        ("_cdc_ingested_at", "timestamp"),
-    ]
+    footer_rows_by_date: dict[str, int] = {}
+    # The mode's own output columns (snapshot: operation, eff_start_date, the hashes) follow the registry's.
+    want = (
+        [(c.name, c.type) for c in cfg.columns]
+        + mode_of(cfg).output_columns(cfg)
+        + [
+            ("_cdc_increment", "string"),
+            ("_cdc_file", "string"),
+            ("_cdc_pos", "bigint"),
+            ("_cdc_ingested_at", "timestamp"),
+        ]
+    )
     # Tombstones keep their partition as a column; data files have it in their directory name.
     want_tomb = want + ([(PARTITION_COLUMN, "string")] if p.get("partition_by") else [])
+    want_history = [c for c in want if c[0] != EFF_START_DATE_COLUMN]
     for name in sorted(on_disk):
         rows, schema = _footer(lake.storage, posixpath.join(out, name))
         kind, _, rest = name.partition("/")
@@ -270,7 +312,11 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         if kind == DATA_DIR and "/" in rest:
             value = partition_dir_value(rest.split("/", 1)[0]) or ""
             footer_rows_by_partition[value] = footer_rows_by_partition.get(value, 0) + rows
-        expect = want_tomb if kind == TOMBSTONES_DIR else want
+        if kind == HISTORY_DIR:
+            day = rest.split("/", 1)[0].removeprefix(HISTORY_DIR_PREFIX)
+            footer_rows_by_date[day] = footer_rows_by_date.get(day, 0) + rows
+        # A history partition's date is its directory, not a column.
+        expect = want_tomb if kind == TOMBSTONES_DIR else want_history if kind == HISTORY_DIR else want
         got = [(f.name, str(f.type)) for f in schema]
         if [n for n, _ in got] != [n for n, _ in expect] or not all(
             _arrow_type_ok(h, a) for (_, h), (_, a) in zip(expect, got, strict=True)
@@ -278,6 +324,10 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
             problems.append(f"{name} has schema {got}, expected {expect}")
             break
     problems += footer_problems(p, stats, footer_rows, footer_rows_by_partition)
+    if p.get("mode") == "snapshot":
+        problems += history_problems(stats, out, footer_rows_by_date)
+    elif footer_rows[HISTORY_DIR]:
+        problems.append(f"{out} holds history files, but the table is not a snapshot table")
     if problems:
         raise PublishValidationError(
             f"{cfg.qualified_name}: version {version} failed validation and was not published: "

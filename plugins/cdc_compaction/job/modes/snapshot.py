@@ -19,29 +19,56 @@ provenance of the row's values (``_cdc_increment``, ``_cdc_file``, ``_cdc_pos``)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
 
-from cdc_compaction.job.contract import PROVENANCE
+from cdc_compaction.job.contract import (
+    DATA_DIR,
+    EFF_START_DATE_COLUMN,
+    HISTORY_DIR,
+    HISTORY_DIR_PREFIX,
+    KEY_HASH_COLUMN,
+    LAYOUT,
+    META_COLUMNS,
+    META_DDL,
+    OPERATION_COLUMN,
+    PROVENANCE,
+    ROW_HASH_COLUMN,
+    SNAPSHOT_COLUMNS,
+    STATS_FILE,
+    TOMBSTONES_DIR,
+    JobStats,
+    OutputFile,
+    Plan,
+)
+from cdc_compaction.job.faults import fault_point
+
+log = logging.getLogger("cdc_compaction.compact.snapshot")
 
 INSERT, UPDATE, NO_CHANGE, DELETE, NOT_SUPPLIED = "I", "U", "N", "D", "X"
 OPERATIONS = (INSERT, UPDATE, NO_CHANGE, DELETE, NOT_SUPPLIED)
 
-OPERATION = "operation"
-EFF_START_DATE = "eff_start_date"
-KEY_HASH = "_cdc_key_hash"
-ROW_HASH = "_cdc_row_hash"
+# The output columns' names are the contract's (the Airflow side declares the tables with them).
+OPERATION = OPERATION_COLUMN
+EFF_START_DATE = EFF_START_DATE_COLUMN
+KEY_HASH = KEY_HASH_COLUMN
+ROW_HASH = ROW_HASH_COLUMN
 REJECT_REASON = "_cdc_reject_reason"
 #: A row's business date, when the table is dated by a column (NULL otherwise).
 BUSINESS_DATE = "_cdc_business_date"
 INCREMENT = "_cdc_increment"
+#: When a row's values were compacted: the last metadata column (the contract's).
+INGESTED_AT = META_COLUMNS[-1]
 
 # The columns the operation rule reads (see the template's header).
 OLD_ROW_HASH = "_cdc_old_row_hash"
@@ -347,6 +374,8 @@ class Compaction:
     rejected: dict[str, int]
     #: Refused increments by reason.
     refused: dict[str, int]
+    #: Each applied snapshot's keys by operation, in order: (increment, business date, counts).
+    steps: list[tuple[str, date, dict[str, int]]] = field(default_factory=list)
 
     @property
     def applied(self) -> list[tuple[str, date]]:
@@ -417,6 +446,7 @@ def apply_snapshots(
     elif current_rows is None:
         current_rows = current.count()
     counts: Counter[str] = Counter()
+    steps: list[tuple[str, date, dict[str, int]]] = []
     history: list[DataFrame] = []
     for d in decisions:
         if d.verdict != "apply" or d.business_date is None:
@@ -438,6 +468,7 @@ def apply_snapshots(
         history.append(history_rows(keyed))
         step = dict(keyed.groupBy(OPERATION).count().collect())
         counts.update(step)
+        steps.append((d.increment, d.business_date, {op: int(step.get(op, 0)) for op in OPERATIONS}))
         current_rows = sum(n for op, n in step.items() if op != DELETE)
     empty_history = empty_current(hashed_rows, rule)
     return Compaction(
@@ -448,4 +479,150 @@ def apply_snapshots(
         counts={op: counts[op] for op in OPERATIONS},
         rejected=dict(rejected),
         refused=dict(Counter(refusals.values())),
+        steps=steps,
     )
+
+
+# ------------------------------------------------------------------ the job
+def _decisions_by_increment(decisions: list[Decision]) -> dict[str, str]:
+    """Every increment's fate as one word for the stats: ``applied``, ``replayed`` or ``refused:<reason>``."""
+    words = {"apply": "applied", "replay": "replayed"}
+    return {d.increment: words.get(d.verdict, f"refused:{d.reason}") for d in decisions}
+
+
+def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str, Any]:
+    """The snapshot compaction of ``plan`` into the attempt's own directory (called by ``compact.run``).
+
+    Reads the parent version's current table (its ``data/``) and the planned increments, applies
+    every pending snapshot (:func:`apply_snapshots`) and writes, each with ``errorifexists`` into
+    this attempt's new directory: ``data/`` (the current table), ``history/eff_start_date=<d>/`` for
+    every applied business date (an empty Parquet file when the snapshot changed nothing: the
+    partition records that the date was applied), ``tombstones/`` (empty: the mode keeps none, but
+    the tombstones table of every version points there) and the refused rows to the quarantine.
+    Then it re-reads what it wrote and writes the stats file last, as the other modes do.
+    """
+    from cdc_compaction.job import compact as job  # the shared driver pieces; it imports this module lazily
+
+    columns = list(plan.column_names)
+    # _cdc_ingested_at travels with each row as if it were a column of the table (the hashes and
+    # the comparison never read it): a row that keeps its values (N, X) keeps when they were compacted.
+    rule = dataclasses.replace(SnapshotRule.from_dict(plan.rule), columns=[*columns, INGESTED_AT])
+    ingested_at = job._ts(plan.ingested_at)
+    out, quarantine = job.attempt_locations(plan, attempt)
+    data_out, tomb_out, hist_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}", f"{out}/{HISTORY_DIR}"
+    write_mode = "errorifexists" if attempt else "overwrite"
+    compression = plan.compression or "snappy"
+    extra_ddl = ", ".join(f"`{name}` {kind}" for name, kind in SNAPSHOT_COLUMNS)
+    schema = f"{plan.schema_ddl}, {extra_ddl}, {META_DDL}"
+    log.info("compacting snapshot %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
+
+    # The parent's current table, as the rule's functions hold it.
+    parent = spark.read.schema(schema).parquet(plan.base_location)
+    base_rows = parent.count()
+    current = parent.select(*[_c(c) for c in rule.output_columns]) if base_rows else None
+
+    raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
+    increment_rows = raw.count()
+    stamp = F.lit(ingested_at).cast("timestamp")
+    rows = hashed(job.with_provenance(raw, columns).withColumn(INGESTED_AT, stamp), rule)
+    names = plan.business_dates or {}
+    increments = {i: date.fromisoformat(names[i]) if names.get(i) else None for i in plan.increments}
+    before = date.fromisoformat(plan.last_applied) if plan.last_applied else None
+    comp = apply_snapshots(current, rows, increments, rule, last_applied=before, current_rows=base_rows)
+
+    # Refused rows go to quarantine as the other modes' do: the registry's columns, provenance, reason, plan.
+    bad = comp.refused_rows.select(
+        *[_c(c) for c in [*columns, *PROVENANCE, REJECT_REASON]], F.lit(plan.plan_id).alias("_cdc_plan_id")
+    )
+    by_file = {
+        f"{r[INCREMENT]}/{r['_cdc_file']}": int(r["count"])
+        for r in bad.groupBy(INCREMENT, "_cdc_file").count().collect()
+    }
+    if by_file:
+        bad.write.mode(write_mode).parquet(quarantine)
+
+    # In the order of the tables' DDL: the registry's columns, the mode's, then the metadata.
+    out_cols = [*columns, OPERATION, EFF_START_DATE, KEY_HASH, ROW_HASH, *PROVENANCE, INGESTED_AT]
+    current_out = comp.current.select(*[_c(c) for c in out_cols])
+    if plan.output_files:
+        current_out = current_out.coalesce(int(plan.output_files))
+    writer = current_out.write.mode(write_mode).option("compression", compression)
+    if plan.max_records_per_file:
+        writer = writer.option("maxRecordsPerFile", int(plan.max_records_per_file))
+    writer.parquet(data_out)
+
+    # One directory per applied date, written on its own: a date whose snapshot changed nothing
+    # still gets one (empty) file, which Spark's partitionBy would not write.
+    # Every history row is a change this compaction made: stamped with its time (a D row's values are older).
+    hist_cols = [c for c in out_cols if c not in (EFF_START_DATE, INGESTED_AT)]
+    written_dates: dict[str, str] = {}
+    for _increment, d in comp.applied:
+        where = f"{hist_out}/{HISTORY_DIR_PREFIX}{d.isoformat()}"
+        part = comp.history.filter(_c(EFF_START_DATE) == F.lit(d)).select(
+            *[_c(c) for c in hist_cols], stamp.alias(INGESTED_AT)
+        )
+        part.coalesce(1).write.mode(write_mode).option("compression", compression).parquet(where)
+        written_dates[d.isoformat()] = where
+    # No tombstones in this mode; the directory holds one empty file of the current table's schema.
+    comp.current.where(F.lit(False)).select(*[_c(c) for c in out_cols]).coalesce(1).write.mode(write_mode).option(
+        "compression", compression
+    ).parquet(tomb_out)
+
+    # Re-read what landed on storage: these counts gate publishing (validate).
+    written = spark.read.schema(schema).parquet(data_out)
+    tally = written.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count_distinct(_c(KEY_HASH)).alias("keys"),
+        F.sum(F.when(~F.coalesce(_c(OPERATION).isin(INSERT, UPDATE, NO_CHANGE, NOT_SUPPLIED), F.lit(False)), 1)).alias(
+            "misplaced"
+        ),
+    ).first()
+    data_rows = int(tally["rows"])
+    tomb_rows = spark.read.schema(schema).parquet(tomb_out).count()
+    hist_extra = ", ".join(f"`{name}` {kind}" for name, kind in SNAPSHOT_COLUMNS if name != EFF_START_DATE)
+    hist_schema = f"{plan.schema_ddl}, {hist_extra}, {META_DDL}"
+    history = {
+        d: {"location": loc, "rows": spark.read.schema(hist_schema).parquet(loc).count()}
+        for d, loc in written_dates.items()
+    }
+    output_files = job._data_files(spark, data_out, DATA_DIR) + job._data_files(spark, tomb_out, TOMBSTONES_DIR)
+    for d, loc in written_dates.items():
+        output_files += job._data_files(spark, loc, f"{HISTORY_DIR}/{HISTORY_DIR_PREFIX}{d}")
+    after = comp.last_applied(before)
+    stats = JobStats(
+        plan_id=plan.plan_id,
+        table=plan.table,
+        attempt=attempt or "",
+        layout=LAYOUT,
+        base_rows=base_rows,
+        increment_rows=increment_rows,
+        rejected_rows=sum(comp.rejected.values()),
+        rejected_by_reason=dict(sorted(comp.rejected.items())),
+        rejected_by_file=by_file,
+        superseded_rows=0,
+        expired_tombstones=0,
+        output_rows=data_rows + tomb_rows,
+        output_tombstones=tomb_rows,
+        output_visible_rows=data_rows,
+        misplaced_rows=int(tally["misplaced"] or 0),
+        duplicate_keys=data_rows - int(tally["keys"]),
+        output_files=tuple(OutputFile(f["name"], f["size"]) for f in sorted(output_files, key=lambda f: f["name"])),
+        finished_at=datetime.now(UTC).isoformat(),
+        extra={
+            "mode": "snapshot",
+            "counts": comp.counts,
+            "applied": [[inc, d.isoformat()] for inc, d in comp.applied],
+            "steps": [[inc, d.isoformat(), counts] for inc, d, counts in comp.steps],
+            "replayed": comp.replayed,
+            "rejected": dict(sorted(comp.rejected.items())),
+            "refused": dict(sorted(comp.refused.items())),
+            "increments": _decisions_by_increment(comp.decisions),
+            "last_applied": before.isoformat() if before else None,
+            "new_last_applied": after.isoformat() if after else None,
+            "history": history,
+        },
+    ).to_dict()
+    fault_point("compact.before_stats", plan.table)
+    job._write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
+    log.info("compacted snapshot %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
+    return stats

@@ -1,0 +1,242 @@
+"""``mode: snapshot``: every increment is one export of the table; comparing exports finds the changes.
+
+The contract is ``tests/scenarios/snapshot/README.md``; the rule is
+``include/sql/modes/snapshot/_rule.sql.j2`` (hashes, refusals, each key's operation), applied by
+the job (``cdc_compaction.job.modes.snapshot``). A version's ``data/`` is the current table (every
+key's latest row with its ``operation`` and ``eff_start_date``: the base table), and every
+business date it applied gets a history partition, ``history/eff_start_date=<date>/``, which the
+commit records and ``<t>_history`` registers. There is no view over pending snapshots yet:
+``<t>_view`` shows the current table as published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date
+from typing import Any, cast
+
+from cdc_compaction.job.contract import EFF_START_DATE_COLUMN, OPERATION_COLUMN, SNAPSHOT_COLUMNS
+from cdc_compaction.lake import Commit
+from cdc_compaction.landing import increment_hour
+from cdc_compaction.modes.base import TableContext, TableMode
+from cdc_compaction.registry import SnapshotTable, TableConfig
+
+#: The keys of each applied snapshot's counts: inserted, updated, no change, deleted, not supplied.
+OPERATIONS = ("I", "U", "N", "D", "X")
+
+_COMMENTS = {
+    OPERATION_COLUMN: "the key's operation in the last applied snapshot: I, U, N or X",
+    EFF_START_DATE_COLUMN: "business date the row's values start at",
+    "_cdc_key_hash": "SHA-256 of the key columns (the comparison joins on it)",
+    "_cdc_row_hash": "SHA-256 of the compared columns (equal: no change)",
+}
+
+
+@dataclass(frozen=True)
+class SnapshotContext(TableContext):
+    """What the snapshot templates see as ``t`` (the rule's attributes are documented in its header)."""
+
+    primary_key: list[str]
+    #: The compared columns: neither key columns nor the business-date column.
+    value_columns: list[str]
+    column_types: dict[str, str]
+    delta: bool
+    business_date_column: str | None
+    #: (name, Hive type, comment) of the columns the outputs add after the registry's (the DDL's column list).
+    mode_columns: list[tuple[str, str, str]]
+    #: ``<t>_history``: the net changes, one partition per business date.
+    history_table: str
+    #: The rule's reject reason reads the key hash: the pending-rejects query computes it first.
+    hash_key_for_rejects: bool = True
+
+
+def history_table(cfg: TableConfig) -> str:
+    """The name of a snapshot table's history table, ``<t>_history``."""
+    return f"{cfg.table}_history"
+
+
+def last_applied(parent: Commit) -> str | None:
+    """The greatest business date applied so far (ISO): the parent commit's greatest history partition."""
+    return max(parent.history or {}, default=None)
+
+
+class SnapshotMode(TableMode):
+    """The Airflow side of ``mode: snapshot``."""
+
+    name = "snapshot"
+
+    @staticmethod
+    def _cfg(cfg: TableConfig) -> SnapshotTable:
+        return cast(SnapshotTable, cfg)
+
+    def rule_context(self, cfg: TableConfig, fingerprint: str) -> SnapshotContext:
+        c = self._cfg(cfg)
+        return SnapshotContext(
+            **self.common_context(c, fingerprint),
+            primary_key=list(c.primary_key),
+            value_columns=c.value_columns,
+            column_types={col.name: col.type for col in c.columns},
+            delta=c.delta,
+            business_date_column=c.business_date_column,
+            mode_columns=[(n, t, _COMMENTS[n]) for n, t in SNAPSHOT_COLUMNS],
+            history_table=history_table(c),
+        )
+
+    def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
+        c = self._cfg(cfg)
+        return {"primary_key": c.primary_key, "delta": c.delta, "business_date": c.business_date_column}
+
+    def rule_sql(self, cfg: TableConfig) -> dict[str, Any]:
+        """The rule as the job's ``SnapshotRule.from_dict`` reads it (the table's shape and the rendered macros)."""
+        from cdc_compaction import sql
+
+        c = self._cfg(cfg)
+        m, t = self.macros(), sql.context(cfg)
+        return {
+            "columns": c.column_names,
+            "delta": c.delta,
+            "key_hash": str(m.key_hash(t)).strip(),
+            "row_hash": str(m.row_hash(t)).strip(),
+            "reject_reason": str(m.reject_reason(t)).strip(),
+            "operation": str(m.operation(t)).strip(),
+            "business_date": str(m.business_date(t)).strip() if c.business_date_column else None,
+        }
+
+    @staticmethod
+    def business_date_of(cfg: TableConfig, increment: str) -> date | None:
+        """An increment's business date from its name: the UTC date of its hour (None: not an increment name)."""
+        hour = increment_hour(cfg, increment)
+        return hour.date() if hour is not None else None
+
+    def plan_fields(self, cfg: TableConfig, parent: Commit) -> dict[str, Any]:
+        c = self._cfg(cfg)
+        fields: dict[str, Any] = {"primary_key": list(c.primary_key), "delta": c.delta}
+        # Left out when None, as job.contract.Plan writes them back (the plan round-trips key for key).
+        if c.business_date_column:
+            fields["business_date_column"] = c.business_date_column
+        if (last := last_applied(parent)) is not None:
+            fields["last_applied"] = last
+        return fields
+
+    def plan_increments(self, cfg: TableConfig, increments: list[str]) -> dict[str, Any]:
+        """The plan's entries that depend on its increments: each one's business date from its name."""
+        dates = {i: self.business_date_of(cfg, i) for i in increments}
+        return {"business_dates": {i: d.isoformat() for i, d in sorted(dates.items()) if d is not None}}
+
+    def count_problems(self, stats: Mapping[str, Any]) -> list[str]:
+        """The contract's invariants over the job's counts (README of the scenarios, "Counts of a compaction").
+
+        Each applied snapshot classifies every key once: the current keys before it are its U, N, D
+        and X keys; after it, its I, U, N and X keys. Chained from the parent's rows, the last must be
+        the rows written; each history partition holds that date's I, U and D rows; every increment
+        is applied, replayed or refused, once.
+        """
+        problems: list[str] = []
+        if stats.get("mode") != "snapshot":
+            return [f"the stats are of mode {stats.get('mode')!r}, not of a snapshot compaction"]
+        if stats["duplicate_keys"]:
+            problems.append(f"{stats['duplicate_keys']} keys appear more than once in the current table")
+        if stats.get("misplaced_rows", 0):
+            problems.append(f"{stats['misplaced_rows']} rows of the current table have no I, U, N or X operation")
+        if stats["output_tombstones"]:
+            problems.append(f"the output holds {stats['output_tombstones']} tombstones; a snapshot table keeps none")
+        rows = int(stats["base_rows"])
+        totals = dict.fromkeys(OPERATIONS, 0)
+        history = stats.get("history") or {}
+        last = stats.get("last_applied")
+        for increment, day, counts in stats.get("steps", []):
+            n = {op: int(counts.get(op, 0)) for op in OPERATIONS}
+            examined = n["U"] + n["N"] + n["D"] + n["X"]
+            if examined != rows:
+                problems.append(
+                    f"{increment} ({day}): the current table had {rows} keys, but U {n['U']} + N {n['N']} "
+                    f"+ D {n['D']} + X {n['X']} = {examined} were classified"
+                )
+            rows = n["I"] + n["U"] + n["N"] + n["X"]
+            changes = n["I"] + n["U"] + n["D"]
+            written = (history.get(day) or {}).get("rows")
+            if written != changes:
+                problems.append(
+                    f"history partition {day} holds {written} rows, but {increment} made I {n['I']} + U {n['U']} "
+                    f"+ D {n['D']} = {changes} changes"
+                )
+            if last is not None and day <= last:
+                problems.append(f"{increment} was applied at {day}, not after the last applied date {last}")
+            last = day
+            for op in OPERATIONS:
+                totals[op] += n[op]
+        if rows != stats["output_visible_rows"]:
+            problems.append(
+                f"row counts do not reconcile: the applied snapshots leave {rows} keys, "
+                f"but the current table has {stats['output_visible_rows']} rows"
+            )
+        if totals != {op: int(stats.get("counts", {}).get(op, 0)) for op in OPERATIONS}:
+            problems.append(f"the counts {stats.get('counts')} are not the sum of each snapshot's {totals}")
+        applied = [day for _, day in stats.get("applied", [])]
+        if sorted(history) != sorted(applied) or len(set(applied)) != len(applied):
+            problems.append(f"history partitions {sorted(history)} are not the applied dates {applied}, each once")
+        fates = stats.get("increments", {})
+        tally = len(applied) + int(stats.get("replayed", 0)) + sum(stats.get("refused", {}).values())
+        if tally != len(fates):
+            problems.append(
+                f"{len(fates)} increments, but {len(applied)} applied + {stats.get('replayed')} replayed "
+                f"+ refused {stats.get('refused')} = {tally}"
+            )
+        if stats.get("rejected", {}) != stats["rejected_by_reason"] or stats["rejected_rows"] != sum(
+            stats["rejected_by_reason"].values()
+        ):
+            problems.append(
+                f"refused rows do not reconcile: {stats['rejected_rows']} rows, by reason "
+                f"{stats['rejected_by_reason']}, counted {stats.get('rejected')}"
+            )
+        if sum(stats.get("rejected_by_file", {}).values()) != stats["rejected_rows"]:
+            problems.append(
+                f"{sum(stats.get('rejected_by_file', {}).values())} rows were quarantined, "
+                f"but {stats['rejected_rows']} refused"
+            )
+        return problems
+
+    def column_roles(self, cfg: TableConfig) -> dict[str, list[str]]:
+        c = self._cfg(cfg)
+        roles: dict[str, list[str]] = {col.name: [] for col in c.columns}
+        for i, col in enumerate(c.primary_key, 1):
+            roles[col].append(f"key {i}")
+        if c.business_date_column:
+            roles[c.business_date_column].append("business date (not compared)")
+        for col in c.value_columns:
+            roles[col].append("compared")
+        return roles
+
+    def doc_lines(self, cfg: TableConfig) -> list[str]:
+        c = self._cfg(cfg)
+        dated = (
+            f"the column `{c.business_date_column}` (one date per increment)"
+            if c.business_date_column
+            else "the UTC date of the increment's name"
+        )
+        kind = (
+            "delta (only changed rows; a key not supplied keeps its row, `X`)"
+            if c.delta
+            else "full (a key not supplied is deleted, `D`)"
+        )
+        return [
+            "* **Mode:** `snapshot` (every increment is one export of the table, compared with the current "
+            "table by hashes: I, U, N, D, X)",
+            "* **Primary key:** " + ", ".join(f"`{k}`" for k in c.primary_key),
+            f"* **Snapshots:** {kind}; business date from {dated}; a date not after the last applied one is a replay",
+            f"* **Outputs:** `{c.table}_base` (the current table, with `operation` and `eff_start_date`) and "
+            f"`{c.table}_history` (net changes, one partition per business date)",
+            f"* **Views:** `{c.table}_view` shows the current table as published: no view over pending snapshots yet",
+        ]
+
+    def output_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
+        return list(SNAPSHOT_COLUMNS)
+
+    def view_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
+        types = dict(SNAPSHOT_COLUMNS)
+        return [
+            *[(col.name, col.type) for col in cfg.columns],
+            (OPERATION_COLUMN, types[OPERATION_COLUMN]),
+            (EFF_START_DATE_COLUMN, types[EFF_START_DATE_COLUMN]),
+        ]
