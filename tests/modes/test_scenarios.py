@@ -56,6 +56,7 @@ def test_the_mode_scenarios_are_there() -> None:
         "mysql_binlog_order",
         "dms_full_load_then_changes",
         "wal2json_kinds",
+        "options_combined",
     }
     assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 6 and len(CDC_PARTITIONED) == 2
     assert len(SNAPSHOT) >= 12
@@ -94,11 +95,11 @@ def test_snapshot_scenario(path: Path, inprocess: conf.InProcessRunner, readers:
     assert result.ok, "\n".join(result.failures)
 
 
-#: A cdc option whose rule statement travels in the plan file (key changes), a keyless table and a
+#: Every cdc option on one table (its rule statements travel in the plan file), a keyless table and a
 #: snapshot table (its history published by the DAG's tasks) as real DAG runs (spark-submit with the
 #: job package); the rest run in-process above, through the same task functions.
 DAG_SCENARIOS = [
-    SCENARIO_DIR / "cdc" / "old_key_chain.json",
+    SCENARIO_DIR / "cdc" / "options_combined.json",
     SCENARIO_DIR / "keyless" / "seed_003_alice_alice_bob.json",
     SCENARIO_DIR / "snapshot" / "update_nochange_delete_insert.json",
 ]
