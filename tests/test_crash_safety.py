@@ -290,8 +290,19 @@ def crash_run(request: pytest.FixtureRequest, spark: Any, endpoint: MetastoreEnd
     yield run
 
 
-@pytest.mark.parametrize("mode", ["raise", "kill"])
-@pytest.mark.parametrize(("point", "task"), CRASH_POINTS, ids=[p for p, _ in CRASH_POINTS])
+#: Killed (SIGKILL of the task's process) as well as raised at: where a dead process leaves what an
+#: exception does not -- a lease nobody releases, a job's output without its stats, a commit record
+#: without the swap, an archive half moved. At the others a kill and a raise leave the same state.
+KILL_POINTS = {
+    "plan.after_plan_written",
+    "compact.before_stats",
+    "publish.after_commit_record",
+    "archive.after_first_delete",
+}
+CRASHES = [(p, t, "raise") for p, t in CRASH_POINTS] + [(p, t, "kill") for p, t in CRASH_POINTS if p in KILL_POINTS]
+
+
+@pytest.mark.parametrize(("point", "task", "mode"), CRASHES, ids=[f"{p}-{m}" for p, _, m in CRASHES])
 def test_crash_then_retry(crash_run: CrashRun, point: str, task: str, mode: str) -> None:
     crash_run.run(crash=(point, task, mode))
     assert crash_run.window_checks == 1
