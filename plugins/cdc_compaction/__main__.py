@@ -41,6 +41,15 @@ def _registry_validate(args: argparse.Namespace) -> int:
 
     hadoop = spark_hadoop_version()
     bad = 0
+    from cdc_compaction.registry import load_database_defaults
+
+    for db, d in sorted(load_database_defaults(directory).items()):
+        if d.error is None:
+            print(f"OK    {d.path.relative_to(directory)}: defaults of database {db}")
+        else:
+            print(f"ERROR {d.path.relative_to(directory)} (defaults of database {db}, so of every table of it):")
+            for p in d.error.problems:
+                print(f"        {p}")
     for e in load_registry(directory):
         if e.error is None:
             print(f"OK    {e.path.name}: {e.config.qualified_name} -> DAG {e.dag_id}")
