@@ -552,6 +552,21 @@ def test_database_defaults_apply_to_discovered_files(tmp_path: Path) -> None:
     assert (cfg.owner, cfg.alerts.emails) == ("shop-team", ["shop@example.com"])
 
 
+def test_the_database_defaults_source_is_used_and_not_overridden(tmp_path: Path) -> None:
+    # Debezium's op column but no position column: nothing to recognize, the database says debezium.
+    landing = tmp_path / "landing"
+    s = pa.schema([("id", pa.int32()), ("__op", pa.string()), ("seq", pa.int64())])
+    _write(landing, "t", "increment_2026112200", "p.parquet", {"id": [1], "__op": ["c"], "seq": [1]}, s)
+    out = tmp_path / "registry"
+    (out / DB).mkdir(parents=True)
+    (out / DB / "_database.yaml").write_text("source: debezium\n")
+    report = discover(_options(landing, out, keys={"t": ["id"]}, order_by={"t": ["seq"]}))
+    assert report.unfinished == {}, report.lines()
+    assert "source" not in yaml.safe_load((out / "shop.t.yaml").read_text())
+    cfg = load_table(out, "shop.t")
+    assert (cfg.source, cfg.op_column) == ("debezium", "__op")
+
+
 # -- one discovered table compacts ------------------------------------------------------
 
 

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 MISSING_KEY = "ADD_THE_KEY_COLUMNS"
 MISSING_ORDER = "ADD_THE_ORDERING_COLUMNS"
 MISSING_OP = "ADD_THE_OP_COLUMN"
+#: The origin of a source taken from the database's defaults file (which the table file then leaves out).
+DEFAULTS_SOURCE = "from the database's _database.yaml (not repeated here)"
 
 #: Hive types tried for a Parquet column, narrowest first: the first one Spark reads it as wins.
 _HIVE_CANDIDATES = ("tinyint", "smallint", "int", "bigint", "float", "double", "boolean", "date", "timestamp")
@@ -425,9 +427,19 @@ def recognize_source(columns: set[str]) -> tuple[str, str]:
 
 
 def discover_table(
-    storage: Storage, opts: Options, table: str, directory: str, storage_root: str, increments_dir: str = "incremental"
+    storage: Storage,
+    opts: Options,
+    table: str,
+    directory: str,
+    storage_root: str,
+    increments_dir: str = "incremental",
+    default_source: str | None = None,
 ) -> Discovered:
-    """Infer one table's entry from its directory (its increments under ``increments_dir``)."""
+    """Infer one table's entry from its directory (its increments under ``increments_dir``).
+
+    ``default_source`` is the database defaults' ``source``: used (and not written) when
+    ``--source`` is not given, so the table file does not override it.
+    """
     d = Discovered(table, directory, storage_root)
     landing = storage.join(directory, increments_dir)
     files = _data_files(storage, landing)
@@ -474,6 +486,8 @@ def discover_table(
     # The source preset and the op column.
     if opts.source is not None:
         d.source, d.source_origin = opts.source, "from --source"
+    elif default_source is not None:
+        d.source, d.source_origin = default_source, DEFAULTS_SOURCE
     else:
         d.source, d.source_origin = recognize_source(names)
         if avro_order is not None and d.source == "generic":
@@ -525,8 +539,8 @@ def render(d: Discovered, database: str, when: datetime) -> str:
         "# storage_root: the table's directory under the landing root.",
         f"storage_root: {_flow(d.storage_root)}",
         f"# source: {d.source_origin}.",
-        f"source: {d.source}",
     ]
+    lines.append(f"# source: {d.source}" if d.source_origin == DEFAULTS_SOURCE else f"source: {d.source}")
     filled = {k: v for k, v in d.preset.items() if not (k == "order_by" and d.order_by is not None)}
     if filled:
         shown = ", ".join(f"{k}: {_flow(v)}" for k, v in filled.items())
@@ -575,6 +589,7 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
     own = defaults.get(opts.database)
     inc = own.values.get("increments") if own is not None and own.error is None else None
     increments_dir = inc.get("directory", Increments().directory) if isinstance(inc, dict) else Increments().directory
+    default_source = own.values.get("source") if own is not None and own.error is None else None
     for e in entries:
         if e.name.startswith(("_", ".")):
             continue  # the landing's own metadata, never a table
@@ -593,7 +608,7 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
         if present is not None and not opts.force:
             report.skipped.append((e.name, f"{present} exists (pass --force to overwrite it)"))
             continue
-        d = discover_table(storage, opts, e.name, e.path, f"{root}/{e.name}", increments_dir)
+        d = discover_table(storage, opts, e.name, e.path, f"{root}/{e.name}", increments_dir, default_source)
         if not d.columns:
             report.skipped.append((e.name, "no landed Parquet file and no Avro value schema (.avsc): nothing to read"))
             continue
