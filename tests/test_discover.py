@@ -441,6 +441,25 @@ def test_empty_and_badly_named_directories_are_skipped(tmp_path: Path) -> None:
     assert report.written == []
 
 
+def test_a_column_of_only_nulls_takes_its_type_from_another_file(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    base = {"id": [1], "op": ["c"], "ts_ms": [1]}
+    s = [("id", pa.int32()), ("op", pa.string()), ("ts_ms", pa.int64())]
+    _write(landing, "t", "increment_2026112200", "a.parquet", {**base, "x": [None]}, pa.schema([*s, ("x", pa.null())]))
+    _write(landing, "t", "increment_2026112201", "b.parquet", {**base, "x": ["v"]}, pa.schema([*s, ("x", pa.string())]))
+    _write(landing, "u", "increment_2026112200", "a.parquet", {**base, "x": [None]}, pa.schema([*s, ("x", pa.null())]))
+    out = tmp_path / "registry"
+    report = discover(_options(landing, out, keys={"t": ["id"], "u": ["id"]}, order_by={}))
+    assert _columns(load_table(out, "shop.t"))[-1] == ("x", "string")
+    assert list(report.unfinished) == ["u"]  # never seen with a value: the reviewer writes the type
+    assert "#   - column 'x': only NULLs in every file read" in (out / "shop.u.yaml").read_text()
+
+
+def test_a_missing_landing_root_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is not a directory"):
+        discover(_options(tmp_path / "nowhere", tmp_path / "registry"))
+
+
 def test_a_debezium_envelope_schema(tmp_path: Path) -> None:
     landing = tmp_path / "landing"
     row = {

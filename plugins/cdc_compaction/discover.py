@@ -257,6 +257,9 @@ def _data_files(storage: Storage, landing: str) -> list[str]:
     return files
 
 
+_NULLS_ONLY = "only NULLs in every file read (Arrow type null): no type to infer; write the source's type"
+
+
 def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tuple[list[Column], list[str]]:
     """The union of the files' footers as columns (first-seen order), and the files that could not be read."""
     import pyarrow.parquet as pq
@@ -277,13 +280,26 @@ def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tupl
         for a in schema:
             hive = hive_type_of_arrow(a.type, physical.get(a.name))
             known = lower.get(a.name.lower())
+            # A column a writer saw only NULLs in has Arrow type null: it fits any type another file shows.
+            nulls = str(a.type) == "null"
             if known is None:
                 lower[a.name.lower()] = a.name
-                problem = None if hive else f"Arrow type {a.type} has no Hive type Spark reads it as"
+                problem = (
+                    _NULLS_ONLY
+                    if nulls
+                    else None
+                    if hive
+                    else f"Arrow type {a.type} has no Hive type Spark reads it as"
+                )
                 cols[a.name] = Column(a.name, hive or "", f"{a.type} in {rel}", problem=problem)
                 continue
             col = cols[known]
-            if known != a.name:
+            if nulls and known == a.name:
+                continue
+            if col.problem == _NULLS_ONLY and known == a.name:
+                col.origin, col.problem = f"{a.type} in {rel}", None if hive else f"{a.type} in {rel} has no Hive type"
+                col.type = hive or ""
+            elif known != a.name:
                 col.problem = f"named {known!r} and {a.name!r} in different files (Spark compares names ignoring case)"
             elif col.problem is None and hive is not None and hive != col.type:
                 wider = _widen(col.type, hive)
@@ -581,6 +597,8 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
     root = opts.landing_root.rstrip("/")
     resolved = resolve_storage_root(root)
     storage = storage_for(resolved, opts.conn_id)
+    if "://" not in resolved and not Path(resolved).is_dir():
+        raise ValueError(f"landing root {root!r} ({resolved}) is not a directory")
     report = Report()
     entries = sorted((e for e in storage.list_dir(resolved) if e.is_dir), key=lambda e: e.name)
     defaults = load_database_defaults(opts.out)
