@@ -284,13 +284,8 @@ def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tupl
             nulls = str(a.type) == "null"
             if known is None:
                 lower[a.name.lower()] = a.name
-                problem = (
-                    _NULLS_ONLY
-                    if nulls
-                    else None
-                    if hive
-                    else f"Arrow type {a.type} has no Hive type Spark reads it as"
-                )
+                problem = None if hive else f"Arrow type {a.type} has no Hive type Spark reads it as"
+                problem = _NULLS_ONLY if nulls else problem
                 cols[a.name] = Column(a.name, hive or "", f"{a.type} in {rel}", problem=problem)
                 continue
             col = cols[known]
