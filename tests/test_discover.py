@@ -509,6 +509,24 @@ def test_a_debezium_envelope_schema(tmp_path: Path) -> None:
     )
 
 
+def test_an_envelope_without_a_position_and_a_primitive_key_schema(tmp_path: Path) -> None:
+    # SQL Server's source block has change_lsn, not lsn: no preset order; a string key names no column.
+    landing = tmp_path / "landing"
+    row = {"type": "record", "name": "Value", "fields": [{"name": "id", "type": "int"}]}
+    source = {"type": "record", "name": "Source", "fields": [{"name": "change_lsn", "type": ["null", "string"]}]}
+    fields = [{"name": "before", "type": ["null", row]}, {"name": "after", "type": ["null", "Value"]}]
+    fields += [{"name": "source", "type": source}, {"name": "op", "type": "string"}]
+    _avsc(landing / "t" / "t-value.avsc", {"type": "record", "name": "Envelope", "fields": fields})
+    _avsc(landing / "t" / "t-key.avsc", {"type": "string"})
+    out = tmp_path / "registry"
+    report = discover(_options(landing, out, keys={}, order_by={}))
+    text = (out / "shop.t.yaml").read_text()
+    assert "source: debezium" in text and "# source: the value schema is a Debezium envelope." in text
+    assert "# primary_key: not found: t-key.avsc names no record fields." in text
+    assert "order_by: [ADD_THE_ORDERING_COLUMNS]" in text
+    assert list(report.unfinished) == ["t"]
+
+
 @pytest.mark.parametrize(
     ("avro", "hive"),
     [

@@ -354,7 +354,8 @@ def _avro_columns(fields: list[dict[str, Any]], origin: str) -> list[Column]:
 
 
 def columns_from_avro(schema: Any, origin: str) -> tuple[list[Column], list[str] | None, list[str]]:
-    """(columns, ordering columns, notes) of an Avro value schema.
+    """(columns, ordering columns, notes) of an Avro value schema; the ordering columns are None
+    unless it is a Debezium envelope.
 
     A Debezium envelope becomes what its ExtractNewRecordState flattening writes with
     ``add.fields=op,source.ts_ms`` plus ``lsn`` (Postgres) or ``file,pos,row`` (MySQL) and
@@ -376,7 +377,7 @@ def columns_from_avro(schema: Any, origin: str) -> tuple[list[Column], list[str]
     cols = _avro_columns(value, f"{origin} (after)")
     smt = "added by ExtractNewRecordState"
     cols.append(Column("__op", "string", f"{smt} (add.fields=op)"))
-    order: list[str] | None = None
+    order: list[str] = []  # empty, not None: an envelope, whose source has no position Debezium adds
     if "lsn" in source_fields:
         cols.append(Column("__lsn", "bigint", f"{smt} (add.fields=lsn; source.lsn)"))
         order = ["__lsn"]
@@ -490,9 +491,9 @@ def discover_table(
             d.key = key_from_avro(_load_avsc(storage, key_files[0]))
         except (ValueError, OSError):
             d.key = None
-        d.key_origin = f"the fields of the key schema {name}"
+        d.key_origin = f"the fields of the key schema {name}" if d.key else f"not found: {name} names no record fields"
     if d.key is None:
-        d.key_origin = "not found: no --key hint and no <name>-key.avsc"
+        d.key_origin = d.key_origin or "not found: no --key hint and no <name>-key.avsc"
         d.todo.append(f"primary_key: no key found; replace {MISSING_KEY} with the key columns (or pass --key)")
     # The source preset and the op column.
     if opts.source is not None:
