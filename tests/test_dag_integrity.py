@@ -143,6 +143,24 @@ def test_a_hostile_registry_file_hides_no_other_dag(
     assert fragment in bag.dags["cdc__tests__student"].doc_md
 
 
+def test_a_bad_database_defaults_file_breaks_only_its_databases_dags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``<registry>/<db>/_database.yaml`` with an unknown key: that database's tables get error DAGs, no other."""
+    _write(tmp_path, "tests.student.yaml", student_doc(tmp_path / "lake", "student"))
+    _write(tmp_path, "school.student.yaml", {**student_doc(tmp_path / "lake2", "student"), "database": "school"})
+    _write(tmp_path / "tests", "_database.yaml", {"owner": "tests-team", "retires": 2})
+    _write(tmp_path / "school", "_database.yaml", {"owner": "school-team"})
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__tests__student", REFRESHER]
+    broken, good = bag.dags["cdc__tests__student"], bag.dags["cdc__school__student"]
+    assert [t.task_id for t in broken.tasks] == ["registry_error"]
+    assert "_database.yaml" in broken.doc_md and "retires" in broken.doc_md
+    assert {t.task_id for t in good.tasks} == set(TASK_ORDER)
+    assert good.owner == "school-team"
+
+
 def test_a_registry_error_dag_fails_its_task_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 

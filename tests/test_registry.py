@@ -1423,3 +1423,185 @@ def test_snapshot_business_date_must_not_be_a_key_column(tmp_path: Path) -> None
     doc = snapshot_doc(primary_key=["bank", "as_of"], business_date={"column": "as_of"})
     err = refusal(write_yaml(tmp_path, "tests.accounts.yaml", doc))
     assert names_field(err, "business_date") and "is a primary_key column" in str(err), err.problems
+
+
+# -- a database's defaults file (<registry dir>/<database>/_database.yaml) ---------------
+
+
+def write_defaults(registry: Path, database: str, doc: Any, name: str = "_database.yaml") -> Path:
+    (registry / database).mkdir(parents=True, exist_ok=True)
+    path = registry / database / name
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _by_name(entries: list[Any]) -> dict[str, Any]:
+    return {e.path.name: e for e in entries}
+
+
+def test_database_defaults_apply_and_table_files_override_them(tmp_path: Path) -> None:
+    write_defaults(
+        tmp_path,
+        "shop",
+        {
+            "owner": "shop-team",
+            "retries": 5,
+            "tags": ["shop"],
+            "alerts": {"emails": ["team@shop.example"], "on_rejected_rows": False},
+            "spark": {
+                "conf": {"spark.sql.shuffle.partitions": "8", "spark.speculation": "true"},
+                "driver_memory": "2g",
+            },
+            "increments": {"completion": "marker"},
+        },
+    )
+    table_overrides = {
+        "retries": 1,
+        "alerts": {"emails": ["orders@shop.example"]},
+        "spark": {"conf": {"spark.sql.shuffle.partitions": "64"}},
+    }
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders", **table_overrides))
+    write_yaml(tmp_path, "shop.plain.yaml", good_doc("shop", "plain"))
+    write_yaml(tmp_path, "crm.users.yaml", good_doc("crm", "users"))
+    entries = _by_name(load_registry(tmp_path))
+    assert [e.error for e in entries.values()] == [None, None, None]
+    orders = entries["shop.orders.yaml"].config
+    # Scalars and lists: the table's value wins. Mappings: merged key by key, the table's keys winning.
+    assert (orders.owner, orders.retries, orders.tags) == ("shop-team", 1, ["shop"])
+    assert orders.alerts.emails == ["orders@shop.example"] and orders.alerts.on_rejected_rows is False
+    assert orders.spark.conf == {"spark.sql.shuffle.partitions": "64", "spark.speculation": "true"}
+    assert orders.spark.driver_memory == "2g"
+    assert orders.increments.completion == "marker" and orders.increments.directory == "incremental"
+    plain = entries["shop.plain.yaml"].config
+    assert (plain.owner, plain.retries, plain.alerts.emails) == ("shop-team", 5, ["team@shop.example"])
+    # Another database's tables get none of it.
+    users = entries["crm.users.yaml"].config
+    assert (users.owner, users.retries, users.alerts.emails, users.spark.conf) == ("data-platform", 3, [], {})
+
+
+def test_database_defaults_of_another_mode_are_left_out(tmp_path: Path) -> None:
+    # delta is a snapshot field: a cdc table of the same database does not take it.
+    write_defaults(tmp_path, "bank", {"delta": True, "keep_versions": 7})
+    write_yaml(tmp_path, "bank.events.yaml", good_doc("bank", "events"))
+    snapshot = good_doc("bank", "accounts", mode="snapshot")
+    del snapshot["order_by"]
+    write_yaml(tmp_path, "bank.accounts.yaml", snapshot)
+    entries = _by_name(load_registry(tmp_path))
+    events, accounts = entries["bank.events.yaml"].config, entries["bank.accounts.yaml"].config
+    assert events is not None and accounts is not None, [e.error for e in entries.values()]
+    assert (events.keep_versions, accounts.keep_versions, accounts.delta) == (7, 7, True)
+    assert not hasattr(events, "delta")
+
+
+def test_database_defaults_can_set_the_source_preset(tmp_path: Path) -> None:
+    write_defaults(tmp_path, "pg", {"source": "wal2json"})
+    doc = good_doc(
+        "pg",
+        "t",
+        columns=[{"name": "id", "type": "int"}, {"name": "kind", "type": "string"}, {"name": "lsn", "type": "bigint"}],
+    )
+    del doc["order_by"]
+    write_yaml(tmp_path, "pg.t.yaml", doc)
+    (entry,) = load_registry(tmp_path)
+    assert entry.error is None, entry.error
+    assert (entry.config.op_column, entry.config.order_by) == ("kind", ["lsn"])
+
+
+@pytest.mark.parametrize(
+    ("defaults", "fragment"),
+    [
+        pytest.param({"owner": "x", "bogus": 1}, "field 'bogus': Extra inputs are not permitted", id="unknown-key"),
+        pytest.param({"alerts": {"email": ["a@b.co"]}}, "field 'alerts.email': Extra inputs", id="unknown-nested-key"),
+        pytest.param({"retries": -1}, "field 'retries':", id="bad-value"),
+        pytest.param({"retry_delay": "soon"}, "field 'retry_delay':", id="bad-duration"),
+        pytest.param({"mode": "stream"}, "field 'mode':", id="bad-mode"),
+        pytest.param({"columns": []}, "field 'columns': describes one table", id="per-table-field"),
+        pytest.param({"storage_root": "/lake"}, "field 'storage_root': describes one table", id="root"),
+        pytest.param("- a list\n", "one mapping of defaults", id="not-a-mapping"),
+        pytest.param("owner: [unclosed\n", "not valid YAML", id="bad-yaml"),
+    ],
+)
+def test_a_bad_defaults_file_breaks_only_its_own_databases_tables(tmp_path: Path, defaults: Any, fragment: str) -> None:
+    path = write_defaults(tmp_path, "shop", defaults)
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
+    write_yaml(tmp_path, "shop.items.yaml", good_doc("shop", "items"))
+    write_yaml(tmp_path, "crm.users.yaml", good_doc("crm", "users"))
+    entries = _by_name(load_registry(tmp_path))
+    assert entries["crm.users.yaml"].error is None
+    for name in ("shop.orders.yaml", "shop.items.yaml"):
+        err = entries[name].error
+        assert err is not None and err.file == str(tmp_path / name), name
+        assert str(path) in str(err) and fragment in str(err), err.problems
+    # The defaults file's own verdict names the file and the field too.
+    from cdc_compaction.registry import load_database_defaults
+
+    own = load_database_defaults(tmp_path)["shop"]
+    assert own.error is not None and own.error.file == str(path) and fragment in str(own.error)
+
+
+def test_a_table_problem_caused_by_a_default_names_the_defaults_file(tmp_path: Path) -> None:
+    # Value rules beyond the type (an owner's characters) are checked on the merged entry: the
+    # problem is the table's, and says the value came from the defaults file.
+    path = write_defaults(tmp_path, "shop", {"owner": "bad;owner"})
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
+    write_yaml(tmp_path, "shop.own.yaml", good_doc("shop", "own", owner="own-team"))
+    entries = _by_name(load_registry(tmp_path))
+    err = entries["shop.orders.yaml"].error
+    assert err is not None and names_field(err, "owner"), err
+    assert f"the value comes from the database's defaults file {path}" in str(err)
+    assert entries["shop.own.yaml"].error is None
+
+
+def test_two_defaults_files_of_one_database_are_refused(tmp_path: Path) -> None:
+    write_defaults(tmp_path, "shop", {"owner": "a"})
+    write_defaults(tmp_path, "shop", {"owner": "b"}, name="_database.yml")
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
+    (entry,) = load_registry(tmp_path)
+    assert entry.error is not None and "two defaults files" in str(entry.error)
+
+
+def test_an_empty_defaults_file_and_a_directory_without_one_change_nothing(tmp_path: Path) -> None:
+    write_defaults(tmp_path, "shop", "# nothing yet\n")
+    (tmp_path / "crm").mkdir()
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
+    write_yaml(tmp_path, "crm.users.yaml", good_doc("crm", "users"))
+    entries = load_registry(tmp_path)
+    assert [e.error for e in entries] == [None, None]
+    assert [e.config.owner for e in entries] == ["data-platform", "data-platform"]
+
+
+def test_load_registry_sees_a_changed_defaults_file(tmp_path: Path) -> None:
+    path = write_defaults(tmp_path, "shop", {"owner": "first"})
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
+    assert load_registry(tmp_path)[0].config.owner == "first"
+    path.write_text("owner: second-owner\n")
+    _bump_mtime(path, 5)
+    assert load_registry(tmp_path)[0].config.owner == "second-owner"
+    path.write_text("owner: 1\nbogus: 1\n")
+    _bump_mtime(path, 10)
+    assert load_registry(tmp_path)[0].error is not None
+    path.unlink()
+    assert load_registry(tmp_path)[0].config.owner == "data-platform"
+
+
+def test_a_task_process_parse_gets_the_defaults_too(tmp_path: Path) -> None:
+    write_defaults(tmp_path, "shop", {"owner": "shop-team"})
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
+    write_yaml(tmp_path, "crm.users.yaml", good_doc("crm", "users"))
+    (orders,) = load_registry(tmp_path, dag_id="cdc__shop__orders")
+    assert orders.config is not None and orders.config.owner == "shop-team"
+    write_defaults(tmp_path, "shop", {"bogus": 1})
+    _bump_mtime(tmp_path / "shop" / "_database.yaml", 5)
+    (orders,) = load_registry(tmp_path, dag_id="cdc__shop__orders")
+    assert orders.error is not None and "field 'bogus'" in str(orders.error)
+    (users,) = load_registry(tmp_path, dag_id="cdc__crm__users")
+    assert users.error is None
+
+
+def test_a_defaults_file_is_not_a_table_entry(tmp_path: Path) -> None:
+    from cdc_compaction.registry import registry_files
+
+    write_defaults(tmp_path, "shop", {"owner": "x"})
+    write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
+    assert [p.name for p in registry_files(tmp_path)] == ["shop.orders.yaml"]
+    assert [e.dag_id for e in load_registry(tmp_path)] == ["cdc__shop__orders"]

@@ -2,6 +2,7 @@
 
 Commands:
   registry validate [--dir DIR]          check every registry file; exit 1 on any error
+  registry discover ROOT --database DB   write a registry entry per table directory of a landing root
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
   demo [--source files|postgres]         the embedded default end to end (make demo [SOURCE=postgres])
@@ -40,6 +41,15 @@ def _registry_validate(args: argparse.Namespace) -> int:
 
     hadoop = spark_hadoop_version()
     bad = 0
+    from cdc_compaction.registry import load_database_defaults
+
+    for db, d in sorted(load_database_defaults(directory).items()):
+        if d.error is None:
+            print(f"OK    {d.path.relative_to(directory)}: defaults of database {db}")
+        else:
+            print(f"ERROR {d.path.relative_to(directory)} (defaults of database {db}, so of every table of it):")
+            for p in d.error.problems:
+                print(f"        {p}")
     for e in load_registry(directory):
         if e.error is None:
             print(f"OK    {e.path.name}: {e.config.qualified_name} -> DAG {e.dag_id}")
@@ -53,6 +63,33 @@ def _registry_validate(args: argparse.Namespace) -> int:
                 print(f"        {p}")
     print(f"{bad} invalid of {len(load_registry(directory))} registry files in {directory}")
     return 1 if bad else 0
+
+
+def _registry_discover(args: argparse.Namespace) -> int:
+    from cdc_compaction.discover import Options, discover, parse_hints
+    from cdc_compaction.exceptions import CdcCompactionError
+
+    try:
+        opts = Options(
+            landing_root=args.landing_root,
+            database=args.database,
+            out=Path(args.out or settings.registry_dir()),
+            include=args.include,
+            exclude=args.exclude,
+            keys=parse_hints(args.key, "--key"),
+            order_by=parse_hints(args.order_by, "--order-by"),
+            source=args.source,
+            force=args.force,
+            conn_id=args.conn_id,
+            max_files=args.max_files,
+        )
+        report = discover(opts)
+    except (ValueError, CdcCompactionError) as exc:
+        print(f"registry discover: {exc}", file=sys.stderr)
+        return 2
+    for line in report.lines():
+        print(line)
+    return 0
 
 
 def _metastore(args: argparse.Namespace) -> int:
@@ -319,6 +356,19 @@ def main(argv: list[str] | None = None) -> int:
     val = reg_sub.add_parser("validate", help="validate every registry file")
     val.add_argument("--dir", help="registry directory (default: $CDC_REGISTRY_DIR or include/registry)")
     val.set_defaults(func=_registry_validate)
+    dis = reg_sub.add_parser("discover", help="write a registry entry for every table directory of a landing root")
+    dis.add_argument("landing_root", help="directory (or s3:// prefix) holding one directory per table")
+    dis.add_argument("--database", required=True, help="the database every discovered table belongs to")
+    dis.add_argument("--out", help="registry directory to write to (default: $CDC_REGISTRY_DIR or include/registry)")
+    dis.add_argument("--include", action="append", default=[], metavar="GLOB", help="only tables matching (repeat)")
+    dis.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave out tables matching")
+    dis.add_argument("--key", action="append", default=[], metavar="TABLE=COL[,COL]", help="a table's primary key")
+    dis.add_argument("--order-by", action="append", default=[], metavar="TABLE=COL[,COL]", help="a table's order")
+    dis.add_argument("--source", choices=["generic", "debezium", "dms", "wal2json"], help="the preset of every table")
+    dis.add_argument("--force", action="store_true", help="overwrite registry files that exist")
+    dis.add_argument("--conn-id", default="aws_default", help="Airflow AWS connection for an s3:// landing root")
+    dis.add_argument("--max-files", type=int, default=500, help="footers read per table (the newest files)")
+    dis.set_defaults(func=_registry_discover)
 
     cf = sub.add_parser("conformance", help="run scenario files through the pipeline")
     cf.add_argument("scenarios", nargs="+", help="scenario files, globs or directories")

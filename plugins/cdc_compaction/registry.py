@@ -5,6 +5,11 @@ raises for a single bad file: every file becomes a :class:`RegistryEntry` that h
 either a validated :class:`TableConfig` or the :class:`RegistryError` that explains,
 field by field, what is wrong with it.  That is what lets a bad file break only its
 own table's DAG.
+
+A database may have a defaults file, ``<registry dir>/<database>/_database.yaml``: fields every
+table of that database gets unless its own file sets them (nested sections such as ``alerts``
+and ``spark`` are merged key by key). A bad defaults file is an error of its own database's
+tables only (:func:`load_database_defaults`).
 """
 
 from __future__ import annotations
@@ -1095,8 +1100,175 @@ def _check_yaml_bounds(text: str) -> list[str]:
     return []
 
 
-def parse_entry(path: Path, text: str) -> TableConfig:
-    """Parse and validate one registry file's text; raise :class:`RegistryError`."""
+# -- a database's defaults ------------------------------------------------------------
+#: The defaults file of database ``<db>``: ``<registry dir>/<db>/_database.yaml``. A subdirectory,
+#: so :func:`registry_files` (the top level's files) never takes it for a table entry.
+DEFAULTS_FILE_NAMES = ("_database.yaml", "_database.yml")
+#: Fields that describe one table: a database's defaults file may not set them.
+PER_TABLE_FIELDS = frozenset(
+    {
+        "database",
+        "table",
+        "description",
+        "columns",
+        "storage_root",
+        "primary_key",
+        "nullable_key",
+        "old_key",
+        "unchanged",
+        "partition_by",
+        "business_date",
+    }
+)
+_MODE_CLASSES: dict[str, type[TableConfig]] = {"cdc": CdcTable, "keyless": KeylessTable, "snapshot": SnapshotTable}
+
+
+@functools.cache
+def _defaults_model() -> type[BaseModel]:
+    """Every field a table of some mode may take from its database's defaults, typed and constrained as
+    there (pydantic ``extra="forbid"``: an unknown key is refused), each optional."""
+    from pydantic import create_model
+
+    fields: dict[str, Any] = {"mode": (Literal["cdc", "keyless", "snapshot"] | None, None)}
+    for cls in _MODE_CLASSES.values():
+        for name, info in cls.model_fields.items():
+            if name in PER_TABLE_FIELDS or name in fields:
+                continue
+            typed = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+            fields[name] = (typed | None, None)
+    return create_model("DatabaseDefaultsModel", __base__=_Strict, **fields)
+
+
+@dataclass(frozen=True)
+class DatabaseDefaults:
+    """One database's defaults file: the mapping its tables are merged onto, or why it is unusable."""
+
+    path: Path
+    database: str
+    values: dict[str, Any]
+    error: RegistryError | None = None
+
+
+def database_defaults_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The defaults files of a registry directory (``<db>/_database.yaml``), sorted."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    found = [
+        sub / name
+        for sub in d.iterdir()
+        if sub.is_dir() and not sub.name.startswith(".")
+        for name in DEFAULTS_FILE_NAMES
+        if (sub / name).is_file()
+    ]
+    return sorted(found, key=str)
+
+
+def parse_defaults(path: Path, text: str) -> dict[str, Any]:
+    """Validate one defaults file's text; return its mapping or raise :class:`RegistryError`."""
+    database = path.parent.name
+    where = f"{database}.*"
+    file = str(path)
+    try:
+        check_identifier(database, "database directory")
+    except IdentifierError as exc:
+        raise RegistryError(file, where, [f"{exc}; name the directory after the database"]) from exc
+    if len(text) > MAX_FILE_BYTES:
+        raise RegistryError(file, where, [f"larger than {MAX_FILE_BYTES} bytes; a defaults file is a few lines"])
+    try:
+        problems = _check_yaml_bounds(text)
+        if problems:
+            raise RegistryError(file, where, problems)
+        data = yaml.load(text, Loader=_SAFE_LOADER)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise RegistryError(file, where, [f"not valid YAML: {exc}"]) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RegistryError(file, where, ["the file must hold one mapping of defaults (owner, alerts, spark, ...)"])
+    per_table = sorted(str(k) for k in data if k in PER_TABLE_FIELDS)
+    if per_table:
+        raise RegistryError(
+            file,
+            where,
+            [
+                f"field '{k}': describes one table; set it in each table's file "
+                f"(<database>.<table>.yaml), not in the database's defaults"
+                for k in per_table
+            ],
+        )
+    try:
+        _defaults_model().model_validate(data)
+    except ValidationError as exc:
+        raise RegistryError(file, where, _format_pydantic(exc)) from exc
+    return data
+
+
+def load_database_defaults(directory: str | os.PathLike[str]) -> dict[str, DatabaseDefaults]:
+    """Every database's defaults of a registry directory, by database name (cached until a file changes)."""
+    return _defaults_cached(_signature(database_defaults_files(directory)))
+
+
+@functools.lru_cache(maxsize=16)
+def _defaults_cached(signature: tuple[tuple[str, int, int], ...]) -> dict[str, DatabaseDefaults]:
+    out: dict[str, DatabaseDefaults] = {}
+    for file, _mtime, _size in signature:
+        path = Path(file)
+        database = path.parent.name
+        if database in out:  # _database.yaml and _database.yml: neither is taken
+            error = RegistryError(
+                file,
+                f"{database}.*",
+                [f"database {database!r} has two defaults files; keep one of {DEFAULTS_FILE_NAMES}"],
+            )
+            out[database] = DatabaseDefaults(path, database, {}, error)
+            continue
+        try:
+            out[database] = DatabaseDefaults(path, database, parse_defaults(path, _read_text(path)))
+        except RegistryError as exc:
+            out[database] = DatabaseDefaults(path, database, {}, exc)
+        except Exception as exc:  # noqa: BLE001 - one database's file must not hide the other databases
+            error = RegistryError(file, f"{database}.*", [f"cannot be loaded: {type(exc).__name__}: {exc}"[:1000]])
+            out[database] = DatabaseDefaults(path, database, {}, error)
+    return out
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge key by key, anything else (lists too) is replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def merge_defaults(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """A table's document with its database's defaults under it.
+
+    The table's own values win; nested sections (``alerts``, ``spark``, ``spark.conf``,
+    ``increments``, ``views``, ``op_codes``) merge key by key; lists are replaced, not joined.
+    A default the table's mode has no field for (``delta`` for a cdc table) is left out.
+    """
+    mode = data.get("mode", defaults.get("mode", "cdc"))
+    cls = _MODE_CLASSES.get(mode) if isinstance(mode, str) else None
+    if cls is None:
+        return _deep_merge(defaults, data)  # the unknown mode is reported by parse_table
+    return _deep_merge({k: v for k, v in defaults.items() if k in cls.model_fields}, data)
+
+
+def _blame_defaults(problem: str, fields: set[str], path: Path) -> str:
+    """A table's problem, naming the defaults file when the field's value came from there."""
+    m = re.match(r"^field '([A-Za-z_]\w*)", problem)
+    if m and m.group(1) in fields:
+        return f"{problem} (the value comes from the database's defaults file {path})"
+    return problem
+
+
+def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | None = None) -> TableConfig:
+    """Parse and validate one registry file's text; raise :class:`RegistryError`.
+
+    ``defaults`` (database name -> its defaults file) fills in what the entry leaves out
+    (:func:`merge_defaults`); a problem with a value that came from there names that file.
+    """
     file = str(path)
     if len(text) > MAX_FILE_BYTES:
         raise RegistryError(file, None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
@@ -1112,10 +1284,30 @@ def parse_entry(path: Path, text: str) -> TableConfig:
     if not isinstance(data, dict):
         raise RegistryError(file, None, ["the file must hold one mapping (database, table, columns, ...)"])
     table = f"{data.get('database', '?')}.{data.get('table', '?')}"
+    own = data.get("database")
+    db_defaults = (defaults or {}).get(own) if isinstance(own, str) else None
+    from_defaults: set[str] = set()
+    if db_defaults is not None:
+        if db_defaults.error is not None:
+            raise RegistryError(
+                file,
+                table,
+                [
+                    f"the defaults file {db_defaults.path} of database {own!r} is invalid, so no table of {own} "
+                    "is built until it is fixed: " + "; ".join(db_defaults.error.problems)
+                ],
+            )
+        merged = merge_defaults(data, db_defaults.values)
+        from_defaults = {k for k in merged if k not in data or merged[k] != data[k]}
+        data = merged
     try:
         cfg = parse_table(data)
     except ValidationError as exc:
-        raise RegistryError(file, table, _format_pydantic(exc)) from exc
+        problems = _format_pydantic(exc)
+        if from_defaults:
+            assert db_defaults is not None
+            problems = [_blame_defaults(p, from_defaults, db_defaults.path) for p in problems]
+        raise RegistryError(file, table, problems) from exc
     except IdentifierError as exc:  # pragma: no cover - pydantic wraps these as ValueError
         raise RegistryError(file, table, [str(exc)]) from exc
     except Exception as exc:  # a validator's surprise (OverflowError, ...) is this file's error
@@ -1160,16 +1352,18 @@ def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) 
     """
     files = registry_files(directory)
     signature = _signature(files)
+    # The databases' defaults files are part of every entry's meaning, so of the cache key.
+    defaults_sig = _signature(database_defaults_files(directory))
     # Relative storage roots hang off $CDC_LAKE_BASE: it is part of what the entries mean.
     lake_base = os.environ.get("CDC_LAKE_BASE")
     resolved = str(Path(directory).resolve())
     if dag_id is not None:
         own = {str(p) for p in files if RegistryEntry(p, None, None).dag_id == dag_id}
         if own:
-            related = _related_files(resolved, signature, frozenset(own), lake_base)
+            related = _related_files(resolved, signature, frozenset(own), lake_base, defaults_sig)
             subset = tuple(s for s in signature if s[0] in related)
-            return [e for e in _load_cached(resolved, subset, lake_base) if str(e.path) in own]
-    return list(_load_cached(resolved, signature, lake_base))
+            return [e for e in _load_cached(resolved, subset, lake_base, defaults_sig) if str(e.path) in own]
+    return list(_load_cached(resolved, signature, lake_base, defaults_sig))
 
 
 def _signature(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
@@ -1214,9 +1408,9 @@ def _declared_root_key(path: Path) -> str | None:
         return None
 
 
-def _parsed_root_key(path: Path) -> str:
+def _parsed_root_key(path: Path, defaults: dict[str, DatabaseDefaults]) -> str:
     try:
-        return storage_root_key(parse_entry(path, _read_text(path)).storage_root)
+        return storage_root_key(parse_entry(path, _read_text(path), defaults).storage_root)
     except Exception:  # noqa: BLE001 - an invalid entry takes part in no check across files
         return _NO_ENTRY
 
@@ -1227,7 +1421,11 @@ def _roots_overlap(a: str, b: str) -> bool:
 
 @functools.lru_cache(maxsize=16)
 def _related_files(
-    directory: str, signature: tuple[tuple[str, int, int], ...], own: frozenset[str], lake_base: str | None
+    directory: str,
+    signature: tuple[tuple[str, int, int], ...],
+    own: frozenset[str],
+    lake_base: str | None,
+    defaults_sig: tuple[tuple[str, int, int], ...] = (),
 ) -> frozenset[str]:
     """``own`` plus every file whose entry can change their verdict in the checks across files.
 
@@ -1241,9 +1439,10 @@ def _related_files(
     del lake_base  # part of the cache key only: relative roots resolve against it
     paths = [Path(f) for f, _mtime, _size in signature]
     keys: dict[Path, str] = {}
+    defaults = _defaults_cached(defaults_sig)
     for p in paths:
         key = _declared_root_key(p)
-        keys[p] = _parsed_root_key(p) if key is None else key
+        keys[p] = _parsed_root_key(p, defaults) if key is None else key
 
     def stem(p: Path) -> str:
         return p.name.rsplit(".", 1)[0].lower()
@@ -1313,13 +1512,17 @@ def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(
-    directory: str, signature: tuple[tuple[str, int, int], ...], lake_base: str | None
+    directory: str,
+    signature: tuple[tuple[str, int, int], ...],
+    lake_base: str | None,
+    defaults_sig: tuple[tuple[str, int, int], ...] = (),
 ) -> tuple[RegistryEntry, ...]:
     entries: list[RegistryEntry] = []
+    defaults = _defaults_cached(defaults_sig)
     for file, _mtime, _size in signature:
         path = Path(file)
         try:
-            entries.append(RegistryEntry(path, parse_entry(path, _read_text(path)), None))
+            entries.append(RegistryEntry(path, parse_entry(path, _read_text(path), defaults), None))
         except RegistryError as exc:
             entries.append(RegistryEntry(path, None, exc))
         except OSError as exc:
