@@ -135,3 +135,17 @@ def test_the_installed_console_script_validates_a_registry_without_java(installe
     assert "ERROR shop.broken.yaml:" in proc.stdout and "retries" in proc.stdout
     assert "1 invalid of 2 registry files" in proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_installed_package_prints_the_shipped_schema(installed: Path, tmp_path: Path) -> None:
+    """Descriptions come from the models' source: the installed copy has it too."""
+    proc = subprocess.run(
+        [str(installed / "bin" / "cdc-compaction"), "registry", "schema"],
+        capture_output=True,
+        text=True,
+        env=_env_without_java_or_clone(installed, tmp_path),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (REPO / "registry.schema.json").read_text()

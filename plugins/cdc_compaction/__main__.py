@@ -3,6 +3,7 @@
 Commands:
   registry validate [--dir DIR]          check every registry file; exit 1 on any error
   registry discover ROOT --database DB   write a registry entry per table directory of a landing root
+  registry schema [--out FILE]           the registry's JSON Schema (editors; registry.schema.json)
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
   demo [--source files|postgres]         the embedded default end to end (make demo [SOURCE=postgres])
@@ -63,6 +64,18 @@ def _registry_validate(args: argparse.Namespace) -> int:
                 print(f"        {p}")
     print(f"{bad} invalid of {len(load_registry(directory))} registry files in {directory}")
     return 1 if bad else 0
+
+
+def _registry_schema(args: argparse.Namespace) -> int:
+    from cdc_compaction.schema import schema_text
+
+    text = schema_text()
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _registry_discover(args: argparse.Namespace) -> int:
@@ -356,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     val = reg_sub.add_parser("validate", help="validate every registry file")
     val.add_argument("--dir", help="registry directory (default: $CDC_REGISTRY_DIR or include/registry)")
     val.set_defaults(func=_registry_validate)
+    sch = reg_sub.add_parser("schema", help="print (or write) the registry's JSON Schema, for editors")
+    sch.add_argument("--out", help="write it to this file (the repository ships it as registry.schema.json)")
+    sch.set_defaults(func=_registry_schema)
     dis = reg_sub.add_parser("discover", help="write a registry entry for every table directory of a landing root")
     dis.add_argument("landing_root", help="directory (or s3:// prefix) holding one directory per table")
     dis.add_argument("--database", required=True, help="the database every discovered table belongs to")
