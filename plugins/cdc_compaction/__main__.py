@@ -395,8 +395,10 @@ def _job_package(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The installed console script says its own name in usage and errors.
+    prog = "cdc-compaction" if Path(sys.argv[0]).name == "cdc-compaction" else "python -m cdc_compaction"
     parser = argparse.ArgumentParser(
-        prog="python -m cdc_compaction", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     reg = sub.add_parser("registry", help="registry commands")
