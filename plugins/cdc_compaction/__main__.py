@@ -67,7 +67,7 @@ def _registry_validate(args: argparse.Namespace) -> int:
 
 
 def _registry_schema(args: argparse.Namespace) -> int:
-    from cdc_compaction.schema import schema_text
+    from cdc_compaction.registry_schema import schema_text
 
     text = schema_text()
     if args.out:

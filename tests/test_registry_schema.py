@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from cdc_compaction.registry import parse_table
-from cdc_compaction.schema import schema_text
+from cdc_compaction.registry_schema import schema_text
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "registry.schema.json"
