@@ -47,12 +47,12 @@ check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs t
 	  else echo "PostgreSQL's server and wal2json are needed: install them, e.g. sudo apt-get install $(PG_PACKAGES)"; fi; \
 	  $(BIN)/python -m cdc_compaction postgres check; }
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-build.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@# requirements.txt pins the whole tree, so skip pip's resolver, then let pip check it.
-	$(BIN)/pip install --quiet --no-deps -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements.txt -r requirements-build.txt
 	$(BIN)/pip check
 	@$(BIN)/python -c 'import pyspark; assert pyspark.__version__ == "4.2.0", pyspark.__version__'
 	touch $(STAMP)

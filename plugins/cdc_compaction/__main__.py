@@ -3,6 +3,7 @@
 Commands:
   registry validate [--dir DIR]          check every registry file; exit 1 on any error
   registry discover ROOT --database DB   write a registry entry per table directory of a landing root
+  registry schema [--out FILE]           the registry's JSON Schema (editors; registry.schema.json)
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
   demo [--source files|postgres]         the embedded default end to end (make demo [SOURCE=postgres])
@@ -63,6 +64,18 @@ def _registry_validate(args: argparse.Namespace) -> int:
                 print(f"        {p}")
     print(f"{bad} invalid of {len(load_registry(directory))} registry files in {directory}")
     return 1 if bad else 0
+
+
+def _registry_schema(args: argparse.Namespace) -> int:
+    from cdc_compaction.registry_schema import schema_text
+
+    text = schema_text()
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _registry_discover(args: argparse.Namespace) -> int:
@@ -194,25 +207,60 @@ def _postgres(args: argparse.Namespace) -> int:
 
 
 def _airflow_ui(args: argparse.Namespace) -> int:
-    """Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 with this project's DAGs."""
+    """Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 with this project's DAGs.
+
+    Ctrl-C (or SIGTERM) stops everything this command started and nothing else: Airflow's whole
+    process tree, and the metastore if it was not running already.
+    """
+    import signal
     import subprocess
 
     from cdc_compaction.devenv import airflow_env, ensure_airflow_db
-    from cdc_compaction.local_services import LocalMetastore
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.local_services import LocalMetastore, port_open, stop_process_tree
 
-    ms = LocalMetastore(settings.PROJECT_ROOT / ".metastore", port=args.metastore_port)
-    ms.start()
+    # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    started: LocalMetastore | None = None
+    airflow: subprocess.Popen[bytes] | None = None
     try:
-        env = airflow_env(settings.PROJECT_ROOT / ".airflow", ms.uri)
+        if args.metastore:
+            uri = args.metastore
+        else:
+            ms = LocalMetastore(Path(args.metastore_home), port=args.metastore_port)
+            # Noted before it starts: a Ctrl-C while it comes up stops it too; one running already is left alone.
+            if not (ms.pid() is not None and port_open(ms.host, ms.port)):
+                started = ms
+            ms.start()
+            uri = ms.uri
+        env = airflow_env(Path(args.airflow_home), uri)
         env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(args.port)})
+        # One API worker is plenty for one developer (Airflow's default of 4 costs a core's worth of start-up).
+        env.setdefault("AIRFLOW__API__WORKERS", "1")
         ensure_airflow_db(env)
-        print(f"Airflow UI on http://127.0.0.1:{args.port} (login printed below by 'airflow standalone'); Ctrl-C stops")
-        airflow = str(Path(sys.executable).parent / "airflow")
-        return subprocess.run([airflow, "standalone"], env=env, check=False).returncode
+        print(
+            f"Airflow UI on http://127.0.0.1:{args.port} (login printed below by 'airflow standalone'); Ctrl-C stops",
+            flush=True,
+        )
+        # A session of its own: Ctrl-C reaches this process only, which then stops Airflow's tree in order
+        # (stop_process_tree) instead of every component getting the signal at once and racing its parent.
+        airflow = subprocess.Popen(
+            [str(Path(sys.executable).parent / "airflow"), "standalone"], env=env, start_new_session=True
+        )
+        return airflow.wait()
+    except CdcCompactionError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        ms.stop()
+        # A second Ctrl-C must not cut the shutdown short and leave processes behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if airflow is not None:
+            print("stopping Airflow ...", flush=True)
+            stop_process_tree(airflow)
+        if started is not None:
+            started.stop()
 
 
 def _serve_sql(args: argparse.Namespace) -> int:
@@ -347,8 +395,10 @@ def _job_package(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The installed console script says its own name in usage and errors.
+    prog = "cdc-compaction" if Path(sys.argv[0]).name == "cdc-compaction" else "python -m cdc_compaction"
     parser = argparse.ArgumentParser(
-        prog="python -m cdc_compaction", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     reg = sub.add_parser("registry", help="registry commands")
@@ -356,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     val = reg_sub.add_parser("validate", help="validate every registry file")
     val.add_argument("--dir", help="registry directory (default: $CDC_REGISTRY_DIR or include/registry)")
     val.set_defaults(func=_registry_validate)
+    sch = reg_sub.add_parser("schema", help="print (or write) the registry's JSON Schema, for editors")
+    sch.add_argument("--out", help="write it to this file (the repository ships it as registry.schema.json)")
+    sch.set_defaults(func=_registry_schema)
     dis = reg_sub.add_parser("discover", help="write a registry entry for every table directory of a landing root")
     dis.add_argument("landing_root", help="directory (or s3:// prefix) holding one directory per table")
     dis.add_argument("--database", required=True, help="the database every discovered table belongs to")
@@ -403,8 +456,15 @@ def main(argv: list[str] | None = None) -> int:
     pgc.set_defaults(func=_postgres)
 
     ui = sub.add_parser("airflow-ui", help="run Airflow (UI, scheduler) with this project's DAGs")
-    ui.add_argument("--port", type=int, default=8080)
-    ui.add_argument("--metastore-port", type=int, default=9083)
+    ui.add_argument("--port", type=int, default=8080, help="the UI's port on 127.0.0.1 (default 8080)")
+    ui.add_argument(
+        "--metastore", help="thrift://HOST:PORT of a running metastore (default: the local one, started if needed)"
+    )
+    ui.add_argument(
+        "--metastore-home", default=str(settings.PROJECT_ROOT / ".metastore"), help="the local metastore's home"
+    )
+    ui.add_argument("--metastore-port", type=int, default=9083, help="the local metastore's port (default 9083)")
+    ui.add_argument("--airflow-home", default=str(settings.PROJECT_ROOT / ".airflow"), help="AIRFLOW_HOME")
     ui.set_defaults(func=_airflow_ui)
 
     sq = sub.add_parser("serve-sql", help="Spark's Thrift JDBC/ODBC server for BI clients (beeline, DBeaver, ...)")

@@ -120,10 +120,17 @@ def emr_steps(cfg: TableConfig, plan_arg: str, py_files: str | None = None) -> l
 
 
 def spark_hadoop_version() -> str | None:
-    """The Hadoop version the installed pyspark ships (hadoop-aws must be exactly this version)."""
+    """The Hadoop version the installed pyspark ships (hadoop-aws must be exactly this version).
+
+    ``None`` without pyspark: ``registry validate`` runs wherever the registry is edited, which
+    needs neither Spark nor Java (it only lists pyspark's jar directory, it never starts a JVM).
+    """
     import re
 
-    import pyspark
+    try:
+        import pyspark
+    except ImportError:
+        return None
 
     jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
     for name in sorted(os.listdir(jars)) if os.path.isdir(jars) else []:

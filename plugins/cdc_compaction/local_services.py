@@ -126,6 +126,49 @@ def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> No
         time.sleep(0.1)
 
 
+def stop_process_tree(proc: subprocess.Popen[Any], grace_s: float = 60.0, term_s: float = 15.0) -> list[int]:
+    """Stop ``proc`` and every process under it; return the PIDs that needed SIGKILL.
+
+    ``proc`` gets SIGINT first, as from a Ctrl-C, so that it stops its own children in its order
+    (``airflow standalone`` terminates its scheduler, API server, DAG processor and triggerer and
+    waits for them). Whatever is left after ``grace_s`` gets SIGTERM, then SIGKILL. The tree is
+    listed before the first signal and again before the second: task processes put themselves in
+    process groups of their own (Airflow's supervisor), so a signal to ``proc``'s group alone
+    would miss them. ``proc`` should lead its own process group (``start_new_session=True``).
+    """
+    import psutil  # Airflow's dependency; only the commands that run Airflow need it
+
+    def tree() -> list[psutil.Process]:
+        try:
+            root = psutil.Process(proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    known = {p.pid: p for p in tree()}
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace_s)
+    known.update({p.pid: p for p in tree()})
+    # is_running() compares start times: a PID the system reused for another process is left alone.
+    left = [p for p in known.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if left:
+        log.warning("still running %.0fs after SIGINT: %s; sending SIGTERM", grace_s, sorted(p.pid for p in left))
+    for p in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _gone, left = psutil.wait_procs(left, timeout=term_s)
+    for p in left:
+        log.warning("pid %d did not exit within %.0fs of SIGTERM; sending SIGKILL", p.pid, term_s)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(left, timeout=5)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+    return sorted(p.pid for p in left)
+
+
 @dataclass
 class LocalMetastore:
     """A Thrift Hive metastore backed by Derby under ``home``."""

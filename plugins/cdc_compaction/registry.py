@@ -34,6 +34,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -85,7 +86,19 @@ def _non_negative(value: timedelta) -> timedelta:
     return value
 
 
-Duration = Annotated[timedelta, BeforeValidator(_parse_duration), AfterValidator(_non_negative)]
+#: The JSON Schema of a duration (``registry schema``): the documented forms, not pydantic's ISO 8601 one.
+DURATION_JSON_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "pattern": _DURATION.pattern, "examples": ["90s", "5m", "36h", "7d", "2w"]},
+        {"type": "integer", "minimum": 0, "description": "seconds"},
+    ]
+}
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(_parse_duration),
+    AfterValidator(_non_negative),
+    WithJsonSchema(DURATION_JSON_SCHEMA),
+]
 
 
 class _Strict(BaseModel):
@@ -95,8 +108,11 @@ class _Strict(BaseModel):
 class Column(_Strict):
     """A column of the source table, with its Hive type."""
 
+    #: The column's name in the change files and the tables.
     name: str
+    #: Its Hive type, e.g. int, bigint, string, decimal(12,2), timestamp, array<string>.
     type: str
+    #: The column's comment in the metastore (one line, at most 256 characters).
     comment: str = ""
 
     @field_validator("name")
@@ -126,9 +142,13 @@ class Column(_Strict):
 class OpCodes(_Strict):
     """The op column's codes; Debezium's ``c r u d`` by default."""
 
+    #: The op code of an insert.
     create: str = "c"
+    #: The op code of a snapshot read (an upsert).
     read: str = "r"
+    #: The op code of an update.
     update: str = "u"
+    #: The op code of a delete.
     delete: str = "d"
 
     @model_validator(mode="after")
@@ -149,12 +169,19 @@ class OpCodes(_Strict):
 class Increments(_Strict):
     """Where change files land and when an increment counts as complete."""
 
+    #: The landing area under storage_root.
     directory: str = "incremental"
+    #: Increment directory names: <prefix><time_format>, e.g. increment_2026112210.
     prefix: str = "increment_"
+    #: strftime format of the increment's hour in its directory name.
     time_format: str = "%Y%m%d%H"
+    #: settle: complete when no data file changed for settle_seconds; marker: when marker_file exists.
     completion: Literal["settle", "marker"] = "settle"
+    #: How long an increment's files must stay unchanged (completion: settle).
     settle_seconds: int = Field(default=120, ge=0)
+    #: The file that marks an increment complete (completion: marker).
     marker_file: str = "_SUCCESS"
+    #: The current hour's increment waits until the hour is over.
     wait_for_hour_end: bool = True
     #: An increment still incomplete this long after its hour ended and it last changed (a writer's
     #: abandoned temporaries, a marker that never came) is reported and alerted about, once.
@@ -178,8 +205,11 @@ class Increments(_Strict):
 class Alerts(_Strict):
     """Who hears about failures, and through which connection."""
 
+    #: Recipients of failure and refused-rows e-mails (none: alerts are only logged).
     emails: list[str] = Field(default_factory=list)
+    #: The Airflow SMTP connection of the e-mails.
     smtp_conn_id: str = "smtp_default"
+    #: Alert when a compaction refused rows.
     on_rejected_rows: bool = True
 
     @field_validator("emails")
@@ -203,11 +233,17 @@ class EmrSettings(_Strict):
     elsewhere; a zip whose name is not this source's is then used as written, with a warning.
     """
 
+    #: The EMR cluster (j-...) the compaction runs on as a step.
     job_flow_id: str
+    #: The Airflow AWS connection (credentials and region live there, never here).
     aws_conn_id: str = "aws_default"
+    #: The s3:// URI where include/spark_jobs/compact.py is deployed.
     application: str
+    #: The s3:// URI of the deployed job package (.zip); unset: derived from application.
     py_files: str | None = None
+    #: spark-submit's deploy mode.
     deploy_mode: Literal["cluster", "client"] = "cluster"
+    #: What EMR does with the cluster when the step fails.
     action_on_failure: Literal["CONTINUE", "CANCEL_AND_WAIT"] = "CONTINUE"
 
     @field_validator("job_flow_id")
@@ -238,13 +274,21 @@ class EmrSettings(_Strict):
 class SparkSettings(_Strict):
     """How the compaction job is submitted."""
 
+    #: spark_submit: spark-submit with conn_id; emr: an EMR step on an existing cluster.
     engine: Literal["spark_submit", "emr"] = "spark_submit"
+    #: The EMR cluster and job files (engine: emr).
     emr: EmrSettings | None = None
+    #: The Airflow Spark connection of the compaction.
     conn_id: str = "spark_default"
+    #: Extra Spark conf for the job, e.g. spark.sql.shuffle.partitions: "64".
     conf: dict[str, str] = Field(default_factory=dict)
+    #: Hadoop settings, passed as spark.hadoop.<key> (never credentials).
     hadoop_conf: dict[str, str] = Field(default_factory=dict)
+    #: Extra jars for spark-submit --jars (paths or URIs ending in .jar).
     jars: list[str] = Field(default_factory=list)
+    #: spark-submit --driver-memory, e.g. 2g.
     driver_memory: str | None = None
+    #: spark-submit --executor-memory, e.g. 4g.
     executor_memory: str | None = None
     #: Size the compaction aims at for each output file (estimated from the input's bytes per row).
     target_file_mb: int = Field(default=128, ge=1, le=65536)
@@ -291,7 +335,9 @@ class PartitionBy(_Strict):
     reference, so its cost follows the change, not the table.
     """
 
+    #: The registry column the base table is partitioned by.
     column: str
+    #: identity: its values; day, month, year: of a date or timestamp column.
     transform: Literal["identity", "day", "month", "year"] = "identity"
 
     @field_validator("column")
@@ -340,6 +386,7 @@ class Views(_Strict):
 class EventTime(_Strict):
     """The column holding when the source made each change (freshness; README, "Freshness")."""
 
+    #: The column holding when the source made each change: timestamp, date or an integer count of unit.
     column: str
     #: For an integer column: epoch seconds, milliseconds, microseconds or nanoseconds.
     unit: Literal["s", "ms", "us", "ns"] = "ms"
@@ -354,31 +401,57 @@ class TableConfig(_Strict):
     :func:`parse_table` picks the class by ``mode`` (a pydantic discriminated union, :data:`TableSpec`).
     """
 
+    #: The table mode: cdc (the default), keyless or snapshot.
     mode: str
+    #: The Hive database; the file is named <database>.<table>.yaml.
     database: str
+    #: The table's name; its DAG id is cdc__<database>__<table>.
     table: str
+    #: What the table holds: the DAG's and the tables' description.
     description: str = ""
+    #: The source table's columns, in order, with their Hive types.
     columns: list[Column] = Field(min_length=1)
+    #: Table root: an absolute path, a path relative to the project root, or s3://bucket/prefix.
     storage_root: str
+    #: The Airflow AWS connection of an S3 storage_root.
     storage_conn_id: str = "aws_default"
+    #: How landed increments are named and when one is complete.
     increments: Increments = Field(default_factory=Increments)
+    #: A preset (@hourly, @daily, ...), a cron expression, or null (manual runs only).
     schedule: str | None = "@hourly"
+    #: The DAG's fixed start date.
     start_date: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+    #: Airflow catch-up.
     catchup: bool = False
+    #: The DAG's owner (also a tag).
     owner: str = "data-platform"
+    #: Retries of each task (0-100).
     retries: int = Field(default=3, ge=0, le=100)
+    #: The first retry's delay: 90s, 5m, 36h, 7d, 2w or a number of seconds.
     retry_delay: Duration = timedelta(minutes=5)
+    #: The cap of the exponential retry backoff.
     max_retry_delay: Duration = timedelta(hours=1)
+    #: Who hears about failures and refused rows.
     alerts: Alerts = Field(default_factory=Alerts)
+    #: Extra DAG tags.
     tags: list[str] = Field(default_factory=list)
+    #: How long a delete's tombstone stays: set it above the worst CDC delay.
     tombstone_retention: Duration = timedelta(days=7)
+    #: Base versions kept for rollback, the live one included.
     keep_versions: int = Field(default=3, ge=1, le=1000)
+    #: How long a run's lease on the table lasts unrenewed: above the longest run with retries.
     lease_timeout: Duration = timedelta(hours=6)
+    #: An unreadable or unfitting landed file: fail the run, or quarantine the file and go on.
     on_bad_file: Literal["fail", "quarantine"] = "fail"
+    #: A landed column the registry does not list: fail (a bad file), or ignore the column.
     on_extra_columns: Literal["fail", "ignore"] = "fail"
+    #: How the compaction runs: spark-submit or EMR, conf, jars, memory.
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    #: Partition the base table by a column (or its day, month, year).
     partition_by: PartitionBy | None = None
+    #: The views readers query, per dialect.
     views: Views = Field(default_factory=Views)
+    #: The column holding when the source made each change (freshness).
     event_time: EventTime | None = None
 
     @field_validator("lease_timeout")
@@ -617,8 +690,11 @@ class Unchanged(_Strict):
     unchanged, so such a column cannot be set to NULL).
     """
 
+    #: The columns an event may leave out.
     columns: list[str] = Field(min_length=1)
+    #: How a left-out value is sent: the placeholder text, or NULL.
     marker: Literal["placeholder", "null"] = "placeholder"
+    #: The placeholder text (Debezium's for an unavailable TOAST value).
     placeholder: str = "__debezium_unavailable_value"
 
     @field_validator("columns")
@@ -685,8 +761,11 @@ class _EventTable(TableConfig):
     #: The tool that wrote the change files: fills in op column, op codes, order and delete
     #: conventions the entry leaves out (:func:`_source_defaults`).
     source: Literal["generic", "debezium", "dms", "wal2json"] = "generic"
+    #: 1..n columns giving the event order, e.g. [lsn]: for a log-based source the log position, not a time.
     order_by: list[str] = Field(min_length=1)
+    #: The op column (string; not part of the key or order).
     op_column: str = "op"
+    #: The op column's codes (Debezium's c r u d by default).
     op_codes: OpCodes = Field(default_factory=OpCodes)
 
     @model_validator(mode="before")
@@ -735,6 +814,7 @@ class CdcTable(_EventTable):
     """
 
     mode: Literal["cdc"] = "cdc"
+    #: The key columns: the latest event per key wins.
     primary_key: list[str] = Field(min_length=1)
     #: Key columns that may be NULL (a unique key over nullable columns, Debezium's
     #: ``message.key.columns`` on a table without a primary key): NULL then equals NULL as a key value.
@@ -829,6 +909,7 @@ class KeylessTable(_EventTable):
     """
 
     mode: Literal["keyless"]
+    #: Prefix of the columns holding a row's values before an update or delete.
     before_prefix: str = "_before_"
 
     @field_validator("before_prefix")
@@ -885,6 +966,7 @@ class KeylessTable(_EventTable):
 class BusinessDate(_Strict):
     """Where a snapshot's business date comes from when not from its increment's name (``mode: snapshot``)."""
 
+    #: The date column holding an export's business date.
     column: str
 
     @field_validator("column")
@@ -908,6 +990,7 @@ class SnapshotTable(TableConfig):
     """
 
     mode: Literal["snapshot"]
+    #: The key columns the exports are compared by.
     primary_key: list[str] = Field(min_length=1)
     #: False: every increment is a full export (a key it lacks is deleted). True: the changed rows only.
     delta: bool = False

@@ -3,6 +3,11 @@
 Paths are computed from this file's location so that the package works from a
 clone without installation.  Every setting can be overridden with an environment
 variable, which is how tests, the demo and real deployments point it elsewhere.
+
+Installed (``pip install`` of the wheel) there is no clone around the package: the files it
+reads at run time (SQL templates, spark-submit main files) come with it as
+``cdc_compaction/resources``, and the project root (``.run``, ``.lake``, relative storage
+roots, ``include/registry``) is ``$CDC_PROJECT_ROOT`` or the working directory.
 """
 
 from __future__ import annotations
@@ -12,8 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(os.environ.get("CDC_PROJECT_ROOT", Path(__file__).resolve().parents[2]))
-INCLUDE_DIR = PROJECT_ROOT / "include"
+#: The clone this file sits in (``<clone>/plugins/cdc_compaction/settings.py``), if it is one.
+_CLONE = Path(__file__).resolve().parents[2]
+#: The run-time files of an installed package (setup.py maps include/ and dags/ there).
+PACKAGED_RESOURCES = Path(__file__).resolve().parent / "resources"
+INSTALLED = not (_CLONE / "include" / "sql").is_dir() and PACKAGED_RESOURCES.is_dir()
+
+PROJECT_ROOT = Path(os.environ.get("CDC_PROJECT_ROOT") or (Path.cwd() if INSTALLED else _CLONE))
+INCLUDE_DIR = Path(
+    os.environ.get("CDC_INCLUDE_DIR")
+    or (PROJECT_ROOT / "include" if (PROJECT_ROOT / "include" / "sql").is_dir() else None)
+    or (PACKAGED_RESOURCES if INSTALLED else _CLONE / "include")
+)
 SQL_DIR = INCLUDE_DIR / "sql"
 SPARK_JOBS_DIR = INCLUDE_DIR / "spark_jobs"
 
@@ -33,8 +48,8 @@ def view_refresh_schedule() -> str | None:
 
 
 def registry_dir() -> Path:
-    """The registry directory: ``$CDC_REGISTRY_DIR`` or ``include/registry``."""
-    return Path(os.environ.get("CDC_REGISTRY_DIR", INCLUDE_DIR / "registry"))
+    """The registry directory: ``$CDC_REGISTRY_DIR`` or ``include/registry`` of the project root."""
+    return Path(os.environ.get("CDC_REGISTRY_DIR", PROJECT_ROOT / "include" / "registry"))
 
 
 def resolve_storage_root(root: str) -> str:
