@@ -107,6 +107,19 @@ def _write(dirpath: Path, name: str, doc: dict) -> None:
     (dirpath / name).write_text(yaml.safe_dump(doc))
 
 
+def test_a_disabled_table_keeps_its_dag_in_the_dag_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """enabled: false through the real DAG file: the DAG is there with every task, unscheduled and paused."""
+    good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
+    _write(tmp_path, "school.student.yaml", good)
+    _write(tmp_path, "school.teacher.yaml", {**good, "table": "teacher", "enabled": False, "storage_root": "t"})
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    teacher, student = bag.dags["cdc__school__teacher"], bag.dags["cdc__school__student"]
+    assert [t.task_id for t in teacher.tasks] == [t.task_id for t in student.tasks]
+    assert teacher.schedule is None and student.schedule == good.get("schedule", "@hourly")
+    assert teacher.is_paused_upon_creation is True and "disabled" in teacher.tags
+
+
 def test_a_bad_registry_file_breaks_only_its_own_dag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
     _write(tmp_path, "school.student.yaml", good)

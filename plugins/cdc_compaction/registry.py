@@ -362,6 +362,8 @@ class TableConfig(_Strict):
     storage_root: str
     storage_conn_id: str = "aws_default"
     increments: Increments = Field(default_factory=Increments)
+    #: False keeps the table's DAG (visible, unscheduled, every task skips): README, "Pausing, resuming, deleting".
+    enabled: bool = True
     schedule: str | None = "@hourly"
     start_date: datetime = datetime(2026, 1, 1, tzinfo=UTC)
     catchup: bool = False
