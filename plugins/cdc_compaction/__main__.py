@@ -387,6 +387,21 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    """Print one OK/FAIL line per check; exit 1 on any FAIL."""
+    from cdc_compaction import doctor
+    from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
+
+    directory = Path(args.registry_dir or settings.registry_dir())
+    endpoint = MetastoreEndpoint.parse(args.metastore) if args.metastore else metastore_from_env()
+    checks = doctor.run(directory, args.tables, endpoint)
+    for c in checks:
+        print(c.line(), flush=True)
+    failed = sum(not c.ok for c in checks)
+    print(f"{failed} of {len(checks)} checks failed" if failed else f"all {len(checks)} checks OK")
+    return 1 if failed or not checks else 0
+
+
 def _job_package(args: argparse.Namespace) -> int:
     from cdc_compaction.engine import job_package_dir
     from cdc_compaction.job import bundle
@@ -509,6 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     de.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     de.add_argument("--metastore", help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI)")
     de.set_defaults(func=_delete)
+
+    dr = sub.add_parser("doctor", help="check registry, metastore, storage, Spark, SMTP and landed files")
+    dr.add_argument("tables", nargs="*", help="database.table ... (default: every table of the registry)")
+    dr.add_argument("--registry-dir", help="registry directory (default: $CDC_REGISTRY_DIR or include/registry)")
+    dr.add_argument("--metastore", help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI)")
+    dr.set_defaults(func=_doctor)
 
     jp = sub.add_parser(
         "job-package",
