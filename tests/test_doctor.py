@@ -9,6 +9,7 @@ then a ``fix:`` line, and exit 1.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,58 @@ def test_doctor_probes_s3_storage_through_the_connection(tmp_path: Path, aws_def
     missing = parse_table({**student_doc(tmp_path, "s3m"), "storage_root": "s3://no-such-bucket-x/lake/s3m"})
     check = doctor.check_storage(missing)
     assert not check.ok and "s3:PutObject" in check.fix and "'aws_default'" in check.fix, check.line()
+
+
+def test_the_dags_doctor_task_stops_the_run_before_its_first_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """doctor: true adds one task before ensure_tables; metastore/storage FAIL fails it, SMTP only logs."""
+    from cdc_compaction import factory
+    from cdc_compaction.exceptions import CompactionError
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline.order import STEP_IDS
+    from cdc_compaction.pipeline.runtime import Runtime
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    closed = free_port()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SMTP_CLOSED", json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": closed})
+    )
+    alerts = {"emails": ["o@example.org"], "smtp_conn_id": "smtp_closed"}
+    cfg = parse_table(student_doc(tmp_path / "lake", doctor=True, alerts=alerts))
+    plain = factory.build_dag(parse_table(student_doc(tmp_path / "lake")))
+    dag = factory.build_dag(cfg)
+    assert sorted(t.task_id for t in dag.tasks) == sorted(["doctor", *STEP_IDS])
+    assert [t.task_id for t in plain.tasks if t.task_id == "doctor"] == [], "off by default"
+    doctor_task = dag.get_task("doctor")
+    assert doctor_task.downstream_task_ids == {STEP_IDS[0]} and not doctor_task.upstream_task_ids
+
+    endpoint = MetastoreEndpoint("127.0.0.1", closed)
+    monkeypatch.setattr(factory, "_runtime", lambda c: Runtime(cfg=c, lake=Lake(c), metastore=endpoint, engine=None))
+    # A handler of our own: Airflow (re)configures logging on first use of its hooks, dropping caplog's.
+    warned: list[str] = []
+    keep = logging.Handler(logging.WARNING)
+    keep.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("cdc_compaction.doctor").addHandler(keep)
+    try:
+        with pytest.raises(CompactionError, match=r"tests\.student: the doctor task .*metastore.*fix: start the"):
+            doctor_task.python_callable()
+    finally:
+        logging.getLogger("cdc_compaction.doctor").removeHandler(keep)
+    assert any(f"SMTP server 127.0.0.1:{closed}" in m and "the run goes on" in m for m in warned), warned
+
+
+@pytest.mark.metastore
+def test_the_dags_doctor_task_passes_when_metastore_and_storage_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metastore: Any
+) -> None:
+    from cdc_compaction import factory
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline.runtime import Runtime
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    cfg = parse_table(student_doc(tmp_path / "lake", doctor=True))
+    endpoint = MetastoreEndpoint.parse(metastore.uri)
+    monkeypatch.setattr(factory, "_runtime", lambda c: Runtime(cfg=c, lake=Lake(c), metastore=endpoint, engine=None))
+    result = factory.build_dag(cfg).get_task("doctor").python_callable()
+    assert set(result) == {"metastore", "storage", "smtp"} and "answers" in result["metastore"], result

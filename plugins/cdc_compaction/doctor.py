@@ -12,10 +12,9 @@ Each check prints ``OK`` or ``FAIL`` with what it found and, for a FAIL, what to
 * ``landed``: the Parquet footers of the pending (not yet compacted) files fit the registry,
   with the same check ``plan`` makes (:func:`cdc_compaction.inputs.check_file`).
 
-Checks only read, except the storage probe, which deletes what it wrote.  No check decides
-data: the DAG's optional ``doctor`` task (registry ``doctor: true``) runs the cheap ones
-(no Spark, no landed files) before ``ensure_tables`` and fails the run before any step
-touches the table (README, "Doctor").
+Checks only read, except the storage probe, which deletes what it wrote.  The DAG's
+optional ``doctor`` task (registry ``doctor: true``, :func:`preflight`) runs the cheap ones
+before ``ensure_tables`` and stops the run before any step touches the table (README, "Doctor").
 """
 
 from __future__ import annotations
@@ -262,6 +261,33 @@ def check_landed(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
     if pending.waiting:
         detail += f"; {len(pending.waiting)} increments still landing fit it so far"
     return Check(cfg.qualified_name, "landed", True, detail)
+
+
+def preflight(cfg: TableConfig, endpoint: MetastoreEndpoint) -> dict[str, str]:
+    """The DAG's ``doctor`` task: metastore and storage must answer, or the run stops before its first step.
+
+    SMTP is checked too but never decides (alerts are a side channel): a FAIL is logged and
+    counted. Spark and the landed files are left to ``compact`` and ``plan``, which check them anyway.
+    """
+    from cdc_compaction.exceptions import CompactionError
+
+    deciding = [check_metastore(cfg, endpoint), check_storage(cfg)]
+    smtp = check_smtp(cfg)
+    if not smtp.ok:
+        log.warning("%s; alerts are not delivered until this is fixed, the run goes on", smtp.line())
+        try:
+            from airflow.sdk import Stats
+
+            Stats.incr("cdc_compaction.doctor_smtp_failed", tags={"table": cfg.qualified_name})
+        except Exception:
+            log.debug("could not count the SMTP failure", exc_info=True)
+    failed = [c for c in deciding if not c.ok]
+    if failed:
+        raise CompactionError(
+            f"{cfg.qualified_name}: the doctor task found what the run needs broken, so no step ran: "
+            + " | ".join(c.line().replace("\n       fix:", "; fix:") for c in failed)
+        )
+    return {c.name: c.detail for c in [*deciding, smtp]}
 
 
 def check_table(cfg: TableConfig, endpoint: MetastoreEndpoint, *, cheap: bool = False) -> list[Check]:

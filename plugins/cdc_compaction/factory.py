@@ -486,10 +486,27 @@ def build_dag(cfg: TableConfig) -> DAG:
             made[step.id] = (task, task)
         for (_, last), (first, _) in itertools.pairwise(made.values()):
             last >> first
+        if cfg.doctor:
+            # Not a step of pipeline.order: a check before the first step, which changes nothing in the table.
+            def doctor_step() -> dict[str, str]:
+                from cdc_compaction.doctor import preflight
+
+                return preflight(cfg, _runtime(cfg).metastore)
+
+            doctor = PythonOperator(
+                task_id=DOCTOR_TASK_ID,
+                python_callable=skip_if_disabled(cfg, doctor_step),
+                doc_md="Registry `doctor: true`: the metastore answers and the storage root takes a probe "
+                "write/read/delete, else the run stops here (SMTP is only logged). README, 'Doctor'.",
+            )
+            doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
         made[order.PLAN][1] >> [made[s][1] for s in after_plan]
     return dag
 
+
+#: The optional first task of a table's DAG (registry ``doctor: true``).
+DOCTOR_TASK_ID = "doctor"
 
 #: Start date of a registry-error DAG (it has no schedule; a fixed date keeps its serialization stable).
 ERROR_DAG_START = datetime(2026, 1, 1, tzinfo=UTC)

@@ -364,6 +364,8 @@ class TableConfig(_Strict):
     increments: Increments = Field(default_factory=Increments)
     #: False keeps the table's DAG (visible, unscheduled, every task skips): README, "Pausing, resuming, deleting".
     enabled: bool = True
+    #: True adds a ``doctor`` task before the first step: metastore and storage checks (README, "Doctor").
+    doctor: bool = False
     schedule: str | None = "@hourly"
     start_date: datetime = datetime(2026, 1, 1, tzinfo=UTC)
     catchup: bool = False
