@@ -250,3 +250,38 @@ def test_the_dags_doctor_task_passes_when_metastore_and_storage_answer(
     monkeypatch.setattr(factory, "_runtime", lambda c: Runtime(cfg=c, lake=Lake(c), metastore=endpoint, engine=None))
     result = factory.build_dag(cfg).get_task("doctor").python_callable()
     assert set(result) == {"metastore", "storage", "smtp"} and "answers" in result["metastore"], result
+
+
+@pytest.mark.s3
+def test_doctor_asks_glue_and_emr_through_the_aws_connection(tmp_path: Path, aws_default: str) -> None:
+    """Glue answers a read of the table; an EMR cluster counts while it can run a step, not once terminated."""
+    import boto3
+
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    emr = boto3.client(
+        "emr",
+        endpoint_url=aws_default,
+        region_name="us-east-1",
+        aws_access_key_id="testing-access-key",
+        aws_secret_access_key="testing-secret-key",
+    )
+    cluster = emr.run_job_flow(
+        Name="cdc-doctor",
+        ReleaseLabel="emr-7.1.0",
+        Instances={"InstanceCount": 1, "MasterInstanceType": "m5.xlarge", "KeepJobFlowAliveWhenNoSteps": True},
+        JobFlowRole="EMR_EC2_DefaultRole",
+        ServiceRole="EMR_DefaultRole",
+    )["JobFlowId"]
+    spark = {"engine": "emr", "emr": {"job_flow_id": cluster, "application": "s3://jobs/cdc/compact.py"}}
+    cfg = parse_table(student_doc(tmp_path / "lake", "on_emr", spark=spark))
+
+    glue = doctor.check_metastore(cfg, MetastoreEndpoint(kind="glue"))
+    assert glue.ok and "glue://default answers" in glue.detail, glue.line()
+    up = doctor.check_spark(cfg)
+    assert up.ok and cluster in up.detail, up.line()
+
+    emr.terminate_job_flows(JobFlowIds=[cluster])
+    down = doctor.check_spark(cfg)
+    assert not down.ok and f"EMR cluster {cluster} is TERMINAT" in down.detail, down.line()
+    assert "spark.emr.job_flow_id" in down.fix
