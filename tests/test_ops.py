@@ -22,8 +22,6 @@ from cdc_compaction.metastore import connect
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.registry import parse_table
 
-pytestmark = [pytest.mark.spark, pytest.mark.metastore]
-
 SUFFIXES = ("_base", "_tombstones", "_incremental", "_compactor", "_view", "_pending_rejects")
 
 
@@ -43,6 +41,8 @@ def _present(endpoint: Any, table: str) -> list[str]:
         return [s for s in SUFFIXES if ms.get_table("tests", table + s) is not None]
 
 
+@pytest.mark.spark
+@pytest.mark.metastore
 def test_delete_refuses_while_leased_then_drops_the_metastore_objects_and_keeps_the_data(
     tmp_path: Path, runtime: Any, endpoint: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -76,6 +76,8 @@ def test_delete_refuses_while_leased_then_drops_the_metastore_objects_and_keeps_
     assert f"kept the table's lake {root}" in out and "remove the file from your repository" in out
 
 
+@pytest.mark.spark
+@pytest.mark.metastore
 def test_delete_with_drop_data_removes_the_lake(
     tmp_path: Path, runtime: Any, endpoint: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -94,3 +96,25 @@ def test_delete_of_a_table_the_registry_does_not_know_changes_nothing(
 ) -> None:
     assert main(["delete", "tests.nope", "--registry-dir", str(tmp_path), "--yes"]) == 1
     assert "no valid registry entry for table tests.nope" in capsys.readouterr().err
+
+
+@pytest.mark.s3
+def test_glue_drop_table_removes_the_entry_only(aws_default: str) -> None:
+    """delete on a Glue catalog: the table's entry goes, a second drop finds nothing (and says so)."""
+    import boto3
+
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    glue = boto3.client(
+        "glue",
+        endpoint_url=aws_default,
+        region_name="us-east-1",
+        aws_access_key_id="testing-access-key",
+        aws_secret_access_key="testing-secret-key",
+    )
+    glue.create_database(DatabaseInput={"Name": "opsdb"})
+    glue.create_table(DatabaseName="opsdb", TableInput={"Name": "t_base", "StorageDescriptor": {"Columns": []}})
+    with connect(MetastoreEndpoint(kind="glue")) as ms:
+        assert ms.drop_table("opsdb", "t_base") is True
+        assert ms.get_table("opsdb", "t_base") is None
+        assert ms.drop_table("opsdb", "t_base") is False

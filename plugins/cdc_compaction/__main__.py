@@ -395,11 +395,14 @@ def _doctor(args: argparse.Namespace) -> int:
     directory = Path(args.registry_dir or settings.registry_dir())
     endpoint = MetastoreEndpoint.parse(args.metastore) if args.metastore else metastore_from_env()
     checks = doctor.run(directory, args.tables, endpoint)
+    if not checks:
+        print(f"no registry files (*.yaml) in {directory}: nothing to check", file=sys.stderr)
+        return 1
     for c in checks:
         print(c.line(), flush=True)
     failed = sum(not c.ok for c in checks)
     print(f"{failed} of {len(checks)} checks failed" if failed else f"all {len(checks)} checks OK")
-    return 1 if failed or not checks else 0
+    return 1 if failed else 0
 
 
 def _job_package(args: argparse.Namespace) -> int:
