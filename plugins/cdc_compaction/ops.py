@@ -44,20 +44,27 @@ def set_paused(qualified: str, paused: bool) -> bool | None:
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
 
     dag_id = dag_id_for(*split_table(qualified))
-    with create_session() as session:
-        dag = session.scalar(select(DagModel).where(DagModel.dag_id == dag_id))
-        if dag is None:
-            raise AirflowSetupError(
-                f"{qualified}: Airflow's metadata database has no DAG {dag_id}: the DAG processor has not parsed "
-                "its registry file yet, or this shell's AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN name "
-                "another Airflow. Check `airflow dags list`, then run this again"
-            )
-        was = bool(dag.is_paused)
-        if was == paused:
-            return None
-        dag.is_paused = paused
+    try:
+        with create_session() as session:
+            dag = session.scalar(select(DagModel).where(DagModel.dag_id == dag_id))
+            if dag is None:
+                raise AirflowSetupError(
+                    f"{qualified}: Airflow's metadata database has no DAG {dag_id}: the DAG processor has not "
+                    "parsed its registry file yet, or this shell's AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN "
+                    "name another Airflow. Check `airflow dags list`, then run this again"
+                )
+            was = bool(dag.is_paused)
+            if was == paused:
+                return None
+            dag.is_paused = paused
+    except SQLAlchemyError as exc:
+        raise AirflowSetupError(
+            f"{qualified}: cannot use Airflow's metadata database ({type(exc).__name__}: {exc}); nothing was changed. "
+            "Point AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at your Airflow (`airflow db check`)"
+        ) from exc
     log.info("%s: DAG %s %s", qualified, dag_id, "paused" if paused else "resumed")
     return was
 
