@@ -107,6 +107,19 @@ def _write(dirpath: Path, name: str, doc: dict) -> None:
     (dirpath / name).write_text(yaml.safe_dump(doc))
 
 
+def test_a_disabled_table_keeps_its_dag_in_the_dag_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """enabled: false through the real DAG file: the DAG is there with every task, unscheduled and paused."""
+    good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
+    _write(tmp_path, "school.student.yaml", good)
+    _write(tmp_path, "school.teacher.yaml", {**good, "table": "teacher", "enabled": False, "storage_root": "t"})
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    teacher, student = bag.dags["cdc__school__teacher"], bag.dags["cdc__school__student"]
+    assert [t.task_id for t in teacher.tasks] == [t.task_id for t in student.tasks]
+    assert teacher.schedule is None and student.schedule == good.get("schedule", "@hourly")
+    assert teacher.is_paused_upon_creation is True and "disabled" in teacher.tags
+
+
 def test_a_bad_registry_file_breaks_only_its_own_dag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good = yaml.safe_load((registry_dir() / "school.student.yaml").read_text())
     _write(tmp_path, "school.student.yaml", good)
@@ -411,6 +424,7 @@ def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, goo
     typo = student_doc(tmp_path / "lake", "typo")
     typo["primay_key"] = typo.pop("primary_key")
     _write(good_registry, "tests.typo.yaml", typo)
+    _write(good_registry, "tests.idle.yaml", student_doc(tmp_path / "lake", "idle", enabled=False))
 
     db_path = _reserialize(tmp_path, good_registry)
     state = _db_state(db_path)
@@ -424,6 +438,9 @@ def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, goo
         assert sched["has_import_errors"] is False and sched["next_dagrun_create_after"], sched
         assert sched["timetable"] == "0 * * * *", sched
     assert state["stale"].get("cdc__tests__typo") is False, state["stale"]
+    # enabled: false: the DAG is there and active (not stale), but the scheduler has no run to create.
+    idle = state["schedule"]["cdc__tests__idle"]
+    assert state["stale"].get("cdc__tests__idle") is False and idle["next_dagrun_create_after"] is None, idle
     broken = state["schedule"]["cdc__tests__typo"]
     assert broken["has_import_errors"] is False and broken["next_dagrun_create_after"] is None, broken
     doc = state["doc_md"]["cdc__tests__typo"]
@@ -444,6 +461,27 @@ def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, goo
     with sqlite3.connect(db_path) as db:
         tis = db.execute("SELECT task_id, state, try_number FROM task_instance WHERE dag_id = 'cdc__tests__typo'")
         assert list(tis) == [("registry_error", "failed", 1)], "failed at once, no retries"
+
+    # pause / resume: Airflow's own flag in this metadata DB (DAGs start paused here: DAGS_ARE_PAUSED_AT_CREATION).
+    def paused(dag_id: str) -> bool:
+        with sqlite3.connect(db_path) as db:
+            return bool(db.execute("SELECT is_paused FROM dag WHERE dag_id = ?", (dag_id,)).fetchone()[0])
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cdc_compaction", *args], env=env, capture_output=True, text=True, check=False
+        )
+
+    assert paused("cdc__tests__alpha") and paused("cdc__tests__beta")
+    proc = cli("resume", "tests.alpha")
+    assert proc.returncode == 0 and "cdc__tests__alpha is now active" in proc.stdout, proc.stdout + proc.stderr
+    assert not paused("cdc__tests__alpha") and paused("cdc__tests__beta"), "only the named table's DAG"
+    proc = cli("pause", "tests.alpha")
+    assert proc.returncode == 0 and "cdc__tests__alpha is now paused" in proc.stdout, proc.stdout + proc.stderr
+    assert paused("cdc__tests__alpha")
+    assert "already paused" in cli("pause", "tests.alpha").stdout
+    proc = cli("resume", "tests.nope")
+    assert proc.returncode == 1 and "has no DAG cdc__tests__nope" in proc.stderr, proc.stdout + proc.stderr
 
 
 @pytest.mark.dag

@@ -74,3 +74,36 @@ def test_a_snapshot_table_gets_its_dag_and_docs(tmp_path) -> None:
     ]
     docs = factory.doc_md(cfg)
     assert "`snapshot`" in docs and "accounts_history" in docs and "no view over pending snapshots yet" in docs
+
+
+def test_a_disabled_table_keeps_an_idle_dag_whose_tasks_skip(tmp_path, monkeypatch) -> None:
+    """enabled: false: the same tasks, no schedule, paused on creation, tagged; every step skips, runs nothing."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    enabled = factory.build_dag(parse_table(student_doc(tmp_path / "lake")))
+    cfg = parse_table(student_doc(tmp_path / "lake", enabled=False))
+    dag = factory.build_dag(cfg)
+    assert [t.task_id for t in dag.tasks] == [t.task_id for t in enabled.tasks], "the DAG stays whole and visible"
+    assert dag.schedule is None and enabled.schedule == "@hourly"
+    assert dag.is_paused_upon_creation is True and enabled.is_paused_upon_creation is None
+    assert "disabled" in dag.tags and "disabled" not in enabled.tags
+
+    ran: list[str] = []
+    monkeypatch.setattr(factory, "_runtime", lambda cfg: ran.append("runtime"))
+    for task_id in ["ensure_tables", "plan", "validate", "publish", "archive", "refresh_view"]:
+        kwargs = {"run_id": "r"} if task_id == "plan" else ({} if task_id == "ensure_tables" else {"plan_path": "/p"})
+        with pytest.raises(AirflowSkipException, match=r"tests\.student is disabled.*enabled: true"):
+            dag.get_task(task_id).python_callable(**kwargs)
+    assert ran == [], "a disabled table's task builds no runtime: it touches neither lake nor metastore"
+
+
+def test_a_disabled_table_is_left_out_of_the_view_refresher(tmp_path) -> None:
+    from cdc_compaction.registry import RegistryEntry
+    from cdc_compaction.settings import VIEW_REFRESH_DAG_ID
+
+    on = parse_table(student_doc(tmp_path / "lake", "on"))
+    off = parse_table(student_doc(tmp_path / "lake", "off", enabled=False))
+    dags = factory.build_dags([RegistryEntry(tmp_path / f"tests.{c.table}.yaml", c, None) for c in (on, off)])
+    assert set(dags) == {on.dag_id, off.dag_id, VIEW_REFRESH_DAG_ID}
+    refresh = dags[VIEW_REFRESH_DAG_ID].get_task("refresh__tests").python_callable
+    assert [c.table for c in refresh.__defaults__[0]] == ["on"]

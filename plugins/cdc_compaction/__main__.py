@@ -13,6 +13,9 @@ Commands:
   quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
   lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
   step STEP DB.TABLE                     run one step of a table's DAG by hand (outside Airflow)
+  pause|resume DB.TABLE                  Airflow's pause flag of the table's DAG (its metadata database)
+  delete DB.TABLE [--drop-data] [--yes]  remove a table's pipeline: registry file aside, metastore objects dropped
+  doctor [DB.TABLE ...]                  check registry, metastore, storage, Spark, SMTP and landed files
   job-package [--out DIR]                build the Spark job's zip (spark-submit --py-files); print its path
 """
 
@@ -386,6 +389,70 @@ def _step(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pause(args: argparse.Namespace) -> int:
+    """``pause|resume DB.TABLE``: Airflow's own pause flag, as ``airflow dags pause|unpause`` sets it."""
+    from cdc_compaction.exceptions import AirflowSetupError
+    from cdc_compaction.ops import set_paused
+    from cdc_compaction.registry import dag_id_for
+
+    paused = args.command == "pause"
+    try:
+        was = set_paused(args.table, paused)
+    except (ValueError, AirflowSetupError) as exc:
+        print(f"{args.command}: {exc}", file=sys.stderr)
+        return 1
+    dag_id = dag_id_for(*args.table.split(".", 1))
+    state = "paused" if paused else "active (unpaused)"
+    print(f"{dag_id} was already {state}" if was is None else f"{dag_id} is now {state}")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.ops import delete_table, planned_deletion, refuse_if_leased, registry_file_of
+    from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
+
+    directory = Path(args.registry_dir or settings.registry_dir())
+    try:
+        cfg = _table(args)
+        registry_file = registry_file_of(directory, args.table)
+        refuse_if_leased(cfg)
+        if not args.yes:
+            print(f"delete {args.table} would:")
+            for line in planned_deletion(cfg, registry_file, args.drop_data):
+                print(f"  {line}")
+            if not sys.stdin.isatty() or input(f"type {args.table} to go on: ").strip() != args.table:
+                print("nothing was changed; add --yes to delete", file=sys.stderr)
+                return 1
+        endpoint = MetastoreEndpoint.parse(args.metastore) if args.metastore else metastore_from_env()
+        report = delete_table(cfg, registry_file, endpoint, drop_data=args.drop_data)
+    except CdcCompactionError as exc:
+        print(f"delete: {exc}", file=sys.stderr)
+        return 1
+    for line in report.lines():
+        print(line)
+    print(f"{args.table} deleted")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Print one OK/FAIL line per check; exit 1 on any FAIL."""
+    from cdc_compaction import doctor
+    from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
+
+    directory = Path(args.registry_dir or settings.registry_dir())
+    endpoint = MetastoreEndpoint.parse(args.metastore) if args.metastore else metastore_from_env()
+    checks = doctor.run(directory, args.tables, endpoint)
+    if not checks:
+        print(f"no registry files (*.yaml) in {directory}: nothing to check", file=sys.stderr)
+        return 1
+    for c in checks:
+        print(c.line(), flush=True)
+    failed = sum(not c.ok for c in checks)
+    print(f"{failed} of {len(checks)} checks failed" if failed else f"all {len(checks)} checks OK")
+    return 1 if failed else 0
+
+
 def _job_package(args: argparse.Namespace) -> int:
     from cdc_compaction.engine import job_package_dir
     from cdc_compaction.job import bundle
@@ -508,6 +575,24 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT")
     st.add_argument("--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"))
     st.set_defaults(func=_step)
+
+    for name, what in (("pause", "pause the table's DAG in Airflow"), ("resume", "unpause the table's DAG")):
+        pa = sub.add_parser(name, help=what)
+        pa.add_argument("table", help="database.table as in the registry")
+        pa.set_defaults(func=_pause)
+
+    de = sub.add_parser("delete", help="remove a table's pipeline (registry file aside, metastore objects dropped)")
+    table_args(de)
+    de.add_argument("--drop-data", action="store_true", help="also delete the table's lake (its storage_root)")
+    de.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    de.add_argument("--metastore", help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI)")
+    de.set_defaults(func=_delete)
+
+    dr = sub.add_parser("doctor", help="check registry, metastore, storage, Spark, SMTP and landed files")
+    dr.add_argument("tables", nargs="*", help="database.table ... (default: every table of the registry)")
+    dr.add_argument("--registry-dir", help="registry directory (default: $CDC_REGISTRY_DIR or include/registry)")
+    dr.add_argument("--metastore", help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI)")
+    dr.set_defaults(func=_doctor)
 
     jp = sub.add_parser(
         "job-package",

@@ -276,6 +276,27 @@ def fail_fast(step: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def skip_if_disabled(cfg: TableConfig, step: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``step`` only for an enabled table; for ``enabled: false`` skip the task instead.
+
+    An unscheduled, paused DAG can still be triggered by hand, by a backfill, or have a run
+    queued from before the edit: each of its tasks then skips (and so do the ones downstream)
+    rather than touching the table.
+    """
+    if cfg.enabled:
+        return step
+
+    @functools.wraps(step)
+    def skip(*args: Any, **kwargs: Any) -> Any:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(
+            f"{cfg.qualified_name} is disabled in the registry (enabled: false); set enabled: true to compact it"
+        )
+
+    return skip
+
+
 def _runtime(cfg: TableConfig) -> Any:
     """Build the task runtime from Airflow connections (called inside tasks only)."""
     from airflow.sdk import BaseHook
@@ -351,15 +372,22 @@ def build_dag(cfg: TableConfig) -> DAG:
         "max_retry_delay": cfg.max_retry_delay,
         "on_failure_callback": [notifier],
     }
+    # enabled: false -> no schedule (idle whatever the pause flag says: is_paused_upon_creation only
+    # acts when Airflow first sees the DAG, so a DAG unpaused before the edit would keep running),
+    # paused on creation, and every task skips (skip_if_disabled) for runs started by hand.
+    disabled = () if cfg.enabled else ("disabled",)
     with DAG(
         dag_id=cfg.dag_id,
-        description=f"CDC compaction of {cfg.qualified_name}",
-        schedule=cfg.schedule,
+        description=f"CDC compaction of {cfg.qualified_name}" + ("" if cfg.enabled else " (disabled in the registry)"),
+        schedule=cfg.schedule if cfg.enabled else None,
         start_date=cfg.start_date,
         catchup=cfg.catchup,
         max_active_runs=1,
         default_args=default_args,
-        tags=sorted({"cdc", f"database:{cfg.database}", f"table:{cfg.table}", f"owner:{cfg.owner}", *cfg.tags}),
+        is_paused_upon_creation=None if cfg.enabled else True,
+        tags=sorted(
+            {"cdc", f"database:{cfg.database}", f"table:{cfg.table}", f"owner:{cfg.owner}", *cfg.tags, *disabled}
+        ),
         doc_md=doc_md(cfg),
         render_template_as_native_obj=False,
     ) as dag:
@@ -440,7 +468,7 @@ def build_dag(cfg: TableConfig) -> DAG:
                 # downstream of it (compact ... refresh_view) succeeded or were skipped.
                 task: Any = ShortCircuitOperator(
                     task_id=step.id,
-                    python_callable=fail_fast(callables[step.id]),
+                    python_callable=skip_if_disabled(cfg, fail_fast(callables[step.id])),
                     depends_on_past=True,
                     wait_for_downstream=True,
                     doc_md=step.doc,
@@ -450,7 +478,7 @@ def build_dag(cfg: TableConfig) -> DAG:
                 # Registry values reach the steps through ``cfg`` in their closures, never as templates.
                 task = PythonOperator(
                     task_id=step.id,
-                    python_callable=fail_fast(callables[step.id]),
+                    python_callable=skip_if_disabled(cfg, fail_fast(callables[step.id])),
                     op_kwargs={"plan_path": PLAN_XCOM} if step.id in after_plan else None,
                     doc_md=step.doc,
                     **extra.get(step.id, {}),
@@ -458,10 +486,27 @@ def build_dag(cfg: TableConfig) -> DAG:
             made[step.id] = (task, task)
         for (_, last), (first, _) in itertools.pairwise(made.values()):
             last >> first
+        if cfg.doctor:
+            # Not a step of pipeline.order: a check before the first step, which changes nothing in the table.
+            def doctor_step() -> dict[str, str]:
+                from cdc_compaction.doctor import preflight
+
+                return preflight(cfg, _runtime(cfg).metastore)
+
+            doctor = PythonOperator(
+                task_id=DOCTOR_TASK_ID,
+                python_callable=skip_if_disabled(cfg, doctor_step),
+                doc_md="Registry `doctor: true`: the metastore answers and the storage root takes a probe "
+                "write/read/delete, else the run stops here (SMTP is only logged). README, 'Doctor'.",
+            )
+            doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
         made[order.PLAN][1] >> [made[s][1] for s in after_plan]
     return dag
 
+
+#: The optional first task of a table's DAG (registry ``doctor: true``).
+DOCTOR_TASK_ID = "doctor"
 
 #: Start date of a registry-error DAG (it has no schedule; a fixed date keeps its serialization stable).
 ERROR_DAG_START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -594,7 +639,8 @@ def build_dags(entries: list[RegistryEntry], view_refresher: bool = True) -> dic
         except Exception as exc:  # noqa: BLE001 - one table's surprise must not take down every DAG of the file
             error = RegistryError(str(e.path), e.config.qualified_name, [f"cannot build its DAG: {exc!r}"])
             dags[e.dag_id] = broken_dag(RegistryEntry(e.path, None, error))
-    cfgs = [e.config for e in entries if e.config is not None]
+    # A disabled table's views are left as they are: nothing of it runs, the refresher included.
+    cfgs = [e.config for e in entries if e.config is not None and e.config.enabled]
     if cfgs and view_refresher:
         try:
             dags[settings.VIEW_REFRESH_DAG_ID] = build_view_refresher(cfgs)

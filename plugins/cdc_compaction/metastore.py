@@ -183,6 +183,14 @@ class Metastore(_Catalog):
         t.partition_keys = [k.name for k in t.partitionKeys or []]
         return t
 
+    def drop_table(self, db: str, name: str) -> bool:
+        """Drop a table or view from the catalog, never its files (``deleteData=False``); False if it was not there."""
+        try:
+            self._c.drop_table(db, name, False)
+        except self._t.NoSuchObjectException:
+            return False
+        return True
+
     def set_location(self, db: str, name: str, location: str) -> None:
         """Point a table at ``location`` in one metastore call (the atomic swap)."""
         t = self.get_table(db, name)
@@ -405,6 +413,14 @@ class GlueMetastore(_Catalog):
     def get_table(self, db: str, name: str) -> _GlueTable | None:
         raw = self._raw(db, name)
         return _GlueTable(raw) if raw is not None else None
+
+    def drop_table(self, db: str, name: str) -> bool:
+        """Delete a table or view from the Glue catalog (Glue never deletes files); False if it was not there."""
+        try:
+            self._c.delete_table(DatabaseName=db, Name=name, **self._catalog)
+        except self._c.exceptions.EntityNotFoundException:
+            return False
+        return True
 
     def set_location(self, db: str, name: str, location: str) -> None:
         """Point a table at ``location`` in one UpdateTable call (the atomic swap)."""

@@ -417,6 +417,10 @@ class TableConfig(_Strict):
     storage_conn_id: str = "aws_default"
     #: How landed increments are named and when one is complete.
     increments: Increments = Field(default_factory=Increments)
+    #: False keeps the table's DAG (visible, unscheduled, every task skips): README, "Pausing, resuming, deleting".
+    enabled: bool = True
+    #: True adds a ``doctor`` task before the first step: metastore and storage checks (README, "Doctor").
+    doctor: bool = False
     #: A preset (@hourly, @daily, ...), a cron expression, or null (manual runs only).
     schedule: str | None = "@hourly"
     #: The DAG's fixed start date.

@@ -1,0 +1,306 @@
+"""``python -m cdc_compaction doctor``: is everything a table's run needs there, and does it answer?
+
+Each check prints ``OK`` or ``FAIL`` with what it found and, for a FAIL, what to fix:
+
+* ``registry``: the table's registry file validates (and its database's defaults file);
+* ``metastore``: the catalog (Thrift metastore or Glue) answers a read of the table;
+* ``storage``: a probe object under the table's ``_cdc/`` area is written, read back and deleted
+  (through the storage layer: local directories and S3 alike);
+* ``spark``: the master is reachable (``local[*]`` always is; ``spark://`` and ``k8s://`` a TCP
+  connect; ``engine: emr`` the cluster is described and not ending);
+* ``smtp``: when alerts are configured, the SMTP connection answers a connect and EHLO (no mail sent);
+* ``landed``: the Parquet footers of the pending (not yet compacted) files fit the registry,
+  with the same check ``plan`` makes (:func:`cdc_compaction.inputs.check_file`).
+
+Checks only read, except the storage probe, which deletes what it wrote.  The DAG's
+optional ``doctor`` task (registry ``doctor: true``, :func:`preflight`) runs the cheap ones
+before ``ensure_tables`` and stops the run before any step touches the table (README, "Doctor").
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdc_compaction.lake import Lake
+from cdc_compaction.registry import TableConfig
+from cdc_compaction.settings import MetastoreEndpoint
+
+log = logging.getLogger(__name__)
+
+#: EMR cluster states in which a step can still run.
+EMR_USABLE = {"STARTING", "BOOTSTRAPPING", "RUNNING", "WAITING"}
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's verdict about one subject (a table, or the registry)."""
+
+    subject: str
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        head = f"{'OK  ' if self.ok else 'FAIL'} {self.subject}: {self.name}: {self.detail}"
+        return head if self.ok or not self.fix else f"{head}\n       fix: {self.fix}"
+
+
+def _guard(cfg: TableConfig, name: str, fix: str, probe: Callable[[], str]) -> Check:
+    """Run ``probe`` (its return value is the OK detail); any error is a FAIL with ``fix``."""
+    try:
+        return Check(cfg.qualified_name, name, True, probe())
+    except Exception as exc:  # every failure of a probe is the finding itself
+        log.debug("%s: %s check failed", cfg.qualified_name, name, exc_info=True)
+        return Check(cfg.qualified_name, name, False, f"{type(exc).__name__}: {exc}", fix)
+
+
+def check_registry(directory: Path, tables: Iterable[str] = ()) -> tuple[list[Check], list[TableConfig]]:
+    """The registry's verdict on every file (or the named tables); the valid tables' configs."""
+    from cdc_compaction.registry import load_database_defaults, load_registry
+
+    wanted = set(tables)
+    checks: list[Check] = []
+    for db, d in sorted(load_database_defaults(directory).items()):
+        if d.error is not None and (not wanted or any(t.split(".", 1)[0] == db for t in wanted)):
+            checks.append(
+                Check(
+                    f"database {db}",
+                    "registry",
+                    False,
+                    f"{d.path}: " + "; ".join(d.error.problems),
+                    f"fix {d.path.name} (it holds the defaults of every table of {db})",
+                )
+            )
+    cfgs: list[TableConfig] = []
+    seen: set[str] = set()
+    for e in load_registry(directory):
+        name = e.config.qualified_name if e.config is not None else e.path.name.rsplit(".", 1)[0]
+        if wanted and name not in wanted:
+            continue
+        seen.add(name)
+        if e.config is None:
+            problems = e.error.problems if e.error is not None else ["(unknown error)"]
+            fix = f"fix {e.path} (python -m cdc_compaction registry validate shows every problem)"
+            checks.append(Check(name, "registry", False, f"{e.path.name}: " + "; ".join(problems), fix))
+        else:
+            checks.append(Check(name, "registry", True, f"{e.path.name} is valid (DAG {e.dag_id})"))
+            cfgs.append(e.config)
+    for name in sorted(wanted - seen):
+        fix = f"add {directory / (name + '.yaml')} (python -m cdc_compaction registry discover writes one)"
+        checks.append(Check(name, "registry", False, f"no registry file for {name} in {directory}", fix))
+    return checks, cfgs
+
+
+def check_metastore(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
+    from cdc_compaction.metastore import connect
+    from cdc_compaction.sql import table_names
+
+    def probe() -> str:
+        base = table_names(cfg)["base_table"]
+        with connect(endpoint, timeout_s=TIMEOUT_S) as ms:
+            exists = ms.get_table(cfg.database, base) is not None
+        return f"{endpoint.uri} answers; {cfg.database}.{base} " + ("exists" if exists else "is not created yet")
+
+    if endpoint.kind == "glue":
+        fix = (
+            f"check the AWS connection {endpoint.aws_conn_id!r} (credentials, region) and its Glue permissions "
+            "(glue:GetTable, CreateTable, UpdateTable, *Partition*)"
+        )
+    else:
+        fix = (
+            f"start the metastore at {endpoint.uri} (locally: make metastore-start), or point the "
+            "'metastore_default' connection ($CDC_METASTORE_URI outside Airflow) at the running one"
+        )
+    return _guard(cfg, "metastore", fix, probe)
+
+
+def check_storage(cfg: TableConfig) -> Check:
+    lake = Lake(cfg)
+    st, control = lake.storage, lake.layout.control
+    path = st.join(control, f"doctor-probe-{uuid.uuid4().hex}.txt")
+
+    def probe() -> str:
+        text = f"cdc_compaction doctor probe of {cfg.qualified_name}"
+        st.makedirs(control)
+        st.write_text(path, text)
+        try:
+            back = st.read_text(path)
+        finally:
+            st.delete(path)
+        if back != text:
+            raise OSError(f"read back {back!r} instead of what was written")
+        if st.exists(path):
+            raise OSError("the probe is still there after its delete")
+        return f"wrote, read and deleted a probe under {control}"
+
+    if control.startswith(("s3://", "s3a://")):
+        fix = (
+            f"give the connection {cfg.storage_conn_id!r} s3:PutObject, GetObject, DeleteObject and ListBucket on "
+            f"{lake.layout.root}, and check the bucket exists"
+        )
+    else:
+        fix = f"make {lake.layout.root} a directory the Airflow workers and Spark can write (owner, permissions, mount)"
+    return _guard(cfg, "storage", fix, probe)
+
+
+def _connection(conn_id: str) -> Any:
+    from airflow.sdk import BaseHook
+
+    return BaseHook.get_connection(conn_id)
+
+
+def _tcp(host: str, port: int) -> None:
+    with socket.create_connection((host, port), timeout=TIMEOUT_S):
+        pass
+
+
+def check_spark(cfg: TableConfig) -> Check:
+    if cfg.spark.engine == "emr":
+        emr = cfg.spark.emr
+        assert emr is not None  # the registry requires it for engine: emr
+
+        def describe() -> str:
+            from airflow.providers.amazon.aws.hooks.emr import EmrHook
+
+            cluster = EmrHook(aws_conn_id=emr.aws_conn_id).conn.describe_cluster(ClusterId=emr.job_flow_id)["Cluster"]
+            state = cluster["Status"]["State"]
+            if state not in EMR_USABLE:
+                raise ConnectionError(f"EMR cluster {emr.job_flow_id} is {state}")
+            return f"EMR cluster {emr.job_flow_id} ({cluster.get('Name', '')}) is {state}"
+
+        fix = (
+            f"start an EMR cluster and put its id in spark.emr.job_flow_id, or check the connection "
+            f"{emr.aws_conn_id!r} (elasticmapreduce:DescribeCluster)"
+        )
+        return _guard(cfg, "spark", fix, describe)
+
+    def master() -> str:
+        conn = _connection(cfg.spark.conn_id)
+        host = (conn.host or "").strip()
+        url = f"{host}:{conn.port}" if conn.port else host
+        if not url or url.startswith("local"):
+            return f"master {url or 'local'} (in the worker's process)"
+        if url.startswith(("spark://", "k8s://")):
+            rest = url.split("://", 1)[1]
+            rest = rest.split("://", 1)[-1]  # k8s://https://host:port
+            hostname, _, port = rest.rstrip("/").partition(":")
+            default = 7077 if url.startswith("spark://") else 443
+            try:
+                _tcp(hostname, int(port.split("/")[0] or default))
+            except OSError as exc:
+                raise ConnectionError(f"master {url} does not accept connections: {exc}") from exc
+            return f"master {url} accepts connections"
+        return f"master {url}: not checked from here (yarn and others are reached through the worker's config)"
+
+    fix = (
+        f"start the Spark master, or fix the host/port of the Airflow connection {cfg.spark.conn_id!r} "
+        "(spark://HOST:7077, local[*], yarn, k8s://https://HOST:PORT)"
+    )
+    return _guard(cfg, "spark", fix, master)
+
+
+def check_smtp(cfg: TableConfig) -> Check:
+    if not cfg.alerts.emails:
+        return Check(cfg.qualified_name, "smtp", True, "no alerts.emails: nothing to send, not checked")
+
+    def ehlo() -> str:
+        from airflow.providers.smtp.hooks.smtp import SmtpHook
+
+        conn = _connection(cfg.alerts.smtp_conn_id)
+        where = f"{conn.host}:{conn.port or 'default port'} (connection {cfg.alerts.smtp_conn_id!r})"
+        try:
+            # The provider's hook: the connection is made exactly as an alert's (SSL, STARTTLS, login).
+            with SmtpHook(smtp_conn_id=cfg.alerts.smtp_conn_id) as hook:
+                code, _ = hook._smtp_client.ehlo()
+        except Exception as exc:
+            raise ConnectionError(f"SMTP server {where}: {type(exc).__name__}: {exc}") from exc
+        if not 200 <= code < 300:
+            raise ConnectionError(f"SMTP server {where} answered EHLO with {code}")
+        return f"SMTP server {where} answers EHLO ({code}); no mail sent"
+
+    fix = (
+        f"start the SMTP server or fix the Airflow connection {cfg.alerts.smtp_conn_id!r} (host, port, SSL/TLS, "
+        "login); until then alerts are logged and counted, not delivered"
+    )
+    return _guard(cfg, "smtp", fix, ehlo)
+
+
+def check_landed(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
+    """The pending files' footers against the registry: what ``plan`` would refuse, found before it runs."""
+    from datetime import UTC, datetime
+
+    from cdc_compaction.pipeline.pending import pending_files
+    from cdc_compaction.pipeline.runtime import Runtime
+
+    lake = Lake(cfg)
+    try:
+        committed = {f"{f['increment']}/{f['name']}" for f in lake.latest_commit().files}
+        rt = Runtime(cfg=cfg, lake=lake, metastore=endpoint, engine=None)  # type: ignore[arg-type]
+        pending = pending_files(rt, datetime.now(UTC), committed)
+    except Exception as exc:  # noqa: BLE001 - the finding itself
+        fix = f"check the landing area {lake.layout.incremental} is readable (see the storage check)"
+        return Check(cfg.qualified_name, "landed", False, f"{type(exc).__name__}: {exc}", fix)
+    refused = pending.held_back
+    if refused:
+        detail = "; ".join(f"{r['path']}: {r['reason']}" for r in refused[:5])
+        more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+        fix = (
+            "land corrected files in their place, or change the registry's columns if the source changed "
+            "(README, 'Changing a schema'); with on_bad_file: quarantine the run sets them aside"
+        )
+        return Check(cfg.qualified_name, "landed", False, f"{len(refused)} files do not fit: {detail}{more}", fix)
+    detail = f"{len(pending.files)} pending files of complete increments fit the registry"
+    if pending.waiting:
+        detail += f"; {len(pending.waiting)} increments still landing fit it so far"
+    return Check(cfg.qualified_name, "landed", True, detail)
+
+
+def preflight(cfg: TableConfig, endpoint: MetastoreEndpoint) -> dict[str, str]:
+    """The DAG's ``doctor`` task: metastore and storage must answer, or the run stops before its first step.
+
+    SMTP is checked too but never decides (alerts are a side channel): a FAIL is logged and
+    counted. Spark and the landed files are left to ``compact`` and ``plan``, which check them anyway.
+    """
+    from cdc_compaction.exceptions import CompactionError
+
+    deciding = [check_metastore(cfg, endpoint), check_storage(cfg)]
+    smtp = check_smtp(cfg)
+    if not smtp.ok:
+        log.warning("%s; alerts are not delivered until this is fixed, the run goes on", smtp.line())
+        try:
+            from airflow.sdk import Stats
+
+            Stats.incr("cdc_compaction.doctor_smtp_failed", tags={"table": cfg.qualified_name})
+        except Exception:
+            log.debug("could not count the SMTP failure", exc_info=True)
+    failed = [c for c in deciding if not c.ok]
+    if failed:
+        raise CompactionError(
+            f"{cfg.qualified_name}: the doctor task found what the run needs broken, so no step ran: "
+            + " | ".join(c.line().replace("\n       fix:", "; fix:") for c in failed)
+        )
+    return {c.name: c.detail for c in [*deciding, smtp]}
+
+
+def check_table(cfg: TableConfig, endpoint: MetastoreEndpoint, *, cheap: bool = False) -> list[Check]:
+    """Every check of one valid table; ``cheap``: only metastore, storage and SMTP (the DAG's doctor task)."""
+    checks = [check_metastore(cfg, endpoint), check_storage(cfg), check_smtp(cfg)]
+    if not cheap:
+        checks += [check_spark(cfg), check_landed(cfg, endpoint)]
+    return checks
+
+
+def run(directory: Path, tables: Iterable[str], endpoint: MetastoreEndpoint) -> list[Check]:
+    """The doctor's whole verdict: the registry, then every check of every (named) valid table."""
+    checks, cfgs = check_registry(directory, tables)
+    for cfg in cfgs:
+        checks += check_table(cfg, endpoint)
+    return checks

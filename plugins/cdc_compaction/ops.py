@@ -1,0 +1,172 @@
+"""Operating a table's pipeline: pause, resume and delete (``python -m cdc_compaction pause|resume|delete``).
+
+Pause and resume flip Airflow's own pause flag (``DagModel.is_paused`` in the metadata
+database, what ``airflow dags pause`` writes): the DAG stays, no new run is scheduled, a
+running one finishes.  The registry's ``enabled: false`` is the lasting, reviewed form of
+the same wish (README, "Pausing, resuming, deleting").
+
+Delete removes a table's pipeline: its registry file is moved aside (so its DAG goes away
+at the next parse and cannot recreate what follows), its tables and views are dropped from
+the metastore (never their files), and its lake is deleted only with ``drop_data``.  It
+refuses while a run holds the table's lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cdc_compaction.exceptions import AirflowSetupError, ConcurrentRunError
+from cdc_compaction.lake import Lake, TableLease
+from cdc_compaction.registry import TableConfig, dag_id_for
+from cdc_compaction.settings import MetastoreEndpoint
+
+log = logging.getLogger(__name__)
+
+
+def split_table(qualified: str) -> tuple[str, str]:
+    """``db.table`` -> (db, table); a ValueError naming the expected form otherwise."""
+    db, sep, table = qualified.partition(".")
+    if not sep or not db or not table or "." in table:
+        raise ValueError(f"{qualified!r}: name the table as DATABASE.TABLE, as in its registry file's name")
+    return db, table
+
+
+def set_paused(qualified: str, paused: bool) -> bool | None:
+    """Set Airflow's pause flag of the table's DAG; return what it was (None: already so).
+
+    Raises :class:`AirflowSetupError` when the metadata database does not know the DAG
+    (the DAG processor has not parsed it yet, or ``AIRFLOW_HOME`` points elsewhere).
+    """
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    dag_id = dag_id_for(*split_table(qualified))
+    try:
+        with create_session() as session:
+            dag = session.scalar(select(DagModel).where(DagModel.dag_id == dag_id))
+            if dag is None:
+                raise AirflowSetupError(
+                    f"{qualified}: Airflow's metadata database has no DAG {dag_id}: the DAG processor has not "
+                    "parsed its registry file yet, or this shell's AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN "
+                    "name another Airflow. Check `airflow dags list`, then run this again"
+                )
+            was = bool(dag.is_paused)
+            if was == paused:
+                return None
+            dag.is_paused = paused
+    except SQLAlchemyError as exc:
+        raise AirflowSetupError(
+            f"{qualified}: cannot use Airflow's metadata database ({type(exc).__name__}: {exc}); nothing was changed. "
+            "Point AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at your Airflow (`airflow db check`)"
+        ) from exc
+    log.info("%s: DAG %s %s", qualified, dag_id, "paused" if paused else "resumed")
+    return was
+
+
+def metastore_objects(cfg: TableConfig) -> list[str]:
+    """Every table and view this package creates for ``cfg`` in the metastore: views first, then tables."""
+    from cdc_compaction.dialects import view_names
+    from cdc_compaction.modes.snapshot import history_table
+    from cdc_compaction.sql import table_names
+
+    names = table_names(cfg)
+    views = [n for per_dialect in view_names(cfg).values() for n in per_dialect.values()]
+    tables = [names[r] for r in ("base_table", "tombstones_table", "incremental_table", "compactor_table")]
+    if cfg.mode == "snapshot":
+        tables.append(history_table(cfg))
+    return list(dict.fromkeys([*views, *tables]))
+
+
+@dataclass
+class DeleteReport:
+    """What ``delete`` did (or, unconfirmed, would do)."""
+
+    dropped: list[str] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)
+    registry_moved_to: str | None = None
+    data_deleted: str | None = None
+    data_kept: str | None = None
+
+    def lines(self) -> list[str]:
+        out = [f"dropped {n} (its files are untouched)" for n in self.dropped]
+        out += [f"not in the metastore: {n}" for n in self.absent]
+        if self.registry_moved_to:
+            out.append(
+                f"registry file moved to {self.registry_moved_to}: remove the file from your repository too, "
+                "or the next deployment brings the table back"
+            )
+        if self.data_deleted:
+            out.append(f"deleted the table's lake {self.data_deleted}")
+        if self.data_kept:
+            out.append(f"kept the table's lake {self.data_kept} (delete it with --drop-data, or by hand)")
+        return out
+
+
+def refuse_if_leased(cfg: TableConfig, now: datetime | None = None) -> None:
+    """Raise :class:`ConcurrentRunError` if a run holds the table's lease (a dead run's expired lease does not)."""
+    held = TableLease(Lake(cfg)).current()
+    if held is not None and not held.released and not held.expired(now or datetime.now(UTC)):
+        raise ConcurrentRunError(
+            f"{cfg.qualified_name}: refusing to delete while a run holds the table ({held.describe()}); nothing "
+            "was changed. Pause the DAG and let the run finish, or if it is dead break its lease with "
+            f"`python -m cdc_compaction lease break {cfg.qualified_name}`, then delete again"
+        )
+
+
+def delete_table(
+    cfg: TableConfig,
+    registry_file: Path,
+    endpoint: MetastoreEndpoint,
+    *,
+    drop_data: bool = False,
+    now: datetime | None = None,
+) -> DeleteReport:
+    """Remove the table's pipeline (see the module docstring); refuse while its lease is held."""
+    from cdc_compaction.metastore import connect
+
+    now = now or datetime.now(UTC)
+    refuse_if_leased(cfg, now)
+    report = DeleteReport()
+    # The registry file first: while it exists the DAG's next run would recreate the tables.
+    if registry_file.exists():
+        target = registry_file.with_name(f"{registry_file.name}.deleted-{now:%Y%m%dT%H%M%SZ}")
+        registry_file.rename(target)
+        report.registry_moved_to = str(target)
+    with connect(endpoint) as ms:
+        for name in metastore_objects(cfg):
+            (report.dropped if ms.drop_table(cfg.database, name) else report.absent).append(f"{cfg.database}.{name}")
+    lake = Lake(cfg)
+    root = lake.layout.root
+    if drop_data:
+        lake.storage.delete_tree(root)
+        report.data_deleted = root
+    else:
+        report.data_kept = root
+    log.info("%s: deleted (%s)", cfg.qualified_name, "; ".join(report.lines()))
+    return report
+
+
+def planned_deletion(cfg: TableConfig, registry_file: Path, drop_data: bool) -> list[str]:
+    """What :func:`delete_table` would do, for the confirmation."""
+    lay = Lake(cfg).layout
+    return [
+        f"move {registry_file} aside (its DAG {cfg.dag_id} disappears at the next parse)",
+        *[f"drop {cfg.database}.{n} from the metastore (not its files)" for n in metastore_objects(cfg)],
+        f"delete everything under {lay.root}" if drop_data else f"keep the lake {lay.root}",
+    ]
+
+
+def registry_file_of(directory: Path, qualified: str) -> Path:
+    """The registry file of ``db.table`` (``.yaml`` or ``.yml``), as the registry names it."""
+    from cdc_compaction.registry import registry_files
+
+    for p in registry_files(directory):
+        if posixpath.splitext(p.name)[0] == qualified:
+            return p
+    return directory / f"{qualified}.yaml"
