@@ -410,8 +410,15 @@ def build_dag(cfg: TableConfig) -> DAG:
                 )
             return stats
 
-        def publish_step(plan_path: str) -> dict[str, Any]:
-            return order.step("publish").function()(_runtime(cfg), plan_path)
+        def publish_step(plan_path: str, outlet_events: Any = None) -> dict[str, Any]:
+            from cdc_compaction.pipeline.publish import asset_event_extra
+
+            published = order.step("publish").function()(_runtime(cfg), plan_path)
+            # Airflow passes the task's outlet events by parameter name; what is set here becomes the
+            # extra of the base asset's event, which downstream DAGs scheduled on it can read.
+            if outlet_events is not None:
+                outlet_events[base_asset(cfg)].extra = asset_event_extra(cfg.qualified_name, published)
+            return published
 
         def archive_step(plan_path: str) -> dict[str, Any]:
             return order.step("archive").function()(_runtime(cfg), plan_path)
