@@ -100,14 +100,30 @@ def test_the_metastore_of_an_airflow_connection_is_reached_through_the_hive_prov
     assert ep == MetastoreEndpoint(metastore.host, metastore.port, conn_id="metastore_through_hook")
     name = f"hook_view_{uuid.uuid4().hex[:8]}"
     view = MetastoreView("default", name, [("id", "bigint")], "SELECT 1 AS id", "SELECT 1 AS id", {"k": "v"})
-    with connect(ep) as ms:
+    with connect(ep, timeout_s=12) as ms:
         ms.put_view(view)
         assert ms.table_property("default", name, "k") == "v"
+        # The hook builds its socket without a timeout; connect gives it one (a hung metastore fails the call).
+        assert ms._c._oprot.trans._TBufferedTransport__trans.handle.gettimeout() == 12
     # The hook logs (through Airflow's structlog, to stdout) each host it tries, as bare host:port.
     out = capsys.readouterr().out
     assert f"Connected to {metastore.host}:{metastore.port}" in out, out
     # The same metastore, reached without the hook, holds what went through it.
     with connect(MetastoreEndpoint(metastore.host, metastore.port)) as plain:
+        assert plain.column_names("default", name) == ["id"]
+
+    # Failover: the metastore listens on 127.0.0.1 only, so 127.0.0.2 (loopback too) refuses on its port;
+    # the hook tries the hosts in the written order, and so does the plain socket (the CLI's path).
+    two = {"conn_type": "hive_metastore", "host": f"127.0.0.2,{metastore.host}", "port": metastore.port}
+    monkeypatch.setenv("AIRFLOW_CONN_METASTORE_TWO_HOSTS", json.dumps(two))
+    two_ep = MetastoreEndpoint.from_connection(BaseHook.get_connection("metastore_two_hosts"))
+    assert two_ep.uri == f"thrift://127.0.0.2:{metastore.port},thrift://{metastore.host}:{metastore.port}"
+    with connect(two_ep) as ms:
+        assert ms.column_names("default", name) == ["id"]
+    out = capsys.readouterr().out
+    assert f"Could not connect to 127.0.0.2:{metastore.port}" in out, out
+    assert f"Connected to {metastore.host}:{metastore.port}" in out, out
+    with connect(MetastoreEndpoint.parse(two_ep.uri)) as plain:
         assert plain.column_names("default", name) == ["id"]
 
     # A dead port: the hook finds no host; the refusal names the connection and what to do.
