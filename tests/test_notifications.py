@@ -347,9 +347,10 @@ def test_an_alert_reaches_email_slack_and_sns_each_as_its_channel_shows_it(
     assert path == "/T000/B000/alerts-token", "the webhook URL is the connection's host + token"
     text = posted["text"]
     assert text.startswith(f"*{subject}*\n"), text
-    # Plain text: no HTML tags, entities decoded, every list item on its own line, templates left alone.
-    assert "<" not in text and "&amp;" not in text
-    assert "- /lake/t/incremental/increment_2026112201: has no _SUCCESS marker yet & is {{ 7*7 }} hours old" in text
+    # Plain text: no HTML tags, every list item on its own line, templates left alone, and only
+    # the three characters Slack's format reserves escaped.
+    assert "<" not in text
+    assert "- /lake/t/incremental/increment_2026112201: has no _SUCCESS marker yet &amp; is {{ 7*7 }} hours old" in text
 
     (envelope,) = sns_queue["received"]()
     assert envelope["TopicArn"] == sns_queue["topic"]
@@ -385,7 +386,7 @@ def test_send_alert_takes_the_channels_from_the_registrys_alerts(smtp: _Inbox, s
     ((path, posted),) = slack.posts
     assert path == "/api/chat.postMessage"
     assert posted["channel"] == "#cdc-alerts"
-    assert posted["text"] == "*[cdc-compaction] school.student: test*\nhello & bye"
+    assert posted["text"] == "*[cdc-compaction] school.student: test*\nhello &amp; bye"
 
 
 def test_a_channel_that_fails_is_counted_and_the_others_still_deliver(
@@ -417,8 +418,8 @@ def test_a_channel_that_fails_is_counted_and_the_others_still_deliver(
     assert "set alerts.slack_channel" in caplog.text
 
 
-def test_plain_text_and_sns_subjects() -> None:
-    from cdc_compaction.notifications import SNS_SUBJECT_MAX, plain_text, sns_subject
+def test_plain_text_slack_text_and_sns_subjects() -> None:
+    from cdc_compaction.notifications import SNS_SUBJECT_MAX, plain_text, slack_text, sns_subject
 
     body = "<p>2 files of <b>a.b</b>:</p><ul><li><code>x&lt;1&gt;</code>: bad</li><li>y</li></ul><p>Fix</p>"
     assert plain_text(body) == "2 files of a.b:\n- x<1>: bad\n- y\nFix"
@@ -426,3 +427,6 @@ def test_plain_text_and_sns_subjects() -> None:
     assert sns_subject("caf\u00e9 \u2014 x") == "caf? ? x"
     long = sns_subject("[cdc-compaction] " + "d" * 200)
     assert len(long) == SNS_SUBJECT_MAX < 100 and long.endswith("...")
+    # Slack would show <https://evil.example|here> as a link named "here": escaped, it shows as written.
+    link = "<p>bad file <code>&lt;https://evil.example|here&gt;</code></p>"
+    assert slack_text("s", link) == "*s*\nbad file &lt;https://evil.example|here&gt;"

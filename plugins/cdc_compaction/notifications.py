@@ -129,11 +129,6 @@ class AlertChannels:
             aws_conn_id=alerts.aws_conn_id,
         )
 
-    def names(self) -> list[str]:
-        return [
-            n for n, on in (("email", self.emails), ("slack", self.slack_conn_id), ("sns", self.sns_topic_arn)) if on
-        ]
-
 
 def plain_text(body: str) -> str:
     """An alert's HTML body as the plain text Slack and SNS show: paragraphs and list items on their own lines."""
@@ -142,6 +137,15 @@ def plain_text(body: str) -> str:
     text = re.sub(r"<[^>]+>", "", text)
     lines = (line.strip() for line in html.unescape(text).splitlines())
     return "\n".join(line for line in lines if line)
+
+
+def slack_text(subject: str, body: str) -> str:
+    """The alert as a Slack message: the subject in bold, then the plain text.
+
+    Slack reads ``<...>`` as links and mentions, so ``&``, ``<`` and ``>`` are escaped as its API
+    asks: a file name or error text holding ``<https://x|click>`` shows as written, never as a link.
+    """
+    return html.escape(f"*{subject}*\n{plain_text(body)}", quote=False)
 
 
 #: SNS refuses a subject of 100 characters or more, or with line breaks or non-ASCII characters.
@@ -180,7 +184,7 @@ def send_alert(cfg: Any, subject: str, body: str, channels: AlertChannels | None
             f"Slack connection {channels.slack_conn_id!r}",
             _slack,
             channels,
-            f"*{subject}*\n{plain_text(body)}",
+            slack_text(subject, body),
         )
     if channels.sns_topic_arn:
         sent["sns"] = _deliver(
