@@ -26,6 +26,8 @@ def test_the_connection_selects_the_catalog() -> None:
     assert (glue.kind, glue.uri, glue.aws_conn_id) == ("glue", "glue://123456789012", "aws_default")
     assert MetastoreEndpoint.parse("glue://") == MetastoreEndpoint(kind="glue")
     assert MetastoreEndpoint.parse("thrift://10.0.0.7:9084") == MetastoreEndpoint("10.0.0.7", 9084)
+    # The CLI's --metastore takes either form.
+    assert MetastoreEndpoint.parse("10.0.0.7:9084") == MetastoreEndpoint("10.0.0.7", 9084)
 
 
 def test_spark_is_attached_to_the_same_catalog() -> None:
