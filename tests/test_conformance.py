@@ -205,3 +205,44 @@ def test_scenario_dag(name: str, dag_runner: conf.DagRunner, reader: Readers) ->
     assert tasks["compact"] == "success", "the first run compacted with spark-submit"
     if name == "no_pending_increments":
         assert {x["task_id"]: x["state"] for x in runs[-1]["tasks"]}["compact"] == "skipped"
+    _assert_asset_events_describe_the_commits(dag_runner, runs[0]["dag_id"], work)
+
+
+def _assert_asset_events_describe_the_commits(dag_runner: conf.DagRunner, dag_id: str, work: Path) -> None:
+    """Each publish recorded one event of the base asset; its extra restates that commit's record."""
+    import yaml
+
+    from cdc_compaction.devenv import metadata_rows
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.registry import parse_table
+
+    env = dag_runner.env
+    db = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") or f"sqlite:///{env['AIRFLOW_HOME']}/airflow.db"
+    rows = metadata_rows(
+        db,
+        "SELECT e.extra, a.name FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+        "WHERE e.source_dag_id = ? AND e.source_task_id = 'publish' ORDER BY e.id",
+        (dag_id,),
+    )
+    (registry_file,) = [
+        p for p in (work / "registry").glob("*.yaml") if parse_table(yaml.safe_load(p.read_text())).dag_id == dag_id
+    ]
+    cfg = parse_table(yaml.safe_load(registry_file.read_text()))
+    lake = Lake(cfg)
+    commits = [c for seq in range(1, lake.latest_commit().seq + 1) if (c := lake.read_commit(seq)) is not None]
+    assert commits and len(rows) == len(commits), f"{len(rows)} asset events for {len(commits)} commits"
+    for (extra, asset_name), commit in zip(rows, commits, strict=True):
+        assert asset_name.startswith(f"{cfg.database}.") and asset_name.endswith("_base")
+        st = commit.stats
+        got = extra if isinstance(extra, dict) else json.loads(extra)  # PostgreSQL's driver decodes JSON itself
+        assert got == {
+            "table": cfg.qualified_name,
+            "commit": commit.seq,
+            "version": commit.version,
+            "base_rows_in": st["base_rows"],
+            "rows_in": st["increment_rows"],
+            "rows_rejected": st["rejected_rows"],
+            "rows_out": st["output_visible_rows"],
+            "tombstones_out": st["output_tombstones"],
+            "freshness": commit.freshness,
+        }

@@ -278,7 +278,12 @@ def _templated_doc(tmp_path: Path, **spark: Any) -> dict[str, Any]:
         "executor_memory": TEMPLATE,
         **spark,
     }
-    doc["alerts"] = {"emails": ["{{conn.smtp_default.password}}@example.com"], "smtp_conn_id": TEMPLATE}
+    doc["alerts"] = {
+        "emails": ["{{conn.smtp_default.password}}@example.com"],
+        "smtp_conn_id": TEMPLATE,
+        "slack_conn_id": TEMPLATE,
+        "slack_channel": STEAL,
+    }
     doc["description"] = TEMPLATE
     doc["columns"] = [{**c, "comment": TEMPLATE} for c in doc["columns"]]
     return doc
@@ -326,13 +331,18 @@ def test_registry_values_are_data_not_templates(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(
         notifications, "send_email", lambda conn_id, to, subject, body, **_: sent.append((conn_id, to, subject, body))
     )
+    posted: list[tuple[Any, str]] = []
+    monkeypatch.setattr(notifications, "_slack", lambda channels, text: posted.append((channels, text)))
     for task in dag.tasks:
         (notifier,) = task.on_failure_callback
         notifier({**_context(), "exception": RuntimeError(TEMPLATE)})
-    assert len(sent) == len(dag.tasks)
+    assert len(sent) == len(dag.tasks) == len(posted)
     for conn_id, to, subject, body in sent:
         assert conn_id == TEMPLATE and to == ["{{conn.smtp_default.password}}@example.com"]
         assert SECRET not in subject + body and "49" not in subject and TEMPLATE in html.unescape(body)
+    for channels, text in posted:
+        assert channels.slack_conn_id == TEMPLATE and channels.slack_channel == STEAL
+        assert SECRET not in text and TEMPLATE in text
 
 
 def test_emr_registry_values_are_data_not_templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

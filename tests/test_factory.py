@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -107,3 +108,46 @@ def test_a_disabled_table_is_left_out_of_the_view_refresher(tmp_path) -> None:
     assert set(dags) == {on.dag_id, off.dag_id, VIEW_REFRESH_DAG_ID}
     refresh = dags[VIEW_REFRESH_DAG_ID].get_task("refresh__tests").python_callable
     assert [c.table for c in refresh.__defaults__[0]] == ["on"]
+
+
+def test_the_base_assets_event_extra_names_the_commit_its_rows_and_the_bases_freshness() -> None:
+    """What publish returned becomes the asset event's extra: JSON-serializable, the base's freshness only."""
+    from cdc_compaction.pipeline.publish import asset_event_extra
+
+    published = {
+        "seq": 7,
+        "version": "v00000007-20261122T100000-ab12",
+        "removed_versions": ["v00000004-x"],
+        "freshness": {
+            "base": {"increment": "increment_2026112209", "event_time": "2026-11-22T09:59:00+00:00"},
+            "view": {"increment": "increment_2026112210", "event_time": "", "checked_at": "2026-11-22T10:05:00+00:00"},
+        },
+        "rows": {"base_in": 100, "increments_in": 12, "rejected": 2, "out": 104, "tombstones_out": 3},
+    }
+    extra = asset_event_extra("school.student", published)
+    assert extra == {
+        "table": "school.student",
+        "commit": 7,
+        "version": "v00000007-20261122T100000-ab12",
+        "base_rows_in": 100,
+        "rows_in": 12,
+        "rows_rejected": 2,
+        "rows_out": 104,
+        "tombstones_out": 3,
+        "freshness": {"increment": "increment_2026112209", "event_time": "2026-11-22T09:59:00+00:00"},
+    }
+    assert json.loads(json.dumps(extra)) == extra, "Airflow stores the extra as JSON"
+
+
+def test_the_publish_task_declares_the_base_asset_and_asks_for_its_outlet_events(tmp_path) -> None:
+    """Airflow hands a callable ``outlet_events`` only if its signature names it (through fail_fast's wraps)."""
+    import inspect
+
+    from airflow.sdk.bases.decorator import KeywordParameters
+
+    cfg = parse_table(student_doc(tmp_path / "lake"))
+    task = factory.build_dag(cfg).get_task("publish")
+    assert [o.uri for o in task.outlets] == [f"x-hive://metastore/{cfg.database}/{cfg.table}_base"]
+    passed = KeywordParameters.determine(task.python_callable, [], {"outlet_events": "E", "ti": "T"}).unpacking()
+    assert dict(passed) == {"outlet_events": "E"}
+    assert "plan_path" in inspect.signature(task.python_callable).parameters

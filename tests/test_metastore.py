@@ -26,6 +26,8 @@ def test_the_connection_selects_the_catalog() -> None:
     assert (glue.kind, glue.uri, glue.aws_conn_id) == ("glue", "glue://123456789012", "aws_default")
     assert MetastoreEndpoint.parse("glue://") == MetastoreEndpoint(kind="glue")
     assert MetastoreEndpoint.parse("thrift://10.0.0.7:9084") == MetastoreEndpoint("10.0.0.7", 9084)
+    # The CLI's --metastore takes either form.
+    assert MetastoreEndpoint.parse("10.0.0.7:9084") == MetastoreEndpoint("10.0.0.7", 9084)
 
 
 def test_spark_is_attached_to_the_same_catalog() -> None:
@@ -34,6 +36,109 @@ def test_spark_is_attached_to_the_same_catalog() -> None:
     assert glue["spark.hadoop.hive.metastore.client.factory.class"] == GLUE_CLIENT_FACTORY
     assert glue["spark.hadoop.hive.metastore.glue.catalogid"] == "123456789012"
     assert "spark.hadoop.hive.metastore.uris" not in glue
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "hosts", "expected_port"),
+    [
+        ("hms.internal", 9083, ("hms.internal",), 9083),
+        ("hms.internal", None, ("hms.internal",), 9083),  # Hive's default port
+        ("thrift://hms.internal:9084", None, ("hms.internal",), 9084),
+        ("thrift://hms.internal:9084", 9084, ("hms.internal",), 9084),
+        ("hms.internal:9084/", None, ("hms.internal",), 9084),
+        ("h1,h2", 9085, ("h1", "h2"), 9085),
+        ("thrift://h1:9083, thrift://h2:9083", None, ("h1", "h2"), 9083),
+        ("h1:9086,h2", None, ("h1", "h2"), 9086),
+    ],
+)
+def test_a_connection_host_in_any_usual_form_gives_bare_hosts_and_one_port(
+    host: str, port: int | None, hosts: tuple[str, ...], expected_port: int
+) -> None:
+    """A host typed as a URI once became ``thrift://thrift://h:9083:9083``; every form now gives bare names."""
+    ep = MetastoreEndpoint.from_connection(_conn(host, port))
+    assert (ep.hosts, ep.port) == (hosts, expected_port)
+    expected_uri = ",".join(f"thrift://{h}:{expected_port}" for h in hosts)
+    assert ep.uri == expected_uri
+    # What Spark is given (hive.metastore.uris takes a comma-separated list: the same failover order).
+    assert hive_conf(ep, "/w")["spark.hadoop.hive.metastore.uris"] == expected_uri
+    # The URI form reads back to the same endpoint ($CDC_METASTORE_URI).
+    assert (MetastoreEndpoint.parse(ep.uri).hosts, MetastoreEndpoint.parse(ep.uri).port) == (hosts, expected_port)
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "why"),
+    [
+        ("thrift://h1:9083,thrift://h2:9084", None, r"names the ports \[9083, 9084\]"),
+        ("thrift://h1:9084", 9083, r"names the ports \[9083, 9084\]"),
+        ("http://hms:9083", None, r"scheme 'http'"),
+        ("hms:thrift", None, r"no numeric port"),
+    ],
+)
+def test_a_connection_host_that_names_no_single_metastore_port_is_refused(
+    host: str, port: int | None, why: str
+) -> None:
+    from cdc_compaction.exceptions import MetastoreError
+
+    conn = SimpleNamespace(conn_id="metastore_default", host=host, port=port, extra_dejson={})
+    with pytest.raises(MetastoreError, match=why) as err:
+        MetastoreEndpoint.from_connection(conn)
+    assert "'metastore_default'" in str(err.value) and host in str(err.value)
+
+
+@pytest.mark.metastore
+def test_the_metastore_of_an_airflow_connection_is_reached_through_the_hive_provider_hook(
+    metastore: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The connection's host is written as a URI, as people do; HiveMetastoreHook opens the client."""
+    import json
+
+    from airflow.sdk import BaseHook
+
+    from cdc_compaction.metastore import MetastoreView
+
+    conn = {"conn_type": "hive_metastore", "host": f"thrift://{metastore.host}:{metastore.port}"}
+    monkeypatch.setenv("AIRFLOW_CONN_METASTORE_THROUGH_HOOK", json.dumps(conn))
+    ep = MetastoreEndpoint.from_connection(BaseHook.get_connection("metastore_through_hook"))
+    assert ep == MetastoreEndpoint(metastore.host, metastore.port, conn_id="metastore_through_hook")
+    name = f"hook_view_{uuid.uuid4().hex[:8]}"
+    view = MetastoreView("default", name, [("id", "bigint")], "SELECT 1 AS id", "SELECT 1 AS id", {"k": "v"})
+    with connect(ep, timeout_s=12) as ms:
+        ms.put_view(view)
+        assert ms.table_property("default", name, "k") == "v"
+        # The hook builds its socket without a timeout; connect gives it one (a hung metastore fails the call).
+        assert ms._c._oprot.trans._TBufferedTransport__trans.handle.gettimeout() == 12
+    # The hook logs (through Airflow's structlog, to stdout) each host it tries, as bare host:port.
+    out = capsys.readouterr().out
+    assert f"Connected to {metastore.host}:{metastore.port}" in out, out
+    # The same metastore, reached without the hook, holds what went through it.
+    with connect(MetastoreEndpoint(metastore.host, metastore.port)) as plain:
+        assert plain.column_names("default", name) == ["id"]
+
+    # Failover: the metastore listens on 127.0.0.1 only, so 127.0.0.2 (loopback too) refuses on its port;
+    # the hook tries the hosts in the written order, and so does the plain socket (the CLI's path).
+    two = {"conn_type": "hive_metastore", "host": f"127.0.0.2,{metastore.host}", "port": metastore.port}
+    monkeypatch.setenv("AIRFLOW_CONN_METASTORE_TWO_HOSTS", json.dumps(two))
+    two_ep = MetastoreEndpoint.from_connection(BaseHook.get_connection("metastore_two_hosts"))
+    assert two_ep.uri == f"thrift://127.0.0.2:{metastore.port},thrift://{metastore.host}:{metastore.port}"
+    with connect(two_ep) as ms:
+        assert ms.column_names("default", name) == ["id"]
+    out = capsys.readouterr().out
+    assert f"Could not connect to 127.0.0.2:{metastore.port}" in out, out
+    assert f"Connected to {metastore.host}:{metastore.port}" in out, out
+    with connect(MetastoreEndpoint.parse(two_ep.uri)) as plain:
+        assert plain.column_names("default", name) == ["id"]
+
+    # A dead port: the hook finds no host; the refusal names the connection and what to do.
+    from cdc_compaction.exceptions import MetastoreError
+
+    dead = {"conn_type": "hive_metastore", "host": metastore.host, "port": free_port()}
+    monkeypatch.setenv("AIRFLOW_CONN_METASTORE_DEAD", json.dumps(dead))
+    dead_ep = MetastoreEndpoint.from_connection(BaseHook.get_connection("metastore_dead"))
+    with (
+        pytest.raises(MetastoreError, match=r"Airflow connection 'metastore_dead'.*fix the connection"),
+        connect(dead_ep, timeout_s=2),
+    ):
+        pass
 
 
 @pytest.mark.metastore

@@ -230,3 +230,203 @@ def test_an_alert_that_cannot_be_sent_is_logged_and_counted_never_raised(
     assert notifications.DELIVERY_FAILURES["school.student"] == before + 2
     failures = [r for r in caplog.records if "could not deliver the alert" in r.getMessage()]
     assert len(failures) == 2 and all(conn_id in r.getMessage() for r in failures)
+
+
+# ------------------------------------------------------- every channel: e-mail, Slack, SNS
+class _Slack:
+    """A local HTTP server standing in for Slack: records each POST (path, JSON body)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        posts = self.posts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                ctype = self.headers.get("Content-Type", "")
+                if "json" in ctype:
+                    body = json.loads(raw)
+                else:  # the Web API client posts form fields
+                    from urllib.parse import parse_qsl
+
+                    body = dict(parse_qsl(raw.decode()))
+                posts.append((self.path, body))
+                # A webhook answers "ok"; the Web API answers JSON with "ok": true.
+                answer = b'{"ok": true}' if self.path.endswith("chat.postMessage") else b"ok"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json" if answer.startswith(b"{") else "text/plain")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def slack(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Slack]:
+    """Slack on loopback, and Airflow connections reaching it: a webhook one and a Web API one."""
+    server = _Slack()
+    webhook = {"conn_type": "slackwebhook", "host": server.url, "password": "T000/B000/alerts-token"}
+    api = {"conn_type": "slack", "password": "xoxb-test-token", "extra": {"base_url": server.url + "/api/"}}
+    monkeypatch.setenv("AIRFLOW_CONN_SLACK_ALERTS", json.dumps(webhook))
+    monkeypatch.setenv("AIRFLOW_CONN_SLACK_API", json.dumps(api))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def sns_queue(aws_default: str) -> dict[str, Any]:
+    """An SNS topic in moto with an SQS queue subscribed to it (raw delivery off: SNS's JSON envelope)."""
+    import boto3
+
+    kw = {
+        "endpoint_url": aws_default,
+        "region_name": "us-east-1",
+        "aws_access_key_id": "testing-access-key",
+        "aws_secret_access_key": "testing-secret-key",
+    }
+    sns, sqs = boto3.client("sns", **kw), boto3.client("sqs", **kw)
+    suffix = os.urandom(4).hex()
+    topic = sns.create_topic(Name=f"cdc-alerts-{suffix}")["TopicArn"]
+    queue_url = sqs.create_queue(QueueName=f"cdc-alerts-{suffix}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)
+
+    def received() -> list[dict[str, Any]]:
+        msgs = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+        return [json.loads(m["Body"]) for m in msgs]
+
+    return {"topic": topic, "received": received}
+
+
+def _stalled_alert_args() -> tuple[str, list[dict[str, Any]]]:
+    stalled = [
+        {
+            "increment": "increment_2026112201",
+            "path": "/lake/t/incremental/increment_2026112201",
+            "reason": "has no _SUCCESS marker yet & is {{ 7*7 }} hours old",
+        }
+    ]
+    return "[cdc-compaction] school.student: 1 increments stalled", stalled
+
+
+def test_an_alert_reaches_email_slack_and_sns_each_as_its_channel_shows_it(
+    smtp: _Inbox, slack: _Slack, sns_queue: dict[str, Any]
+) -> None:
+    from cdc_compaction.notifications import AlertChannels, alert_stalled_increments
+
+    channels = AlertChannels(
+        emails=["owner@example.org"],
+        smtp_conn_id="smtp_alerts",
+        slack_conn_id="slack_alerts",
+        sns_topic_arn=sns_queue["topic"],
+    )
+    subject, stalled = _stalled_alert_args()
+    alert_stalled_increments("school.student", [], "unused", stalled, channels)
+
+    ((rcpts, msg),) = smtp.messages
+    assert rcpts == ["owner@example.org"] and msg["Subject"] == subject
+    assert "/lake/t/incremental/increment_2026112201" in _body(msg)
+
+    ((path, posted),) = slack.posts
+    assert path == "/T000/B000/alerts-token", "the webhook URL is the connection's host + token"
+    text = posted["text"]
+    assert text.startswith(f"*{subject}*\n"), text
+    # Plain text: no HTML tags, every list item on its own line, templates left alone, and only
+    # the three characters Slack's format reserves escaped.
+    assert "<" not in text
+    assert "- /lake/t/incremental/increment_2026112201: has no _SUCCESS marker yet &amp; is {{ 7*7 }} hours old" in text
+
+    (envelope,) = sns_queue["received"]()
+    assert envelope["TopicArn"] == sns_queue["topic"]
+    assert envelope["Subject"] == subject
+    assert "- /lake/t/incremental/increment_2026112201: has no _SUCCESS marker" in envelope["Message"]
+    assert "<li>" not in envelope["Message"]
+
+
+def test_send_alert_takes_the_channels_from_the_registrys_alerts(smtp: _Inbox, slack: _Slack) -> None:
+    """The registry's ``alerts:`` names the channels; a Slack API connection posts to ``slack_channel``."""
+    from cdc_compaction.notifications import send_alert
+
+    doc = {
+        "database": "school",
+        "table": "student",
+        "storage_root": "/tmp/lake",
+        "columns": [dict(c) for c in STUDENT_COLUMNS],
+        "primary_key": ["id"],
+        "order_by": ["ts_ms"],
+        "alerts": {
+            "emails": ["owner@example.org"],
+            "smtp_conn_id": "smtp_alerts",
+            "slack_conn_id": "slack_api",
+            "slack_channel": "#cdc-alerts",
+        },
+    }
+    cfg = parse_table(doc)
+    assert send_alert(cfg, "[cdc-compaction] school.student: test", "<p>hello &amp; bye</p>") == {
+        "email": True,
+        "slack": True,
+    }
+    assert [m["Subject"] for _, m in smtp.messages] == ["[cdc-compaction] school.student: test"]
+    ((path, posted),) = slack.posts
+    assert path == "/api/chat.postMessage"
+    assert posted["channel"] == "#cdc-alerts"
+    assert posted["text"] == "*[cdc-compaction] school.student: test*\nhello &amp; bye"
+
+
+def test_a_channel_that_fails_is_counted_and_the_others_still_deliver(
+    smtp: _Inbox, sns_queue: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cdc_compaction import notifications
+    from cdc_compaction.notifications import AlertChannels, send_alert
+
+    dead = {"conn_type": "slackwebhook", "host": f"http://127.0.0.1:{free_port()}", "password": "T/B/x"}
+    monkeypatch.setenv("AIRFLOW_CONN_SLACK_DEAD", json.dumps(dead))
+    channels = AlertChannels(
+        emails=["owner@example.org"],
+        smtp_conn_id="smtp_alerts",
+        slack_conn_id="slack_dead",
+        sns_topic_arn=sns_queue["topic"],
+    )
+    before = notifications.DELIVERY_FAILURES["school.student"]
+    sent = send_alert("school.student", "[cdc-compaction] school.student: x", "<p>x</p>", channels)
+    assert sent == {"email": True, "slack": False, "sns": True}
+    assert notifications.DELIVERY_FAILURES["school.student"] == before + 1
+    assert len(smtp.messages) == 1 and len(sns_queue["received"]()) == 1
+    (failure,) = [r for r in caplog.records if "could not deliver the alert" in r.getMessage()]
+    assert "school.student" in failure.getMessage() and "'slack_dead'" in failure.getMessage()
+
+    # A Slack API connection without a channel to post to: refused with what to set, counted, not raised.
+    no_channel = AlertChannels(slack_conn_id="slack_api_nochannel")
+    monkeypatch.setenv("AIRFLOW_CONN_SLACK_API_NOCHANNEL", json.dumps({"conn_type": "slack", "password": "xoxb-t"}))
+    assert send_alert("school.student", "s", "<p>b</p>", no_channel) == {"slack": False}
+    assert "set alerts.slack_channel" in caplog.text
+
+
+def test_plain_text_slack_text_and_sns_subjects() -> None:
+    from cdc_compaction.notifications import SNS_SUBJECT_MAX, plain_text, slack_text, sns_subject
+
+    body = "<p>2 files of <b>a.b</b>:</p><ul><li><code>x&lt;1&gt;</code>: bad</li><li>y</li></ul><p>Fix</p>"
+    assert plain_text(body) == "2 files of a.b:\n- x<1>: bad\n- y\nFix"
+    assert sns_subject("[cdc] t: task\nfailed") == "[cdc] t: task failed"
+    assert sns_subject("caf\u00e9 \u2014 x") == "caf? ? x"
+    long = sns_subject("[cdc-compaction] " + "d" * 200)
+    assert len(long) == SNS_SUBJECT_MAX < 100 and long.endswith("...")
+    # Slack would show <https://evil.example|here> as a link named "here": escaped, it shows as written.
+    link = "<p>bad file <code>&lt;https://evil.example|here&gt;</code></p>"
+    assert slack_text("s", link) == "*s*\nbad file &lt;https://evil.example|here&gt;"

@@ -163,6 +163,7 @@ def test_shipped_student_gets_the_defaults() -> None:
     assert cfg.increments.completion == "settle"
     assert cfg.increments.directory == "incremental"
     assert cfg.alerts == Alerts()
+    assert (cfg.alerts.slack_conn_id, cfg.alerts.sns_topic_arn, cfg.alerts.aws_conn_id) == (None, None, "aws_default")
     assert cfg.spark == SparkSettings()
     assert cfg.start_date.tzinfo is not None
 
@@ -437,6 +438,30 @@ def _bad_cases() -> list[Any]:
         pytest.param(
             Bad(setting("alerts", {"emails": ["ops@example"]}), "alerts.emails", "'ops@example' is not an e-mail"),
             id="email-no-domain-dot",
+        ),
+        pytest.param(
+            Bad(
+                setting("alerts", {"sns_topic_arn": "cdc-alerts"}),
+                "alerts.sns_topic_arn",
+                "'cdc-alerts' is not an SNS topic ARN (arn:aws:sns:<region>",
+            ),
+            id="sns-topic-not-an-arn",
+        ),
+        pytest.param(
+            Bad(
+                setting("alerts", {"sns_topic_arn": "arn:aws:sqs:us-east-1:123456789012:cdc-alerts"}),
+                "alerts.sns_topic_arn",
+                "is not an SNS topic ARN",
+            ),
+            id="sns-topic-is-a-queue",
+        ),
+        pytest.param(
+            Bad(
+                setting("alerts", {"sns_topic_arn": "arn:aws:sns:us-east-1:123456789012:cdc-alerts.fifo"}),
+                "alerts.sns_topic_arn",
+                "is a FIFO topic",
+            ),
+            id="sns-topic-fifo",
         ),
         pytest.param(
             Bad(setting("op_codes", {"create": "c", "update": "c"}), "op_codes", "the four op codes must be distinct"),
@@ -1605,3 +1630,15 @@ def test_a_defaults_file_is_not_a_table_entry(tmp_path: Path) -> None:
     write_yaml(tmp_path, "shop.orders.yaml", good_doc("shop", "orders"))
     assert [p.name for p in registry_files(tmp_path)] == ["shop.orders.yaml"]
     assert [e.dag_id for e in load_registry(tmp_path)] == ["cdc__shop__orders"]
+
+
+@pytest.mark.parametrize(
+    "arn",
+    [
+        "arn:aws:sns:us-east-1:123456789012:cdc-alerts",
+        "arn:aws-cn:sns:cn-north-1:123456789012:cdc_alerts",
+        "arn:aws-us-gov:sns:us-gov-west-1:123456789012:Alerts-1",
+    ],
+)
+def test_alerts_take_an_sns_topic_of_any_partition(arn: str) -> None:
+    assert Alerts(sns_topic_arn=arn, slack_conn_id="slack_alerts").sns_topic_arn == arn

@@ -362,8 +362,8 @@ def _step(args: argparse.Namespace) -> int:
     from cdc_compaction.settings import MetastoreEndpoint
 
     cfg = _table(args)
-    host, _, port = args.metastore.partition(":")
-    endpoint = MetastoreEndpoint(host, int(port or 9083))
+    # host:port, thrift://host:port or h1,h2 (see settings.metastore_hosts), as a connection's host is written.
+    endpoint = MetastoreEndpoint.parse(args.metastore)
 
     class _LazySession:
         """Starts Spark only for the steps that need it (a JVM costs 10-15 s)."""
@@ -572,7 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     table_args(st)
     st.add_argument("--plan", help="the plan file (the steps after plan that read it: compact, validate, ...)")
     st.add_argument("--run-id", default="manual", help="plan: the run id that owns the lease and the plan")
-    st.add_argument("--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT")
+    st.add_argument(
+        "--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT or thrift://HOST:PORT"
+    )
     st.add_argument("--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"))
     st.set_defaults(func=_step)
 

@@ -23,7 +23,7 @@ from airflow.sdk import DAG, Asset
 from cdc_compaction import settings
 from cdc_compaction.exceptions import CompactionError, RegistryError
 from cdc_compaction.job.contract import PERMANENT_EXIT_CODE, PermanentErrorRecord, permanent_error_path
-from cdc_compaction.notifications import CdcAlertNotifier
+from cdc_compaction.notifications import AlertChannels, CdcAlertNotifier
 from cdc_compaction.pipeline import order
 from cdc_compaction.registry import RegistryEntry, TableConfig
 
@@ -361,8 +361,9 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
 
 def build_dag(cfg: TableConfig) -> DAG:
     """The compaction DAG of one table."""
+    channels = AlertChannels.of(cfg.alerts)
     notifier = CdcAlertNotifier(
-        table=cfg.qualified_name, emails=cfg.alerts.emails, smtp_conn_id=cfg.alerts.smtp_conn_id
+        table=cfg.qualified_name, emails=cfg.alerts.emails, smtp_conn_id=cfg.alerts.smtp_conn_id, channels=channels
     )
     default_args = {
         "owner": cfg.owner,
@@ -407,13 +408,15 @@ def build_dag(cfg: TableConfig) -> DAG:
             )
 
             def quarantined(files: list[dict[str, Any]]) -> None:
-                alert_quarantined_files(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, files)
+                alert_quarantined_files(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, files, channels)
 
             def ignored(entries: list[dict[str, Any]]) -> None:
-                alert_ignored_landing(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, entries)
+                alert_ignored_landing(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, entries, channels)
 
             def stalled(increments: list[dict[str, Any]]) -> None:
-                alert_stalled_increments(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, increments)
+                alert_stalled_increments(
+                    cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, increments, channels
+                )
 
             return order.step(order.PLAN).function()(
                 _runtime(cfg),
@@ -435,11 +438,19 @@ def build_dag(cfg: TableConfig) -> DAG:
                     cfg.alerts.smtp_conn_id,
                     stats,
                     stats["quarantine_location"],
+                    channels,
                 )
             return stats
 
-        def publish_step(plan_path: str) -> dict[str, Any]:
-            return order.step("publish").function()(_runtime(cfg), plan_path)
+        def publish_step(plan_path: str, outlet_events: Any = None) -> dict[str, Any]:
+            from cdc_compaction.pipeline.publish import asset_event_extra
+
+            published = order.step("publish").function()(_runtime(cfg), plan_path)
+            # Airflow passes the task's outlet events by parameter name; what is set here becomes the
+            # extra of the base asset's event, which downstream DAGs scheduled on it can read.
+            if outlet_events is not None:
+                outlet_events[base_asset(cfg)].extra = asset_event_extra(cfg.qualified_name, published)
+            return published
 
         def archive_step(plan_path: str) -> dict[str, Any]:
             return order.step("archive").function()(_runtime(cfg), plan_path)

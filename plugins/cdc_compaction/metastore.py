@@ -577,28 +577,97 @@ class GlueMetastore(_Catalog):
         return dropped
 
 
-@contextmanager
-def connect(endpoint: MetastoreEndpoint, timeout_s: float = 30.0) -> Iterator[Any]:
-    """Open the table catalog: a Thrift connection (with a socket timeout), or a Glue client."""
-    if endpoint.kind == "glue":
-        yield GlueMetastore(endpoint)
-        return
+def _set_socket_timeout(transport: Any, timeout_ms: int) -> None:
+    """Give the socket under a Thrift transport a timeout (the hook builds the transport without one).
+
+    A metastore that accepts the connection but never answers would otherwise hold the task
+    until Airflow's execution timeout. Buffered and SASL transports keep the socket in a
+    private attribute; a transport of another shape is left as it is.
+    """
+    for _ in range(3):
+        if hasattr(transport, "setTimeout"):
+            transport.setTimeout(timeout_ms)
+            return
+        transport = getattr(transport, "_TBufferedTransport__trans", None) or getattr(transport, "_trans", None)
+        if transport is None:
+            return
+
+
+def _hook_client(endpoint: MetastoreEndpoint) -> Any:
+    """An (unopened) metastore client from the apache-hive provider's ``HiveMetastoreHook``.
+
+    The hook reads the Airflow connection itself; it tries each comma-separated host on the
+    connection's port and speaks SASL/Kerberos when the connection's extra asks for it. Its host
+    field must be bare names, so the hook is handed the host list and port parsed from the same
+    connection (``thrift://h:9083`` and ``h1,h2`` as the endpoint understood them).
+    """
+    from airflow.providers.apache.hive.hooks.hive import HiveMetastoreHook
+
+    class _ParsedHostHook(HiveMetastoreHook):
+        @classmethod
+        def get_connection(cls, conn_id: str) -> Any:
+            conn = copy.copy(super().get_connection(conn_id))
+            conn.host, conn.port = ",".join(endpoint.hosts), endpoint.port
+            return conn
+
+    try:
+        return _ParsedHostHook(metastore_conn_id=endpoint.conn_id or "metastore_default").get_conn()
+    except Exception as exc:
+        raise MetastoreError(
+            f"cannot reach the Hive metastore at {endpoint.uri} (Airflow connection {endpoint.conn_id!r}): "
+            f"{type(exc).__name__}: {exc}. Start it, or fix the connection's host/port (Admin > Connections)"
+        ) from exc
+
+
+def _socket_client(endpoint: MetastoreEndpoint, timeout_ms: int) -> Any:
+    """An open metastore client on the first host that accepts a connection (no Airflow connection)."""
     from hmsclient import hmsclient
     from thrift.protocol import TBinaryProtocol
     from thrift.transport import TSocket, TTransport
 
-    sock = TSocket.TSocket(endpoint.host, endpoint.port)
-    sock.setTimeout(int(timeout_s * 1000))
-    transport = TTransport.TBufferedTransport(sock)
-    client = hmsclient.HMSClient(iprot=TBinaryProtocol.TBinaryProtocol(transport))
-    try:
-        transport.open()
-    except TTransport.TTransportException as exc:
-        raise MetastoreError(
-            f"cannot reach the Hive metastore at {endpoint.uri}: {exc}. Start it (make metastore) "
-            "or fix the 'metastore_default' connection"
-        ) from exc
+    errors = []
+    for host in endpoint.hosts:
+        sock = TSocket.TSocket(host, endpoint.port)
+        sock.setTimeout(timeout_ms)
+        transport = TTransport.TBufferedTransport(sock)
+        try:
+            transport.open()
+        except TTransport.TTransportException as exc:
+            errors.append(f"{host}:{endpoint.port}: {exc}")
+            continue
+        return hmsclient.HMSClient(iprot=TBinaryProtocol.TBinaryProtocol(transport))
+    raise MetastoreError(
+        f"cannot reach the Hive metastore at {endpoint.uri}: {'; '.join(errors)}. Start it (make metastore) "
+        "or fix the 'metastore_default' connection"
+    )
+
+
+@contextmanager
+def connect(endpoint: MetastoreEndpoint, timeout_s: float = 30.0) -> Iterator[Any]:
+    """Open the table catalog: a Thrift connection (with a socket timeout), or a Glue client.
+
+    An endpoint read from an Airflow connection goes through the provider's ``HiveMetastoreHook``;
+    one from ``$CDC_METASTORE_URI`` (CLI, tests) through a plain socket.
+    """
+    if endpoint.kind == "glue":
+        yield GlueMetastore(endpoint)
+        return
+    from thrift.transport import TTransport
+
+    timeout_ms = int(timeout_s * 1000)
+    if endpoint.conn_id:
+        client = _hook_client(endpoint)
+        _set_socket_timeout(client._oprot.trans, timeout_ms)
+        try:
+            client.open()
+        except TTransport.TTransportException as exc:
+            raise MetastoreError(
+                f"cannot reach the Hive metastore at {endpoint.uri} (Airflow connection {endpoint.conn_id!r}): "
+                f"{exc}. Start it, or fix the connection's host/port (Admin > Connections)"
+            ) from exc
+    else:
+        client = _socket_client(endpoint, timeout_ms)
     try:
         yield Metastore(client, endpoint)
     finally:
-        transport.close()
+        client.close()

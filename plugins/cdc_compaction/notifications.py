@@ -1,15 +1,23 @@
-"""Per-table alerting: a notifier that logs, and e-mails the table's alert targets.
+"""Per-table alerting: a notifier that logs, and tells the table's alert channels.
 
 Attached to every task of a table's DAG as ``on_failure_callback``; the ``validate``
 task also calls :func:`alert_rejected_rows` when a compaction refused rows.
+
+Every alert goes through :func:`send_alert` to each channel the registry's ``alerts:``
+configures -- e-mail (``emails`` through ``smtp_conn_id``), Slack (``slack_conn_id``) and
+Amazon SNS (``sns_topic_arn``) -- by the providers' own notifiers (``SmtpNotifier``,
+``SlackWebhookNotifier``/``SlackNotifier``, ``SnsNotifier``). Each channel fails on its own:
+logged and counted, never raised into the task.
 """
 
 from __future__ import annotations
 
 import html
 import logging
+import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow.sdk import BaseNotifier
@@ -57,11 +65,20 @@ class CdcAlertNotifier(BaseNotifier):
     # "{{ conn.smtp_default.password }}@x.io" would otherwise mail a password to x.io.
     template_fields: Sequence[str] = ()
 
-    def __init__(self, *, table: str, emails: list[str], smtp_conn_id: str = "smtp_default", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        table: str,
+        emails: list[str],
+        smtp_conn_id: str = "smtp_default",
+        channels: AlertChannels | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.table = table
         self.emails = list(emails)
         self.smtp_conn_id = smtp_conn_id
+        self.channels = channels or AlertChannels(emails=self.emails, smtp_conn_id=smtp_conn_id)
 
     def message(self, context: dict[str, Any]) -> tuple[str, str]:
         d = _describe(context)
@@ -79,8 +96,7 @@ class CdcAlertNotifier(BaseNotifier):
         subject, body = self.message(context)
         d = _describe(context)
         log.error("%s | error: %s | log: %s", subject, d["error"], d["log_url"])
-        if self.emails:
-            send_email(self.smtp_conn_id, self.emails, subject, body, table=self.table)
+        send_alert(self.table, subject, body, self.channels)
 
 
 #: Alerts that could not be delivered in this process, by table (also sent to Airflow's metrics).
@@ -88,21 +104,170 @@ DELIVERY_FAILURES: Counter[str] = Counter()
 DELIVERY_FAILED_METRIC = "cdc_compaction.alert_delivery_failed"
 
 
-def send_email(smtp_conn_id: str, to: list[str], subject: str, body: str, table: str = "") -> bool:
-    """Send one HTML e-mail through an Airflow SMTP connection; True if it was sent.
+@dataclass(frozen=True)
+class AlertChannels:
+    """Where a table's alerts go: the registry's ``alerts:`` without its switches."""
 
-    Delivering an alert never decides whether data is published: a missing connection,
-    an unreachable server or a refused recipient is logged with the alert's subject and
-    counted (``cdc_compaction.alert_delivery_failed`` in Airflow's metrics), and the task
+    emails: list[str] = field(default_factory=list)
+    smtp_conn_id: str = "smtp_default"
+    #: A Slack Incoming Webhook connection (type ``slackwebhook``) or a Slack API one (type ``slack``).
+    slack_conn_id: str | None = None
+    #: The channel a Slack API connection posts to (a webhook posts where it was created for).
+    slack_channel: str | None = None
+    sns_topic_arn: str | None = None
+    aws_conn_id: str = "aws_default"
+
+    @classmethod
+    def of(cls, alerts: Any) -> AlertChannels:
+        """The channels of a registry ``alerts:`` section (a ``registry.Alerts``)."""
+        return cls(
+            emails=list(alerts.emails),
+            smtp_conn_id=alerts.smtp_conn_id,
+            slack_conn_id=alerts.slack_conn_id,
+            slack_channel=alerts.slack_channel,
+            sns_topic_arn=alerts.sns_topic_arn,
+            aws_conn_id=alerts.aws_conn_id,
+        )
+
+
+def plain_text(body: str) -> str:
+    """An alert's HTML body as the plain text Slack and SNS show: paragraphs and list items on their own lines."""
+    text = re.sub(r"(?i)</p>|<br\s*/?>|</li>|</ul>|<ul>|</pre>", "\n", body)
+    text = re.sub(r"(?i)<li>", "- ", text)
+    text = re.sub(r"<[^>]+>", "", text)
+    lines = (line.strip() for line in html.unescape(text).splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def slack_text(subject: str, body: str) -> str:
+    """The alert as a Slack message: the subject in bold, then the plain text.
+
+    Slack reads ``<...>`` as links and mentions, so ``&``, ``<`` and ``>`` are escaped as its API
+    asks: a file name or error text holding ``<https://x|click>`` shows as written, never as a link.
+    """
+    return html.escape(f"*{subject}*\n{plain_text(body)}", quote=False)
+
+
+#: SNS refuses a subject of 100 characters or more, or with line breaks or non-ASCII characters.
+SNS_SUBJECT_MAX = 99
+
+
+def sns_subject(subject: str) -> str:
+    """``subject`` as SNS accepts it: printable ASCII on one line, cut to :data:`SNS_SUBJECT_MAX` characters."""
+    flat = "".join(c if " " <= c <= "~" else "?" for c in " ".join(subject.split()))
+    return flat if len(flat) <= SNS_SUBJECT_MAX else flat[: SNS_SUBJECT_MAX - 3] + "..."
+
+
+def send_alert(cfg: Any, subject: str, body: str, channels: AlertChannels | None = None) -> dict[str, bool]:
+    """Send one alert to every channel of a table; returns channel -> delivered.
+
+    ``cfg`` is the table's ``TableConfig`` (its ``alerts:`` name the channels), or the table's
+    name with ``channels`` given. ``body`` is HTML (e-mail); Slack and SNS get it as plain text.
+    A channel that fails (missing connection, unreachable service, refused message) is logged
+    with the alert's subject and counted, and the other channels are still tried: an alert never
+    decides whether data is published.
+
+    The providers' notifiers are called through ``notify()``, never as ``notifier(context)``:
+    that would render their ``template_fields`` first, and the table, addresses and the error
+    text are data ("{{ conn.x.password }}" in a value must be sent as written).
+    """
+    table = cfg if isinstance(cfg, str) else cfg.qualified_name
+    if channels is None:
+        channels = AlertChannels.of(cfg.alerts)
+    sent: dict[str, bool] = {}
+    if channels.emails:
+        sent["email"] = send_email(channels.smtp_conn_id, channels.emails, subject, body, table=table)
+    if channels.slack_conn_id:
+        sent["slack"] = _deliver(
+            table,
+            subject,
+            f"Slack connection {channels.slack_conn_id!r}",
+            _slack,
+            channels,
+            slack_text(subject, body),
+        )
+    if channels.sns_topic_arn:
+        sent["sns"] = _deliver(
+            table,
+            subject,
+            f"SNS topic {channels.sns_topic_arn} (connection {channels.aws_conn_id!r})",
+            _sns,
+            channels,
+            subject,
+            plain_text(body),
+        )
+    return sent
+
+
+def _deliver(table: str, subject: str, where: str, send: Any, *args: Any) -> bool:
+    """Run one channel's send; a failure is logged and counted, never raised."""
+    try:
+        send(*args)
+        return True
+    except Exception:
+        log.exception(
+            "%s: could not deliver the alert %r to %s; the task goes on. Fix the connection "
+            "(Admin > Connections) or the registry's alerts: to receive alerts there",
+            table or "cdc-compaction",
+            subject,
+            where,
+        )
+        _count_delivery_failure(table)
+        return False
+
+
+def _slack(channels: AlertChannels, text: str) -> None:
+    from airflow.sdk import BaseHook
+
+    conn_id = channels.slack_conn_id
+    assert conn_id is not None
+    if BaseHook.get_connection(conn_id).conn_type == "slack":
+        from airflow.providers.slack.notifications.slack import SlackNotifier
+
+        if not channels.slack_channel:
+            raise ValueError(
+                f"{conn_id!r} is a Slack API connection, which posts to a channel: set alerts.slack_channel, "
+                "or use a Slack Incoming Webhook connection (type slackwebhook)"
+            )
+        SlackNotifier(slack_conn_id=conn_id, channel=channels.slack_channel, text=text).notify({})
+        return
+    from airflow.providers.slack.notifications.slack_webhook import SlackWebhookNotifier
+
+    SlackWebhookNotifier(slack_webhook_conn_id=conn_id, text=text).notify({})
+
+
+def _sns(channels: AlertChannels, subject: str, message: str) -> None:
+    from airflow.providers.amazon.aws.notifications.sns import SnsNotifier
+
+    arn = channels.sns_topic_arn
+    assert arn is not None
+    # The topic's region is in its ARN (arn:aws:sns:<region>:<account>:<name>): publish there, whatever
+    # region the AWS connection defaults to.
+    SnsNotifier(
+        aws_conn_id=channels.aws_conn_id,
+        target_arn=arn,
+        subject=sns_subject(subject),
+        message=message,
+        region_name=arn.split(":")[3],
+    ).notify({})
+
+
+def send_email(smtp_conn_id: str, to: list[str], subject: str, body: str, table: str = "") -> bool:
+    """Send one HTML e-mail through an Airflow SMTP connection (the smtp provider's ``SmtpNotifier``).
+
+    True if it was sent. Delivering an alert never decides whether data is published: a missing
+    connection, an unreachable server or a refused recipient is logged with the alert's subject
+    and counted (``cdc_compaction.alert_delivery_failed`` in Airflow's metrics), and the task
     goes on.
     """
     try:
         from airflow.providers.smtp.hooks.smtp import SmtpHook
+        from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
-        with SmtpHook(smtp_conn_id=smtp_conn_id) as hook:
-            hook.send_email_smtp(
-                to=to, subject=subject, html_content=body, from_email=hook.from_email or "airflow@localhost"
-            )
+        # The notifier would render the connection's subject/body templates for a missing sender:
+        # give it the connection's sender, or the one alerts always used.
+        sender = SmtpHook.get_connection(smtp_conn_id).extra_dejson.get("from_email") or "airflow@localhost"
+        SmtpNotifier(to=to, from_email=sender, subject=subject, html_content=body, smtp_conn_id=smtp_conn_id).notify({})
         return True
     except Exception:
         log.exception(
@@ -127,8 +292,18 @@ def _count_delivery_failure(table: str) -> None:
         log.warning("could not count the failed alert delivery in Airflow's metrics", exc_info=True)
 
 
+def _channels(emails: list[str], smtp_conn_id: str, channels: AlertChannels | None) -> AlertChannels:
+    """The table's channels: as given (the DAG passes the registry's), else e-mail only (older callers)."""
+    return channels if channels is not None else AlertChannels(emails=list(emails), smtp_conn_id=smtp_conn_id)
+
+
 def alert_rejected_rows(
-    table: str, emails: list[str], smtp_conn_id: str, stats: dict[str, Any], quarantine: str
+    table: str,
+    emails: list[str],
+    smtp_conn_id: str,
+    stats: dict[str, Any],
+    quarantine: str,
+    channels: AlertChannels | None = None,
 ) -> None:
     """Warn that a compaction refused rows (they are kept in quarantine, not lost)."""
     n = int(stats.get("rejected_rows", 0))
@@ -136,69 +311,79 @@ def alert_rejected_rows(
         return
     reasons = stats.get("rejected_by_reason", {})
     log.warning("%s: %d rows refused and quarantined at %s, by reason %s", table, n, quarantine, reasons)
-    if emails:
-        subject = f"[cdc-compaction] {table}: {n} change events refused"
-        body = (
-            f"<p>{n} change events of <b>{html.escape(table)}</b> were refused and kept in quarantine at "
-            f"<code>{html.escape(quarantine)}</code>.</p><p>By reason: {html.escape(str(reasons))}</p>"
-            "<p>Fix them at the source, or correct the files and re-land them as a new increment.</p>"
-        )
-        send_email(smtp_conn_id, emails, subject, body, table=table)
+    subject = f"[cdc-compaction] {table}: {n} change events refused"
+    body = (
+        f"<p>{n} change events of <b>{html.escape(table)}</b> were refused and kept in quarantine at "
+        f"<code>{html.escape(quarantine)}</code>.</p><p>By reason: {html.escape(str(reasons))}</p>"
+        "<p>Fix them at the source, or correct the files and re-land them as a new increment.</p>"
+    )
+    send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))
 
 
-def alert_quarantined_files(table: str, emails: list[str], smtp_conn_id: str, files: list[dict[str, Any]]) -> None:
+def alert_quarantined_files(
+    table: str,
+    emails: list[str],
+    smtp_conn_id: str,
+    files: list[dict[str, Any]],
+    channels: AlertChannels | None = None,
+) -> None:
     """Warn that a plan set whole landed files aside (``on_bad_file: quarantine``)."""
     if not files:
         return
     log.warning("%s: %d landed files moved to quarantine: %s", table, len(files), files)
-    if emails:
-        items = "".join(
-            f"<li><code>{html.escape(f['file'])}</code> &rarr; <code>{html.escape(f['quarantined_to'])}</code>: "
-            f"{html.escape(f['reason'])}</li>"
-            for f in files
-        )
-        body = (
-            f"<p>{len(files)} landed files of <b>{html.escape(table)}</b> cannot be compacted and were moved to "
-            f"quarantine:</p><ul>{items}</ul><p>Fix them (or the registry), then re-ingest: "
-            f"<code>python -m cdc_compaction quarantine list {html.escape(table)}</code>.</p>"
-        )
-        send_email(smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(files)} files quarantined", body, table=table)
+    items = "".join(
+        f"<li><code>{html.escape(f['file'])}</code> &rarr; <code>{html.escape(f['quarantined_to'])}</code>: "
+        f"{html.escape(f['reason'])}</li>"
+        for f in files
+    )
+    body = (
+        f"<p>{len(files)} landed files of <b>{html.escape(table)}</b> cannot be compacted and were moved to "
+        f"quarantine:</p><ul>{items}</ul><p>Fix them (or the registry), then re-ingest: "
+        f"<code>python -m cdc_compaction quarantine list {html.escape(table)}</code>.</p>"
+    )
+    subject = f"[cdc-compaction] {table}: {len(files)} files quarantined"
+    send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))
 
 
-def alert_ignored_landing(table: str, emails: list[str], smtp_conn_id: str, entries: list[dict[str, Any]]) -> None:
+def alert_ignored_landing(
+    table: str,
+    emails: list[str],
+    smtp_conn_id: str,
+    entries: list[dict[str, Any]],
+    channels: AlertChannels | None = None,
+) -> None:
     """Warn that landed files or directories are never compacted (wrong place or name).
 
-    Never raises (see :func:`send_email`): the next plan alerts again while they stay.
+    Never raises (see :func:`send_alert`): the next plan alerts again while they stay.
     """
     if not entries:
         return
     log.warning("%s: %d landed entries are never compacted: %s", table, len(entries), entries)
-    if not emails:
-        return
     items = "".join(f"<li><code>{html.escape(e['path'])}</code>: {html.escape(e['reason'])}</li>" for e in entries)
     body = (
         f"<p>{len(entries)} landed files or directories of <b>{html.escape(table)}</b> are not where the "
         f"table's runs take change files, so they are never compacted:</p><ul>{items}</ul>"
         "<p>Move each into the increment directory of its hour, or remove it.</p>"
     )
-    send_email(
-        smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(entries)} landed entries ignored", body, table=table
-    )
+    subject = f"[cdc-compaction] {table}: {len(entries)} landed entries ignored"
+    send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))
 
 
 def alert_stalled_increments(
-    table: str, emails: list[str], smtp_conn_id: str, increments: list[dict[str, Any]]
+    table: str,
+    emails: list[str],
+    smtp_conn_id: str,
+    increments: list[dict[str, Any]],
+    channels: AlertChannels | None = None,
 ) -> None:
     """Warn that increments have waited longer than ``increments.alert_after`` to be complete.
 
     A writer's abandoned temporaries or a completion marker that never came keep an increment
-    out of every compaction, possibly forever. Never raises (see :func:`send_email`).
+    out of every compaction, possibly forever. Never raises (see :func:`send_alert`).
     """
     if not increments:
         return
     log.warning("%s: %d increments are stalled, not complete: %s", table, len(increments), increments)
-    if not emails:
-        return
     items = "".join(f"<li><code>{html.escape(i['path'])}</code>: {html.escape(i['reason'])}</li>" for i in increments)
     body = (
         f"<p>{len(increments)} increments of <b>{html.escape(table)}</b> have waited too long to be complete, "
@@ -206,6 +391,5 @@ def alert_stalled_increments(
         "<p>Remove a dead writer's temporaries, or create the completion marker once the increment is complete; "
         "the next run then compacts it.</p>"
     )
-    send_email(
-        smtp_conn_id, emails, f"[cdc-compaction] {table}: {len(increments)} increments stalled", body, table=table
-    )
+    subject = f"[cdc-compaction] {table}: {len(increments)} increments stalled"
+    send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))

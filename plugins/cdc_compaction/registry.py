@@ -202,8 +202,12 @@ class Increments(_Strict):
         return v
 
 
+#: An SNS topic ARN: partition (aws, aws-cn, aws-us-gov), region, account, topic name.
+_SNS_TOPIC = re.compile(r"^arn:aws(-[a-z]+)*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}$")
+
+
 class Alerts(_Strict):
-    """Who hears about failures, and through which connection."""
+    """Who hears about failures, and through which channels (each one fails on its own)."""
 
     #: Recipients of failure and refused-rows e-mails (none: alerts are only logged).
     emails: list[str] = Field(default_factory=list)
@@ -211,6 +215,28 @@ class Alerts(_Strict):
     smtp_conn_id: str = "smtp_default"
     #: Alert when a compaction refused rows.
     on_rejected_rows: bool = True
+    #: A Slack Incoming Webhook connection (type slackwebhook), or a Slack API one (type slack) with slack_channel.
+    slack_conn_id: str | None = None
+    #: The channel an API connection (type slack) posts to; a webhook's channel is the webhook's own.
+    slack_channel: str | None = None
+    #: An Amazon SNS topic, published to through ``aws_conn_id``.
+    sns_topic_arn: str | None = None
+    #: The Airflow AWS connection SNS is reached through.
+    aws_conn_id: str = "aws_default"
+
+    @field_validator("sns_topic_arn")
+    @classmethod
+    def _sns_topic(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if v.endswith(".fifo"):
+            raise ValueError(
+                f"{v!r} is a FIFO topic, which needs a message group id on every message; alerts publish to a "
+                "standard topic: create one (or subscribe the FIFO topic's readers to a standard topic)"
+            )
+        if not _SNS_TOPIC.match(v):
+            raise ValueError(f"{v!r} is not an SNS topic ARN (arn:aws:sns:<region>:<12-digit account>:<topic name>)")
+        return v
 
     @field_validator("emails")
     @classmethod

@@ -67,40 +67,96 @@ def resolve_storage_root(root: str) -> str:
     return str(p.resolve())
 
 
+def metastore_hosts(
+    host: str | None, port: int | None, where: str = "the metastore URI"
+) -> tuple[tuple[str, ...], int]:
+    """The Thrift hosts and their one port, from a host written as ``h``, ``h:9083``, ``thrift://h:9083``
+    or a comma-separated list of those (``h1,h2``: tried in order, as Hive's ``hive.metastore.uris``).
+
+    ``port`` (a connection's Port field) is the default for hosts written without one. Both the
+    provider's ``HiveMetastoreHook`` and this package try every host on a single port, so hosts
+    written with different ports are refused rather than silently reached on the wrong one.
+    """
+    from cdc_compaction.exceptions import MetastoreError
+
+    hosts: list[str] = []
+    ports: set[int] = set()
+    for item in (host or "").split(","):
+        item = item.strip().rstrip("/")
+        if "://" in item:
+            scheme, _, item = item.partition("://")
+            if scheme.lower() != "thrift":
+                raise MetastoreError(
+                    f"{where}: host {host!r} uses the scheme {scheme!r}; a Hive metastore is reached over "
+                    "thrift://host:port (or write just host:port)"
+                )
+        if not item:
+            continue
+        name, written_port = item, ""
+        if item.count(":") == 1:  # host:port (a bare IPv6 address has several colons and no port)
+            name, _, written_port = item.partition(":")
+        if written_port:
+            if not written_port.isdigit():
+                raise MetastoreError(f"{where}: {item!r} in host {host!r} has no numeric port; write host:9083")
+            ports.add(int(written_port))
+        hosts.append(name)
+    if port:
+        ports.add(int(port))
+    if len(ports) > 1:
+        raise MetastoreError(
+            f"{where}: host {host!r} (port {port}) names the ports {sorted(ports)}; every metastore host is "
+            "tried on one port: run them on the same port, or set the connection's Port and drop the others"
+        )
+    return (tuple(hosts) or ("127.0.0.1",)), (ports.pop() if ports else 9083)
+
+
 @dataclass(frozen=True)
 class MetastoreEndpoint:
     """Which catalog the tables live in: a Hive metastore's Thrift service, or the AWS Glue Data Catalog."""
 
+    #: One host, or several comma-separated (tried in order, all on ``port``).
     host: str = "127.0.0.1"
     port: int = 9083
     kind: str = "thrift"  # "thrift" | "glue"
     aws_conn_id: str = "aws_default"
     catalog_id: str | None = None
+    #: The Airflow connection this endpoint came from: the metastore is then reached through the
+    #: apache-hive provider's ``HiveMetastoreHook`` (its SASL/Kerberos settings apply).
+    conn_id: str | None = None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(h for h in self.host.split(",") if h)
 
     @property
     def uri(self) -> str:
         if self.kind == "glue":
             return f"glue://{self.catalog_id or 'default'}"
-        return f"thrift://{self.host}:{self.port}"
+        # Comma-separated URIs: the form Hive's (and Spark's) hive.metastore.uris takes for failover.
+        return ",".join(f"thrift://{h}:{self.port}" for h in self.hosts)
 
     @classmethod
     def parse(cls, uri: str) -> MetastoreEndpoint:
         if uri.startswith("glue://"):
             catalog = uri[len("glue://") :].strip("/")
             return cls(kind="glue", catalog_id=None if catalog in ("", "default") else catalog)
-        rest = uri.split("://", 1)[-1].rstrip("/")
-        host, _, port = rest.partition(":")
-        return cls(host or "127.0.0.1", int(port or 9083))
+        hosts, port = metastore_hosts(uri, None, f"metastore URI {uri!r}")
+        return cls(",".join(hosts), port)
 
     @classmethod
     def from_connection(cls, conn: Any) -> MetastoreEndpoint:
-        """The ``metastore_default`` connection: host/port of a Thrift metastore, or extra ``catalog: glue``."""
+        """The ``metastore_default`` connection: host/port of a Thrift metastore, or extra ``catalog: glue``.
+
+        Host may be written ``h``, ``h:9083``, ``thrift://h:9083`` or ``h1,h2`` (see :func:`metastore_hosts`).
+        """
         extra = conn.extra_dejson or {}
         if extra.get("catalog") == "glue":
             return cls(
                 kind="glue", aws_conn_id=extra.get("aws_conn_id", "aws_default"), catalog_id=extra.get("catalog_id")
             )
-        return cls(conn.host or "127.0.0.1", int(conn.port or 9083))
+        conn_id = getattr(conn, "conn_id", None)
+        hosts, port = metastore_hosts(conn.host, conn.port, f"Airflow connection {conn_id!r}, field host/port")
+        return cls(",".join(hosts), port, conn_id=conn_id)
 
 
 def metastore_from_env() -> MetastoreEndpoint:

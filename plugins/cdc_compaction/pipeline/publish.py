@@ -249,11 +249,42 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         shown = views.sync(rt, ms, pending_files(rt, utcnow(), committed), live, drop_gone=True)
     Quarantine(lake).record_rows(existing.version, existing.seq, existing.stats)
     removed = cleanup_versions(rt, existing.seq)
+    st = existing.stats or {}
     return {
         "seq": existing.seq,
         "version": existing.version,
         "removed_versions": removed,
         "freshness": {"base": existing.freshness or {}, "view": shown["freshness"]},
+        # The job's counts for this commit (its stats file), for the asset event and the task's XCom.
+        "rows": {
+            "base_in": st.get("base_rows"),
+            "increments_in": st.get("increment_rows"),
+            "rejected": st.get("rejected_rows"),
+            "out": st.get("output_visible_rows"),
+            "tombstones_out": st.get("output_tombstones"),
+        },
+    }
+
+
+def asset_event_extra(table: str, published: dict[str, Any]) -> dict[str, Any]:
+    """The ``extra`` of the base asset's event: what a downstream DAG scheduled on it may read.
+
+    Flat keys and JSON values (Airflow stores the extra as JSON): the registry table, the commit
+    number and version this run published, rows in (the parent version's rows and the change
+    events read, of which ``rows_rejected`` were refused) and out (visible rows, tombstones),
+    and what the base holds at the newest (``freshness``: increment and source event time).
+    """
+    rows = published.get("rows") or {}
+    return {
+        "table": table,
+        "commit": published["seq"],
+        "version": published["version"],
+        "base_rows_in": rows.get("base_in"),
+        "rows_in": rows.get("increments_in"),
+        "rows_rejected": rows.get("rejected"),
+        "rows_out": rows.get("out"),
+        "tombstones_out": rows.get("tombstones_out"),
+        "freshness": dict((published.get("freshness") or {}).get("base") or {}),
     }
 
 
