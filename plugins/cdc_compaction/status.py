@@ -33,10 +33,10 @@ log = logging.getLogger(__name__)
 #: How far back :func:`pending_increments` looks for commits whose increments are not archived yet.
 _UNARCHIVED_LOOKBACK = 50
 #: Errors reading one table's lake: reported on that table's line, the other tables still shown.
-_READ_ERRORS = (CdcCompactionError, OSError, ValueError, KeyError, TypeError)
+READ_ERRORS = (CdcCompactionError, OSError, ValueError, KeyError, TypeError)
 
 
-def _parse_time(value: str | None) -> datetime | None:
+def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
@@ -109,7 +109,7 @@ class CommitSummary:
     def of(cls, commit: Commit) -> CommitSummary:
         f = commit.freshness or {}
         stats = commit.stats or {}
-        committed, event = _parse_time(commit.committed_at), _parse_time(f.get("event_time"))
+        committed, event = parse_time(commit.committed_at), parse_time(f.get("event_time"))
         rows = stats.get("output_visible_rows", stats.get("output_rows"))
         return cls(
             seq=commit.seq,
@@ -199,7 +199,7 @@ def pending_increments(cfg: TableConfig, lake: Lake, latest: Commit) -> list[str
 
 def _freshness(cfg: TableConfig, commit: Commit, now: datetime) -> tuple[str, float | None]:
     f = commit.freshness or {}
-    event = _parse_time(f.get("event_time"))
+    event = parse_time(f.get("event_time"))
     if event is not None:
         return "event_time", (now - event).total_seconds()
     # Without event times the newest increment compacted still bounds it: its hour has ended.
@@ -233,7 +233,7 @@ def table_status(cfg: TableConfig, now: datetime, paused: dict[str, bool] | None
         held = TableLease(lake).current()
         if held is not None and not held.released and not held.expired(now):
             st.lease = f"held by {held.owner} until {held.expires_at[:19]}"
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         # One unreadable lake must not hide the other tables: the line says what and where.
         log.warning("%s: status unreadable: %s", cfg.qualified_name, exc)
         st.error = f"{type(exc).__name__}: {exc}"
