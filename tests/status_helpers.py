@@ -48,8 +48,26 @@ def version_of(seq: int) -> str:
     return f"v{seq:08d}-plan{seq}-a"
 
 
-def build_sample_lake(root: Path, registry: Path | None = None) -> list[TableConfig]:
-    """Write the lake of :data:`SAMPLE` under ``root`` (and its registry files into ``registry``)."""
+def _shifted(value: str, shift: timedelta) -> str:
+    """An ISO time or increment name of :data:`SAMPLE`, moved by ``shift`` (whole hours for increments)."""
+    if value.startswith("increment_"):
+        hour = datetime.strptime(value[len("increment_") :], "%Y%m%d%H") + shift
+        return f"increment_{hour:%Y%m%d%H}"
+    return (datetime.fromisoformat(value) + shift).isoformat()
+
+
+def build_sample_lake(root: Path, registry: Path | None = None, now: datetime = NOW) -> list[TableConfig]:
+    """Write the lake of :data:`SAMPLE` under ``root`` (and its registry files into ``registry``).
+
+    ``now`` (a whole hour) moves every time and increment of the sample by ``now - NOW``: a lake
+    whose freshness is as in :data:`SAMPLE` when read at ``now``.
+    """
+    shift = now - NOW
+    assert shift % timedelta(hours=1) == timedelta(0), "shift the sample by whole hours"
+
+    def move(value: str) -> str:
+        return _shifted(value, shift)
+
     docs = [student_doc(root, "student"), student_doc(root, "fresh")]
     configs = [parse_table(d) for d in docs]
     if registry is not None:
@@ -58,8 +76,9 @@ def build_sample_lake(root: Path, registry: Path | None = None) -> list[TableCon
             (registry / f"{d['database']}.{d['table']}.yaml").write_text(yaml.safe_dump(d))
     cfg = configs[0]
     lake = Lake(cfg)
-    parent, increments = 0, []
-    for seq, increment, committed_at, event_time, rows, change_rows, archived in SAMPLE["commits"]:
+    parent = 0
+    for seq, increment0, committed0, event0, rows, change_rows, archived in SAMPLE["commits"]:
+        increment, committed_at, event_time = move(increment0), move(committed0), move(event0)
         if not archived:
             land(cfg, increment, [_rows(seq, seq + 10)])  # still in the landing area until archive moves it
         commit = Commit(
@@ -79,18 +98,18 @@ def build_sample_lake(root: Path, registry: Path | None = None) -> list[TableCon
         if archived:
             lake.storage.write_text(lake.layout.archived_marker(seq), "")
         parent = seq
-        increments.append(increment)
-    for increment in SAMPLE["pending"]:
+    pending = [move(i) for i in SAMPLE["pending"]]
+    for increment in pending:
         land(cfg, increment, [_rows(7, 8)])
     # One refused file, set aside as a plan does with on_bad_file: quarantine.
-    bad = land(cfg, SAMPLE["pending"][-1], [_rows(9), _rows(10)])[-1]
+    bad = land(cfg, pending[-1], [_rows(9), _rows(10)])[-1]
     Quarantine(lake).set_aside_file(
         SAMPLE["quarantined_plan"],
-        SAMPLE["pending"][-1],
+        pending[-1],
         Path(bad).name,
         bad,
         Path(bad).stat().st_size,
         "footer: column ts_ms has type string",
     )
-    TableLease(lake).acquire(SAMPLE["lease_owner"], timedelta(hours=2), NOW - timedelta(minutes=5))
+    TableLease(lake).acquire(SAMPLE["lease_owner"], timedelta(hours=2), now - timedelta(minutes=5))
     return configs

@@ -2,8 +2,8 @@
 
 ``/cdc/`` lists every registry table (freshness against its SLO, last commit, pending hours,
 quarantine, paused) with a link to its DAG; ``/cdc/table/<db.table>`` shows one table's commit
-history and a freshness chart.  The pages are server-rendered HTML with an inline SVG chart:
-no scripts, no CDN, so they work on a closed network and inside the UI's iframe.
+history and a freshness chart.  The pages are server-rendered HTML with an inline SVG chart and
+one inline script (the DAG links inside the UI's iframe): no CDN, so they work on a closed network.
 
 They read what ``python -m cdc_compaction status`` reads (:mod:`cdc_compaction.status`) and
 only show the tables whose DAG the signed-in Airflow user may read (the auth manager decides,
@@ -38,9 +38,7 @@ from cdc_compaction.status import (
 
 log = logging.getLogger(__name__)
 
-#: Where the plugin mounts the app; the page's own links are relative, so a base_url prefix works too.
-URL_PREFIX = "/cdc"
-
+# The plugin mounts the app at /cdc; the pages' own links are relative to it.
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.2rem;color:#1a202c}
 table{border-collapse:collapse;font-size:.9rem}
@@ -50,10 +48,28 @@ th{background:#f7fafc}td.num{text-align:right}.late{color:#c53030;font-weight:60
 """
 
 
+# Airflow embeds the page in a sandboxed iframe (no allow-top-navigation), so a DAG link's
+# target="_top" is refused there.  The frame is same-origin, so the link instead moves the UI's
+# own router (a history entry plus the popstate event it listens to), as a click in the UI would.
+# Outside an iframe, or if the UI is elsewhere, the link works as a plain link.
+_SCRIPT = """
+document.addEventListener("click", function (e) {
+  var a = e.target.closest && e.target.closest("a.dag");
+  if (!a || window.top === window) return;
+  try {
+    var url = new URL(a.href);
+    window.top.history.pushState(null, "", url.pathname);
+    window.top.dispatchEvent(new PopStateEvent("popstate", {state: null}));
+    e.preventDefault();
+  } catch (err) {}
+});
+"""
+
+
 def _page(title: str, body: str) -> str:
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{_STYLE}</style></head><body>{body}</body></html>"
+        f"<style>{_STYLE}</style><script>{_SCRIPT}</script></head><body>{body}</body></html>"
     )
 
 
@@ -199,21 +215,23 @@ def _configs() -> list[TableConfig]:
     return [e.config for e in load_registry(settings.registry_dir()) if e.error is None]
 
 
-def _airflow_readable_dags() -> Callable[..., Any]:
-    """A FastAPI dependency: the DAG ids the signed-in user may read (401 without a session)."""
+async def airflow_readable_dags(request: Request) -> Callable[[set[str]], set[str]]:
+    """A FastAPI dependency: a filter to the DAG ids the signed-in Airflow user may read (401 without a session).
+
+    Airflow's API modules are imported here, per request in the api-server, not when the plugin
+    loads: every Airflow process (scheduler, task runners) loads plugins, and these cost seconds.
+    """
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi import Depends
+    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
 
-    def readable(user: Any = Depends(get_user)) -> Callable[[set[str]], set[str]]:  # noqa: B008 - FastAPI's idiom
-        return lambda dag_ids: get_auth_manager().filter_authorized_dag_ids(dag_ids=dag_ids, user=user, method="GET")
-
-    return readable
+    # The same resolution as Airflow's own routes: a bearer token, else the UI's session cookie.
+    user = await get_user(request, None, await bearer_scheme(request))
+    return lambda dag_ids: get_auth_manager().filter_authorized_dag_ids(dag_ids=dag_ids, user=user, method="GET")
 
 
 def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
     """The FastAPI app of the pages; ``readable_dags`` is the access dependency (Airflow's by default)."""
-    dependency = readable_dags or _airflow_readable_dags()
+    dependency = readable_dags or airflow_readable_dags
     app = FastAPI(title="CDC tables", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/", response_class=HTMLResponse)
