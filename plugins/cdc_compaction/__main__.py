@@ -281,8 +281,8 @@ def _status(args: argparse.Namespace) -> int:
     entries = load_registry(directory)
     wanted = set(args.tables)
     configs = [e.config for e in entries if e.error is None and (not wanted or e.config.qualified_name in wanted)]
-    broken = [e for e in entries if e.error is not None and (not wanted or e.path.name.split(".yaml")[0] in wanted)]
-    unknown = sorted(wanted - {c.qualified_name for c in configs} - {e.path.name.split(".yaml")[0] for e in broken})
+    broken = [e for e in entries if e.error is not None and (not wanted or e.path.stem in wanted)]
+    unknown = sorted(wanted - {c.qualified_name for c in configs} - {e.path.stem for e in broken})
     if unknown:
         print(
             f"no registry entry for {', '.join(unknown)} in {directory}: name tables as DATABASE.TABLE "
