@@ -132,3 +132,27 @@ def test_status_command_lines_and_json(tmp_path: Path) -> None:
 
     proc = _cli("status", "tests.nope", "--registry-dir", str(registry), env=env)
     assert proc.returncode == 2 and "no registry entry for tests.nope" in proc.stderr
+
+
+def test_the_metadata_db_is_found_without_importing_airflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_compaction.status import metadata_conn
+
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://a@h/db")
+    assert metadata_conn() == "postgresql://a@h/db"
+    monkeypatch.delenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    (tmp_path / "airflow.cfg").write_text("[core]\ndags_folder = /x\n")
+    assert metadata_conn() == f"sqlite:///{tmp_path}/airflow.db", "Airflow's default under its home"
+    (tmp_path / "airflow.cfg").write_text("[database]\nsql_alchemy_conn = sqlite:////srv/af.db\n")
+    assert metadata_conn() == "sqlite:////srv/af.db"
+
+
+def test_an_invalid_registry_entry_is_a_line_and_exit_1(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    build_sample_lake(tmp_path / "lake", registry)
+    (registry / "tests.bad.yaml").write_text("database: tests\ntable: bad\n")
+    proc = _cli("status", "--registry-dir", str(registry), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    bad = [ln for ln in proc.stdout.splitlines() if ln.startswith("tests.bad.yaml")]
+    assert len(bad) == 1 and "ERROR invalid registry entry" in bad[0], proc.stdout
+    assert sum(1 for ln in proc.stdout.splitlines() if ln.startswith(SAMPLE["table"])) == 1

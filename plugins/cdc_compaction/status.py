@@ -14,14 +14,17 @@ bound is shown beside it (see :func:`slo_bound` for the forms it understands).
 
 from __future__ import annotations
 
+import configparser
 import json
 import logging
 import os
 import sqlite3
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from cdc_compaction import settings
 from cdc_compaction.exceptions import CdcCompactionError
 from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.landing import increment_hour, scan_landing
@@ -252,16 +255,29 @@ def commit_history(cfg: TableConfig, limit: int = 200) -> list[CommitSummary]:
 
 
 def metadata_conn() -> str:
-    """The SQLAlchemy URL of Airflow's metadata database: the environment's, else Airflow's config."""
+    """The SQLAlchemy URL of Airflow's metadata database, found without importing Airflow.
+
+    ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; else ``[database] sql_alchemy_conn`` of
+    ``$AIRFLOW_HOME/airflow.cfg`` (``~/airflow``), or that home's SQLite default; else the
+    embedded default's ``.airflow/airflow.db`` (``make airflow-ui``); else "" (unknown).
+    Importing Airflow's configuration would write an ``airflow.cfg`` where none is: a
+    read-only command must not.
+    """
     conn = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
     if conn:
         return conn
-    try:
-        from airflow.configuration import conf
-
-        return str(conf.get("database", "sql_alchemy_conn"))
-    except ImportError:
-        return ""
+    home = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
+    cfg_file = home / "airflow.cfg"
+    if cfg_file.exists():
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(cfg_file)
+        except configparser.Error as exc:
+            log.info("%s is unreadable (%s): paused flags are unknown", cfg_file, exc)
+            return ""
+        return parser.get("database", "sql_alchemy_conn", fallback="") or f"sqlite:///{home}/airflow.db"
+    local = settings.PROJECT_ROOT / ".airflow" / "airflow.db"
+    return f"sqlite:///{local}" if local.exists() else ""
 
 
 def airflow_paused(conn: str | None = None) -> dict[str, bool] | None:

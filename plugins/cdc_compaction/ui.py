@@ -211,6 +211,15 @@ def render_table(cfg: TableConfig, st: TableStatus, history: list[CommitSummary]
     return _page(f"CDC table {st.table}", body)
 
 
+def _paused() -> dict[str, bool] | None:
+    """Airflow's paused flags, from the database of the api-server's own configuration."""
+    try:
+        from airflow.configuration import conf
+    except ImportError:  # outside Airflow (the pages' unit tests): as the status command finds it
+        return airflow_paused()
+    return airflow_paused(str(conf.get("database", "sql_alchemy_conn")))
+
+
 def _configs() -> list[TableConfig]:
     return [e.config for e in load_registry(settings.registry_dir()) if e.error is None]
 
@@ -242,7 +251,7 @@ def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
         now = datetime.now(UTC)
         configs = _configs()
         visible = allowed({c.dag_id for c in configs})
-        paused = airflow_paused()
+        paused = _paused()
         items = [table_status(c, now, paused) for c in configs if c.dag_id in visible]
         return HTMLResponse(render_index(items, now))
 
@@ -252,7 +261,7 @@ def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
         if cfg is None or cfg.dag_id not in allowed({cfg.dag_id}):
             raise HTTPException(status_code=404, detail=f"no registry table {name} readable by you")
         now = datetime.now(UTC)
-        st = table_status(cfg, now, airflow_paused())
+        st = table_status(cfg, now, _paused())
         try:
             history = commit_history(cfg)
         except READ_ERRORS as exc:  # the page still shows the status, whose line names the error
