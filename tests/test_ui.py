@@ -7,7 +7,7 @@ browser test (tests/test_browser.py) runs the pages inside a real Airflow with i
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +74,18 @@ def test_the_table_page_lists_commits_newest_first(sample: Any) -> None:
     assert f'href="../../dags/{SAMPLE["dag_id"]}"' in page.text
     hidden = TestClient(create_app(_allow(set())), root_path="/cdc").get(f"/cdc/table/{SAMPLE['table']}")
     assert hidden.status_code == 404 and SAMPLE["table"] in hidden.json()["detail"]
+
+
+def test_a_late_table_is_marked_and_an_unreadable_one_says_why(sample: Any) -> None:
+    from cdc_compaction.status import table_status
+    from cdc_compaction.ui import render_index
+
+    student, fresh = sample
+    late = student.model_copy()
+    object.__setattr__(late, "slo", timedelta(hours=1))  # freshness at NOW is 2h05m
+    Path(fresh.storage_root, "_cdc", "commits").mkdir(parents=True)
+    Path(fresh.storage_root, "_cdc", "commits", "00000001.json").write_text("[]")
+    page = render_index([table_status(late, NOW), table_status(fresh, NOW)], NOW)
+    assert '<td class="freshness late">2h05m slo 1h00m LATE</td>' in page
+    broken = page.split(f'<tr data-table="{SAMPLE["empty_table"]}">')[1].split("</tr>")[0]
+    assert '<td colspan="6" class="err">CommitLogError: commit record' in broken and "00000001.json" in broken
