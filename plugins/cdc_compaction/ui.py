@@ -259,7 +259,12 @@ def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
     def table(name: str, allowed: Any = Depends(dependency)) -> Any:  # noqa: B008
         cfg = next((c for c in _configs() if c.qualified_name == name), None)
         if cfg is None or cfg.dag_id not in allowed({cfg.dag_id}):
-            raise HTTPException(status_code=404, detail=f"no registry table {name} readable by you")
+            raise HTTPException(
+                status_code=404,
+                detail=f"{name}: no valid registry entry of that name, or your Airflow user may not read its DAG; "
+                "check the name on the CDC tables page (`python -m cdc_compaction registry validate` lists the "
+                "entries) or ask for read access to the DAG",
+            )
         now = datetime.now(UTC)
         st = table_status(cfg, now, _paused())
         try:
