@@ -14,6 +14,8 @@ TEST_WORKERS ?= 2
 SOURCE ?= files
 # PostgreSQL's server and wal2json (make test, make demo SOURCE=postgres); check-postgres installs them as root.
 PG_PACKAGES ?= postgresql postgresql-15-wal2json
+# The browser test's headless Chromium (tests/test_browser.py, through playwright); check-browser installs it as root.
+BROWSER_PACKAGES ?= chromium
 # make bench: base sizes of the compaction benchmark (comma-separated rows), e.g. BENCH_SIZES=100000 for a quick run.
 BENCH_SIZES ?= 1000000,5000000
 export BENCH_SIZES
@@ -26,7 +28,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help install check-java check-postgres test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop airflow-ui serve-sql bench lock clean
+.PHONY: help install check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop airflow-ui serve-sql bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -47,6 +49,15 @@ check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs t
 	  else echo "PostgreSQL's server and wal2json are needed: install them, e.g. sudo apt-get install $(PG_PACKAGES)"; fi; \
 	  $(BIN)/python -m cdc_compaction postgres check; }
 
+check-browser:  ## Chromium for the browser test: apt-get installs it as root, else a clear message
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing $(BROWSER_PACKAGES) (the headless browser of tests/test_browser.py)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null 2>&1 || \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; } || \
+	      { echo "apt-get could not install $(BROWSER_PACKAGES)"; exit 1; }; \
+	  else echo "Chromium is needed for tests/test_browser.py: install it, e.g. sudo apt-get install $(BROWSER_PACKAGES)"; exit 1; fi; }
+
 $(STAMP): requirements.txt requirements-build.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,7 +70,7 @@ $(STAMP): requirements.txt requirements-build.txt
 
 install: check-java $(STAMP)  ## create .venv and install the pinned requirements
 
-test: install check-postgres $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes)
+test: install check-postgres check-browser $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)

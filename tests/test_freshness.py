@@ -28,6 +28,7 @@ from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.validate import validate
 from cdc_compaction.pipeline.views import refresh_pending, refresh_view
 from cdc_compaction.sql import table_names
+from cdc_compaction.status import table_status
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
@@ -95,12 +96,21 @@ def test_new_increments_reach_the_views_without_a_compaction(
     doc = json.loads(Path(rt.lake.layout.control, "freshness.json").read_text())
     assert doc["base"]["increment"] == "increment_2026112210"
     assert doc["view"]["increment"] == "increment_2026112211"
+    # `status` reads the real commit record: 2 visible rows, fresh as of T0's events, one hour pending.
+    st = table_status(rt.cfg, T0 + timedelta(hours=3))
+    assert st.last_commit is not None and (st.last_commit.seq, st.last_commit.rows) == (1, 2)
+    assert (st.freshness_basis, st.freshness_seconds) == ("event_time", 3 * 3600)
+    assert st.pending == ["increment_2026112211"] and st.error == ""
 
     # The next run compacts it: the publish result reports both, and the base catches up.
     path = plan(rt, "run-2")
     rt.engine.compact(json.loads(Path(path).read_text()))
     validate(rt, path)
     published = publish(rt, path)
+    # Committed, not archived yet: still landed, but no longer pending.
+    st = table_status(rt.cfg, later + timedelta(hours=1))
+    assert st.last_commit is not None and (st.last_commit.seq, st.last_commit.rows) == (2, 3)
+    assert (st.freshness_seconds, st.pending) == (3600, [])
     assert published["freshness"]["base"] == {"increment": "increment_2026112211", "event_time": later.isoformat()}
     assert published["freshness"]["view"]["increment"] == "increment_2026112211"
     # After publish the views no longer read the compacted increment (the base holds it): still right.

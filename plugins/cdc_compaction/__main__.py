@@ -12,6 +12,7 @@ Commands:
   serve-sql [--port N]                   Spark's Thrift JDBC/ODBC server for BI clients on 127.0.0.1:10000
   quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
   lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
+  status [DB.TABLE ...] [--json]         each table's live version, last commit, freshness, pending, quarantine
   step STEP DB.TABLE                     run one step of a table's DAG by hand (outside Airflow)
   pause|resume DB.TABLE                  Airflow's pause flag of the table's DAG (its metadata database)
   delete DB.TABLE [--drop-data] [--yes]  remove a table's pipeline: registry file aside, metastore objects dropped
@@ -322,6 +323,35 @@ def _table(args: argparse.Namespace) -> Any:
     raise RegistryError(str(directory), args.table, [f"no valid registry entry for table {args.table}"])
 
 
+def _status(args: argparse.Namespace) -> int:
+    """One line (or a JSON object) per table: where it stands, read from its lake and Airflow."""
+    from cdc_compaction.registry import load_registry
+    from cdc_compaction.status import statuses, to_json
+
+    directory = Path(args.registry_dir or settings.registry_dir())
+    entries = load_registry(directory)
+    wanted = set(args.tables)
+    configs = [e.config for e in entries if e.error is None and (not wanted or e.config.qualified_name in wanted)]
+    broken = [e for e in entries if e.error is not None and (not wanted or e.path.stem in wanted)]
+    unknown = sorted(wanted - {c.qualified_name for c in configs} - {e.path.stem for e in broken})
+    if unknown:
+        print(
+            f"no registry entry for {', '.join(unknown)} in {directory}: name tables as DATABASE.TABLE "
+            "(`registry validate` lists them)",
+            file=sys.stderr,
+        )
+        return 2
+    result = statuses(configs)
+    if args.json:
+        print(to_json(result))
+    else:
+        for st in result:
+            print(st.line())
+        for e in broken:
+            print(f"{e.path.name:<28} ERROR invalid registry entry: {e.error} (fix the file; `registry validate`)")
+    return 1 if broken or any(st.error for st in result) else 0
+
+
 def _quarantine(args: argparse.Namespace) -> int:
     from cdc_compaction.lake import Lake
     from cdc_compaction.quarantine import Quarantine
@@ -566,6 +596,12 @@ def main(argv: list[str] | None = None) -> int:
     le.add_argument("action", choices=["show", "break"])
     table_args(le)
     le.set_defaults(func=_lease)
+
+    sta = sub.add_parser("status", help="each table's live version, last commit, freshness, pending hours, quarantine")
+    sta.add_argument("tables", nargs="*", metavar="DB.TABLE", help="only these tables (default: every registry table)")
+    sta.add_argument("--json", action="store_true", help="a JSON list of objects instead of one line per table")
+    sta.add_argument("--registry-dir", help="registry directory (default: $CDC_REGISTRY_DIR or include/registry)")
+    sta.set_defaults(func=_status)
 
     st = sub.add_parser("step", help="run one step of a table's run by hand")
     st.add_argument("step", choices=STEP_IDS)

@@ -1,0 +1,158 @@
+"""``python -m cdc_compaction status`` and the status it reads from a lake (no Spark: see status_helpers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from status_helpers import NOW, SAMPLE, build_sample_lake, version_of
+
+from cdc_compaction.settings import PROJECT_ROOT
+from cdc_compaction.status import airflow_paused, commit_history, slo_bound, table_status
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_compaction", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins"), **(env or {})},
+        check=False,
+    )
+
+
+def _airflow_db(path: Path, flags: dict[str, bool]) -> str:
+    """A metadata database holding Airflow's ``dag`` table columns that status reads."""
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE dag (dag_id VARCHAR(250) PRIMARY KEY, is_paused BOOLEAN)")
+        db.executemany("INSERT INTO dag VALUES (?, ?)", [(d, int(p)) for d, p in flags.items()])
+    return f"sqlite:///{path}"
+
+
+def test_status_of_a_compacted_table(tmp_path: Path) -> None:
+    student, _ = build_sample_lake(tmp_path / "lake")
+    st = table_status(student, NOW, paused={SAMPLE["dag_id"]: False})
+    last = SAMPLE["commits"][-1]
+    assert st.live_version == version_of(last[0])
+    assert st.last_commit is not None
+    assert (st.last_commit.seq, st.last_commit.committed_at, st.last_commit.rows) == (last[0], last[2], last[4])
+    # now (04:00) minus the newest event time compacted (01:55).
+    assert st.freshness_basis == "event_time" and st.freshness_seconds == 2 * 3600 + 5 * 60
+    # The unarchived commit's increment is still landed but compacted: not pending.
+    assert st.pending == SAMPLE["pending"]
+    assert (st.quarantine_entries, st.quarantine_waiting) == (1, 1)
+    assert st.lease.startswith(f"held by {SAMPLE['lease_owner']} until ")
+    assert st.paused is False and st.error == ""
+    line = st.line()
+    assert "commit 2 2026-11-22T02:20:00 rows 3" in line and "fresh 2h05m" in line
+    assert "pending 2h" in line and "quarantine 1 waiting" in line and line.endswith("enabled")
+
+
+def test_history_lists_every_commit_with_the_freshness_it_gave(tmp_path: Path) -> None:
+    student, _ = build_sample_lake(tmp_path / "lake")
+    history = commit_history(student)
+    assert [(c.seq, c.rows, c.increment_rows) for c in history] == [
+        (s, r, n) for s, _, _, _, r, n, _ in SAMPLE["commits"]
+    ]
+    # 01:10 - 00:50 and 02:20 - 01:55.
+    assert [c.lag_seconds for c in history] == [20 * 60, 25 * 60]
+
+
+def test_a_table_never_compacted_and_an_unreadable_one(tmp_path: Path) -> None:
+    student, fresh = build_sample_lake(tmp_path / "lake")
+    st = table_status(fresh, NOW)
+    assert (st.live_version, st.freshness_seconds, st.paused) == ("v00000000-empty", None, None)
+    assert "never compacted" in st.line() and st.line().endswith("unknown")
+    Path(student.storage_root, "_cdc", "commits", "00000002.json").write_text("{not json")
+    broken = table_status(student, NOW)
+    assert broken.error and "00000002.json" in broken.error and "restore it" in broken.error
+    assert broken.line().startswith(f"{SAMPLE['table']:<28} ERROR CommitLogError")
+
+
+@pytest.mark.parametrize(
+    ("slo", "bound"),
+    [
+        (None, None),
+        (timedelta(hours=3), timedelta(hours=3)),
+        (5400, timedelta(minutes=90)),
+        ("2h", timedelta(hours=2)),
+        (SimpleNamespace(freshness=timedelta(hours=1)), timedelta(hours=1)),
+        (SimpleNamespace(max_lag="45m"), timedelta(minutes=45)),
+        ("soon", None),
+        (True, None),
+    ],
+)
+def test_slo_bound_forms(slo: object, bound: timedelta | None) -> None:
+    assert slo_bound(SimpleNamespace(slo=slo)) == bound  # type: ignore[arg-type]
+
+
+def test_freshness_against_an_slo(tmp_path: Path) -> None:
+    student, _ = build_sample_lake(tmp_path / "lake")
+    for hours, state in ((3, "ok"), (2, "late")):  # freshness is 2h05m
+        cfg = student.model_copy()
+        object.__setattr__(cfg, "slo", timedelta(hours=hours))
+        st = table_status(cfg, NOW)
+        assert (st.slo_seconds, st.slo_state) == (hours * 3600, state)
+        assert f"slo {hours}h00m {state.upper()}" in st.line()
+
+
+def test_paused_flags_come_from_the_metadata_db_or_are_unknown(tmp_path: Path) -> None:
+    conn = _airflow_db(tmp_path / "airflow.db", {SAMPLE["dag_id"]: True})
+    assert airflow_paused(conn) == {SAMPLE["dag_id"]: True}
+    missing = tmp_path / "none.db"
+    assert airflow_paused(f"sqlite:///{missing}") is None
+    assert not missing.exists(), "reading the paused flags created a database"
+    assert airflow_paused("postgresql+psycopg2://nobody@127.0.0.1:1/airflow") is None
+
+
+def test_status_command_lines_and_json(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    build_sample_lake(tmp_path / "lake", registry)
+    env = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": _airflow_db(tmp_path / "airflow.db", {SAMPLE["dag_id"]: True})}
+    proc = _cli("status", "--registry-dir", str(registry), env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines] == [SAMPLE["empty_table"], SAMPLE["table"]]
+    student_line = lines[1]
+    assert version_of(2) in student_line and "pending 2h" in student_line and student_line.endswith("paused")
+    assert lines[0].endswith("unknown"), "a DAG the metadata DB does not know is neither paused nor enabled"
+
+    proc = _cli("status", SAMPLE["table"], "--json", "--registry-dir", str(registry), env=env)
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = json.loads(proc.stdout)
+    assert doc["table"] == SAMPLE["table"] and doc["pending"] == SAMPLE["pending"]
+    assert doc["last_commit"]["seq"] == 2 and doc["paused"] is True and doc["quarantine_waiting"] == 1
+
+    proc = _cli("status", "tests.nope", "--registry-dir", str(registry), env=env)
+    assert proc.returncode == 2 and "no registry entry for tests.nope" in proc.stderr
+
+
+def test_the_metadata_db_is_found_without_importing_airflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_compaction.status import metadata_conn
+
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://a@h/db")
+    assert metadata_conn() == "postgresql://a@h/db"
+    monkeypatch.delenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    (tmp_path / "airflow.cfg").write_text("[core]\ndags_folder = /x\n")
+    assert metadata_conn() == f"sqlite:///{tmp_path}/airflow.db", "Airflow's default under its home"
+    (tmp_path / "airflow.cfg").write_text("[database]\nsql_alchemy_conn = sqlite:////srv/af.db\n")
+    assert metadata_conn() == "sqlite:////srv/af.db"
+
+
+def test_an_invalid_registry_entry_is_a_line_and_exit_1(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    build_sample_lake(tmp_path / "lake", registry)
+    (registry / "tests.bad.yaml").write_text("database: tests\ntable: bad\n")
+    proc = _cli("status", "--registry-dir", str(registry), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    bad = [ln for ln in proc.stdout.splitlines() if ln.startswith("tests.bad.yaml")]
+    assert len(bad) == 1 and "ERROR invalid registry entry" in bad[0], proc.stdout
+    assert sum(1 for ln in proc.stdout.splitlines() if ln.startswith(SAMPLE["table"])) == 1
