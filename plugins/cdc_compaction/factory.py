@@ -205,6 +205,45 @@ def _emr_step_sensor() -> type:
     return RegistryEmrStepSensor
 
 
+class LineagePythonOperator(PythonOperator):
+    """A step that reports OpenLineage facets of its result (``publish``: the increments into the table).
+
+    The OpenLineage provider calls :meth:`get_openlineage_facets_on_complete` after the task
+    succeeded, only when a transport is configured (README, "Lineage"). ``lineage_builder`` builds the
+    facets from the callable's return value and never raises (``cdc_compaction.lineage``).
+    """
+
+    def __init__(self, *, lineage_builder: Callable[[Any], Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lineage_builder = lineage_builder
+        self.lineage_result: Any = None
+
+    def execute(self, context: Any) -> Any:
+        # Kept for the provider's listener, which runs in this process (or a fork of it) after execute.
+        self.lineage_result = super().execute(context)
+        return self.lineage_result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self.lineage_builder(self.lineage_result)
+
+
+def _publish_lineage(cfg: TableConfig, result: Any) -> Any:
+    """The OpenLineage facets of a ``publish`` that returned ``result`` (empty when they cannot be built)."""
+    from cdc_compaction.lineage import publish_lineage
+
+    try:
+        rt = _runtime(cfg)
+    except Exception:
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from cdc_compaction.lineage import count_failure
+
+        log.exception("%s: no runtime to build the OpenLineage facets; the run goes on", cfg.qualified_name)
+        count_failure(cfg.qualified_name)
+        return OperatorLineage()
+    return publish_lineage(rt, result)
+
+
 def base_asset(cfg: TableConfig) -> Asset:
     """The asset downstream DAGs can be scheduled on: the table's compacted base."""
     from cdc_compaction.sql import table_names
@@ -427,7 +466,9 @@ def build_dag(cfg: TableConfig) -> DAG:
             "archive": archive_step,
             "refresh_view": refresh_view_step,
         }
-        extra: dict[str, dict[str, Any]] = {"publish": {"outlets": [base_asset(cfg)]}}
+        extra: dict[str, dict[str, Any]] = {
+            "publish": {"outlets": [base_asset(cfg)], "lineage_builder": functools.partial(_publish_lineage, cfg)}
+        }
         after_plan = [s.id for s in order.after(order.PLAN)]
         made: dict[str, tuple[Any, Any]] = {}  # step id -> its (first, last) task
         for step in order.ORDER:
@@ -448,7 +489,7 @@ def build_dag(cfg: TableConfig) -> DAG:
             else:
                 # op_kwargs (and op_args) are templated: they hold only the plan-path XCom written here.
                 # Registry values reach the steps through ``cfg`` in their closures, never as templates.
-                task = PythonOperator(
+                task = (LineagePythonOperator if "lineage_builder" in extra.get(step.id, {}) else PythonOperator)(
                     task_id=step.id,
                     python_callable=fail_fast(callables[step.id]),
                     op_kwargs={"plan_path": PLAN_XCOM} if step.id in after_plan else None,
