@@ -115,13 +115,15 @@ def output_columns(cfg: TableConfig) -> list[tuple[str, str, str]]:
     return cols
 
 
-def _t(kind: str, subtype: str, description: str, masking: bool = False) -> column_lineage_dataset.Transformation:
+def _t(
+    kind: str, subtype: str, description: str | None, masking: bool = False
+) -> column_lineage_dataset.Transformation:
     return column_lineage_dataset.Transformation(type=kind, subtype=subtype, description=description, masking=masking)
 
 
 def _identity() -> column_lineage_dataset.Transformation:
     """A column copied as it is."""
-    return _t("DIRECT", "IDENTITY", "")
+    return _t("DIRECT", "IDENTITY", None)
 
 
 def column_sources(cfg: TableConfig) -> dict[str, list[tuple[str, column_lineage_dataset.Transformation]]]:
