@@ -224,7 +224,7 @@ def test_scenario_dag(name: str, dag_runner: conf.DagRunner, reader: Readers) ->
 
 def check_lineage_events(scn: conf.Scenario, root: Path, events: Path, env: dict[str, str]) -> None:
     """Each compaction's ``publish`` sent one COMPLETE event: the increments landed since the previous
-    compaction into the base table, column by column, with the scenario's counts (README, "Lineage")."""
+    compaction into the base table, column by column, with the scenario's counts (README, "Lineage (OpenLineage)")."""
     sent = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
     table = scn.table_name + "_dag"
     publishes = [

@@ -1,7 +1,7 @@
 """OpenLineage facets of a compaction run (``cdc_compaction.lineage``), checked against the registry.
 
 Every expected dataset, column and count below is written from the registry entry and the
-commit in the test itself (README, "Lineage"), never from the module under test.
+commit in the test itself (README, "Lineage (OpenLineage)"), never from the module under test.
 The real emission through the provider's file transport is checked by
 ``tests/test_conformance.py::test_scenario_dag`` (``late_update_for_deleted_key``).
 """
@@ -9,6 +9,7 @@ The real emission through the provider's file transport is checked by
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,24 @@ def test_publish_lineage_reads_the_commit_and_never_raises(tmp_path: Path) -> No
         empty = lineage.publish_lineage(rt, result)
         assert (empty.inputs, empty.outputs, empty.run_facets) == ([], [], {})
     assert lineage.LINEAGE_FAILURES[cfg.qualified_name] == before + 3
+
+
+def test_the_publish_operator_builds_facets_only_when_openlineage_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a transport the provider is off and no facets are built (no lake reads on every run)."""
+
+    from cdc_compaction.factory import LineagePythonOperator
+
+    def run() -> tuple[Any, list[Any]]:
+        built: list[Any] = []
+        op = LineagePythonOperator(
+            task_id="publish", python_callable=lambda: {"seq": 7}, lineage_builder=lambda r: built.append(r) or "facets"
+        )
+        assert op.execute({}) == {"seq": 7}
+        return op.get_openlineage_facets_on_complete(None), built
+
+    # The provider caches its settings, except under pytest (PYTEST_VERSION): the environment is read each time.
+    for key in [k for k in os.environ if "OPENLINEAGE" in k]:
+        monkeypatch.delenv(key)
+    assert run() == (None, [])
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps({"type": "console"}))
+    assert run() == ("facets", [{"seq": 7}])

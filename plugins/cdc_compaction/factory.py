@@ -208,36 +208,48 @@ def _emr_step_sensor() -> type:
 class LineagePythonOperator(PythonOperator):
     """A step that reports OpenLineage facets of its result (``publish``: the increments into the table).
 
-    The OpenLineage provider calls :meth:`get_openlineage_facets_on_complete` after the task
-    succeeded, only when a transport is configured (README, "Lineage"). ``lineage_builder`` builds the
-    facets from the callable's return value and never raises (``cdc_compaction.lineage``).
+    The OpenLineage provider asks :meth:`get_openlineage_facets_on_complete` after the task
+    succeeded. The facets are built here, in the task's own process right after the step, and
+    only when the provider is on (a transport is configured; README, "Lineage (OpenLineage)"):
+    the provider calls the method in a forked child, which should not look up connections.
+    ``lineage_builder`` never raises (``cdc_compaction.lineage``), so lineage never fails the task.
     """
 
     def __init__(self, *, lineage_builder: Callable[[Any], Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lineage_builder = lineage_builder
-        self.lineage_result: Any = None
+        self.lineage_facets: Any = None
 
     def execute(self, context: Any) -> Any:
-        # Kept for the provider's listener, which runs in this process (or a fork of it) after execute.
-        self.lineage_result = super().execute(context)
-        return self.lineage_result
+        result = super().execute(context)
+        if _openlineage_enabled():
+            self.lineage_facets = self.lineage_builder(result)
+        return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        return self.lineage_builder(self.lineage_result)
+        return self.lineage_facets
+
+
+def _openlineage_enabled() -> bool:
+    """Whether the OpenLineage provider sends events here (installed, and a transport configured)."""
+    try:
+        from airflow.providers.openlineage import conf
+
+        return not conf.is_disabled()
+    except Exception:  # no provider, or its settings unreadable: no lineage, the task goes on
+        log.warning("cannot tell whether OpenLineage is on; no lineage facets are built", exc_info=True)
+        return False
 
 
 def _publish_lineage(cfg: TableConfig, result: Any) -> Any:
     """The OpenLineage facets of a ``publish`` that returned ``result`` (empty when they cannot be built)."""
-    from cdc_compaction.lineage import publish_lineage
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    from cdc_compaction.lineage import count_failure, publish_lineage
 
     try:
         rt = _runtime(cfg)
     except Exception:
-        from airflow.providers.openlineage.extractors import OperatorLineage
-
-        from cdc_compaction.lineage import count_failure
-
         log.exception("%s: no runtime to build the OpenLineage facets; the run goes on", cfg.qualified_name)
         count_failure(cfg.qualified_name)
         return OperatorLineage()

@@ -2,7 +2,7 @@
 
 The ``publish`` task reports them (``factory.LineagePythonOperator``) through the Airflow
 OpenLineage provider, which sends them wherever ``[openlineage] transport`` says (Marquez,
-a file, ...; README, "Lineage").  Everything that decides *what* is reported is a pure function
+a file, ...; README, "Lineage (OpenLineage)").  Everything that decides *what* is reported is a pure function
 of the registry entry, the commit record and the metastore endpoint (:func:`operator_lineage`);
 only :func:`publish_lineage` reads the lake.
 
@@ -68,7 +68,7 @@ class CdcCompactionRunFacet(RunFacet):
 
     @staticmethod
     def _get_schema() -> str:
-        # A custom facet: no published schema; the URN names it (fields in README, "Lineage").
+        # A custom facet: no published schema; the URN names it (fields in README, "Lineage (OpenLineage)").
         return "urn:cdc-compaction:openlineage:CdcCompactionRunFacet:1"
 
 
@@ -136,9 +136,8 @@ def column_sources(cfg: TableConfig) -> dict[str, list[tuple[str, column_lineage
         c.name: [(c.name, _identity())] for c in cfg.columns
     }
     if cfg.mode == "snapshot":
-        key = list(cfg.primary_key)  # type: ignore[attr-defined]
-        values = list(cfg.value_columns)  # type: ignore[attr-defined]
-        date = cfg.business_date_column  # type: ignore[attr-defined]
+        t: Any = cfg  # a SnapshotTable
+        key, values, date = list(t.primary_key), list(t.value_columns), t.business_date_column
         compared = _t("DIRECT", "TRANSFORMATION", "I/U/N/D/X: the export compared with the current table")
         out["operation"] = [(c, compared) for c in [*key, *values]]
         if date:
@@ -154,26 +153,29 @@ def column_sources(cfg: TableConfig) -> dict[str, list[tuple[str, column_lineage
 
 def dataset_influences(cfg: TableConfig) -> list[tuple[str, column_lineage_dataset.Transformation]]:
     """The change-file columns that decide which rows the table holds (INDIRECT: the rule's key, order, deletes)."""
-    found: list[tuple[str, column_lineage_dataset.Transformation]] = []
-    if cfg.mode in ("cdc", "keyless"):
-        if cfg.mode == "cdc":
-            found += [(c, _t("INDIRECT", "WINDOW", "events ranked per key")) for c in cfg.primary_key]  # type: ignore[attr-defined]
-        found += [(c, _t("INDIRECT", "SORT", "the event order")) for c in cfg.order_by]  # type: ignore[attr-defined]
-        found.append((cfg.op_column, _t("INDIRECT", "FILTER", "deletes remove rows")))  # type: ignore[attr-defined]
+    t: Any = cfg  # the mode's own fields (CdcTable, KeylessTable, SnapshotTable)
+
+    def each(columns: list[str], subtype: str, why: str) -> list[tuple[str, column_lineage_dataset.Transformation]]:
+        return [(c, _t("INDIRECT", subtype, why)) for c in columns]
+
     if cfg.mode == "cdc":
-        if cfg.deleted_column:  # type: ignore[attr-defined]
-            found.append((cfg.deleted_column, _t("INDIRECT", "FILTER", "delete marker")))  # type: ignore[attr-defined]
-        found += [(c, _t("INDIRECT", "FILTER", "a key change deletes the old key")) for c in cfg.old_key]  # type: ignore[attr-defined]
-    if cfg.mode == "keyless":
-        found += [
-            (c, _t("INDIRECT", "FILTER", "an update or delete removes one copy equal to its before-image"))
-            for c in cfg.before_columns  # type: ignore[attr-defined]
+        return [
+            *each(t.primary_key, "WINDOW", "events ranked per key"),
+            *each(t.order_by, "SORT", "the event order"),
+            *each([t.op_column], "FILTER", "deletes remove rows"),
+            *each([t.deleted_column] if t.deleted_column else [], "FILTER", "delete marker"),
+            *each(t.old_key, "FILTER", "a key change deletes the old key"),
         ]
-    if cfg.mode == "snapshot":
-        found += [(c, _t("INDIRECT", "JOIN", "exports joined to the current table by key")) for c in cfg.primary_key]  # type: ignore[attr-defined]
-        if cfg.business_date_column:  # type: ignore[attr-defined]
-            found.append((cfg.business_date_column, _t("INDIRECT", "SORT", "exports apply in business-date order")))  # type: ignore[attr-defined]
-    return found
+    if cfg.mode == "keyless":
+        return [
+            *each(t.order_by, "SORT", "the event order"),
+            *each([t.op_column], "FILTER", "deletes remove rows"),
+            *each(t.before_columns, "FILTER", "an update or delete removes one copy equal to its before-image"),
+        ]
+    return [
+        *each(t.primary_key, "JOIN", "exports joined to the current table by key"),
+        *each([t.business_date_column] if t.business_date_column else [], "SORT", "exports apply in date order"),
+    ]
 
 
 def input_datasets(cfg: TableConfig, commit: Commit) -> list[InputDataset]:
