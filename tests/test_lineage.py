@@ -191,10 +191,33 @@ def test_a_snapshot_table_derives_its_operation_and_hashes_from_the_key_and_comp
             "storage_root": "s3a://lake-bucket/bank/accounts/",
         }
     )
-    got = lineage.operator_lineage(cfg, HIVE, commit(increments=INCREMENTS[1:], files=FILES[2:]))
+    history = {"2026-11-22": {"location": "s3a://x/h1", "rows": 3}, "2026-11-23": {"location": "s3a://x/h2", "rows": 2}}
+    got = lineage.operator_lineage(
+        cfg, HIVE, commit(increments=INCREMENTS[1:], files=FILES[2:], stats={**STATS, "history": history})
+    )
     inc = ("s3://lake-bucket", f"bank/accounts/incremental/{INCREMENTS[1]}")
     assert [(i.namespace, i.name) for i in got.inputs] == [inc]
-    out = as_json(got.outputs[0])
+    out, hist = (as_json(o) for o in got.outputs)
+    # The history table: the net changes, partitioned by the business date as a string, 3 + 2 rows written.
+    assert (hist["namespace"], hist["name"]) == ("hive://metastore.example:9083", "bank.accounts_history")
+    assert [(n, t) for n, t, _ in columns_of(hist["facets"]["schema"])] == [
+        ("bank", "string"),
+        ("id", "int"),
+        ("balance", "decimal(12,2)"),
+        ("as_of", "date"),
+        ("operation", "string"),
+        ("_cdc_key_hash", "string"),
+        ("_cdc_row_hash", "string"),
+        ("_cdc_increment", "string"),
+        ("_cdc_file", "string"),
+        ("_cdc_pos", "bigint"),
+        ("_cdc_ingested_at", "timestamp"),
+        ("eff_start_date", "string"),
+    ]
+    assert hist["outputFacets"]["outputStatistics"]["rowCount"] == 5
+    assert lineage_fields(hist["facets"]["columnLineage"])["_cdc_row_hash"] == {
+        (*inc, "balance", "DIRECT", "TRANSFORMATION")
+    }
     assert [(n, t) for n, t, _ in columns_of(out["facets"]["schema"])][4:8] == [
         ("operation", "string"),
         ("eff_start_date", "date"),

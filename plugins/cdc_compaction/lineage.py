@@ -209,20 +209,6 @@ def output_dataset(
     from cdc_compaction.sql import table_names
 
     ns, name = table_dataset(endpoint, cfg.database, table_names(cfg)["base_table"], region)
-
-    def fields(col: str, how: column_lineage_dataset.Transformation) -> list[column_lineage_dataset.InputField]:
-        return [
-            column_lineage_dataset.InputField(namespace=i.namespace, name=i.name, field=col, transformations=[how])
-            for i in inputs
-        ]
-
-    lineage = column_lineage_dataset.ColumnLineageDatasetFacet(
-        fields={
-            out: column_lineage_dataset.Fields(inputFields=[f for col, how in sources for f in fields(col, how)])
-            for out, sources in column_sources(cfg).items()
-        },
-        dataset=[f for col, how in dataset_influences(cfg) for f in fields(col, how)],
-    )
     stats = commit.stats
     written = [f for f in (output_files or []) if not str(f.get("name", "")).startswith("tombstones/")]
     out_stats = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
@@ -233,8 +219,67 @@ def output_dataset(
     return OutputDataset(
         ns,
         name,
-        facets={"schema": _schema(output_columns(cfg)), "columnLineage": lineage},
+        facets={
+            "schema": _schema(output_columns(cfg)),
+            "columnLineage": _column_lineage(column_sources(cfg), dataset_influences(cfg), inputs),
+        },
         outputFacets={"outputStatistics": out_stats},
+    )
+
+
+def history_columns(cfg: TableConfig) -> list[tuple[str, str, str]]:
+    """(name, type, comment) of a snapshot table's ``<t>_history`` (``include/sql/create_history.sql.j2``)."""
+    from cdc_compaction.modes import mode_of
+
+    cols = [(c.name, c.type, c.comment) for c in cfg.columns]
+    cols += [(n, t, "") for n, t in mode_of(cfg).output_columns(cfg) if n != "eff_start_date"]
+    cols += [(n, META_TYPES[n], "") for n in META_COLUMNS]
+    return [*cols, ("eff_start_date", "string", "")]  # its partition column
+
+
+def history_dataset(
+    cfg: TableConfig, endpoint: MetastoreEndpoint, commit: Commit, inputs: list[InputDataset], region: str | None = None
+) -> OutputDataset:
+    """A snapshot table's ``<t>_history``: the net changes of the applied exports, one partition per date."""
+    from cdc_compaction.modes.snapshot import history_table
+
+    ns, name = table_dataset(endpoint, cfg.database, history_table(cfg), region)
+    sources = {k: v for k, v in column_sources(cfg).items() if k != PARTITION_COLUMN}
+    written = (commit.stats.get("history") or {}).values()
+    return OutputDataset(
+        ns,
+        name,
+        facets={
+            "schema": _schema(history_columns(cfg)),
+            "columnLineage": _column_lineage(sources, dataset_influences(cfg), inputs),
+        },
+        outputFacets={
+            "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+                rowCount=sum(int(d.get("rows", 0)) for d in written)
+            )
+        },
+    )
+
+
+def _column_lineage(
+    sources: Mapping[str, list[tuple[str, column_lineage_dataset.Transformation]]],
+    influences: list[tuple[str, column_lineage_dataset.Transformation]],
+    inputs: list[InputDataset],
+) -> column_lineage_dataset.ColumnLineageDatasetFacet:
+    """The facet: each output column from its source columns in every input, and the dataset-wide influences."""
+
+    def fields(col: str, how: column_lineage_dataset.Transformation) -> list[column_lineage_dataset.InputField]:
+        return [
+            column_lineage_dataset.InputField(namespace=i.namespace, name=i.name, field=col, transformations=[how])
+            for i in inputs
+        ]
+
+    return column_lineage_dataset.ColumnLineageDatasetFacet(
+        fields={
+            out: column_lineage_dataset.Fields(inputFields=[f for col, how in cols for f in fields(col, how)])
+            for out, cols in sources.items()
+        },
+        dataset=[f for col, how in influences for f in fields(col, how)],
     )
 
 
@@ -266,11 +311,10 @@ def operator_lineage(
 
     inputs = input_datasets(cfg, commit)
     facets: dict[str, BaseFacet] = {RUN_FACET: run_facet(commit)}
-    return OperatorLineage(
-        inputs=inputs,
-        outputs=[output_dataset(cfg, endpoint, commit, inputs, output_files, region)],
-        run_facets=facets,
-    )
+    outputs = [output_dataset(cfg, endpoint, commit, inputs, output_files, region)]
+    if cfg.mode == "snapshot":
+        outputs.append(history_dataset(cfg, endpoint, commit, inputs, region))
+    return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=facets)
 
 
 def _glue_region(endpoint: MetastoreEndpoint) -> str | None:
