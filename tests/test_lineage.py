@@ -323,8 +323,8 @@ def test_publish_lineage_reads_the_commit_and_never_raises(tmp_path: Path) -> No
 
 
 def test_the_publish_operator_builds_facets_only_when_openlineage_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a transport the provider is off and no facets are built (no lake reads on every run)."""
-
+    """Without a transport the provider is off and no facets are built (no lake reads on every run);
+    a builder that fails leaves the task's result as it was."""
     from cdc_compaction.factory import LineagePythonOperator
 
     def run() -> tuple[Any, list[Any]]:
@@ -341,3 +341,10 @@ def test_the_publish_operator_builds_facets_only_when_openlineage_is_on(monkeypa
     assert run() == (None, [])
     monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps({"type": "console"}))
     assert run() == ("facets", [{"seq": 7}])
+
+    def broken(result: Any) -> Any:
+        raise RuntimeError("lineage back end down")
+
+    op = LineagePythonOperator(task_id="publish", python_callable=lambda: {"seq": 8}, lineage_builder=broken)
+    assert op.execute({}) == {"seq": 8}
+    assert op.get_openlineage_facets_on_complete(None) is None

@@ -223,7 +223,10 @@ class LineagePythonOperator(PythonOperator):
     def execute(self, context: Any) -> Any:
         result = super().execute(context)
         if _openlineage_enabled():
-            self.lineage_facets = self.lineage_builder(result)
+            try:
+                self.lineage_facets = self.lineage_builder(result)
+            except Exception:  # the builder logs and counts its own failures; this is the last guard
+                log.exception("%s: the OpenLineage facets could not be built; the task goes on", self.task_id)
         return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

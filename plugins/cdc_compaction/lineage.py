@@ -1,10 +1,10 @@
 """OpenLineage facets of a compaction run: which increments went into which table, column by column.
 
 The ``publish`` task reports them (``factory.LineagePythonOperator``) through the Airflow
-OpenLineage provider, which sends them wherever ``[openlineage] transport`` says (Marquez,
-a file, ...; README, "Lineage (OpenLineage)").  Everything that decides *what* is reported is a pure function
-of the registry entry, the commit record and the metastore endpoint (:func:`operator_lineage`);
-only :func:`publish_lineage` reads the lake.
+OpenLineage provider, which sends them wherever ``[openlineage] transport`` says (Marquez, a
+file, ...; README, "Lineage (OpenLineage)").  Everything that decides *what* is reported is a
+pure function of the registry entry, the commit record and the metastore endpoint
+(:func:`operator_lineage`); only :func:`publish_lineage` reads the lake.
 
 Lineage is a side channel: :func:`publish_lineage` never raises.  A failure is logged and
 counted (``cdc_compaction.lineage_failed``); the run and its data are unaffected.
