@@ -192,13 +192,28 @@ def test_cli_runs_scenarios_from_any_directory_and_exits_nonzero_on_mismatch(tmp
     assert not LocalMetastore(tmp_path / "w" / "metastore").pid(), "the CLI stops the metastore it started"
 
 
+#: The DAG runs that also send OpenLineage events (the provider's file transport), checked against the scenario.
+LINEAGE_SCENARIOS = ("late_update_for_deleted_key", "null_key_rejected")
+
+
 @pytest.mark.dag
 @pytest.mark.parametrize("name", DAG_HANDFUL)
 def test_scenario_dag(name: str, dag_runner: conf.DagRunner, reader: Readers) -> None:
     work: Path = dag_runner.work  # type: ignore[attr-defined]
     scn = conf.Scenario.load(SHARED_CONFORMANCE / f"{name}.json")
-    result = conf.run_scenario(scn, dag_runner, reader, work / "lake", registry_dir=work / "registry", suffix="_dag")
+    events = work / f"openlineage_{name}.jsonl"
+    if name in LINEAGE_SCENARIOS:
+        transport = {"type": "file", "log_file_path": str(events), "append": True}
+        dag_runner.env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps(transport)
+    try:
+        result = conf.run_scenario(
+            scn, dag_runner, reader, work / "lake", registry_dir=work / "registry", suffix="_dag"
+        )
+    finally:
+        dag_runner.env.pop("AIRFLOW__OPENLINEAGE__TRANSPORT", None)
     assert result.ok, "\n".join(result.failures)
+    if name in LINEAGE_SCENARIOS:
+        check_lineage_events(scn, work / "lake" / (scn.table_name + "_dag"), events, dag_runner.env)
     runs = [t for t in dag_runner.timings if t["dag_id"].endswith(scn.table_name + "_dag")]
     assert runs and all(t["state"] == "success" for t in runs)
     tasks = {x["task_id"]: x["state"] for x in runs[0]["tasks"]}
@@ -246,3 +261,44 @@ def _assert_asset_events_describe_the_commits(dag_runner: conf.DagRunner, dag_id
             "tombstones_out": st["output_tombstones"],
             "freshness": commit.freshness,
         }
+
+
+def check_lineage_events(scn: conf.Scenario, root: Path, events: Path, env: dict[str, str]) -> None:
+    """Each compaction's ``publish`` sent one COMPLETE event: the increments landed since the previous
+    compaction into the base table, column by column, with the scenario's counts (README, "Lineage (OpenLineage)")."""
+    sent = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    table = scn.table_name + "_dag"
+    publishes = [
+        e for e in sent if e["eventType"] == "COMPLETE" and e["job"]["name"] == f"cdc__{conf.DATABASE}__{table}.publish"
+    ]
+    metastore = json.loads(env["AIRFLOW_CONN_METASTORE_DEFAULT"])
+    columns = [c["name"] for c in scn.table["columns"]]
+    landed: list[tuple[str, int]] = []  # (increment, events) since the last compaction
+    compactions = []
+    for step in scn.steps:
+        ((kind, body),) = step.items()
+        if kind == "land":
+            landed.append((body["increment"], sum(len(rows) for rows in body["files"])))
+        elif kind == "compact":
+            compactions.append((landed, body))
+            landed = []
+    assert len(publishes) == len(compactions), [e["job"]["name"] for e in sent]
+    for event, (increments, expect) in zip(publishes, compactions, strict=True):
+        inputs = {(i["namespace"], i["name"]) for i in event["inputs"]}
+        assert inputs == {("file", f"{root.resolve()}/incremental/{inc}") for inc, _ in increments}
+        (out,) = event["outputs"]
+        assert out["namespace"] == f"hive://{metastore['host']}:{metastore['port']}"
+        assert out["name"] == f"{conf.DATABASE}.{table}_base"
+        schema = [f["name"] for f in out["facets"]["schema"]["fields"]]
+        assert schema == [*columns, "_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
+        lineage = out["facets"]["columnLineage"]["fields"]
+        assert set(lineage) == set(columns)
+        for column, f in lineage.items():
+            assert {(i["namespace"], i["name"], i["field"]) for i in f["inputFields"]} == {
+                (ns, name, column) for ns, name in inputs
+            }
+        assert out["outputFacets"]["outputStatistics"]["rowCount"] == len(expect["expect"])
+        run = event["run"]["facets"]["cdcCompaction"]
+        assert run["eventsIn"] == sum(n for _, n in increments)
+        assert run["eventsRejected"] == expect.get("rejected", 0)
+        assert run["increments"] == len(increments)

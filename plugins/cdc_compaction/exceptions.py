@@ -91,6 +91,10 @@ class AirflowSetupError(CdcCompactionError):
     """The project-local Airflow could not be prepared (e.g. ``airflow db migrate`` failed)."""
 
 
+class LineageError(CdcCompactionError):
+    """The OpenLineage facets of a run cannot be built (logged and counted; never fails a task)."""
+
+
 def is_permanent(exc: BaseException) -> bool:
     """True for errors a retry of the same task cannot heal: fail them at once, alert the owner.
 

@@ -205,6 +205,60 @@ def _emr_step_sensor() -> type:
     return RegistryEmrStepSensor
 
 
+class LineagePythonOperator(PythonOperator):
+    """A step that reports OpenLineage facets of its result (``publish``: the increments into the table).
+
+    The OpenLineage provider asks :meth:`get_openlineage_facets_on_complete` after the task
+    succeeded. The facets are built here, in the task's own process right after the step, and
+    only when the provider is on (a transport is configured; README, "Lineage (OpenLineage)"):
+    the provider calls the method in a forked child, which should not look up connections.
+    ``lineage_builder`` never raises (``cdc_compaction.lineage``), so lineage never fails the task.
+    """
+
+    def __init__(self, *, lineage_builder: Callable[[Any], Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lineage_builder = lineage_builder
+        self.lineage_facets: Any = None
+
+    def execute(self, context: Any) -> Any:
+        result = super().execute(context)
+        if _openlineage_enabled():
+            try:
+                self.lineage_facets = self.lineage_builder(result)
+            except Exception:  # the builder logs and counts its own failures; this is the last guard
+                log.exception("%s: the OpenLineage facets could not be built; the task goes on", self.task_id)
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self.lineage_facets
+
+
+def _openlineage_enabled() -> bool:
+    """Whether the OpenLineage provider sends events here (installed, and a transport configured)."""
+    try:
+        from airflow.providers.openlineage import conf
+
+        return not conf.is_disabled()
+    except Exception:  # no provider, or its settings unreadable: no lineage, the task goes on
+        log.warning("cannot tell whether OpenLineage is on; no lineage facets are built", exc_info=True)
+        return False
+
+
+def _publish_lineage(cfg: TableConfig, result: Any) -> Any:
+    """The OpenLineage facets of a ``publish`` that returned ``result`` (empty when they cannot be built)."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    from cdc_compaction.lineage import count_failure, publish_lineage
+
+    try:
+        rt = _runtime(cfg)
+    except Exception:
+        log.exception("%s: no runtime to build the OpenLineage facets; the run goes on", cfg.qualified_name)
+        count_failure(cfg.qualified_name)
+        return OperatorLineage()
+    return publish_lineage(rt, result)
+
+
 def base_asset(cfg: TableConfig) -> Asset:
     """The asset downstream DAGs can be scheduled on: the table's compacted base."""
     from cdc_compaction.sql import table_names
@@ -466,7 +520,9 @@ def build_dag(cfg: TableConfig) -> DAG:
             "archive": archive_step,
             "refresh_view": refresh_view_step,
         }
-        extra: dict[str, dict[str, Any]] = {"publish": {"outlets": [base_asset(cfg)]}}
+        extra: dict[str, dict[str, Any]] = {
+            "publish": {"outlets": [base_asset(cfg)], "lineage_builder": functools.partial(_publish_lineage, cfg)}
+        }
         after_plan = [s.id for s in order.after(order.PLAN)]
         made: dict[str, tuple[Any, Any]] = {}  # step id -> its (first, last) task
         for step in order.ORDER:
@@ -487,7 +543,7 @@ def build_dag(cfg: TableConfig) -> DAG:
             else:
                 # op_kwargs (and op_args) are templated: they hold only the plan-path XCom written here.
                 # Registry values reach the steps through ``cfg`` in their closures, never as templates.
-                task = PythonOperator(
+                task = (LineagePythonOperator if "lineage_builder" in extra.get(step.id, {}) else PythonOperator)(
                     task_id=step.id,
                     python_callable=skip_if_disabled(cfg, fail_fast(callables[step.id])),
                     op_kwargs={"plan_path": PLAN_XCOM} if step.id in after_plan else None,
