@@ -64,6 +64,9 @@ class Pending:
     #: The readable data files of the increments in ``dirs`` (waiting ones too), minus excluded ones:
     #: what the views show besides the base.
     view_files: list[PlannedFile] = field(default_factory=list)
+    #: What the planned files' columns change (``schema_changes``), in file order: the plan applies
+    #: and records them (:mod:`cdc_compaction.schema`).
+    changes: list[Any] = field(default_factory=list)
 
 
 def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
@@ -132,6 +135,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
                     check.missing_columns,
                 )
             out.files.append(f)
+            out.changes += check.changes
         if refused:
             out.held_back += [{"increment": name, "path": p, "reason": r} for p, r in refused]
         else:
