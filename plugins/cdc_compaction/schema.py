@@ -224,13 +224,15 @@ def load_state(cfg: TableConfig, storage: Any) -> dict[str, Any] | None:
     return json.loads(storage.read_text(path))
 
 
-def save_state(cfg: TableConfig, storage: Any, columns: list[Column], changes: list[Change], plan_id: str) -> None:
-    """Record the evolved columns (and append the changes to their history) in the lake."""
+def save_state(
+    cfg: TableConfig, storage: Any, columns: list[Column], entries: list[dict[str, Any]], plan_id: str
+) -> None:
+    """Record the evolved columns (and append the plan's change ``entries`` to their history) in the lake."""
     old = load_state(cfg, storage) or {"history": []}
     doc = {
         "columns": [{"name": c.name, "type": c.type} for c in columns],
-        "dropped": sorted(set(old.get("dropped", [])) | {c.column for c in changes if c.change == "dropped"}),
-        "history": [*old.get("history", []), *({**c.to_dict(), "plan_id": plan_id} for c in changes)],
+        "dropped": sorted(set(old.get("dropped", [])) | {e["column"] for e in entries if e["change"] == "dropped"}),
+        "history": [*old.get("history", []), *({**e, "plan_id": plan_id} for e in entries)],
     }
     storage.write_text(state_path(cfg), json.dumps(doc, indent=1, sort_keys=True))
 

@@ -108,24 +108,26 @@ def follow_source(rt: Runtime, plan_id: str, changes: list[Change]) -> list[dict
     columns, applied = evolve(cfg.qualified_name, list(cfg.columns), changes)
     already = {d.lower() for d in state.get("dropped", [])}
     dropped = [c for c in changes if c.change == "dropped" and c.column.lower() not in already]
+    counts = {(e["change"], e["column"].lower()): e["files"] for e in summarise(changes)}
     if applied or dropped:
-        save_state(cfg, storage, columns, [*applied, *summarise_dropped(dropped)], plan_id)
-    if applied:
+        entries = [
+            {**c.to_dict(), "files": counts.get((c.change, c.column.lower()), 1)}
+            for c in [*applied, *summarise_dropped(dropped)]
+        ]
+        save_state(cfg, storage, columns, entries, plan_id)
+    # This plan's changes as the state recorded them: the same on a retry that finds them applied.
+    mine = [
+        {k: v for k, v in h.items() if k != "plan_id"}
+        for h in (load_state(cfg, storage) or {}).get("history", [])
+        if h.get("plan_id") == plan_id
+    ]
+    if any(h["change"] in ("added", "widened") for h in mine):
         from cdc_compaction.pipeline.tables import ensure_tables
 
-        log.warning(
-            "%s: the source changed its schema; applying %s",
-            cfg.qualified_name,
-            [c.to_dict() for c in applied],
-        )
+        log.warning("%s: the source changed its schema; applying %s", cfg.qualified_name, mine)
         rt.cfg = effective_config(cfg, storage)
+        # Also on a retry (the state was saved, the DDL may not have run): unchanged tables cost no DDL.
         ensure_tables(rt)
-    # This plan's changes as the state recorded them: the same on a retry that finds them applied.
-    mine = [h for h in (load_state(cfg, storage) or {}).get("history", []) if h.get("plan_id") == plan_id]
-    files = summarise(changes)
-    for h in mine:
-        h.pop("plan_id", None)
-        h["files"] = next((f["files"] for f in files if (f["change"], f["column"]) == (h["change"], h["column"])), 1)
     return mine
 
 
@@ -243,9 +245,12 @@ def _plan_under_lease(
         return ""
     schema_changes = follow_source(rt, plan_id, pending.changes)
     cfg = rt.cfg  # with the columns the source added or widened
-    if schema_changes and on_schema_changed is not None:
+    # Columns ignored by the parent commit too were alerted about then: say it once, not every run.
+    before = {c["column"].lower() for c in (latest.schema or {}).get("changes", []) if c["change"] == "ignored"}
+    news = [c for c in schema_changes if c["change"] != "ignored" or c["column"].lower() not in before]
+    if news and on_schema_changed is not None:
         try:
-            on_schema_changed(schema_changes)
+            on_schema_changed(news)
         except Exception:  # a side channel never decides the data: the change is in the plan either way
             log.exception("%s: the schema change alert failed", cfg.qualified_name)
     version = f"v{seq:08d}-{plan_id}"
