@@ -7,6 +7,7 @@ the commit record must say what the source did -- with the registry never edited
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from cdc_compaction import factory
 from cdc_compaction.lake import Lake
 from cdc_compaction.metastore import connect
 from cdc_compaction.pipeline.plan import plan
+from cdc_compaction.pipeline.publish import publish
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.sql import table_names
@@ -113,6 +115,11 @@ def test_added_widened_and_dropped_columns_follow_the_source(make_cfg, runtime, 
         ("email", "string"),
     ]
     assert sorted(commit.schema["changes"], key=lambda c: c["column"]) == changed
+    # The plan recorded the columns it read with; publish (idempotent, here a retry) reports the changes.
+    doc = json.loads(Path(path).read_text())
+    assert doc["columns"] == commit.schema["columns"]
+    assert sorted(doc["schema_changes"], key=lambda c: c["column"]) == changed
+    assert sorted(publish(rt, path)["schema_changes"], key=lambda c: c["column"]) == changed
     # A runtime made from the unedited registry (every DAG task makes one) sees the evolved table.
     again = runtime(cfg)
     assert "email" in again.cfg.column_names
