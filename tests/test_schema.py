@@ -79,6 +79,16 @@ def test_evolve_records_a_dropped_column_and_refuses_a_likely_rename() -> None:
     assert "add the new column(s) to the registry" in renamed.problem
 
 
+def test_a_column_dropped_earlier_is_no_news_and_no_half_of_a_rename() -> None:
+    cols = {**SAME, "email": "string"}
+    del cols["name"]
+    v = judge("evolve", COLUMNS, cols, "inc/g.parquet", dropped=frozenset({"name"}))
+    assert v.problem is None and v.missing == ["name"]
+    assert _changes(v) == [("added", "email", "", "string")]
+    again = judge("evolve", COLUMNS, {k: t for k, t in SAME.items() if k != "name"}, "g", dropped=frozenset({"name"}))
+    assert (again.problem, again.changes) == (None, [])
+
+
 def test_evolve_refuses_a_new_column_without_a_hive_type() -> None:
     v = _judge("evolve", tags="list<element: string>")
     assert v.problem is not None and "column 'tags' is list<element: string>" in v.problem

@@ -142,11 +142,32 @@ def test_added_widened_and_dropped_columns_follow_the_source(make_cfg, runtime, 
     assert _rows(spark, cfg, "view_name") == want
     assert Lake(cfg).latest_commit().schema["changes"] == alerted  # type: ignore[index]
 
+    # Later the source adds `phone`: `score` stays missing, which is no news now (and no half of a rename).
+    _land(
+        cfg,
+        "increment_2026112203",
+        {
+            "id": pa.array([4], i32),
+            "op": pa.array(["c"]),
+            "ts_ms": pa.array([4], i64),
+            "email": pa.array(["d@x"]),
+            "phone": pa.array(["555"]),
+        },
+    )
+    rt = runtime(cfg)
+    alerted.clear()
+    finish_run(rt, plan(rt, "run-4", on_schema_changed=alerted.extend))
+    assert [(c["change"], c["column"]) for c in alerted] == [("added", "phone")]
+    assert _metastore_columns(rt, "base_table")["phone"] == "string"
+    phones = [(1, 2**40, None), (2, 5, None), (3, None, None), (4, None, "555")]
+    assert _rows(spark, cfg, "view_name", "id, score, phone") == phones
+    want.append((4, None, "d@x"))
+
     # The source table is dropped: the owner sets retired: true. No schedule; the data stays readable.
     retired = make_cfg(table=cfg.table, columns=REGISTRY, order_by=["ts_ms"], schema_changes="evolve", retired=True)
     assert factory.build_dag(retired).schedule is None
     rt = runtime(retired)
     ensure_tables(rt)
-    assert plan(rt, "run-4") == "", "nothing landed: a manual run of a retired table drains and stops"
+    assert plan(rt, "run-5") == "", "nothing landed: a manual run of a retired table drains and stops"
     assert _rows(spark, retired, "view_name") == want
     assert _rows(spark, retired, "base_table") == want

@@ -181,8 +181,17 @@ def _logical_type(arrow: Any, physical: str | None) -> str:
     return str(arrow)
 
 
-def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size: int | None = None) -> FileCheck:
-    """Read one file's footer and judge it against the registry (never raises for bad data)."""
+def check_file(
+    cfg: TableConfig,
+    path: str,
+    storage: Storage | None = None,
+    size: int | None = None,
+    dropped: frozenset[str] = frozenset(),
+) -> FileCheck:
+    """Read one file's footer and judge it against the registry (never raises for bad data).
+
+    ``dropped``: columns the source dropped earlier (``schema_changes: evolve``; :func:`~cdc_compaction.schema.judge`).
+    """
     storage = storage or LocalStorage()
     try:
         meta = parquet_footer(storage, path)
@@ -210,7 +219,7 @@ def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size
     from cdc_compaction.schema import judge
 
     seen = {f.name: _logical_type(f.type, physical.get(f.name)) for f in schema}
-    verdict = judge(cfg.schema_policy, [(c.name, c.type) for c in cfg.columns], seen, path)
+    verdict = judge(cfg.schema_policy, [(c.name, c.type) for c in cfg.columns], seen, path, dropped)
     check.missing_columns, check.ignored_columns, check.changes = verdict.missing, verdict.ignored, verdict.changes
     check.problem = verdict.problem
     if check.problem is None:

@@ -95,8 +95,17 @@ class Judgement:
     missing: list[str] = field(default_factory=list)
 
 
-def judge(policy: str, columns: list[tuple[str, str]], file_columns: dict[str, str], path: str) -> Judgement:
+def judge(
+    policy: str,
+    columns: list[tuple[str, str]],
+    file_columns: dict[str, str],
+    path: str,
+    dropped: frozenset[str] = frozenset(),
+) -> Judgement:
     """Judge a file's ``file_columns`` (name -> Arrow type, as Spark reads it) against ``columns`` (name, Hive type).
+
+    ``dropped`` (lower-case names) are columns an earlier run recorded as dropped: their absence is
+    no news, neither a drop to record again nor half of a rename.
 
     Pure: no I/O. ``path`` names the file in the changes; a refusal is one line whose first words say
     what kind it is (the plan's error adds the table and file; quarantine groups by those words).
@@ -154,17 +163,18 @@ def judge(policy: str, columns: list[tuple[str, str]], file_columns: dict[str, s
         )
         out.problem += ". To go on: add them to the registry with a type Spark reads them as, or fix the file"
         return out
-    if extra and out.missing:
+    gone = [n for n in out.missing if n.lower() not in dropped]
+    if extra and gone:
         # A footer cannot tell a rename from a drop plus an add; guessing wrong would split a column's history.
         out.problem = (
-            f"possible rename: column(s) {out.missing} are missing and {[n for n, _ in extra]} are new: a rename? "
+            f"possible rename: column(s) {gone} are missing and {[n for n, _ in extra]} are new: a rename? "
             "Renames do not follow the source. To go on: if it is no rename, add the new column(s) to the "
             "registry's columns (the missing ones then read as NULL); if it is one, migrate the table by hand "
             "(README, 'Changing a schema')"
         )
         return out
     out.changes += [Change("added", n, "", hive_type_of(t) or "", path) for n, t in extra]
-    out.changes += [Change("dropped", n, dict(columns)[n], "", path) for n in out.missing]
+    out.changes += [Change("dropped", n, dict(columns)[n], "", path) for n in gone]
     return out
 
 
@@ -214,6 +224,11 @@ def state_path(cfg: TableConfig) -> str:
     from cdc_compaction.lake import Layout
 
     return posixpath.join(Layout.for_table(cfg).control, STATE_FILE)
+
+
+def dropped_columns(cfg: TableConfig, storage: Any) -> frozenset[str]:
+    """The columns (lower case) earlier runs recorded as dropped by the source."""
+    return frozenset(c.lower() for c in (load_state(cfg, storage) or {}).get("dropped", []))
 
 
 def load_state(cfg: TableConfig, storage: Any) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from cdc_compaction.landing import (
 )
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
 from cdc_compaction.registry import Increments
+from cdc_compaction.schema import dropped_columns
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
     cfg, st = rt.cfg, rt.lake.storage
     inc = cfg.increments
     out = Pending()
+    dropped = dropped_columns(cfg, st) if cfg.schema_policy == "evolve" else frozenset()
     dirs, out.ignored = scan_landing(cfg, st, rt.lake.layout.incremental)
     for name, path in sorted(dirs.items()):
         listing = classify_increment(cfg, name, path, st.list_dir(path))
@@ -106,7 +108,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
         for e in data:
             if f"{name}/{e.name}" in exclude:
                 continue
-            check = check_file(cfg, e.path, rt.lake.storage, e.size)
+            check = check_file(cfg, e.path, rt.lake.storage, e.size, dropped)
             f = PlannedFile(
                 increment=name,
                 name=e.name,
