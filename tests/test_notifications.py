@@ -137,6 +137,23 @@ def test_stalled_increments_alert(smtp: _Inbox) -> None:
     assert "/lake/t/incremental/increment_2026112201" in _body(msg) and "no _SUCCESS marker" in _body(msg)
 
 
+def test_schema_changes_alert(smtp: _Inbox) -> None:
+    from cdc_compaction.notifications import alert_schema_changes
+
+    changes = [
+        {"change": "added", "column": "email", "new": "string", "file": "/lake/t/inc/a.parquet", "files": 2},
+        {"change": "widened", "column": "score", "old": "int", "new": "bigint", "file": "/lake/t/inc/a.parquet"},
+    ]
+    alert_schema_changes("school.student", ["owner@example.org"], "smtp_alerts", changes)
+    ((_, msg),) = smtp.messages
+    assert msg["Subject"] == "[cdc-compaction] school.student: schema changed (2)"
+    body = html.unescape(_body(msg))
+    assert "added <code>email</code> string (2 file(s)" in body
+    assert "widened <code>score</code> int -> bigint (1 file(s), first <code>/lake/t/inc/a.parquet</code>)" in body
+    alert_schema_changes("school.student", ["owner@example.org"], "smtp_alerts", [])
+    assert len(smtp.messages) == 1, "no alert without changes"
+
+
 # ------------------------------------------------------------ through a real DAG run
 def _dags_test(env: dict[str, str], dag_id: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """`airflow dags test <dag_id>` in its own process group, killed whole if it hangs."""

@@ -434,14 +434,16 @@ def build_dag(cfg: TableConfig) -> DAG:
     with DAG(
         dag_id=cfg.dag_id,
         description=f"CDC compaction of {cfg.qualified_name}" + ("" if cfg.enabled else " (disabled in the registry)"),
-        schedule=cfg.schedule if cfg.enabled else None,
+        # A retired table (its source was dropped) runs no more on its own; its data stays readable.
+        schedule=cfg.schedule if cfg.enabled and not cfg.retired else None,
         start_date=cfg.start_date,
         catchup=cfg.catchup,
         max_active_runs=1,
         default_args=default_args,
-        is_paused_upon_creation=None if cfg.enabled else True,
+        is_paused_upon_creation=True if not cfg.enabled or cfg.retired else None,
         tags=sorted(
             {"cdc", f"database:{cfg.database}", f"table:{cfg.table}", f"owner:{cfg.owner}", *cfg.tags, *disabled}
+            | ({"retired"} if cfg.retired else set())
         ),
         doc_md=doc_md(cfg),
         render_template_as_native_obj=False,
@@ -458,6 +460,7 @@ def build_dag(cfg: TableConfig) -> DAG:
             from cdc_compaction.notifications import (
                 alert_ignored_landing,
                 alert_quarantined_files,
+                alert_schema_changes,
                 alert_stalled_increments,
             )
 
@@ -472,12 +475,16 @@ def build_dag(cfg: TableConfig) -> DAG:
                     cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, increments, channels
                 )
 
+            def schema_changed(changes: list[dict[str, Any]]) -> None:
+                alert_schema_changes(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, changes, channels)
+
             return order.step(order.PLAN).function()(
                 _runtime(cfg),
                 run_id=context["run_id"],
                 on_quarantined=quarantined,
                 on_ignored=ignored,
                 on_stalled=stalled,
+                on_schema_changed=schema_changed,
             )
 
         def validate_step(plan_path: str) -> dict[str, Any]:

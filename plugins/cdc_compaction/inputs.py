@@ -11,7 +11,8 @@ the registry's drift policy, so a bad file stops or is set aside *before* Spark 
 * any other type (string where the registry says int, INT64 ns timestamps) -> bad file
 * two columns whose names differ only by case                 -> bad file (Spark cannot read it)
 * a partition value too long for a directory name (identity partitioning) -> bad file
-* a column the registry does not list                         -> ``on_extra_columns``: fail | ignore
+* a column the registry does not list, or a wider type         -> ``schema_changes``: fail | evolve | ignore
+  (:mod:`cdc_compaction.schema`)
 
 Bad files are handled per ``on_bad_file``: ``fail`` (default: the run stops before
 anything changes and names every file and reason) or ``quarantine`` (the file is moved
@@ -141,6 +142,8 @@ class FileCheck:
     missing_columns: list[str] = field(default_factory=list)
     #: The newest source event time in the file (registry event_time), from the footer's statistics.
     newest_event: datetime | None = None
+    #: What the file's columns change (``schema_changes``; :func:`cdc_compaction.schema.judge`).
+    changes: list[Any] = field(default_factory=list)
 
 
 def parquet_footer(storage: Storage, path: str) -> Any:
@@ -178,8 +181,17 @@ def _logical_type(arrow: Any, physical: str | None) -> str:
     return str(arrow)
 
 
-def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size: int | None = None) -> FileCheck:
-    """Read one file's footer and judge it against the registry (never raises for bad data)."""
+def check_file(
+    cfg: TableConfig,
+    path: str,
+    storage: Storage | None = None,
+    size: int | None = None,
+    dropped: frozenset[str] = frozenset(),
+) -> FileCheck:
+    """Read one file's footer and judge it against the registry (never raises for bad data).
+
+    ``dropped``: columns the source dropped earlier (``schema_changes: evolve``; :func:`~cdc_compaction.schema.judge`).
+    """
     storage = storage or LocalStorage()
     try:
         meta = parquet_footer(storage, path)
@@ -204,23 +216,13 @@ def check_file(cfg: TableConfig, path: str, storage: Storage | None = None, size
         )
         return check
     physical = _physical_types(meta)
-    found: dict[str, Any] = {f.name.lower(): f for f in schema}
-    wrong = []
-    for col in cfg.columns:
-        f = found.pop(col.name.lower(), None)
-        if f is None:
-            check.missing_columns.append(col.name)
-        elif not readable_as(col.type, _logical_type(f.type, physical.get(f.name))):
-            wrong.append(f"column {col.name!r} is {f.type} in the file but {col.type} in the registry")
-    check.ignored_columns = sorted(f.name for f in found.values())
-    if wrong:
-        check.problem = "incompatible schema: " + "; ".join(wrong)
-    elif check.ignored_columns and cfg.on_extra_columns == "fail":
-        check.problem = (
-            f"columns {check.ignored_columns} are not in the registry (add them to the registry's columns, "
-            "or set on_extra_columns: ignore)"
-        )
-    else:
+    from cdc_compaction.schema import judge
+
+    seen = {f.name: _logical_type(f.type, physical.get(f.name)) for f in schema}
+    verdict = judge(cfg.schema_policy, [(c.name, c.type) for c in cfg.columns], seen, path, dropped)
+    check.missing_columns, check.ignored_columns, check.changes = verdict.missing, verdict.ignored, verdict.changes
+    check.problem = verdict.problem
+    if check.problem is None:
         check.problem = _partition_value_problem(cfg, storage, path, found_names={f.name for f in schema})
     if check.problem is None:
         check.newest_event = newest_event_time(cfg, meta)

@@ -393,3 +393,37 @@ def alert_stalled_increments(
     )
     subject = f"[cdc-compaction] {table}: {len(increments)} increments stalled"
     send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))
+
+
+def alert_schema_changes(
+    table: str,
+    emails: list[str],
+    smtp_conn_id: str,
+    changes: list[dict[str, Any]],
+    channels: AlertChannels | None = None,
+) -> None:
+    """Tell the owners the source's schema changed and what the run did (``schema_changes``).
+
+    ``added`` and ``widened`` columns were applied to the tables and views, ``dropped`` ones are
+    kept (NULL for new rows), ``ignored`` ones were left out. Never raises (see :func:`send_alert`).
+    """
+    if not changes:
+        return
+    log.warning("%s: the source's schema changed: %s", table, changes)
+
+    def line(c: dict[str, Any]) -> str:
+        types = " -> ".join(t for t in (c.get("old", ""), c.get("new", "")) if t)
+        first = html.escape(str(c.get("file", "")))
+        return (
+            f"<li>{html.escape(c['change'])} <code>{html.escape(c['column'])}</code> {html.escape(types)} "
+            f"({c.get('files', 1)} file(s), first <code>{first}</code>)</li>"
+        )
+
+    body = (
+        f"<p>The landed files of <b>{html.escape(table)}</b> changed its schema:</p>"
+        f"<ul>{''.join(line(c) for c in changes)}</ul>"
+        "<p>Added and widened columns are in the tables and views now; dropped ones stay and read NULL for new "
+        "rows; ignored ones are not compacted. Add them to the registry's columns to make it say so too.</p>"
+    )
+    subject = f"[cdc-compaction] {table}: schema changed ({len(changes)})"
+    send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))

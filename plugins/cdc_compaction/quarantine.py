@@ -295,7 +295,10 @@ class Quarantine:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        cfg = self.lake.cfg
+        from cdc_compaction.schema import effective_config
+
+        # Refused rows carry the columns the source added (schema_changes: evolve): land those too.
+        cfg = effective_config(self.lake.cfg, self.lake.storage)
         # --from may name a local file even for a lake on S3, or the reverse.
         where = source or entry.path
         table = read_parquet(storage_for(where, cfg.storage_conn_id), where)

@@ -475,6 +475,14 @@ class TableConfig(_Strict):
     on_bad_file: Literal["fail", "quarantine"] = "fail"
     #: A landed column the registry does not list: fail (a bad file), or ignore the column.
     on_extra_columns: Literal["fail", "ignore"] = "fail"
+    #: How landed files whose columns differ from the table's are taken (README, "Schema changes"):
+    #: ``fail`` (default: new columns and other types are bad files), ``evolve`` (follow the source:
+    #: add columns, widen types) or ``ignore`` (drop new columns). Unset, ``on_extra_columns: ignore``
+    #: means ``ignore`` (the older field).
+    schema_changes: Literal["evolve", "fail", "ignore"] = "fail"
+    #: The source table was dropped: no scheduled runs any more (a manual run still compacts what
+    #: landed); tables, views and data are kept (README, "Retiring a table").
+    retired: bool = False
     #: How the compaction runs: spark-submit or EMR, conf, jars, memory.
     spark: SparkSettings = Field(default_factory=SparkSettings)
     #: Partition the base table by a column (or its day, month, year).
@@ -677,6 +685,13 @@ class TableConfig(_Strict):
     @property
     def dag_id(self) -> str:
         return dag_id_for(self.database, self.table)
+
+    @property
+    def schema_policy(self) -> str:
+        """``schema_changes``, or ``ignore`` where only the older ``on_extra_columns: ignore`` is set."""
+        if "schema_changes" not in self.model_fields_set and self.on_extra_columns == "ignore":
+            return "ignore"
+        return self.schema_changes
 
     @property
     def column_names(self) -> list[str]:

@@ -29,6 +29,7 @@ from cdc_compaction.landing import (
 )
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
 from cdc_compaction.registry import Increments
+from cdc_compaction.schema import dropped_columns
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ class Pending:
     #: The readable data files of the increments in ``dirs`` (waiting ones too), minus excluded ones:
     #: what the views show besides the base.
     view_files: list[PlannedFile] = field(default_factory=list)
+    #: What the planned files' columns change (``schema_changes``), in file order: the plan applies
+    #: and records them (:mod:`cdc_compaction.schema`).
+    changes: list[Any] = field(default_factory=list)
 
 
 def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
@@ -76,6 +80,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
     cfg, st = rt.cfg, rt.lake.storage
     inc = cfg.increments
     out = Pending()
+    dropped = dropped_columns(cfg, st) if cfg.schema_policy == "evolve" else frozenset()
     dirs, out.ignored = scan_landing(cfg, st, rt.lake.layout.incremental)
     for name, path in sorted(dirs.items()):
         listing = classify_increment(cfg, name, path, st.list_dir(path))
@@ -103,7 +108,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
         for e in data:
             if f"{name}/{e.name}" in exclude:
                 continue
-            check = check_file(cfg, e.path, rt.lake.storage, e.size)
+            check = check_file(cfg, e.path, rt.lake.storage, e.size, dropped)
             f = PlannedFile(
                 increment=name,
                 name=e.name,
@@ -120,6 +125,12 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
                     out.bad.append((f, check.problem))
                 continue
             shown.append(f)
+            if any(c.change == "widened" for c in check.changes):
+                # A type wider than the tables' (schema_changes: evolve) breaks every read of the view until
+                # a run widens the tables: the increment stays out of the view until then, not out of the plan.
+                refused.append(
+                    (e.path, "a column wider than the tables' (schema_changes: evolve); shown once a run widened them")
+                )
             if waits is not None:
                 continue
             if check.ignored_columns or check.missing_columns:
@@ -132,6 +143,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
                     check.missing_columns,
                 )
             out.files.append(f)
+            out.changes += check.changes
         if refused:
             out.held_back += [{"increment": name, "path": p, "reason": r} for p, r in refused]
         else:

@@ -28,6 +28,7 @@ from cdc_compaction.pipeline.publish import check_storage_root, sync_base_locati
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig
+from cdc_compaction.schema import Change, effective_config, evolve, load_state, save_state
 from cdc_compaction.storage import is_data_file
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,67 @@ def set_aside_bad_files(rt: Runtime, plan_id: str, bad: list[tuple[PlannedFile, 
     return out
 
 
+def summarise(changes: list[Change]) -> list[dict[str, Any]]:
+    """One entry per (change, column): the first file showing it and how many files do."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for ch in changes:
+        key = (ch.change, ch.column.lower())
+        if key in out:
+            out[key]["files"] += 1
+        else:
+            out[key] = {**ch.to_dict(), "files": 1}
+    return list(out.values())
+
+
+def follow_source(rt: Runtime, plan_id: str, changes: list[Change]) -> list[dict[str, Any]]:
+    """Apply ``schema_changes: evolve`` to the tables; return what changed (or was ignored), for plan and alert.
+
+    Added columns and widened types go into the lake's schema state first (a retry of this plan
+    reads the same schema), then into the base, incremental and compactor tables and the views
+    (``ensure_tables`` on the evolved columns); ``rt.cfg`` becomes the evolved table.  Columns
+    the files lack are recorded as dropped once (they stay, NULL for new rows).  Under ``ignore``
+    the ignored columns are reported; under ``fail`` nothing reaches here (they are bad files).
+    """
+    cfg, storage = rt.cfg, rt.lake.storage
+    if cfg.schema_policy == "ignore":
+        return summarise([c for c in changes if c.change == "ignored"])
+    if cfg.schema_policy != "evolve":
+        return []
+    state = load_state(cfg, storage) or {}
+    columns, applied = evolve(cfg.qualified_name, list(cfg.columns), changes)
+    already = {d.lower() for d in state.get("dropped", [])}
+    dropped = [c for c in changes if c.change == "dropped" and c.column.lower() not in already]
+    counts = {(e["change"], e["column"].lower()): e["files"] for e in summarise(changes)}
+    if applied or dropped:
+        entries = [
+            {**c.to_dict(), "files": counts.get((c.change, c.column.lower()), 1)}
+            for c in [*applied, *summarise_dropped(dropped)]
+        ]
+        save_state(cfg, storage, columns, entries, plan_id)
+    # This plan's changes as the state recorded them: the same on a retry that finds them applied.
+    mine = [
+        {k: v for k, v in h.items() if k != "plan_id"}
+        for h in (load_state(cfg, storage) or {}).get("history", [])
+        if h.get("plan_id") == plan_id
+    ]
+    if any(h["change"] in ("added", "widened") for h in mine):
+        from cdc_compaction.pipeline.tables import ensure_tables
+
+        log.warning("%s: the source changed its schema; applying %s", cfg.qualified_name, mine)
+        rt.cfg = effective_config(cfg, storage)
+        # Also on a retry (the state was saved, the DDL may not have run): unchanged tables cost no DDL.
+        ensure_tables(rt)
+    return mine
+
+
+def summarise_dropped(changes: list[Change]) -> list[Change]:
+    """The first file's change for each dropped column."""
+    seen: dict[str, Change] = {}
+    for ch in changes:
+        seen.setdefault(ch.column.lower(), ch)
+    return list(seen.values())
+
+
 def output_sizing(rt: Runtime, latest: Commit, files: list[PlannedFile]) -> dict[str, int]:
     """How the job cuts its output into files of about ``spark.target_file_mb``.
 
@@ -110,6 +172,7 @@ def plan(
     on_quarantined: Callable[[list[dict[str, Any]]], None] | None = None,
     on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
     on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_schema_changed: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> str:
     """Record the exact input of this run; return the plan file path, or '' if nothing is pending.
 
@@ -117,6 +180,8 @@ def plan(
     ``on_ignored`` with landed entries the run will never take and ``on_stalled`` with
     increments waiting longer than ``increments.alert_after``, each only with those not
     alerted about yet (see :func:`report_landing`; their failure is only logged).
+    ``on_schema_changed`` is called with the schema changes this plan applied (``schema_changes:
+    evolve``) or columns it ignored (``ignore``), see :func:`follow_source`.
     """
     now = now or utcnow()
     cfg, lake = rt.cfg, rt.lake
@@ -128,7 +193,7 @@ def plan(
     register_deployment(lake)
     take_lease(rt, owner, now)
     try:
-        return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored, on_stalled)
+        return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored, on_stalled, on_schema_changed)
     except Exception:
         # A plan that failed before recording its input has nothing in flight: let other runs go.
         try:
@@ -147,6 +212,7 @@ def _plan_under_lease(
     on_quarantined: Callable[[list[dict[str, Any]]], None] | None,
     on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
     on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_schema_changed: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> str:
     cfg, lake = rt.cfg, rt.lake
     with connect(rt.metastore) as ms:
@@ -177,6 +243,16 @@ def _plan_under_lease(
         log.info("%s: nothing to compact", cfg.qualified_name)
         TableLease(lake).release(owner)
         return ""
+    schema_changes = follow_source(rt, plan_id, pending.changes)
+    cfg = rt.cfg  # with the columns the source added or widened
+    # Columns ignored by the parent commit too were alerted about then: say it once, not every run.
+    before = {c["column"].lower() for c in (latest.schema or {}).get("changes", []) if c["change"] == "ignored"}
+    news = [c for c in schema_changes if c["change"] != "ignored" or c["column"].lower() not in before]
+    if news and on_schema_changed is not None:
+        try:
+            on_schema_changed(news)
+        except Exception:  # a side channel never decides the data: the change is in the plan either way
+            log.exception("%s: the schema change alert failed", cfg.qualified_name)
     version = f"v{seq:08d}-{plan_id}"
     rule = sql.rule_sql(cfg)
     doc = {
@@ -210,6 +286,9 @@ def _plan_under_lease(
         "ingested_at": now.isoformat(),
         "tombstone_cutoff": (now - cfg.tombstone_retention).isoformat(),
         "column_names": cfg.column_names,
+        # The effective (registry + evolved) columns this plan reads with, and what changed (README, "Schema changes").
+        "columns": [{"name": c.name, "type": c.type} for c in cfg.columns],
+        "schema_changes": schema_changes,
         # The mode's own entries (cdc: primary_key, order_by; keyless: order_by, data and before columns).
         "mode": cfg.mode,
         **mode_of(cfg).plan_fields(cfg, latest),

@@ -221,6 +221,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             committed_at=(now or utcnow()).isoformat(),
             layout=int(stats["layout"]),
             freshness=views.commit_freshness(latest, p["increments"], p["files"]),
+            # Plans made before the field existed have no columns to record.
+            schema={"columns": p["columns"], "changes": p.get("schema_changes", [])} if "columns" in p else None,
         )
         if p.get("partition_by"):
             commit.partitions, commit.partition_rows = next_partitions(latest, stats)
@@ -254,6 +256,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         "seq": existing.seq,
         "version": existing.version,
         "removed_versions": removed,
+        "schema_changes": (existing.schema or {}).get("changes", []),
         "freshness": {"base": existing.freshness or {}, "view": shown["freshness"]},
         # The job's counts for this commit (its stats file), for the asset event and the task's XCom.
         "rows": {

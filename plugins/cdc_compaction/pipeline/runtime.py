@@ -36,6 +36,13 @@ class Runtime:
     metastore: MetastoreEndpoint
     engine: Engine
 
+    def __post_init__(self) -> None:
+        # Every step sees the columns the source added or widened (``schema_changes: evolve``), kept in
+        # the lake: the registry alone would name fewer columns than the tables have, and refuse them.
+        from cdc_compaction.schema import effective_config
+
+        self.cfg = effective_config(self.cfg, self.lake.storage)
+
     @property
     def names(self) -> dict[str, str]:
         return sql.table_names(self.cfg)

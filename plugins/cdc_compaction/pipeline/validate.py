@@ -292,8 +292,11 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     footer_rows_by_partition: dict[str, int] = {}
     footer_rows_by_date: dict[str, int] = {}
     # The mode's own output columns (snapshot: operation, eff_start_date, the hashes) follow the registry's.
+    # The columns the plan read with (registry + evolved, schema_changes: evolve); older plans: the registry's.
+    planned = p.get("columns") or [{"name": c.name, "type": c.type} for c in cfg.columns]
+    columns = [(c["name"], c["type"]) for c in planned]
     want = (
-        [(c.name, c.type) for c in cfg.columns]
+        columns
         + mode_of(cfg).output_columns(cfg)
         + [
             ("_cdc_increment", "string"),
