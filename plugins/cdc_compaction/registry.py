@@ -345,6 +345,28 @@ class EventTime(_Strict):
     unit: Literal["s", "ms", "us", "ns"] = "ms"
 
 
+class Slo(_Strict):
+    """A freshness objective (README, "Metrics and SLOs"): the base holds source events no older
+    than ``freshness`` for at least ``target`` of the time over the last ``window``."""
+
+    #: How old the newest source data the base holds may be (event time, else the newest increment's end).
+    freshness: Duration
+    #: The fraction of the window the table must be within ``freshness``.
+    target: float = Field(default=0.99, gt=0, le=1)
+    window: Duration = timedelta(days=7)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Slo:
+        if self.freshness <= timedelta(0):
+            raise ValueError("slo.freshness must be longer than 0 (such as '90m')")
+        if self.window < self.freshness:
+            raise ValueError(
+                f"slo.window ({self.window}) must be at least slo.freshness ({self.freshness}): "
+                "compliance is measured over the window"
+            )
+        return self
+
+
 class TableConfig(_Strict):
     """One registry entry: everything the DAG for one table needs.
 
@@ -380,6 +402,7 @@ class TableConfig(_Strict):
     partition_by: PartitionBy | None = None
     views: Views = Field(default_factory=Views)
     event_time: EventTime | None = None
+    slo: Slo | None = None
 
     @field_validator("lease_timeout")
     @classmethod
