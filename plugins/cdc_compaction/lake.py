@@ -214,11 +214,14 @@ class Commit:
     #: parent's and the ones this version wrote. A partition keeps the location of the version
     #: that applied its date: nothing a commit references is ever written again.
     history: dict[str, str] | None = None
+    #: What the compaction did and how fresh the table was when it committed (``metrics.commit_metrics``;
+    #: README, "Metrics and SLOs"); absent in records from before metrics existed.
+    metrics: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
         # Unpartitioned tables (and tables of other modes than snapshot) keep the record format they always had.
-        for key in ("partitions", "partition_rows", "freshness", "history"):
+        for key in ("partitions", "partition_rows", "freshness", "history", "metrics"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)
