@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from test_notifications import _Inbox, smtp  # noqa: F401 - the SMTP server fixt
 
 from cdc_compaction.lake import Commit, Lake
 from cdc_compaction.registry import TableConfig
-from cdc_compaction.slo import FreshnessPoint, check, evaluate, history
+from cdc_compaction.slo import CHECK_FAILURES, FreshnessPoint, check, check_quietly, evaluate, history, state_path
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 SLO = {"freshness": "90m", "target": 0.9, "window": "1d"}
@@ -135,3 +136,31 @@ def test_a_breach_is_alerted_once_and_its_recovery_once(smtp: _Inbox, make_cfg: 
     assert later["alerted"] == "recovered" and not later["breached"]
     assert len(smtp.messages) == 2
     assert "freshness SLO met again" in smtp.messages[1][1]["Subject"]
+
+
+def test_each_commit_record_is_read_once_then_the_state_file_serves_it(make_cfg: Callable[..., TableConfig]) -> None:
+    cfg = make_cfg(slo=SLO)
+    lake = Lake(cfg)
+    _commit(lake, 1, NOW - timedelta(hours=3), (NOW - timedelta(hours=4)).isoformat())
+    _commit(lake, 2, NOW - timedelta(hours=2), (NOW - timedelta(hours=2)).isoformat())
+    first = check(cfg, lake, NOW)
+    # A record read once is not read again: even one damaged since (records are never rewritten).
+    Path(lake.layout.commit_path(1)).write_text("{damaged")
+    again = check(cfg, lake, NOW)
+    assert {k: again[k] for k in ("compliance", "lag_seconds")} == {k: first[k] for k in ("compliance", "lag_seconds")}
+    # 3 h measured: the 1 h-old data of commit 1 stays fresh for 30 min, commit 2's for 90 of its 120 min.
+    assert first["compliance"] == pytest.approx(2 / 3)
+
+
+def test_a_failing_check_is_logged_and_counted_never_raised(
+    make_cfg: Callable[..., TableConfig], caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_cfg(slo=SLO)
+    lake = Lake(cfg)
+    _commit(lake, 1, NOW - timedelta(hours=3), NOW.isoformat())
+    Path(state_path(lake)).mkdir(parents=True)  # the state file cannot be read
+    before = CHECK_FAILURES.get(cfg.qualified_name, 0)
+    got = check_quietly(cfg, lake, NOW)
+    assert "the SLO check failed" in got["error"]
+    assert CHECK_FAILURES[cfg.qualified_name] == before + 1
+    assert "could not check the freshness SLO" in caplog.text

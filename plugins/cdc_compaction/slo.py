@@ -13,7 +13,8 @@ that stops writing makes the lag grow too: freshness is measured against the clo
 
 :func:`check` reads the history from the commit records, evaluates it and alerts through
 :mod:`cdc_compaction.notifications` once when the compliance falls below ``slo.target``
-and once when it recovers; ``_cdc/slo.json`` remembers which state was last alerted.
+and once when it recovers; ``_cdc/slo.json`` remembers which state was last alerted, and
+the points of the window's commit records (records are never rewritten, so each is read once).
 ``publish`` and the view refresher call it as a side channel: a failure is logged and
 counted, never fatal (README, "Metrics and SLOs").
 """
@@ -74,22 +75,50 @@ def point_of(cfg: TableConfig, commit: Commit) -> FreshnessPoint | None:
     return FreshnessPoint(at, data_time(cfg, commit.freshness)) if at is not None and commit.seq > 0 else None
 
 
-def history(cfg: TableConfig, lake: Lake, since: datetime) -> list[FreshnessPoint]:
+def history(
+    cfg: TableConfig, lake: Lake, since: datetime, known: Mapping[int, FreshnessPoint] | None = None
+) -> list[FreshnessPoint]:
     """The freshness points from the commit records: every one after ``since``, plus the last before it.
 
     Reads the records newest first and stops at the first one committed at or before ``since``
-    (what the base held when the window began).
+    (what the base held when the window began).  ``known`` are points of records read before, by
+    seq: a commit record is never rewritten, so they are not read again.
     """
-    points: list[FreshnessPoint] = []
+    return sorted(_points(cfg, lake, since, known or {}).values(), key=lambda p: p.at)
+
+
+def _points(
+    cfg: TableConfig, lake: Lake, since: datetime, known: Mapping[int, FreshnessPoint]
+) -> dict[int, FreshnessPoint]:
+    points: dict[int, FreshnessPoint] = {}
     for seq in reversed(lake.commit_seqs()):
-        commit = lake.read_commit(seq)
-        point = point_of(cfg, commit) if commit is not None else None
+        point = known.get(seq)
+        if point is None:
+            commit = lake.read_commit(seq)
+            point = point_of(cfg, commit) if commit is not None else None
         if point is None:
             continue
-        points.append(point)
+        points[seq] = point
         if point.at <= since:
             break
-    return sorted(points, key=lambda p: p.at)
+    return points
+
+
+def _dump_points(points: Mapping[int, FreshnessPoint]) -> dict[str, list[str | None]]:
+    return {str(seq): [p.at.isoformat(), p.data_time.isoformat() if p.data_time else None] for seq, p in points.items()}
+
+
+def _load_points(doc: Any) -> dict[int, FreshnessPoint]:
+    """The points cached in the state file; whatever is malformed is read again from the records."""
+    out: dict[int, FreshnessPoint] = {}
+    for seq, value in (doc or {}).items() if isinstance(doc, dict) else ():
+        try:
+            at = parse_time(value[0])
+            if at is not None:
+                out[int(seq)] = FreshnessPoint(at, parse_time(value[1]))
+        except (TypeError, ValueError, IndexError):
+            continue
+    return out
 
 
 @dataclass(frozen=True)
@@ -164,9 +193,10 @@ def evaluate(cfg: TableConfig, points: Iterable[FreshnessPoint], now: datetime) 
 
 
 def status(cfg: TableConfig, lake: Lake, now: datetime) -> SloStatus:
-    """:func:`evaluate` over the table's commit records."""
+    """:func:`evaluate` over the table's commit records (using the points ``_cdc/slo.json`` caches)."""
     window = cfg.slo.window if cfg.slo is not None else timedelta(0)
-    return evaluate(cfg, history(cfg, lake, now - window), now)
+    known = _load_points(read_state(lake).get("points"))
+    return evaluate(cfg, history(cfg, lake, now - window, known), now)
 
 
 def state_path(lake: Lake) -> str:
@@ -193,8 +223,10 @@ def check(cfg: TableConfig, lake: Lake, now: datetime) -> dict[str, Any]:
     """
     if cfg.slo is None:
         return {"table": cfg.qualified_name, "slo": None, "alerted": None}
-    st = status(cfg, lake, now)
     state = read_state(lake)
+    known = _load_points(state.get("points"))
+    points = _points(cfg, lake, now - cfg.slo.window, known)
+    st = evaluate(cfg, points.values(), now)
     was = bool(state.get("breached", False))
     alerted: str | None = None
     if st.breached != was:
@@ -202,9 +234,12 @@ def check(cfg: TableConfig, lake: Lake, now: datetime) -> dict[str, Any]:
 
         alerted = "breached" if st.breached else "recovered"
         alert_slo(cfg.qualified_name, cfg.alerts.emails, cfg.alerts.smtp_conn_id, st.to_dict(), st.breached)
-        # Written after the alert: a crash between them alerts again rather than never.
-        doc = {"breached": st.breached, "since": now.isoformat(), "status": st.to_dict()}
-        lake.storage.write_text(state_path(lake), json.dumps(doc, indent=1, sort_keys=True))
+        state = {"breached": st.breached, "since": now.isoformat(), "status": st.to_dict()}
+    # Written after the alert (a crash between them alerts again rather than never), and only when
+    # something changed: the view refresher checks every few minutes, mostly with no new commit.
+    if alerted is not None or set(points) != set(known):
+        state["points"] = _dump_points(points)
+        lake.storage.write_text(state_path(lake), json.dumps(state, indent=1, sort_keys=True))
     return {**st.to_dict(), "alerted": alerted}
 
 
