@@ -564,6 +564,9 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         "misplaced_rows": 0,
         "duplicate_keys": 0,
         "layout": 2,
+        # No key's winner tied with its runner-up on ts_ms; no base row to be late for.
+        "tied_winners": 0,
+        "late_events": 0,
     }
     assert_reconciles(stats1)
 
@@ -976,7 +979,8 @@ def test_key_lookup_and_full_ranking_write_the_same_version(spark: Any, make_cfg
     ]
     kw = {"quarantine": tmp_path / "q2", "ingested_at": at1 + timedelta(hours=1)}
     plan = make_plan(cfg, "p2", base=versions / "v1", files=files2, out=versions / "lookup", **kw)
-    lookup = job.run(spark, {**plan, "order_by": cfg.order_by})
+    plan["order_by"] = cfg.order_by  # as the plan task writes it
+    lookup = job.run(spark, plan)
     full = job.run(spark, {**plan, "output_location": str(versions / "full"), "key_lookup_max_events": 0})
 
     rows = read_rows(versions / "lookup")
@@ -993,6 +997,9 @@ def test_key_lookup_and_full_ranking_write_the_same_version(spark: Any, make_cfg
     ignore = ("output_files", "finished_at")
     assert {k: v for k, v in lookup.items() if k not in ignore} == {k: v for k, v in full.items() if k not in ignore}
     assert (lookup["base_rows"], lookup["superseded_rows"], lookup["rejected_rows"]) == (6, 7, 1)
+    # Ties on (ts_ms, lsn) that file or row order decided: id 3 (two files), id 7 (insert and delete in
+    # one file). Late, ranked below their key's base row: id 2 (ts 5 < 10) and id 6 (15 < its delete's 20).
+    assert (lookup["tied_winners"], lookup["late_events"]) == (2, 2)
     assert_reconciles(lookup)
 
 

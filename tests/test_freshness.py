@@ -66,7 +66,7 @@ def _duckdb_view(rt: Runtime) -> dict[int, str]:
 def test_new_increments_reach_the_views_without_a_compaction(
     make_cfg: Any, runtime: Any, spark: Any, tmp_path: Path
 ) -> None:
-    rt = runtime(make_cfg(views={"duckdb": str(tmp_path / "duck" / "views.sql")}))
+    rt = runtime(make_cfg(views={"duckdb": str(tmp_path / "duck" / "views.sql")}, slo={"freshness": "1h"}))
     ensure_tables(rt)
     land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", _ms(T0)), (2, "Bob", "c", _ms(T0)))])
     compact_once(rt, "run-1")
@@ -85,6 +85,9 @@ def test_new_increments_reach_the_views_without_a_compaction(
     assert _view(spark, rt) == {1: "Ann", 2: "Bob"}, "nothing registered it yet"
     result = refresh_pending(rt)
     assert result["partitions_added"] == ["increment_2026112211"]
+    # The refresher checks the SLO between runs; the breach was alerted once already, by the first publish.
+    assert result["slo"]["breached"] and result["slo"]["alerted"] is None
+    assert json.loads(Path(rt.lake.layout.control, "slo.json").read_text())["breached"]
     assert _view(spark, rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
     assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
     view_props = _props(rt, table_names(rt.cfg)["view_name"])
@@ -113,6 +116,22 @@ def test_new_increments_reach_the_views_without_a_compaction(
     assert (st.freshness_seconds, st.pending) == (3600, [])
     assert published["freshness"]["base"] == {"increment": "increment_2026112211", "event_time": later.isoformat()}
     assert published["freshness"]["view"]["increment"] == "increment_2026112211"
+    # The commit records what the run did and how fresh the table was (README, "Metrics and SLOs").
+    commit = rt.lake.latest_commit()
+    committed = datetime.fromisoformat(commit.committed_at)
+    assert commit.metrics is not None and published["metrics"] == commit.metrics
+    counts = {k: v for k, v in commit.metrics.items() if isinstance(v, int)}
+    # Bob's base row lost to Bobby; Cy is new; nothing tied or came late.
+    assert counts == {
+        **dict.fromkeys(("rejected", "tombstones", "expired_tombstones", "ties", "late_events"), 0),
+        **{"events_in": 2, "events_out": 3, "visible_rows": 3, "superseded": 1},
+    }
+    assert commit.metrics["freshness_lag_seconds"] == (committed - later).total_seconds()
+    assert commit.metrics["landing_lag_seconds"] == (committed - (T0 + timedelta(hours=2))).total_seconds()
+    assert sorted(commit.metrics["step_seconds"]) == ["compact", "publish", "validate"]
+    assert all(v >= 0 for v in commit.metrics["step_seconds"].values())
+    # Data from days ago against a 1 h bound: breached ever since the first commit.
+    assert published["slo"]["breached"] and published["slo"]["compliance"] == 0
     # After publish the views no longer read the compacted increment (the base holds it): still right.
     assert _view(spark, rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}
     assert _duckdb_view(rt) == {1: "Ann", 2: "Bobby", 3: "Cy"}

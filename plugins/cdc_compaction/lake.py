@@ -217,11 +217,14 @@ class Commit:
     #: The columns the version was written with (registry + what the source added or widened,
     #: ``schema_changes: evolve``) and the plan's schema changes (README, "Schema changes").
     schema: dict[str, Any] | None = None
+    #: What the compaction did and how fresh the table was when it committed (``metrics.commit_metrics``;
+    #: README, "Metrics and SLOs"); absent in records from before metrics existed.
+    metrics: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
         # Unpartitioned tables (and tables of other modes than snapshot) keep the record format they always had.
-        for key in ("partitions", "partition_rows", "freshness", "history", "schema"):
+        for key in ("partitions", "partition_rows", "freshness", "history", "schema", "metrics"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)

@@ -427,3 +427,50 @@ def alert_schema_changes(
     )
     subject = f"[cdc-compaction] {table}: schema changed ({len(changes)})"
     send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))
+
+
+def _hours(seconds: Any) -> str:
+    return "unknown" if seconds is None else f"{float(seconds) / 3600:.2f} h"
+
+
+def alert_slo(
+    table: str,
+    emails: list[str],
+    smtp_conn_id: str,
+    status: dict[str, Any],
+    breached: bool,
+    channels: AlertChannels | None = None,
+) -> None:
+    """Tell a table's owners that its freshness SLO is breached, or met again (``slo.check``: once per change).
+
+    Never raises (see :func:`send_alert`).
+    """
+    compliance = status.get("compliance")
+    shown = "unknown" if compliance is None else f"{100 * float(compliance):.2f}%"
+    target = f"{100 * float(status.get('target') or 0):.2f}%"
+    what = "breached" if breached else "met again"
+    log.log(
+        logging.WARNING if breached else logging.INFO,
+        "%s: freshness SLO %s: within %s for %s of the last %s (target %s); lag now %s",
+        table,
+        what,
+        _hours(status.get("freshness_seconds")),
+        shown,
+        _hours(status.get("window_seconds")),
+        target,
+        _hours(status.get("lag_seconds")),
+    )
+    advice = (
+        "<p>Check that change files still land in the table's landing area and that its DAG's runs succeed; "
+        "the lag shrinks with the next successful compaction.</p>"
+        if breached
+        else "<p>No action needed.</p>"
+    )
+    body = (
+        f"<p>The freshness SLO of <b>{html.escape(table)}</b> is {what}: its base was within "
+        f"{_hours(status.get('freshness_seconds'))} of the source for {shown} of the last "
+        f"{_hours(status.get('window_seconds'))} (target {target}).</p>"
+        f"<p>The newest source data it holds is {_hours(status.get('lag_seconds'))} old.</p>{advice}"
+    )
+    subject = f"[cdc-compaction] {table}: freshness SLO {what} ({shown})"
+    send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))

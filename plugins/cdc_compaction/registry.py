@@ -418,6 +418,29 @@ class EventTime(_Strict):
     unit: Literal["s", "ms", "us", "ns"] = "ms"
 
 
+class Slo(_Strict):
+    """A freshness objective (README, "Metrics and SLOs"): the base holds source events no older
+    than ``freshness`` for at least ``target`` of the time over the last ``window``."""
+
+    #: How old the newest source data the base holds may be (event time, else the newest increment's end).
+    freshness: Duration
+    #: The fraction of the window the table must be within ``freshness``.
+    target: float = Field(default=0.99, gt=0, le=1)
+    #: The time over which compliance is measured.
+    window: Duration = timedelta(days=7)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Slo:
+        if self.freshness <= timedelta(0):
+            raise ValueError("slo.freshness must be longer than 0 (such as '90m')")
+        if self.window < self.freshness:
+            raise ValueError(
+                f"slo.window ({self.window}) must be at least slo.freshness ({self.freshness}): "
+                "compliance is measured over the window"
+            )
+        return self
+
+
 class TableConfig(_Strict):
     """One registry entry: everything the DAG for one table needs.
 
@@ -491,6 +514,8 @@ class TableConfig(_Strict):
     views: Views = Field(default_factory=Views)
     #: The column holding when the source made each change (freshness).
     event_time: EventTime | None = None
+    #: A freshness objective (freshness, target, window), checked after each publish (README, "Metrics and SLOs").
+    slo: Slo | None = None
 
     @field_validator("lease_timeout")
     @classmethod

@@ -108,6 +108,6 @@ def test_validate_and_publish_succeed_when_the_alert_cannot_be_delivered(make_cf
         and "smtp_default" in failed[0].getMessage()
         and "1 change events refused" in (failed[0].getMessage())
     )
-    assert failed[0].exc_info is not None and "connection is not found" in str(failed[0].exc_info[1])
+    assert failed[0].exc_info is not None and "smtp_default" in str(failed[0].exc_info[1])
     assert notifications.DELIVERY_FAILURES[rt.cfg.qualified_name] == before + 1
     assert counted == [(notifications.DELIVERY_FAILED_METRIC, {"table": rt.cfg.qualified_name})]

@@ -341,6 +341,38 @@ def output_tallies(data: DataFrame, tombstones: DataFrame, pk: list[str], is_del
     return {name: int(total[name]) for name in [*names, "duplicate_keys"]}
 
 
+def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]) -> DataFrame:
+    """Flag how each key's ranking went, for the stats (``tied_winners``, ``late_events``).
+
+    ``_cdc_tied`` is 1 on a key's runner-up (rank 2) when its ``order_by`` values equal the
+    winner's: the rule's last resort, file and row order, decided the winner.  ``_cdc_late``
+    is 1 on an event (``_cdc_src`` 1) ranked below its key's base row: it arrived after a newer
+    change of its key had been compacted already.  Needs ``_cdc_src`` and ``_cdc_rank``.
+    """
+    by_key = Window.partitionBy(*_keys(pk))
+    in_order = by_key.orderBy(F.col("_cdc_rank"))
+    same = functools.reduce(
+        operator.and_, [F.col(f"`{c}`").eqNullSafe(F.lag(F.col(f"`{c}`")).over(in_order)) for c in order_by]
+    )
+    base_rank = F.min(F.when(F.col("_cdc_src") == 0, F.col("_cdc_rank"))).over(by_key)
+    return ranked_events.withColumn("_cdc_tied", F.when((F.col("_cdc_rank") == 2) & same, 1).otherwise(0)).withColumn(
+        "_cdc_late", F.when((F.col("_cdc_src") == 1) & (F.col("_cdc_rank") > base_rank), 1).otherwise(0)
+    )
+
+
+def _sourced(base: DataFrame, events: DataFrame) -> DataFrame:
+    """Base rows (``_cdc_src`` 0) and events (1) together, as :func:`with_rank_flags` needs them."""
+    return base.withColumn("_cdc_src", F.lit(0)).unionByName(events.withColumn("_cdc_src", F.lit(1)))
+
+
+def rank_tally_columns() -> list[Column]:
+    """The sums of :func:`with_rank_flags`' flags, as the stats name them."""
+    return [
+        F.coalesce(F.sum("_cdc_tied"), F.lit(0)).alias("tied_winners"),
+        F.coalesce(F.sum("_cdc_late"), F.lit(0)).alias("late_events"),
+    ]
+
+
 def _observed(obs: Observation, name: str) -> int:
     """An observed metric, or 0 when Spark reported none: adaptive execution drops the whole plan,
     observation included, when its input turned out empty (nothing observed means nothing counted)."""
@@ -557,6 +589,9 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     cached: list[DataFrame] = []
     # Counts the tombstones that expire as they are written.
     obs_tomb = Observation("cdc_compaction_tombstones")
+    # Counts ties and late events as the full ranking runs (the key lookup counts them on its cache).
+    obs_ranks = Observation("cdc_compaction_ranks")
+    rank_tallies: dict[str, int] = {}
     try:
         totals = classified.agg(F.count(F.lit(1)).alias("rows"), F.count("_cdc_reject_reason").alias("bad")).first()
         increment_rows, rejected_rows = int(totals["rows"]), int(totals["bad"])
@@ -596,7 +631,14 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills)
             touched_ranks = touched_ranks.persist()
             cached.append(touched_ranks)
-            lookup_superseded = touched_ranks.filter(F.col("_cdc_rank") > 1).count()
+            # One pass over the cached ranking: the losers, and how the keys' rankings went.
+            tally = (
+                with_rank_flags(touched_ranks, pk, order_by)
+                .agg(F.coalesce(F.sum(F.when(F.col("_cdc_rank") > 1, 1)), F.lit(0)).alias("s"), *rank_tally_columns())
+                .first()
+            )
+            lookup_superseded = int(tally["s"])
+            rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
             losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
             won = touched_ranks.filter((src == 1) & (rank == 1))
@@ -614,7 +656,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         else:
             if part is None:
                 base_all = base_data.unionByName(base_tomb)
-                ranked_events = with_fills(ranked(base_all.unionByName(fresh), rule.rank), fills)
+                ranked_events = with_fills(ranked(_sourced(base_all, fresh), rule.rank), fills)
             else:
                 fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
                 known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
@@ -627,11 +669,15 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 base = base.select(*[F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]])
                 base_all = base.unionByName(base_tomb)
                 ranked_events = assign_partitions(
-                    with_fills(ranked(base_all.unionByName(fresh_p), rule.rank), fills), pk, part.column, part.value
+                    with_fills(ranked(_sourced(base_all, fresh_p), rule.rank), fills), pk, part.column, part.value
                 )
             # The base rows this compaction ranks, counted on their own (validate holds them against
             # the parent version's rows): a scan of the files' row counts, no data.
             base_read = base_all.count()
+            # How the keys' rankings went: counted as the winners are first computed (no pass of its own).
+            ranked_events = with_rank_flags(ranked_events, pk, list(plan.order_by or columns)).observe(
+                obs_ranks, *rank_tally_columns()
+            )
             # Both outputs come from one ranking: keep the winners rather than rank every row twice.
             winners = ranked_events.filter(F.col("_cdc_rank") == 1).persist()
             cached.append(winners)
@@ -664,6 +710,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         # Tombstones stay one small unpartitioned set (with their partition as a column).
         deleted.coalesce(1).write.mode(mode).option("compression", compression).parquet(tomb_out)
         expired_count = _observed(obs_tomb, "expired_tombstones")
+        if not lookup:
+            rank_tallies = {k: _observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
     finally:
         for df in cached:
             df.unpersist()
@@ -732,6 +780,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
         **partitioned,
+        tied_winners=rank_tallies.get("tied_winners"),
+        late_events=rank_tallies.get("late_events"),
         # Only when there were any, so that stats of tables without old_key read as before.
         extra={"retired_keys": retired_keys} if retired_keys else {},
     ).to_dict()

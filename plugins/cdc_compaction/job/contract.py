@@ -418,6 +418,10 @@ class JobStats:
     partitions_touched: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs))
     partitions_rewritten: int | None = field(default=None, metadata=_meta())
     partitions_reused: int | None = field(default=None, metadata=_meta())
+    #: cdc tables: keys whose winner tied with the runner-up on ``order_by`` (file and row order
+    #: decided), and events ranked below their key's base row (late); absent from older jobs' stats.
+    tied_winners: int | None = field(default=None, metadata=_meta())
+    late_events: int | None = field(default=None, metadata=_meta())
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import posixpath
 from datetime import datetime
 from typing import Any
 
+from cdc_compaction import metrics, slo
 from cdc_compaction.exceptions import (
     CommitLogError,
     ConcurrentCommitError,
@@ -207,7 +208,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
                 f"{cfg.qualified_name}: no attempt at plan {p['plan_id']} has passed validation ({marker_path} is "
                 "missing). Nothing was published: clear the validate task (and compact, if it failed)"
             )
-        version = read_json(rt, marker_path)["version"]
+        marker = read_json(rt, marker_path)
+        version = marker["version"]
         stats = read_json(rt, posixpath.join(lake.layout.version_dir(version), STATS_FILE))
         commit = Commit(
             seq=p["seq"],
@@ -228,6 +230,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             commit.partitions, commit.partition_rows = next_partitions(latest, stats)
         if p.get("mode") == "snapshot":
             commit.history = next_history(latest, stats)
+        commit.metrics = _commit_metrics(rt, commit, p, marker)
         # The one atomic decision: create-if-absent of the commit record.
         if lake.try_commit(commit):
             log.info("%s: committed %s as commit %d", cfg.qualified_name, commit.version, commit.seq)
@@ -266,6 +269,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             "out": st.get("output_visible_rows"),
             "tombstones_out": st.get("output_tombstones"),
         },
+        "metrics": existing.metrics or {},
+        "slo": observe(rt, existing, now),
     }
 
 
@@ -289,6 +294,32 @@ def asset_event_extra(table: str, published: dict[str, Any]) -> dict[str, Any]:
         "tombstones_out": rows.get("tombstones_out"),
         "freshness": dict((published.get("freshness") or {}).get("base") or {}),
     }
+
+
+def _commit_metrics(rt: Runtime, commit: Commit, plan: dict[str, Any], marker: dict[str, Any]) -> dict[str, Any] | None:
+    """The commit's numbers (``metrics.commit_metrics``), or None if they cannot be had: never fatal."""
+    try:
+        waiting = [str(w.get("increment", "")) for w in plan.get("waiting_increments") or []]
+        return metrics.commit_metrics(
+            rt.cfg, commit, planned_at=plan.get("planned_at"), validated_at=marker.get("validated_at"), landed=waiting
+        )
+    except Exception:
+        log.exception(
+            "%s: could not compute the metrics of commit %d; committing without", rt.cfg.qualified_name, commit.seq
+        )
+        metrics.EMIT_FAILURES[rt.cfg.qualified_name] += 1
+        return None
+
+
+def observe(rt: Runtime, commit: Commit, now: datetime | None = None) -> dict[str, Any]:
+    """After a publish: check the table's SLO (alerting once per breach) and emit the commit's metrics.
+
+    Side channels: whatever fails is logged and counted, and publishing goes on.
+    """
+    result = slo.check_quietly(rt.cfg, rt.lake, now or utcnow())
+    # A retry of a publish emits the commit's counts again: counters over-count rather than miss one.
+    metrics.emit(rt.cfg, commit.metrics or {}, result)
+    return result
 
 
 def next_partitions(parent: Commit, stats: dict[str, Any]) -> tuple[dict[str, str], dict[str, int]]:

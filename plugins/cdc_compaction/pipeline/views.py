@@ -269,6 +269,11 @@ def refresh_pending(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
         shown = sync(rt, ms, pending, latest, drop_gone=True)
     if pending.held_back:
         shown["held_back"] = pending.held_back
+    # Between runs too: a table whose runs stopped publishing breaches its SLO without a publish to see it.
+    if rt.cfg.slo is not None:
+        from cdc_compaction import slo
+
+        shown["slo"] = slo.check_quietly(rt.cfg, rt.lake, now)
     return shown
 
 

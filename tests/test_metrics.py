@@ -1,0 +1,207 @@
+"""Commit metrics: the numbers a commit records, and their way into Airflow's metrics over real StatsD UDP.
+
+Expected values are worked out here from the commit's recorded times and the job's stats, not
+with the package's code.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from cdc_compaction import metrics
+from cdc_compaction.lake import Commit, Lake
+from cdc_compaction.registry import TableConfig
+
+T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
+STATS = {
+    "increment_rows": 12,
+    "output_rows": 9,
+    "output_visible_rows": 7,
+    "rejected_rows": 1,
+    "superseded_rows": 4,
+    "output_tombstones": 2,
+    "expired_tombstones": 0,
+    "tied_winners": 3,
+    "late_events": 2,
+    "finished_at": (T0 + timedelta(minutes=4)).isoformat(),
+}
+
+
+def _commit(committed_at: datetime, freshness: dict[str, str], stats: dict[str, Any] | None = None) -> Commit:
+    c = Commit(3, "v00000003-p", "p", "r", 2, [], ["increment_2026112608"], stats=dict(stats or STATS))
+    c.committed_at, c.freshness = committed_at.isoformat(), freshness
+    return c
+
+
+def test_a_commit_records_counts_lags_and_step_durations(make_cfg: Callable[..., TableConfig]) -> None:
+    cfg = make_cfg()
+    commit = _commit(T0 + timedelta(minutes=6), {"event_time": "2026-11-26T08:40:00+00:00"})
+    got = metrics.commit_metrics(
+        cfg,
+        commit,
+        planned_at=T0.isoformat(),
+        validated_at=(T0 + timedelta(minutes=5)).isoformat(),
+        landed=["increment_2026112609"],  # waiting when planned: landed, not compacted
+    )
+    assert got == {
+        "events_in": 12,
+        "events_out": 9,
+        "visible_rows": 7,
+        "rejected": 1,
+        "superseded": 4,
+        "tombstones": 2,
+        "expired_tombstones": 0,
+        "ties": 3,
+        "late_events": 2,
+        # 10:06 - 08:40
+        "freshness_lag_seconds": 86 * 60,
+        # 10:06 - the end of the hour 09:00-10:00
+        "landing_lag_seconds": 6 * 60,
+        "newest_landed_increment": "increment_2026112609",
+        "step_seconds": {"compact": 240, "validate": 60, "publish": 60},
+    }
+
+
+def test_an_older_jobs_stats_leave_its_missing_counts_out_and_the_hour_stands_for_the_event_time(
+    make_cfg: Callable[..., TableConfig],
+) -> None:
+    cfg = make_cfg()
+    old = {k: v for k, v in STATS.items() if k not in ("tied_winners", "late_events", "finished_at")}
+    commit = _commit(T0 + timedelta(minutes=30), {"increment": "increment_2026112608"}, old)
+    got = metrics.commit_metrics(cfg, commit, planned_at=None, validated_at=None)
+    assert "ties" not in got and "late_events" not in got
+    # The hour 08:00-09:00 is complete up to 09:00: 90 minutes before 10:30.
+    assert got["freshness_lag_seconds"] == got["landing_lag_seconds"] == 90 * 60
+    assert got["step_seconds"] == {}
+
+
+class _UdpStatsClient:
+    """The StatsD wire protocol (``name:value|type``) for when the ``statsd`` package is not installed."""
+
+    def __init__(self, host: str, port: int, prefix: str | None, ipv6: bool = False) -> None:
+        self.addr, self.prefix = (host, port), prefix
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def _send(self, stat: str, value: str) -> None:
+        name = f"{self.prefix}.{stat}" if self.prefix else stat
+        self.sock.sendto(f"{name}:{value}".encode(), self.addr)
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1) -> None:
+        self._send(stat, f"{count}|c")
+
+    def gauge(self, stat: str, value: float, rate: float = 1, delta: bool = False) -> None:
+        self._send(stat, f"{value}|g")
+
+    def timing(self, stat: str, delta: Any, rate: float = 1) -> None:
+        ms = delta.total_seconds() * 1000 if isinstance(delta, timedelta) else delta
+        self._send(stat, f"{ms:0.6f}|ms")
+
+
+@pytest.fixture
+def statsd_listener() -> Iterator[socket.socket]:
+    """A UDP socket Airflow's StatsD logger sends to (InfluxDB-style tags in the name), as Airflow's ``Stats``."""
+    from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
+    from airflow.sdk._shared.observability.metrics.statsd_logger import get_statsd_logger
+    from airflow.sdk.observability.stats import Stats
+
+    client_class: Any
+    try:
+        import statsd  # the client Airflow's [metrics] statsd_on uses
+
+        client_class = statsd.StatsClient
+    except ImportError:
+        client_class = _UdpStatsClient
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    port = sock.getsockname()[1]
+    Stats.initialize(
+        factory=lambda: get_statsd_logger(
+            stats_class=client_class,
+            host="127.0.0.1",
+            port=port,
+            prefix="airflow",
+            influxdb_tags_enabled=True,
+            statsd_influxdb_enabled=True,
+        ),
+        export_legacy_names=False,
+    )
+    try:
+        yield sock
+    finally:
+        Stats.initialize(factory=NoStatsLogger, export_legacy_names=False)
+        sock.close()
+
+
+def _received(sock: socket.socket) -> dict[str, tuple[float, str]]:
+    """``name,tags`` -> (value, type) of every packet waiting on the socket."""
+    out: dict[str, tuple[float, str]] = {}
+    sock.settimeout(0.5)  # loopback UDP arrives at once; this only ends the drain
+    try:
+        while True:
+            for line in sock.recv(65535).decode().splitlines():
+                name, _, rest = line.rpartition(":")
+                value, _, kind = rest.partition("|")
+                out[name] = (float(value), kind)
+    except TimeoutError:
+        return out
+
+
+def test_emitted_metrics_reach_statsd_with_table_tags(
+    statsd_listener: socket.socket, make_cfg: Callable[..., TableConfig]
+) -> None:
+    cfg = make_cfg(table="student_m")
+    numbers = {
+        "events_in": 12,
+        "ties": 3,
+        "late_events": 2,
+        "freshness_lag_seconds": 5160.0,
+        "step_seconds": {"compact": 240.0},
+    }
+    assert metrics.emit(cfg, numbers, {"compliance": 0.75, "breached": True})
+    got = _received(statsd_listener)
+    tags = f"database={cfg.database},table=student_m"
+    assert got == {
+        f"airflow.cdc_compaction.events_in,{tags}": (12, "c"),
+        f"airflow.cdc_compaction.ties,{tags}": (3, "c"),
+        f"airflow.cdc_compaction.late_events,{tags}": (2, "c"),
+        f"airflow.cdc_compaction.freshness_lag_seconds,{tags}": (5160, "g"),
+        f"airflow.cdc_compaction.step_duration,{tags},step=compact": (240_000, "ms"),
+        f"airflow.cdc_compaction.slo_compliance,{tags}": (0.75, "g"),
+        f"airflow.cdc_compaction.slo_breached,{tags}": (1, "g"),
+    }
+
+
+def test_a_failure_to_emit_is_logged_and_counted_never_raised(
+    statsd_listener: socket.socket, make_cfg: Callable[..., TableConfig], caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_cfg()
+    before = metrics.EMIT_FAILURES[cfg.qualified_name]
+    assert not metrics.emit(cfg, {"freshness_lag_seconds": "not a number"})
+    assert metrics.EMIT_FAILURES[cfg.qualified_name] == before + 1
+    assert "could not emit the metrics" in caplog.text
+    assert f"airflow.cdc_compaction.metrics_emit_failed,database={cfg.database},table={cfg.table}" in _received(
+        statsd_listener
+    )
+
+
+def test_table_metrics_shows_the_latest_commit_and_its_slo(make_cfg: Callable[..., TableConfig]) -> None:
+    cfg = make_cfg(slo={"freshness": "2h", "window": "1d"})
+    lake = Lake(cfg)
+    commit = _commit(T0, {"event_time": (T0 - timedelta(minutes=30)).isoformat()})
+    commit.seq, commit.parent_seq, commit.metrics = 1, 0, {"events_in": 12}
+    assert lake.try_commit(commit)
+    got = metrics.table_metrics(cfg, lake, now=T0 + timedelta(hours=2))
+    assert (got["commit"], got["metrics"], got["freshness"]["event_time"]) == (
+        1,
+        {"events_in": 12},
+        "2026-11-26T09:30:00+00:00",
+    )
+    # Fresh until 11:30 of the 2 h since the commit; 2.5 h old now.
+    assert got["slo"]["compliance"] == pytest.approx(0.75)
+    assert got["slo"]["lag_seconds"] == 2.5 * 3600
