@@ -80,49 +80,21 @@ def test_an_older_jobs_stats_leave_its_missing_counts_out_and_the_hour_stands_fo
     assert got["step_seconds"] == {}
 
 
-class _UdpStatsClient:
-    """The StatsD wire protocol (``name:value|type``) for when the ``statsd`` package is not installed."""
-
-    def __init__(self, host: str, port: int, prefix: str | None, ipv6: bool = False) -> None:
-        self.addr, self.prefix = (host, port), prefix
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-
-    def _send(self, stat: str, value: str) -> None:
-        name = f"{self.prefix}.{stat}" if self.prefix else stat
-        self.sock.sendto(f"{name}:{value}".encode(), self.addr)
-
-    def incr(self, stat: str, count: int = 1, rate: float = 1) -> None:
-        self._send(stat, f"{count}|c")
-
-    def gauge(self, stat: str, value: float, rate: float = 1, delta: bool = False) -> None:
-        self._send(stat, f"{value}|g")
-
-    def timing(self, stat: str, delta: Any, rate: float = 1) -> None:
-        ms = delta.total_seconds() * 1000 if isinstance(delta, timedelta) else delta
-        self._send(stat, f"{ms:0.6f}|ms")
-
-
 @pytest.fixture
 def statsd_listener() -> Iterator[socket.socket]:
     """A UDP socket Airflow's StatsD logger sends to (InfluxDB-style tags in the name), as Airflow's ``Stats``."""
+    import statsd  # the client Airflow's [metrics] statsd_on uses (pinned in requirements.txt)
     from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
     from airflow.sdk._shared.observability.metrics.statsd_logger import get_statsd_logger
     from airflow.sdk.observability.stats import Stats
 
-    client_class: Any
-    try:
-        import statsd  # the client Airflow's [metrics] statsd_on uses
-
-        client_class = statsd.StatsClient
-    except ImportError:
-        client_class = _UdpStatsClient
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(5)
     port = sock.getsockname()[1]
     Stats.initialize(
         factory=lambda: get_statsd_logger(
-            stats_class=client_class,
+            stats_class=statsd.StatsClient,
             host="127.0.0.1",
             port=port,
             prefix="airflow",
@@ -205,3 +177,129 @@ def test_table_metrics_shows_the_latest_commit_and_its_slo(make_cfg: Callable[..
     # Fresh until 11:30 of the 2 h since the commit; 2.5 h old now.
     assert got["slo"]["compliance"] == pytest.approx(0.75)
     assert got["slo"]["lag_seconds"] == 2.5 * 3600
+
+
+#: Run in a child process: Airflow picks its ``Stats`` backend from ``[metrics]`` once per process, as a
+#: worker does. The child emits one commit's numbers, then shuts the meter provider down, which exports.
+_OTEL_CHILD = """
+import json, sys
+from opentelemetry import metrics as otel
+from cdc_compaction import metrics
+from cdc_compaction.registry import parse_table
+cfg = parse_table(json.loads(sys.argv[1]))
+ok = metrics.emit(cfg, json.loads(sys.argv[2]), {"compliance": 0.75, "breached": True})
+otel.get_meter_provider().shutdown()
+print("EMITTED" if ok else "FAILED")
+"""
+
+
+@pytest.fixture
+def otlp_collector() -> Iterator[tuple[int, list[Any]]]:
+    """An OTLP/HTTP metrics receiver on 127.0.0.1 (what an OpenTelemetry collector accepts), stopped here."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+        ExportMetricsServiceResponse,
+    )
+
+    received: list[Any] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path == "/v1/metrics":
+                received.append(ExportMetricsServiceRequest.FromString(body))
+            reply = ExportMetricsServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], received
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _otlp_points(requests: list[Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, float]]:
+    """(metric name, its attributes) -> (kind, value) of every data point the collector received."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, float]] = {}
+    for req in requests:
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    for p in getattr(m, kind).data_points:
+                        attrs = tuple(sorted((a.key, a.value.string_value) for a in p.attributes))
+                        if kind == "sum" or kind == "gauge":
+                            value = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
+                        else:  # a histogram of timings: what this test checks is their sum
+                            value = p.sum
+                        out[(m.name, attrs)] = (kind, float(value))
+    return out
+
+
+def test_emitted_metrics_reach_an_opentelemetry_collector_with_table_attributes(
+    otlp_collector: tuple[int, list[Any]], tmp_path: Any
+) -> None:
+    """[metrics] otel_on: the same numbers go out over OTLP/HTTP, tagged as attributes (no mocked exporter)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import student_doc
+
+    port, received = otlp_collector
+    doc = student_doc(tmp_path / "lake", table="student_o")
+    numbers = {"events_in": 12, "late_events": 2, "freshness_lag_seconds": 5160.0, "step_seconds": {"compact": 240.0}}
+    plugins = Path(__file__).resolve().parents[1] / "plugins"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(plugins),
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__METRICS__STATSD_ON": "False",
+        "AIRFLOW__METRICS__OTEL_ON": "True",
+        "AIRFLOW__METRICS__OTEL_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__OTEL_PORT": str(port),
+        "AIRFLOW__METRICS__OTEL_SSL_ACTIVE": "False",
+        "AIRFLOW__METRICS__OTEL_PREFIX": "airflow",
+        # Long: the export this test sees is the one at shutdown, not a periodic one racing it.
+        "AIRFLOW__METRICS__OTEL_INTERVAL_MILLISECONDS": "600000",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _OTEL_CHILD, json.dumps(doc), json.dumps(numbers)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0 and "EMITTED" in proc.stdout, proc.stdout + proc.stderr
+    got = _otlp_points(received)
+    tags = (("database", doc["database"]), ("table", "student_o"))
+    expected = {
+        ("airflow.cdc_compaction.events_in", tags): ("sum", 12.0),
+        ("airflow.cdc_compaction.late_events", tags): ("sum", 2.0),
+        ("airflow.cdc_compaction.freshness_lag_seconds", tags): ("gauge", 5160.0),
+        ("airflow.cdc_compaction.slo_compliance", tags): ("gauge", 0.75),
+        ("airflow.cdc_compaction.slo_breached", tags): ("gauge", 1.0),
+    }
+    assert {k: v for k, v in got.items() if k in expected} == expected, sorted(got)
+    timings = {k: v for k, v in got.items() if k[0] == "airflow.cdc_compaction.step_duration"}
+    step_tags = tuple(sorted((*tags, ("step", "compact"))))
+    assert list(timings) == [("airflow.cdc_compaction.step_duration", step_tags)], sorted(got)
+    kind, total = timings[next(iter(timings))]
+    assert kind.endswith("histogram") and total == 240_000.0, "one 240 s step, in milliseconds as StatsD has it"
