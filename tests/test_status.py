@@ -9,13 +9,12 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from status_helpers import NOW, SAMPLE, build_sample_lake, version_of
 
 from cdc_compaction.settings import PROJECT_ROOT
-from cdc_compaction.status import airflow_paused, commit_history, slo_bound, table_status
+from cdc_compaction.status import airflow_paused, commit_history, table_status
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -76,31 +75,21 @@ def test_a_table_never_compacted_and_an_unreadable_one(tmp_path: Path) -> None:
     assert broken.line().startswith(f"{SAMPLE['table']:<28} ERROR CommitLogError")
 
 
-@pytest.mark.parametrize(
-    ("slo", "bound"),
-    [
-        (None, None),
-        (timedelta(hours=3), timedelta(hours=3)),
-        (5400, timedelta(minutes=90)),
-        ("2h", timedelta(hours=2)),
-        (SimpleNamespace(freshness=timedelta(hours=1)), timedelta(hours=1)),
-        (SimpleNamespace(max_lag="45m"), timedelta(minutes=45)),
-        ("soon", None),
-        (True, None),
-    ],
-)
-def test_slo_bound_forms(slo: object, bound: timedelta | None) -> None:
-    assert slo_bound(SimpleNamespace(slo=slo)) == bound  # type: ignore[arg-type]
+def test_freshness_against_an_slo_and_its_compliance(tmp_path: Path) -> None:
+    """Commits at 01:10 (newest event 00:50) and 02:20 (01:55); now 04:00, so 170 minutes measured."""
+    from cdc_compaction.registry import Slo
 
-
-def test_freshness_against_an_slo(tmp_path: Path) -> None:
     student, _ = build_sample_lake(tmp_path / "lake")
-    for hours, state in ((3, "ok"), (2, "late")):  # freshness is 2h05m
-        cfg = student.model_copy()
-        object.__setattr__(cfg, "slo", timedelta(hours=hours))
+    # bound 3h: never late (00:50 + 3h and 01:55 + 3h are after 04:00); bound 1h: within 01:10-01:50
+    # and 02:20-02:55, 75 of 170 minutes; bound 2h: 01:10-02:20 all, then 02:20-03:55: 165 of 170.
+    for hours, state, within in ((3, "ok", 170), (2, "late", 165), (1, "late", 75)):
+        slo = Slo(freshness=timedelta(hours=hours), target=0.9, window=timedelta(days=1))
+        cfg = student.model_copy(update={"slo": slo})
         st = table_status(cfg, NOW)
         assert (st.slo_seconds, st.slo_state) == (hours * 3600, state)
-        assert f"slo {hours}h00m {state.upper()}" in st.line()
+        assert st.slo_target == 0.9 and st.slo_compliance == pytest.approx(within / 170)
+        assert f"slo {hours}h00m {state.upper()} {100 * within / 170:.1f}%/90%" in st.line()
+    assert table_status(student, NOW).slo_compliance is None, "no slo: nothing to measure against"
 
 
 def test_paused_flags_come_from_the_metadata_db_or_are_unknown(tmp_path: Path) -> None:

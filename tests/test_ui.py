@@ -81,11 +81,13 @@ def test_a_late_table_is_marked_and_an_unreadable_one_says_why(sample: Any) -> N
     from cdc_compaction.ui import render_index
 
     student, fresh = sample
-    late = student.model_copy()
-    object.__setattr__(late, "slo", timedelta(hours=1))  # freshness at NOW is 2h05m
+    from cdc_compaction.registry import Slo
+
+    # Freshness at NOW is 2h05m; within 1h for 75 of the 170 minutes since the first commit.
+    late = student.model_copy(update={"slo": Slo(freshness=timedelta(hours=1), target=0.99, window=timedelta(days=1))})
     Path(fresh.storage_root, "_cdc", "commits").mkdir(parents=True)
     Path(fresh.storage_root, "_cdc", "commits", "00000001.json").write_text("[]")
     page = render_index([table_status(late, NOW), table_status(fresh, NOW)], NOW)
-    assert '<td class="freshness late">2h05m slo 1h00m LATE</td>' in page
+    assert '<td class="freshness late">2h05m slo 1h00m LATE 44.1%/99%</td>' in page
     broken = page.split(f'<tr data-table="{SAMPLE["empty_table"]}">')[1].split("</tr>")[0]
     assert '<td colspan="6" class="err">CommitLogError: commit record' in broken and "00000001.json" in broken

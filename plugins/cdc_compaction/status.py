@@ -65,30 +65,8 @@ def format_age(seconds: float | None) -> str:
 
 
 def slo_bound(cfg: TableConfig) -> timedelta | None:
-    """The freshness bound of ``cfg.slo`` if the config has one, else None.
-
-    The registry's ``slo`` field may be a duration itself (timedelta, seconds, ``"2h"``-like
-    text) or an object carrying it (``freshness``, ``max_lag``, ``max_age``, ``bound``); an
-    ``slo`` of another form is shown as absent rather than guessed at.
-    """
-    slo = getattr(cfg, "slo", None)
-    if slo is None:
-        return None
-    for attr in ("freshness", "max_lag", "max_age", "bound"):
-        inner = getattr(slo, attr, None)
-        if inner is not None:
-            slo = inner
-            break
-    if isinstance(slo, timedelta):
-        return slo
-    if isinstance(slo, int | float) and not isinstance(slo, bool):
-        return timedelta(seconds=slo)
-    if isinstance(slo, str):
-        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-        text = slo.strip().lower()
-        if text[:-1].isdigit() and text[-1:] in units:
-            return timedelta(seconds=int(text[:-1]) * units[text[-1]])
-    return None
+    """The freshness bound of the table's ``slo`` (README, "Metrics and SLOs"), or None without one."""
+    return cfg.slo.freshness if cfg.slo is not None else None
 
 
 @dataclass
@@ -141,6 +119,9 @@ class TableStatus:
     slo_seconds: float | None = None
     #: "ok", "late", or "" without an SLO (or without anything compacted).
     slo_state: str = ""
+    #: The fraction of the SLO's window within the bound (``slo.status``, from the commit history) and its target.
+    slo_compliance: float | None = None
+    slo_target: float | None = None
     pending: list[str] = field(default_factory=list)
     quarantine_waiting: int = 0
     quarantine_entries: int = 0
@@ -165,6 +146,8 @@ class TableStatus:
             text += " (by increment)"
         if self.slo_seconds is not None:
             text += f" slo {format_age(self.slo_seconds)} {self.slo_state.upper()}"
+        if self.slo_compliance is not None and self.slo_target is not None:
+            text += f" {100 * self.slo_compliance:.1f}%/{100 * self.slo_target:g}%"
         return text
 
     def line(self) -> str:
@@ -229,6 +212,11 @@ def table_status(cfg: TableConfig, now: datetime, paused: dict[str, bool] | None
             st.freshness_basis, st.freshness_seconds = _freshness(cfg, latest, now)
         if st.slo_seconds is not None and st.freshness_seconds is not None:
             st.slo_state = "ok" if st.freshness_seconds <= st.slo_seconds else "late"
+        if cfg.slo is not None and latest.seq:
+            from cdc_compaction.slo import status as slo_status
+
+            compliance = slo_status(cfg, lake, now)
+            st.slo_compliance, st.slo_target = compliance.compliance, compliance.target
         st.pending = pending_increments(cfg, lake, latest)
         entries = Quarantine(lake).entries()
         st.quarantine_entries = len(entries)
