@@ -15,7 +15,8 @@ import pytest
 from conftest import STUDENT_COLUMNS, compact_once
 
 from cdc_compaction.exceptions import BadInputError
-from cdc_compaction.inputs import check_file, readable_as
+from cdc_compaction.hive_types import readable_as
+from cdc_compaction.inputs import check_file
 from cdc_compaction.lake import Lake
 from cdc_compaction.pipeline.plan import plan as run_plan
 from cdc_compaction.pipeline.tables import ensure_tables

@@ -20,7 +20,7 @@ from conftest import compact_once
 
 from cdc_compaction.conformance import land
 from cdc_compaction.exceptions import SchemaChangeError
-from cdc_compaction.inputs import hive_widening
+from cdc_compaction.hive_types import hive_widening
 from cdc_compaction.lake import Lake
 from cdc_compaction.metastore import _spark_schema_widened, connect
 from cdc_compaction.pipeline.tables import ensure_tables

@@ -6,7 +6,7 @@ this module infers what the registry needs and writes one ``<database>.<table>.y
 comments say where every inferred value came from and what the reviewer must check:
 
 * **columns**: the union of the Parquet footers of the landed files (never the data), Arrow
-  types mapped to the narrowest Hive type Spark reads them as (:func:`cdc_compaction.inputs.readable_as`,
+  types mapped to the narrowest Hive type Spark reads them as (:func:`cdc_compaction.hive_types.readable_as`,
   the rule the plan applies to every landed file); with no Parquet landed yet, an Avro value schema
   (``*.avsc`` in the table's directory, as a schema registry serves it).  A Debezium envelope
   (``before``/``after``/``op``/``source``) becomes the columns ExtractNewRecordState writes;
@@ -34,8 +34,8 @@ from typing import Any
 import yaml
 
 from cdc_compaction.exceptions import IdentifierError, RegistryError
+from cdc_compaction.hive_types import decimal_parts, hive_widening, logical_type, physical_types, readable_as
 from cdc_compaction.identifiers import check_identifier
-from cdc_compaction.inputs import _decimal, _logical_type, _physical_types, hive_widening, readable_as
 from cdc_compaction.landing import is_in_progress
 from cdc_compaction.registry import (
     REGISTRY_SUFFIXES,
@@ -182,8 +182,8 @@ def parse_hints(values: list[str], option: str) -> dict[str, list[str]]:
 
 def hive_type_of_arrow(arrow: Any, physical: str | None = None) -> str | None:
     """The narrowest Hive type Spark reads a Parquet column of this Arrow type as; None if none."""
-    logical = _logical_type(arrow, physical)
-    dec = _decimal(logical) if logical.startswith("decimal") else None
+    logical = logical_type(arrow, physical)
+    dec = decimal_parts(logical) if logical.startswith("decimal") else None
     if dec is not None:
         return f"decimal({dec[0]},{dec[1]})" if dec[0] <= 38 else None
     return next((t for t in _HIVE_CANDIDATES if readable_as(t, logical)), None)
@@ -275,7 +275,7 @@ def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tupl
         except Exception as exc:  # noqa: BLE001 - an unreadable file is reported, the others still count
             unreadable.append(f"{f} ({type(exc).__name__})")
             continue
-        physical = _physical_types(meta)
+        physical = physical_types(meta)
         rel = f[len(shown) :].lstrip("/") if f.startswith(shown) else f
         for a in schema:
             hive = hive_type_of_arrow(a.type, physical.get(a.name))

@@ -29,6 +29,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cdc_compaction.hive_types import hive_widening, readable_as
 from cdc_compaction.registry import Column, TableConfig
 
 #: Where the evolved schema of a table is kept, under the lake's control directory.
@@ -110,7 +111,6 @@ def judge(
     Pure: no I/O. ``path`` names the file in the changes; a refusal is one line whose first words say
     what kind it is (the plan's error adds the table and file; quarantine groups by those words).
     """
-    from cdc_compaction.inputs import hive_widening, readable_as
 
     out = Judgement()
     found = {n.lower(): (n, t) for n, t in file_columns.items()}
@@ -185,7 +185,6 @@ def evolve(table: str, columns: list[Column], changes: list[Change]) -> tuple[li
     files add with different types gets the type holding both, and one no type holds is refused.
     """
     from cdc_compaction.exceptions import SchemaChangeError
-    from cdc_compaction.inputs import hive_widening
 
     orig = {c.name: c.type for c in columns}
     types = dict(orig)
@@ -259,7 +258,6 @@ def overlay(cfg: TableConfig, state: dict[str, Any] | None) -> TableConfig:
     registry's is the source's; columns only the source has follow, in the order they came.
     A registry type wider than the evolved one wins (the owner widened it since).
     """
-    from cdc_compaction.inputs import hive_widening
 
     if not state:
         return cfg

@@ -12,8 +12,8 @@ from typing import Any
 
 from cdc_compaction import sql
 from cdc_compaction.exceptions import SchemaChangeError
+from cdc_compaction.hive_types import hive_widening
 from cdc_compaction.identifiers import normalize_hive_type
-from cdc_compaction.inputs import hive_widening
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN
 from cdc_compaction.lake import EMPTY_VERSION
 from cdc_compaction.metastore import connect
