@@ -323,6 +323,12 @@ class Plan:
     base_partitions: dict[str, str] | None = field(default=None, metadata=_meta())
     #: The table mode (registry ``mode``); absent in plans of cdc tables made before modes existed.
     mode: str | None = field(default=None, metadata=_meta(omit=True))
+    #: The columns the version is written with ({name, type}): the registry's plus what the source added
+    #: or widened (``schema_changes: evolve``); ``column_names`` and ``schema_ddl`` say the same for the job.
+    #: Absent in plans made before schema changes were followed.
+    columns: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
+    #: What this plan changed in the table's schema (a report for people and the commit; the job ignores it).
+    schema_changes: tuple[dict[str, Any], ...] | None = field(default=None, metadata=_meta(load=_dicts))
     #: keyless: the row's columns and their before-image columns, aligned.
     data_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
     before_columns: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs, omit=True))
