@@ -37,6 +37,8 @@ SAMPLE: dict[str, Any] = {
     "quarantined_plan": "p-0003-bad",
     "lease_owner": "airflow-test/manual__3",
     "empty_table": "tests.fresh",
+    # tests.student's freshness objective: 2h05m old at NOW, within 1 h for 75 of the 170 minutes since commit 1.
+    "slo": {"freshness": "1h", "target": 0.99, "window": "1d"},
 }
 
 
@@ -68,7 +70,7 @@ def build_sample_lake(root: Path, registry: Path | None = None, now: datetime = 
     def move(value: str) -> str:
         return _shifted(value, shift)
 
-    docs = [student_doc(root, "student"), student_doc(root, "fresh")]
+    docs = [student_doc(root, "student", slo=SAMPLE["slo"]), student_doc(root, "fresh")]
     configs = [parse_table(d) for d in docs]
     if registry is not None:
         registry.mkdir(parents=True, exist_ok=True)

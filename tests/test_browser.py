@@ -32,6 +32,7 @@ from status_helpers import NOW, SAMPLE, build_sample_lake, version_of
 
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.local_services import free_port, port_open
+from cdc_compaction.settings import PROJECT_ROOT
 
 pytestmark = [pytest.mark.browser]
 
@@ -127,7 +128,10 @@ def test_cdc_tables_pages_in_airflow(airflow_ui: tuple[str, str, datetime], tmp_
     status, doc = _request(f"{base}/api/v2/dags/{dag_id}", token, method="PATCH", body={"is_paused": False})
     assert status == 200 and doc["is_paused"] is False, doc
 
-    shots = tmp_path / "screenshots"
+    # Kept after the run (pytest's tmp_path is pruned): .run/test-output/browser/ of the checkout.
+    shots = PROJECT_ROOT / ".run" / "test-output" / "browser"
+    shutil.rmtree(shots, ignore_errors=True)
+    shots.mkdir(parents=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -140,7 +144,10 @@ def test_cdc_tables_pages_in_airflow(airflow_ui: tuple[str, str, datetime], tmp_
             row = page.locator(f'tr[data-table="{student}"]')
             expect(row.locator("td.commit")).to_have_text(f"2 at {committed.isoformat()[:19]} (3 rows)")
             # The sample's newest event is 2h05m old at the hour it was built in, plus the minutes since.
-            expect(row.locator("td.freshness")).to_have_text(re.compile(r"^[23]h\d\dm$"))
+            # Against its SLO (1 h, 99% of a day): late, compliance measured since commit 1.
+            late = re.compile(r"^[23]h\d\dm slo 1h00m LATE \d+\.\d%/99%$")
+            expect(row.locator("td.freshness")).to_have_text(late)
+            expect(row.locator("td.freshness")).to_have_class(re.compile(r"\blate\b"))
             expect(row.locator("td.pending")).to_have_text("2")
             expect(row.locator("td.quarantine")).to_have_text("1")
             expect(row.locator("td.paused")).to_have_text("enabled")
