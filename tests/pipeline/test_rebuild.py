@@ -2,7 +2,8 @@
 
 Two Spark tests on the session's Spark and metastore: a history of several real compactions
 (updates, a delete, a late stale update) rebuilt whole and ``--since`` an increment, with a
-crash after the first replayed commit in between; and an archived file tampered with, which
+crash after the first replayed commit in between, then published as a new commit that the
+next compaction builds on; and an archived file tampered with, which
 the verification must name by key.  The expected rows come from the events written here.
 """
 
@@ -14,6 +15,7 @@ import pytest
 from conftest import compact_once, visible_names
 
 from cdc_compaction.conformance import land
+from cdc_compaction.exceptions import RebuildError
 from cdc_compaction.job import faults
 from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import TableLease
@@ -70,6 +72,20 @@ def test_rebuild_equals_live_and_survives_a_crash(make_cfg, runtime, spark, monk
     since = rebuild(rt, since="increment_2026112203")
     assert since.equal and since.start_seq == 3 and since.replayed == [4]
 
+    # --publish: the rebuild becomes commit 5 on top of 4; readers, pointer and the next run follow.
+    published = rebuild(rt, publish=True)
+    assert published.equal and published.published_seq == live.seq + 1
+    now = rt.lake.latest_commit()
+    assert (now.seq, now.parent_seq, now.files) == (live.seq + 1, live.seq, [])
+    assert now.version.startswith(f"v{live.seq + 1:08d}-rb{published.rebuild_id}")
+    assert rt.lake.read_pointer()["version"] == now.version
+    assert visible_names(spark, rt.cfg) == EXPECTED
+    # Only the replay's last version stays in base/ (cleanup took the intermediate ones).
+    assert [p.name for p in _dirs(rt.lake.layout.base) if p.name.startswith(f"v{now.seq:08d}")] == [now.version]
+    land(rt.cfg, "increment_2026112204", [student_rows((6, "Flo", "c", 50))])
+    assert compact_once(rt, "run-after-rebuild")
+    assert visible_names(spark, rt.cfg) == {**EXPECTED, 6: "Flo"}
+
 
 def test_tampered_archive_is_named_by_key(make_cfg, runtime, spark) -> None:
     rt = runtime(make_cfg())
@@ -91,6 +107,12 @@ def test_tampered_archive_is_named_by_key(make_cfg, runtime, spark) -> None:
     text = "\n".join(report.lines())
     assert "DIFFERENT" in text and "'id': 4" in text
     assert visible_names(spark, rt.cfg) == EXPECTED
+    # A different rebuild is not published without --force; live stays as it was.
+    live = rt.lake.latest_commit()
+    with pytest.raises(RebuildError, match=r"differs from the live commit 4 \(1 rows only live, 1 only rebuilt\)"):
+        rebuild(rt, publish=True)
+    assert rt.lake.latest_commit().version == live.version
+    assert TableLease(rt.lake).current().released
 
 
 def _dirs(path: str) -> list:

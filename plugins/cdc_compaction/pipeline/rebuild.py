@@ -26,13 +26,18 @@ from datetime import datetime
 from typing import Any
 
 from cdc_compaction import sql
-from cdc_compaction.exceptions import RebuildError
-from cdc_compaction.job.contract import DATA_DIR, LAYOUT, TOMBSTONES_DIR
+from cdc_compaction.exceptions import ConcurrentCommitError, RebuildError
+from cdc_compaction.job.contract import DATA_DIR, LAYOUT, STATS_FILE, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import GENESIS, Commit, Lake, TableLease
+from cdc_compaction.metastore import connect
 from cdc_compaction.modes import mode_of
+from cdc_compaction.pipeline import views
+from cdc_compaction.pipeline.archive import archive_commit
+from cdc_compaction.pipeline.pending import pending_files
 from cdc_compaction.pipeline.plan import sizing
-from cdc_compaction.pipeline.publish import next_partitions
+from cdc_compaction.pipeline.publish import next_partitions, sync_base_location
+from cdc_compaction.pipeline.retention import cleanup_versions
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
 
 log = logging.getLogger(__name__)
@@ -80,6 +85,8 @@ class RebuildReport:
     replayed: list[int]
     location: str
     equal: bool = False
+    #: The commit that made the rebuilt version live (``--publish``), else None.
+    published_seq: int | None = None
     #: Rows in each side; tombstones compared only when the live version keeps them apart (layout 2).
     live_rows: int = 0
     rebuilt_rows: int = 0
@@ -98,6 +105,7 @@ class RebuildReport:
         ]
         if self.equal:
             out.append("EQUAL: the rebuilt table equals the live version row for row (tombstones included)")
+            out += self._published()
             return out
         out.append(
             f"DIFFERENT: {self.only_live_count} row(s) only in the live version, {self.only_rebuilt_count} only in "
@@ -106,7 +114,12 @@ class RebuildReport:
         )
         out += [f"  only live:    {k}" for k in self.only_live]
         out += [f"  only rebuilt: {k}" for k in self.only_rebuilt]
-        return out
+        return out + self._published()
+
+    def _published(self) -> list[str]:
+        if self.published_seq is None:
+            return ["not published (verify only; --publish makes it a new commit)"]
+        return [f"published as commit {self.published_seq}: readers now see the rebuilt version"]
 
 
 def _replay_plan(
@@ -201,11 +214,16 @@ def _parent_of(lake: Lake, commit: Commit, owner: str) -> dict[str, Any]:
     }
 
 
-def rebuild(rt: Runtime, since: str | None = None, now: datetime | None = None) -> RebuildReport:
+def rebuild(
+    rt: Runtime, since: str | None = None, publish: bool = False, force: bool = False, now: datetime | None = None
+) -> RebuildReport:
     """Replay the table's archived increments into ``rebuild/<id>/`` and compare the result with the live version.
 
-    Changes nothing the table's readers see.  Raises :class:`RebuildError` if a file to replay
-    is gone, :class:`~cdc_compaction.exceptions.ConcurrentRunError` if a run holds the lease.
+    Without ``publish`` nothing the table's readers see changes.  With it the replay is written
+    into ``base/`` as versions of the next commit number and, if it equals the live version (or
+    ``force``), committed as a new commit on top of the live one (:func:`_publish`).  Raises
+    :class:`RebuildError` if a file to replay is gone or a different rebuild is to be published
+    without ``force``, :class:`~cdc_compaction.exceptions.ConcurrentRunError` if a run holds the lease.
     """
     cfg, lake = rt.cfg, rt.lake
     if cfg.mode != "cdc":
@@ -227,6 +245,11 @@ def rebuild(rt: Runtime, since: str | None = None, now: datetime | None = None) 
         parent = _parent_of(lake, start, owner)
         for i, commit in enumerate(todo):
             doc = _replay_plan(rt, parent, commit, out_root, _kept_plan(rt, commit))
+            if publish:
+                # Versions of the next commit number in base/: retention leaves them alone until that
+                # commit exists, and afterwards keeps exactly what the new commit references (partitions).
+                doc["version"] = f"v{live.seq + 1:08d}-rb{rebuild_id}s{i}"
+                doc["output_location"] = lake.layout.version_dir(doc["version"])
             stats = rt.engine.compact(doc)  # type: ignore[attr-defined]
             out = f"{doc['output_location']}-{stats['attempt']}" if stats.get("attempt") else doc["output_location"]
             partitions, partition_rows = (None, None)
@@ -259,6 +282,8 @@ def rebuild(rt: Runtime, since: str | None = None, now: datetime | None = None) 
             location=parent["data"],
         )
         _compare(rt, live, parent, report)
+        if publish:
+            _publish(rt, live, parent, report, force, now or utcnow())
     finally:
         TableLease(lake).release(owner)
     log.info("%s: rebuild %s: %s", cfg.qualified_name, rebuild_id, "equal" if report.equal else "DIFFERENT")
@@ -313,3 +338,68 @@ def _compare(rt: Runtime, live: Commit, rebuilt: dict[str, Any], report: Rebuild
 
 def _exists(rt: Runtime, path: str) -> bool:
     return rt.lake.storage.exists(path)
+
+
+def _publish(
+    rt: Runtime, live: Commit, rebuilt: dict[str, Any], report: RebuildReport, force: bool, now: datetime
+) -> None:
+    """Commit the rebuilt version on top of ``live`` and make it live, as ``publish`` does for a run.
+
+    History only moves forward: commit ``live.seq + 1`` takes no new input (``files`` empty), so
+    archive and the next plan have nothing to move; the rows its replay refused were refused
+    (and quarantined) by the original commits already, so it records none.
+    """
+
+    cfg, lake = rt.cfg, rt.lake
+    if not report.equal and not force:
+        raise RebuildError(
+            f"{cfg.qualified_name}: the rebuilt version differs from the live commit {live.seq} "
+            f"({report.only_live_count} rows only live, {report.only_rebuilt_count} only rebuilt), so it was not "
+            "published. Find which side is wrong (`rebuild` lists the keys); publish the rebuild anyway with --force"
+        )
+    take_lease(rt, rebuilt["owner"], now)  # renewed: a rebuild that lost its lease must not commit
+    if lake.latest_commit().seq != live.seq:
+        raise ConcurrentCommitError(
+            f"{cfg.qualified_name}: the table moved past commit {live.seq} during the rebuild; nothing was "
+            "published. Run the rebuild again"
+        )
+    stats = read_stats(rt, rebuilt["data"])
+    stats.update(rejected_rows=0, rejected_by_reason={}, rejected_by_file={})
+    stats["rebuild"] = {"id": report.rebuild_id, "from_seq": report.start_seq, "replayed": report.replayed}
+    commit = Commit(
+        seq=live.seq + 1,
+        version=rebuilt["version"],
+        plan_id=f"rb{report.rebuild_id}",
+        run_id=f"rebuild-{report.rebuild_id}",
+        parent_seq=live.seq,
+        files=[],
+        increments=[],
+        stats=stats,
+        committed_at=now.isoformat(),
+        layout=LAYOUT,
+        partitions=rebuilt["partitions"],
+        partition_rows=rebuilt["partition_rows"],
+        freshness=live.freshness,
+        schema=live.schema,
+    )
+    with connect(rt.metastore) as ms:
+        # The live commit's files leave the landing area first, as the next plan would do.
+        if not lake.is_archived(live.seq):
+            archive_commit(rt, ms, live)
+        if not lake.try_commit(commit):
+            raise ConcurrentCommitError(
+                f"{cfg.qualified_name}: commit {commit.seq} was taken by another run during the rebuild; "
+                "nothing was published. Run the rebuild again"
+            )
+        lake.storage.write_text(lake.layout.archived_marker(commit.seq), json.dumps({"seq": commit.seq, "files": 0}))
+        sync_base_location(rt, ms, commit)
+        views.sync(rt, ms, pending_files(rt, utcnow(), set()), commit, drop_gone=True)
+    report.published_seq = commit.seq
+    cleanup_versions(rt, commit.seq)
+    log.info("%s: rebuild %s published as commit %d", cfg.qualified_name, report.rebuild_id, commit.seq)
+
+
+def read_stats(rt: Runtime, data_dir: str) -> dict[str, Any]:
+    """The job's stats of a replayed version (beside its ``data/``), without the file list."""
+    text = rt.lake.storage.read_text(posixpath.join(posixpath.dirname(data_dir), STATS_FILE))
+    return {k: v for k, v in json.loads(text).items() if k != "output_files"}
