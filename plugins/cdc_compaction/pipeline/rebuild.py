@@ -56,17 +56,37 @@ def rebuild_root(lake: Lake) -> str:
 def replay_start(lake: Lake, commits: list[Commit], since: str | None) -> tuple[Commit, list[Commit]]:
     """(the version to start from, the commits to replay on it, in order) for ``since``.
 
-    Without ``since``: the empty genesis version and every commit.  With it: the newest commit
-    whose increments all come before ``since`` and whose version is still kept (its directory
-    exists), and the commits after it; the genesis version if no such commit is kept.
+    Without ``since``: the empty genesis version and every commit -- unless retention removed
+    the archives of the oldest commits (``archive_retention``): then the oldest kept version
+    that holds them all.  With ``since``: the newest commit whose increments all come before it
+    and whose version is still kept (its directory exists), and the commits after it; the
+    genesis version if no such commit is kept.
     """
+    kept = [c for c in commits if lake.storage.exists(lake.data_location(c))]
     if since is None:
-        return GENESIS, list(commits)
-    for i in range(len(commits) - 1, -1, -1):
-        c = commits[i]
-        if all(inc < since for inc in c.increments) and lake.storage.exists(lake.data_location(c)):
-            return c, commits[i + 1 :]
+        expired = [c.seq for c in commits if archive_expired(lake, c)]
+        if not expired:
+            return GENESIS, list(commits)
+        start = next((c for c in kept if c.seq >= max(expired)), None)
+        if start is None:
+            raise RebuildError(
+                f"{lake.cfg.qualified_name}: the archives of commits {expired} are gone (archive_retention) and no "
+                "kept version holds them, so the table cannot be replayed. Nothing was changed"
+            )
+        return start, [c for c in commits if c.seq > start.seq]
+    for c in reversed(kept):
+        if all(inc < since for inc in c.increments):
+            return c, [x for x in commits if x.seq > c.seq]
     return GENESIS, list(commits)
+
+
+def archive_expired(lake: Lake, commit: Commit) -> bool:
+    """True if ``commit``'s archive was finished and later removed by retention (``archive_retention``)."""
+    return (
+        bool(commit.files)
+        and lake.is_archived(commit.seq)
+        and not lake.storage.exists(posixpath.join(lake.layout.archive, f"c{commit.seq:08d}"))
+    )
 
 
 def archived_path(lake: Lake, commit: Commit, f: dict[str, Any]) -> str:
