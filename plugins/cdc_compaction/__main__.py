@@ -424,15 +424,16 @@ def _rebuild(args: argparse.Namespace) -> int:
     from cdc_compaction.engine import SessionEngine, local_session
     from cdc_compaction.exceptions import CdcCompactionError
     from cdc_compaction.lake import Lake
-    from cdc_compaction.pipeline.rebuild import rebuild
+    from cdc_compaction.pipeline.rebuild import check_rebuildable, rebuild
     from cdc_compaction.pipeline.runtime import Runtime
     from cdc_compaction.settings import MetastoreEndpoint
 
-    cfg = _table(args)
-    endpoint = MetastoreEndpoint.parse(args.metastore)
-    engine = SessionEngine(local_session(endpoint, args.warehouse, app_name=f"cdc-rebuild-{cfg.qualified_name}"))
-    rt = Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=engine)
     try:
+        cfg = _table(args)
+        check_rebuildable(cfg)  # before Spark starts: a JVM costs 10-15 s
+        endpoint = MetastoreEndpoint.parse(args.metastore)
+        engine = SessionEngine(local_session(endpoint, args.warehouse, app_name=f"cdc-rebuild-{cfg.qualified_name}"))
+        rt = Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=engine)
         report = rebuild(rt, since=args.since, publish=args.publish, force=args.force)
     except CdcCompactionError as exc:
         print(f"rebuild: {exc}", file=sys.stderr)

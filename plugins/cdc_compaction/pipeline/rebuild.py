@@ -37,8 +37,9 @@ from cdc_compaction.pipeline.archive import archive_commit
 from cdc_compaction.pipeline.pending import pending_files
 from cdc_compaction.pipeline.plan import sizing
 from cdc_compaction.pipeline.publish import next_partitions, sync_base_location
-from cdc_compaction.pipeline.retention import cleanup_versions
+from cdc_compaction.pipeline.retention import cleanup_versions, kept_seqs
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
+from cdc_compaction.registry import TableConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,15 @@ def rebuild_root(lake: Lake) -> str:
     return posixpath.join(lake.layout.root, REBUILD_DIR)
 
 
+def check_rebuildable(cfg: TableConfig) -> None:
+    """Refuse a table the replay does not support (before any work: the CLI calls it before Spark starts)."""
+    if cfg.mode != "cdc":
+        raise RebuildError(
+            f"{cfg.qualified_name}: field 'mode' is {cfg.mode!r}; rebuild replays cdc tables only (README, "
+            "'Rebuild and replay'). Nothing was changed"
+        )
+
+
 def replay_start(lake: Lake, commits: list[Commit], since: str | None) -> tuple[Commit, list[Commit]]:
     """(the version to start from, the commits to replay on it, in order) for ``since``.
 
@@ -62,7 +72,11 @@ def replay_start(lake: Lake, commits: list[Commit], since: str | None) -> tuple[
     and whose version is still kept (its directory exists), and the commits after it; the
     genesis version if no such commit is kept.
     """
-    kept = [c for c in commits if lake.storage.exists(lake.data_location(c))]
+    # Kept by keep_versions (an older version directory may stay only for partitions a kept commit
+    # references: it is not a whole version to start from).
+    live_seq = commits[-1].seq if commits else 0
+    window = kept_seqs(live_seq, lake.cfg.keep_versions)
+    kept = [c for c in commits if c.seq in window and lake.storage.exists(lake.data_location(c))]
     if since is None:
         expired = [c.seq for c in commits if archive_expired(lake, c)]
         if not expired:
@@ -246,11 +260,7 @@ def rebuild(
     without ``force``, :class:`~cdc_compaction.exceptions.ConcurrentRunError` if a run holds the lease.
     """
     cfg, lake = rt.cfg, rt.lake
-    if cfg.mode != "cdc":
-        raise RebuildError(
-            f"{cfg.qualified_name}: field 'mode' is {cfg.mode!r}; rebuild replays cdc tables only (README, "
-            "'Rebuild and replay'). Nothing was changed"
-        )
+    check_rebuildable(cfg)
     rebuild_id = uuid.uuid4().hex[:12]
     owner = lease_owner(f"rebuild-{rebuild_id}")
     take_lease(rt, owner, now or utcnow())
@@ -259,6 +269,8 @@ def rebuild(
         for e in lake.storage.list_dir(rebuild_root(lake)):
             lake.storage.delete_tree(e.path)
         live = lake.latest_commit()
+        if live.seq == 0:
+            raise RebuildError(f"{cfg.qualified_name}: nothing was committed yet, so there is nothing to rebuild")
         commits = [c for s in range(1, live.seq + 1) if (c := lake.read_commit(s)) is not None]
         start, todo = replay_start(lake, commits, since)
         out_root = posixpath.join(rebuild_root(lake), rebuild_id)
