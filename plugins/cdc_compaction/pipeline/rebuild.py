@@ -227,7 +227,7 @@ def _kept_plan(rt: Runtime, commit: Commit) -> dict[str, Any]:
         return {}
     try:
         return json.loads(rt.lake.storage.read_text(path))
-    except ValueError:
+    except ValueError:  # a torn plan file from a crash: fall back on the commit's time
         return {}
 
 
@@ -272,6 +272,13 @@ def rebuild(
         if live.seq == 0:
             raise RebuildError(f"{cfg.qualified_name}: nothing was committed yet, so there is nothing to rebuild")
         commits = [c for s in range(1, live.seq + 1) if (c := lake.read_commit(s)) is not None]
+        if len(commits) != live.seq:
+            missing = sorted(set(range(1, live.seq + 1)) - {c.seq for c in commits})
+            raise RebuildError(
+                f"{cfg.qualified_name}: commit records {missing} are missing from {lake.layout.commits}, so the "
+                "files they took are unknown and the history cannot be replayed. Restore the records (backups, "
+                "object versioning); nothing was changed"
+            )
         start, todo = replay_start(lake, commits, since)
         out_root = posixpath.join(rebuild_root(lake), rebuild_id)
         parent = _parent_of(lake, start, owner)
