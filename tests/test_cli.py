@@ -57,3 +57,28 @@ def test_postgres_check_finds_the_server_and_wal2json() -> None:
     proc = _cli("postgres", "check")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PostgreSQL server binaries in" in proc.stdout and "with wal2json" in proc.stdout
+
+
+def test_rebuild_refuses_before_spark_starts(tmp_path: Path) -> None:
+    """``rebuild``: --verify-only and --publish exclude each other; a keyless table is refused naming its field."""
+    proc = _cli("rebuild", "web.visits", "--verify-only", "--publish")
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
+    keyless = {
+        "mode": "keyless",
+        "database": "web",
+        "table": "visits",
+        "columns": [
+            {"name": "name", "type": "string"},
+            {"name": "_before_name", "type": "string"},
+            {"name": "op", "type": "string"},
+            {"name": "lsn", "type": "bigint"},
+        ],
+        "order_by": ["lsn"],
+        "storage_root": str(tmp_path / "lake"),
+    }
+    (tmp_path / "web.visits.yaml").write_text(yaml.safe_dump(keyless))
+    proc = _cli("rebuild", "web.visits", "--registry-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "rebuild: web.visits: field 'mode' is 'keyless'; rebuild replays cdc tables only" in proc.stderr
+    proc = _cli("rebuild", "web.nope", "--registry-dir", str(tmp_path))
+    assert proc.returncode == 1 and "no valid registry entry for table web.nope" in proc.stderr

@@ -76,8 +76,8 @@ CRASH_POINTS = [
 ]
 
 
-#: Fault points outside a DAG run, crashed by their own tests (tests/test_quarantine.py).
-OTHER_POINTS = ["quarantine.after_first_reingested_file"]
+#: Fault points outside a DAG run, crashed by their own tests (test_quarantine.py, pipeline/test_rebuild.py).
+OTHER_POINTS = ["quarantine.after_first_reingested_file", "rebuild.after_first_step"]
 
 
 def test_every_fault_point_is_tested() -> None:

@@ -419,6 +419,31 @@ def _step(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rebuild(args: argparse.Namespace) -> int:
+    """``rebuild DB.TABLE``: replay the archived increments and compare with the live version (README, "Rebuild")."""
+    from cdc_compaction.engine import SessionEngine, local_session
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline.rebuild import check_rebuildable, rebuild
+    from cdc_compaction.pipeline.runtime import Runtime
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    try:
+        cfg = _table(args)
+        check_rebuildable(cfg)  # before Spark starts: a JVM costs 10-15 s
+        endpoint = MetastoreEndpoint.parse(args.metastore)
+        engine = SessionEngine(local_session(endpoint, args.warehouse, app_name=f"cdc-rebuild-{cfg.qualified_name}"))
+        rt = Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=engine)
+        report = rebuild(rt, since=args.since, publish=args.publish, force=args.force)
+    except CdcCompactionError as exc:
+        print(f"rebuild: {exc}", file=sys.stderr)
+        return 1
+    for line in report.lines():
+        print(line)
+    # Exit 1 on a difference: a scheduled verification fails loudly.
+    return 0 if report.equal else 1
+
+
 def _pause(args: argparse.Namespace) -> int:
     """``pause|resume DB.TABLE``: Airflow's own pause flag, as ``airflow dags pause|unpause`` sets it."""
     from cdc_compaction.exceptions import AirflowSetupError
@@ -613,6 +638,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     st.add_argument("--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"))
     st.set_defaults(func=_step)
+
+    rb = sub.add_parser(
+        "rebuild", help="recompute a table from its archived increments and compare it with the live one"
+    )
+    table_args(rb)
+    rb.add_argument("--since", metavar="INCREMENT", help="start at the newest kept version before this increment")
+    how = rb.add_mutually_exclusive_group()
+    how.add_argument("--verify-only", action="store_true", help="compare only, publish nothing (the default)")
+    how.add_argument("--publish", action="store_true", help="publish the rebuilt version as a new commit")
+    rb.add_argument("--force", action="store_true", help="with --publish: publish even if it differs from live")
+    rb.add_argument(
+        "--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT or thrift://HOST:PORT"
+    )
+    rb.add_argument("--warehouse", default=str(settings.PROJECT_ROOT / ".lake" / "warehouse"))
+    rb.set_defaults(func=_rebuild)
 
     for name, what in (("pause", "pause the table's DAG in Airflow"), ("resume", "unpause the table's DAG")):
         pa = sub.add_parser(name, help=what)

@@ -116,3 +116,7 @@ def is_permanent(exc: BaseException) -> bool:
         | CompactionError
         | DeploymentConflictError,
     )
+
+
+class RebuildError(CdcCompactionError):
+    """A rebuild cannot replay the table's history (an archived file missing, an unsupported mode)."""

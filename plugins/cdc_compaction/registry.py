@@ -492,6 +492,9 @@ class TableConfig(_Strict):
     tombstone_retention: Duration = timedelta(days=7)
     #: Base versions kept for rollback, the live one included.
     keep_versions: int = Field(default=3, ge=1, le=1000)
+    #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
+    #: version still needs for a rebuild stay regardless (README, "Retention").
+    archive_retention: Duration | None = None
     #: How long a run's lease on the table lasts unrenewed: above the longest run with retries.
     lease_timeout: Duration = timedelta(hours=6)
     #: An unreadable or unfitting landed file: fail the run, or quarantine the file and go on.

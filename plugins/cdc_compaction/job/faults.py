@@ -49,6 +49,7 @@ POINTS = (
     "archive.before_marker",
     "refresh_view.after_partitions",
     "quarantine.after_first_reingested_file",
+    "rebuild.after_first_step",
 )
 
 

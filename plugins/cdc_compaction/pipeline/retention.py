@@ -1,21 +1,26 @@
-"""Which files of a table's lake may go: old base versions, stale attempts, old plans, writers' temporaries.
+"""Which files of a table's lake may go: old base versions, stale attempts, old plans, writers' temporaries,
+expired archives and re-ingested quarantine entries (README, "Retention").
 
 ``publish`` calls :func:`cleanup_versions` after a commit; ``archive`` sweeps the
 temporaries a killed copy left.  Nothing a kept commit names, nothing of a run that may
-still be in flight, and the empty genesis version are ever deleted.
+still be in flight, and the empty genesis version are ever deleted; nor is an archive a
+kept version needs to be rebuilt from, a quarantine entry still waiting for its re-ingest,
+or anything under ``_cdc/audit/`` (erase audit records stay for good).
 """
 
 from __future__ import annotations
 
 import logging
 import posixpath
+import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from cdc_compaction.job.contract import DATA_DIR, HISTORY_DIR, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import EMPTY_VERSION, Commit, version_dir_of
 from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
+from cdc_compaction.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +111,7 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
             if commit is None or commit.version != e.name:
                 lake.storage.delete_tree(e.path)
     sweep_temporaries(rt, [lake.layout.control, lake.layout.plans, lake.layout.commits])
+    removed += expire_archives(rt, live_seq)
     for e in lake.storage.list_dir(lake.layout.plans):
         try:
             doc = read_json(rt, e.path)
@@ -117,6 +123,60 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     if removed:
         log.info("%s: removed old versions %s", rt.cfg.qualified_name, removed)
     return removed
+
+
+def expirable_archives(
+    archived: list[tuple[int, str]], oldest_kept_seq: int, retention: timedelta | None, now: datetime
+) -> list[int]:
+    """Which commits' archives (seq, committed_at) may go: none without ``retention``.
+
+    No I/O.  Only a commit the oldest kept version already holds (seq up to it): ``rebuild
+    --since`` starts from that version and replays only the archives after it, which stay.
+    And only once the commit is older than ``retention``.
+    """
+    if retention is None:
+        return []
+    cutoff = now - retention
+    return sorted(
+        seq
+        for seq, committed_at in archived
+        if 0 < seq <= oldest_kept_seq and committed_at and datetime.fromisoformat(committed_at) < cutoff
+    )
+
+
+def expire_archives(rt: Runtime, live_seq: int, now: datetime | None = None) -> list[str]:
+    """Delete archives and re-ingested quarantine entries past ``archive_retention`` (README, "Retention")."""
+    cfg, lake = rt.cfg, rt.lake
+    retention = cfg.archive_retention
+    if retention is None:
+        return []
+    now = now or utcnow()
+    oldest_kept = kept_seqs(live_seq, cfg.keep_versions).start
+    archived = []
+    for e in lake.storage.list_dir(lake.layout.archive):
+        m = ARCHIVE_NAME.match(e.name)
+        # Only finished archives (the marker): a half-archived commit still has files in landing.
+        if e.is_dir and m is not None and lake.is_archived(int(m.group(1))):
+            commit = lake.read_commit(int(m.group(1)))
+            archived.append((int(m.group(1)), commit.committed_at if commit else ""))
+    removed = []
+    for seq in expirable_archives(archived, oldest_kept, retention, now):
+        lake.storage.delete_tree(posixpath.join(lake.layout.archive, f"c{seq:08d}"))
+        removed.append(f"archive/c{seq:08d}")
+    # A re-ingested entry's events were landed again (and are compacted and archived from there):
+    # its copy is an archive like the others. One still waiting is the only copy: it stays.
+    cutoff = now - retention
+    for entry in Quarantine(lake).entries():
+        if entry.reingested_at and datetime.fromisoformat(entry.reingested_at) < cutoff:
+            lake.storage.delete_tree(entry.path)
+            removed.append(f"quarantine/{entry.id}")
+    if removed:
+        log.info("%s: past archive_retention (%s): removed %s", cfg.qualified_name, retention, removed)
+    return removed
+
+
+#: ``archive/c<seq>``: one commit's archived increments.
+ARCHIVE_NAME = re.compile(r"^c(\d{8})$")
 
 
 def _keep_only_history(rt: Runtime, version_dir: str, referenced: frozenset[str]) -> list[str]:
