@@ -76,8 +76,13 @@ CRASH_POINTS = [
 ]
 
 
-#: Fault points outside a DAG run, crashed by their own tests (tests/test_quarantine.py).
-OTHER_POINTS = ["quarantine.after_first_reingested_file"]
+#: Fault points outside a DAG run, crashed by their own tests (tests/test_quarantine.py, tests/test_travel.py).
+OTHER_POINTS = [
+    "quarantine.after_first_reingested_file",
+    "rollback.after_copy",
+    "rollback.after_commit_record",
+    "rollback.after_metastore_swap",
+]
 
 
 def test_every_fault_point_is_tested() -> None:

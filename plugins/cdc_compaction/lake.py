@@ -220,11 +220,14 @@ class Commit:
     #: What the compaction did and how fresh the table was when it committed (``metrics.commit_metrics``;
     #: README, "Metrics and SLOs"); absent in records from before metrics existed.
     metrics: dict[str, Any] | None = None
+    #: Rollback commits only (``python -m cdc_compaction rollback``): the commit whose data this one
+    #: publishes again, as {"to_seq", "to_version", "by"} (README, "Time travel and rollback").
+    rollback: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
         # Unpartitioned tables (and tables of other modes than snapshot) keep the record format they always had.
-        for key in ("partitions", "partition_rows", "freshness", "history", "schema", "metrics"):
+        for key in ("partitions", "partition_rows", "freshness", "history", "schema", "metrics", "rollback"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)

@@ -49,6 +49,9 @@ POINTS = (
     "archive.before_marker",
     "refresh_view.after_partitions",
     "quarantine.after_first_reingested_file",
+    "rollback.after_copy",
+    "rollback.after_commit_record",
+    "rollback.after_metastore_swap",
 )
 
 
