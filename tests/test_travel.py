@@ -276,6 +276,9 @@ def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
     rb = lake.latest_commit()
     assert (rb.seq, rb.parent_seq, rb.rollback and rb.rollback["to_seq"]) == (3, 2, 1)
     assert _base_location(endpoint, cfg) == lake.data_location(v2)
+    # It describes version 1's rows, and claims no run counts of its own (no second quarantine entry).
+    assert rb.stats["output_visible_rows"] == v1.stats["output_visible_rows"] == 3
+    assert (rb.stats["rejected_rows"], rb.stats["increment_rows"], rb.files) == (0, 0, [])
     # Crash after the metastore moved: running it again finishes it (pointer, views, archived marker).
     monkeypatch.setenv(ENV, f"rollback.after_metastore_swap@{cfg.qualified_name}=raise")
     with pytest.raises(InjectedFaultError):

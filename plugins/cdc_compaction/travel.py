@@ -295,6 +295,14 @@ def _copy_tree(lake: Lake, src: str, dst: str) -> int:
     return n
 
 
+def _rollback_stats(target: Commit) -> dict[str, Any]:
+    """The new commit's stats: what describes version N's rows (the next plan and validate read its
+    row counts and partitioning), without N's run counts -- the rollback read no increment and
+    refused no row, and N's refused rows stay N's quarantine entry (no second entry for them)."""
+    stats = {k: v for k, v in (target.stats or {}).items() if not k.startswith("rejected")}
+    return {**stats, "increment_rows": 0, "rejected_rows": 0}
+
+
 def rollback(cfg: TableConfig, to_seq: int, metastore: Any, by: str, now: datetime | None = None) -> RollbackResult:
     """Publish kept version ``to_seq``'s rows as a new commit, under the table lease (module docstring).
 
@@ -365,7 +373,7 @@ def rollback(cfg: TableConfig, to_seq: int, metastore: Any, by: str, now: dateti
                 parent_seq=latest.seq,
                 files=[],
                 increments=[],
-                stats=dict(target.stats),
+                stats=_rollback_stats(target),
                 committed_at=now.isoformat(),
                 layout=target.layout,
                 partitions=target.partitions,
