@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import zlib
@@ -212,6 +213,13 @@ def test_versions_and_changes_commands(tmp_path, capsys) -> None:
     assert main(["changes", "tests.cli", "--registry-dir", reg, "--from", "0", "--to", "3"]) == 1
     assert "version 0 is not kept" in capsys.readouterr().err
 
+    # rollback asks first (no terminal here: refused), and refuses a version not kept before asking.
+    assert main(["rollback", "tests.cli", "--to", "2", "--registry-dir", reg]) == 1
+    assert "nothing was changed; add --yes" in capsys.readouterr().err
+    assert main(["rollback", "tests.cli", "--to", "0", "--registry-dir", reg, "--yes"]) == 1
+    assert "version 0 is not kept" in capsys.readouterr().err
+    assert Lake(parse_table(doc)).latest_commit().seq == 3
+
 
 # ----------------------------------------------------------------------------------- rollback
 def _land(cfg: TableConfig, increment: str, rows: list[tuple[int, str, str, int]]) -> None:
@@ -330,3 +338,14 @@ def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
 
     with pytest.raises(TimeTravelError, match=r"version 1 is not kept \(kept: 2\.\.5"):
         rollback(cfg, 1, endpoint, by="test")
+
+    # The increments compacted after the version rolled back to stay archived; re-landing one
+    # from the archive (README, "Time travel and rollback") brings its changes back.
+    rollback(cfg, 3, endpoint, by="test")
+    assert visible_names(spark, cfg) == {1: "ann", 2: "bob", 3: "cid"}
+    archived = Path(lake.layout.archive) / "c00000005" / "increment_2026112202"
+    assert [p.name for p in archived.iterdir()] == ["part-00000.parquet"]
+    assert not any(Path(lake.layout.incremental).iterdir()), "nothing went back to the landing area"
+    shutil.copytree(archived, Path(lake.layout.incremental) / "increment_2026112202")
+    compact_once(rt, "r4")
+    assert visible_names(spark, cfg) == {1: "ann", 2: "bob", 3: "cid", 5: "eve"}
