@@ -25,7 +25,7 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdc_compaction.exceptions import ConcurrentCommitError, TimeTravelError
 from cdc_compaction.job.faults import fault_point
@@ -33,6 +33,9 @@ from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.pipeline.retention import kept_seqs
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.storage.base import is_data_file
+
+if TYPE_CHECKING:
+    from cdc_compaction.settings import MetastoreEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +306,9 @@ def _rollback_stats(target: Commit) -> dict[str, Any]:
     return {**stats, "increment_rows": 0, "rejected_rows": 0}
 
 
-def rollback(cfg: TableConfig, to_seq: int, metastore: Any, by: str, now: datetime | None = None) -> RollbackResult:
+def rollback(
+    cfg: TableConfig, to_seq: int, metastore: MetastoreEndpoint, by: str, now: datetime | None = None
+) -> RollbackResult:
     """Publish kept version ``to_seq``'s rows as a new commit, under the table lease (module docstring).
 
     Crash-safe as a compaction is: before the commit record nothing is visible (a half-copied
