@@ -11,6 +11,8 @@ Layout under a table's storage root::
                                                  _cdc_partition=<v>/ directory per partition)
     base/v00000007-<plan>-<attempt>/tombstones/  its tombstones (delete winners within retention)
     base/v00000007-<plan>-<attempt>/_cdc_stats.json   what the job counted (validate checks it)
+    base/v00000009-rb<N>-<token>/                a rollback's version: version N's files copied
+                                                 (travel.py; README, "Time travel and rollback")
     archive/c00000007/increment_.../             increments after they were compacted
     quarantine/rows/v00000007-<plan>/            rows refused by that compaction, with reasons
     quarantine/rows/v00000007-<plan>/_manifest.json   counts by reason and file; re-ingest status
