@@ -254,6 +254,9 @@ def _assert_asset_events_describe_the_commits(dag_runner: conf.DagRunner, dag_id
             "table": cfg.qualified_name,
             "commit": commit.seq,
             "version": commit.version,
+            # The range `changes --from --to` reads: the commit record's parent, then this commit.
+            "from_version": commit.parent_seq,
+            "to_version": commit.seq,
             "base_rows_in": st["base_rows"],
             "rows_in": st["increment_rows"],
             "rows_rejected": st["rejected_rows"],

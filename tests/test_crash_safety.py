@@ -76,8 +76,15 @@ CRASH_POINTS = [
 ]
 
 
-#: Fault points outside a DAG run, crashed by their own tests (test_quarantine.py, pipeline/test_rebuild.py).
-OTHER_POINTS = ["quarantine.after_first_reingested_file", "rebuild.after_first_step"]
+#: Fault points outside a DAG run, crashed by their own tests (test_quarantine.py, pipeline/test_rebuild.py,
+#: test_travel.py).
+OTHER_POINTS = [
+    "quarantine.after_first_reingested_file",
+    "rebuild.after_first_step",
+    "rollback.after_copy",
+    "rollback.after_commit_record",
+    "rollback.after_metastore_swap",
+]
 
 
 def test_every_fault_point_is_tested() -> None:

@@ -116,6 +116,7 @@ def test_the_base_assets_event_extra_names_the_commit_its_rows_and_the_bases_fre
 
     published = {
         "seq": 7,
+        "parent_seq": 6,
         "version": "v00000007-20261122T100000-ab12",
         "removed_versions": ["v00000004-x"],
         "freshness": {
@@ -129,6 +130,9 @@ def test_the_base_assets_event_extra_names_the_commit_its_rows_and_the_bases_fre
         "table": "school.student",
         "commit": 7,
         "version": "v00000007-20261122T100000-ab12",
+        # The range a downstream reads with `changes --from 6 --to 7`.
+        "from_version": 6,
+        "to_version": 7,
         "base_rows_in": 100,
         "rows_in": 12,
         "rows_rejected": 2,

@@ -12,6 +12,9 @@ Commands:
   serve-sql [--port N]                   Spark's Thrift JDBC/ODBC server for BI clients on 127.0.0.1:10000
   quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
   lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
+  versions DB.TABLE [--json]             the kept versions: commit, time, rows, location
+  changes DB.TABLE --from N --to M       net changes between two kept versions (--format table|json|parquet)
+  rollback DB.TABLE --to N [--yes]       publish kept version N's rows as a new commit
   status [DB.TABLE ...] [--json]         each table's live version, last commit, freshness, pending, quarantine
   step STEP DB.TABLE                     run one step of a table's DAG by hand (outside Airflow)
   pause|resume DB.TABLE                  Airflow's pause flag of the table's DAG (its metadata database)
@@ -382,6 +385,86 @@ def _lease(args: argparse.Namespace) -> int:
     return 0
 
 
+def _versions(args: argparse.Namespace) -> int:
+    import json
+
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.travel import kept_versions
+
+    try:
+        versions = kept_versions(Lake(_table(args)))
+    except CdcCompactionError as exc:
+        print(f"versions: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([v.to_dict() for v in versions], indent=1))
+        return 0
+    print(f"{'commit':>6}  {'committed_at':<32}  {'rows':>10}  version  location")
+    for v in versions:
+        print(v.line())
+    return 0
+
+
+def _changes(args: argparse.Namespace) -> int:
+    """The net changes between two kept versions, to stdout (table, JSON lines) or a Parquet file."""
+    import json
+
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.travel import change_feed, render_table
+
+    if args.format == "parquet" and not args.out:
+        print("changes: --format parquet needs --out FILE", file=sys.stderr)
+        return 2
+    try:
+        feed = change_feed(Lake(_table(args)), args.from_seq, args.to_seq)
+    except CdcCompactionError as exc:
+        print(f"changes: {exc}", file=sys.stderr)
+        return 1
+    if args.format == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(feed, args.out)
+        print(f"wrote {feed.num_rows} change rows to {args.out}")
+        return 0
+    if args.format == "json":
+        text = "\n".join(json.dumps(r, default=str, sort_keys=True) for r in feed.to_pylist())
+    else:
+        text = render_table(feed) + f"\n({feed.num_rows} change rows, versions {args.from_seq} -> {args.to_seq})"
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    else:
+        print(text)
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
+    from cdc_compaction.travel import kept_commit, rollback
+
+    try:
+        cfg = _table(args)
+        target = kept_commit(Lake(cfg), args.to_seq)
+        if not args.yes:
+            print(
+                f"rollback {args.table} would publish version {args.to_seq} ({target.version}) as a new commit; the "
+                "increments compacted after it stay archived (README, 'Time travel and rollback')"
+            )
+            if not sys.stdin.isatty() or input(f"type {args.table} to go on: ").strip() != args.table:
+                print("nothing was changed; add --yes to roll back", file=sys.stderr)
+                return 1
+        endpoint = MetastoreEndpoint.parse(args.metastore) if args.metastore else metastore_from_env()
+        result = rollback(cfg, args.to_seq, endpoint, by=f"cli:{os.environ.get('USER', 'unknown')}")
+    except CdcCompactionError as exc:
+        print(f"rollback: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.table}: {result.line()}")
+    return 0
+
+
 def _step(args: argparse.Namespace) -> int:
     """One step of a table's run, as its DAG task does it (the compaction in a local SparkSession)."""
     import json
@@ -621,6 +704,26 @@ def main(argv: list[str] | None = None) -> int:
     le.add_argument("action", choices=["show", "break"])
     table_args(le)
     le.set_defaults(func=_lease)
+
+    ve = sub.add_parser("versions", help="the kept versions of a table: commit, time, rows, location")
+    table_args(ve)
+    ve.add_argument("--json", action="store_true", help="a JSON list instead of one line per version")
+    ve.set_defaults(func=_versions)
+
+    ch = sub.add_parser("changes", help="net changes between two kept versions (_change_type, _commit_version)")
+    table_args(ch)
+    ch.add_argument("--from", dest="from_seq", type=int, required=True, help="the older kept version (commit)")
+    ch.add_argument("--to", dest="to_seq", type=int, required=True, help="the newer kept version (commit)")
+    ch.add_argument("--format", choices=["table", "json", "parquet"], default="table")
+    ch.add_argument("--out", help="write to this file (required for parquet)")
+    ch.set_defaults(func=_changes)
+
+    rb = sub.add_parser("rollback", help="publish a kept version's rows as a new commit")
+    table_args(rb)
+    rb.add_argument("--to", dest="to_seq", type=int, required=True, help="the kept version (commit) to publish")
+    rb.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    rb.add_argument("--metastore", help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI)")
+    rb.set_defaults(func=_rollback)
 
     sta = sub.add_parser("status", help="each table's live version, last commit, freshness, pending hours, quarantine")
     sta.add_argument("tables", nargs="*", metavar="DB.TABLE", help="only these tables (default: every registry table)")

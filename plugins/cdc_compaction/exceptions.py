@@ -91,6 +91,10 @@ class AirflowSetupError(CdcCompactionError):
     """The project-local Airflow could not be prepared (e.g. ``airflow db migrate`` failed)."""
 
 
+class TimeTravelError(CdcCompactionError):
+    """A version cannot be read, diffed or rolled back to (not kept, wrong mode, bad range)."""
+
+
 class LineageError(CdcCompactionError):
     """The OpenLineage facets of a run cannot be built (logged and counted; never fails a task)."""
 

@@ -11,6 +11,8 @@ Layout under a table's storage root::
                                                  _cdc_partition=<v>/ directory per partition)
     base/v00000007-<plan>-<attempt>/tombstones/  its tombstones (delete winners within retention)
     base/v00000007-<plan>-<attempt>/_cdc_stats.json   what the job counted (validate checks it)
+    base/v00000009-rb<N>-<token>/                a rollback's version: version N's files copied
+                                                 (travel.py; README, "Time travel and rollback")
     archive/c00000007/increment_.../             increments after they were compacted
     quarantine/rows/v00000007-<plan>/            rows refused by that compaction, with reasons
     quarantine/rows/v00000007-<plan>/_manifest.json   counts by reason and file; re-ingest status
@@ -220,11 +222,14 @@ class Commit:
     #: What the compaction did and how fresh the table was when it committed (``metrics.commit_metrics``;
     #: README, "Metrics and SLOs"); absent in records from before metrics existed.
     metrics: dict[str, Any] | None = None
+    #: Rollback commits only (``python -m cdc_compaction rollback``): the commit whose data this one
+    #: publishes again, as {"to_seq", "to_version", "by"} (README, "Time travel and rollback").
+    rollback: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
         # Unpartitioned tables (and tables of other modes than snapshot) keep the record format they always had.
-        for key in ("partitions", "partition_rows", "freshness", "history", "schema", "metrics"):
+        for key in ("partitions", "partition_rows", "freshness", "history", "schema", "metrics", "rollback"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)

@@ -50,6 +50,9 @@ POINTS = (
     "refresh_view.after_partitions",
     "quarantine.after_first_reingested_file",
     "rebuild.after_first_step",
+    "rollback.after_copy",
+    "rollback.after_commit_record",
+    "rollback.after_metastore_swap",
 )
 
 

@@ -257,6 +257,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
     st = existing.stats or {}
     return {
         "seq": existing.seq,
+        "parent_seq": existing.parent_seq,
         "version": existing.version,
         "removed_versions": removed,
         "schema_changes": (existing.schema or {}).get("changes", []),
@@ -281,12 +282,17 @@ def asset_event_extra(table: str, published: dict[str, Any]) -> dict[str, Any]:
     number and version this run published, rows in (the parent version's rows and the change
     events read, of which ``rows_rejected`` were refused) and out (visible rows, tombstones),
     and what the base holds at the newest (``freshness``: increment and source event time).
+    ``from_version``/``to_version`` are the commit range this run made (parent -> new): a downstream
+    reads exactly what changed with ``python -m cdc_compaction changes --from F --to T`` (README,
+    "Change feed").
     """
     rows = published.get("rows") or {}
     return {
         "table": table,
         "commit": published["seq"],
         "version": published["version"],
+        "from_version": published.get("parent_seq", published["seq"] - 1),
+        "to_version": published["seq"],
         "base_rows_in": rows.get("base_in"),
         "rows_in": rows.get("increments_in"),
         "rows_rejected": rows.get("rejected"),
