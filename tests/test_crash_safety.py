@@ -76,8 +76,15 @@ CRASH_POINTS = [
 ]
 
 
-#: Fault points outside a DAG run, crashed by their own tests (tests/test_quarantine.py).
-OTHER_POINTS = ["quarantine.after_first_reingested_file"]
+#: Fault points outside a DAG run, crashed by their own tests (tests/test_quarantine.py, tests/test_erase.py).
+OTHER_POINTS = [
+    "quarantine.after_first_reingested_file",
+    "erase.after_first_rewrite",
+    "erase.before_commit",
+    "erase.after_commit_record",
+    "erase.after_first_swap",
+    "erase.before_audit",
+]
 
 
 def test_every_fault_point_is_tested() -> None:

@@ -49,6 +49,11 @@ POINTS = (
     "archive.before_marker",
     "refresh_view.after_partitions",
     "quarantine.after_first_reingested_file",
+    "erase.after_first_rewrite",
+    "erase.before_commit",
+    "erase.after_commit_record",
+    "erase.after_first_swap",
+    "erase.before_audit",
 )
 
 

@@ -1,0 +1,287 @@
+"""Erase by predicate (README, "Erasing personal data"): predicate validation, conformance, crashes.
+
+The lake is written with pyarrow through the lake's own commit API (no Spark): two versions, archived
+and pending increments, quarantined rows and a quarantined file.  Every file's rows are kept in
+``Sample.files``; the expected content after an erase is computed here from those rows and a plain
+Python version of the predicate, never from the erase module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import student_doc
+
+from cdc_compaction.conformance import land
+from cdc_compaction.erase import erase, parse_predicate, preview
+from cdc_compaction.exceptions import ConcurrentRunError, ErasePredicateError
+from cdc_compaction.job.faults import InjectedFaultError
+from cdc_compaction.lake import Commit, Lake, TableLease
+from cdc_compaction.quarantine import Quarantine
+from cdc_compaction.registry import TableConfig, parse_table
+
+SCHEMA = pa.schema([("id", pa.int32()), ("full_name", pa.string()), ("op", pa.string()), ("ts_ms", pa.int64())])
+
+WHERE = "id IN (3, 7) OR full_name = 'n9'"
+
+
+def erased(row: dict[str, Any]) -> bool:
+    """WHERE, written in Python."""
+    return row["id"] in (3, 7) or row["full_name"] == "n9"
+
+
+def row(i: int, op: str = "c") -> dict[str, Any]:
+    return {"id": i, "full_name": f"n{i}", "op": op, "ts_ms": 1000 + i}
+
+
+@dataclass
+class Sample:
+    cfg: TableConfig
+    lake: Lake
+    #: every Parquet file written, its location (as the README names them) and its rows
+    files: dict[str, tuple[str, list[dict[str, Any]]]]
+
+
+def _write(path: str, rows: list[dict[str, Any]], schema: pa.Schema = SCHEMA) -> None:
+    os.makedirs(posixpath.dirname(path), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+
+
+def build(root: Path) -> Sample:
+    cfg = parse_table(student_doc(root, "people"))
+    lake = Lake(cfg)
+    files: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    versions = {1: "v00000001-plan1-a", 2: "v00000002-plan2-a"}
+    contents = {
+        1: {"data/part-0.parquet": [row(1), row(2), row(3)], "tombstones/part-0.parquet": [row(4, "d")]},
+        2: {
+            "data/part-0.parquet": [row(1), row(2), row(3), row(5)],
+            "data/part-1.parquet": [row(6), row(7)],
+            "tombstones/part-0.parquet": [row(4, "d")],
+        },
+    }
+    archived = {1: [row(1), row(2), row(3), row(4, "d")], 2: [row(5), row(6), row(7)]}
+    increments = {1: "increment_2026112200", 2: "increment_2026112201"}
+    for seq, version in versions.items():
+        for rel, rows in contents[seq].items():
+            path = posixpath.join(lake.layout.version_dir(version), rel)
+            _write(path, rows)
+            files[path] = ("live" if seq == 2 else "versions", rows)
+        arch = posixpath.join(lake.layout.archive, f"c{seq:08d}", increments[seq], "f0.parquet")
+        _write(arch, archived[seq])
+        files[arch] = ("archive", archived[seq])
+        commit = Commit(
+            seq=seq,
+            version=version,
+            plan_id=f"plan{seq}",
+            run_id=f"run{seq}",
+            parent_seq=seq - 1,
+            files=[],
+            increments=[increments[seq]],
+            stats={"output_visible_rows": sum(len(r) for k, r in contents[seq].items() if k.startswith("data"))},
+            committed_at=f"2026-11-22T0{seq}:10:00+00:00",
+        )
+        assert lake.try_commit(commit)
+        lake.advance_pointer(commit)
+        lake.storage.write_text(lake.layout.archived_marker(seq), "")
+    pending = [[row(3), row(8)], [row(9)]]
+    for path, rows in zip(land(cfg, "increment_2026112202", pending), pending, strict=True):
+        files[path] = ("pending", rows)
+    # Rows a compaction refused (with the reason column quarantine adds) and a whole refused file.
+    qrows = [dict(row(7), _cdc_reason="op: not one of c/u/d/r")]
+    qpath = posixpath.join(lake.layout.quarantine_dir(versions[2]), "part-0.parquet")
+    _write(qpath, qrows, SCHEMA.append(pa.field("_cdc_reason", pa.string())))
+    files[qpath] = ("quarantine", qrows)
+    bad = land(cfg, "increment_2026112203", [[row(3), row(10)]])[0]
+    moved = Quarantine(lake).set_aside_file(
+        "p-0003-bad", "increment_2026112203", Path(bad).name, bad, Path(bad).stat().st_size, "test"
+    )
+    files[moved] = ("quarantine", [row(3), row(10)])
+    return Sample(cfg, lake, files)
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    return pq.read_table(path).to_pylist()
+
+
+def all_parquet(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and ".parquet" in p.name)
+
+
+def assert_erased(sample: Sample, root: Path) -> None:
+    """Every file holds its rows minus the erased ones; the live version is the erase version; nothing else."""
+    lake = sample.lake
+    for path, (_, rows) in sample.files.items():
+        assert read_rows(path) == [r for r in rows if not erased(r)], path
+    live = lake.latest_commit()
+    assert live.seq == 3 and live.parent_seq == 2 and live.stats["kind"] == "erase"
+    pointer = json.loads(Path(lake.layout.pointer).read_text())
+    assert pointer["seq"] == 3 and pointer["location"] == lake.data_location(live)
+    visible = sorted((r for p in all_parquet(Path(pointer["location"])) for r in read_rows(str(p))), key=str)
+    expected = [r for r in (row(1), row(2), row(3), row(5), row(6), row(7)) if not erased(r)]
+    assert visible == sorted(expected, key=str)
+    assert read_rows(str(Path(pointer["tombstones"]) / "part-0.parquet")) == [row(4, "d")]
+    # No hidden rewrite, journal or copy was left behind; no file anywhere holds an erased row.
+    written = set(sample.files) | {str(p) for p in all_parquet(Path(lake.layout.version_dir(live.version)))}
+    assert {str(p) for p in all_parquet(root)} == written
+    assert not [r for p in all_parquet(root) for r in read_rows(str(p)) if erased(r)]
+    # Every erase finished: only audit records and decision markers remain, no journal.
+    control = Path(lake.layout.control, "erase")
+    assert all(p.name.endswith((".audit.json", ".committed")) for p in control.iterdir())
+    held = TableLease(lake).current()
+    assert held is None or held.released
+
+
+# ------------------------------------------------------------------------- predicates
+TABLE = pa.Table.from_pylist(
+    [row(1), row(2), {"id": 3, "full_name": None, "op": "u", "ts_ms": 5}, row(40)], schema=SCHEMA
+)
+
+
+@pytest.mark.parametrize(
+    ("where", "expect"),
+    [
+        ("id = 2", lambda r: r["id"] == 2),
+        ("ID in (1, 40)", lambda r: r["id"] in (1, 40)),
+        ("full_name IS NULL", lambda r: r["full_name"] is None),
+        ("NOT full_name IS NULL AND id BETWEEN 2 AND 40", lambda r: r["full_name"] is not None and 2 <= r["id"] <= 40),
+        ("full_name <> 'n1'", lambda r: r["full_name"] is not None and r["full_name"] != "n1"),
+        ("(id >= 40 OR ts_ms < 1002) AND op = 'c'", lambda r: (r["id"] >= 40 or r["ts_ms"] < 1002) and r["op"] == "c"),
+        ("ts_ms > id", lambda r: r["ts_ms"] > r["id"]),
+        ("id > -1 AND NOT (full_name = 'n2')", lambda r: r["full_name"] is not None and r["full_name"] != "n2"),
+    ],
+)
+def test_predicate_selects_what_sql_would(make_cfg: Callable[..., TableConfig], where: str, expect: Any) -> None:
+    # SQL's rule: a row whose predicate is NULL (full_name NULL compared to a string) is not erased.
+    pred = parse_predicate(make_cfg(), where)
+    import pyarrow.compute as pc
+
+    got = TABLE.filter(pc.coalesce(pred.expression, False)).to_pylist()
+    assert got == [r for r in TABLE.to_pylist() if expect(r)]
+
+
+@pytest.mark.parametrize(
+    ("where", "named"),
+    [
+        ("id = 1; DROP TABLE tests.people", "exactly one expression"),
+        ("email = 'a@b'", "'email' is not a column"),
+        ("lower(full_name) = 'n1'", "LOWER(full_name)"),
+        ("id IN (SELECT id FROM other)", "only <column> IN (<literals>)"),
+        ("1 = 1", "compares no column"),
+        ("id = abs(ts_ms)", "'ABS(ts_ms)' is not a literal"),
+        ("id * 1000 < ts_ms", "'id * 1000' is not a literal"),
+        ("id = 'seven'", "is not a int (column id)"),
+        ("t.id = 1", "qualified column"),
+        ("", "empty"),
+        ("id = 1 OR", "does not parse"),
+        ("full_name LIKE 'n%'", "(Like) is not allowed"),
+    ],
+)
+def test_predicate_refusals_name_the_token(make_cfg: Callable[..., TableConfig], where: str, named: str) -> None:
+    cfg = make_cfg()
+    with pytest.raises(ErasePredicateError) as err:
+        parse_predicate(cfg, where)
+    assert named in str(err.value) and cfg.qualified_name in str(err.value)
+    assert "registry columns (id, full_name, op, ts_ms)" in str(err.value)
+
+
+# ------------------------------------------------------------------------- conformance
+def test_erase_removes_rows_everywhere_and_audits(tmp_path: Path) -> None:
+    sample = build(tmp_path / "lake")
+    before = {p: Path(p).read_bytes() for p in sample.files}
+    shown = preview(sample.cfg, WHERE)
+    assert {p: Path(p).read_bytes() for p in sample.files} == before  # a preview changes nothing
+    expected_rows = {loc: 0 for loc in ("live", "versions", "pending", "archive", "quarantine")}
+    for loc, rows in sample.files.values():
+        expected_rows[loc] += sum(1 for r in rows if erased(r))
+    assert shown["rows"] == expected_rows
+
+    audit = erase(sample.cfg, WHERE, actor="dpo@example.com")
+
+    assert_erased(sample, tmp_path / "lake")
+    assert audit["rows_removed"] == expected_rows
+    assert sorted(audit["files_rewritten"]) == sorted(
+        p for p, (_, rows) in sample.files.items() if any(erased(r) for r in rows)
+    )
+    assert audit["actor"] == "dpo@example.com" and audit["predicate"] == WHERE and audit["commit_seq"] == 3
+    assert audit["verified"]["matching_files"] == {} and audit["verified"]["files_checked"] >= len(sample.files)
+    stored = Path(sample.lake.layout.control, "erase", f"{audit['erase_id']}.audit.json").read_text()
+    assert json.loads(stored) == audit
+    # The audit names no erased value beyond the predicate's own text.
+    for value in ("n3", "n7", "1003", "1007"):
+        assert value not in stored
+
+    # A second erase finds nothing: no new commit, an audit of zeros.
+    again = erase(sample.cfg, WHERE, actor="dpo@example.com")
+    assert again["rows_removed"] == dict.fromkeys(expected_rows, 0) and again["commit_seq"] is None
+    assert sample.lake.latest_commit().seq == 3
+
+
+def test_erase_waits_for_a_running_compaction(tmp_path: Path) -> None:
+    sample = build(tmp_path / "lake")
+
+    TableLease(sample.lake).acquire("airflow/run-1", timedelta(hours=1), datetime.now(UTC))
+    before = {p: Path(p).read_bytes() for p in sample.files}
+    with pytest.raises(ConcurrentRunError, match=r"tests\.people is being compacted"):
+        erase(sample.cfg, WHERE)
+    assert {p: Path(p).read_bytes() for p in sample.files} == before
+
+
+# ------------------------------------------------------------------------- crashes
+RAISE_POINTS = [
+    "erase.after_first_rewrite",
+    "erase.before_commit",
+    "erase.after_commit_record",
+    "erase.after_first_swap",
+    "erase.before_audit",
+]
+
+
+@pytest.mark.parametrize("point", RAISE_POINTS)
+def test_erase_crash_then_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    sample = build(tmp_path / "lake")
+    monkeypatch.setenv("CDC_FAULTS", f"{point}=raise")
+    with pytest.raises(InjectedFaultError):
+        erase(sample.cfg, WHERE)
+    monkeypatch.delenv("CDC_FAULTS")
+    erase(sample.cfg, WHERE)
+    assert_erased(sample, tmp_path / "lake")
+    assert sample.lake.commit_seqs() == [1, 2, 3]  # one erase commit, whichever attempt made it
+
+
+KILL_SCRIPT = """
+import json, sys
+from cdc_compaction.erase import erase
+from cdc_compaction.registry import parse_table
+erase(parse_table(json.loads(sys.argv[1])), sys.argv[2], actor="killed")
+"""
+
+
+@pytest.mark.parametrize("point", ["erase.after_first_rewrite", "erase.after_commit_record", "erase.after_first_swap"])
+def test_erase_killed_then_rerun(tmp_path: Path, point: str) -> None:
+    sample = build(tmp_path / "lake")
+    doc = student_doc(tmp_path / "lake", "people")
+    env = dict(os.environ, CDC_FAULTS=f"{point}=kill")
+    done = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, json.dumps(doc), WHERE], env=env, capture_output=True, check=False
+    )
+    assert done.returncode == -9, done.stderr.decode()
+    # The killed erase still holds the lease, as a killed compaction does: an operator breaks it.
+    with pytest.raises(ConcurrentRunError):
+        erase(sample.cfg, WHERE)
+    assert TableLease(sample.lake).break_(by="test") is not None
+    erase(sample.cfg, WHERE)
+    assert_erased(sample, tmp_path / "lake")
+    assert sample.lake.commit_seqs() == [1, 2, 3]
