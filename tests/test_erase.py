@@ -22,13 +22,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import student_doc
+from conftest import compact_once, student_doc, visible_names
 
 from cdc_compaction.conformance import land
 from cdc_compaction.erase import erase, parse_predicate, preview
-from cdc_compaction.exceptions import ConcurrentRunError, ErasePredicateError
+from cdc_compaction.exceptions import ConcurrentRunError, EraseError, ErasePredicateError
 from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import Commit, Lake, TableLease
+from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.quarantine import Quarantine
 from cdc_compaction.registry import TableConfig, parse_table
 
@@ -285,3 +286,43 @@ def test_erase_killed_then_rerun(tmp_path: Path, point: str) -> None:
     erase(sample.cfg, WHERE)
     assert_erased(sample, tmp_path / "lake")
     assert sample.lake.commit_seqs() == [1, 2, 3]
+
+
+def test_erase_refuses_while_the_live_commit_is_not_archived(tmp_path: Path) -> None:
+    sample = build(tmp_path / "lake")
+    Path(sample.lake.layout.archived_marker(2)).unlink()  # as if the run died between publish and archive
+    before = {p: Path(p).read_bytes() for p in sample.files}
+    with pytest.raises(EraseError, match=r"commit 2 \(v00000002-plan2-a\) is not archived yet.*Nothing was erased"):
+        erase(sample.cfg, WHERE)
+    assert {p: Path(p).read_bytes() for p in sample.files} == before
+    assert sample.lake.commit_seqs() == [1, 2]
+    assert not TableLease(sample.lake).holds("x", datetime.now(UTC)) and TableLease(sample.lake).current().released  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------- with the real compaction
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], runtime: Any, spark: Any) -> None:
+    """Spark writes the versions; the erase commit sits between two runs; the next run builds on it."""
+    rt = runtime(make_cfg())
+    ensure_tables(rt)
+
+    def rows(*items: tuple[int, str, str, int]) -> list[dict[str, Any]]:
+        return [{"id": i, "full_name": n, "op": op, "ts_ms": ts} for i, n, op, ts in items]
+
+    land(rt.cfg, "increment_2026112200", [rows((1, "Alice", "c", 1), (2, "Bob", "c", 1), (3, "Carol", "c", 1))])
+    compact_once(rt, "run-1")
+    land(rt.cfg, "increment_2026112201", [rows((3, "Caroline", "u", 2), (4, "Dan", "c", 2))])
+    compact_once(rt, "run-2")
+    land(rt.cfg, "increment_2026112202", [rows((3, "Caro", "u", 3), (5, "Eve", "c", 3))])  # pending
+
+    audit = erase(rt.cfg, "id = 3", actor="test")
+    assert audit["commit_seq"] == 3 and audit["rows_removed"]["pending"] == 1 and audit["rows_removed"]["live"] == 1
+    # Readers of the metastore still read version 2's location, whose files were rewritten in place.
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 4: "Dan"}
+    compact_once(rt, "run-3")
+    commit = rt.lake.latest_commit()
+    assert commit.seq == 4 and commit.parent_seq == 3
+    assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 4: "Dan", 5: "Eve"}
+    root = Path(rt.lake.layout.root)
+    assert not [r for p in all_parquet(root) for r in read_rows(str(p)) if r.get("id") == 3]

@@ -278,11 +278,25 @@ def count_matches(lake: Lake, pred: Predicate, path: str) -> int:
     return _split(lake.cfg, pred, _read(lake, path))[1]
 
 
-def _parquet_bytes(table: Any) -> bytes:
+def _write_options(lake: Lake, path: str) -> dict[str, Any]:
+    """How to write a rewrite of ``path`` so that its readers read it as they read the original.
+
+    Spark writes timestamps as INT96 by default; Arrow reads them as nanoseconds and would write
+    INT64 nanoseconds back, which Spark refuses. So a file with INT96 columns is rewritten with INT96.
+    """
+    import pyarrow.parquet as pq
+
+    with lake.storage.open_read(path) as fh:
+        schema = pq.ParquetFile(fh).schema
+        int96 = any(schema.column(i).physical_type == "INT96" for i in range(len(schema)))
+    return {"use_deprecated_int96_timestamps": True} if int96 else {}
+
+
+def _parquet_bytes(table: Any, options: dict[str, Any]) -> bytes:
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pq.write_table(table, buf)
+    pq.write_table(table, buf, **options)
     return buf.getvalue()
 
 
@@ -369,6 +383,14 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
     cfg = lake.cfg
     table = cfg.qualified_name
     live = lake.latest_commit()
+    if not lake.is_archived(live.seq):
+        # Its increments are still in the landing area and named by its record only: an erase commit
+        # on top would hide from the next plan that they are compacted already.
+        raise EraseError(
+            f"{table}: commit {live.seq} ({live.version}) is not archived yet, so its run has not finished "
+            f"(or crashed). Nothing was erased: let the table's DAG run (its next plan finishes the archive) "
+            "and run the erase again"
+        )
     removed = dict.fromkeys(LOCATIONS, 0)
     entries: list[dict[str, Any]] = []
     new_files: dict[str, Any] = {}  # live file -> its filtered rows (the erase version gets every live file)
@@ -399,7 +421,7 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
     # Hidden rewrites beside every matching file (the originals stay untouched until the decision).
     for i, e in enumerate(entries):
         kept, _ = _split(cfg, pred, _read(lake, e["path"]))
-        lake.storage.write_bytes(e["temp"], _parquet_bytes(kept))
+        lake.storage.write_bytes(e["temp"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         if i == 0:
             fault_point("erase.after_first_rewrite", table)
     if live_changed and version is not None and seq is not None:
@@ -438,7 +460,7 @@ def _write_erase_version(
         partitions = {
             value: posixpath.join(data_dir, posixpath.basename(loc)) for value, loc in live.partitions.items()
         }
-    visible = 0
+    visible = total = 0
     partition_rows: dict[str, int] = {}
     data_root = lake.data_location(live).rstrip("/") + "/"
     for path, kept in new_files.items():
@@ -448,13 +470,28 @@ def _write_erase_version(
                 target = posixpath.join(partitions[value], posixpath.relpath(path, loc))
                 partition_rows[value] = partition_rows.get(value, 0) + kept.num_rows
                 break
+        total += kept.num_rows
         if target.startswith(posixpath.join(data_dir, "")) or path.startswith(data_root):
             visible += kept.num_rows
         lake.storage.makedirs(posixpath.dirname(target))
-        lake.storage.write_bytes(target, _parquet_bytes(kept))
+        lake.storage.write_bytes(target, _parquet_bytes(kept, _write_options(lake, path)))
+    # Readers and the next compaction open these even when they hold no file.
     lake.storage.makedirs(data_dir)
+    tomb = lake.layout.tombstones_dir(version, live.layout)
+    if tomb is not None:
+        lake.storage.makedirs(tomb)
     stats = dict(live.stats)
-    stats.update({"kind": "erase", "erase_id": erase_id, "rows_erased": rows_removed, "output_visible_rows": visible})
+    # The counts the next compaction's validation checks its base read against.
+    stats.update(
+        {
+            "kind": "erase",
+            "erase_id": erase_id,
+            "rows_erased": rows_removed,
+            "output_rows": total,
+            "output_visible_rows": visible,
+            "output_tombstones": total - visible if live.layout >= 2 else live.stats.get("output_tombstones", 0),
+        }
+    )
     return Commit(
         seq=seq,
         version=version,
