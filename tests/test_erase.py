@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from conftest import compact_once, student_doc, visible_names
 
 from cdc_compaction.conformance import land
@@ -326,3 +327,34 @@ def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], ru
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 4: "Dan", 5: "Eve"}
     root = Path(rt.lake.layout.root)
     assert not [r for p in all_parquet(root) for r in read_rows(str(p)) if r.get("id") == 3]
+
+
+def test_cli_preview_erase_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cdc_compaction.__main__ import main
+
+    sample = build(tmp_path / "lake")
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "tests.people.yaml").write_text(yaml.safe_dump(student_doc(tmp_path / "lake", "people")))
+    base = ["erase", "tests.people", "--registry-dir", str(registry), "--where", WHERE]
+
+    assert main(base) == 0  # without --yes: a preview
+    assert json.loads(capsys.readouterr().out.split("\nnothing was changed")[0])["rows"]["archive"] == 2
+    assert sample.lake.commit_seqs() == [1, 2]
+    assert main([*base, "--verify"]) == 1
+    assert "files still hold rows matching" in capsys.readouterr().err
+
+    assert main([*base, "--yes", "--actor", "dpo"]) == 0
+    assert json.loads(capsys.readouterr().out)["actor"] == "dpo"
+    assert main([*base, "--verify"]) == 0
+    capsys.readouterr()
+
+    # A writer outside the pipeline lands an erased person again: verification says where.
+    late = land(sample.cfg, "increment_2026112204", [[row(7)]])[0]
+    assert main([*base, "--verify"]) == 1
+    assert late in json.loads(capsys.readouterr().out)["matching"]
+
+    assert main(["erase", "tests.people", "--registry-dir", str(registry), "--where", "id = (SELECT 1)", "--yes"]) == 1
+    assert main(["erase", "tests.people", "--registry-dir", str(registry), "--where", "nope = 1", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "erase refused or failed" in err and "'nope' is not a column of the registry" in err

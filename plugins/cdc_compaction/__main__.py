@@ -375,9 +375,21 @@ def _erase(args: argparse.Namespace) -> int:
 
     from cdc_compaction import erase
     from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.lake import Lake
 
     cfg = _table(args)
     try:
+        if args.verify:
+            found = erase.verify(Lake(cfg), erase.parse_predicate(cfg, args.where))
+            print(json.dumps(found, indent=1, sort_keys=True))
+            if found["matching"]:
+                print(
+                    f"{cfg.qualified_name}: {len(found['matching'])} files still hold rows matching {args.where!r}; "
+                    "run the erase with --yes",
+                    file=sys.stderr,
+                )
+                return 1
+            return 0
         if not args.yes:
             print(json.dumps(erase.preview(cfg, args.where), indent=1))
             print("nothing was changed; run again with --yes to erase these rows")
@@ -619,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     table_args(er)
     er.add_argument("--where", required=True, help='a boolean expression over registry columns, e.g. "id IN (7, 8)"')
     er.add_argument("--yes", action="store_true", help="erase (without it: show what would be erased)")
+    er.add_argument(
+        "--verify", action="store_true", help="only re-read every file and fail (exit 1) if any row still matches"
+    )
     er.add_argument("--actor", help="who asks, for the audit record (default: the OS user)")
     er.set_defaults(func=_erase)
 
