@@ -102,9 +102,9 @@ def build(root: Path) -> Sample:
     for path, rows in zip(land(cfg, "increment_2026112202", pending), pending, strict=True):
         files[path] = ("pending", rows)
     # Rows a compaction refused (with the reason column quarantine adds) and a whole refused file.
-    qrows = [dict(row(7), _cdc_reason="op: not one of c/u/d/r")]
+    qrows = [dict(row(7), _cdc_reject_reason="op: not one of c/u/d/r")]
     qpath = posixpath.join(lake.layout.quarantine_dir(versions[2]), "part-0.parquet")
-    _write(qpath, qrows, SCHEMA.append(pa.field("_cdc_reason", pa.string())))
+    _write(qpath, qrows, SCHEMA.append(pa.field("_cdc_reject_reason", pa.string())))
     files[qpath] = ("quarantine", qrows)
     bad = land(cfg, "increment_2026112203", [[row(3), row(10)]])[0]
     moved = Quarantine(lake).set_aside_file(
