@@ -26,7 +26,7 @@ import yaml
 from conftest import compact_once, student_doc, visible_names
 
 from cdc_compaction.conformance import land
-from cdc_compaction.erase import erase, parse_predicate, preview
+from cdc_compaction.erase import erase, finish_unfinished, parse_predicate, preview
 from cdc_compaction.exceptions import ConcurrentRunError, EraseError, ErasePredicateError
 from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import Commit, Lake, TableLease
@@ -358,3 +358,21 @@ def test_cli_preview_erase_and_verify(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["erase", "tests.people", "--registry-dir", str(registry), "--where", "nope = 1", "--yes"]) == 1
     err = capsys.readouterr().err
     assert "erase refused or failed" in err and "'nope' is not a column of the registry" in err
+
+
+def test_a_committed_erase_whose_rewrites_were_lost_still_erases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Crash after the decision, then the hidden rewrites vanish: the roll-forward filters the originals."""
+    sample = build(tmp_path / "lake")
+    monkeypatch.setenv("CDC_FAULTS", "erase.after_commit_record=raise")
+    with pytest.raises(InjectedFaultError):
+        erase(sample.cfg, WHERE)
+    monkeypatch.delenv("CDC_FAULTS")
+    hidden = [p for p in all_parquet(tmp_path / "lake") if p.name.startswith(".") and ".erase-" in p.name]
+    assert hidden
+    for p in hidden:
+        p.unlink()
+    # The roll-forward alone (what the next erase does first), not a new scan, must finish the job.
+    assert len(finish_unfinished(sample.lake)) == 1
+    assert_erased(sample, tmp_path / "lake")

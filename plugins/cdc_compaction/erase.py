@@ -525,12 +525,20 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
         # Nothing to archive: an erase version takes no increments.
         lake.storage.write_text(lake.layout.archived_marker(int(seq)), "")
     rewritten = []
+    pred: Predicate | None = None
     for i, e in enumerate(journal["entries"]):
         if lake.storage.exists(e["temp"]):
             lake.storage.copy(e["temp"], e["path"])  # atomic: the old content or the filtered one
             lake.storage.delete(e["temp"])
             if i == 0:
                 fault_point("erase.after_first_swap", table)
+        elif lake.storage.exists(e["path"]):
+            # The rewrite is gone (swapped already, or removed by hand): filter the original itself
+            # if it still matches, so a lost temporary can never leave an erased row behind.
+            pred = pred or parse_predicate(lake.cfg, journal["predicate"])
+            kept, n = _split(lake.cfg, pred, _read(lake, e["path"]))
+            if n:
+                lake.storage.write_bytes(e["path"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         rewritten.append(e["path"])
     fault_point("erase.before_audit", table)
     audit = {
