@@ -376,3 +376,20 @@ def test_a_committed_erase_whose_rewrites_were_lost_still_erases(
     # The roll-forward alone (what the next erase does first), not a new scan, must finish the job.
     assert len(finish_unfinished(sample.lake)) == 1
     assert_erased(sample, tmp_path / "lake")
+
+
+def test_files_without_suffix_are_erased_and_unreadable_ones_named(tmp_path: Path) -> None:
+    sample = build(tmp_path / "lake")
+    # A sink that lands Parquet without the suffix; a refused file that is not Parquet at all.
+    bare = posixpath.join(sample.lake.layout.incremental, "increment_2026112202", "part-00009")
+    _write(bare, [row(7), row(11)])
+    broken = Path(sample.lake.layout.quarantined_files_dir("p-0009-bad"), "increment_2026112202", "x.parquet")
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"PAR1 truncated by the sink")
+
+    audit = erase(sample.cfg, WHERE, actor="test")
+
+    assert read_rows(bare) == [row(11)]
+    assert bare in audit["files_rewritten"]
+    assert audit["unreadable_files"] == [str(broken)] == audit["verified"]["unreadable_files"]
+    assert broken.read_bytes() == b"PAR1 truncated by the sink"  # not ours to delete: a person decides

@@ -197,18 +197,27 @@ class Located:
 
     location: str
     path: str
+    size: int = 0
+
+
+def _is_candidate(name: str, hidden: bool) -> bool:
+    """Whether a file may hold rows: any data file (a sink may land Parquet without the suffix), and
+    with ``hidden`` also hidden ones (an erase's rewrites, writers' temporaries); never the lake's
+    JSON records, checksums or marker files."""
+    if name.endswith((".json", ".crc")) or name.startswith("_"):
+        return False
+    return hidden or not name.startswith(".")
 
 
 def _walk(lake: Lake, root: str, hidden: bool = False) -> Iterator[FileInfo]:
-    """Every Parquet file under ``root`` (with ``hidden``: also hidden ones, e.g. left-over rewrites)."""
-    try:
-        entries = lake.storage.list_dir(root)
-    except Exception:  # noqa: BLE001 -- a missing area has no files
-        return
-    for e in sorted(entries, key=lambda e: e.name):
+    """Every file under ``root`` that may hold rows (see :func:`_is_candidate`).
+
+    A listing error propagates: an erase that cannot see an area must not report it clean.
+    """
+    for e in sorted(lake.storage.list_dir(root), key=lambda e: e.name):
         if e.is_dir:
             yield from _walk(lake, e.path, hidden)
-        elif ".parquet" in e.name and (hidden or not e.name.startswith(("_", "."))) and not e.name.endswith(".crc"):
+        elif _is_candidate(e.name, hidden):
             yield e
 
 
@@ -228,7 +237,7 @@ def lake_files(lake: Lake, commit: Commit, hidden: bool = False) -> list[Located
     seen: set[str] = set()
     for root in live:
         for f in _walk(lake, root, hidden):
-            out.append(Located("live", f.path))
+            out.append(Located("live", f.path, f.size))
             seen.add(f.path)
     areas = (
         ("versions", lake.layout.base),
@@ -239,7 +248,7 @@ def lake_files(lake: Lake, commit: Commit, hidden: bool = False) -> list[Located
     for location, root in areas:
         for f in _walk(lake, root, hidden):
             if f.path not in seen:
-                out.append(Located(location, f.path))
+                out.append(Located(location, f.path, f.size))
                 seen.add(f.path)
     return out
 
@@ -249,6 +258,18 @@ def _read(lake: Lake, path: str) -> Any:
 
     with lake.storage.open_read(path) as fh:
         return pq.read_table(fh)
+
+
+def _try_read(lake: Lake, path: str) -> Any | None:
+    """The file's rows, or None when it is not readable Parquet (a refused file, a writer's partial
+    temporary). Storage errors propagate: they may heal, and an erase must not skip a file it could read."""
+    import pyarrow as pa
+
+    try:
+        return _read(lake, path)
+    except pa.ArrowException as exc:
+        log.warning("%s: %s is not readable Parquet (%s); listed as unreadable", lake.cfg.qualified_name, path, exc)
+        return None
 
 
 def _with_columns(cfg: TableConfig, table: Any, columns: tuple[str, ...]) -> Any:
@@ -274,8 +295,23 @@ def _split(cfg: TableConfig, pred: Predicate, table: Any) -> tuple[Any, int]:
     return kept, table.num_rows - kept.num_rows
 
 
-def count_matches(lake: Lake, pred: Predicate, path: str) -> int:
-    return _split(lake.cfg, pred, _read(lake, path))[1]
+def scan(lake: Lake, pred: Predicate, hidden: bool = False) -> dict[str, Any]:
+    """Matching rows per location and file, and the non-empty files no Parquet reader can read."""
+    rows = dict.fromkeys(LOCATIONS, 0)
+    matching: dict[str, int] = {}
+    unreadable: list[str] = []
+    files = lake_files(lake, lake.latest_commit(), hidden)
+    for f in files:
+        table = _try_read(lake, f.path)
+        if table is None:
+            if f.size:
+                unreadable.append(f.path)
+            continue
+        n = _split(lake.cfg, pred, table)[1]
+        if n:
+            rows[f.location] += n
+            matching[f.path] = n
+    return {"files_checked": len(files), "rows": rows, "matching": matching, "unreadable": unreadable}
 
 
 def _write_options(lake: Lake, path: str) -> dict[str, Any]:
@@ -361,7 +397,11 @@ def erase(
     finally:
         lease.release(owner)
     problems = verify(lake, pred)
-    audit["verified"] = {"files_checked": problems["files_checked"], "matching_files": problems["matching"]}
+    audit["verified"] = {
+        "files_checked": problems["files_checked"],
+        "matching_files": problems["matching"],
+        "unreadable_files": problems["unreadable"],
+    }
     lake.storage.write_text(audit_path(lake, erase_id), json.dumps(audit, indent=1, sort_keys=True))
     if problems["matching"]:
         raise EraseError(
@@ -394,8 +434,18 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
     removed = dict.fromkeys(LOCATIONS, 0)
     entries: list[dict[str, Any]] = []
     new_files: dict[str, Any] = {}  # live file -> its filtered rows (the erase version gets every live file)
+    unreadable: list[str] = []
     for f in lake_files(lake, live):
-        data = _read(lake, f.path)
+        data = _try_read(lake, f.path)
+        if data is None:
+            if f.location == "live":
+                raise EraseError(
+                    f"{table}: {f.path} of the live version {live.version} is not readable Parquet. Nothing was "
+                    "erased: restore the file (or run the table's DAG after fixing it) and run the erase again"
+                )
+            if f.size:
+                unreadable.append(f.path)
+            continue
         kept, n = _split(cfg, pred, data)
         if f.location == "live":
             new_files[f.path] = kept
@@ -416,6 +466,8 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
         "version": version,
         "entries": entries,
         "rows_removed": removed,
+        # Files no reader can read (refused, truncated): not erased, so named for a person to handle.
+        "unreadable_files": unreadable,
     }
     lake.storage.write_text(_journal_path(lake, erase_id), json.dumps(journal, indent=1, sort_keys=True))
     # Hidden rewrites beside every matching file (the originals stay untouched until the decision).
@@ -550,6 +602,7 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
         "predicate": journal["predicate"],
         "rows_removed": journal["rows_removed"],
         "files_rewritten": rewritten,
+        "unreadable_files": journal.get("unreadable_files", []),
         "commit_seq": seq,
         "version": journal.get("version"),
     }
@@ -584,20 +637,19 @@ def finish_unfinished(lake: Lake) -> list[str]:
 
 def verify(lake: Lake, pred: Predicate) -> dict[str, Any]:
     """Re-read every Parquet file of every location (hidden ones too) and list the ones that still match."""
-    files = lake_files(lake, lake.latest_commit(), hidden=True)
-    matching = {f.path: n for f in files if (n := count_matches(lake, pred, f.path))}
-    return {"files_checked": len(files), "matching": matching}
+    found = scan(lake, pred, hidden=True)
+    return {"files_checked": found["files_checked"], "matching": found["matching"], "unreadable": found["unreadable"]}
 
 
 def preview(cfg: TableConfig, where: str, lake: Lake | None = None) -> dict[str, Any]:
     """What an erase would remove (rows per location, matching files), changing nothing."""
     pred = parse_predicate(cfg, where)
     lake = lake or Lake(cfg)
-    rows = dict.fromkeys(LOCATIONS, 0)
-    files = []
-    for f in lake_files(lake, lake.latest_commit()):
-        n = count_matches(lake, pred, f.path)
-        if n:
-            rows[f.location] += n
-            files.append(f.path)
-    return {"table": cfg.qualified_name, "predicate": where, "rows": rows, "files": files}
+    found = scan(lake, pred)
+    return {
+        "table": cfg.qualified_name,
+        "predicate": where,
+        "rows": found["rows"],
+        "files": sorted(found["matching"]),
+        "unreadable": found["unreadable"],
+    }
