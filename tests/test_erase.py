@@ -393,3 +393,54 @@ def test_files_without_suffix_are_erased_and_unreadable_ones_named(tmp_path: Pat
     assert bare in audit["files_rewritten"]
     assert audit["unreadable_files"] == [str(broken)] == audit["verified"]["unreadable_files"]
     assert broken.read_bytes() == b"PAR1 truncated by the sink"  # not ours to delete: a person decides
+
+
+def test_partitioned_version_reusing_an_older_partition(tmp_path: Path) -> None:
+    """Commit 2 rewrote partition b and reuses partition a of version 1 by reference: the erase version holds both."""
+    cfg = parse_table(student_doc(tmp_path / "lake", "parts", partition_by={"column": "full_name"}))
+    lake = Lake(cfg)
+    v1, v2 = "v00000001-plan1-a", "v00000002-plan2-a"
+
+    def part(version: str, value: str) -> str:
+        return posixpath.join(lake.layout.data_dir(version), f"_cdc_partition={value}")
+
+    def named(i: int, name: str) -> dict[str, Any]:
+        return dict(row(i), full_name=name)
+
+    _write(posixpath.join(part(v1, "a"), "part-0.parquet"), [named(1, "a"), named(3, "a")])
+    _write(posixpath.join(part(v1, "b"), "part-0.parquet"), [named(2, "b")])
+    _write(posixpath.join(part(v2, "b"), "part-0.parquet"), [named(2, "b"), named(7, "b")])
+    for seq, version, partitions in (
+        (1, v1, {"a": part(v1, "a"), "b": part(v1, "b")}),
+        (2, v2, {"a": part(v1, "a"), "b": part(v2, "b")}),
+    ):
+        commit = Commit(
+            seq=seq,
+            version=version,
+            plan_id=f"plan{seq}",
+            run_id="r",
+            parent_seq=seq - 1,
+            files=[],
+            increments=[],
+            stats={"output_rows": 4, "output_visible_rows": 4, "output_tombstones": 0},
+            partitions=partitions,
+            partition_rows={"a": 2, "b": 1 if seq == 1 else 2},
+        )
+        assert lake.try_commit(commit)
+        lake.advance_pointer(commit)
+        lake.storage.write_text(lake.layout.archived_marker(seq), "")
+
+    audit = erase(cfg, "id IN (3, 7)", actor="test")
+
+    assert audit["rows_removed"]["live"] == 2 and audit["rows_removed"]["versions"] == 0
+    live = lake.latest_commit()
+    v3 = live.version
+    assert live.seq == 3 and live.partitions == {"a": part(v3, "a"), "b": part(v3, "b")}
+    assert live.partition_rows == {"a": 1, "b": 1} and live.stats["output_visible_rows"] == 2
+    assert json.loads(Path(lake.layout.pointer).read_text())["partitions"] == live.partitions
+    assert read_rows(posixpath.join(part(v3, "a"), "part-0.parquet")) == [named(1, "a")]
+    assert read_rows(posixpath.join(part(v3, "b"), "part-0.parquet")) == [named(2, "b")]
+    # The versions a rollback could bring back hold no erased row either.
+    assert read_rows(posixpath.join(part(v1, "a"), "part-0.parquet")) == [named(1, "a")]
+    assert read_rows(posixpath.join(part(v2, "b"), "part-0.parquet")) == [named(2, "b")]
+    assert read_rows(posixpath.join(part(v1, "b"), "part-0.parquet")) == [named(2, "b")]
