@@ -444,3 +444,15 @@ def test_partitioned_version_reusing_an_older_partition(tmp_path: Path) -> None:
     assert read_rows(posixpath.join(part(v1, "a"), "part-0.parquet")) == [named(1, "a")]
     assert read_rows(posixpath.join(part(v2, "b"), "part-0.parquet")) == [named(2, "b")]
     assert read_rows(posixpath.join(part(v1, "b"), "part-0.parquet")) == [named(2, "b")]
+
+
+def test_an_erase_that_outlived_its_lease_does_not_commit(tmp_path: Path) -> None:
+    sample = build(tmp_path / "lake")
+    before = {p: Path(p).read_bytes() for p in sample.files}
+    # Started two hours ago: its one-hour lease ran out before the decision.
+    with pytest.raises(ConcurrentRunError, match=r"lost the table's lease .* Nothing was erased"):
+        erase(sample.cfg, WHERE, now=datetime.now(UTC) - timedelta(hours=2))
+    assert {p: Path(p).read_bytes() for p in sample.files} == before
+    assert sample.lake.commit_seqs() == [1, 2]
+    erase(sample.cfg, WHERE)  # discards what the first one left, then erases
+    assert_erased(sample, tmp_path / "lake")

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cdc_compaction.exceptions import ConcurrentCommitError, EraseError, ErasePredicateError
+from cdc_compaction.exceptions import ConcurrentCommitError, ConcurrentRunError, EraseError, ErasePredicateError
 from cdc_compaction.hive_types import arrow_type
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, Lake, TableLease
@@ -393,7 +393,7 @@ def erase(
     lease.acquire(owner, LEASE_TTL, now)
     try:
         finish_unfinished(lake)
-        audit = _erase(lake, pred, erase_id, actor, now)
+        audit = _erase(lake, pred, erase_id, actor, now, owner)
     finally:
         lease.release(owner)
     problems = verify(lake, pred)
@@ -419,7 +419,7 @@ def _os_user() -> str:
         return os.environ.get("USER", "unknown")
 
 
-def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime) -> dict[str, Any]:
+def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime, owner: str) -> dict[str, Any]:
     cfg = lake.cfg
     table = cfg.qualified_name
     live = lake.latest_commit()
@@ -476,17 +476,26 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
         lake.storage.write_bytes(e["temp"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         if i == 0:
             fault_point("erase.after_first_rewrite", table)
+    commit = None
     if live_changed and version is not None and seq is not None:
         commit = _write_erase_version(lake, live, new_files, seq, version, erase_id, actor, now, removed["live"])
-        fault_point("erase.before_commit", table)
+    fault_point("erase.before_commit", table)
+    lease = TableLease(lake)
+    if not lease.holds(owner, datetime.now(UTC)):
+        # As publish does: an erase that outlived its lease may overlap a compaction; it must not decide.
+        held = lease.current()
+        raise ConcurrentRunError(
+            f"{table}: erase {erase_id} lost the table's lease ({held.describe() if held else 'no lease'}) before "
+            "its commit, so a compaction may have started. Nothing was erased; run the erase again (the lease "
+            f"lasts {LEASE_TTL})"
+        )
+    if commit is not None:
         if not lake.try_commit(commit):
             raise ConcurrentCommitError(
                 f"{table}: erase {erase_id} could not record commit {seq}: another run committed it first although "
                 "the erase held the lease. Nothing was erased; run the erase again"
             )
         fault_point("erase.after_commit_record", table)
-    else:
-        fault_point("erase.before_commit", table)
     lake.storage.write_text(_committed_path(lake, erase_id), now.isoformat())
     return _roll_forward(lake, journal)
 
