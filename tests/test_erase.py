@@ -456,3 +456,40 @@ def test_an_erase_that_outlived_its_lease_does_not_commit(tmp_path: Path) -> Non
     assert sample.lake.commit_seqs() == [1, 2]
     erase(sample.cfg, WHERE)  # discards what the first one left, then erases
     assert_erased(sample, tmp_path / "lake")
+
+
+def test_literals_take_the_column_type(make_cfg: Callable[..., TableConfig]) -> None:
+    from datetime import date
+
+    import pyarrow.compute as pc
+
+    cfg = make_cfg(
+        columns=[
+            {"name": "id", "type": "int"},
+            {"name": "born", "type": "date"},
+            {"name": "seen", "type": "timestamp"},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", "type": "bigint"},
+        ]
+    )
+    t = pa.table(
+        {
+            "id": pa.array([1, 2, 3], pa.int32()),
+            "born": pa.array([date(1990, 1, 2), date(1990, 1, 3), None], pa.date32()),
+            "seen": pa.array(
+                [datetime(2026, 1, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 13, tzinfo=UTC), None],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    cases = {
+        "born = '1990-01-02'": [1],
+        "(born) <> ('1990-01-02')": [2],
+        "seen BETWEEN '2026-01-01 00:00:00' AND '2026-01-01 12:00:00'": [1],
+        "born IN ('1990-01-03', '2000-01-01') OR seen IS NULL": [2, 3],
+    }
+    for where, ids in cases.items():
+        pred = parse_predicate(cfg, where)
+        assert t.filter(pc.coalesce(pred.expression, False)).column("id").to_pylist() == ids, where
+    with pytest.raises(ErasePredicateError, match=r"literal 'yesterday' is not a date \(column born\)"):
+        parse_predicate(cfg, "born = 'yesterday'")

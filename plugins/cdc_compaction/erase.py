@@ -100,12 +100,17 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
     by_lower = {c.name.lower(): c for c in cfg.columns}
     used: list[str] = []
 
-    def column(node: exp.Expression) -> Any:
+    def lookup(node: exp.Expression) -> Any:
+        """The registry column a column reference names (Hive names are case-insensitive)."""
         if node.table:
             raise refuse(f"qualified column {node.sql()!r} (name the column alone)")
         col = by_lower.get(node.name.lower())
         if col is None:
             raise refuse(f"{node.name!r} is not a column of the registry")
+        return col
+
+    def column(node: exp.Expression) -> Any:
+        col = lookup(node)
         used.append(col.name)
         return col
 
@@ -124,11 +129,20 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
             raise refuse(f"{node.sql()!r} is not a literal")
         if like is None:
             return pa.scalar(value)
+        if value is None:
+            return pa.scalar(None)
+        target = arrow_type(like.type)
         try:
             # The literal takes the column's type ('2026-01-01' against a date column).
-            return pa.scalar(value).cast(arrow_type(like.type)) if value is not None else pa.scalar(None)
+            return pa.scalar(value).cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-            raise refuse(f"literal {node.sql()!r} is not a {like.type} (column {like.name})") from exc
+            if isinstance(value, str) and pa.types.is_timestamp(target) and target.tz is not None:
+                # A timestamp without an offset is UTC, as the tables store timestamps.
+                try:
+                    return pa.scalar(value).cast(pa.timestamp(target.unit)).cast(target)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                    pass
+            raise refuse(f"literal {node.sql()} is not a {like.type} (column {like.name})") from exc
 
     def operand(node: exp.Expression, other: exp.Expression | None = None) -> Any:
         import pyarrow.compute as pc
@@ -137,10 +151,9 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
             return operand(node.this, other)
         if isinstance(node, exp.Column):
             return pc.field(column(node).name)
-        like = column(other) if isinstance(other, exp.Column) else None
-        if like is not None:
-            used.pop()  # counted where it is the operand itself
-        return literal(node, like)
+        while isinstance(other, exp.Paren):
+            other = other.this
+        return literal(node, lookup(other) if isinstance(other, exp.Column) else None)
 
     def build(node: exp.Expression) -> Any:
         import pyarrow.compute as pc
