@@ -493,3 +493,24 @@ def test_literals_take_the_column_type(make_cfg: Callable[..., TableConfig]) -> 
         assert t.filter(pc.coalesce(pred.expression, False)).column("id").to_pylist() == ids, where
     with pytest.raises(ErasePredicateError, match=r"literal 'yesterday' is not a date \(column born\)"):
         parse_predicate(cfg, "born = 'yesterday'")
+
+
+def test_roll_forward_does_not_land_again_a_file_archived_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sample = build(tmp_path / "lake")
+    monkeypatch.setenv("CDC_FAULTS", "erase.after_commit_record=raise")
+    with pytest.raises(InjectedFaultError):
+        erase(sample.cfg, WHERE)
+    monkeypatch.delenv("CDC_FAULTS")
+    # Meanwhile a run compacted and archived the pending increment (its files left the landing area).
+    pending = [p for p, (loc, _) in sample.files.items() if loc == "pending"]
+    moved = Path(sample.lake.layout.archive, "c00000004", "increment_2026112202")
+    moved.mkdir(parents=True)
+    for p in pending:
+        Path(p).rename(moved / Path(p).name)
+    erase(sample.cfg, WHERE)
+    assert not any(Path(p).exists() for p in pending)  # not landed again
+    assert not list(Path(sample.lake.layout.incremental, "increment_2026112202").iterdir())  # no rewrite left
+    # The archived copies were scanned where they are now.
+    assert [r for p in sorted(moved.iterdir()) for r in read_rows(str(p))] == [row(8)]

@@ -602,7 +602,10 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
     pred: Predicate | None = None
     for i, e in enumerate(journal["entries"]):
         if lake.storage.exists(e["temp"]):
-            lake.storage.copy(e["temp"], e["path"])  # atomic: the old content or the filtered one
+            # An original that is gone was moved meanwhile (a pending file archived by a run that came
+            # after a crash): landing it again would compact it twice; its new place is scanned anew.
+            if lake.storage.exists(e["path"]):
+                lake.storage.copy(e["temp"], e["path"])  # atomic: the old content or the filtered one
             lake.storage.delete(e["temp"])
             if i == 0:
                 fault_point("erase.after_first_swap", table)
