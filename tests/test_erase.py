@@ -514,3 +514,60 @@ def test_roll_forward_does_not_land_again_a_file_archived_meanwhile(
     assert not list(Path(sample.lake.layout.incremental, "increment_2026112202").iterdir())  # no rewrite left
     # The archived copies were scanned where they are now.
     assert [r for p in sorted(moved.iterdir()) for r in read_rows(str(p))] == [row(8)]
+
+
+@pytest.mark.s3
+def test_erase_on_s3(aws_default: str, tmp_path: Path) -> None:
+    """The same protocol through S3Storage (moto): prefixes as directories, copies as the swap."""
+    import io
+    import uuid
+
+    from cdc_compaction.storage.s3 import S3Storage
+
+    s3 = S3Storage()
+    bucket = f"lake-{uuid.uuid4().hex[:16]}"
+    s3.client.create_bucket(Bucket=bucket)
+    cfg = parse_table(student_doc(tmp_path, "people", storage_root=f"s3://{bucket}/lake/people"))
+    lake = Lake(cfg)
+
+    def put(path: str, rows: list[dict[str, Any]]) -> str:
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), buf)
+        lake.storage.write_bytes(path, buf.getvalue())
+        return path
+
+    def get(path: str) -> list[dict[str, Any]]:
+        with lake.storage.open_read(path) as fh:
+            return pq.read_table(fh).to_pylist()
+
+    version = "v00000001-plan1-a"
+    files = {
+        put(posixpath.join(lake.layout.data_dir(version), "part-0.parquet"), [row(1), row(3)]): [row(1)],
+        put(posixpath.join(lake.layout.tombstones_dir(version) or "", "part-0.parquet"), [row(4, "d")]): [row(4, "d")],
+        put(posixpath.join(lake.layout.incremental, "increment_2026112202", "p.parquet"), [row(3), row(8)]): [row(8)],
+        put(posixpath.join(lake.layout.archive, "c00000001", "increment_2026112200", "f.parquet"), [row(3)]): [],
+    }
+    commit = Commit(
+        seq=1,
+        version=version,
+        plan_id="plan1",
+        run_id="r",
+        parent_seq=0,
+        files=[],
+        increments=["increment_2026112200"],
+        stats={"output_rows": 3, "output_visible_rows": 2, "output_tombstones": 1},
+    )
+    assert lake.try_commit(commit)
+    lake.advance_pointer(commit)
+    lake.storage.write_text(lake.layout.archived_marker(1), "")
+
+    audit = erase(cfg, "id = 3", actor="test")
+
+    assert audit["rows_removed"] == {"live": 1, "versions": 0, "pending": 1, "archive": 1, "quarantine": 0}
+    for path, rows in files.items():
+        assert get(path) == rows, path
+    live = lake.latest_commit()
+    assert live.seq == 2 and live.stats["kind"] == "erase"
+    assert get(posixpath.join(lake.data_location(live), "part-0.parquet")) == [row(1)]
+    keys = [o["Key"] for o in s3.client.list_objects_v2(Bucket=bucket, Prefix="lake/people/")["Contents"]]
+    assert not [k for k in keys if ".erase-" in k or k.endswith(f"{audit['erase_id']}.json")]

@@ -639,7 +639,7 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
 def finish_unfinished(lake: Lake) -> list[str]:
     """Roll forward every committed erase a crash interrupted; discard the uncommitted ones. Their ids."""
     done = []
-    for f in lake.storage.list_dir(erase_dir(lake)) if lake.storage.exists(erase_dir(lake)) else []:
+    for f in lake.storage.list_dir(erase_dir(lake)):
         if not f.name.endswith(".json") or f.name.endswith(".audit.json"):
             continue
         journal = json.loads(lake.storage.read_text(f.path))
