@@ -218,6 +218,7 @@ def test_erase_removes_rows_everywhere_and_audits(tmp_path: Path) -> None:
         p for p, (_, rows) in sample.files.items() if any(erased(r) for r in rows)
     )
     assert audit["actor"] == "dpo@example.com" and audit["predicate"] == WHERE and audit["commit_seq"] == 3
+    assert audit["os_user"]  # who ran it, beside who asked
     assert audit["verified"]["matching_files"] == {} and audit["verified"]["files_checked"] >= len(sample.files)
     stored = Path(sample.lake.layout.control, "erase", f"{audit['erase_id']}.audit.json").read_text()
     assert json.loads(stored) == audit

@@ -472,6 +472,7 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
         "erase_id": erase_id,
         "table": table,
         "actor": actor,
+        "os_user": _os_user(),  # who ran it, beside who asked (--actor)
         "started_at": now.isoformat(),
         "predicate": pred.text,
         "parent_seq": live.seq,
@@ -622,6 +623,7 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
         "erase_id": journal["erase_id"],
         "table": table,
         "actor": journal["actor"],
+        "os_user": journal.get("os_user"),
         "started_at": journal["started_at"],
         "finished_at": datetime.now(UTC).isoformat(),
         "predicate": journal["predicate"],
