@@ -572,3 +572,87 @@ def test_erase_on_s3(aws_default: str, tmp_path: Path) -> None:
     assert get(posixpath.join(lake.data_location(live), "part-0.parquet")) == [row(1)]
     keys = [o["Key"] for o in s3.client.list_objects_v2(Bucket=bucket, Prefix="lake/people/")["Contents"]]
     assert not [k for k in keys if ".erase-" in k or k.endswith(f"{audit['erase_id']}.json")]
+
+
+# ------------------------------------------------------------------------- keyless tables
+def keyless_cfg(root: Path) -> TableConfig:
+    return parse_table(
+        {
+            "mode": "keyless",
+            "database": "tests",
+            "table": "visits",
+            "columns": [
+                {"name": "name", "type": "string"},
+                {"name": "visits", "type": "int"},
+                {"name": "_before_name", "type": "string"},
+                {"name": "_before_visits", "type": "int"},
+                {"name": "op", "type": "string"},
+                {"name": "lsn", "type": "bigint"},
+            ],
+            "order_by": ["lsn"],
+            "storage_root": str(root / "visits"),
+            "increments": {"settle_seconds": 0, "wait_for_hour_end": False},
+        }
+    )
+
+
+KEYLESS = pa.schema(
+    [
+        ("name", pa.string()),
+        ("visits", pa.int32()),
+        ("_before_name", pa.string()),
+        ("_before_visits", pa.int32()),
+        ("op", pa.string()),
+        ("lsn", pa.int64()),
+    ]
+)
+
+
+def visit(name: str | None, before: str | None, op: str | None, lsn: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "visits": 1 if name else None,
+        "_before_name": before,
+        "_before_visits": 1 if before else None,
+        "op": op,
+        "lsn": lsn,
+    }
+
+
+def test_keyless_erase_checks_before_images_and_keeps_the_watermark(tmp_path: Path) -> None:
+    cfg = keyless_cfg(tmp_path / "lake")
+    lake = Lake(cfg)
+    version = "v00000001-plan1-a"
+    data = posixpath.join(lake.layout.data_dir(version), "part-0.parquet")
+    watermark = posixpath.join(lake.layout.tombstones_dir(version) or "", "part-0.parquet")
+    # The data holds copies (op and sequence empty); the tombstones file only the watermark (lsn 3).
+    # Copies written with the data columns only (the check must not need the other columns).
+    copies = pa.schema([KEYLESS.field("name"), KEYLESS.field("visits")])
+    _write(data, [{"name": "Al", "visits": 1}, {"name": "Bob", "visits": 1}], copies)
+    _write(watermark, [visit(None, None, None, 3)], KEYLESS)
+    events = [visit("Bob", None, "c", 4), visit("Rob", "Bob", "u", 5), visit("Al", "Al", "u", 6)]
+    pending = land(cfg, "increment_2026112202", [events])[0]
+    commit = Commit(
+        seq=1,
+        version=version,
+        plan_id="plan1",
+        run_id="r",
+        parent_seq=0,
+        files=[],
+        increments=[],
+        stats={"output_rows": 3, "output_visible_rows": 2, "output_tombstones": 1},
+    )
+    assert lake.try_commit(commit)
+    lake.advance_pointer(commit)
+    lake.storage.write_text(lake.layout.archived_marker(1), "")
+
+    # "name IS NULL" would match the watermark row too: it is no row of the table and stays.
+    audit = erase(cfg, "name = 'Bob' OR name IS NULL", actor="test")
+
+    assert audit["rows_removed"] == {"live": 1, "versions": 0, "pending": 2, "archive": 0, "quarantine": 0}
+    assert read_rows(data) == [{"name": "Al", "visits": 1}]
+    # The update from Bob's row carried Bob in its before-image: erased with the insert.
+    assert [r["lsn"] for r in read_rows(pending)] == [6]
+    live = lake.latest_commit()
+    assert read_rows(str(Path(lake.tombstones_location(live)) / "part-0.parquet")) == [visit(None, None, None, 3)]
+    assert read_rows(watermark) == [visit(None, None, None, 3)]

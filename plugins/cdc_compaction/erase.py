@@ -44,9 +44,10 @@ from typing import Any
 
 from cdc_compaction.exceptions import ConcurrentCommitError, ConcurrentRunError, EraseError, ErasePredicateError
 from cdc_compaction.hive_types import arrow_type
+from cdc_compaction.job.contract import TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, Lake, TableLease
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import KeylessTable, TableConfig
 from cdc_compaction.storage.base import FileInfo
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
     tree = statements[0]
     by_lower = {c.name.lower(): c for c in cfg.columns}
     used: list[str] = []
+    #: Column substitutions of the current pass (keyless tables: data column -> its before-image).
+    swap: dict[str, Any] = {}
 
     def lookup(node: exp.Expression) -> Any:
         """The registry column a column reference names (Hive names are case-insensitive)."""
@@ -111,6 +114,7 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
 
     def column(node: exp.Expression) -> Any:
         col = lookup(node)
+        col = swap.get(col.name, col)
         used.append(col.name)
         return col
 
@@ -196,6 +200,20 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
     expression = build(tree)
     if not used:
         raise refuse("it names no column")
+    if isinstance(cfg, KeylessTable):
+        # A keyless event carries the row's old values in its before-image columns: an update from
+        # the erased person's row holds their data there, so the predicate is checked on both images.
+        names = {c.name: c for c in cfg.columns}
+        swap.update({d: names[b] for d, b in zip(cfg.data_columns, cfg.before_columns, strict=True)})
+        import pyarrow.compute as pc
+
+        # Only where there is a before-image (updates, deletes): copies and inserts leave it empty,
+        # and "x IS NULL" must not match every one of them through it.
+        has_before = pc.field(cfg.before_columns[0]).is_valid()
+        for b in cfg.before_columns[1:]:
+            has_before = has_before | pc.field(b).is_valid()
+        expression = expression | (has_before & build(tree))
+        used.extend(cfg.before_columns)  # read as NULL from files without them (a version's copies)
     return Predicate(text=text, columns=tuple(dict.fromkeys(used)), expression=expression)
 
 
@@ -296,6 +314,23 @@ def _with_columns(cfg: TableConfig, table: Any, columns: tuple[str, ...]) -> Any
     return table
 
 
+def is_watermark_file(lake: Lake, path: str) -> bool:
+    """A keyless version's tombstones file: its one row is the watermark (the greatest sequence
+    applied), no row of the table. Erasing it would let the next compaction apply replays again."""
+    return (
+        isinstance(lake.cfg, KeylessTable)
+        and path.startswith(lake.layout.base.rstrip("/") + "/")
+        and TOMBSTONES_DIR in posixpath.relpath(path, lake.layout.base).split("/")[1:-1]
+    )
+
+
+def _filter(lake: Lake, pred: Predicate, path: str, table: Any) -> tuple[Any, int]:
+    """The rows of the file ``path`` to keep and how many it holds that match."""
+    if is_watermark_file(lake, path):
+        return table, 0
+    return _split(lake.cfg, pred, table)
+
+
 def _split(cfg: TableConfig, pred: Predicate, table: Any) -> tuple[Any, int]:
     """The rows of ``table`` to keep and how many match the predicate."""
     import pyarrow.compute as pc
@@ -320,7 +355,7 @@ def scan(lake: Lake, pred: Predicate, hidden: bool = False) -> dict[str, Any]:
             if f.size:
                 unreadable.append(f.path)
             continue
-        n = _split(lake.cfg, pred, table)[1]
+        n = _filter(lake, pred, f.path, table)[1]
         if n:
             rows[f.location] += n
             matching[f.path] = n
@@ -459,7 +494,7 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
             if f.size:
                 unreadable.append(f.path)
             continue
-        kept, n = _split(cfg, pred, data)
+        kept, n = _filter(lake, pred, f.path, data)
         if f.location == "live":
             new_files[f.path] = kept
         if n:
@@ -486,7 +521,7 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
     lake.storage.write_text(_journal_path(lake, erase_id), json.dumps(journal, indent=1, sort_keys=True))
     # Hidden rewrites beside every matching file (the originals stay untouched until the decision).
     for i, e in enumerate(entries):
-        kept, _ = _split(cfg, pred, _read(lake, e["path"]))
+        kept, _ = _filter(lake, pred, e["path"], _read(lake, e["path"]))
         lake.storage.write_bytes(e["temp"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         if i == 0:
             fault_point("erase.after_first_rewrite", table)
@@ -614,7 +649,7 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
             # The rewrite is gone (swapped already, or removed by hand): filter the original itself
             # if it still matches, so a lost temporary can never leave an erased row behind.
             pred = pred or parse_predicate(lake.cfg, journal["predicate"])
-            kept, n = _split(lake.cfg, pred, _read(lake, e["path"]))
+            kept, n = _filter(lake, pred, e["path"], _read(lake, e["path"]))
             if n:
                 lake.storage.write_bytes(e["path"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         rewritten.append(e["path"])
