@@ -27,7 +27,7 @@ from conftest import compact_once, student_doc, visible_names
 
 from cdc_compaction.conformance import land
 from cdc_compaction.erase import erase, finish_unfinished, parse_predicate, preview
-from cdc_compaction.exceptions import ConcurrentRunError, EraseError, ErasePredicateError
+from cdc_compaction.exceptions import ConcurrentRunError, EraseError, ErasePredicateError, is_permanent
 from cdc_compaction.job.faults import InjectedFaultError
 from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.pipeline.tables import ensure_tables
@@ -197,6 +197,7 @@ def test_predicate_refusals_name_the_token(make_cfg: Callable[..., TableConfig],
         parse_predicate(cfg, where)
     assert named in str(err.value) and cfg.qualified_name in str(err.value)
     assert "registry columns (id, full_name, op, ts_ms)" in str(err.value)
+    assert is_permanent(err.value)  # a DAG task's retry cannot heal it
 
 
 # ------------------------------------------------------------------------- conformance

@@ -10,7 +10,8 @@ Where rows live (the *locations* of an erase)::
 
 The protocol, serialized with compactions by the table lease (:class:`lake.TableLease`):
 
-1. Roll forward (or discard) an earlier erase that did not finish (its journal says which).
+1. Refuse while the live commit is not archived (its run is unfinished); roll forward (or discard)
+   an earlier erase that did not finish (its journal says which).
 2. Scan every Parquet file of every location with the predicate (pyarrow.compute, no Spark).
 3. Write the journal ``_cdc/erase/<id>.json``: each matching file and the hidden name
    (``.<name>.erase-<id>``) its filtered rewrite gets beside it.  Readers skip hidden names.
@@ -26,6 +27,9 @@ The protocol, serialized with compactions by the table lease (:class:`lake.Table
 7. The audit record ``_cdc/erase/<id>.audit.json`` (who, when, predicate, rows removed per location,
    files rewritten -- never a row's values), then :func:`verify` re-reads every file and proves that
    nothing matches.
+
+Keyless tables: the predicate also matches an event's before-image, and a version's watermark
+(its tombstones file) is never rewritten.
 """
 
 from __future__ import annotations

@@ -122,5 +122,6 @@ def is_permanent(exc: BaseException) -> bool:
         | ConcurrentCommitError
         | CommitLogError
         | CompactionError
-        | DeploymentConflictError,
+        | DeploymentConflictError
+        | ErasePredicateError,
     )
