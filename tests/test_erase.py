@@ -657,3 +657,22 @@ def test_keyless_erase_checks_before_images_and_keeps_the_watermark(tmp_path: Pa
     live = lake.latest_commit()
     assert read_rows(str(Path(lake.tombstones_location(live)) / "part-0.parquet")) == [visit(None, None, None, 3)]
     assert read_rows(watermark) == [visit(None, None, None, 3)]
+
+
+def test_files_of_another_type_are_compared_as_the_registry_types(tmp_path: Path) -> None:
+    """A file refused for its schema (id as strings) is still searched; one whose values do not convert is named."""
+    sample = build(tmp_path / "lake")
+    as_text = pa.schema([("id", pa.string()), ("full_name", pa.string()), ("op", pa.string()), ("ts_ms", pa.string())])
+    refused = posixpath.join(sample.lake.layout.quarantined_files_dir("p-0009"), "increment_2026112202", "a.parquet")
+    text_rows = [
+        {"id": "3", "full_name": "n3", "op": "c", "ts_ms": "x"},
+        {"id": "12", "full_name": "n12", "op": "c", "ts_ms": "y"},
+    ]
+    _write(refused, text_rows, as_text)
+    garbled = posixpath.join(sample.lake.layout.quarantined_files_dir("p-0009"), "increment_2026112202", "b.parquet")
+    _write(garbled, [{"id": "seven", "full_name": "n7", "op": "c", "ts_ms": "z"}], as_text)
+
+    audit = erase(sample.cfg, WHERE, actor="test")
+
+    assert read_rows(refused) == text_rows[1:]  # kept as the file had it: strings
+    assert audit["unreadable_files"] == [garbled] and read_rows(garbled)[0]["id"] == "seven"

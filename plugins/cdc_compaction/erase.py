@@ -307,14 +307,26 @@ def _try_read(lake: Lake, path: str) -> Any | None:
         return None
 
 
+class _UnevaluableError(Exception):
+    """A file whose columns cannot be read as the registry's types (a file refused for its schema)."""
+
+
 def _with_columns(cfg: TableConfig, table: Any, columns: tuple[str, ...]) -> Any:
-    """``table`` with every predicate column (NULL where a file lacks it, e.g. a tombstone file)."""
+    """``table`` with every predicate column as its registry type: NULL where a file lacks it (a
+    tombstone file), cast where a file has another type (INT96 timestamps; a quarantined file's
+    ``'3'`` for an int). Raise :class:`_UnevaluableError` when a value does not convert."""
     import pyarrow as pa
 
-    types = {c.name: c.type for c in cfg.columns}
+    types = {c.name: arrow_type(c.type) for c in cfg.columns}
     for name in columns:
         if name not in table.column_names:
-            table = table.append_column(name, pa.nulls(table.num_rows, type=arrow_type(types[name])))
+            table = table.append_column(name, pa.nulls(table.num_rows, type=types[name]))
+        elif table.schema.field(name).type != types[name]:
+            i = table.column_names.index(name)
+            try:
+                table = table.set_column(i, name, table.column(i).cast(types[name]))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise _UnevaluableError(f"column {name} ({table.schema.field(name).type}): {exc}") from exc
     return table
 
 
@@ -328,11 +340,16 @@ def is_watermark_file(lake: Lake, path: str) -> bool:
     )
 
 
-def _filter(lake: Lake, pred: Predicate, path: str, table: Any) -> tuple[Any, int]:
-    """The rows of the file ``path`` to keep and how many it holds that match."""
+def _filter(lake: Lake, pred: Predicate, path: str, table: Any) -> tuple[Any, int] | None:
+    """The rows of the file ``path`` to keep and how many it holds that match; None when its
+    columns cannot be compared with the predicate (logged; the caller names the file)."""
     if is_watermark_file(lake, path):
         return table, 0
-    return _split(lake.cfg, pred, table)
+    try:
+        return _split(lake.cfg, pred, table)
+    except _UnevaluableError as exc:
+        log.warning("%s: cannot evaluate the erase predicate on %s (%s)", lake.cfg.qualified_name, path, exc)
+        return None
 
 
 def _split(cfg: TableConfig, pred: Predicate, table: Any) -> tuple[Any, int]:
@@ -341,10 +358,17 @@ def _split(cfg: TableConfig, pred: Predicate, table: Any) -> tuple[Any, int]:
 
     if not table.num_rows:
         return table, 0
-    probe = _with_columns(cfg, table, pred.columns)
-    # NOT COALESCE(p, false): a row whose predicate is NULL (unknown) is kept, as SQL's DELETE would.
-    kept = probe.filter(pc.invert(pc.coalesce(pred.expression, False))).select(table.column_names)
-    return kept, table.num_rows - kept.num_rows
+    import pyarrow as pa
+
+    probe = _with_columns(cfg, table.select([n for n in table.column_names if n in pred.columns]), pred.columns)
+    probe = probe.append_column("__erase_row", pa.array(range(table.num_rows), type=pa.int64()))
+    try:
+        # NOT COALESCE(p, false): a row whose predicate is NULL (unknown) is kept, as SQL's DELETE would.
+        keep = probe.filter(pc.invert(pc.coalesce(pred.expression, False))).column("__erase_row")
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise _UnevaluableError(str(exc)) from exc
+    # The kept rows exactly as the file had them (its own types and columns).
+    return table.take(keep), table.num_rows - len(keep)
 
 
 def scan(lake: Lake, pred: Predicate, hidden: bool = False) -> dict[str, Any]:
@@ -355,11 +379,12 @@ def scan(lake: Lake, pred: Predicate, hidden: bool = False) -> dict[str, Any]:
     files = lake_files(lake, lake.latest_commit(), hidden)
     for f in files:
         table = _try_read(lake, f.path)
-        if table is None:
+        split = _filter(lake, pred, f.path, table) if table is not None else None
+        if split is None:
             if f.size:
                 unreadable.append(f.path)
             continue
-        n = _filter(lake, pred, f.path, table)[1]
+        n = split[1]
         if n:
             rows[f.location] += n
             matching[f.path] = n
@@ -489,16 +514,18 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
     unreadable: list[str] = []
     for f in lake_files(lake, live):
         data = _try_read(lake, f.path)
-        if data is None:
+        split = _filter(lake, pred, f.path, data) if data is not None else None
+        if split is None:
             if f.location == "live":
                 raise EraseError(
-                    f"{table}: {f.path} of the live version {live.version} is not readable Parquet. Nothing was "
-                    "erased: restore the file (or run the table's DAG after fixing it) and run the erase again"
+                    f"{table}: {f.path} of the live version {live.version} is not readable Parquet of the registry's "
+                    "types. Nothing was erased: restore the file (or run the table's DAG after fixing it) and run "
+                    "the erase again"
                 )
             if f.size:
                 unreadable.append(f.path)
             continue
-        kept, n = _filter(lake, pred, f.path, data)
+        kept, n = split
         if f.location == "live":
             new_files[f.path] = kept
         if n:
@@ -525,7 +552,10 @@ def _erase(lake: Lake, pred: Predicate, erase_id: str, actor: str, now: datetime
     lake.storage.write_text(_journal_path(lake, erase_id), json.dumps(journal, indent=1, sort_keys=True))
     # Hidden rewrites beside every matching file (the originals stay untouched until the decision).
     for i, e in enumerate(entries):
-        kept, _ = _filter(lake, pred, e["path"], _read(lake, e["path"]))
+        split = _filter(lake, pred, e["path"], _read(lake, e["path"]))
+        if split is None:  # it was evaluated a moment ago: something rewrote it meanwhile
+            raise EraseError(f"{table}: {e['path']} changed during the erase; nothing was erased, run it again")
+        kept = split[0]
         lake.storage.write_bytes(e["temp"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         if i == 0:
             fault_point("erase.after_first_rewrite", table)
@@ -653,8 +683,9 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
             # The rewrite is gone (swapped already, or removed by hand): filter the original itself
             # if it still matches, so a lost temporary can never leave an erased row behind.
             pred = pred or parse_predicate(lake.cfg, journal["predicate"])
-            kept, n = _filter(lake, pred, e["path"], _read(lake, e["path"]))
-            if n:
+            split = _filter(lake, pred, e["path"], _read(lake, e["path"]))
+            if split is not None and split[1]:
+                kept = split[0]
                 lake.storage.write_bytes(e["path"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         rewritten.append(e["path"])
     fault_point("erase.before_audit", table)
