@@ -677,3 +677,22 @@ def test_files_of_another_type_are_compared_as_the_registry_types(tmp_path: Path
 
     assert read_rows(refused) == text_rows[1:]  # kept as the file had it: strings
     assert audit["unreadable_files"] == [garbled] and read_rows(garbled)[0]["id"] == "seven"
+
+
+@pytest.mark.parametrize("point", ["erase.before_commit", "erase.after_first_swap"])
+def test_erase_outside_the_live_version_crash_then_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """Only a pending file matches: no erase commit, the marker alone decides."""
+    sample = build(tmp_path / "lake")
+    monkeypatch.setenv("CDC_FAULTS", f"{point}=raise")
+    with pytest.raises(InjectedFaultError):
+        erase(sample.cfg, "full_name = 'n9'")
+    monkeypatch.delenv("CDC_FAULTS")
+    audits = [erase(sample.cfg, "full_name = 'n9'")]
+    audits += [json.loads(p.read_text()) for p in Path(sample.lake.layout.control, "erase").glob("*.audit.json")]
+    for path, (_, rows) in sample.files.items():
+        assert read_rows(path) == [r for r in rows if r["full_name"] != "n9"], path
+    assert sample.lake.commit_seqs() == [1, 2]
+    assert all(a["commit_seq"] is None for a in audits)
+    assert not [p for p in all_parquet(tmp_path / "lake") if p.name.startswith(".")]
