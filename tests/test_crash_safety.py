@@ -77,13 +77,18 @@ CRASH_POINTS = [
 
 
 #: Fault points outside a DAG run, crashed by their own tests (test_quarantine.py, pipeline/test_rebuild.py,
-#: test_travel.py).
+#: test_travel.py, test_erase.py).
 OTHER_POINTS = [
     "quarantine.after_first_reingested_file",
     "rebuild.after_first_step",
     "rollback.after_copy",
     "rollback.after_commit_record",
     "rollback.after_metastore_swap",
+    "erase.after_first_rewrite",
+    "erase.before_commit",
+    "erase.after_commit_record",
+    "erase.after_first_swap",
+    "erase.before_audit",
 ]
 
 

@@ -372,6 +372,39 @@ def _quarantine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _erase(args: argparse.Namespace) -> int:
+    """Erase rows by predicate everywhere the table keeps them (README, "Erasing personal data")."""
+    import json
+
+    from cdc_compaction import erase
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.lake import Lake
+
+    cfg = _table(args)
+    try:
+        if args.verify:
+            found = erase.verify(Lake(cfg), erase.parse_predicate(cfg, args.where))
+            print(json.dumps(found, indent=1, sort_keys=True))
+            if found["matching"]:
+                print(
+                    f"{cfg.qualified_name}: {len(found['matching'])} files still hold rows matching {args.where!r}; "
+                    "run the erase with --yes",
+                    file=sys.stderr,
+                )
+                return 1
+            return 0
+        if not args.yes:
+            print(json.dumps(erase.preview(cfg, args.where), indent=1))
+            print("nothing was changed; run again with --yes to erase these rows")
+            return 0
+        audit = erase.erase(cfg, args.where, actor=args.actor)
+    except CdcCompactionError as exc:
+        print(f"erase refused or failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(audit, indent=1, sort_keys=True))
+    return 0
+
+
 def _lease(args: argparse.Namespace) -> int:
     from cdc_compaction.lake import Lake, TableLease
 
@@ -699,6 +732,18 @@ def main(argv: list[str] | None = None) -> int:
     qu.add_argument("--from", dest="source", help="reingest: a corrected copy to land instead of the kept data")
     qu.add_argument("--force", action="store_true", help="reingest an entry again")
     qu.set_defaults(func=_quarantine)
+
+    er = sub.add_parser(
+        "erase", help="remove every row matching a predicate from every version, increment and quarantine"
+    )
+    table_args(er)
+    er.add_argument("--where", required=True, help='a boolean expression over registry columns, e.g. "id IN (7, 8)"')
+    er.add_argument("--yes", action="store_true", help="erase (without it: show what would be erased)")
+    er.add_argument(
+        "--verify", action="store_true", help="only re-read every file and fail (exit 1) if any row still matches"
+    )
+    er.add_argument("--actor", help="who asks, for the audit record (default: the OS user)")
+    er.set_defaults(func=_erase)
 
     le = sub.add_parser("lease", help="the lease that serializes a table's runs")
     le.add_argument("action", choices=["show", "break"])

@@ -99,6 +99,14 @@ class LineageError(CdcCompactionError):
     """The OpenLineage facets of a run cannot be built (logged and counted; never fails a task)."""
 
 
+class ErasePredicateError(CdcCompactionError, ValueError):
+    """An erase predicate is not a plain boolean expression over the table's registry columns."""
+
+
+class EraseError(CdcCompactionError):
+    """An erase could not finish, or its verification found a matching row still stored."""
+
+
 def is_permanent(exc: BaseException) -> bool:
     """True for errors a retry of the same task cannot heal: fail them at once, alert the owner.
 
@@ -118,7 +126,8 @@ def is_permanent(exc: BaseException) -> bool:
         | ConcurrentCommitError
         | CommitLogError
         | CompactionError
-        | DeploymentConflictError,
+        | DeploymentConflictError
+        | ErasePredicateError,
     )
 
 

@@ -53,6 +53,11 @@ POINTS = (
     "rollback.after_copy",
     "rollback.after_commit_record",
     "rollback.after_metastore_swap",
+    "erase.after_first_rewrite",
+    "erase.before_commit",
+    "erase.after_commit_record",
+    "erase.after_first_swap",
+    "erase.before_audit",
 )
 
 
