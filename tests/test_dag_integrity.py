@@ -22,12 +22,14 @@ from cdc_compaction import notifications
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.pipeline.order import STEP_IDS
 from cdc_compaction.registry import load_registry
-from cdc_compaction.settings import PROJECT_ROOT, VIEW_REFRESH_DAG_ID, registry_dir
+from cdc_compaction.settings import ERASE_DAG_ID, PROJECT_ROOT, VIEW_REFRESH_DAG_ID, registry_dir
 
 DAGS = PROJECT_ROOT / "dags"
 TASK_ORDER = list(STEP_IDS)
 #: The DAG that keeps every table's views fresh between compactions (one per deployment).
 REFRESHER = VIEW_REFRESH_DAG_ID
+#: The manual-only erase DAG over every valid table (one per deployment).
+ERASER = ERASE_DAG_ID
 
 
 def _dagbag(registry: Path | None = None, monkeypatch: pytest.MonkeyPatch | None = None):
@@ -47,7 +49,7 @@ def test_no_import_errors_and_one_dag_per_table(dagbag) -> None:
     assert dagbag.import_errors == {}
     entries = load_registry(registry_dir())
     assert entries, "the shipped registry is not empty"
-    assert sorted(dagbag.dag_ids) == sorted([REFRESHER, *(e.config.dag_id for e in entries if e.config)])
+    assert sorted(dagbag.dag_ids) == sorted([REFRESHER, ERASER, *(e.config.dag_id for e in entries if e.config)])
 
 
 def test_dag_settings(dagbag) -> None:
@@ -71,7 +73,7 @@ def test_task_chain_and_operators(dagbag) -> None:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     for dag_id, dag in dagbag.dags.items():
-        if dag_id == REFRESHER:
+        if dag_id in (REFRESHER, ERASER):
             continue
         assert {t.task_id for t in dag.tasks} == set(TASK_ORDER)
         for up, down in itertools.pairwise(TASK_ORDER):
@@ -127,7 +129,9 @@ def test_a_bad_registry_file_breaks_only_its_own_dag(tmp_path: Path, monkeypatch
     _write(tmp_path, "school.course.yaml", {**good, "table": "course", "database": "school; DROP TABLE x"})
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__course", "cdc__school__student", "cdc__school__teacher", REFRESHER]
+    assert sorted(bag.dag_ids) == sorted(
+        ["cdc__school__course", "cdc__school__student", "cdc__school__teacher", REFRESHER, ERASER]
+    )
     # The view refresher covers the good tables only.
     assert [t.task_id for t in bag.dags[REFRESHER].tasks] == ["refresh__school"]
     assert {t.task_id for t in bag.dags["cdc__school__student"].tasks} == set(TASK_ORDER)
@@ -152,7 +156,9 @@ def test_a_hostile_registry_file_hides_no_other_dag(
     (tmp_path / "tests.student.yaml").write_bytes(content)
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student", REFRESHER]
+    assert sorted(bag.dag_ids) == sorted(
+        ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student", REFRESHER, ERASER]
+    )
     assert fragment in bag.dags["cdc__tests__student"].doc_md
 
 
@@ -166,7 +172,7 @@ def test_a_bad_database_defaults_file_breaks_only_its_databases_dags(
     _write(tmp_path / "school", "_database.yaml", {"owner": "school-team"})
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__tests__student", REFRESHER]
+    assert sorted(bag.dag_ids) == sorted(["cdc__school__student", "cdc__tests__student", REFRESHER, ERASER])
     broken, good = bag.dags["cdc__tests__student"], bag.dags["cdc__school__student"]
     assert [t.task_id for t in broken.tasks] == ["registry_error"]
     assert "_database.yaml" in broken.doc_md and "retires" in broken.doc_md
@@ -380,7 +386,8 @@ def test_dag_file_parses_without_heavy_imports(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"dags": len(load_registry(registry_dir())) + 1, "errors": 0, "heavy": []}
+    # + the view refresher and the erase DAG
+    assert result == {"dags": len(load_registry(registry_dir())) + 2, "errors": 0, "heavy": []}
 
 
 # -- Airflow's real DAG processing: ``airflow dags reserialize`` into a metadata DB ------------
@@ -511,3 +518,28 @@ def test_reserialize_hostile_registry_files_break_only_their_own_dags(tmp_path: 
         assert state["stale"].get(dag_id) is False, (param.id, state["stale"])
         doc = state["doc_md"][dag_id]
         assert name in doc and param.values[1] in doc, (param.id, doc)
+
+
+def test_the_erase_dag_is_in_the_dag_file_with_its_form(dagbag) -> None:
+    """The real DAG file has the manual-only erase DAG; its form offers exactly the registry's tables."""
+    dag = dagbag.dags[ERASER]
+    tables = sorted(e.config.qualified_name for e in load_registry(registry_dir()) if e.config)
+    assert dag.schedule is None and dag.max_active_runs == 1
+    assert dag.params.get_param("table").schema["enum"] == tables
+    assert {"where", "actor"} <= set(dag.params.keys())
+    assert [t.task_id for t in dag.topological_sort()] == ["validate_predicate", "erase"]
+    assert not any(type(t).__name__.startswith("Spark") for t in dag.tasks)
+
+
+def test_a_task_process_of_the_erase_dag_builds_it_over_every_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erase task's parse (parsing context cdc__erase) builds the erase DAG only, over the whole registry."""
+    _write(tmp_path, "tests.one.yaml", student_doc(tmp_path / "lake", "one"))
+    _write(tmp_path, "tests.two.yaml", student_doc(tmp_path / "lake2", "two"))
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", ERASER)
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "erase")
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert bag.dag_ids == [ERASER], "the table DAGs are not built for an erase task"
+    assert bag.dags[ERASER].params.get_param("table").schema["enum"] == ["tests.one", "tests.two"]
