@@ -299,7 +299,7 @@ def _build(tmp_path: Path, doc: dict[str, Any]) -> Any:
     from cdc_compaction.factory import build_dags
 
     _write(tmp_path / "registry", "tests.templated.yaml", doc)
-    (dag,) = build_dags(load_registry(tmp_path / "registry"), view_refresher=False).values()
+    (dag,) = build_dags(load_registry(tmp_path / "registry"), view_refresher=False, eraser=False).values()
     return dag
 
 
@@ -320,6 +320,10 @@ def test_registry_values_are_data_not_templates(tmp_path: Path, monkeypatch: pyt
     doc = _templated_doc(tmp_path)
     dag = _build(tmp_path, doc)
     _render_all(dag)
+    from cdc_compaction.factory import build_dags
+
+    # The erase DAG over the same registry renders nothing of it either.
+    _render_all(build_dags(load_registry(tmp_path / "registry"), view_refresher=False, tables=False)[ERASER])
     compact = dag.get_task("compact")
     # The DAG's own templates are rendered ...
     assert compact.application_args == ["--plan", "/lake/plans/run-1.json"]
@@ -421,10 +425,22 @@ def _db_state(db_path: Path) -> dict[str, Any]:
         }
         errors = [(f, st) for f, st in db.execute("SELECT filename, stacktrace FROM import_error")]
         docs: dict[str, str] = {}
+        params: dict[str, Any] = {}
         for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
             doc = json.loads(data) if data is not None else json.loads(zlib.decompress(compressed))
             docs[dag_id] = doc["dag"].get("doc_md") or ""
-    return {"stale": dags, "import_errors": errors, "doc_md": docs, "schedule": schedule}
+            params[dag_id] = doc["dag"].get("params")
+    return {"stale": dags, "import_errors": errors, "doc_md": docs, "schedule": schedule, "params": params}
+
+
+def _enums(node: Any) -> list[list[Any]]:
+    """Every ``enum`` list in a serialized structure (the trigger form's choices)."""
+    if isinstance(node, dict):
+        found = [node["enum"]] if isinstance(node.get("enum"), list) else []
+        return found + [e for v in node.values() for e in _enums(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in _enums(v)]
+    return []
 
 
 @pytest.fixture
@@ -462,6 +478,9 @@ def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, goo
     assert broken["has_import_errors"] is False and broken["next_dagrun_create_after"] is None, broken
     doc = state["doc_md"]["cdc__tests__typo"]
     assert "tests.typo.yaml" in doc and "primay_key" in doc and "primary_key" in doc
+    # The erase DAG: active, manual only; its form offers every valid table (the disabled one too), not the typo.
+    assert state["stale"].get(ERASER) is False and state["schedule"][ERASER]["next_dagrun_create_after"] is None
+    assert _enums(state["params"][ERASER]) == [sorted(f"tests.{t}" for t in (*GOOD_TABLES, "idle"))]
 
     # Through the real CLI: a run of the broken table's DAG fails its one task with the registry error.
     env = airflow_env(
