@@ -721,6 +721,32 @@ def _erase_request(by_name: dict[str, TableConfig], params: Any) -> tuple[TableC
     return cfg, where, actor.strip()
 
 
+def erase_failure_alert(by_name: dict[str, TableConfig]) -> Callable[[dict[str, Any]], None]:
+    """The erase DAG's failure callback: alert the owners of the table the run names (its registry ``alerts:``).
+
+    One DAG serves every table, so the channels are chosen per run from its ``table`` param.
+    """
+
+    def alert(context: dict[str, Any]) -> None:
+        params = context.get("params") or {}
+        table = params.get("table")
+        cfg = by_name.get(table) if isinstance(table, str) else None
+        if cfg is None:
+            # The request named no registry table: no owners to tell; the task's error says what to fix.
+            log.error(
+                "%s: a task failed for table %r, not a registry table; no alert sent", settings.ERASE_DAG_ID, table
+            )
+            return
+        CdcAlertNotifier(
+            table=cfg.qualified_name,
+            emails=cfg.alerts.emails,
+            smtp_conn_id=cfg.alerts.smtp_conn_id,
+            channels=AlertChannels.of(cfg.alerts),
+        ).notify(context)
+
+    return alert
+
+
 def erase_doc_md(cfgs: Sequence[TableConfig]) -> str:
     """The erase DAG's documentation: the trigger form and what each task does."""
     tables = ", ".join(f"`{c.qualified_name}`" for c in cfgs)
@@ -763,6 +789,7 @@ def build_erase_dag(cfgs: Sequence[TableConfig]) -> DAG:
             "retries": 3,
             "retry_delay": timedelta(minutes=5),
             "retry_exponential_backoff": True,
+            "on_failure_callback": [erase_failure_alert(by_name)],
         },
         tags=["cdc", "erase"],
         doc_md=erase_doc_md(list(by_name.values())),
