@@ -188,6 +188,19 @@ def test_the_erase_dag_erases_with_the_params_of_its_trigger_form(tmp_path: Any)
         # The params reach the callables from the context, not through a templated field.
         assert not task.op_args and not task.op_kwargs and task.templates_dict is None
     params = {"table": sample.cfg.qualified_name, "where": WHERE, "actor": "dpo@example.com"}
+    # What Airflow checks when the form is submitted: a complete request passes, a table not in the list does not.
+    import copy
+
+    from airflow.sdk.exceptions import ParamValidationError
+
+    form = copy.deepcopy(dag.params)
+    form.update(params)
+    assert form.validate() == params
+    for bad in ({"table": "tests.nope"}, {"where": ""}, {"actor": None}):
+        form = copy.deepcopy(dag.params)
+        with pytest.raises(ParamValidationError):
+            form.update({**params, **bad})
+            form.validate()
 
     checked = dag.get_task("validate_predicate").python_callable(params=params)
     assert checked == {"table": sample.cfg.qualified_name, "predicate": WHERE, "columns": ["id", "full_name"]}
