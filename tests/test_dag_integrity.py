@@ -22,12 +22,14 @@ from cdc_compaction import notifications
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.pipeline.order import STEP_IDS
 from cdc_compaction.registry import load_registry
-from cdc_compaction.settings import PROJECT_ROOT, VIEW_REFRESH_DAG_ID, registry_dir
+from cdc_compaction.settings import ERASE_DAG_ID, PROJECT_ROOT, VIEW_REFRESH_DAG_ID, registry_dir
 
 DAGS = PROJECT_ROOT / "dags"
 TASK_ORDER = list(STEP_IDS)
 #: The DAG that keeps every table's views fresh between compactions (one per deployment).
 REFRESHER = VIEW_REFRESH_DAG_ID
+#: The manual-only erase DAG over every valid table (one per deployment).
+ERASER = ERASE_DAG_ID
 
 
 def _dagbag(registry: Path | None = None, monkeypatch: pytest.MonkeyPatch | None = None):
@@ -47,7 +49,7 @@ def test_no_import_errors_and_one_dag_per_table(dagbag) -> None:
     assert dagbag.import_errors == {}
     entries = load_registry(registry_dir())
     assert entries, "the shipped registry is not empty"
-    assert sorted(dagbag.dag_ids) == sorted([REFRESHER, *(e.config.dag_id for e in entries if e.config)])
+    assert sorted(dagbag.dag_ids) == sorted([REFRESHER, ERASER, *(e.config.dag_id for e in entries if e.config)])
 
 
 def test_dag_settings(dagbag) -> None:
@@ -71,7 +73,7 @@ def test_task_chain_and_operators(dagbag) -> None:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     for dag_id, dag in dagbag.dags.items():
-        if dag_id == REFRESHER:
+        if dag_id in (REFRESHER, ERASER):
             continue
         assert {t.task_id for t in dag.tasks} == set(TASK_ORDER)
         for up, down in itertools.pairwise(TASK_ORDER):
@@ -127,7 +129,9 @@ def test_a_bad_registry_file_breaks_only_its_own_dag(tmp_path: Path, monkeypatch
     _write(tmp_path, "school.course.yaml", {**good, "table": "course", "database": "school; DROP TABLE x"})
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__course", "cdc__school__student", "cdc__school__teacher", REFRESHER]
+    assert sorted(bag.dag_ids) == sorted(
+        ["cdc__school__course", "cdc__school__student", "cdc__school__teacher", REFRESHER, ERASER]
+    )
     # The view refresher covers the good tables only.
     assert [t.task_id for t in bag.dags[REFRESHER].tasks] == ["refresh__school"]
     assert {t.task_id for t in bag.dags["cdc__school__student"].tasks} == set(TASK_ORDER)
@@ -152,7 +156,9 @@ def test_a_hostile_registry_file_hides_no_other_dag(
     (tmp_path / "tests.student.yaml").write_bytes(content)
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student", REFRESHER]
+    assert sorted(bag.dag_ids) == sorted(
+        ["cdc__school__student", "cdc__school__teacher", "cdc__tests__student", REFRESHER, ERASER]
+    )
     assert fragment in bag.dags["cdc__tests__student"].doc_md
 
 
@@ -166,7 +172,7 @@ def test_a_bad_database_defaults_file_breaks_only_its_databases_dags(
     _write(tmp_path / "school", "_database.yaml", {"owner": "school-team"})
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["cdc__school__student", "cdc__tests__student", REFRESHER]
+    assert sorted(bag.dag_ids) == sorted(["cdc__school__student", "cdc__tests__student", REFRESHER, ERASER])
     broken, good = bag.dags["cdc__tests__student"], bag.dags["cdc__school__student"]
     assert [t.task_id for t in broken.tasks] == ["registry_error"]
     assert "_database.yaml" in broken.doc_md and "retires" in broken.doc_md
@@ -293,7 +299,7 @@ def _build(tmp_path: Path, doc: dict[str, Any]) -> Any:
     from cdc_compaction.factory import build_dags
 
     _write(tmp_path / "registry", "tests.templated.yaml", doc)
-    (dag,) = build_dags(load_registry(tmp_path / "registry"), view_refresher=False).values()
+    (dag,) = build_dags(load_registry(tmp_path / "registry"), view_refresher=False, eraser=False).values()
     return dag
 
 
@@ -314,6 +320,10 @@ def test_registry_values_are_data_not_templates(tmp_path: Path, monkeypatch: pyt
     doc = _templated_doc(tmp_path)
     dag = _build(tmp_path, doc)
     _render_all(dag)
+    from cdc_compaction.factory import build_dags
+
+    # The erase DAG over the same registry renders nothing of it either.
+    _render_all(build_dags(load_registry(tmp_path / "registry"), view_refresher=False, tables=False)[ERASER])
     compact = dag.get_task("compact")
     # The DAG's own templates are rendered ...
     assert compact.application_args == ["--plan", "/lake/plans/run-1.json"]
@@ -380,7 +390,8 @@ def test_dag_file_parses_without_heavy_imports(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"dags": len(load_registry(registry_dir())) + 1, "errors": 0, "heavy": []}
+    # + the view refresher and the erase DAG
+    assert result == {"dags": len(load_registry(registry_dir())) + 2, "errors": 0, "heavy": []}
 
 
 # -- Airflow's real DAG processing: ``airflow dags reserialize`` into a metadata DB ------------
@@ -414,10 +425,22 @@ def _db_state(db_path: Path) -> dict[str, Any]:
         }
         errors = [(f, st) for f, st in db.execute("SELECT filename, stacktrace FROM import_error")]
         docs: dict[str, str] = {}
+        params: dict[str, Any] = {}
         for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
             doc = json.loads(data) if data is not None else json.loads(zlib.decompress(compressed))
             docs[dag_id] = doc["dag"].get("doc_md") or ""
-    return {"stale": dags, "import_errors": errors, "doc_md": docs, "schedule": schedule}
+            params[dag_id] = doc["dag"].get("params")
+    return {"stale": dags, "import_errors": errors, "doc_md": docs, "schedule": schedule, "params": params}
+
+
+def _enums(node: Any) -> list[list[Any]]:
+    """Every ``enum`` list in a serialized structure (the trigger form's choices)."""
+    if isinstance(node, dict):
+        found = [node["enum"]] if isinstance(node.get("enum"), list) else []
+        return found + [e for v in node.values() for e in _enums(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in _enums(v)]
+    return []
 
 
 @pytest.fixture
@@ -455,6 +478,9 @@ def test_reserialize_a_registry_typo_breaks_only_its_own_dag(tmp_path: Path, goo
     assert broken["has_import_errors"] is False and broken["next_dagrun_create_after"] is None, broken
     doc = state["doc_md"]["cdc__tests__typo"]
     assert "tests.typo.yaml" in doc and "primay_key" in doc and "primary_key" in doc
+    # The erase DAG: active, manual only; its form offers every valid table (the disabled one too), not the typo.
+    assert state["stale"].get(ERASER) is False and state["schedule"][ERASER]["next_dagrun_create_after"] is None
+    assert _enums(state["params"][ERASER]) == [sorted(f"tests.{t}" for t in (*GOOD_TABLES, "idle"))]
 
     # Through the real CLI: a run of the broken table's DAG fails its one task with the registry error.
     env = airflow_env(
@@ -511,3 +537,28 @@ def test_reserialize_hostile_registry_files_break_only_their_own_dags(tmp_path: 
         assert state["stale"].get(dag_id) is False, (param.id, state["stale"])
         doc = state["doc_md"][dag_id]
         assert name in doc and param.values[1] in doc, (param.id, doc)
+
+
+def test_the_erase_dag_is_in_the_dag_file_with_its_form(dagbag) -> None:
+    """The real DAG file has the manual-only erase DAG; its form offers exactly the registry's tables."""
+    dag = dagbag.dags[ERASER]
+    tables = sorted(e.config.qualified_name for e in load_registry(registry_dir()) if e.config)
+    assert dag.schedule is None and dag.max_active_runs == 1
+    assert dag.params.get_param("table").schema["enum"] == tables
+    assert {"where", "actor"} <= set(dag.params.keys())
+    assert [t.task_id for t in dag.topological_sort()] == ["validate_predicate", "erase"]
+    assert not any(type(t).__name__.startswith("Spark") for t in dag.tasks)
+
+
+def test_a_task_process_of_the_erase_dag_builds_it_over_every_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erase task's parse (parsing context cdc__erase) builds the erase DAG only, over the whole registry."""
+    _write(tmp_path, "tests.one.yaml", student_doc(tmp_path / "lake", "one"))
+    _write(tmp_path, "tests.two.yaml", student_doc(tmp_path / "lake2", "two"))
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", ERASER)
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "erase")
+    bag = _dagbag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert bag.dag_ids == [ERASER], "the table DAGs are not built for an erase task"
+    assert bag.dags[ERASER].params.get_param("table").schema["enum"] == ["tests.one", "tests.two"]

@@ -322,11 +322,12 @@ def test_avro_only_generic_table(discovered: Any) -> None:
 def test_discovered_tables_become_dags(discovered: Any) -> None:
     from cdc_compaction.factory import build_dags
     from cdc_compaction.pipeline.order import STEP_IDS
-    from cdc_compaction.settings import VIEW_REFRESH_DAG_ID
+    from cdc_compaction.settings import ERASE_DAG_ID, VIEW_REFRESH_DAG_ID
 
     _, out, _ = discovered
     dags = build_dags(load_registry(out))
     assert sorted(dags) == [
+        ERASE_DAG_ID,
         "cdc__shop__accounts",
         "cdc__shop__customers",
         "cdc__shop__events",
@@ -335,7 +336,7 @@ def test_discovered_tables_become_dags(discovered: Any) -> None:
         VIEW_REFRESH_DAG_ID,
     ]
     for dag_id in dags:
-        if dag_id != VIEW_REFRESH_DAG_ID:
+        if dag_id not in (VIEW_REFRESH_DAG_ID, ERASE_DAG_ID):
             assert {t.task_id for t in dags[dag_id].tasks} == set(STEP_IDS), dag_id
             assert [t.task_id for t in dags[dag_id].tasks] != ["registry_error"]
 

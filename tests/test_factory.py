@@ -100,12 +100,12 @@ def test_a_disabled_table_keeps_an_idle_dag_whose_tasks_skip(tmp_path, monkeypat
 
 def test_a_disabled_table_is_left_out_of_the_view_refresher(tmp_path) -> None:
     from cdc_compaction.registry import RegistryEntry
-    from cdc_compaction.settings import VIEW_REFRESH_DAG_ID
+    from cdc_compaction.settings import ERASE_DAG_ID, VIEW_REFRESH_DAG_ID
 
     on = parse_table(student_doc(tmp_path / "lake", "on"))
     off = parse_table(student_doc(tmp_path / "lake", "off", enabled=False))
     dags = factory.build_dags([RegistryEntry(tmp_path / f"tests.{c.table}.yaml", c, None) for c in (on, off)])
-    assert set(dags) == {on.dag_id, off.dag_id, VIEW_REFRESH_DAG_ID}
+    assert set(dags) == {on.dag_id, off.dag_id, VIEW_REFRESH_DAG_ID, ERASE_DAG_ID}
     refresh = dags[VIEW_REFRESH_DAG_ID].get_task("refresh__tests").python_callable
     assert [c.table for c in refresh.__defaults__[0]] == ["on"]
 
@@ -155,3 +155,99 @@ def test_the_publish_task_declares_the_base_asset_and_asks_for_its_outlet_events
     passed = KeywordParameters.determine(task.python_callable, [], {"outlet_events": "E", "ti": "T"}).unpacking()
     assert dict(passed) == {"outlet_events": "E"}
     assert "plan_path" in inspect.signature(task.python_callable).parameters
+
+
+# ------------------------------------------------------------------------- the erase DAG
+def _erase_dag(sample_cfg: Any, tmp_path: Any) -> Any:
+    """The erase DAG the factory builds beside the per-table DAGs (a second table to fill the enum)."""
+    from cdc_compaction.registry import RegistryEntry
+    from cdc_compaction.settings import ERASE_DAG_ID
+
+    other = parse_table(student_doc(tmp_path / "other", "other"))
+    entries = [RegistryEntry(tmp_path / f"tests.{c.table}.yaml", c, None) for c in (sample_cfg, other)]
+    dags = factory.build_dags(entries)
+    assert {sample_cfg.dag_id, other.dag_id, ERASE_DAG_ID} <= set(dags)
+    return dags[ERASE_DAG_ID]
+
+
+def test_the_erase_dag_erases_with_the_params_of_its_trigger_form(tmp_path: Any) -> None:
+    """Manual only; its form is table (enum), where, actor; its tasks validate, erase and verify, audit as XCom."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+    from test_erase import WHERE, build, erased
+
+    sample = build(tmp_path / "lake")
+    dag = _erase_dag(sample.cfg, tmp_path)
+    assert dag.schedule is None and dag.max_active_runs == 1
+    schema = {name: dag.params.get_param(name).schema for name in ("table", "where", "actor")}
+    assert schema["table"]["enum"] == sorted([sample.cfg.qualified_name, "tests.other"])
+    assert all(s["type"] == "string" for s in schema.values())
+    assert [t.task_id for t in dag.topological_sort()] == ["validate_predicate", "erase"]
+    for task in dag.tasks:
+        # The params reach the callables from the context, not through a templated field.
+        assert not task.op_args and not task.op_kwargs and task.templates_dict is None
+    params = {"table": sample.cfg.qualified_name, "where": WHERE, "actor": "dpo@example.com"}
+    # What Airflow checks when the form is submitted: a complete request passes, a table not in the list does not.
+    import copy
+
+    from airflow.sdk.exceptions import ParamValidationError
+
+    form = copy.deepcopy(dag.params)
+    form.update(params)
+    assert form.validate() == params
+    for bad in ({"table": "tests.nope"}, {"where": ""}, {"actor": None}):
+        form = copy.deepcopy(dag.params)
+        with pytest.raises(ParamValidationError):
+            form.update({**params, **bad})
+            form.validate()
+
+    checked = dag.get_task("validate_predicate").python_callable(params=params)
+    assert checked == {"table": sample.cfg.qualified_name, "predicate": WHERE, "columns": ["id", "full_name"]}
+
+    audit = dag.get_task("erase").python_callable(params=params)
+    expected = dict.fromkeys(("live", "versions", "pending", "archive", "quarantine"), 0)
+    for loc, rows in sample.files.values():
+        expected[loc] += sum(1 for r in rows if erased(r))
+    assert audit["rows_removed"] == expected and sum(expected.values()) > 0
+    assert audit["actor"] == "dpo@example.com" and audit["predicate"] == WHERE
+    assert audit["verified"]["matching_files"] == {}
+    xcom = json.dumps(audit)  # an XCom must serialize; it names no erased value
+    assert not any(v in xcom for v in ("n3", "n7", "1003", "1007"))
+    files = [p for p in (tmp_path / "lake").rglob("*") if p.is_file() and ".parquet" in p.name]
+    assert files and not [r for p in files for r in pq.read_table(str(p)).to_pylist() if erased(r)]
+
+    # A Jinja-looking value is data: recorded as given, matching no row (no name is literally that text).
+    literal = "full_name = '{{ params.actor }}'"
+    again = dag.get_task("erase").python_callable(params={**params, "where": literal})
+    assert again["predicate"] == literal and sum(again["rows_removed"].values()) == 0
+    assert Path(sample.lake.layout.control, "erase", f"{again['erase_id']}.audit.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"where": "lower(full_name) = 'n1'"}, ["tests.people", "lower(full_name) = 'n1'", "LOWER(full_name)"]),
+        ({"where": "email = 'a@b'"}, ["tests.people", "email = 'a@b'", "'email' is not a column"]),
+        ({"table": "tests.nope"}, ["'tests.nope'", "not a table of the registry", "tests.other, tests.people"]),
+        ({"actor": " "}, ["tests.people", "param 'actor'", "who asked"]),
+    ],
+)
+def test_the_erase_dag_fails_at_once_on_a_refused_request(tmp_path: Any, change: dict, named: list[str]) -> None:
+    """A refused predicate (or table, or actor) fails the first task at once, naming it; nothing is changed."""
+    from pathlib import Path
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from test_erase import WHERE, build
+
+    sample = build(tmp_path / "lake")
+    before = {p: Path(p).read_bytes() for p in sample.files}
+    dag = _erase_dag(sample.cfg, tmp_path)
+    params = {"table": sample.cfg.qualified_name, "where": WHERE, "actor": "dpo@example.com", **change}
+    for task_id in ("validate_predicate", "erase"):
+        with pytest.raises(AirflowFailException) as raised:
+            dag.get_task(task_id).python_callable(params=params)
+        assert all(n in str(raised.value) for n in named), str(raised.value)
+    assert dag.get_task("validate_predicate").retries == 0
+    assert {p: Path(p).read_bytes() for p in sample.files} == before
+    assert sample.lake.latest_commit().seq == 2

@@ -447,3 +447,24 @@ def test_plain_text_slack_text_and_sns_subjects() -> None:
     # Slack would show <https://evil.example|here> as a link named "here": escaped, it shows as written.
     link = "<p>bad file <code>&lt;https://evil.example|here&gt;</code></p>"
     assert slack_text("s", link) == "*s*\nbad file &lt;https://evil.example|here&gt;"
+
+
+def test_a_failed_erase_task_alerts_the_owners_of_the_table_it_erased(smtp: _Inbox, tmp_path: Any) -> None:
+    """The erase DAG serves every table: its failure alert goes to the channels of the table the run names."""
+    from conftest import student_doc
+
+    from cdc_compaction.factory import build_erase_dag
+
+    def cfg(table: str, owner: str) -> Any:
+        doc = student_doc(tmp_path / table, table)
+        return parse_table({**doc, "alerts": {"emails": [owner], "smtp_conn_id": "smtp_alerts"}})
+
+    dag = build_erase_dag([cfg("people", "people-owner@example.org"), cfg("other", "other-owner@example.org")])
+    (callback,) = dag.get_task("erase").on_failure_callback
+    context = {**_context(), "params": {"table": "tests.people", "where": "id = 1", "actor": "dpo"}}
+    callback(context)
+    callback({**context, "params": {"table": "tests.nope"}})  # no registry table: logged, nothing sent, no error
+    assert len(smtp.messages) == 1
+    rcpts, msg = smtp.messages[0]
+    assert rcpts == ["people-owner@example.org"]
+    assert msg["Subject"].startswith("[cdc-compaction] tests.people: task compact failed")

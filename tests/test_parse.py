@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from cdc_compaction.registry import load_registry
-from cdc_compaction.settings import PROJECT_ROOT, VIEW_REFRESH_DAG_ID
+from cdc_compaction.settings import ERASE_DAG_ID, PROJECT_ROOT, VIEW_REFRESH_DAG_ID
 
 DAGS = PROJECT_ROOT / "dags"
 TABLES = 500
@@ -43,8 +43,10 @@ def test_500_tables_give_500_dags_without_import_errors(big_registry: Path, monk
     assert bag.import_errors == {}
     entries = load_registry(big_registry)
     assert len(entries) == TABLES and all(e.error is None for e in entries)
-    assert sorted(bag.dag_ids) == sorted([VIEW_REFRESH_DAG_ID, *(e.dag_id for e in entries)])
-    assert all(len(dag.tasks) == 7 for dag_id, dag in bag.dags.items() if dag_id != VIEW_REFRESH_DAG_ID)
+    assert sorted(bag.dag_ids) == sorted([VIEW_REFRESH_DAG_ID, ERASE_DAG_ID, *(e.dag_id for e in entries)])
+    assert all(
+        len(dag.tasks) == 7 for dag_id, dag in bag.dags.items() if dag_id not in (VIEW_REFRESH_DAG_ID, ERASE_DAG_ID)
+    )
     # The registry is varied: cron, preset and manual-only schedules all made it through.
     schedules = {e.config.schedule for e in entries if e.config is not None}
     assert {None, "@hourly", "*/15 * * * *"} <= schedules

@@ -13,7 +13,7 @@ import itertools
 import json
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -689,19 +689,176 @@ def build_view_refresher(cfgs: Sequence[TableConfig]) -> DAG:
     return dag
 
 
+ERASE_VALIDATE_TASK_ID = "validate_predicate"
+ERASE_TASK_ID = "erase"
+
+
+def _erase_request(by_name: dict[str, TableConfig], params: Any) -> tuple[TableConfig, str, str]:
+    """The (table, predicate, actor) an erase run was triggered with; fail at once if one is unusable.
+
+    The values are used as given: never rendered, never interpolated into anything but messages.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    params = params or {}
+    table, where, actor = params.get("table"), params.get("where"), params.get("actor")
+    cfg = by_name.get(table) if isinstance(table, str) else None
+    if cfg is None:
+        raise AirflowFailException(
+            f"{settings.ERASE_DAG_ID}: param 'table' is {table!r}, not a table of the registry "
+            f"({', '.join(sorted(by_name))}); trigger the DAG again choosing one of them"
+        )
+    if not isinstance(where, str) or not where.strip():
+        raise AirflowFailException(
+            f"{cfg.qualified_name}: param 'where' is {where!r}, not a predicate; trigger again with a boolean "
+            "expression over the registry columns (to erase a whole table, delete it)"
+        )
+    if not isinstance(actor, str) or not actor.strip():
+        raise AirflowFailException(
+            f"{cfg.qualified_name}: param 'actor' is {actor!r}; trigger again naming who asked for the erase "
+            "(it goes into the audit record)"
+        )
+    return cfg, where, actor.strip()
+
+
+def erase_failure_alert(by_name: dict[str, TableConfig]) -> Callable[[dict[str, Any]], None]:
+    """The erase DAG's failure callback: alert the owners of the table the run names (its registry ``alerts:``).
+
+    One DAG serves every table, so the channels are chosen per run from its ``table`` param.
+    """
+
+    def alert(context: dict[str, Any]) -> None:
+        params = context.get("params") or {}
+        table = params.get("table")
+        cfg = by_name.get(table) if isinstance(table, str) else None
+        if cfg is None:
+            # The request named no registry table: no owners to tell; the task's error says what to fix.
+            log.error(
+                "%s: a task failed for table %r, not a registry table; no alert sent", settings.ERASE_DAG_ID, table
+            )
+            return
+        CdcAlertNotifier(
+            table=cfg.qualified_name,
+            emails=cfg.alerts.emails,
+            smtp_conn_id=cfg.alerts.smtp_conn_id,
+            channels=AlertChannels.of(cfg.alerts),
+        ).notify(context)
+
+    return alert
+
+
+def erase_doc_md(cfgs: Sequence[TableConfig]) -> str:
+    """The erase DAG's documentation: the trigger form and what each task does."""
+    tables = ", ".join(f"`{c.qualified_name}`" for c in cfgs)
+    return (
+        "### Erase rows by predicate (GDPR)\n\n"
+        "Manual only: **Trigger DAG w/ config** and fill in the form.\n\n"
+        f"* **table:** one of the registry's tables ({tables})\n"
+        "* **where:** a boolean expression over the table's registry columns, e.g. `customer_id = 4711` "
+        "(write it with keys, not with the personal data itself: it is recorded as given)\n"
+        "* **actor:** who asked for the erase (recorded in the audit record)\n\n"
+        f"`{ERASE_VALIDATE_TASK_ID}` parses the predicate and fails at once (no retry) naming the offending "
+        f"token; `{ERASE_TASK_ID}` removes every matching row from the live version, kept versions, pending "
+        "and archived increments and the quarantine, verifies that no file still matches, and returns the "
+        "audit record as its XCom (counts and file names, never a row's values). While a compaction of the "
+        "table runs it waits through retries.\n"
+    )
+
+
+def build_erase_dag(cfgs: Sequence[TableConfig]) -> DAG:
+    """The manual-only DAG that erases rows matching a predicate from one registry table.
+
+    Its ``params`` (table: an enum of the registry's tables, where, actor) make Airflow's
+    "Trigger DAG w/ config" form; the tasks read them from the context, never through a
+    templated field, so a value is data and is never rendered with Jinja.
+    """
+    from airflow.sdk import Param
+
+    by_name = {c.qualified_name: c for c in sorted(cfgs, key=lambda c: c.qualified_name)}
+    with DAG(
+        dag_id=settings.ERASE_DAG_ID,
+        description="Erase every row matching a predicate from one table, everywhere it is kept (GDPR)",
+        schedule=None,
+        start_date=ERROR_DAG_START,
+        catchup=False,
+        # One erase at a time: a queued request waits instead of competing for the same lease.
+        max_active_runs=1,
+        default_args={
+            "owner": "cdc",
+            # A running compaction holds the table's lease (ConcurrentRunError): wait for it.
+            "retries": 3,
+            "retry_delay": timedelta(minutes=5),
+            "retry_exponential_backoff": True,
+            "on_failure_callback": [erase_failure_alert(by_name)],
+        },
+        tags=["cdc", "erase"],
+        doc_md=erase_doc_md(list(by_name.values())),
+        params={
+            "table": Param(
+                type="string",
+                enum=list(by_name),
+                title="Table",
+                description="The registry table (database.table) to erase rows from",
+            ),
+            "where": Param(
+                type="string",
+                minLength=1,
+                title="Predicate",
+                description="Boolean expression over the registry columns, e.g. customer_id = 4711",
+            ),
+            "actor": Param(
+                type="string",
+                minLength=1,
+                title="Requested by",
+                description="Who asked for the erase (recorded in the audit record)",
+            ),
+        },
+    ) as dag:
+
+        @fail_fast
+        def validate_predicate(params: Any = None) -> dict[str, Any]:
+            """Parse the predicate against the table's registry columns; a refusal fails at once, naming the token."""
+            from cdc_compaction.erase import parse_predicate
+
+            cfg, where, _ = _erase_request(by_name, params)
+            pred = parse_predicate(cfg, where)
+            return {"table": cfg.qualified_name, "predicate": where, "columns": list(pred.columns)}
+
+        @fail_fast
+        def erase_rows(params: Any = None) -> dict[str, Any]:
+            """Erase the matching rows everywhere, verify nothing matches; return the audit record."""
+            from cdc_compaction.erase import erase
+
+            cfg, where, actor = _erase_request(by_name, params)
+            return erase(cfg, where, actor=actor)
+
+        check = PythonOperator(
+            task_id=ERASE_VALIDATE_TASK_ID,
+            python_callable=validate_predicate,
+            retries=0,
+            doc_md=validate_predicate.__doc__,
+        )
+        run = PythonOperator(task_id=ERASE_TASK_ID, python_callable=erase_rows, doc_md=erase_rows.__doc__)
+        check >> run
+    return dag
+
+
 def _unique_id(entry: RegistryEntry) -> str:
     digest = hashlib.sha256(entry.path.name.encode()).hexdigest()[:8]
     return f"{entry.dag_id[:200]}__{digest}"
 
 
-def build_dags(entries: list[RegistryEntry], view_refresher: bool = True) -> dict[str, DAG]:
+def build_dags(
+    entries: list[RegistryEntry], view_refresher: bool = True, eraser: bool = True, tables: bool = True
+) -> dict[str, DAG]:
     """DAGs for every registry entry, keyed by DAG id, in registry (file name) order.
 
     With ``view_refresher`` (the DAG processor's full parse, or a task of that DAG) also the
-    view refresher DAG over every valid table.
+    view refresher DAG over every valid table; with ``eraser`` the erase DAG over every valid table.
+    Without ``tables`` (a task of the erase DAG) no per-table DAG is built.
     """
     dags: dict[str, DAG] = {}
-    for e in entries:
+    for e in entries if tables else []:
         if e.config is None:
             if e.dag_id in dags:
                 # Two bad files whose names sanitize to one id (``a-b.c.yaml``, ``a_b.c.yaml``): both stay visible.
@@ -720,4 +877,11 @@ def build_dags(entries: list[RegistryEntry], view_refresher: bool = True) -> dic
             dags[settings.VIEW_REFRESH_DAG_ID] = build_view_refresher(cfgs)
         except Exception:
             log.exception("the view refresher DAG could not be built; every table's DAG is unaffected")
+    # Disabled and retired tables too: a personal-data erase cannot wait for a table to be compacted again.
+    valid = [e.config for e in entries if e.config is not None]
+    if valid and eraser:
+        try:
+            dags[settings.ERASE_DAG_ID] = build_erase_dag(valid)
+        except Exception:
+            log.exception("the erase DAG could not be built; every table's DAG is unaffected")
     return dags

@@ -39,6 +39,8 @@ DEFAULT_METASTORE_URI = "thrift://127.0.0.1:9083"
 
 #: The DAG that keeps every table's views fresh between compactions (README, "Readers").
 VIEW_REFRESH_DAG_ID = "cdc__views_refresh"
+#: The manual-only DAG that erases rows by predicate from any registry table (README, "Erasing personal data").
+ERASE_DAG_ID = "cdc__erase"
 
 
 def view_refresh_schedule() -> str | None:

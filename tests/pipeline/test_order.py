@@ -13,7 +13,7 @@ from conftest import student_doc
 from cdc_compaction.conformance import InProcessRunner
 from cdc_compaction.pipeline import order
 from cdc_compaction.registry import load_registry, parse_table
-from cdc_compaction.settings import PROJECT_ROOT, VIEW_REFRESH_DAG_ID, MetastoreEndpoint, registry_dir
+from cdc_compaction.settings import ERASE_DAG_ID, PROJECT_ROOT, VIEW_REFRESH_DAG_ID, MetastoreEndpoint, registry_dir
 
 
 def _dagbag(registry: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -37,7 +37,7 @@ def _chain(dag: Any) -> list[str]:
 def test_the_parsed_dags_run_the_steps_in_the_order(monkeypatch: pytest.MonkeyPatch) -> None:
     bag = _dagbag(registry_dir(), monkeypatch)
     tables = [e.config.dag_id for e in load_registry(registry_dir()) if e.config is not None]
-    assert tables and sorted(bag.dag_ids) == sorted([*tables, VIEW_REFRESH_DAG_ID])
+    assert tables and sorted(bag.dag_ids) == sorted([*tables, VIEW_REFRESH_DAG_ID, ERASE_DAG_ID])
     for dag_id in tables:
         dag = bag.dags[dag_id]
         assert _chain(dag) == list(order.STEP_IDS)
