@@ -268,7 +268,7 @@ def _parent_of(lake: Lake, commit: Commit, owner: str) -> dict[str, Any]:
     }
 
 
-def _rolled_back_state(lake: Lake, commit: Commit, states: dict[int, dict[str, Any]], owner: str) -> dict[str, Any]:
+def rolled_back_state(lake: Lake, commit: Commit, states: dict[int, dict[str, Any]], owner: str) -> dict[str, Any]:
     """The replayed state a rollback ``commit`` continues from: the replay as of the commit it rolls back to.
 
     That state keeps its own files (each replayed version has its own directory), so nothing is
@@ -328,7 +328,7 @@ def rebuild(
         skipped: list[int] = []
         for i, commit in enumerate(todo):
             if commit.rollback:
-                parent = _rolled_back_state(lake, commit, states, owner)
+                parent = rolled_back_state(lake, commit, states, owner)
                 states[commit.seq] = parent
                 rolled_back[commit.seq] = int(commit.rollback["to_seq"])
                 log.info(
