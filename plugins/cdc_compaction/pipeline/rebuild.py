@@ -10,6 +10,13 @@ pointer and the metastore are not touched.  The result is compared row for row w
 version's visible rows and tombstones (registry columns; the bookkeeping columns such as
 ``_cdc_ingested_at`` differ by construction), and the difference is reported by key.
 
+Commits that took no files are not replayed through the job: a rollback commit (``travel``;
+``rollback`` = {to_seq, ...}) makes the replay continue from the replayed state as of the
+commit it rolls back to -- the live table after it holds that version's rows, so a replay of
+increments alone would keep the changes the rollback took out; an erase commit (``plan_id``
+``erase-<id>``, ``stats.kind`` ``erase``) needs nothing, because the erase rewrote the archived
+files in place, so the replay never reads an erased row; a published rebuild is the replay itself.
+
 The rebuild holds the table's lease throughout, so no compaction archives or commits
 meanwhile.  A crash leaves only a ``rebuild/<id>/`` directory, which the next rebuild
 deletes before it starts.
@@ -118,6 +125,10 @@ class RebuildReport:
     start_seq: int
     replayed: list[int]
     location: str
+    #: Rollback commits met by the replay, as {commit: the commit whose replayed state it continued from}.
+    rolled_back: dict[int, int] = field(default_factory=dict)
+    #: Commits that took no files and changed nothing a replay must redo (erase, published rebuild).
+    skipped: list[int] = field(default_factory=list)
     equal: bool = False
     #: The commit that made the rebuilt version live (``--publish``), else None.
     published_seq: int | None = None
@@ -135,6 +146,15 @@ class RebuildReport:
         out = [
             f"{self.table}: rebuilt from commit {self.start_seq} by replaying commits "
             f"{self.replayed or 'none'} into {self.location}",
+            *[
+                f"commit {r} rolls back to {to}: continued from the replay as of commit {to}"
+                for r, to in self.rolled_back.items()
+            ],
+            *(
+                [f"commits {self.skipped} took no files (erase, published rebuild): nothing to replay"]
+                if self.skipped
+                else []
+            ),
             f"live version (commit {self.live_seq}): {self.live_rows} rows; rebuilt: {self.rebuilt_rows} rows",
         ]
         if self.equal:
@@ -248,6 +268,25 @@ def _parent_of(lake: Lake, commit: Commit, owner: str) -> dict[str, Any]:
     }
 
 
+def rolled_back_state(lake: Lake, commit: Commit, states: dict[int, dict[str, Any]], owner: str) -> dict[str, Any]:
+    """The replayed state a rollback ``commit`` continues from: the replay as of the commit it rolls back to.
+
+    That state keeps its own files (each replayed version has its own directory), so nothing is
+    copied.  When the replay started after that commit (``--since``, expired archives), the
+    rollback commit's own kept version stands in, as a kept version does for the start.
+    """
+    to_seq = int(commit.rollback["to_seq"])  # type: ignore[index]
+    if to_seq in states:
+        return {**states[to_seq], "seq": commit.seq, "commit": commit}
+    if lake.storage.exists(lake.data_location(commit)):
+        return _parent_of(lake, commit, owner)
+    raise RebuildError(
+        f"{lake.cfg.qualified_name}: commit {commit.seq} rolls back to version {to_seq}, which this replay did not "
+        f"rebuild (it started after it) and whose rollback version {commit.version} is no longer kept, so the "
+        "replay cannot continue past it. Rebuild without --since (from the empty table); nothing was changed"
+    )
+
+
 def rebuild(
     rt: Runtime, since: str | None = None, publish: bool = False, force: bool = False, now: datetime | None = None
 ) -> RebuildReport:
@@ -282,7 +321,28 @@ def rebuild(
         start, todo = replay_start(lake, commits, since)
         out_root = posixpath.join(rebuild_root(lake), rebuild_id)
         parent = _parent_of(lake, start, owner)
+        # The replayed state after each commit, by commit number: what a rollback commit returns to.
+        states: dict[int, dict[str, Any]] = {start.seq: parent}
+        replayed: list[int] = []
+        rolled_back: dict[int, int] = {}
+        skipped: list[int] = []
         for i, commit in enumerate(todo):
+            if commit.rollback:
+                parent = rolled_back_state(lake, commit, states, owner)
+                states[commit.seq] = parent
+                rolled_back[commit.seq] = int(commit.rollback["to_seq"])
+                log.info(
+                    "%s: rebuild %s: commit %d rolls back to %d; continuing from the replay as of commit %d",
+                    cfg.qualified_name, rebuild_id, commit.seq, rolled_back[commit.seq], rolled_back[commit.seq],
+                )  # fmt: skip
+                continue
+            if not commit.files:
+                # An erase (archives erased in place) or a published rebuild: the live version after it
+                # holds the parent's rows, so running the job on no input would only expire tombstones
+                # on a clock the original never applied.
+                states[commit.seq] = parent = {**parent, "seq": commit.seq, "commit": commit}
+                skipped.append(commit.seq)
+                continue
             doc = _replay_plan(rt, parent, commit, out_root, _kept_plan(rt, commit))
             if publish:
                 # Versions of the next commit number in base/: retention leaves them alone until that
@@ -308,20 +368,32 @@ def rebuild(
                 "tombstones": posixpath.join(out, TOMBSTONES_DIR),
                 "partitions": partitions,
                 "partition_rows": partition_rows,
+                "written": True,
             }
+            states[commit.seq] = parent
+            replayed.append(commit.seq)
             log.info("%s: rebuild %s replayed commit %d into %s", cfg.qualified_name, rebuild_id, commit.seq, out)
-            if i == 0:
+            if len(replayed) == 1:
                 fault_point("rebuild.after_first_step", cfg.qualified_name)
         report = RebuildReport(
             table=cfg.qualified_name,
             rebuild_id=rebuild_id,
             live_seq=live.seq,
             start_seq=start.seq,
-            replayed=[c.seq for c in todo],
+            replayed=replayed,
             location=parent["data"],
+            rolled_back=rolled_back,
+            skipped=skipped,
         )
         _compare(rt, live, parent, report)
         if publish:
+            if not parent.get("written"):
+                # A kept version (the start, or a rollback's own copy) is not this rebuild's output.
+                raise RebuildError(
+                    f"{cfg.qualified_name}: the replay wrote no version of its own (it ends on kept version "
+                    f"{parent['version']}: {report.lines()[0]}), so there is nothing to publish. Rebuild with an "
+                    "earlier --since or none; `rollback` publishes a kept version. Nothing was changed"
+                )
             _publish(rt, live, parent, report, force, now or utcnow())
     finally:
         TableLease(lake).release(owner)
