@@ -160,9 +160,17 @@ def write_registry(directory: Path, tables: int, lake_dir: Path, seed: int = 5) 
     return names
 
 
+#: The DAGs over every table (set in the measured process, which has the package on its path).
+_SHARED_DAGS: set[str] = set()
+
+
 # -------------------------------------------------------------------- measured process
 def measure(dag_file: Path, profile: str | None) -> dict[str, Any]:
     """Fill a DagBag twice in this (fresh) process; return Airflow's and our own numbers."""
+    global _SHARED_DAGS
+    from cdc_compaction.settings import ERASE_DAG_ID, VIEW_REFRESH_DAG_ID
+
+    _SHARED_DAGS = {VIEW_REFRESH_DAG_ID, ERASE_DAG_ID}
     t0 = time.perf_counter()
     from airflow.dag_processing.dagbag import DagBag
 
@@ -196,7 +204,8 @@ def measure(dag_file: Path, profile: str | None) -> dict[str, Any]:
         "dagbag_stats_seconds": round(sum(s.duration.total_seconds() for s in stats), 3),
         "dagbag_fill_wall_seconds": round(wall, 3),
         "dagbag_fill_cpu_seconds": round(cpu, 3),
-        "dags": len(bag.dags),
+        # The per-table DAGs: the view refresher and the erase DAG cover every table and are not counted.
+        "dags": len([d for d in bag.dags if d not in _SHARED_DAGS]),
         "tasks": sum(s.task_num for s in stats),
         "import_errors": len(bag.import_errors),
         "import_error_sample": [str(v)[:500] for v in list(bag.import_errors.values())[:3]],
