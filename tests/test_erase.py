@@ -580,7 +580,14 @@ def test_erase_on_s3(aws_default: str, tmp_path: Path) -> None:
 
     audit = erase(cfg, "id = 3", actor="test")
 
-    assert audit["rows_removed"] == {"live": 1, "versions": 0, "pending": 1, "archive": 1, "quarantine": 0}
+    assert audit["rows_removed"] == {
+        "live": 1,
+        "versions": 0,
+        "pending": 1,
+        "archive": 1,
+        "quarantine": 0,
+        "changes": 0,
+    }
     for path, rows in files.items():
         assert get(path) == rows, path
     live = lake.latest_commit()
@@ -665,7 +672,14 @@ def test_keyless_erase_checks_before_images_and_keeps_the_watermark(tmp_path: Pa
     # "name IS NULL" would match the watermark row too: it is no row of the table and stays.
     audit = erase(cfg, "name = 'Bob' OR name IS NULL", actor="test")
 
-    assert audit["rows_removed"] == {"live": 1, "versions": 0, "pending": 2, "archive": 0, "quarantine": 0}
+    assert audit["rows_removed"] == {
+        "live": 1,
+        "versions": 0,
+        "pending": 2,
+        "archive": 0,
+        "quarantine": 0,
+        "changes": 0,
+    }
     assert read_rows(data) == [{"name": "Al", "visits": 1}]
     # The update from Bob's row carried Bob in its before-image: erased with the insert.
     assert [r["lsn"] for r in read_rows(pending)] == [6]
