@@ -167,7 +167,7 @@ def test_change_feed_refuses_versions_not_kept_a_backward_range_and_keyless_mode
 
 # ------------------------------------------------------------------- <t>_changes (per commit)
 def _read_feed(lake: Lake, seq: int) -> pa.Table:
-    return pq.read_table(Path(lake.layout.root) / "changes" / f"c{seq:08d}" / "part-0.parquet")
+    return pq.read_table(Path(lake.layout.root) / "changes" / f"c{seq:08d}.parquet")
 
 
 def test_feed_table_holds_the_commits_change_in_registry_columns(make_cfg) -> None:
@@ -180,7 +180,8 @@ def test_feed_table_holds_the_commits_change_in_registry_columns(make_cfg) -> No
     )
     feed = feed_table(cfg, before, after, 7)
     # Registry columns the versions have (op and ts_ms they lack are left out: NULL to a reader), then the two.
-    assert feed.column_names == ["id", "full_name", "_change_type", "_commit_version"]
+    assert feed.column_names == ["id", "full_name", "_change_type", "_commit_version", "_commit_seq"]
+    assert feed.column("_commit_seq").to_pylist() == [7] * feed.num_rows
     assert _got(feed) == [(i, kind, name, 7) for i, kind, name, _ in _expected_feed(1, 2)]
 
 
@@ -192,8 +193,8 @@ def test_write_feed_writes_each_commits_change_once_and_refuses_a_gone_parent(ma
         got = _read_feed(lake, seq)
         # One commit's change: the net change from its parent, every row made by that commit.
         assert _got(got) == [(i, kind, name, seq) for i, kind, name, _ in _expected_feed(seq - 1, seq)]
-        assert got.column_names == ["id", "full_name", "op", "ts_ms", "_change_type", "_commit_version"]
-    path = Path(lake.layout.root) / "changes" / "c00000002" / "part-0.parquet"
+        assert got.column_names == ["id", "full_name", "op", "ts_ms", "_change_type", "_commit_version", "_commit_seq"]
+    path = Path(lake.layout.root) / "changes" / "c00000002.parquet"
     inode = path.stat().st_ino
     assert write_feed(lake, lake.read_commit(2)) and path.stat().st_ino == inode, (
         "a written partition is never rewritten"
@@ -327,7 +328,7 @@ def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
     assert v1 is not None and v2 is not None
     v1_files = _checksums(lake.layout.version_dir(v1.version))
     assert visible_names(spark, cfg) == {1: "ann", 2: "bobby", 4: "dan"}
-    # <t>_changes: each publish registered its commit's change, read through Spark SQL (Hive table).
+    # <t>_changes: each publish wrote its commit's change, read through Spark SQL (a Hive Parquet table).
     landed = {1: ("ann", "c", 1), 2: ("bob", "c", 1), 3: ("cid", "c", 1)}
     second = {2: ("bobby", "u", 2), 4: ("dan", "c", 2)}
     expected = [(1, i, "insert", *landed[i], 1) for i in sorted(landed)]
@@ -409,7 +410,7 @@ def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
     compact_once(rt, "r3")
     assert lake.latest_commit().seq == 5
     assert visible_names(spark, cfg) == {1: "ann", 2: "bobby", 4: "dan", 5: "eve"}
-    # This publish wrote the rollbacks' partitions too (3 and 4), and dropped commit 1's: its version is gone.
+    # This publish wrote the rollbacks' changes too (3 and 4), and deleted commit 1's: its version is gone.
     spark.catalog.refreshTable(changes)
     seqs = [r[0] for r in spark.sql(f"SELECT DISTINCT _commit_seq FROM {changes} ORDER BY 1").collect()]
     assert seqs == [2, 3, 4, 5]

@@ -130,16 +130,15 @@ class _Catalog(ABC):
     def set_properties(self, db: str, name: str, properties: dict[str, str]) -> None:
         """Set table properties of a table or view (others are kept)."""
 
-    def put_partitioned_table(
+    def put_external_table(
         self,
         db: str,
         name: str,
         columns: list[tuple[str, str]],
-        partition_key: tuple[str, str],
         location: str,
         parameters: dict[str, str],
     ) -> bool:
-        """Create an external Parquet table partitioned by one column (``Metastore`` implements it)."""
+        """Create an external Parquet table (``Metastore`` implements it)."""
         raise MetastoreError(
             f"{db}.{name}: {type(self).__name__} cannot create tables through its API yet; "
             "use a Thrift metastore for this table's <t>_changes (README, 'Change feed')"
@@ -284,17 +283,16 @@ class Metastore(_Catalog):
             raise MetastoreError(f"cannot create view {view.database}.{view.name}: {exc}") from exc
         log.info("metastore: view %s.%s (%s)", view.database, view.name, view.parameters.get("cdc.dialect"))
 
-    def put_partitioned_table(
+    def put_external_table(
         self,
         db: str,
         name: str,
         columns: list[tuple[str, str]],
-        partition_key: tuple[str, str],
         location: str,
         parameters: dict[str, str],
     ) -> bool:
-        """Create an external Hive Parquet table partitioned by one column, or bring its columns and
-        location to these; True if it changed anything.
+        """Create an external (unpartitioned) Hive Parquet table, or bring its columns and location
+        to these; True if it changed anything.
 
         A plain Hive table (Parquet SerDe, no Spark data-source properties): Spark, Hive and Trino
         all read it.  Columns only ever change as the registry does (``ensure_tables`` refuses the rest).
@@ -311,8 +309,7 @@ class Metastore(_Catalog):
                 return False
             existing.sd.cols, existing.sd.location = cols, to_uri(location)
             try:
-                # Cascade: the partitions' own column lists follow (Hive and Trino read those).
-                self._c.alter_table_with_cascade(db, name, existing, True)
+                self._c.alter_table(db, name, existing)
             except t.TException as exc:
                 raise MetastoreError(f"cannot change the columns or location of {db}.{name}: {exc}") from exc
             log.info("metastore: %s.%s now has columns %s at %s", db, name, [c.name for c in cols], location)
@@ -341,7 +338,7 @@ class Metastore(_Catalog):
             lastAccessTime=0,
             retention=0,
             sd=sd,
-            partitionKeys=[t.FieldSchema(name=partition_key[0], type=partition_key[1], comment=None)],
+            partitionKeys=[],
             parameters={**parameters, "EXTERNAL": "TRUE"},
             tableType="EXTERNAL_TABLE",
         )
