@@ -322,6 +322,8 @@ def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], ru
 
     audit = erase(rt.cfg, "id = 3", actor="test")
     assert audit["commit_seq"] == 3 and audit["rows_removed"]["pending"] == 1 and audit["rows_removed"]["live"] == 1
+    # <t>_changes: commit 1 inserted Carol, commit 2 updated her (update_before + update_after).
+    assert audit["rows_removed"]["changes"] == 3
     # Readers of the metastore still read version 2's location, whose files were rewritten in place.
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 4: "Dan"}
     compact_once(rt, "run-3")
@@ -330,6 +332,9 @@ def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], ru
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 4: "Dan", 5: "Eve"}
     root = Path(rt.lake.layout.root)
     assert not [r for p in all_parquet(root) for r in read_rows(str(p)) if r.get("id") == 3]
+    # The erase commit's change (written by run-3's publish) diffs erased versions: no Carol there either;
+    # commit 1's file went with its version (keep_versions 3: commits 2..4 are kept).
+    assert sorted(p.name for p in (root / "changes").iterdir()) == [f"c{s:08d}.parquet" for s in (2, 3, 4)]
 
     # Issue 14: neither a rebuild from the archives nor a rollback to a version from before the
     # erase brings the erased rows back (the archives and the kept versions were erased too).
