@@ -31,7 +31,8 @@ from cdc_compaction.exceptions import ConcurrentRunError, TimeTravelError
 from cdc_compaction.job.faults import ENV, InjectedFaultError
 from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.metastore import connect
-from cdc_compaction.pipeline.changes import feed_plan, feed_table, write_feed
+from cdc_compaction.pipeline.changes import FEED_FAILURES, feed_plan, feed_table, sync_changes, write_feed
+from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import PROJECT_ROOT
@@ -205,6 +206,23 @@ def test_write_feed_writes_each_commits_change_once_and_refuses_a_gone_parent(ma
     with pytest.raises(TimeTravelError, match=r"commit 2's parent version \(1\) is no longer on storage"):
         write_feed(lake, lake.read_commit(2))
     assert not path.exists()
+
+
+@pytest.mark.metastore
+def test_sync_changes_never_fails_the_publish_and_counts_what_failed(make_cfg, endpoint) -> None:
+    # A database the metastore does not have: the table cannot be created; the files still can.
+    cfg = make_cfg(keep_versions=5, database=f"nodb_{os.getpid()}")
+    lake = _lake_with_states(cfg)
+    shutil.rmtree(lake.layout.version_dir(lake.read_commit(1).version))  # commits 1 and 2 cannot be diffed
+    rt = Runtime(cfg=cfg, lake=lake, metastore=endpoint, engine=None)
+    before = FEED_FAILURES[cfg.qualified_name]
+    with connect(endpoint) as ms:
+        done = sync_changes(rt, ms, 3)
+    assert done["written"] == [3] and done["dropped"] == []
+    assert sorted(done["failed"]) == ["1", "2", "table"]
+    assert "no longer on storage" in done["failed"]["1"] and cfg.database in done["failed"]["table"]
+    assert FEED_FAILURES[cfg.qualified_name] == before + 3, "each failure is counted"
+    assert _got(_read_feed(lake, 3)) == [(i, kind, name, 3) for i, kind, name, _ in _expected_feed(2, 3)]
 
 
 @pytest.mark.parametrize(

@@ -199,8 +199,9 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
     done: dict[str, Any] = {"written": [], "dropped": [], "failed": {}}
     if cfg.mode != "cdc":
         return done  # no key to pair rows by (keyless); snapshot tables have <t>_history
+    # The files and the table are independent: files written while the metastore refuses the
+    # table are there for it when a later publish creates it.
     try:
-        ensure_changes_table(rt, ms)
         write, drop = feed_plan(live_seq, cfg.keep_versions, _present(lake))
         for seq in write:
             commit = lake.read_commit(seq)
@@ -217,7 +218,15 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
             lake.storage.delete(feed_path(lake, seq))
             done["dropped"].append(seq)
     except Exception as exc:  # a side channel never fails the data commit
-        log.exception("%s: change feed table not brought up to date; the next publish retries", cfg.qualified_name)
+        log.exception("%s: change feed files not brought up to date; the next publish retries", cfg.qualified_name)
+        FEED_FAILURES[cfg.qualified_name] += 1
+        done["failed"]["files"] = str(exc)
+    try:
+        ensure_changes_table(rt, ms)
+    except Exception as exc:  # a side channel never fails the data commit
+        log.exception(
+            "%s: table %s not created or updated; the next publish retries", cfg.qualified_name, changes_table(cfg)
+        )
         FEED_FAILURES[cfg.qualified_name] += 1
         done["failed"]["table"] = str(exc)
     return done
