@@ -206,7 +206,7 @@ def test_erase_removes_rows_everywhere_and_audits(tmp_path: Path) -> None:
     before = {p: Path(p).read_bytes() for p in sample.files}
     shown = preview(sample.cfg, WHERE)
     assert {p: Path(p).read_bytes() for p in sample.files} == before  # a preview changes nothing
-    expected_rows = {loc: 0 for loc in ("live", "versions", "pending", "archive", "quarantine")}
+    expected_rows = {loc: 0 for loc in ("live", "versions", "pending", "archive", "quarantine", "changes")}
     for loc, rows in sample.files.values():
         expected_rows[loc] += sum(1 for r in rows if erased(r))
     assert shown["rows"] == expected_rows
