@@ -206,7 +206,7 @@ def test_erase_removes_rows_everywhere_and_audits(tmp_path: Path) -> None:
     before = {p: Path(p).read_bytes() for p in sample.files}
     shown = preview(sample.cfg, WHERE)
     assert {p: Path(p).read_bytes() for p in sample.files} == before  # a preview changes nothing
-    expected_rows = {loc: 0 for loc in ("live", "versions", "pending", "archive", "quarantine")}
+    expected_rows = {loc: 0 for loc in ("live", "versions", "pending", "archive", "quarantine", "changes")}
     for loc, rows in sample.files.values():
         expected_rows[loc] += sum(1 for r in rows if erased(r))
     assert shown["rows"] == expected_rows
@@ -322,6 +322,8 @@ def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], ru
 
     audit = erase(rt.cfg, "id = 3", actor="test")
     assert audit["commit_seq"] == 3 and audit["rows_removed"]["pending"] == 1 and audit["rows_removed"]["live"] == 1
+    # <t>_changes: commit 1 inserted Carol, commit 2 updated her (update_before + update_after).
+    assert audit["rows_removed"]["changes"] == 3
     # Readers of the metastore still read version 2's location, whose files were rewritten in place.
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 4: "Dan"}
     compact_once(rt, "run-3")
@@ -330,6 +332,9 @@ def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], ru
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob", 4: "Dan", 5: "Eve"}
     root = Path(rt.lake.layout.root)
     assert not [r for p in all_parquet(root) for r in read_rows(str(p)) if r.get("id") == 3]
+    # The erase commit's change (written by run-3's publish) diffs erased versions: no Carol there either;
+    # commit 1's file went with its version (keep_versions 3: commits 2..4 are kept).
+    assert sorted(p.name for p in (root / "changes").iterdir()) == [f"c{s:08d}.parquet" for s in (2, 3, 4)]
 
     # Issue 14: neither a rebuild from the archives nor a rollback to a version from before the
     # erase brings the erased rows back (the archives and the kept versions were erased too).
@@ -582,7 +587,14 @@ def test_erase_on_s3(aws_default: str, tmp_path: Path) -> None:
 
     audit = erase(cfg, "id = 3", actor="test")
 
-    assert audit["rows_removed"] == {"live": 1, "versions": 0, "pending": 1, "archive": 1, "quarantine": 0}
+    assert audit["rows_removed"] == {
+        "live": 1,
+        "versions": 0,
+        "pending": 1,
+        "archive": 1,
+        "quarantine": 0,
+        "changes": 0,
+    }
     for path, rows in files.items():
         assert get(path) == rows, path
     live = lake.latest_commit()
@@ -667,7 +679,14 @@ def test_keyless_erase_checks_before_images_and_keeps_the_watermark(tmp_path: Pa
     # "name IS NULL" would match the watermark row too: it is no row of the table and stays.
     audit = erase(cfg, "name = 'Bob' OR name IS NULL", actor="test")
 
-    assert audit["rows_removed"] == {"live": 1, "versions": 0, "pending": 2, "archive": 0, "quarantine": 0}
+    assert audit["rows_removed"] == {
+        "live": 1,
+        "versions": 0,
+        "pending": 2,
+        "archive": 0,
+        "quarantine": 0,
+        "changes": 0,
+    }
     assert read_rows(data) == [{"name": "Al", "visits": 1}]
     # The update from Bob's row carried Bob in its before-image: erased with the insert.
     assert [r["lsn"] for r in read_rows(pending)] == [6]

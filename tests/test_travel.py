@@ -31,6 +31,8 @@ from cdc_compaction.exceptions import ConcurrentRunError, TimeTravelError
 from cdc_compaction.job.faults import ENV, InjectedFaultError
 from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.metastore import connect
+from cdc_compaction.pipeline.changes import FEED_FAILURES, feed_plan, feed_table, sync_changes, write_feed
+from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import PROJECT_ROOT
@@ -164,6 +166,79 @@ def test_change_feed_refuses_versions_not_kept_a_backward_range_and_keyless_mode
         change_feed(Lake(snap), 0, 0)
 
 
+# ------------------------------------------------------------------- <t>_changes (per commit)
+def _read_feed(lake: Lake, seq: int) -> pa.Table:
+    return pq.read_table(Path(lake.layout.root) / "changes" / f"c{seq:08d}.parquet")
+
+
+def test_feed_table_holds_the_commits_change_in_registry_columns(make_cfg) -> None:
+    cfg = make_cfg()
+    before, after = (
+        pa.table(
+            {"id": pa.array(sorted(s), pa.int32()), "full_name": [s[i] for i in sorted(s)], "_cdc_file": ["f"] * len(s)}
+        )
+        for s in STATES[:2]
+    )
+    feed = feed_table(cfg, before, after, 7)
+    # Registry columns the versions have (op and ts_ms they lack are left out: NULL to a reader), then the two.
+    assert feed.column_names == ["id", "full_name", "_change_type", "_commit_version", "_commit_seq"]
+    assert feed.column("_commit_seq").to_pylist() == [7] * feed.num_rows
+    assert _got(feed) == [(i, kind, name, 7) for i, kind, name, _ in _expected_feed(1, 2)]
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "partitioned"])
+def test_write_feed_writes_each_commits_change_once_and_refuses_a_gone_parent(make_cfg, partitioned) -> None:
+    lake = _lake_with_states(make_cfg(keep_versions=5), partitioned)
+    for seq in (1, 2, 3):
+        assert write_feed(lake, lake.read_commit(seq))
+        got = _read_feed(lake, seq)
+        # One commit's change: the net change from its parent, every row made by that commit.
+        assert _got(got) == [(i, kind, name, seq) for i, kind, name, _ in _expected_feed(seq - 1, seq)]
+        assert got.column_names == ["id", "full_name", "op", "ts_ms", "_change_type", "_commit_version", "_commit_seq"]
+    path = Path(lake.layout.root) / "changes" / "c00000002.parquet"
+    inode = path.stat().st_ino
+    assert write_feed(lake, lake.read_commit(2)) and path.stat().st_ino == inode, (
+        "a written partition is never rewritten"
+    )
+    # The parent's version is gone: an empty read would turn its rows into inserts, so it refuses.
+    path.unlink()
+    shutil.rmtree(lake.layout.version_dir(lake.read_commit(1).version))
+    with pytest.raises(TimeTravelError, match=r"commit 2's parent version \(1\) is no longer on storage"):
+        write_feed(lake, lake.read_commit(2))
+    assert not path.exists()
+
+
+@pytest.mark.metastore
+def test_sync_changes_never_fails_the_publish_and_counts_what_failed(make_cfg, endpoint) -> None:
+    # A database the metastore does not have: the table cannot be created; the files still can.
+    cfg = make_cfg(keep_versions=5, database=f"nodb_{os.getpid()}")
+    lake = _lake_with_states(cfg)
+    shutil.rmtree(lake.layout.version_dir(lake.read_commit(1).version))  # commits 1 and 2 cannot be diffed
+    rt = Runtime(cfg=cfg, lake=lake, metastore=endpoint, engine=None)
+    before = FEED_FAILURES[cfg.qualified_name]
+    with connect(endpoint) as ms:
+        done = sync_changes(rt, ms, 3)
+    assert done["written"] == [3] and done["dropped"] == []
+    assert sorted(done["failed"]) == ["1", "2", "table"]
+    assert "no longer on storage" in done["failed"]["1"] and cfg.database in done["failed"]["table"]
+    assert FEED_FAILURES[cfg.qualified_name] == before + 3, "each failure is counted"
+    assert _got(_read_feed(lake, 3)) == [(i, kind, name, 3) for i, kind, name, _ in _expected_feed(2, 3)]
+
+
+@pytest.mark.parametrize(
+    ("live", "keep", "present", "write", "drop"),
+    [
+        (5, 3, {1, 2, 3}, [4, 5], [1, 2]),  # kept 3..5: 4 and 5 missing, 1 and 2 expired
+        (5, 3, set(), [4, 5], []),  # 3's parent (2) is gone: its change cannot be made any more
+        (4, 1, {3}, [4], [3]),  # keep_versions 1: the live commit, before its parent goes
+        (1, 3, set(), [1], []),  # the first commit: its parent is the empty table
+        (2, 3, {1, 2}, [], []),  # a retry: nothing to do
+    ],
+)
+def test_feed_plan_follows_keep_versions(live, keep, present, write, drop) -> None:
+    assert feed_plan(live, keep, present) == (write, drop)
+
+
 # ---------------------------------------------------------------------------------------- CLI
 def _registry(tmp_path: Path, doc: dict[str, Any]) -> Path:
     d = tmp_path / "registry"
@@ -271,6 +346,24 @@ def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
     assert v1 is not None and v2 is not None
     v1_files = _checksums(lake.layout.version_dir(v1.version))
     assert visible_names(spark, cfg) == {1: "ann", 2: "bobby", 4: "dan"}
+    # <t>_changes: each publish wrote its commit's change, read through Spark SQL (a Hive Parquet table).
+    landed = {1: ("ann", "c", 1), 2: ("bob", "c", 1), 3: ("cid", "c", 1)}
+    second = {2: ("bobby", "u", 2), 4: ("dan", "c", 2)}
+    expected = [(1, i, "insert", *landed[i], 1) for i in sorted(landed)]
+    expected += [
+        (2, 2, "update_before", *landed[2], 2),
+        (2, 2, "update_after", *second[2], 2),
+        (2, 3, "delete", *landed[3], 2),
+        (2, 4, "insert", *second[4], 2),
+    ]
+    changes = f"`{cfg.database}`.`{cfg.table}_changes`"
+    order = "CASE _change_type WHEN 'update_before' THEN 0 WHEN 'update_after' THEN 1 ELSE 2 END"
+    query = f"SELECT _commit_seq, id, _change_type, full_name, op, ts_ms, _commit_version FROM {changes}"
+    spark.catalog.refreshTable(changes)
+    got = [tuple(r) for r in spark.sql(f"{query} ORDER BY _commit_seq, id, {order}").collect()]
+    assert got == expected
+    since_1 = spark.sql(f"{query} WHERE _commit_seq > 1 ORDER BY id, {order}").collect()
+    assert [tuple(r) for r in since_1] == [e for e in expected if e[0] > 1], "the change feed since commit 1"
 
     # Crash right after the copy: nothing is published, the table is as it was.
     monkeypatch.setenv(ENV, f"rollback.after_copy@{cfg.qualified_name}=raise")
@@ -335,6 +428,19 @@ def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
     compact_once(rt, "r3")
     assert lake.latest_commit().seq == 5
     assert visible_names(spark, cfg) == {1: "ann", 2: "bobby", 4: "dan", 5: "eve"}
+    # This publish wrote the rollbacks' changes too (3 and 4), and deleted commit 1's: its version is gone.
+    spark.catalog.refreshTable(changes)
+    seqs = [r[0] for r in spark.sql(f"SELECT DISTINCT _commit_seq FROM {changes} ORDER BY 1").collect()]
+    assert seqs == [2, 3, 4, 5]
+    undo = spark.sql(f"SELECT id, _change_type, full_name FROM {changes} WHERE _commit_seq = 3 ORDER BY id, {order}")
+    assert [tuple(r) for r in undo.collect()] == [
+        (2, "update_before", "bobby"),
+        (2, "update_after", "bob"),
+        (3, "insert", "cid"),
+        (4, "delete", "dan"),
+    ]
+    new = spark.sql(f"SELECT id, _change_type, full_name, _commit_version FROM {changes} WHERE _commit_seq > 4")
+    assert [tuple(r) for r in new.collect()] == [(5, "insert", "eve", 5)]
 
     with pytest.raises(TimeTravelError, match=r"version 1 is not kept \(kept: 2\.\.5"):
         rollback(cfg, 1, endpoint, by="test")

@@ -7,6 +7,7 @@ Where rows live (the *locations* of an erase)::
     pending     the landing area (increments not compacted yet)
     archive     archived increments (what a replay or rebuild reads)
     quarantine  refused rows and files
+    changes     the change feed's partitions (``<t>_changes``, pipeline/changes.py)
 
 The protocol, serialized with compactions by the table lease (:class:`lake.TableLease`):
 
@@ -56,7 +57,7 @@ from cdc_compaction.storage.base import FileInfo
 
 log = logging.getLogger(__name__)
 
-LOCATIONS = ("live", "versions", "pending", "archive", "quarantine")
+LOCATIONS = ("live", "versions", "pending", "archive", "quarantine", "changes")
 #: How long an erase holds the table's lease; a crashed erase blocks compactions at most this long.
 LEASE_TTL = timedelta(hours=1)
 
@@ -279,6 +280,8 @@ def lake_files(lake: Lake, commit: Commit, hidden: bool = False) -> list[Located
         ("pending", lake.layout.incremental),
         ("archive", lake.layout.archive),
         ("quarantine", lake.layout.quarantine),
+        # <t>_changes's partitions (pipeline/changes.py) hold rows of the versions they diff.
+        ("changes", posixpath.join(lake.layout.root, "changes")),
     )
     for location, root in areas:
         for f in _walk(lake, root, hidden):

@@ -14,6 +14,8 @@ Layout under a table's storage root::
     base/v00000009-rb<N>-<token>/                a rollback's version: version N's files copied
                                                  (travel.py; README, "Time travel and rollback")
     archive/c00000007/increment_.../             increments after they were compacted
+    changes/c00000007.parquet                    commit 7's change from its parent (<t>_changes;
+                                                 pipeline/changes.py)
     quarantine/rows/v00000007-<plan>/            rows refused by that compaction, with reasons
     quarantine/rows/v00000007-<plan>/_manifest.json   counts by reason and file; re-ingest status
     quarantine/files/<plan>/increment_.../x.parquet   whole files refused by a plan (on_bad_file: quarantine)

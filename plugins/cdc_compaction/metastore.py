@@ -130,6 +130,20 @@ class _Catalog(ABC):
     def set_properties(self, db: str, name: str, properties: dict[str, str]) -> None:
         """Set table properties of a table or view (others are kept)."""
 
+    def put_external_table(
+        self,
+        db: str,
+        name: str,
+        columns: list[tuple[str, str]],
+        location: str,
+        parameters: dict[str, str],
+    ) -> bool:
+        """Create an external Parquet table (``Metastore`` implements it)."""
+        raise MetastoreError(
+            f"{db}.{name}: {type(self).__name__} cannot create tables through its API yet; "
+            "use a Thrift metastore for this table's <t>_changes (README, 'Change feed')"
+        )
+
     def table_location(self, db: str, name: str) -> str | None:
         t = self.get_table(db, name)
         return normalize_location(t.sd.location) if t is not None else None
@@ -268,6 +282,75 @@ class Metastore(_Catalog):
         except t.TException as exc:
             raise MetastoreError(f"cannot create view {view.database}.{view.name}: {exc}") from exc
         log.info("metastore: view %s.%s (%s)", view.database, view.name, view.parameters.get("cdc.dialect"))
+
+    def put_external_table(
+        self,
+        db: str,
+        name: str,
+        columns: list[tuple[str, str]],
+        location: str,
+        parameters: dict[str, str],
+    ) -> bool:
+        """Create an external (unpartitioned) Hive Parquet table, or bring its columns and location
+        to these; True if it changed anything.
+
+        A plain Hive table (Parquet SerDe, no Spark data-source properties): Spark, Hive and Trino
+        all read it.  Columns only ever change as the registry does (``ensure_tables`` refuses the rest).
+        """
+        t = self._t
+        cols = [t.FieldSchema(name=n.lower(), type=ty, comment=None) for n, ty in columns]
+        existing = self.get_table(db, name)
+        if existing is not None:
+            if existing.tableType == "VIRTUAL_VIEW":
+                raise MetastoreError(f"{db}.{name} is a view, not a table; drop or rename it so the table can be made")
+            have = [(c.name, c.type) for c in existing.sd.cols]
+            same_loc = normalize_location(existing.sd.location) == normalize_location(location)
+            if have == [(c.name, c.type) for c in cols] and same_loc:
+                return False
+            existing.sd.cols, existing.sd.location = cols, to_uri(location)
+            try:
+                self._c.alter_table(db, name, existing)
+            except t.TException as exc:
+                raise MetastoreError(f"cannot change the columns or location of {db}.{name}: {exc}") from exc
+            log.info("metastore: %s.%s now has columns %s at %s", db, name, [c.name for c in cols], location)
+            return True
+        sd = t.StorageDescriptor(
+            cols=cols,
+            location=to_uri(location),
+            inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+            outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+            compressed=False,
+            numBuckets=-1,
+            serdeInfo=t.SerDeInfo(
+                name=None,
+                serializationLib="org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
+                parameters={"serialization.format": "1"},
+            ),
+            bucketCols=[],
+            sortCols=[],
+            parameters={},
+        )
+        table = t.Table(
+            tableName=name,
+            dbName=db,
+            owner="cdc_compaction",
+            createTime=int(time.time()),
+            lastAccessTime=0,
+            retention=0,
+            sd=sd,
+            partitionKeys=[],
+            parameters={**parameters, "EXTERNAL": "TRUE"},
+            tableType="EXTERNAL_TABLE",
+        )
+        try:
+            self._c.create_table(table)
+        except t.AlreadyExistsException:
+            log.info("metastore: %s.%s was created concurrently", db, name)
+            return False
+        except t.TException as exc:
+            raise MetastoreError(f"cannot create table {db}.{name}: {exc}") from exc
+        log.info("metastore: created %s.%s at %s", db, name, location)
+        return True
 
     def set_properties(self, db: str, name: str, properties: dict[str, str]) -> None:
         tbl = self.get_table(db, name)

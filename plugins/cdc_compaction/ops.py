@@ -80,6 +80,8 @@ def metastore_objects(cfg: TableConfig) -> list[str]:
     tables = [names[r] for r in ("base_table", "tombstones_table", "incremental_table", "compactor_table")]
     if cfg.mode == "snapshot":
         tables.append(history_table(cfg))
+    if cfg.mode == "cdc":
+        tables.append(f"{cfg.table}_changes")  # pipeline/changes.py: created by publish
     return list(dict.fromkeys([*views, *tables]))
 
 

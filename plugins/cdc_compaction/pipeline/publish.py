@@ -26,7 +26,7 @@ from cdc_compaction.job.contract import STATS_FILE
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, version_dir_of
 from cdc_compaction.metastore import Metastore, connect
-from cdc_compaction.pipeline import views
+from cdc_compaction.pipeline import changes, views
 from cdc_compaction.pipeline.pending import pending_files
 from cdc_compaction.pipeline.retention import cleanup_versions
 from cdc_compaction.pipeline.runtime import Runtime, load_plan, read_json, take_lease, utcnow, version_seq
@@ -252,6 +252,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         # every engine, DuckDB too, then reads each event once.
         committed = {f"{f['increment']}/{f['name']}" for f in live.files}
         shown = views.sync(rt, ms, pending_files(rt, utcnow(), committed), live, drop_gone=True)
+        # Before retention deletes the parent's version: the feed is computed from both (never raises).
+        feed = changes.sync_changes(rt, ms, live.seq)
     Quarantine(lake).record_rows(existing.version, existing.seq, existing.stats)
     removed = cleanup_versions(rt, existing.seq)
     st = existing.stats or {}
@@ -271,6 +273,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             "tombstones_out": st.get("output_tombstones"),
         },
         "metrics": existing.metrics or {},
+        "changes": feed,
         "slo": observe(rt, existing, now),
     }
 
