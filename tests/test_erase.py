@@ -308,7 +308,7 @@ def test_erase_refuses_while_the_live_commit_is_not_archived(tmp_path: Path) -> 
 @pytest.mark.metastore
 def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], runtime: Any, spark: Any) -> None:
     """Spark writes the versions; the erase commit sits between two runs; the next run builds on it."""
-    rt = runtime(make_cfg())
+    rt = runtime(make_cfg(change_feed=True))
     ensure_tables(rt)
 
     def rows(*items: tuple[int, str, str, int]) -> list[dict[str, Any]]:

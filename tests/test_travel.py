@@ -211,7 +211,7 @@ def test_write_feed_writes_each_commits_change_once_and_refuses_a_gone_parent(ma
 @pytest.mark.metastore
 def test_sync_changes_never_fails_the_publish_and_counts_what_failed(make_cfg, endpoint) -> None:
     # A database the metastore does not have: the table cannot be created; the files still can.
-    cfg = make_cfg(keep_versions=5, database=f"nodb_{os.getpid()}")
+    cfg = make_cfg(keep_versions=5, database=f"nodb_{os.getpid()}", change_feed=True)
     lake = _lake_with_states(cfg)
     shutil.rmtree(lake.layout.version_dir(lake.read_commit(1).version))  # commits 1 and 2 cannot be diffed
     rt = Runtime(cfg=cfg, lake=lake, metastore=endpoint, engine=None)
@@ -332,7 +332,9 @@ def _base_location(endpoint: Any, cfg: TableConfig) -> str:
 def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
     tmp_path, runtime, spark, endpoint, monkeypatch
 ) -> None:
-    doc = student_doc(tmp_path / "lake", f"rb_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**6}", keep_versions=4)
+    doc = student_doc(
+        tmp_path / "lake", f"rb_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**6}", keep_versions=4, change_feed=True
+    )
     reg = _registry(tmp_path, doc)
     cfg = parse_table(doc)
     rt = runtime(cfg)
@@ -455,3 +457,13 @@ def test_rollback_publishes_an_old_version_as_a_new_commit_and_survives_crashes(
     shutil.copytree(archived, Path(lake.layout.incremental) / "increment_2026112202")
     compact_once(rt, "r4")
     assert visible_names(spark, cfg) == {1: "ann", 2: "bob", 3: "cid", 5: "eve"}
+
+
+def test_the_feed_is_written_only_when_the_registry_asks(make_cfg) -> None:
+    """change_feed defaults to off: a publish then neither reads the versions nor touches the metastore."""
+    from types import SimpleNamespace
+
+    cfg = make_cfg()
+    assert cfg.change_feed is False
+    # No lake and no metastore: an off feed must not reach for either.
+    assert sync_changes(SimpleNamespace(cfg=cfg, lake=None), None, 2) == {"written": [], "dropped": [], "failed": {}}

@@ -492,6 +492,9 @@ class TableConfig(_Strict):
     tombstone_retention: Duration = timedelta(days=7)
     #: Base versions kept for rollback, the live one included.
     keep_versions: int = Field(default=3, ge=1, le=1000)
+    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes`` (README, "Change
+    #: feed"). Off by default: the publish task reads both versions' rows into memory to pair them by key.
+    change_feed: bool = False
     #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
     #: version still needs for a rebuild stay regardless (README, "Retention").
     archive_retention: Duration | None = None

@@ -197,8 +197,10 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
     """
     cfg, lake = rt.cfg, rt.lake
     done: dict[str, Any] = {"written": [], "dropped": [], "failed": {}}
-    if cfg.mode != "cdc":
-        return done  # no key to pair rows by (keyless); snapshot tables have <t>_history
+    if cfg.mode != "cdc" or not cfg.change_feed:
+        # Off unless the registry asks (change_feed: true): pairing rows reads both versions into this
+        # task's memory. Keyless tables have no key to pair rows by; snapshot tables have <t>_history.
+        return done
     # The files and the table are independent: files written while the metastore refuses the
     # table are there for it when a later publish creates it.
     try:
