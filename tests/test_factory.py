@@ -206,7 +206,7 @@ def test_the_erase_dag_erases_with_the_params_of_its_trigger_form(tmp_path: Any)
     assert checked == {"table": sample.cfg.qualified_name, "predicate": WHERE, "columns": ["id", "full_name"]}
 
     audit = dag.get_task("erase").python_callable(params=params)
-    expected = dict.fromkeys(("live", "versions", "pending", "archive", "quarantine"), 0)
+    expected = dict.fromkeys(("live", "versions", "pending", "archive", "quarantine", "changes"), 0)
     for loc, rows in sample.files.values():
         expected[loc] += sum(1 for r in rows if erased(r))
     assert audit["rows_removed"] == expected and sum(expected.values()) > 0
