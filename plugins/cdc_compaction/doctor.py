@@ -30,8 +30,11 @@ from typing import Any
 from cdc_compaction.lake import Lake
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
+from cdc_compaction.sidechannel import count_failure
 
 log = logging.getLogger(__name__)
+#: The doctor task's SMTP checks that failed, by table (alerts are a side channel: counted, never fatal).
+SMTP_FAILURES: dict[str, int] = {}
 
 #: EMR cluster states in which a step can still run.
 EMR_USABLE = {"STARTING", "BOOTSTRAPPING", "RUNNING", "WAITING"}
@@ -275,12 +278,9 @@ def preflight(cfg: TableConfig, endpoint: MetastoreEndpoint) -> dict[str, str]:
     smtp = check_smtp(cfg)
     if not smtp.ok:
         log.warning("%s; alerts are not delivered until this is fixed, the run goes on", smtp.line())
-        try:
-            from airflow.sdk import Stats
-
-            Stats.incr("cdc_compaction.doctor_smtp_failed", tags={"table": cfg.qualified_name})
-        except Exception:
-            log.debug("could not count the SMTP failure", exc_info=True)
+        count_failure(
+            SMTP_FAILURES, cfg.qualified_name, "cdc_compaction.doctor_smtp_failed", {"table": cfg.qualified_name}
+        )
     failed = [c for c in deciding if not c.ok]
     if failed:
         raise CompactionError(

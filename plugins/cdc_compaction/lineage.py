@@ -32,6 +32,7 @@ from openlineage.client.facet_v2 import (
     schema_dataset,
 )
 
+from cdc_compaction import sidechannel
 from cdc_compaction.exceptions import LineageError
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN, STATS_FILE
 from cdc_compaction.lake import Commit, Layout
@@ -333,13 +334,7 @@ def _glue_region(endpoint: MetastoreEndpoint) -> str | None:
 
 
 def count_failure(table: str) -> None:
-    LINEAGE_FAILURES[table] += 1
-    try:
-        from airflow.sdk.observability.stats import Stats
-
-        Stats.incr(LINEAGE_FAILED_METRIC, tags={"table": table})
-    except Exception:  # a metrics back end that fails must not fail the task either
-        log.warning("could not count the failed lineage in Airflow's metrics", exc_info=True)
+    sidechannel.count_failure(LINEAGE_FAILURES, table, LINEAGE_FAILED_METRIC, {"table": table})
 
 
 def publish_lineage(rt: Any, result: Mapping[str, Any] | None) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 
 from cdc_compaction.lake import Commit, Lake
 from cdc_compaction.registry import TableConfig
+from cdc_compaction.sidechannel import count_failure
 from cdc_compaction.slo import data_time, increment_end, parse_time, status
 
 log = logging.getLogger(__name__)
@@ -116,13 +117,7 @@ def emit(cfg: TableConfig, metrics: Mapping[str, Any], slo: Mapping[str, Any] | 
         return True
     except Exception:
         log.exception("%s: could not emit the metrics %s; publishing goes on", cfg.qualified_name, dict(metrics))
-        EMIT_FAILURES[cfg.qualified_name] += 1
-        try:
-            from airflow.sdk.observability.stats import Stats
-
-            Stats.incr(EMIT_FAILED_METRIC, tags=tags(cfg))
-        except Exception:
-            log.debug("could not count the failed emission either", exc_info=True)
+        count_failure(EMIT_FAILURES, cfg.qualified_name, EMIT_FAILED_METRIC, tags(cfg))
         return False
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from airflow.sdk import BaseNotifier
 
 from cdc_compaction.exceptions import CdcCompactionError
+from cdc_compaction.sidechannel import count_failure
 
 log = logging.getLogger(__name__)
 
@@ -283,13 +284,7 @@ def send_email(smtp_conn_id: str, to: list[str], subject: str, body: str, table:
 
 
 def _count_delivery_failure(table: str) -> None:
-    DELIVERY_FAILURES[table] += 1
-    try:
-        from airflow.sdk.observability.stats import Stats
-
-        Stats.incr(DELIVERY_FAILED_METRIC, tags={"table": table})
-    except Exception:  # a metrics back end that fails must not fail the task either
-        log.warning("could not count the failed alert delivery in Airflow's metrics", exc_info=True)
+    count_failure(DELIVERY_FAILURES, table, DELIVERY_FAILED_METRIC, {"table": table})
 
 
 def _channels(emails: list[str], smtp_conn_id: str, channels: AlertChannels | None) -> AlertChannels:

@@ -32,6 +32,7 @@ from typing import Any
 from cdc_compaction.lake import Commit, Lake
 from cdc_compaction.landing import increment_hour
 from cdc_compaction.registry import TableConfig
+from cdc_compaction.sidechannel import count_failure
 
 log = logging.getLogger(__name__)
 
@@ -255,11 +256,6 @@ def check_quietly(cfg: TableConfig, lake: Lake, now: datetime) -> dict[str, Any]
         return check(cfg, lake, now)
     except Exception:
         log.exception("%s: could not check the freshness SLO; the task goes on", cfg.qualified_name)
-        CHECK_FAILURES[cfg.qualified_name] = CHECK_FAILURES.get(cfg.qualified_name, 0) + 1
-        try:
-            from airflow.sdk.observability.stats import Stats
-
-            Stats.incr("cdc_compaction.slo_check_failed", tags={"database": cfg.database, "table": cfg.table})
-        except Exception:
-            log.debug("could not count the failed SLO check", exc_info=True)
+        tags = {"database": cfg.database, "table": cfg.table}
+        count_failure(CHECK_FAILURES, cfg.qualified_name, "cdc_compaction.slo_check_failed", tags)
         return {"table": cfg.qualified_name, "error": "the SLO check failed (see the task log)"}

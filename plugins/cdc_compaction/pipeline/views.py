@@ -35,6 +35,7 @@ from cdc_compaction.landing import view_report_path
 from cdc_compaction.metastore import Metastore, MetastoreView, connect
 from cdc_compaction.pipeline.pending import Pending, pending_files
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
+from cdc_compaction.sidechannel import count_failure
 from cdc_compaction.storage import is_data_file
 
 log = logging.getLogger(__name__)
@@ -44,13 +45,7 @@ FAILURES: dict[str, int] = {}
 
 
 def _count_failure(what: str, table: str) -> None:
-    FAILURES[what] = FAILURES.get(what, 0) + 1
-    try:
-        from airflow.sdk import Stats
-
-        Stats.incr(f"cdc_compaction.{what}_failed", tags={"table": table})
-    except Exception:
-        log.debug("could not count %s", what, exc_info=True)
+    count_failure(FAILURES, what, f"cdc_compaction.{what}_failed", {"table": table})
 
 
 def stale(rt: Runtime, ms: Metastore) -> list[ViewDef]:
