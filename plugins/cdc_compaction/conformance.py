@@ -43,6 +43,7 @@ from cdc_compaction.pipeline import order
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
+from cdc_compaction.policy import deferred
 from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -360,7 +361,9 @@ class InProcessRunner:
             result = step.call(rt, plan_path, run_id)
             if step.id == order.PLAN:
                 plan_path = result
-        return dict(rt.lake.latest_commit().stats) if plan_path else None
+        if not plan_path or deferred(json.loads(rt.lake.storage.read_text(plan_path))) is not None:
+            return None  # nothing planned, or a plan that only refreshed the views (compaction.policy)
+        return dict(rt.lake.latest_commit().stats)
 
 
 class DagRunner(InProcessRunner):
