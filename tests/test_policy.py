@@ -174,3 +174,30 @@ def test_a_registry_file_with_a_bad_policy_is_refused_naming_file_table_and_fiel
     from cdc_compaction.registry import parse_table
 
     assert parse_table(good_doc()).compaction.policy == "always"
+
+
+def test_status_shows_the_policy_and_how_close_each_threshold_is(tmp_path: Path) -> None:
+    from conftest import student_doc
+
+    from cdc_compaction.conformance import land
+    from cdc_compaction.registry import parse_table
+    from cdc_compaction.status import table_status
+
+    policy = {"policy": "threshold", "pending_files": 3, "pending_rows_ratio": 0.5, "pending_age": "48h"}
+    cfg = parse_table(student_doc(tmp_path / "lake", compaction=policy))
+    row = {"id": 1, "full_name": "A", "op": "c", "ts_ms": 1}
+    land(cfg, "increment_2026112200", [[row, {**row, "id": 2}]])
+    land(cfg, "increment_2026112203", [[row]])
+    now = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    st = table_status(cfg, now)
+    by_name = {t["threshold"]: t for t in st.compaction["thresholds"]}
+    # Two files of three; the oldest increment's hour (00:00) is 12h of 48h ago; no base rows yet.
+    assert (by_name["pending_files"]["value"], by_name["pending_files"]["progress"]) == (2.0, round(2 / 3, 4))
+    assert (by_name["pending_age"]["value"], by_name["pending_age"]["progress"]) == (12 * 3600.0, 0.25)
+    assert by_name["pending_rows_ratio"]["value"] is None and by_name["pending_rows_ratio"]["reached"] is True
+    assert st.compaction["compact"] is True
+    assert "compaction threshold DUE (pending_rows_ratio no base rows yet/0.5, pending_files 2/3, " in st.line()
+    assert "pending_age 12h00m/48h00m)" in st.line()
+    # Unset: always, and nothing is measured.
+    plain = table_status(parse_table(student_doc(tmp_path / "lake2")), now)
+    assert plain.compaction == {"policy": "always"} and "compaction always" in plain.line()
