@@ -80,3 +80,16 @@ def test_the_compact_task_skips_before_submitting_a_plan_that_does_not_compact(t
     # A plan that compacts, or one that cannot be read here, is left to the job.
     assert factory.skip_unless_compacting(_plan_file(tmp_path, compact=True), "aws_default") is None
     assert factory.skip_unless_compacting(str(tmp_path / "missing.json"), "aws_default") is None
+
+
+def test_the_cli_forces_only_the_plan_step(tmp_path: Path, capsys: Any) -> None:
+    import yaml
+
+    from cdc_compaction.__main__ import main
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    doc = student_doc(tmp_path / "lake", compaction=THRESHOLD)
+    (registry / "tests.student.yaml").write_text(yaml.safe_dump(doc))
+    code = main(["step", "validate", "tests.student", "--force", "--plan", "/p", "--registry-dir", str(registry)])
+    assert code == 2 and "--force applies to the plan step only" in capsys.readouterr().err
