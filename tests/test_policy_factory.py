@@ -93,3 +93,25 @@ def test_the_cli_forces_only_the_plan_step(tmp_path: Path, capsys: Any) -> None:
     (registry / "tests.student.yaml").write_text(yaml.safe_dump(doc))
     code = main(["step", "validate", "tests.student", "--force", "--plan", "/p", "--registry-dir", str(registry)])
     assert code == 2 and "--force applies to the plan step only" in capsys.readouterr().err
+
+
+def test_the_in_process_runner_reports_no_commit_for_a_plan_that_does_not_compact(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    from cdc_compaction.conformance import InProcessRunner
+
+    called: list[str] = []
+
+    def recorder(step: order.Step) -> Any:
+        def run(rt: Any, *args: Any, **kwargs: Any) -> Any:
+            called.append(step.id)
+            if step.id == order.PLAN:
+                return "/lake/_cdc/plans/p.json"
+            return {"skipped": "no threshold reached"} if step.takes_plan else {}
+
+        return run
+
+    for step in order.ORDER:
+        monkeypatch.setattr(step.target, recorder(step))
+    result = InProcessRunner(None, MetastoreEndpoint("127.0.0.1", 9)).compact(_cfg(tmp_path))
+    assert result is None and called == list(order.STEP_IDS), "every step ran; the views were refreshed"
