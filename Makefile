@@ -112,11 +112,12 @@ $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(BIN)/pip check
 	touch $(BENCH_STAMP)
 
-bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars, partitions, DAG parsing, an hourly run; results in bench/results/
+bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars, partitions, DAG parsing, an hourly run, a day under each compaction policy; results in bench/results/
 	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --out bench/results/compaction.json --no-report
 	$(BIN)/python bench/partitioned.py --out bench/results/partitioned.json
 	$(BIN)/python bench/parse_dags.py --out bench/results/parse.json
 	$(BIN)/python bench/hourly_run.py --out bench/results/hourly_run.json
+	$(BIN)/python bench/policy_day.py --out bench/results/policy_day.json
 	$(BIN)/python bench/report.py --results bench/results
 
 lock:  ## re-pin requirements.txt from requirements.in in a clean venv

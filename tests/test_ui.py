@@ -71,6 +71,7 @@ def test_the_table_page_lists_commits_newest_first(sample: Any) -> None:
     assert page.status_code == 200
     assert re.findall(r'<tr data-seq="(\d+)">', page.text) == ["2", "1"]
     assert version_of(2) in page.text and 'id="freshness-chart"' in page.text
+    assert '<span class="compaction">always</span>' in page.text, "the compaction policy (README, 'Compaction policy')"
     assert f'href="../../dags/{SAMPLE["dag_id"]}"' in page.text
     hidden = TestClient(create_app(_allow(set())), root_path="/cdc").get(f"/cdc/table/{SAMPLE['table']}")
     assert hidden.status_code == 404 and SAMPLE["table"] in hidden.json()["detail"]

@@ -16,7 +16,8 @@ Commands:
   changes DB.TABLE --from N --to M       net changes between two kept versions (--format table|json|parquet)
   rollback DB.TABLE --to N [--yes]       publish kept version N's rows as a new commit
   status [DB.TABLE ...] [--json]         each table's live version, last commit, freshness, pending, quarantine
-  step STEP DB.TABLE                     run one step of a table's DAG by hand (outside Airflow)
+  step STEP DB.TABLE [--force]           run one step of a table's DAG by hand (outside Airflow; plan --force:
+                                         compact regardless of compaction.policy)
   pause|resume DB.TABLE                  Airflow's pause flag of the table's DAG (its metadata database)
   delete DB.TABLE [--drop-data] [--yes]  remove a table's pipeline: registry file aside, metastore objects dropped
   doctor [DB.TABLE ...]                  check registry, metastore, storage, Spark, SMTP and landed files
@@ -530,7 +531,13 @@ def _step(args: argparse.Namespace) -> int:
     if step.takes_plan and not args.plan:
         print(f"step {args.step} needs --plan (the path the plan step printed)", file=sys.stderr)
         return 2
-    result = step.call(rt, args.plan or "", args.run_id)
+    if args.force and step.id != order.PLAN:
+        print("--force applies to the plan step only (it decides whether the run compacts)", file=sys.stderr)
+        return 2
+    if args.force:
+        result = step.function()(rt, run_id=args.run_id, force=True)
+    else:
+        result = step.call(rt, args.plan or "", args.run_id)
     print(json.dumps(result, default=str))
     return 0
 
@@ -781,6 +788,11 @@ def main(argv: list[str] | None = None) -> int:
     table_args(st)
     st.add_argument("--plan", help="the plan file (the steps after plan that read it: compact, validate, ...)")
     st.add_argument("--run-id", default="manual", help="plan: the run id that owns the lease and the plan")
+    st.add_argument(
+        "--force",
+        action="store_true",
+        help="plan: compact whatever is pending, regardless of compaction.policy (the DAG param compact: force)",
+    )
     st.add_argument(
         "--metastore", default=os.environ.get("CDC_METASTORE", "127.0.0.1:9083"), help="HOST:PORT or thrift://HOST:PORT"
     )

@@ -354,13 +354,18 @@ class InProcessRunner:
         rt = self.runtime(cfg)
         run_id = f"inprocess__{uuid.uuid4().hex[:12]}"
         plan_path = ""
+        compacted: dict[str, Any] | None = None
         for step in order.ORDER:
             if step.takes_plan and not plan_path:
                 continue  # nothing planned: the steps on the plan are skipped, the views still refreshed
             result = step.call(rt, plan_path, run_id)
             if step.id == order.PLAN:
                 plan_path = result
-        return dict(rt.lake.latest_commit().stats) if plan_path else None
+            elif step.id == order.COMPACT:
+                compacted = result if isinstance(result, dict) else None
+        if not plan_path or "skipped" in (compacted or {}):
+            return None  # nothing planned, or a plan that only refreshed the views (compaction.policy)
+        return dict(rt.lake.latest_commit().stats)
 
 
 class DagRunner(InProcessRunner):

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -69,6 +69,7 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
         return super()._get_hook()
 
     def execute(self, context: Any) -> Any:
+        skip_unless_compacting(plan_arg(self.application_args), self.storage_conn_id)
         try:
             return super().execute(context)
         except Exception as exc:
@@ -89,6 +90,48 @@ def plan_arg(args: Sequence[Any] | None) -> str | None:
     if "--plan" in args and args.index("--plan") + 1 < len(args):
         return str(args[args.index("--plan") + 1])
     return None
+
+
+def skip_unless_compacting(plan_path: str | None, storage_conn_id: str) -> None:
+    """Skip the task (AirflowSkipException) if the plan decided not to compact (``compaction.policy``).
+
+    A plan that cannot be read here is left to the job, which does nothing on such a plan either.
+    """
+    if not plan_path:
+        return
+    from cdc_compaction.policy import deferred
+    from cdc_compaction.storage import storage_for
+
+    try:
+        why = deferred(json.loads(storage_for(plan_path, storage_conn_id).read_text(plan_path)))
+    except Exception:  # the job reads the plan itself and skips the same way
+        log.warning("could not read the plan %s to tell whether it compacts; the job decides", plan_path, exc_info=True)
+        return
+    if why is not None:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(why)
+
+
+def skip_if_skipped(result: Any) -> Any:
+    """``result`` of a step, or AirflowSkipException if the step skipped (its plan does not compact)."""
+    if isinstance(result, dict) and "skipped" in result:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(str(result["skipped"]))
+    return result
+
+
+#: The DAG run param that compacts regardless of ``compaction.policy`` (README, "Compaction policy").
+COMPACT_PARAM = "compact"
+
+
+def forced(params: Any) -> bool:
+    """Whether the run's params ask to compact regardless of the thresholds (``compact: force``).
+
+    Read as data (never rendered); any other value, or none, leaves the decision to the policy.
+    """
+    return isinstance(params, Mapping) and params.get(COMPACT_PARAM) == "force"
 
 
 def permanent_job_error(plan_path: str | None, storage_conn_id: str, returncode: int | None = None) -> str | None:
@@ -136,9 +179,10 @@ def _emr_add_steps_operator() -> type:
         template_fields: Sequence[str] = ("plan_path",)
         template_ext: Sequence[str] = ()
 
-        def __init__(self, *, plan_path: str, **kwargs: Any) -> None:
+        def __init__(self, *, plan_path: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.plan_path = plan_path
+            self.storage_conn_id = storage_conn_id
 
         def steps_with_plan(self) -> list[dict[str, Any]]:
             """The steps as submitted: the (rendered) plan path after ``--plan``, the job package's URI
@@ -166,6 +210,7 @@ def _emr_add_steps_operator() -> type:
             return steps
 
         def execute(self, context: Any) -> Any:
+            skip_unless_compacting(self.plan_path, self.storage_conn_id)
             self.steps = self.steps_with_plan()
             return super().execute(context)
 
@@ -382,6 +427,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
             # The plan path, and the job package's URI unless the registry names it, are filled in at run time.
             steps=emr_steps(cfg, PLAN_PLACEHOLDER, py_files=emr.py_files or PY_FILES_PLACEHOLDER),
             plan_path=PLAN_XCOM,
+            storage_conn_id=cfg.storage_conn_id,
             doc_md="Add the compaction as an EMR step (spark-submit through command-runner.jar).",
         )
         compact = _emr_step_sensor()(
@@ -411,6 +457,18 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         "planned files; writes a new version directory.",
     )
     return compact, compact
+
+
+def _compact_param() -> Any:
+    from airflow.sdk import Param
+
+    return Param(
+        "auto",
+        type="string",
+        enum=["auto", "force"],
+        title="Compact",
+        description="auto: compaction.policy decides; force: compact whatever is pending now",
+    )
 
 
 def build_dag(cfg: TableConfig) -> DAG:
@@ -447,6 +505,8 @@ def build_dag(cfg: TableConfig) -> DAG:
         ),
         doc_md=doc_md(cfg),
         render_template_as_native_obj=False,
+        # Read by the plan task from the context (never rendered): force compacts whatever the policy says.
+        params={COMPACT_PARAM: _compact_param()},
     ) as dag:
         # Plain operators, not @task: the decorator's signature binding and XComArg wiring cost
         # about a third of a 500-table parse. The steps, their order, task ids and docs come from
@@ -485,13 +545,14 @@ def build_dag(cfg: TableConfig) -> DAG:
                 on_ignored=ignored,
                 on_stalled=stalled,
                 on_schema_changed=schema_changed,
+                force=forced(context.get("params")),
             )
 
         def validate_step(plan_path: str) -> dict[str, Any]:
             from cdc_compaction.notifications import alert_rejected_rows
 
             rt = _runtime(cfg)
-            stats = order.step("validate").function()(rt, plan_path)
+            stats = skip_if_skipped(order.step("validate").function()(rt, plan_path))
             if cfg.alerts.on_rejected_rows:
                 alert_rejected_rows(
                     cfg.qualified_name,
@@ -506,7 +567,7 @@ def build_dag(cfg: TableConfig) -> DAG:
         def publish_step(plan_path: str, outlet_events: Any = None) -> dict[str, Any]:
             from cdc_compaction.pipeline.publish import asset_event_extra
 
-            published = order.step("publish").function()(_runtime(cfg), plan_path)
+            published = skip_if_skipped(order.step("publish").function()(_runtime(cfg), plan_path))
             # Airflow passes the task's outlet events by parameter name; what is set here becomes the
             # extra of the base asset's event, which downstream DAGs scheduled on it can read.
             if outlet_events is not None:
@@ -514,7 +575,7 @@ def build_dag(cfg: TableConfig) -> DAG:
             return published
 
         def archive_step(plan_path: str) -> dict[str, Any]:
-            return order.step("archive").function()(_runtime(cfg), plan_path)
+            return skip_if_skipped(order.step("archive").function()(_runtime(cfg), plan_path))
 
         def refresh_view_step(plan_path: str) -> dict[str, Any]:
             return order.step("refresh_view").function()(_runtime(cfg))
@@ -552,6 +613,9 @@ def build_dag(cfg: TableConfig) -> DAG:
                 # Registry values reach the steps through ``cfg`` in their closures, never as templates.
                 task = (LineagePythonOperator if "lineage_builder" in extra.get(step.id, {}) else PythonOperator)(
                     task_id=step.id,
+                    # A plan that does not compact (compaction.policy) skips compact ... archive; the views
+                    # still show its increments. An empty plan skips every task after plan (ShortCircuit).
+                    trigger_rule="none_failed" if step.id == VIEW_STEP else "all_success",
                     python_callable=skip_if_disabled(cfg, fail_fast(callables[step.id])),
                     op_kwargs={"plan_path": PLAN_XCOM} if step.id in after_plan else None,
                     doc_md=step.doc,
@@ -578,6 +642,9 @@ def build_dag(cfg: TableConfig) -> DAG:
         made[order.PLAN][1] >> [made[s][1] for s in after_plan]
     return dag
 
+
+#: The last step: it runs after a plan that does not compact too (its upstream steps skipped).
+VIEW_STEP = "refresh_view"
 
 #: The optional first task of a table's DAG (registry ``doctor: true``).
 DOCTOR_TASK_ID = "doctor"

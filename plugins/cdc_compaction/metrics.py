@@ -121,6 +121,23 @@ def emit(cfg: TableConfig, metrics: Mapping[str, Any], slo: Mapping[str, Any] | 
         return False
 
 
+#: Counter of runs whose plan did not compact (``compaction.policy: threshold``; README, "Compaction policy").
+SKIPPED_METRIC = f"{PREFIX}.compactions_skipped"
+
+
+def count_skipped(cfg: TableConfig) -> bool:
+    """Count a run that planned no compaction (``cdc_compaction.compactions_skipped``); never raises."""
+    try:
+        from airflow.sdk.observability.stats import Stats
+
+        Stats.incr(SKIPPED_METRIC, tags=tags(cfg))
+        return True
+    except Exception:  # a side channel: the plan stands whatever the metrics back end does
+        log.exception("%s: could not count the skipped compaction; the run goes on", cfg.qualified_name)
+        count_failure(EMIT_FAILURES, cfg.qualified_name, EMIT_FAILED_METRIC, tags(cfg))
+        return False
+
+
 def table_metrics(cfg: TableConfig, lake: Lake | None = None, now: datetime | None = None) -> dict[str, Any]:
     """One table's numbers for people (the ``status`` command): its latest commit's and its SLO's now.
 

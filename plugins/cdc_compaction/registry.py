@@ -441,6 +441,43 @@ class Slo(_Strict):
         return self
 
 
+class Compaction(_Strict):
+    """When a run rewrites the base (README, "Compaction policy").
+
+    ``always`` (the default) compacts whatever is pending on every run.  ``threshold`` lets runs
+    only register new increments in the views (which merge them with the base at read time)
+    until any one threshold is crossed; then one run compacts everything pending.  A threshold
+    set to null is not checked; at least one must be set.
+    """
+
+    #: always: every run compacts what is pending. threshold: only once a threshold below is crossed.
+    policy: Literal["always", "threshold"] = "always"
+    #: threshold: compact once the pending increments hold this many rows per row of the live version.
+    pending_rows_ratio: float | None = Field(default=0.2, gt=0, allow_inf_nan=False)
+    #: threshold: compact once this many pending (complete, not yet compacted) files wait.
+    pending_files: int | None = Field(default=48, ge=1)
+    #: threshold: compact once the oldest pending increment's hour is this long ago (90s, 5m, 36h, 7d).
+    pending_age: Duration | None = timedelta(hours=6)
+
+    @field_validator("pending_age")
+    @classmethod
+    def _age(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v <= timedelta(0):
+            raise ValueError("must be longer than 0 (such as '6h'), or null to leave the age unchecked")
+        return v
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> Compaction:
+        if self.policy == "threshold" and (
+            self.pending_rows_ratio is None and self.pending_files is None and self.pending_age is None
+        ):
+            raise ValueError(
+                "compaction.policy is threshold but pending_rows_ratio, pending_files and pending_age are all "
+                "null: the table would never be compacted; set at least one, or set policy: always"
+            )
+        return self
+
+
 class TableConfig(_Strict):
     """One registry entry: everything the DAG for one table needs.
 
@@ -522,6 +559,8 @@ class TableConfig(_Strict):
     event_time: EventTime | None = None
     #: A freshness objective (freshness, target, window), checked after each publish (README, "Metrics and SLOs").
     slo: Slo | None = None
+    #: When a run rewrites the base: always (default), or only once pending data crosses a threshold.
+    compaction: Compaction = Field(default_factory=Compaction)
 
     @field_validator("lease_timeout")
     @classmethod
@@ -1091,6 +1130,11 @@ class SnapshotTable(TableConfig):
             raise ValueError(f"primary_key: {missing} not among the columns {names}")
         if self.partition_by is not None:
             raise ValueError("partition_by: snapshot tables are not partitioned (yet); remove partition_by")
+        if self.compaction.policy != "always":
+            raise ValueError(
+                "compaction.policy: a snapshot table compacts every export (its history is made by the "
+                "compaction); remove compaction or set policy: always"
+            )
         if self.business_date is not None:
             col = self.business_date.column
             if col not in types:

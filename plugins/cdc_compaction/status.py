@@ -128,6 +128,9 @@ class TableStatus:
     lease: str = "free"
     #: Airflow's paused flag; None when no metadata database was reachable or the DAG is not in it.
     paused: bool | None = None
+    #: ``compaction.policy`` and, under ``threshold``, each threshold against what is pending now
+    #: (``policy.Decision.to_dict``: value, limit, reached, progress; README, "Compaction policy").
+    compaction: dict[str, Any] = field(default_factory=dict)
     error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,9 +164,21 @@ class TableStatus:
         )
         return (
             f"{self.table:<28} {self.live_version:<34} {commit:<40} fresh {self.freshness_text:<24} "
-            f"pending {len(self.pending)}h  quarantine {self.quarantine_waiting} waiting  "
-            f"lease {self.lease}  {self.paused_text}"
+            f"pending {len(self.pending)}h  compaction {self.compaction_text}  "
+            f"quarantine {self.quarantine_waiting} waiting  lease {self.lease}  {self.paused_text}"
         )
+
+    @property
+    def compaction_text(self) -> str:
+        """``always``, or ``threshold`` with each threshold as value/limit (``pending_files 12/48``)."""
+        from cdc_compaction.policy import Measure, describe
+
+        c = self.compaction
+        if not c.get("thresholds"):
+            return str(c.get("policy", "?"))
+        measures = [Measure(t["threshold"], t["value"], t["limit"], t["reached"]) for t in c["thresholds"]]
+        due = " DUE" if any(m.reached for m in measures) else ""
+        return f"{c['policy']}{due} (" + ", ".join(describe(m) for m in measures) + ")"
 
 
 def pending_increments(cfg: TableConfig, lake: Lake, latest: Commit) -> list[str]:
@@ -218,6 +233,7 @@ def table_status(cfg: TableConfig, now: datetime, paused: dict[str, bool] | None
             compliance = slo_status(cfg, lake, now)
             st.slo_compliance, st.slo_target = compliance.compliance, compliance.target
         st.pending = pending_increments(cfg, lake, latest)
+        st.compaction = compaction_status(cfg, lake, latest, now)
         entries = Quarantine(lake).entries()
         st.quarantine_entries = len(entries)
         st.quarantine_waiting = sum(1 for e in entries if not e.reingested_at)
@@ -229,6 +245,30 @@ def table_status(cfg: TableConfig, now: datetime, paused: dict[str, bool] | None
         log.warning("%s: status unreadable: %s", cfg.qualified_name, exc)
         st.error = f"{type(exc).__name__}: {exc}"
     return st
+
+
+def compaction_status(cfg: TableConfig, lake: Lake, latest: Commit, now: datetime) -> dict[str, Any]:
+    """The table's ``compaction.policy`` and, under ``threshold``, how close each threshold is now.
+
+    Measured as ``plan`` measures it (the pending files' footers, the live version's rows), so the
+    next run compacts exactly when a threshold here is reached.
+    """
+    if cfg.compaction.policy != "threshold":
+        return {"policy": cfg.compaction.policy}
+    from cdc_compaction.pipeline.pending import pending_files
+    from cdc_compaction.pipeline.plan import pending_load
+    from cdc_compaction.pipeline.runtime import Runtime
+    from cdc_compaction.policy import decide
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    # Listing and footers only: the runtime's metastore and engine are never used here.
+    rt = Runtime(cfg=cfg, lake=lake, metastore=MetastoreEndpoint(), engine=None)  # type: ignore[arg-type]
+    pending = pending_files(rt, now, {f"{f['increment']}/{f['name']}" for f in latest.files})
+    decision = decide(rt.cfg.compaction, pending_load(rt.cfg, latest, pending.files), now)
+    out = decision.to_dict()
+    if not pending.files:
+        out["reason"] = "nothing pending"
+    return out
 
 
 def commit_history(cfg: TableConfig, limit: int = 200) -> list[CommitSummary]:

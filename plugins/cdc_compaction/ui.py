@@ -198,7 +198,8 @@ def render_table(cfg: TableConfig, st: TableStatus, history: list[CommitSummary]
         f'<p>DAG <a class="dag" href="../../dags/{quote(st.dag_id)}" target="_top">{html.escape(st.dag_id)}</a>'
         f" ({st.paused_text}). Live version {html.escape(st.live_version)}. Freshness "
         f'<span class="freshness">{html.escape(st.freshness_text)}</span>. Pending hours {len(st.pending)}'
-        f"{': ' + html.escape(', '.join(st.pending)) if st.pending else ''}. Quarantine: {st.quarantine_waiting} "
+        f"{': ' + html.escape(', '.join(st.pending)) if st.pending else ''}. Compaction: "
+        f'<span class="compaction">{html.escape(st.compaction_text)}</span>. Quarantine: {st.quarantine_waiting} '
         f"waiting of {st.quarantine_entries}. Lease: {html.escape(st.lease)}.</p>"
         + (f'<p class="err">{html.escape(st.error)}</p>' if st.error else "")
         + "<h2>Freshness</h2>"

@@ -536,6 +536,10 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     (:meth:`JobStats.to_dict <cdc_compaction.job.contract.JobStats.to_dict>`).
     """
     plan = as_plan(plan)
+    if plan.compaction is not None and not plan.compaction.get("compact", True):
+        # The plan only refreshes the views (compaction.policy): its increments stay pending, nothing is written.
+        log.info("%s: plan %s does not compact: %s", plan.table, plan.plan_id, plan.compaction.get("reason"))
+        return {"skipped": str(plan.compaction.get("reason"))}
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     if committed_already(spark, plan):
         log.info("%s: plan %s is committed already; nothing to do", plan.table, plan.plan_id)

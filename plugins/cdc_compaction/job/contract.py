@@ -343,6 +343,9 @@ class Plan:
     #: the plan task does not write them.
     key_lookup_max_events: int | None = field(default=None, metadata=_meta())
     compression: str | None = field(default=None, metadata=_meta())
+    #: Whether the run compacts (``compaction.policy``; README, "Compaction policy"): ``compact``,
+    #: ``policy``, ``reason``, ``forced``, ``thresholds``. ``compact: false``: the job writes nothing.
+    compaction: dict[str, Any] | None = field(default=None, metadata=_meta())
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

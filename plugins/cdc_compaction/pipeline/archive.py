@@ -19,7 +19,7 @@ from cdc_compaction.lake import Commit, TableLease
 from cdc_compaction.landing import markers
 from cdc_compaction.metastore import Metastore, connect
 from cdc_compaction.pipeline.retention import sweep_temporaries
-from cdc_compaction.pipeline.runtime import Runtime, load_plan
+from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting
 from cdc_compaction.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,9 @@ def _clear_increment(rt: Runtime, commit: Commit, inc: str) -> bool:
 def archive(rt: Runtime, plan_path: str) -> dict[str, Any]:
     """Archive the increments of this run's commit (or of any commit not yet archived)."""
     p = load_plan(rt, plan_path)
+    skipped = not_compacting(rt, p, "archive")
+    if skipped is not None:
+        return skipped
     commit = rt.lake.read_commit(p["seq"])
     if commit is None or commit.plan_id != p["plan_id"]:
         raise ArchiveError(

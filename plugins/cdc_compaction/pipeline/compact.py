@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdc_compaction.pipeline.runtime import Runtime, load_plan
+from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting
 
 
 def compact(rt: Runtime, plan_path: str) -> dict[str, Any]:
-    """Run the compaction job on the plan ``plan_path`` with the runtime's engine; return the job's stats."""
-    return rt.engine.compact(load_plan(rt, plan_path))  # type: ignore[attr-defined]
+    """Run the compaction job on the plan ``plan_path`` with the runtime's engine; return the job's stats.
+
+    A plan that decided not to compact (``compaction.policy``) runs no job: ``{"skipped": reason}``.
+    """
+    p = load_plan(rt, plan_path)
+    return not_compacting(rt, p, "compact") or rt.engine.compact(p)  # type: ignore[attr-defined]

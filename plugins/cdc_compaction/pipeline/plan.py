@@ -14,11 +14,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from cdc_compaction import sql
+from cdc_compaction import metrics, policy, sql
 from cdc_compaction.exceptions import BadInputError, PlanError
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, PlannedFile, TableLease
-from cdc_compaction.landing import as_dicts
+from cdc_compaction.landing import as_dicts, increment_hour
 from cdc_compaction.metastore import connect
 from cdc_compaction.modes import mode_of
 from cdc_compaction.pipeline import views
@@ -165,6 +165,18 @@ def sizing(size: int, rows: int, target: int) -> dict[str, int]:
     return {"output_files": max(1, -(-size // target)), "max_records_per_file": max(1, 2 * target * rows // size)}
 
 
+def pending_load(cfg: TableConfig, latest: Commit, files: list[PlannedFile]) -> policy.PendingLoad:
+    """What the policy weighs: the live version's rows (its commit record), the pending files' rows
+    (their footers, read by :func:`pending_files`) and the oldest pending increment's hour."""
+    hours = [h for h in (increment_hour(cfg, f.increment) for f in files) if h is not None]
+    return policy.PendingLoad(
+        base_rows=int(latest.stats.get("output_rows", 0)),
+        pending_rows=sum(f.rows for f in files),
+        pending_files=len(files),
+        oldest_pending=min(hours, default=None),
+    )
+
+
 def plan(
     rt: Runtime,
     run_id: str,
@@ -173,8 +185,12 @@ def plan(
     on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
     on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
     on_schema_changed: Callable[[list[dict[str, Any]]], None] | None = None,
+    force: bool = False,
 ) -> str:
     """Record the exact input of this run; return the plan file path, or '' if nothing is pending.
+
+    The plan records whether the run compacts (``compaction.policy``; ``force`` compacts regardless):
+    a plan that does not compact makes the steps up to ``archive`` skip, ``refresh_view`` still runs.
 
     ``on_quarantined`` is called with the bad files set aside (``on_bad_file: quarantine``),
     ``on_ignored`` with landed entries the run will never take and ``on_stalled`` with
@@ -193,7 +209,9 @@ def plan(
     register_deployment(lake)
     take_lease(rt, owner, now)
     try:
-        return _plan_under_lease(rt, run_id, owner, now, on_quarantined, on_ignored, on_stalled, on_schema_changed)
+        return _plan_under_lease(
+            rt, run_id, owner, now, on_quarantined, on_ignored, on_stalled, on_schema_changed, force
+        )
     except Exception:
         # A plan that failed before recording its input has nothing in flight: let other runs go.
         try:
@@ -213,6 +231,7 @@ def _plan_under_lease(
     on_ignored: Callable[[list[dict[str, Any]]], None] | None = None,
     on_stalled: Callable[[list[dict[str, Any]]], None] | None = None,
     on_schema_changed: Callable[[list[dict[str, Any]]], None] | None = None,
+    force: bool = False,
 ) -> str:
     cfg, lake = rt.cfg, rt.lake
     with connect(rt.metastore) as ms:
@@ -229,6 +248,9 @@ def _plan_under_lease(
         path = lake.layout.plan_path(plan_id)
         if lake.storage.exists(path):
             log.info("%s: reusing plan %s of this run (retry)", cfg.qualified_name, plan_id)
+            if policy.deferred(json.loads(lake.storage.read_text(path))) is not None:
+                # The plan compacts nothing: no step after it writes to the lake, so nothing holds the table.
+                TableLease(lake).release(owner)
             return path
         committed = {f"{f['increment']}/{f['name']}" for f in latest.files}
         pending = pending_files(rt, now, committed)
@@ -253,6 +275,7 @@ def _plan_under_lease(
             on_schema_changed(news)
         except Exception:  # a side channel never decides the data: the change is in the plan either way
             log.exception("%s: the schema change alert failed", cfg.qualified_name)
+    decision = policy.decide(cfg.compaction, pending_load(cfg, latest, files), now, force=force)
     version = f"v{seq:08d}-{plan_id}"
     rule = sql.rule_sql(cfg)
     doc = {
@@ -297,6 +320,8 @@ def _plan_under_lease(
         "rule": rule.to_dict(),
         "planned_at": now.isoformat(),
         **output_sizing(rt, latest, files),
+        # Whether this run compacts (README, "Compaction policy"); if not, the steps up to archive skip.
+        policy.PLAN_KEY: decision.to_dict(),
     }
     part = sql.partition_sql(cfg)
     if part is not None:
@@ -305,6 +330,12 @@ def _plan_under_lease(
         doc["base_partitions"] = latest.partitions or {}
     lake.storage.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
     fault_point("plan.after_plan_written", cfg.qualified_name)
+    if not decision.compact:
+        # The increments stay pending (registered in the views above); nothing is in flight.
+        TableLease(lake).release(owner)
+        log.info("%s: planned %s without compaction: %s", cfg.qualified_name, plan_id, decision.reason)
+        metrics.count_skipped(cfg)
+        return path
     log.info(
         "%s: planned %s: %d files from %d increments on top of %s",
         cfg.qualified_name,

@@ -29,7 +29,15 @@ from cdc_compaction.metastore import Metastore, connect
 from cdc_compaction.pipeline import changes, views
 from cdc_compaction.pipeline.pending import pending_files
 from cdc_compaction.pipeline.retention import cleanup_versions
-from cdc_compaction.pipeline.runtime import Runtime, load_plan, read_json, take_lease, utcnow, version_seq
+from cdc_compaction.pipeline.runtime import (
+    Runtime,
+    load_plan,
+    not_compacting,
+    read_json,
+    take_lease,
+    utcnow,
+    version_seq,
+)
 from cdc_compaction.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
@@ -191,6 +199,9 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
     """Commit the validated version and make it live; safe to retry at any point."""
     cfg, lake = rt.cfg, rt.lake
     p = load_plan(rt, plan_path)
+    skipped = not_compacting(rt, p, "publish")
+    if skipped is not None:
+        return skipped
     existing = lake.read_commit(p["seq"])
     if existing is None:
         # Renew the lease: a run that lost it (expired, taken over) must not commit.

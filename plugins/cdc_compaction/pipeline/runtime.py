@@ -7,6 +7,7 @@ come from the job's contract (``cdc_compaction.job.contract``), where they are d
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 import re
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
 from cdc_compaction.lake import Lake, TableLease, version_dir_of
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
+
+log = logging.getLogger(__name__)
 
 #: ``v<seq>-<plan>`` or, since every compaction attempt writes its own directory, ``v<seq>-<plan>-<attempt>``.
 VERSION_NAME = re.compile(r"^v(\d{8})-([0-9a-z]+(?:-[0-9a-z]+)?)$")
@@ -60,6 +63,21 @@ def load_plan(rt: Runtime, plan_path: str) -> dict[str, Any]:
     if not plan_path or not rt.lake.storage.exists(plan_path):
         raise PlanError(f"{rt.cfg.qualified_name}: plan file {plan_path!r} does not exist; clear the run's plan task")
     return read_json(rt, plan_path)
+
+
+def not_compacting(rt: Runtime, p: dict[str, Any], step: str) -> dict[str, Any] | None:
+    """``{"skipped": reason}`` if the plan ``p`` decided not to compact (README, "Compaction policy"), else None.
+
+    The steps from ``compact`` to ``archive`` then do nothing: the increments stay pending and
+    the views (``refresh_view``) show them.  Retrying such a step does nothing again.
+    """
+    from cdc_compaction.policy import deferred
+
+    why = deferred(p)
+    if why is None:
+        return None
+    log.info("%s: %s skips: %s", rt.cfg.qualified_name, step, why)
+    return {"skipped": why}
 
 
 def version_seq(location: str | None) -> int | None:

@@ -28,7 +28,7 @@ from cdc_compaction.job.contract import (
 from cdc_compaction.lake import Commit
 from cdc_compaction.metastore import connect
 from cdc_compaction.modes import mode_named, mode_of
-from cdc_compaction.pipeline.runtime import Runtime, load_plan, partition_dir_value, read_json, utcnow
+from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting, partition_dir_value, read_json, utcnow
 from cdc_compaction.storage import Storage, is_data_file
 
 log = logging.getLogger(__name__)
@@ -260,6 +260,9 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     """
     cfg, lake = rt.cfg, rt.lake
     p = load_plan(rt, plan_path)
+    skipped = not_compacting(rt, p, "validate")
+    if skipped is not None:
+        return skipped
     done = _committed(rt, p)
     if done is not None:
         log.info(
