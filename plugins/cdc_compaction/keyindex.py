@@ -107,6 +107,7 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
             "Nothing to verify"
         )
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     pk = list(cfg.primary_key)
     fix = f"run `python -m cdc_compaction index rebuild {cfg.qualified_name}`"
@@ -147,7 +148,7 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
     if tagged:
         every = pa.concat_tables(tagged)
         per_key = every.group_by(pk).aggregate([(PARTITION_COLUMN, "count_distinct")])
-        twice = per_key.filter(per_key[f"{PARTITION_COLUMN}_count_distinct"] > 1)
+        twice = per_key.filter(pc.greater(per_key[f"{PARTITION_COLUMN}_count_distinct"], 1))
         if twice.num_rows:
             problems.append(
                 f"{cfg.qualified_name}: {twice.num_rows} keys are in the key index of two partitions, e.g. "
