@@ -1112,3 +1112,25 @@ def test_key_index_is_written_sorted_and_the_next_compaction_finds_keys_through_
         assert got | reused == expected
         assert [(r["id"], r[PC]) for r in read_rows(versions / out / "tombstones")] == [(3, "EU")]
         assert stats["index_rows"] == stats["partition_rows"] == {"EU": 9, "LATAM": 2, "US": 9}
+
+
+def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any) -> None:
+    """The filter on the index is the events' [min, max] of the first key column, NULL kept when an event has it."""
+    base = spark.createDataFrame([(k, "x") for k in [None, 1, 5, 6, 9, 12]], "id int, t string")
+    ids = lambda df: sorted((r["id"] for r in df.collect()), key=lambda k: (k is not None, k))  # noqa: E731
+
+    def kept(event_ids: list[int | None]) -> list[int | None]:
+        events = spark.createDataFrame([(k, "e") for k in event_ids], "id int, t string")
+        cond = job.key_range_filter(events, ["id", "t"])
+        assert cond is not None
+        return ids(base.filter(cond))
+
+    assert kept([6, 9]) == [6, 9]
+    assert kept([9, 5]) == [5, 6, 9]  # a range: the join afterwards is exact
+    assert kept([6, None]) == [None, 6]  # nullable_key: a NULL key is a key
+    assert kept([None]) == [None]
+    empty = spark.createDataFrame([], "id int, t string")
+    assert job.key_range_filter(empty, ["id"]) is None
+    # Float keys are not range-filtered (NaN orders last in Spark): the whole, narrow, index is read.
+    floats = spark.createDataFrame([(1.5,)], "id double")
+    assert job.key_range_filter(floats, ["id"]) is None
