@@ -1126,11 +1126,16 @@ def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any) -> No
         return ids(base.filter(cond))
 
     assert kept([6, 9]) == [6, 9]
-    assert kept([9, 5]) == [5, 6, 9]  # a range: the join afterwards is exact
+    assert kept([9, 5]) == [5, 9]  # integer keys: ranges cut at the gaps between them
+    assert kept([1, 5, 6, 9, 12][::-1]) == [1, 5, 6, 9, 12]
     assert kept([6, None]) == [None, 6]  # nullable_key: a NULL key is a key
     assert kept([None]) == [None]
     empty = spark.createDataFrame([], "id int, t string")
     assert job.key_range_filter(empty, ["id"]) is None
+    # String keys: one range, [min, max]; the join afterwards is exact.
+    words = spark.createDataFrame([(w,) for w in ["ant", "bee", "cat", "dog"]], "id string")
+    cond = job.key_range_filter(spark.createDataFrame([("dog",), ("bee",)], "id string"), ["id"])
+    assert sorted(r["id"] for r in words.filter(cond).collect()) == ["bee", "cat", "dog"]
     # Float keys are not range-filtered (NaN orders last in Spark): the whole, narrow, index is read.
     floats = spark.createDataFrame([(1.5,)], "id double")
     assert job.key_range_filter(floats, ["id"]) is None

@@ -99,3 +99,22 @@ def test_a_reused_partitions_index_keeps_its_version_directory_for_it() -> None:
     verdict = decide_versions([("v00000001-a", True), ("v00000002-b", True)], [live], 2, BASE)
     assert verdict.delete == set() and verdict.by_reference == {"v00000001-a"}
     assert f"{v1}/index-1a2b3c4d/_cdc_partition=EU" in verdict.referenced
+
+
+def test_key_ranges_cover_every_key_cut_at_the_widest_gaps() -> None:
+    from datetime import date
+
+    from cdc_compaction.job.compact import key_ranges
+
+    # Updates of old ids and inserts of new ones: two narrow ranges rather than one wide one.
+    assert key_ranges([10, 11, 12, 9000, 9001], max_ranges=2) == [(10, 12), (9000, 9001)]
+    assert key_ranges([1, 5, 6, 20, 21, 22], max_ranges=3) == [(1, 1), (5, 6), (20, 22)]
+    assert key_ranges([1, 2, 3], max_ranges=16) == [(1, 1), (2, 2), (3, 3)]
+    assert key_ranges([7], max_ranges=1) == [(7, 7)] and key_ranges([]) == []
+    days = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 6, 1)]
+    assert key_ranges(days, max_ranges=2) == [(days[0], days[1]), (days[2], days[2])]
+    # Every key lies in a range, whatever the cut.
+    keys = sorted({(i * 7919) % 1000 for i in range(300)})
+    for n in (1, 2, 5, 16):
+        got = key_ranges(keys, max_ranges=n)
+        assert len(got) <= n and all(any(lo <= k <= hi for lo, hi in got) for k in keys)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import operator
@@ -318,18 +319,40 @@ def read_partitions(spark: SparkSession, schema_ddl: str, partitions: dict[str, 
 _RANGE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, T.DateType)
 
 
+#: Up to this many events, the key-range filter is cut into up to :data:`MAX_KEY_RANGES` ranges at the
+#: widest gaps between their keys (updates of old ids and inserts of new ones are two narrow ranges, not one wide).
+KEY_RANGE_COLLECT_MAX = 200_000
+MAX_KEY_RANGES = 16
+
+
+def key_ranges(keys: list[Any], max_ranges: int = MAX_KEY_RANGES) -> list[tuple[Any, Any]]:
+    """Sorted, distinct ``keys`` (integers or dates) as at most ``max_ranges`` ranges covering them all.
+
+    Cut at the ``max_ranges - 1`` widest gaps between neighbours: of all ways to cover the keys
+    with that many ranges, the one that covers the fewest values in between.
+    """
+    if not keys:
+        return []
+    gaps = sorted(range(1, len(keys)), key=lambda i: (keys[i] - keys[i - 1], -i), reverse=True)
+    cuts = sorted(gaps[: max_ranges - 1])
+    bounds = [0, *cuts, len(keys)]
+    return [(keys[a], keys[b - 1]) for a, b in itertools.pairwise(bounds)]
+
+
 def key_range_filter(events: DataFrame, pk: list[str]) -> Column | None:
     """A filter on the first key column that every base key equal to one of ``events``' keys passes.
 
-    ``lo <= k <= hi`` over the events' first key column (``OR k IS NULL`` if an event has a NULL
-    there: registry ``nullable_key``). Pushed down to Parquet, it skips the row groups of the sorted
-    key index (README, "Key index") whose min/max lie outside: changed keys that cluster (ids
-    growing with time) read a few row groups, scattered ones read the whole, narrow, index. Spark
-    applies the filter to the rows too, so it is exact whatever the pruning. None: no filter (a key
-    type whose literal may not round-trip, or no events).
+    ``lo <= k <= hi`` over the events' first key column -- a few such ranges for integer and
+    date keys of up to :data:`KEY_RANGE_COLLECT_MAX` events (:func:`key_ranges`) -- ``OR k IS NULL``
+    if an event has a NULL there (registry ``nullable_key``). Pushed down to Parquet, it skips the
+    row groups of the sorted key index (README, "Key index") whose min/max lie outside: changed keys
+    that cluster (ids growing with time) read a few row groups, scattered ones read the whole,
+    narrow, index. Spark applies the filter to the rows too, so it is exact whatever the pruning.
+    None: no filter (a key type whose literal may not round-trip, or no events).
     """
     first = pk[0]
-    if not isinstance(events.schema[first].dataType, _RANGE_TYPES):
+    kind = events.schema[first].dataType
+    if not isinstance(kind, _RANGE_TYPES):
         return None
     col = F.col(f"`{first}`")
     row = events.agg(
@@ -337,10 +360,14 @@ def key_range_filter(events: DataFrame, pk: list[str]) -> Column | None:
     ).first()
     if row is None or int(row["n"]) == 0:
         return None
-    cond = col.isNull() if row["lo"] is None else col.between(F.lit(row["lo"]), F.lit(row["hi"]))
-    if row["lo"] is not None and int(row["c"]) < int(row["n"]):
-        cond = cond | col.isNull()
-    return cond
+    ranges = [(row["lo"], row["hi"])] if row["lo"] is not None else []
+    if ranges and not isinstance(kind, T.StringType) and int(row["n"]) <= KEY_RANGE_COLLECT_MAX:
+        keys = sorted(r[0] for r in events.select(col).where(col.isNotNull()).distinct().collect())
+        ranges = key_ranges(keys)
+    conds = [col.between(F.lit(lo), F.lit(hi)) for lo, hi in ranges]
+    if int(row["c"]) < int(row["n"]):
+        conds.append(col.isNull())
+    return functools.reduce(operator.or_, conds)
 
 
 def key_sources(base_map: Mapping[str, str], index: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
