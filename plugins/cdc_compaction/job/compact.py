@@ -319,36 +319,45 @@ def read_partitions(spark: SparkSession, schema_ddl: str, partitions: dict[str, 
 _RANGE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, T.DateType)
 
 
-#: Up to this many events, the key-range filter is cut into up to :data:`MAX_KEY_RANGES` ranges at the
-#: widest gaps between their keys (updates of old ids and inserts of new ones are two narrow ranges, not one wide).
-KEY_RANGE_COLLECT_MAX = 200_000
+#: Up to this many events, the key-range filter is cut into up to :data:`MAX_KEY_RANGES` ranges at the widest
+#: gaps between their keys (updates of old ids and inserts of new ones are two narrow ranges, not one wide one).
+KEY_RANGE_SPLIT_MAX = 2_000_000
 MAX_KEY_RANGES = 16
+
+
+def ranges_between(lo: Any, hi: Any, gaps: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """``[lo, hi]`` without the open gaps ``(a, b)`` between neighbouring keys: the ranges left."""
+    out, start = [], lo
+    for a, b in sorted(gaps):
+        out.append((start, a))
+        start = b
+    return [*out, (start, hi)]
 
 
 def key_ranges(keys: list[Any], max_ranges: int = MAX_KEY_RANGES) -> list[tuple[Any, Any]]:
     """Sorted, distinct ``keys`` (integers or dates) as at most ``max_ranges`` ranges covering them all.
 
     Cut at the ``max_ranges - 1`` widest gaps between neighbours: of all ways to cover the keys
-    with that many ranges, the one that covers the fewest values in between.
+    with that many ranges, the one that covers the fewest values in between. (The job computes the
+    same gaps in Spark: :func:`key_range_filter`.)
     """
     if not keys:
         return []
-    gaps = sorted(range(1, len(keys)), key=lambda i: (keys[i] - keys[i - 1], -i), reverse=True)
-    cuts = sorted(gaps[: max_ranges - 1])
-    bounds = [0, *cuts, len(keys)]
-    return [(keys[a], keys[b - 1]) for a, b in itertools.pairwise(bounds)]
+    pairs = sorted(itertools.pairwise(keys), key=lambda p: p[1] - p[0], reverse=True)
+    return ranges_between(keys[0], keys[-1], pairs[: max_ranges - 1])
 
 
 def key_range_filter(events: DataFrame, pk: list[str]) -> Column | None:
     """A filter on the first key column that every base key equal to one of ``events``' keys passes.
 
-    ``lo <= k <= hi`` over the events' first key column -- a few such ranges for integer and
-    date keys of up to :data:`KEY_RANGE_COLLECT_MAX` events (:func:`key_ranges`) -- ``OR k IS NULL``
-    if an event has a NULL there (registry ``nullable_key``). Pushed down to Parquet, it skips the
-    row groups of the sorted key index (README, "Key index") whose min/max lie outside: changed keys
-    that cluster (ids growing with time) read a few row groups, scattered ones read the whole,
-    narrow, index. Spark applies the filter to the rows too, so it is exact whatever the pruning.
-    None: no filter (a key type whose literal may not round-trip, or no events).
+    ``lo <= k <= hi`` over the events' first key column -- for integer and date keys of up to
+    :data:`KEY_RANGE_SPLIT_MAX` events, cut at the widest gaps into up to :data:`MAX_KEY_RANGES`
+    ranges (:func:`key_ranges`) -- ``OR k IS NULL`` if an event has a NULL there (registry
+    ``nullable_key``). Pushed down to Parquet, it skips the row groups of the sorted key index
+    (README, "Key index") whose min/max lie outside: changed keys that cluster (ids growing with
+    time) read a few row groups, scattered ones read the whole, narrow, index. Spark applies the
+    filter to the rows too, so it is exact whatever the pruning. None: no filter (a key type
+    whose literal may not round-trip, or no events).
     """
     first = pk[0]
     kind = events.schema[first].dataType
@@ -361,9 +370,15 @@ def key_range_filter(events: DataFrame, pk: list[str]) -> Column | None:
     if row is None or int(row["n"]) == 0:
         return None
     ranges = [(row["lo"], row["hi"])] if row["lo"] is not None else []
-    if ranges and not isinstance(kind, T.StringType) and int(row["n"]) <= KEY_RANGE_COLLECT_MAX:
-        keys = sorted(r[0] for r in events.select(col).where(col.isNotNull()).distinct().collect())
-        ranges = key_ranges(keys)
+    if ranges and not isinstance(kind, T.StringType) and int(row["n"]) <= KEY_RANGE_SPLIT_MAX:
+        # The widest gaps between neighbouring distinct keys, computed where the keys are (one sort).
+        keys = events.select(col.alias("_cdc_b")).where(F.col("_cdc_b").isNotNull()).distinct()
+        keys = keys.withColumn("_cdc_a", F.lag("_cdc_b").over(Window.orderBy("_cdc_b"))).where(
+            F.col("_cdc_a").isNotNull()
+        )
+        gap = F.datediff("_cdc_b", "_cdc_a") if isinstance(kind, T.DateType) else F.col("_cdc_b") - F.col("_cdc_a")
+        top = keys.withColumn("_cdc_gap", gap).orderBy(F.desc("_cdc_gap")).limit(MAX_KEY_RANGES - 1).collect()
+        ranges = ranges_between(row["lo"], row["hi"], [(r["_cdc_a"], r["_cdc_b"]) for r in top])
     conds = [col.between(F.lit(lo), F.lit(hi)) for lo, hi in ranges]
     if int(row["c"]) < int(row["n"]):
         conds.append(col.isNull())
@@ -778,7 +793,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             else:
                 fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
                 # Only base keys in the events' key range can be theirs: the sorted index skips the rest.
-                key_filter = key_range_filter(fresh, pk)
+                key_filter = key_range_filter(fresh, pk) if base_map else None
                 if key_filter is not None:
                     base_keys = base_keys.filter(key_filter)
                     key_lookup["key_range"] = True
@@ -857,7 +872,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         # Only reused keys in the written keys' range can be such a key: the index skips the rest.
         all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
         reused_keys = every_base_key.filter(~F.col(PARTITION_COLUMN).isin(touched))
-        written_range = key_range_filter(all_keys, pk)
+        written_range = key_range_filter(all_keys, pk) if set(base_map) - set(touched) else None
         if written_range is not None:
             reused_keys = reused_keys.filter(written_range)
         duplicate_keys += key_join(reused_keys, all_keys, pk, "left_semi").count()
