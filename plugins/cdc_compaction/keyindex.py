@@ -96,7 +96,8 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
     """Check the key index of ``commit`` (the live one by default) against its data, every partition.
 
     Each partition must have an index, its files must exist and hold exactly the keys of the
-    partition's data files, and no key may be in two partitions' indexes. Reads the key columns
+    partition's data files, and no key may be in two partitions' indexes (a partition without
+    an index counts with its data's keys). Reads the key columns
     of every partition: an audit, not something a run does.
     """
     cfg = lake.cfg
@@ -115,9 +116,17 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
     problems: list[str] = []
     tagged = []
     rows = 0
+
+    def tag(keys: Any, value: str) -> None:
+        tagged.append(keys.append_column(PARTITION_COLUMN, pa.array([value] * keys.num_rows, pa.string())))
+
     for value, data_loc in sorted(commit.partitions.items()):
         loc = index.get(value)
         if loc is None:
+            # Its data's keys stand in for the index: a key must still be in one partition only.
+            data_keys = _read_keys(lake, _files(lake, data_loc), pk)
+            if data_keys is not None:
+                tag(data_keys, value)
             problems.append(
                 f"{cfg.qualified_name}: partition {value!r} ({data_loc}) has no key index in commit {commit.seq} "
                 f"(written before the key index, or rewritten by erase): compactions scan its keys; {fix}"
@@ -144,7 +153,7 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
                 f"{cfg.qualified_name}: partition {value!r}: key index {files} holds {got.num_rows} keys that differ "
                 f"from the {n_want} keys of its data {data_loc}; {fix}"
             )
-        tagged.append(got.append_column(PARTITION_COLUMN, pa.array([value] * got.num_rows, pa.string())))
+        tag(got, value)
     if tagged:
         every = pa.concat_tables(tagged)
         per_key = every.group_by(pk).aggregate([(PARTITION_COLUMN, "count_distinct")])
