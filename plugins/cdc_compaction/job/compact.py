@@ -538,8 +538,8 @@ def write_index(
 ) -> dict[str, Any]:
     """Write the key index of the partitions in ``written`` (as re-read from storage) and check it.
 
-    Returns ``index_rows`` (rows per partition, read back) and ``index_mismatches``: index rows
-    whose key and partition are not in the data, plus data rows not in the index (must be 0).
+    Returns ``index_rows`` (rows per partition, read back) and ``index_mismatches``: keys (with
+    their partition) not once in the index and once in the data (must be 0).
     """
     (
         index_frame(written, pk)
@@ -551,12 +551,22 @@ def write_index(
     )
     key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in written.schema if f.name in pk)
     back = spark.read.schema(f"{key_ddl}, {PARTITION_DDL}").parquet(index_out)
-    data_keys = written.select(*_keys(pk), F.col(PARTITION_COLUMN))
-    where = [*pk, PARTITION_COLUMN]
-    mismatches = (
-        key_join(back, data_keys, where, "left_anti").count() + key_join(data_keys, back, where, "left_anti").count()
+    # One Spark job: per key and partition, how often it is in the index and in the data (1 and 1).
+    where = [*_keys(pk), F.col(PARTITION_COLUMN)]
+    both = back.select(*where, F.lit(1).alias("_cdc_i"), F.lit(0).alias("_cdc_d")).unionByName(
+        written.select(*where, F.lit(0).alias("_cdc_i"), F.lit(1).alias("_cdc_d"))
     )
-    rows = {r[PARTITION_COLUMN]: int(r["count"]) for r in sorted(back.groupBy(PARTITION_COLUMN).count().collect())}
+    per_key = both.groupBy(*where).agg(F.sum("_cdc_i").alias("_cdc_i"), F.sum("_cdc_d").alias("_cdc_d"))
+    per_partition = (
+        per_key.groupBy(PARTITION_COLUMN)
+        .agg(
+            F.sum("_cdc_i").alias("rows"),
+            F.sum(F.when(F.col("_cdc_i") != F.col("_cdc_d"), 1).otherwise(0)).alias("bad"),
+        )
+        .collect()
+    )
+    rows = {r[PARTITION_COLUMN]: int(r["rows"]) for r in sorted(per_partition) if int(r["rows"])}
+    mismatches = sum(int(r["bad"]) for r in per_partition)
     return {"index_rows": rows, "index_mismatches": int(mismatches)}
 
 
