@@ -1,23 +1,26 @@
 """Partitioned tables: a compaction's cost follows the change, not the table (registry ``partition_by``).
 
-One run, one deterministic data set (``--rows`` keys spread evenly over ``--partitions`` days),
-two tables fed the same files:
+Per size (``--sizes``, keys of the initial load), deterministic data sets (keys spread over
+``--partitions`` days) fed to tables through the real pipeline (``ensure_tables``, ``plan``, the
+DAG's spark-submit, ``validate``, ``publish``, ``archive``):
 
 * ``flat``: ``partition_by`` unset: every compaction rewrites the whole base;
-* ``parted``: ``partition_by: {column: event_day, transform: day}``.
+* ``parted``: ``partition_by: {column: event_day, transform: day}``, once per key layout
+  (``--keys``): ``clustered`` (auto-increment ids in time partitions: a day holds a block of ids)
+  and ``scattered`` (a day holds every ``partitions``-th id: the changed keys span the key range).
 
-Both get the same initial load, compacted once through the real pipeline (``ensure_tables``,
-``plan``, the DAG's spark-submit, ``validate``, ``publish``, ``archive``). Then both get the same
-increment, which touches ``--touched`` of the partitions (updates, key-only deletes that find
-their partition through the key lookup, inserts), and each is compacted once more the same
-way. Measured, per table: the wall time of the ``compact`` task's spark-submit (the DAG's own
-command line, taken from its ``SparkSubmitOperator``) and the job's own time inside it (from
-its first to its last log line, i.e. without the JVM and SparkSession start, which costs the
-same whatever the data). The result also checks that both tables end with the same rows.
+Each table gets the initial load, then one increment of a fixed size (``--change-rows`` events,
+whatever the table's size) that touches ``--touched`` of the partitions: updates, key-only deletes
+that find their partition through the key index, and inserts of new keys. Measured per
+compaction of that increment: the wall time of the ``compact`` task's spark-submit (the DAG's own
+command line) and the job's own time inside it (from its first to its last log line, i.e. without
+the JVM and SparkSession start, which costs the same whatever the data). ``flat`` runs on the
+clustered data set; the result checks that it ends with the same rows as ``parted``.
 
-    python bench/partitioned.py --out bench/results/partitioned.json [--rows N --partitions P]
+    python bench/partitioned.py --out bench/results/partitioned.json [--sizes 1000000,5000000,20000000]
 
-Writes the JSON and prints one summary line. About 3-4 minutes on 2 cores with the defaults.
+Writes the JSON and prints one summary line per size. The full default takes about an hour on 2
+cores (the 20M-row flat table's load and rewrite dominate); ``--sizes 20000`` is a smoke run.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ log = logging.getLogger("bench.partitioned")
 
 SEED = 20261122
 TARGET_RATIO = 0.10
+#: The size the ratio target is held at (the nearest one run).
+TARGET_ROWS = 5_000_000
 INITIAL = "increment_2026010100"
 CHANGE = "increment_2026020100"
 DAY0 = date(2026, 1, 1)
@@ -89,7 +94,9 @@ _ARROW = {
     "timestamp": pa.timestamp("us", tz="UTC"),
 }
 SCHEMA = pa.schema([(c["name"], _ARROW[c["type"]]) for c in COLUMNS])
-_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO cdc_compaction\.compact: (compacting|compacted) ")
+_LOG_TIME = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO cdc_compaction\.(?:job\.)?compact: (compacting|compacted) "
+)
 
 
 # ---------------------------------------------------------------------------- data
@@ -138,29 +145,49 @@ def _write(table: pa.Table, directory: Path) -> list[Path]:
     return files
 
 
-def generate(data: Path, rows: int, partitions: int, touched_fraction: float) -> dict[str, Any]:
-    """The initial load and the change increment (deterministic: same arguments, same files)."""
+def day_of(ids: np.ndarray, rows: int, partitions: int, keys: str) -> np.ndarray:
+    """Each key's day (partition offset): a block of ids per day (clustered), or id modulo days (scattered)."""
+    if keys == "clustered":
+        return ids // math.ceil(rows / partitions)
+    return ids % partitions
+
+
+def generate(
+    data: Path, rows: int, partitions: int, touched_fraction: float, change_rows: int, keys: str
+) -> dict[str, Any]:
+    """The initial load and the change increment (deterministic: same arguments, same files).
+
+    The change has ``change_rows`` events whatever ``rows``: in each touched partition, updates,
+    key-only deletes and inserts in the shares :data:`UPDATES`, :data:`DELETES`, :data:`INSERTS`.
+    New keys are new ids above every existing one (clustered: as an auto-increment id does).
+    """
     rng = np.random.default_rng([SEED, rows, partitions])
     ids = np.arange(rows, dtype=np.int64)
-    initial = _rows(rng, ids, ids % partitions, "c", ids)
+    days = day_of(ids, rows, partitions, keys)
+    initial = _rows(rng, ids, days, "c", ids)
     shutil.rmtree(data, ignore_errors=True)
     _write(initial, data / INITIAL)
     touched = sorted(
         {(partitions // 2 + i) % partitions for i in range(max(1, math.ceil(partitions * touched_fraction)))}
     )
+    per_partition = max(1, change_rows // len(touched))
+    total = UPDATES + DELETES + INSERTS
     parts = []
-    for p in touched:
-        keys = ids[ids % partitions == p]
-        picked = rng.permutation(keys)
-        n_upd, n_del = int(len(keys) * UPDATES), int(len(keys) * DELETES)
+    for n, p in enumerate(touched):
+        in_p = ids[days == p]
+        picked = rng.permutation(in_p)
+        n_upd = min(len(in_p), round(per_partition * UPDATES / total))
+        n_del = min(len(in_p) - n_upd, round(per_partition * DELETES / total))
+        n_new = max(0, per_partition - n_upd - n_del)
         upd, dele = picked[:n_upd], picked[n_upd : n_upd + n_del]
-        new = rows + p + partitions * np.arange(int(len(keys) * INSERTS), dtype=np.int64)  # new keys of that day
+        new = rows + n * per_partition + np.arange(n_new, dtype=np.int64)
         for chunk, op, day in ((upd, "u", p), (dele, "d", -1), (new, "c", p)):
             ts = rows + 10**6 + rng.integers(0, 10**6, len(chunk))
             parts.append(_rows(rng, chunk, np.full(len(chunk), day), op, ts))
     change = pa.concat_tables(parts)
     _write(change, data / CHANGE)
     return {
+        "keys": keys,
         "initial_rows": initial.num_rows,
         "change_rows": change.num_rows,
         "touched_partitions": [str(DAY0 + timedelta(days=p)) for p in touched],
@@ -254,7 +281,14 @@ class Table:
             if step.takes_plan:
                 step.call(self.rt, plan_path)
         stats = self.rt.lake.latest_commit().stats
-        keys = ("base_rows", "increment_rows", "output_rows", "partitions_rewritten", "partitions_reused")
+        keys = (
+            "base_rows",
+            "increment_rows",
+            "output_rows",
+            "partitions_rewritten",
+            "partitions_reused",
+            "key_lookup",
+        )
         return {"wall_s": wall, "job_s": job_seconds(log_file), **{k: stats[k] for k in keys if k in stats}}
 
     def rows(self) -> pa.Table:
@@ -265,64 +299,114 @@ class Table:
         return pa.concat_tables(tables).sort_by("id")
 
 
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return round(part / whole, 3) if part and whole else None
+
+
+def run_size(args: argparse.Namespace, rows: int, work: Path, endpoint: MetastoreEndpoint) -> dict[str, Any]:
+    """One size: ``flat`` on the clustered data, ``parted`` on each key layout; the change compacted once each."""
+    layouts = [k.strip() for k in args.keys.split(",") if k.strip()]
+    data = {
+        k: generate(work / f"data_{k}_{rows}", rows, args.partitions, args.touched, args.change_rows, k)
+        for k in layouts
+    }
+    log.info("data %s: %s", rows, data)
+    tables = {
+        f"parted_{k}": Table(
+            parse_table(registry_doc(f"parted_{k}_{rows}", work / "lake", True)),
+            endpoint,
+            str(work / "warehouse"),
+            work / "logs",
+        )
+        for k in layouts
+    }
+    tables["flat"] = Table(
+        parse_table(registry_doc(f"flat_{rows}", work / "lake", False)),
+        endpoint,
+        str(work / "warehouse"),
+        work / "logs",
+    )
+    ddl = CollectSql()
+    for t in tables.values():
+        ensure_tables(Runtime(cfg=t.cfg, lake=t.rt.lake, metastore=endpoint, engine=ddl))
+    next(iter(tables.values())).rt.engine.run_sql(next(iter(tables.values())).cfg, ddl.statements)
+    initial, change = {}, {}
+    for name, t in tables.items():
+        source = work / f"data_{layouts[0] if name == 'flat' else name.removeprefix('parted_')}_{rows}"
+        t.land(source / INITIAL)
+        initial[name] = t.compact("initial")
+        log.info("%s %s initial load: %s", rows, name, initial[name])
+        t.land(source / CHANGE)
+        change[name] = t.compact("change")
+        log.info("%s %s change: %s", rows, name, change[name])
+    same = tables["flat"].rows().equals(tables[f"parted_{layouts[0]}"].rows())
+    full = change["flat"]
+    touched = {k: change[f"parted_{k}"] for k in layouts}
+    return {
+        "rows": rows,
+        "data": data,
+        "initial_load": initial,
+        "full_rewrite": full,
+        "touched_only": touched,
+        "ratio_job": {k: _ratio(v.get("job_s"), full.get("job_s")) for k, v in touched.items()},
+        "ratio_wall": {k: _ratio(v.get("wall_s"), full.get("wall_s")) for k, v in touched.items()},
+        "same_rows": same,
+        "spark_submit": submit_command(tables["flat"].cfg, "<plan>"),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from cdc_compaction.devenv import airflow_env
 
     started = time.monotonic()
     work = Path(args.work).resolve()
     shutil.rmtree(work, ignore_errors=True)
-    data = generate(work / "data", args.rows, args.partitions, args.touched)
-    log.info("data: %s", data)
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     ms = LocalMetastore(work / "metastore", port=free_port(), warehouse=work / "warehouse")
     ms.start()
     try:
         # The DAG's SparkSubmitOperator reads the spark_default connection from this environment.
         os.environ.update(airflow_env(work / "airflow", ms.uri, warehouse_dir=work / "warehouse"))
         endpoint = MetastoreEndpoint(ms.host, ms.port)
-        tables = {
-            name: Table(
-                parse_table(registry_doc(f"{name}_{args.rows}", work / "lake", name == "parted")),
-                endpoint,
-                str(work / "warehouse"),
-                work / "logs",
-            )
-            for name in ("flat", "parted")
-        }
-        ddl = CollectSql()
-        for t in tables.values():
-            ensure_tables(Runtime(cfg=t.cfg, lake=t.rt.lake, metastore=endpoint, engine=ddl))
-        tables["parted"].rt.engine.run_sql(tables["parted"].cfg, ddl.statements)
-        initial, change = {}, {}
-        for name, t in tables.items():
-            t.land(work / "data" / INITIAL)
-            initial[name] = t.compact("initial")
-            log.info("%s initial load: %s", name, initial[name])
-        for name, t in tables.items():
-            t.land(work / "data" / CHANGE)
-            change[name] = t.compact("change")
-            log.info("%s change: %s", name, change[name])
-        same = tables["flat"].rows().equals(tables["parted"].rows())
-        spark_submit = submit_command(tables["parted"].cfg, "<plan>")
+        per_size = [run_size(args, rows, work, endpoint) for rows in sizes]
     finally:
         ms.stop()
-    full, touched = change["flat"], change["parted"]
-    ratio_job = round(touched["job_s"] / full["job_s"], 3) if full.get("job_s") and touched.get("job_s") else None
+    # The target: at the size nearest 5M, the touched-only job time of every key layout within 10% of a full rewrite.
+    at = min(per_size, key=lambda r: abs(r["rows"] - TARGET_ROWS))
+    met = all(v is not None and v <= TARGET_RATIO for v in at["ratio_job"].values()) and all(
+        r["same_rows"] for r in per_size
+    )
+    metrics = {
+        f"{r['rows']}": {
+            "full_rewrite_job_s": r["full_rewrite"].get("job_s"),
+            "full_rewrite_wall_s": r["full_rewrite"].get("wall_s"),
+            **{f"touched_{k}_job_s": v.get("job_s") for k, v in r["touched_only"].items()},
+            **{f"touched_{k}_wall_s": v.get("wall_s") for k, v in r["touched_only"].items()},
+            **{f"ratio_{k}_job": v for k, v in r["ratio_job"].items()},
+            "same_rows": r["same_rows"],
+        }
+        for r in per_size
+    }
     return {
+        "name": "partitioned",
+        "description": (
+            f"partition_by with the key index: one increment of {args.change_rows} events touching "
+            f"{args.touched:.0%} of {args.partitions} day partitions, touched-only vs a full rewrite, per table size "
+            "(job time inside the JVM; wall time includes spark-submit's JVM start)"
+        ),
+        "target": (
+            f"touched-only job time <= {TARGET_RATIO:.0%} of a full rewrite at {at['rows']} rows; "
+            "touched-only time flat across sizes"
+        ),
+        "met": bool(met),
+        "command": "python bench/partitioned.py " + " ".join(sys.argv[1:]),
+        "metrics": metrics,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]},
-        "rows": args.rows,
         "partitions": args.partitions,
         "touched_fraction": args.touched,
-        "data": data,
-        "initial_load": initial,
-        "full_rewrite": full,
-        "touched_only": touched,
-        "ratio_touched_over_full_job": ratio_job,
-        "ratio_touched_over_full_wall": round(touched["wall_s"] / full["wall_s"], 3),
-        "target_ratio": TARGET_RATIO,
-        "meets_target": ratio_job is not None and ratio_job <= TARGET_RATIO,
-        "same_rows": same,
-        "spark_submit": spark_submit,
+        "change_rows": args.change_rows,
+        "sizes": per_size,
         "total_s": round(time.monotonic() - started, 1),
     }
 
@@ -330,23 +414,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "partitioned.json"))
-    parser.add_argument("--rows", type=int, default=2_000_000, help="keys of the initial load")
+    parser.add_argument("--sizes", default="1000000,5000000,20000000", help="keys of the initial load, comma-separated")
     parser.add_argument("--partitions", type=int, default=100, help="days the keys are spread over")
     parser.add_argument("--touched", type=float, default=0.01, help="fraction of the partitions the increment touches")
+    parser.add_argument("--change-rows", type=int, default=20_000, help="events of the increment, whatever the size")
+    parser.add_argument("--keys", default="clustered,scattered", help="key layouts of the partitioned tables")
     parser.add_argument("--work", default=str(ROOT / ".run" / "bench-partitioned"), help="work directory (wiped)")
     args = parser.parse_args(argv)
     start_logging()
     result = run(args)
     write_result(args.out, result)
-    full, touched = result["full_rewrite"], result["touched_only"]
-    summary = (
-        f"partitioned: {args.rows} rows / {args.partitions} partitions, {len(result['data']['touched_partitions'])} "
-        f"touched: full rewrite {full['job_s']} s (wall {full['wall_s']} s), touched only {touched['job_s']} s "
-        f"(wall {touched['wall_s']} s), ratio {result['ratio_touched_over_full_job']} "
-        f"(wall {result['ratio_touched_over_full_wall']}, target <= {TARGET_RATIO}); same rows: {result['same_rows']}"
-    )
-    sys.stdout.write(summary + "\n")  # the one-line summary (stdout; the log goes to stderr)
-    return 0 if result["same_rows"] else 1
+    for r in result["sizes"]:
+        full = r["full_rewrite"]
+        touched = ", ".join(
+            f"{k} {v['job_s']} s (wall {v['wall_s']} s, ratio {r['ratio_job'][k]})"
+            for k, v in r["touched_only"].items()
+        )
+        sys.stdout.write(
+            f"partitioned {r['rows']} rows / {args.partitions} partitions, {args.change_rows} events: full rewrite "
+            f"{full['job_s']} s (wall {full['wall_s']} s); touched only: {touched}; same rows: {r['same_rows']}\n"
+        )
+    sys.stdout.write(f"target ({result['target']}): {'met' if result['met'] else 'NOT met'}\n")
+    return 0 if all(r["same_rows"] for r in result["sizes"]) else 1
 
 
 if __name__ == "__main__":

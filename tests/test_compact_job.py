@@ -1034,3 +1034,108 @@ def test_output_tallies_count_rows_misplaced_rows_and_duplicate_keys(spark: Any,
         "tomb_misplaced": sum(op is not None and op != "d" for _, _, op in tombstones),
         "duplicate_keys": sum(1 for n in keys.values() if n > 1),
     }
+
+
+def test_key_index_is_written_sorted_and_the_next_compaction_finds_keys_through_it(
+    spark: Any, make_cfg: MakeCfg, tmp_path: Path
+) -> None:
+    """The key index (README, "Key index") holds each written partition's keys, sorted; a compaction that
+    reads it compacts exactly as one that scans the partitions' keys (an index-less, older version)."""
+    from cdc_compaction.sql import partition_sql
+
+    cfg = region_cfg(make_cfg)
+    landing, versions = tmp_path / "incremental", tmp_path / "base"
+    (versions / "v0").mkdir(parents=True)
+    at = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
+    schema = pa.schema([(c["name"], ARROW_TYPES[c["type"]]) for c in REGION_COLUMNS])
+
+    def land(increment: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        path = landing / increment / F0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        return {"increment": increment, "name": F0, "path": str(path), "size": path.stat().st_size}
+
+    def compact(
+        plan_id: str, base: str, files: list[dict[str, Any]], out: str, parts: dict[str, str], index: Any
+    ) -> Any:
+        plan = make_plan(
+            cfg,
+            plan_id,
+            base=versions / base,
+            files=files,
+            out=versions / out,
+            quarantine=tmp_path / plan_id,
+            ingested_at=at,
+        )
+        plan["partition_by"] = partition_sql(cfg).to_dict()
+        plan["base_partitions"] = parts
+        if index is not None:
+            plan["base_index"] = index
+        return job.run(spark, plan)
+
+    # Keys grow with the region's block (ids clustered per partition, written in reverse order).
+    regions = {"EU": range(1, 11), "US": range(11, 21), "APAC": range(21, 31)}
+    initial = [
+        {"id": i, "region": r, "full_name": f"n{i}", "op": "c", "ts_ms": 1} for r, ids in regions.items() for i in ids
+    ][::-1]
+    stats1 = compact("p1", "v0", [land(INC0, initial)], "v1", {}, None)
+    assert stats1["index_mismatches"] == 0
+    assert stats1["index_rows"] == stats1["partition_rows"] == {r: len(ids) for r, ids in regions.items()}
+    assert stats1["index"] == {r: str(versions / "v1" / "index" / f"{PC}={r}") for r in regions}
+    for region, loc in stats1["index"].items():
+        files = sorted(Path(loc).glob("*.parquet"))
+        assert len(files) == 1  # one file per partition
+        keys = pq.read_table(files[0]).column("id").to_pylist()
+        assert keys == sorted(regions[region])  # every key of the partition, in key order
+        assert pq.read_table(files[0]).column_names == ["id"]
+    assert {f["name"].split("/")[0] for f in stats1["output_files"]} == {"data", "index", "tombstones"}
+
+    # A key-only delete (EU: found through its key), a move from US to a new partition, a new key.
+    change = [
+        {"id": 3, "region": None, "full_name": None, "op": "d", "ts_ms": 2},
+        {"id": 12, "region": "LATAM", "full_name": "moved", "op": "u", "ts_ms": 2},
+        {"id": 31, "region": "LATAM", "full_name": "new", "op": "c", "ts_ms": 2},
+    ]
+    files2 = [land(INC1, change)]
+    indexed = compact("p2", "v1", files2, "v2i", stats1["partitions"], stats1["index"])
+    scanned = compact("p2", "v1", files2, "v2s", stats1["partitions"], None)
+    assert indexed["key_lookup"] == {"indexed_partitions": 3, "scanned_partitions": 0, "key_range": True}
+    assert scanned["key_lookup"] == {"indexed_partitions": 0, "scanned_partitions": 3, "key_range": True}
+    # Expected, from the events themselves: 3 deleted (its tombstone in EU), 12 moved, 31 new; APAC untouched.
+    expected = {(r["id"], r["region"]) for r in initial if r["id"] not in (3, 12)} | {(12, "LATAM"), (31, "LATAM")}
+    for stats, out in ((indexed, "v2i"), (scanned, "v2s")):
+        assert_reconciles(stats)
+        assert stats["partitions_touched"] == ["EU", "LATAM", "US"]
+        assert stats["duplicate_keys"] == 0 and stats["index_mismatches"] == 0
+        got = {(r["id"], v) for v, d in partition_dirs(versions / out).items() for r in read_rows(d)}
+        reused = {(r["id"], "APAC") for r in pq.read_table(stats1["partitions"]["APAC"]).to_pylist()}
+        assert got | reused == expected
+        assert [(r["id"], r[PC]) for r in read_rows(versions / out / "tombstones")] == [(3, "EU")]
+        assert stats["index_rows"] == stats["partition_rows"] == {"EU": 9, "LATAM": 2, "US": 9}
+
+
+def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any) -> None:
+    """The filter on the index is the events' [min, max] of the first key column, NULL kept when an event has it."""
+    base = spark.createDataFrame([(k, "x") for k in [None, 1, 5, 6, 9, 12]], "id int, t string")
+    ids = lambda df: sorted((r["id"] for r in df.collect()), key=lambda k: (k is not None, k))  # noqa: E731
+
+    def kept(event_ids: list[int | None]) -> list[int | None]:
+        events = spark.createDataFrame([(k, "e") for k in event_ids], "id int, t string")
+        cond = job.key_range_filter(events, ["id", "t"])
+        assert cond is not None
+        return ids(base.filter(cond))
+
+    assert kept([6, 9]) == [6, 9]
+    assert kept([9, 5]) == [5, 9]  # integer keys: ranges cut at the gaps between them
+    assert kept([1, 5, 6, 9, 12][::-1]) == [1, 5, 6, 9, 12]
+    assert kept([6, None]) == [None, 6]  # nullable_key: a NULL key is a key
+    assert kept([None]) == [None]
+    empty = spark.createDataFrame([], "id int, t string")
+    assert job.key_range_filter(empty, ["id"]) is None
+    # String keys: one range, [min, max]; the join afterwards is exact.
+    words = spark.createDataFrame([(w,) for w in ["ant", "bee", "cat", "dog"]], "id string")
+    cond = job.key_range_filter(spark.createDataFrame([("dog",), ("bee",)], "id string"), ["id"])
+    assert sorted(r["id"] for r in words.filter(cond).collect()) == ["bee", "cat", "dog"]
+    # Float keys are not range-filtered (NaN orders last in Spark): the whole, narrow, index is read.
+    floats = spark.createDataFrame([(1.5,)], "id double")
+    assert job.key_range_filter(floats, ["id"]) is None

@@ -15,6 +15,7 @@ Commands:
   versions DB.TABLE [--json]             the kept versions: commit, time, rows, location
   changes DB.TABLE --from N --to M       net changes between two kept versions (--format table|json|parquet)
   rollback DB.TABLE --to N [--yes]       publish kept version N's rows as a new commit
+  index verify|rebuild DB.TABLE          check the live key index (partition_by) against the data; write it anew
   status [DB.TABLE ...] [--json]         each table's live version, last commit, freshness, pending, quarantine
   step STEP DB.TABLE [--force]           run one step of a table's DAG by hand (outside Airflow; plan --force:
                                          compact regardless of compaction.policy)
@@ -473,6 +474,29 @@ def _changes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    """``index verify|rebuild DB.TABLE``: the key index of a partitioned table's live version."""
+    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.keyindex import rebuild_index, verify_index
+    from cdc_compaction.lake import Lake
+    from cdc_compaction.pipeline.runtime import utcnow
+
+    try:
+        lake = Lake(_table(args))
+        if args.action == "rebuild":
+            result = rebuild_index(lake, by=f"cli:{os.environ.get('USER', 'unknown')}", now=utcnow())
+            print(f"{args.table}: {result.line()}")
+            return 0
+        report = verify_index(lake)
+    except CdcCompactionError as exc:
+        print(f"index {args.action}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.table}: {report.line()}")
+    for problem in report.problems:
+        print(f"  {problem}", file=sys.stderr)
+    return 1 if report.problems else 0
+
+
 def _rollback(args: argparse.Namespace) -> int:
     from cdc_compaction.exceptions import CdcCompactionError
     from cdc_compaction.lake import Lake
@@ -769,6 +793,11 @@ def main(argv: list[str] | None = None) -> int:
     ch.add_argument("--format", choices=["table", "json", "parquet"], default="table")
     ch.add_argument("--out", help="write to this file (required for parquet)")
     ch.set_defaults(func=_changes)
+
+    ix = sub.add_parser("index", help="the key index of a partitioned table: verify it, or rebuild it from the data")
+    ix.add_argument("action", choices=["verify", "rebuild"])
+    table_args(ix)
+    ix.set_defaults(func=_index)
 
     rb = sub.add_parser("rollback", help="publish a kept version's rows as a new commit")
     table_args(rb)

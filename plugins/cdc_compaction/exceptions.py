@@ -133,3 +133,7 @@ def is_permanent(exc: BaseException) -> bool:
 
 class RebuildError(CdcCompactionError):
     """A rebuild cannot replay the table's history (an archived file missing, an unsupported mode)."""
+
+
+class KeyIndexError(CdcCompactionError):
+    """A partitioned table's key index cannot be verified or rebuilt (no partition_by, nothing compacted yet)."""

@@ -50,7 +50,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cdc_compaction.exceptions import CommitLogError, ConcurrentRunError, PreconditionFailedError, StorageError
-from cdc_compaction.job.contract import DATA_DIR, LAYOUT, PARTITION_DIR_PREFIX, TOMBSTONES_DIR
+from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, LAYOUT, PARTITION_DIR_PREFIX, TOMBSTONES_DIR
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import resolve_storage_root
 from cdc_compaction.storage import Storage, storage_for
@@ -62,11 +62,13 @@ EMPTY_VERSION = "v00000000-empty"
 
 def version_dir_of(location: str) -> str:
     """The version directory a location of the base lies in: the directory itself (layout 1),
-    its ``data``/``tombstones`` (layout 2), or a partition directory inside either."""
+    its ``data``/``tombstones`` (layout 2), its key index (``index``, or ``index-<token>`` as
+    ``index rebuild`` writes it), or a partition directory inside any of them."""
     loc = location.rstrip("/")
     if posixpath.basename(loc).startswith(PARTITION_DIR_PREFIX):
         loc = posixpath.dirname(loc)
-    if posixpath.basename(loc) in (DATA_DIR, TOMBSTONES_DIR):
+    name = posixpath.basename(loc)
+    if name in (DATA_DIR, TOMBSTONES_DIR, INDEX_DIR) or name.startswith(f"{INDEX_DIR}-"):
         loc = posixpath.dirname(loc)
     return loc
 
@@ -209,6 +211,9 @@ class Commit:
     #: directories of older versions.
     partitions: dict[str, str] | None = None
     partition_rows: dict[str, int] | None = None
+    #: Partitioned tables: the key index {value: index directory} (README, "Key index"). Like the data, an
+    #: untouched partition keeps the index of the version that wrote it; a partition missing here has none.
+    index: dict[str, str] | None = None
     #: 2: the version keeps its visible rows in ``data/`` and its tombstones in ``tombstones/``;
     #: 1 (records written before the field existed): every row in the version directory itself.
     layout: int = LAYOUT
@@ -231,7 +236,7 @@ class Commit:
     def to_json(self) -> str:
         doc = asdict(self)
         # Unpartitioned tables (and tables of other modes than snapshot) keep the record format they always had.
-        for key in ("partitions", "partition_rows", "freshness", "history", "schema", "metrics", "rollback"):
+        for key in ("partitions", "partition_rows", "index", "freshness", "history", "schema", "metrics", "rollback"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_compaction.exceptions import ConcurrentCommitError, TimeTravelError
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.keyindex import live_index
 from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.pipeline.retention import kept_seqs
 from cdc_compaction.registry import TableConfig
@@ -383,6 +384,7 @@ def rollback(
                 layout=target.layout,
                 partitions=target.partitions,
                 partition_rows=target.partition_rows,
+                index=live_index(lake, target) if target.partitions is not None else None,
                 freshness=target.freshness,
                 schema=target.schema,
                 rollback={"to_seq": to_seq, "to_version": target.version, "by": by},

@@ -9,6 +9,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from conftest import compact_once, visible_names
 
@@ -18,6 +19,7 @@ from cdc_compaction.exceptions import (
     ConcurrentCommitError,
     ConcurrentRunError,
 )
+from cdc_compaction.keyindex import rebuild_index, verify_index
 from cdc_compaction.lake import TableLease
 from cdc_compaction.metastore import connect
 from cdc_compaction.pipeline.archive import archive
@@ -168,9 +170,16 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     compactor = f"`{db}`.`{table_names(cfg)['compactor_table']}`"
     spark.catalog.refreshTable(compactor)
     assert sorted(r["id"] for r in spark.sql(f"SELECT id FROM {compactor}").collect()) == [2, 3, 4]
-    # keep_versions=1: v1 stays for its APAC partition only; its rewritten partitions and tombstones are gone.
-    assert sorted(p.name for p in Path(v1).iterdir() if p.is_dir()) == ["data"]
+    # keep_versions=1: v1 stays for its APAC partition (and its key index) only; the rest is gone.
+    assert sorted(p.name for p in Path(v1).iterdir() if p.is_dir()) == ["data", "index"]
     assert sorted(p.name for p in (Path(v1) / "data").iterdir() if p.is_dir()) == ["_cdc_partition=APAC"]
+    assert sorted(p.name for p in (Path(v1) / "index").iterdir() if p.is_dir()) == ["_cdc_partition=APAC"]
+    # The key index follows the data: the rewritten partitions' in v2, APAC's where v1 wrote it.
+    assert c2.index == {
+        "APAC": c1.index["APAC"],
+        **{p: f"{v2}/index/_cdc_partition={p}" for p in ("EU", "LATAM", "US")},
+    }
+    assert c2.stats["key_lookup"] == {"indexed_partitions": 3, "scanned_partitions": 0, "key_range": True}
 
     # The last US key moves to EU: US is touched, ends empty and disappears from the table.
     land(cfg, "increment_2026112202", [region_rows((4, "EU", "Di", "u", 3))])
@@ -185,7 +194,30 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     versions = sorted(p.name.split("-")[0] for p in Path(lay.base).iterdir())
     assert versions == ["v00000000", "v00000001", "v00000002", "v00000003"], "v1 and v2 hold reused partitions"
     assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
+    assert sorted(p.name for p in (Path(v2) / "index").iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
     assert not (Path(v2) / "tombstones").exists()
+    assert c3.index is not None and sorted(c3.index) == sorted(c3.partitions)
+    assert verify_index(rt.lake).problems == ()
+
+    # A corrupted index (EU's keys lost: key 2 would not be found by a key-only delete) is caught, named.
+    eu_index = next(Path(c3.index["EU"]).glob("*.parquet"))
+    pq.write_table(pq.read_table(eu_index).slice(0, 1), eu_index)
+    report = verify_index(rt.lake)
+    assert len(report.problems) == 1
+    assert all(
+        s in report.problems[0] for s in (cfg.qualified_name, "'EU'", str(eu_index), "index rebuild", "2 keys")
+    ), report.problems
+    # index rebuild writes a new index beside (never over) the referenced one; the next plan reads it.
+    result = rebuild_index(rt.lake, by="test", now=datetime.now(UTC))
+    assert (result.seq, result.partitions, result.rows) == (3, 3, 5)
+    assert verify_index(rt.lake).problems == ()
+    assert rt.lake.latest_commit().index == c3.index, "the commit record is never written again"
+    land(cfg, "increment_2026112203", [region_rows((2, None, None, "d", 4))])  # key-only delete, via the index
+    compact_once(rt, "run-4")
+    c4 = rt.lake.latest_commit()
+    assert c4.stats["partitions_touched"] == ["EU"] and c4.stats["key_lookup"]["indexed_partitions"] == 3
+    assert c4.index["APAC"].startswith(result.location + "/") and verify_index(rt.lake).problems == ()
+    assert visible_names(spark, cfg) == {3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
 
 
 def test_next_history_adds_the_dates_a_version_applied_and_never_takes_one_again() -> None:

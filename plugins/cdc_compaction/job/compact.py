@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import operator
@@ -29,11 +30,14 @@ from urllib.parse import unquote
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from cdc_compaction.job.contract import (
     DATA_DIR,
     DEFAULT_COMPRESSION,
     FRESH_VIEW,
+    INDEX_DIR,
+    INDEX_ROW_GROUP_BYTES,
     KEY_LOOKUP_MAX_EVENTS,
     LAYOUT,
     META_COLUMNS,
@@ -310,6 +314,100 @@ def read_partitions(spark: SparkSession, schema_ddl: str, partitions: dict[str, 
     return out
 
 
+#: Key types whose min/max round-trip exactly through a Python literal, so a key-range filter on them
+#: is safe to push down (floats are left out: NaN orders last in Spark; timestamps: driver time zones).
+_RANGE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, T.DateType)
+
+
+#: Up to this many events, the key-range filter is cut into up to :data:`MAX_KEY_RANGES` ranges at the widest
+#: gaps between their keys (updates of old ids and inserts of new ones are two narrow ranges, not one wide one).
+KEY_RANGE_SPLIT_MAX = 2_000_000
+MAX_KEY_RANGES = 16
+
+
+def ranges_between(lo: Any, hi: Any, gaps: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """``[lo, hi]`` without the open gaps ``(a, b)`` between neighbouring keys: the ranges left."""
+    out, start = [], lo
+    for a, b in sorted(gaps):
+        out.append((start, a))
+        start = b
+    return [*out, (start, hi)]
+
+
+def key_ranges(keys: list[Any], max_ranges: int = MAX_KEY_RANGES) -> list[tuple[Any, Any]]:
+    """Sorted, distinct ``keys`` (integers or dates) as at most ``max_ranges`` ranges covering them all.
+
+    Cut at the ``max_ranges - 1`` widest gaps between neighbours: of all ways to cover the keys
+    with that many ranges, the one that covers the fewest values in between. (The job computes the
+    same gaps in Spark: :func:`key_range_filter`.)
+    """
+    if not keys:
+        return []
+    pairs = sorted(itertools.pairwise(keys), key=lambda p: p[1] - p[0], reverse=True)
+    return ranges_between(keys[0], keys[-1], pairs[: max_ranges - 1])
+
+
+def key_range_filter(events: DataFrame, pk: list[str]) -> Column | None:
+    """A filter on the first key column that every base key equal to one of ``events``' keys passes.
+
+    ``lo <= k <= hi`` over the events' first key column -- for integer and date keys of up to
+    :data:`KEY_RANGE_SPLIT_MAX` events, cut at the widest gaps into up to :data:`MAX_KEY_RANGES`
+    ranges (:func:`key_ranges`) -- ``OR k IS NULL`` if an event has a NULL there (registry
+    ``nullable_key``). Pushed down to Parquet, it skips the row groups of the sorted key index
+    (README, "Key index") whose min/max lie outside: changed keys that cluster (ids growing with
+    time) read a few row groups, scattered ones read the whole, narrow, index. Spark applies the
+    filter to the rows too, so it is exact whatever the pruning. None: no filter (a key type
+    whose literal may not round-trip, or no events).
+    """
+    first = pk[0]
+    kind = events.schema[first].dataType
+    if not isinstance(kind, _RANGE_TYPES):
+        return None
+    col = F.col(f"`{first}`")
+    row = events.agg(
+        F.min(col).alias("lo"), F.max(col).alias("hi"), F.count(F.lit(1)).alias("n"), F.count(col).alias("c")
+    ).first()
+    if row is None or int(row["n"]) == 0:
+        return None
+    ranges = [(row["lo"], row["hi"])] if row["lo"] is not None else []
+    if ranges and not isinstance(kind, T.StringType) and int(row["n"]) <= KEY_RANGE_SPLIT_MAX:
+        # The widest gaps between neighbouring distinct keys, computed where the keys are (one sort).
+        keys = events.select(col.alias("_cdc_b")).where(F.col("_cdc_b").isNotNull()).distinct()
+        keys = keys.withColumn("_cdc_a", F.lag("_cdc_b").over(Window.orderBy("_cdc_b"))).where(
+            F.col("_cdc_a").isNotNull()
+        )
+        gap = F.datediff("_cdc_b", "_cdc_a") if isinstance(kind, T.DateType) else F.col("_cdc_b") - F.col("_cdc_a")
+        top = keys.withColumn("_cdc_gap", gap).orderBy(F.desc("_cdc_gap")).limit(MAX_KEY_RANGES - 1).collect()
+        ranges = ranges_between(row["lo"], row["hi"], [(r["_cdc_a"], r["_cdc_b"]) for r in top])
+    conds = [col.between(F.lit(lo), F.lit(hi)) for lo, hi in ranges]
+    if int(row["c"]) < int(row["n"]):
+        conds.append(col.isNull())
+    return functools.reduce(operator.or_, conds)
+
+
+def key_sources(base_map: Mapping[str, str], index: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Where to read each base partition's keys: its index if it has one, else its data; and those without.
+
+    A partition without an index (a version written before the index existed, or one an erase
+    rewrote) is read as before -- its key columns -- so a missing index is slower, never wrong.
+    """
+    sources = {v: index.get(v) or loc for v, loc in base_map.items()}
+    return sources, sorted(v for v in base_map if not index.get(v))
+
+
+def index_frame(written: DataFrame, pk: list[str]) -> DataFrame:
+    """The key index of written partitions: key columns and ``_cdc_partition``, sorted by key per partition.
+
+    One task per partition value (a file per partition); the sort within partitions is by
+    ``_cdc_partition`` first, which is the order ``partitionBy`` needs, so the write keeps it.
+    """
+    return (
+        written.select(*_keys(pk), F.col(PARTITION_COLUMN))
+        .repartition(F.col(PARTITION_COLUMN))
+        .sortWithinPartitions(F.col(PARTITION_COLUMN), *_keys(pk))
+    )
+
+
 def output_tallies(data: DataFrame, tombstones: DataFrame, pk: list[str], is_delete: Column) -> dict[str, int]:
     """Rows, rows on the wrong side and keys found more than once in a written version: one Spark job.
 
@@ -429,10 +527,47 @@ def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]
     return sorted(files, key=lambda f: f["name"])
 
 
-def _written_partitions(files: list[dict[str, Any]], data_dir: str) -> dict[str, str]:
-    """Partition value -> directory of every partition the job wrote under ``data_dir``."""
-    dirs = {f["name"].split("/")[1] for f in files if f["name"].startswith(f"{DATA_DIR}/") and f["name"].count("/") > 1}
+def _written_partitions(files: list[dict[str, Any]], data_dir: str, rel: str = DATA_DIR) -> dict[str, str]:
+    """Partition value -> directory of every partition the job wrote under ``data_dir`` (files named ``<rel>/…``)."""
+    dirs = {f["name"].split("/")[1] for f in files if f["name"].startswith(f"{rel}/") and f["name"].count("/") > 1}
     return {value: f"{data_dir.rstrip('/')}/{d}" for d in sorted(dirs) if (value := partition_dir_value(d)) is not None}
+
+
+def write_index(
+    spark: SparkSession, written: DataFrame, pk: list[str], index_out: str, mode: str, compression: str
+) -> dict[str, Any]:
+    """Write the key index of the partitions in ``written`` (as re-read from storage) and check it.
+
+    Returns ``index_rows`` (rows per partition, read back) and ``index_mismatches``: keys (with
+    their partition) not once in the index and once in the data (must be 0).
+    """
+    (
+        index_frame(written, pk)
+        .write.mode(mode)
+        .option("compression", compression)
+        .option("parquet.block.size", INDEX_ROW_GROUP_BYTES)
+        .partitionBy(PARTITION_COLUMN)
+        .parquet(index_out)
+    )
+    key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in written.schema if f.name in pk)
+    back = spark.read.schema(f"{key_ddl}, {PARTITION_DDL}").parquet(index_out)
+    # One Spark job: per key and partition, how often it is in the index and in the data (1 and 1).
+    where = [*_keys(pk), F.col(PARTITION_COLUMN)]
+    both = back.select(*where, F.lit(1).alias("_cdc_i"), F.lit(0).alias("_cdc_d")).unionByName(
+        written.select(*where, F.lit(0).alias("_cdc_i"), F.lit(1).alias("_cdc_d"))
+    )
+    per_key = both.groupBy(*where).agg(F.sum("_cdc_i").alias("_cdc_i"), F.sum("_cdc_d").alias("_cdc_d"))
+    per_partition = (
+        per_key.groupBy(PARTITION_COLUMN)
+        .agg(
+            F.sum("_cdc_i").alias("rows"),
+            F.sum(F.when(F.col("_cdc_i") != F.col("_cdc_d"), 1).otherwise(0)).alias("bad"),
+        )
+        .collect()
+    )
+    rows = {r[PARTITION_COLUMN]: int(r["rows"]) for r in sorted(per_partition) if int(r["rows"])}
+    mismatches = sum(int(r["bad"]) for r in per_partition)
+    return {"index_rows": rows, "index_mismatches": int(mismatches)}
 
 
 def _no_bookkeeping_files(spark: SparkSession) -> None:
@@ -576,8 +711,16 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     if part is None:
         base_data, base_tomb = read_base(spark, plan, base_schema, columns, rule.is_delete)
     else:
-        # Key columns only: finding the keys' partitions must not read whole rows.
-        base_keys = read_partitions(spark, base_schema, base_map).select(*_keys(pk), F.col(PARTITION_COLUMN))
+        # Key columns only: finding the keys' partitions must not read whole rows. From the key index
+        # where the live version has one (README, "Key index"), else from the partitions' key columns.
+        key_map, unindexed = key_sources(base_map, plan.base_index or {})
+        base_keys = read_partitions(spark, base_schema, key_map).select(*_keys(pk), F.col(PARTITION_COLUMN))
+        every_base_key = base_keys
+        key_lookup: dict[str, Any] = {
+            "indexed_partitions": len(base_map) - len(unindexed),
+            "scanned_partitions": len(unindexed),
+            "key_range": False,
+        }
         tomb_loc = plan.base_tombstones_location
         tomb_cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]]
         if tomb_loc and not old_layout:
@@ -663,6 +806,11 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 ranked_events = with_fills(ranked(_sourced(base_all, fresh), rule.rank), fills)
             else:
                 fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
+                # Only base keys in the events' key range can be theirs: the sorted index skips the rest.
+                key_filter = key_range_filter(fresh, pk) if base_map else None
+                if key_filter is not None:
+                    base_keys = base_keys.filter(key_filter)
+                    key_lookup["key_range"] = True
                 known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
                 found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known).collect()
                 touched = sorted({r[PARTITION_COLUMN] for r in found})
@@ -735,10 +883,19 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     output_files = _data_files(spark, data_out, DATA_DIR) + _data_files(spark, tomb_out, TOMBSTONES_DIR)
     if part is not None:
         # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
-        reused_keys = base_keys.filter(~F.col(PARTITION_COLUMN).isin(touched))
+        # Only reused keys in the written keys' range can be such a key: the index skips the rest.
         all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
+        reused_keys = every_base_key.filter(~F.col(PARTITION_COLUMN).isin(touched))
+        written_range = key_range_filter(all_keys, pk) if set(base_map) - set(touched) else None
+        if written_range is not None:
+            reused_keys = reused_keys.filter(written_range)
         duplicate_keys += key_join(reused_keys, all_keys, pk, "left_semi").count()
         written_map = _written_partitions(output_files, data_out)
+        index_out = f"{out}/{INDEX_DIR}"
+        partitioned.update(write_index(spark, written, pk, index_out, mode, compression))
+        output_files += _data_files(spark, index_out, INDEX_DIR)
+        partitioned["index"] = _written_partitions(output_files, index_out, INDEX_DIR)
+        partitioned["key_lookup"] = key_lookup
         if sorted(written_map) != sorted(partitioned["partition_rows"]):
             raise RuntimeError(
                 f"{plan.table}: partition directories {sorted(written_map)} in {data_out} do not match the "

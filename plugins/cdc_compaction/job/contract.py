@@ -46,6 +46,13 @@ DATA_DIR = "data"
 TOMBSTONES_DIR = "tombstones"
 STATS_FILE = "_cdc_stats.json"
 LAYOUT = 2
+#: Partitioned tables: the key index beside the data, ``index/_cdc_partition=<v>/`` -- each rewritten
+#: partition's key columns, sorted by key in small row groups, so that a compaction finds where a key
+#: lives by reading the index (pruned by key range) instead of every partition's key columns.
+INDEX_DIR = "index"
+#: Bytes per Parquet row group of an index file: small, so that a key-range filter skips most of them
+#: (about 32k bigint keys each) while a footer stays a few hundred bytes per group.
+INDEX_ROW_GROUP_BYTES = 256 * 1024
 
 # ------------------------------------------------------------------ job settings
 #: Up to this many accepted events, only the keys they touch are ranked and the base rows of the
@@ -321,6 +328,9 @@ class Plan:
     #: Partitioned tables only: the partitioning and the live version's partitions {value: location}.
     partition_by: PartitionSpec | None = field(default=None, metadata=_meta(load=PartitionSpec.from_dict))
     base_partitions: dict[str, str] | None = field(default=None, metadata=_meta())
+    #: Partitioned tables: the live version's key index {value: index directory}; a partition missing
+    #: here (a version written before the index, or after an erase) has its key columns read instead.
+    base_index: dict[str, str] | None = field(default=None, metadata=_meta())
     #: The table mode (registry ``mode``); absent in plans of cdc tables made before modes existed.
     mode: str | None = field(default=None, metadata=_meta(omit=True))
     #: The columns the version is written with ({name, type}): the registry's plus what the source added
@@ -427,6 +437,13 @@ class JobStats:
     partitions_touched: tuple[str, ...] | None = field(default=None, metadata=_meta(load=_strs))
     partitions_rewritten: int | None = field(default=None, metadata=_meta())
     partitions_reused: int | None = field(default=None, metadata=_meta())
+    #: Partitioned tables: the key index of each written partition {value: index directory}, its rows
+    #: per partition, the index rows whose key is not in their partition's data or the reverse (must be
+    #: 0), and how the base keys were found (``index`` or ``scan``, with the partitions read each way).
+    index: dict[str, str] | None = field(default=None, metadata=_meta())
+    index_rows: dict[str, int] | None = field(default=None, metadata=_meta())
+    index_mismatches: int | None = field(default=None, metadata=_meta())
+    key_lookup: dict[str, Any] | None = field(default=None, metadata=_meta())
     #: cdc tables: keys whose winner tied with the runner-up on ``order_by`` (file and row order
     #: decided), and events ranked below their key's base row (late); absent from older jobs' stats.
     tied_winners: int | None = field(default=None, metadata=_meta())

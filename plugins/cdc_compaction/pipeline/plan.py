@@ -17,6 +17,7 @@ from typing import Any
 from cdc_compaction import metrics, policy, sql
 from cdc_compaction.exceptions import BadInputError, PlanError
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.keyindex import live_index
 from cdc_compaction.lake import Commit, PlannedFile, TableLease
 from cdc_compaction.landing import as_dicts, increment_hour
 from cdc_compaction.metastore import connect
@@ -328,6 +329,8 @@ def _plan_under_lease(
         # The job reads and rewrites only the partitions the increments touch (README, "Partitioned tables").
         doc["partition_by"] = part.to_dict()
         doc["base_partitions"] = latest.partitions or {}
+        # Where each base partition's keys are, so the job reads no partition's keys (README, "Key index").
+        doc["base_index"] = live_index(lake, latest)
     lake.storage.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
     fault_point("plan.after_plan_written", cfg.qualified_name)
     if not decision.compact:

@@ -24,6 +24,7 @@ from cdc_compaction.exceptions import (
 )
 from cdc_compaction.job.contract import STATS_FILE
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.keyindex import live_index
 from cdc_compaction.lake import Commit, version_dir_of
 from cdc_compaction.metastore import Metastore, connect
 from cdc_compaction.pipeline import changes, views
@@ -239,6 +240,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         )
         if p.get("partition_by"):
             commit.partitions, commit.partition_rows = next_partitions(latest, stats)
+            commit.index = next_index(live_index(lake, latest), stats, commit.partitions)
         if p.get("mode") == "snapshot":
             commit.history = next_history(latest, stats)
         commit.metrics = _commit_metrics(rt, commit, p, marker)
@@ -353,3 +355,19 @@ def next_partitions(parent: Commit, stats: dict[str, Any]) -> tuple[dict[str, st
     parts.update(stats["partitions"])
     rows.update(stats["partition_rows"])
     return dict(sorted(parts.items())), dict(sorted(rows.items()))
+
+
+def next_index(parent: dict[str, str], stats: dict[str, Any], partitions: dict[str, str]) -> dict[str, str] | None:
+    """The new version's key index: rewritten partitions' in its own directory, untouched ones' where they were.
+
+    ``parent`` is the live version's index (:func:`~cdc_compaction.keyindex.live_index`).
+    Like the data, an untouched partition keeps the index of the version that wrote it. A
+    partition without one (the parent's had none) stays without: the job reads its key columns.
+    None when the job wrote no index (a job from before the key index).
+    """
+    if stats.get("index") is None:
+        return None
+    touched = set(stats["partitions_touched"])
+    index = {v: loc for v, loc in parent.items() if v not in touched and v in partitions}
+    index.update(stats["index"])
+    return dict(sorted(index.items()))

@@ -10,14 +10,16 @@ or anything under ``_cdc/audit/`` (erase audit records stay for good).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from cdc_compaction.job.contract import DATA_DIR, HISTORY_DIR, TOMBSTONES_DIR
+from cdc_compaction.job.contract import DATA_DIR, HISTORY_DIR, INDEX_DIR, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.keyindex import live_index
 from cdc_compaction.lake import EMPTY_VERSION, Commit, version_dir_of
 from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
 from cdc_compaction.quarantine import Quarantine
@@ -54,6 +56,8 @@ def decide_versions(entries: list[tuple[str, bool]], kept: list[Commit], live_se
     # stays as long as a kept commit names one of its partitions, with only those partitions.
     # (layout 1: base/<v>/_cdc_partition=x; layout 2: base/<v>/data/_cdc_partition=x).
     referenced = {loc.rstrip("/") for c in kept for loc in (c.partitions or {}).values()}
+    # Their key index likewise (README, "Key index"): base/<v>/index[-<token>]/_cdc_partition=x.
+    referenced |= {loc.rstrip("/") for c in kept for loc in (c.index or {}).values()}
     by_reference = {
         posixpath.basename(version_dir_of(loc)) for loc in referenced if posixpath.dirname(version_dir_of(loc)) == base
     } - keep
@@ -81,6 +85,8 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     """Delete base versions beyond ``keep_versions`` and stale uncommitted ones."""
     lake = rt.lake
     kept = [c for s in kept_seqs(live_seq, rt.cfg.keep_versions) if (c := lake.read_commit(s))]
+    # Each with the key index it has now: a rebuilt one names other directories (keyindex.live_index).
+    kept = [dataclasses.replace(c, index=live_index(lake, c)) if c.partitions is not None else c for c in kept]
     entries = lake.storage.list_dir(lake.layout.base)
     verdict = decide_versions([(e.name, e.is_dir) for e in entries], kept, live_seq, lake.layout.base)
     referenced, by_reference = verdict.referenced, verdict.by_reference
@@ -90,7 +96,12 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
             version_dir = lake.layout.version_dir(e.name)
             removed += _keep_only_history(rt, version_dir, referenced)
             # Only the referenced partitions stay; its tombstones belong to no kept commit.
-            for parent in (version_dir, posixpath.join(version_dir, DATA_DIR)):
+            indexes = [
+                posixpath.join(version_dir, sub.name)
+                for sub in lake.storage.list_dir(version_dir)
+                if sub.is_dir and (sub.name == INDEX_DIR or sub.name.startswith(f"{INDEX_DIR}-"))
+            ]
+            for parent in (version_dir, posixpath.join(version_dir, DATA_DIR), *indexes):
                 for sub in lake.storage.list_dir(parent):
                     path = posixpath.join(parent, sub.name)
                     unreferenced = partition_dir_value(sub.name) is not None and path not in referenced

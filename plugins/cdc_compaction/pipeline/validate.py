@@ -20,6 +20,7 @@ from cdc_compaction.job.contract import (
     EFF_START_DATE_COLUMN,
     HISTORY_DIR,
     HISTORY_DIR_PREFIX,
+    INDEX_DIR,
     LAYOUT,
     PARTITION_COLUMN,
     STATS_FILE,
@@ -88,6 +89,8 @@ def _output_files(storage: Storage, out: str) -> tuple[dict[str, int], list[str]
 
     walk(posixpath.join(out, DATA_DIR), DATA_DIR, True)
     walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
+    # Partitioned tables: the key index, index/_cdc_partition=<v>/ (README, "Key index").
+    walk(posixpath.join(out, INDEX_DIR), INDEX_DIR, True)
     # snapshot tables: history/eff_start_date=<date>/ (no such directory in other modes' versions).
     walk(posixpath.join(out, HISTORY_DIR), HISTORY_DIR, False, HISTORY_DIR_PREFIX)
     return files, other
@@ -145,6 +148,47 @@ def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit
         problems.append(
             f"the job reports {stats.get('partitions_reused')} reused partitions, "
             f"the plan leaves {len(set(parent_map) - touched)} untouched"
+        )
+    return problems
+
+
+def index_problems(stats: dict[str, Any], out: str, index_files: dict[str, int]) -> list[str]:
+    """A partitioned compaction's key index (README, "Key index"): one per written partition, whole and exact.
+
+    ``index_files`` are the index's Parquet files (``index/<dir>/<file>``) and their footer rows.
+    The job wrote the index of every partition it wrote, in this attempt's ``index/``; the rows
+    of each partition's index files equal the partition's data rows (footers), and the job found
+    no index row without its data row or the reverse (``index_mismatches``). A job from before
+    the key index wrote none (no ``index`` in its stats): nothing to check, the next compactions
+    read those partitions' key columns.
+    """
+    if stats.get("index") is None:
+        return [f"the job wrote index files {sorted(index_files)} but reported no index"] if index_files else []
+    problems = []
+    index, data_rows = stats["index"], stats.get("partition_rows") or {}
+    where = posixpath.join(out.rstrip("/"), INDEX_DIR)
+    if sorted(index) != sorted(data_rows):
+        problems.append(
+            f"the key index covers partitions {sorted(index)}, the job wrote partitions {sorted(data_rows)}"
+        )
+    outside = sorted(v for v, loc in index.items() if posixpath.dirname(loc.rstrip("/")) != where)
+    if outside:
+        problems.append(f"the key index of partitions {outside} was reported outside the new version's {where}")
+    by_partition: dict[str, int] = {}
+    files_of: dict[str, list[str]] = {}
+    for name, rows in sorted(index_files.items()):
+        value = partition_dir_value(name.split("/")[1]) if name.count("/") > 1 else None
+        by_partition[value or ""] = by_partition.get(value or "", 0) + rows
+        files_of.setdefault(value or "", []).append(name)
+    for value in sorted(set(by_partition) | set(data_rows)):
+        if by_partition.get(value, 0) != int(data_rows.get(value, 0)):
+            problems.append(
+                f"partition {value!r}: its key index {files_of.get(value, ['(no file)'])} holds "
+                f"{by_partition.get(value, 0)} rows in the Parquet footers, its data {data_rows.get(value, 0)}"
+            )
+    if stats.get("index_mismatches"):
+        problems.append(
+            f"{stats['index_mismatches']} keys differ between the key index and the data of the rewritten partitions"
         )
     return problems
 
@@ -311,9 +355,22 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     # Tombstones keep their partition as a column; data files have it in their directory name.
     want_tomb = want + ([(PARTITION_COLUMN, "string")] if p.get("partition_by") else [])
     want_history = [c for c in want if c[0] != EFF_START_DATE_COLUMN]
+    # The key index holds the key columns, in key order (its partition is its directory).
+    types = dict(columns)
+    want_index = [(k, types.get(k, "?")) for k in p.get("primary_key") or []]
+    index_files: dict[str, int] = {}
     for name in sorted(on_disk):
         rows, schema = _footer(lake.storage, posixpath.join(out, name))
         kind, _, rest = name.partition("/")
+        if kind == INDEX_DIR:
+            index_files[name] = rows
+            got = [(f.name, str(f.type)) for f in schema]
+            if [n for n, _ in got] != [n for n, _ in want_index] or not all(
+                _arrow_type_ok(h, a) for (_, h), (_, a) in zip(want_index, got, strict=True)
+            ):
+                problems.append(f"{name} has schema {got}, expected the key columns {want_index}")
+                break
+            continue
         footer_rows[kind] += rows
         if kind == DATA_DIR and "/" in rest:
             value = partition_dir_value(rest.split("/", 1)[0]) or ""
@@ -330,6 +387,10 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
             problems.append(f"{name} has schema {got}, expected {expect}")
             break
     problems += footer_problems(p, stats, footer_rows, footer_rows_by_partition)
+    if p.get("partition_by"):
+        problems += index_problems(stats, out, index_files)
+    elif index_files:
+        problems.append(f"{out} holds key index files {sorted(index_files)}, but the table is not partitioned")
     if p.get("mode") == "snapshot":
         problems += history_problems(stats, out, footer_rows_by_date)
     elif footer_rows[HISTORY_DIR]:
