@@ -95,12 +95,8 @@ def land(src_dir: str, dst_dir: str) -> None:
 
 
 def output_files(directory: str) -> dict[str, Any]:
-    """Count and sizes (MB) of the Parquet data files of an output directory."""
-    sizes = sorted(
-        os.path.getsize(os.path.join(directory, n))
-        for n in os.listdir(directory)
-        if is_data_file(n) and n.endswith(".parquet")
-    )
+    """Count and sizes (MB) of the Parquet data files of an output directory (a version's: data and tombstones)."""
+    sizes = sorted(os.path.getsize(f) for f in peer_mod.parquet_files(directory) if is_data_file(os.path.basename(f)))
     mb = [s / 2**20 for s in sizes]
     return {
         "files": len(sizes),
@@ -140,6 +136,7 @@ def peer_spec(cfg: TableConfig, plan: dict[str, Any], threads: int, memory_mb: i
         "op_column": cfg.op_column,
         "op_codes": cfg.op_codes.model_dump(),
         "base_location": plan["base_location"],
+        "base_tombstones_location": plan.get("base_tombstones_location"),
         "files": [f["path"] for f in plan["files"]],
         "ingested_at": plan["ingested_at"],
         "tombstone_cutoff": plan.get("tombstone_cutoff"),

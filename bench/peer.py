@@ -18,7 +18,8 @@ files the MERGE replaced, so ``<out>/*.parquet`` holds exactly the table's rows.
 
 The spec is written by the benchmark runner from the plan and the registry entry:
 ``columns`` ([{name, type}]), ``primary_key``, ``order_by``, ``op_column``, ``op_codes``
-({create, read, update, delete}), ``base_location``, ``files`` (paths), ``ingested_at``,
+({create, read, update, delete}), ``base_location`` (and ``base_tombstones_location``: the base's
+tombstones live beside its visible rows), ``files`` (paths), ``ingested_at``,
 ``tombstone_cutoff``, ``threads``, ``memory_limit_mb``, ``target_file_mb``.
 
 ``checksum`` (used by the runner) hashes a Parquet output order-independently with DuckDB.
@@ -66,6 +67,22 @@ def _naive_utc(iso: str) -> str:
     return dt.replace(tzinfo=None).isoformat(sep=" ")
 
 
+def parquet_files(*directories: str | None) -> list[str]:
+    """The Parquet data files of ``directories`` (a version directory: of its ``data/`` and ``tombstones/``)."""
+    found: list[str] = []
+    for d in directories:
+        if not d:
+            continue
+        parts = [Path(d, "data"), Path(d, "tombstones")] if Path(d, "data").is_dir() else [Path(d)]
+        found += sorted(str(f) for part in parts for f in part.glob("*.parquet") if not f.name.startswith(("_", ".")))
+    return found
+
+
+def base_files(spec: dict[str, Any]) -> list[str]:
+    """The base's files: its visible rows and its tombstones."""
+    return parquet_files(spec["base_location"], spec.get("base_tombstones_location"))
+
+
 def duckdb_sql(spec: dict[str, Any], out: str) -> list[str]:
     """The statements that compact ``spec`` into Parquet files under ``out``."""
     cols = spec["columns"]
@@ -79,7 +96,7 @@ def duckdb_sql(spec: dict[str, Any], out: str) -> list[str]:
     base = (
         f"SELECT {', '.join(typed)}, _cdc_increment, _cdc_file, CAST(_cdc_pos AS BIGINT) AS _cdc_pos, "
         f"CAST(_cdc_ingested_at AS TIMESTAMP) AS _cdc_ingested_at "
-        f"FROM read_parquet({lit(spec['base_location'].rstrip('/') + '/*.parquet')})"
+        f"FROM read_parquet([{', '.join(lit(f) for f in base_files(spec))}])"
     )
     events = (
         f"SELECT {', '.join(typed)}, str_split(filename, '/')[-2] AS _cdc_increment, "
@@ -139,7 +156,7 @@ def run_polars(spec: dict[str, Any], out: str) -> None:
     for c in spec["primary_key"] + spec["order_by"]:
         valid = valid & pl.col(c).is_not_null()
     frames = [
-        pl.scan_parquet(spec["base_location"].rstrip("/") + "/*.parquet").select(
+        pl.scan_parquet(base_files(spec)).select(
             *casts,
             pl.col("_cdc_increment"),
             pl.col("_cdc_file"),
@@ -216,7 +233,7 @@ def prepare_delta(spec: dict[str, Any], out: str) -> None:
     import pyarrow.dataset as ds
     from deltalake import write_deltalake
 
-    base = ds.dataset(spec["base_location"], format="parquet", exclude_invalid_files=True).to_table()
+    base = ds.dataset(base_files(spec), format="parquet").to_table()
     write_deltalake(out, _cast(base, _arrow_schema(spec)), mode="overwrite")
 
 
@@ -302,7 +319,8 @@ def checksum(directory: str, columns: list[dict[str, str]], op_column: str, dele
     """Order-independent fingerprint of a Parquet output: row counts and sums of row hashes.
 
     Timestamps are compared as microseconds since the epoch, so Spark's INT96 and DuckDB's
-    TIMESTAMP agree; ``visible`` leaves the tombstones out.
+    TIMESTAMP agree; ``visible`` leaves the tombstones out. A version directory's ``data/`` and
+    ``tombstones/`` are read together (see :func:`parquet_files`).
     """
     import duckdb
 
@@ -323,7 +341,7 @@ def checksum(directory: str, columns: list[dict[str, str]], op_column: str, dele
         row = con.execute(
             f"SELECT count(*), count(*) FILTER (WHERE {dead}), CAST(sum({h}) AS VARCHAR), "
             f"CAST(coalesce(sum({h}) FILTER (WHERE NOT {dead}), 0) AS VARCHAR) "
-            f"FROM read_parquet({lit(directory.rstrip('/') + '/*.parquet')})"
+            f"FROM read_parquet([{', '.join(lit(f) for f in parquet_files(directory))}])"
         ).fetchone()
     finally:
         con.close()

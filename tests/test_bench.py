@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -135,10 +136,18 @@ EXPECTED = {
 }
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-dir", "tombstones-apart"])
 @pytest.mark.parametrize("engine", ["duckdb", "polars", "delta"])
-def test_peer_applies_the_compaction_rule(tmp_path: Path, engine: str) -> None:
+def test_peer_applies_the_compaction_rule(tmp_path: Path, engine: str, split: bool) -> None:
+    """Also with the base's tombstones in a directory of their own, as a version keeps them."""
     pytest.importorskip({"delta": "deltalake"}.get(engine, engine))
     spec = _case(tmp_path)
+    if split:
+        table = pq.read_table(str(tmp_path / "base"))
+        dead = pc.equal(table.column("op"), "d")
+        pq.write_table(table.filter(pc.invert(dead)), tmp_path / "base" / "part-0.parquet")
+        _write(tmp_path / "tomb" / "part-0.parquet", table.filter(dead).to_pylist(), table.schema)
+        spec["base_tombstones_location"] = str(tmp_path / "tomb")
     out = tmp_path / f"out-{engine}"
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
