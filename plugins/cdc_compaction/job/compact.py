@@ -596,20 +596,20 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     touched_keys: DataFrame | None = None
     rank_tallies: dict[str, int] = {}
     try:
-        totals = classified.agg(F.count(F.lit(1)).alias("rows"), F.count("_cdc_reject_reason").alias("bad")).first()
-        increment_rows, rejected_rows = int(totals["rows"]), int(totals["bad"])
-        bad = rejected(classified, plan.plan_id)
+        # One pass over the events counts them all and the refused ones by reason and file (NULL: accepted).
+        counts = classified.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
+        increment_rows = sum(int(r["count"]) for r in counts)
+        reasons: dict[str, int] = {}
+        by_file: dict[str, int] = {}
+        for r in counts:
+            if r["_cdc_reject_reason"] is None:
+                continue
+            reasons[r["_cdc_reject_reason"]] = reasons.get(r["_cdc_reject_reason"], 0) + int(r["count"])
+            where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
+            by_file[where] = by_file.get(where, 0) + int(r["count"])
+        rejected_rows = sum(reasons.values())
         if rejected_rows:
-            bad.write.mode(mode).parquet(quarantine)
-            counts = bad.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
-            reasons: dict[str, int] = {}
-            by_file: dict[str, int] = {}
-            for r in counts:
-                reasons[r["_cdc_reject_reason"]] = reasons.get(r["_cdc_reject_reason"], 0) + r["count"]
-                where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
-                by_file[where] = by_file.get(where, 0) + r["count"]
-        else:
-            reasons, by_file = {}, {}
+            rejected(classified, plan.plan_id).write.mode(mode).parquet(quarantine)
         fresh = accepted(classified, ingested_at)
         retired_keys = 0
         if rule.keyed_events:
