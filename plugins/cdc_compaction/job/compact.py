@@ -646,9 +646,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
             losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
             won = touched_ranks.filter((src == 1) & (rank == 1))
-            # Cached: both outputs take their share of it, and computing it re-reads and shuffles the events.
-            fresh_winners = winning_events(fresh, won, pk, fills).persist()
-            cached.append(fresh_winners)
+            fresh_winners = winning_events(fresh, won, pk, fills)
             # The base is read once per output and never shuffled: untouched keys pass as they are.
             visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
                 fresh_winners.filter(~is_delete)
