@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSession.builder.getOrCreate()
     try:
         columns: list[str] = plan["column_names"]
-        base = spark.read.schema(f"{plan['schema_ddl']}, {META_DDL}").parquet(plan["base_location"])
+        # The base's visible rows and its tombstones (a version keeps them in directories of their own).
+        locations = [plan["base_location"]]
+        if plan.get("base_tombstones_location"):
+            locations.append(plan["base_tombstones_location"])
+        base = spark.read.schema(f"{plan['schema_ddl']}, {META_DDL}").parquet(*locations)
         base = base.select(*[F.col(f"`{c}`") for c in columns + META_COLUMNS])
         raw = spark.read.schema(plan["schema_ddl"]).parquet(*[f["path"] for f in plan["files"]])
         increments = raw.select(

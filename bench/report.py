@@ -20,7 +20,11 @@ from typing import Any
 log = logging.getLogger("bench.report")
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ENGINES = ("floor", "ours", "duckdb", "polars")
+ENGINES = ("floor", "ours", "duckdb", "polars", "delta")
+#: How an engine is named in the report where its id is not its name.
+LABELS = {"delta": "delta-rs"}
+#: The engines ours is compared with in the ratio table, in this order.
+PEERS = ("duckdb", "polars", "delta")
 #: Other benchmarks' sections come in this order when present; any other JSON file after them.
 KNOWN_ORDER = ("partitioned", "parse", "hourly_run")
 
@@ -56,7 +60,7 @@ def compaction_table(data: dict[str, Any]) -> str:
                 [
                     d["dataset"],
                     f"{d['input_rows']:,}",
-                    f"**{engine}**" if engine == "ours" else engine,
+                    f"**{engine}**" if engine == "ours" else LABELS.get(engine, engine),
                     _num(j["wall_s"]),
                     _num(j["rows_per_s"]),
                     _num(j["cpu_s"]),
@@ -94,8 +98,7 @@ def ratio_table(data: dict[str, Any]) -> str:
                 _num(of, 2),
                 _num(r.get("ours/floor (cpu)"), 2),
                 "yes" if of is not None and of <= target else "no",
-                _num(r.get("ours/duckdb"), 2),
-                _num(r.get("ours/polars"), 2),
+                *[_num(r.get(f"ours/{p}"), 2) for p in PEERS],
                 f"{d['checksums']['ours']['rows']:,} rows, {d['checksums']['ours']['tombstones']:,} tombstones"
                 + (" - same in every engine" if d["checksums_match"] else " - **DIFFERENT**"),
             ]
@@ -105,8 +108,7 @@ def ratio_table(data: dict[str, Any]) -> str:
         "ours / floor",
         "ours / floor (CPU)",
         f"<= {target}x",
-        "ours / duckdb",
-        "ours / polars",
+        *[f"ours / {LABELS.get(p, p)}" for p in PEERS],
         "output (checksum)",
     ]
     return _table(header, rows)
@@ -150,11 +152,14 @@ def compaction_markdown(data: dict[str, Any]) -> str:
         f"Run {data.get('generated_at', '?')} at commit `{data.get('git', '?')}` on {host.get('cpus')} CPUs, "
         f"{host.get('memory_gb')} GB RAM (load average {host.get('loadavg_start')} at the start, "
         f"{host.get('loadavg_end')} at the end); PySpark {host.get('pyspark')}, DuckDB {host.get('duckdb')}, "
-        f"Polars {host.get('polars')}. Spark driver memory {settings.get('driver_memory')}, "
+        f"Polars {host.get('polars')}, delta-rs (deltalake) {host.get('deltalake', '-')}. "
+        f"Spark driver memory {settings.get('driver_memory')}, "
         f"target file size {settings.get('target_file_mb')} MB; {data.get('total_s')} s in all.",
         "",
         "Wall time is the whole job (spark-submit: JVM start included), rows/s is input rows (base + increment "
-        "events) per wall second, peak MB the largest RSS of the job's process tree (sampled every 100 ms).",
+        "events) per wall second, peak MB the largest RSS of the job's process tree (sampled every 100 ms). "
+        "delta-rs MERGEs the increment into a Delta table holding the base (written before its timed run, as a "
+        "table that exists already), deletes the expired tombstones and vacuums the replaced files.",
         "",
         compaction_table(data),
         "",
@@ -185,7 +190,7 @@ def compaction_chart(data: dict[str, Any], path: Path) -> None:
         for i, engine in enumerate(engines):
             values = [d["jobs"].get(engine, {}).get(key, 0) for d in data["datasets"]]
             xs = [x + (i - (len(engines) - 1) / 2) * width for x in range(len(datasets))]
-            bars = ax.bar(xs, values, width, label=engine)
+            bars = ax.bar(xs, values, width, label=LABELS.get(engine, engine))
             if key == "wall_s":
                 ax.bar_label(bars, fmt="%.0f", fontsize=7)
         ax.set_xticks(range(len(datasets)), datasets)

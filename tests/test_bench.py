@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -135,10 +136,18 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("engine", ["duckdb", "polars"])
-def test_peer_applies_the_compaction_rule(tmp_path: Path, engine: str) -> None:
-    pytest.importorskip(engine)
+@pytest.mark.parametrize("split", [False, True], ids=["one-dir", "tombstones-apart"])
+@pytest.mark.parametrize("engine", ["duckdb", "polars", "delta"])
+def test_peer_applies_the_compaction_rule(tmp_path: Path, engine: str, split: bool) -> None:
+    """Also with the base's tombstones in a directory of their own, as a version keeps them."""
+    pytest.importorskip({"delta": "deltalake"}.get(engine, engine))
     spec = _case(tmp_path)
+    if split:
+        table = pq.read_table(str(tmp_path / "base"))
+        dead = pc.equal(table.column("op"), "d")
+        pq.write_table(table.filter(pc.invert(dead)), tmp_path / "base" / "part-0.parquet")
+        _write(tmp_path / "tomb" / "part-0.parquet", table.filter(dead).to_pylist(), table.schema)
+        spec["base_tombstones_location"] = str(tmp_path / "tomb")
     out = tmp_path / f"out-{engine}"
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
@@ -148,6 +157,17 @@ def test_peer_applies_the_compaction_rule(tmp_path: Path, engine: str) -> None:
     assert got == EXPECTED
     ingested = {r["id"]: r["_cdc_ingested_at"].replace(tzinfo=UTC) for r in rows}
     assert ingested[2] == BASE_AT and ingested[1] == datetime.fromisoformat(INGESTED)
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "polars", "delta"])
+def test_peer_drops_expired_tombstones(tmp_path: Path, engine: str) -> None:
+    """A cutoff after the base's tombstone (key 4) and before the increment's delete (key 5): 4 goes, 5 stays."""
+    pytest.importorskip({"delta": "deltalake"}.get(engine, engine))
+    spec = {**_case(tmp_path), "tombstone_cutoff": "2026-01-25T00:00:00+00:00"}
+    out = tmp_path / "out"
+    peer.ENGINES[engine](spec, str(out))
+    got = {r["id"]: r["name"] for r in pq.read_table(str(out)).to_pylist()}
+    assert got == {k: v[0] for k, v in EXPECTED.items() if k != 4}
 
 
 def test_checksum_ignores_row_order_and_file_layout_but_not_values(tmp_path: Path) -> None:
@@ -176,8 +196,12 @@ def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None
     dataset = {
         "dataset": "1k x 1%",
         "input_rows": 1010,
-        "jobs": {"floor": {**job, "output": out}, "ours": {**job, "wall_s": 12.0, "output": out}},
-        "ratios": {"ours/floor": 1.2, "ours/floor (cpu)": 1.0},
+        "jobs": {
+            "floor": {**job, "output": out},
+            "ours": {**job, "wall_s": 12.0, "output": out},
+            "delta": {**job, "wall_s": 4.0, "output": out},
+        },
+        "ratios": {"ours/floor": 1.2, "ours/floor (cpu)": 1.0, "ours/delta": 3.0},
         "steps": {"plan_s": 0.1, "validate_s": 0.2, "ensure_tables_s": 0.0},
         "checksums": {"ours": check, "duckdb": check},
         "checksums_match": True,
@@ -186,5 +210,9 @@ def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None
     (tmp_path / "parse.json").write_text(json.dumps({"tables": 500, "seconds": 0.8, "runs": [{"n": 1, "s": 0.1}]}))
     text = report.write_report(tmp_path).read_text()
     assert "| 1k x 1% | 1,010 | **ours** | 12.0 |" in text
+    # delta-rs by its name, with its ratio beside the others' (those not run shown as -).
+    assert "| 1k x 1% | 1,010 | delta-rs | 4.0 |" in text
+    assert "| ours / floor | ours / floor (CPU) | <= 1.3x | ours / duckdb | ours / polars | ours / delta-rs |" in text
+    assert "| 1k x 1% | 1.20 | 1.00 | yes | - | - | 3.00 |" in text
     assert "## parse" in text and "| tables | 500 |" in text
     assert (tmp_path / "compaction.png").stat().st_size > 0

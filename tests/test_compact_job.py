@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyspark.sql import Observation
 from pyspark.sql.functions import expr
 
 from cdc_compaction.job import compact as job
@@ -1001,6 +1002,11 @@ def test_key_lookup_and_full_ranking_write_the_same_version(spark: Any, make_cfg
     # one file). Late, ranked below their key's base row: id 2 (ts 5 < 10) and id 6 (15 < its delete's 20).
     assert (lookup["tied_winners"], lookup["late_events"]) == (2, 2)
     assert_reconciles(lookup)
+    # The counts observed as the outputs were written are the rows on storage (read here with pyarrow).
+    for stats, out in ((lookup, "lookup"), (full, "full")):
+        data, tomb = (pq.read_table(str(versions / out / d)).num_rows for d in ("data", "tombstones"))
+        assert (stats["output_visible_rows"], stats["output_tombstones"]) == (data, tomb) == (5, 2)
+        assert stats["misplaced_rows"] == 0
 
 
 # ------------------------------------------------------------ checks of the written output
@@ -1012,27 +1018,23 @@ _sides = st.lists(
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=_sides, tombstones=_sides)
-def test_output_tallies_count_rows_misplaced_rows_and_duplicate_keys(spark: Any, data: Any, tombstones: Any) -> None:
-    """One grouping answers the three checks that gate publishing; the expectation is counted here in Python.
+def test_written_tallies_count_rows_and_misplaced_rows_as_they_are_written(
+    spark: Any, data: Any, tombstones: Any
+) -> None:
+    """The observed counts of a write see every row, and a misplaced one on either side (counted here in Python).
 
-    A key (NULL parts included: NULL equals NULL as a grouping key) occurring more than once across
-    both outputs is a duplicate; a delete (op d) among the visible rows or a non-delete among the
-    tombstones is misplaced (a NULL op is neither).
+    A delete (op d) among the visible rows or a non-delete among the tombstones is misplaced (a
+    NULL op is neither): such an output must not be published.
     """
-    ddl = "k1 string, k2 int, op string"
-    got = job.output_tallies(
-        spark.createDataFrame(data, ddl),
-        spark.createDataFrame(tombstones, ddl),
-        ["k1", "k2"],
-        expr("op = 'd'"),
-    )
-    keys = Counter((k1, k2) for k1, k2, _ in [*data, *tombstones])
+    ddl, is_delete = "k1 string, k2 int, op string", expr("op = 'd'")
+    got = {}
+    for name, rows, tomb in (("data", data, False), ("tomb", tombstones, True)):
+        obs = Observation(f"test_{name}")
+        spark.createDataFrame(rows, ddl).observe(obs, *job.written_tally_columns(is_delete, tombstones=tomb)).collect()
+        got[name] = (job._observed(obs, "rows"), job._observed(obs, "misplaced"))
     assert got == {
-        "data_rows": len(data),
-        "tomb_rows": len(tombstones),
-        "data_misplaced": sum(op == "d" for _, _, op in data),
-        "tomb_misplaced": sum(op is not None and op != "d" for _, _, op in tombstones),
-        "duplicate_keys": sum(1 for n in keys.values() if n > 1),
+        "data": (len(data), sum(op == "d" for _, _, op in data)),
+        "tomb": (len(tombstones), sum(op is not None and op != "d" for _, _, op in tombstones)),
     }
 
 
@@ -1139,3 +1141,23 @@ def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any) -> No
     # Float keys are not range-filtered (NaN orders last in Spark): the whole, narrow, index is read.
     floats = spark.createDataFrame([(1.5,)], "id double")
     assert job.key_range_filter(floats, ["id"]) is None
+
+
+_key_lists = st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3)), max_size=14)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(written=_key_lists, touched=_key_lists)
+def test_duplicate_keys_are_found_among_all_keys_or_the_touched_ones(spark: Any, written: Any, touched: Any) -> None:
+    """A key (NULL parts included: NULL equals NULL) written more than once is a duplicate.
+
+    Given the keys the compaction ranked, only those are checked (untouched keys are the parent's,
+    unique when it was committed): a duplicate among them must still be found.
+    """
+    ddl, pk = "k1 string, k2 int", ["k1", "k2"]
+    frame = spark.createDataFrame(written, ddl)
+    counts = Counter(written)
+    assert job.duplicate_keys(frame, pk) == sum(1 for n in counts.values() if n > 1)
+    ranked_keys = set(touched)
+    got = job.duplicate_keys(frame, pk, spark.createDataFrame(touched, ddl))
+    assert got == sum(1 for k, n in counts.items() if n > 1 and k in ranked_keys)

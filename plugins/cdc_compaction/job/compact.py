@@ -408,35 +408,33 @@ def index_frame(written: DataFrame, pk: list[str]) -> DataFrame:
     )
 
 
-def output_tallies(data: DataFrame, tombstones: DataFrame, pk: list[str], is_delete: Column) -> dict[str, int]:
-    """Rows, rows on the wrong side and keys found more than once in a written version: one Spark job.
+def written_tally_columns(is_delete: Column, tombstones: bool) -> list[Column]:
+    """Rows and misplaced rows of one output, as aggregates to observe (``DataFrame.observe``) as it is written.
 
-    ``data_misplaced`` counts deletes among the visible rows, ``tomb_misplaced`` upserts among the
-    tombstones; ``duplicate_keys`` counts the keys that occur more than once in both together (a key
-    lives once: visible or a tombstone).  One grouping by key answers all three, rather than a pass
-    over the output for each (the outputs are re-read from storage: these checks gate publishing).
+    ``misplaced`` counts deletes among the visible rows (``tombstones`` False) or upserts among the
+    tombstones (True); a NULL ``is_delete`` is neither.  Observed on the DataFrame the writer
+    consumes, the counts are of exactly the rows written, without reading the output back.
     """
-    names = {"data_rows": "_cdc_d", "tomb_rows": "_cdc_t", "data_misplaced": "_cdc_dm", "tomb_misplaced": "_cdc_tm"}
+    wrong = ~is_delete if tombstones else is_delete
+    return [
+        F.count(F.lit(1)).alias("rows"),
+        F.coalesce(F.sum(F.when(wrong, 1).otherwise(0)), F.lit(0)).alias("misplaced"),
+    ]
 
-    def tagged(df: DataFrame, in_data: int, bad: Column) -> DataFrame:
-        wrong = F.when(bad, 1).otherwise(0)
-        return df.select(
-            *_keys(pk),
-            F.lit(in_data).alias("_cdc_d"),
-            F.lit(1 - in_data).alias("_cdc_t"),
-            (wrong * in_data).alias("_cdc_dm"),
-            (wrong * (1 - in_data)).alias("_cdc_tm"),
-        )
 
-    both = tagged(data, 1, is_delete).unionByName(tagged(tombstones, 0, ~is_delete))
-    per_key = both.groupBy(*_keys(pk)).agg(*[F.sum(c).alias(c) for c in names.values()])
-    total = per_key.agg(
-        *[F.coalesce(F.sum(c), F.lit(0)).alias(name) for name, c in names.items()],
-        F.coalesce(F.sum(F.when(F.col("_cdc_d") + F.col("_cdc_t") > 1, 1).otherwise(0)), F.lit(0)).alias(
-            "duplicate_keys"
-        ),
-    ).first()
-    return {name: int(total[name]) for name in [*names, "duplicate_keys"]}
+def duplicate_keys(written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None) -> int:
+    """Keys found more than once in ``written_keys`` (the key columns of the visible rows and tombstones).
+
+    With ``touched_keys`` only those keys are checked (a broadcast semi-join first, so only they
+    are grouped): the keys this compaction ranked.  That is enough by induction: the parent
+    version's keys were unique (checked when it was committed), its untouched rows are copied as
+    they are, and a copied row read twice would not reconcile with the parent's row count
+    (validate holds ``base_rows`` against it).  NULL key parts equal NULL, as in the rule.
+    """
+    keys = written_keys.select(*_keys(pk))
+    if touched_keys is not None:
+        keys = key_join(keys, touched_keys, pk, "left_semi", broadcast=True)
+    return keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).count()
 
 
 def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]) -> DataFrame:
@@ -738,22 +736,27 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     obs_tomb = Observation("cdc_compaction_tombstones")
     # Counts ties and late events as the full ranking runs (the key lookup counts them on its cache).
     obs_ranks = Observation("cdc_compaction_ranks")
+    # Count the rows written and the misplaced ones as they are written: no re-read of the output.
+    obs_data = Observation("cdc_compaction_written_data")
+    obs_written_tomb = Observation("cdc_compaction_written_tombstones")
+    # The keys the key lookup ranked: the only ones that can occur twice (see duplicate_keys).
+    touched_keys: DataFrame | None = None
     rank_tallies: dict[str, int] = {}
     try:
-        totals = classified.agg(F.count(F.lit(1)).alias("rows"), F.count("_cdc_reject_reason").alias("bad")).first()
-        increment_rows, rejected_rows = int(totals["rows"]), int(totals["bad"])
-        bad = rejected(classified, plan.plan_id)
+        # One pass over the events counts them all and the refused ones by reason and file (NULL: accepted).
+        counts = classified.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
+        increment_rows = sum(int(r["count"]) for r in counts)
+        reasons: dict[str, int] = {}
+        by_file: dict[str, int] = {}
+        for r in counts:
+            if r["_cdc_reject_reason"] is None:
+                continue
+            reasons[r["_cdc_reject_reason"]] = reasons.get(r["_cdc_reject_reason"], 0) + int(r["count"])
+            where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
+            by_file[where] = by_file.get(where, 0) + int(r["count"])
+        rejected_rows = sum(reasons.values())
         if rejected_rows:
-            bad.write.mode(mode).parquet(quarantine)
-            counts = bad.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
-            reasons: dict[str, int] = {}
-            by_file: dict[str, int] = {}
-            for r in counts:
-                reasons[r["_cdc_reject_reason"]] = reasons.get(r["_cdc_reject_reason"], 0) + r["count"]
-                where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
-                by_file[where] = by_file.get(where, 0) + r["count"]
-        else:
-            reasons, by_file = {}, {}
+            rejected(classified, plan.plan_id).write.mode(mode).parquet(quarantine)
         fresh = accepted(classified, ingested_at)
         retired_keys = 0
         if rule.keyed_events:
@@ -785,6 +788,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 .first()
             )
             lookup_superseded = int(tally["s"])
+            touched_keys = touched_ranks.select(*_keys(pk)).distinct()
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
             losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
@@ -851,6 +855,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         elif plan.output_files:
             # Files of about the registry's target size (see pipeline.plan.output_sizing): merge, never shuffle.
             visible = visible.coalesce(int(plan.output_files))
+        # Observed last, in the stage that writes (an action): each task's count is taken once.
+        visible = visible.observe(obs_data, *written_tally_columns(is_delete, tombstones=False))
         # errorifexists: an attempt's directory is new; finding one there means something is wrong.
         compression = DEFAULT_COMPRESSION if plan.compression is None else plan.compression
         writer = visible.write.mode(mode).option("compression", compression)
@@ -860,22 +866,26 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             writer = writer.partitionBy(PARTITION_COLUMN)
         writer.parquet(data_out)
         # Tombstones stay one small unpartitioned set (with their partition as a column).
-        deleted.coalesce(1).write.mode(mode).option("compression", compression).parquet(tomb_out)
+        deleted = deleted.coalesce(1).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
+        deleted.write.mode(mode).option("compression", compression).parquet(tomb_out)
         expired_count = _observed(obs_tomb, "expired_tombstones")
         if not lookup:
             rank_tallies = {k: _observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
+        data_rows, data_misplaced = _observed(obs_data, "rows"), _observed(obs_data, "misplaced")
+        tomb_rows, tomb_misplaced = _observed(obs_written_tomb, "rows"), _observed(obs_written_tomb, "misplaced")
+
+        # Keys found twice gate publishing (see validate): checked on what landed on storage, key
+        # columns only, and with the key lookup only the keys it ranked (before its cache goes).
+        partitioned: dict[str, Any] = {}
+        out_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
+        written_tomb = spark.read.schema(out_schema).parquet(tomb_out)
+        written = spark.read.schema(out_schema).parquet(data_out)
+        all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
+        dup_keys = duplicate_keys(all_keys, pk, touched_keys)
     finally:
         for df in cached:
             df.unpersist()
 
-    # Re-read what landed on storage: these checks gate publishing (see validate).
-    partitioned: dict[str, Any] = {}
-    out_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
-    written_tomb = spark.read.schema(out_schema).parquet(tomb_out)
-    written = spark.read.schema(out_schema).parquet(data_out)
-    check = output_tallies(written, written_tomb, pk, is_delete)
-    data_rows, data_misplaced = check["data_rows"], check["data_misplaced"]
-    duplicate_keys = check["duplicate_keys"]
     if part is not None:
         # validate holds these against the Parquet footers of each partition directory.
         per_partition = written.groupBy(PARTITION_COLUMN).count().collect()
@@ -884,12 +894,11 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     if part is not None:
         # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
         # Only reused keys in the written keys' range can be such a key: the index skips the rest.
-        all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
         reused_keys = every_base_key.filter(~F.col(PARTITION_COLUMN).isin(touched))
         written_range = key_range_filter(all_keys, pk) if set(base_map) - set(touched) else None
         if written_range is not None:
             reused_keys = reused_keys.filter(written_range)
-        duplicate_keys += key_join(reused_keys, all_keys, pk, "left_semi").count()
+        dup_keys += key_join(reused_keys, all_keys, pk, "left_semi").count()
         written_map = _written_partitions(output_files, data_out)
         index_out = f"{out}/{INDEX_DIR}"
         partitioned.update(write_index(spark, written, pk, index_out, mode, compression))
@@ -910,7 +919,6 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 "partitions_reused": len(set(base_map) - set(touched)),
             }
         )
-    tomb_rows = check["tomb_rows"]
     output_rows = data_rows + tomb_rows
     # The events ranked: the accepted ones, and the old keys that key changes retire (registry old_key).
     accepted_rows = increment_rows - rejected_rows + retired_keys
@@ -936,8 +944,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         output_tombstones=tomb_rows,
         output_visible_rows=data_rows,
         # Deletes among the visible rows, or upserts among the tombstones: must be 0.
-        misplaced_rows=data_misplaced + check["tomb_misplaced"],
-        duplicate_keys=int(duplicate_keys),
+        misplaced_rows=data_misplaced + tomb_misplaced,
+        duplicate_keys=int(dup_keys),
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
         **partitioned,
