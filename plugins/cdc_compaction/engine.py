@@ -15,7 +15,12 @@ import tempfile
 from typing import Any, Protocol
 
 from cdc_compaction import settings
-from cdc_compaction.exceptions import CompactionError, MetastoreError
+from cdc_compaction.exceptions import (
+    CompactionError,
+    MetastoreError,
+    PermanentCompactionError,
+    SparkConnectLostError,
+)
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -199,7 +204,7 @@ class SessionEngine:
         try:
             return job.run(self.spark, plan, attempt=job.new_attempt())
         except job.PermanentJobError as exc:  # a stale plan: as spark-submit's exit code tells the DAG
-            raise CompactionError(str(exc)) from exc
+            raise PermanentCompactionError(str(exc)) from exc
 
 
 class SparkSubmitEngine:
@@ -234,6 +239,129 @@ class SparkSubmitEngine:
                 ) from exc
         finally:
             os.unlink(path)
+
+
+#: Spark Connect client retries of a lost server, as pyspark's exponential backoff (50 ms x 4^n):
+#: 5 retries wait about 17 s in all, then the task fails and Airflow's retries take over (a
+#: restarted server is reached by the next try; pyspark's own default waits up to 10 minutes).
+CONNECT_CLIENT_RETRIES = 5
+
+
+def connect_lost(exc: BaseException) -> bool:
+    """True if ``exc`` (or what caused it) says the Spark Connect server is gone or was restarted.
+
+    gRPC UNAVAILABLE (nobody listens, the connection broke), the client giving up its retries,
+    or a server that no longer knows the session (it restarted under the task).
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        code = getattr(e, "code", None)
+        status = code() if callable(code) and type(e).__module__.startswith("grpc") else None
+        status = status or getattr(e, "_grpc_status_code", None)
+        if status is not None and getattr(status, "name", "") == "UNAVAILABLE":
+            return True
+        name = type(e).__name__
+        text = str(e)
+        if name == "RetriesExceeded" or "SESSION_NOT_FOUND" in text or "SESSION_CLOSED" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class ConnectEngine:
+    """Runs the job and the DDL in a long-lived Spark Connect server (registry ``spark.engine: spark_connect``).
+
+    The job runs in this process (the Airflow task's), its DataFrames execute in the server:
+    no JVM starts per run.  Every call gets a fresh server-side session (``create()``), so
+    tables compacted at the same time share no temporary views or confs, and the session is
+    closed at the end, failed or not.  The server's catalog (metastore, warehouse) is its own
+    configuration; the registry's ``spark.conf`` and ``hadoop_conf`` are set on each session.
+    """
+
+    def __init__(self, url: str, client_retries: int = CONNECT_CLIENT_RETRIES) -> None:
+        self.url = url
+        self.client_retries = client_retries
+
+    def _session(self, cfg: TableConfig | None) -> Any:
+        from pyspark.sql import SparkSession
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        try:
+            spark = SparkSession.builder.remote(self.url).create()
+        except Exception as exc:
+            raise SparkConnectLostError(
+                f"{cfg.qualified_name if cfg else 'Spark Connect'}: cannot open a session on the Spark Connect "
+                f"server {_safe_url(self.url)} ({exc}); check that the server runs (make connect-start for the "
+                "embedded one) and the spark.conn_id connection's host and port"
+            ) from exc
+        spark.client.set_retry_policies([DefaultPolicy(max_retries=self.client_retries)])
+        conf = {**NO_SQL_SUBSTITUTION, "spark.sql.session.timeZone": "UTC"}
+        if cfg is not None:
+            # spark.hadoop.<k> reaches the writes' Hadoop configuration as <k> (SQL confs are copied into it).
+            conf.update({k: v for k, v in cfg.spark.hadoop_conf.items()})
+            conf.update(cfg.spark.conf)
+            conf.update(NO_SQL_SUBSTITUTION)
+        for k, v in conf.items():
+            try:
+                spark.conf.set(k, v)
+            except Exception as exc:  # noqa: BLE001 - a static conf: the server's, not a session's, to set
+                log.warning("Spark Connect session: %s=%s not set (%s); set it on the server", k, v, exc)
+        return spark
+
+    @staticmethod
+    def _close(spark: Any) -> None:
+        try:
+            spark.stop()  # releases the server-side session (its temp views, cached data, confs)
+        except Exception:  # the server may be gone: nothing is left to release then
+            log.info("closing the Spark Connect session failed (server gone?)", exc_info=True)
+
+    def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
+        from cdc_compaction.job import run_sql
+
+        spark = self._session(cfg)
+        try:
+            run_sql.run_statements(spark, statements)
+        except Exception as exc:
+            if connect_lost(exc):
+                raise SparkConnectLostError(
+                    f"DDL for {cfg.qualified_name}: lost the Spark Connect server {_safe_url(self.url)} ({exc}); "
+                    "the task retries once it is back"
+                ) from exc
+            raise MetastoreError(
+                f"DDL for {cfg.qualified_name} failed in Spark Connect ({exc}); the statements are in the task "
+                "log above. Check the server's metastore and the registry schema"
+            ) from exc
+        finally:
+            self._close(spark)
+
+    def compact(self, plan: dict[str, Any], cfg: TableConfig | None = None) -> dict[str, Any]:
+        """Run the job on ``plan`` in a fresh server session, in a new attempt directory; return its stats."""
+        from cdc_compaction.job import compact as job
+
+        table = plan.get("table", "?")
+        spark = self._session(cfg)
+        try:
+            return job.run(spark, plan, attempt=job.new_attempt())
+        except job.PermanentJobError as exc:
+            raise PermanentCompactionError(str(exc)) from exc
+        except Exception as exc:
+            if connect_lost(exc):
+                # Nothing the lost run wrote is live: its attempt directory is its own, and publish
+                # only ever makes a validated attempt live. The retry writes a new attempt.
+                raise SparkConnectLostError(
+                    f"{table}: lost the Spark Connect server {_safe_url(self.url)} during the compaction ({exc}); "
+                    "nothing was published, the task retries (a new attempt directory) once the server is back"
+                ) from exc
+            raise
+        finally:
+            self._close(spark)
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its parameters (a token may be among them)."""
+    return url.split(";", 1)[0]
 
 
 def local_session(

@@ -51,6 +51,14 @@ class CompactionError(CdcCompactionError):
     """The Spark compaction job failed or left no usable output."""
 
 
+class PermanentCompactionError(CompactionError):
+    """The compaction can never succeed as planned (a stale plan): retrying cannot help."""
+
+
+class SparkConnectLostError(CompactionError):
+    """The Spark Connect server went away (gRPC UNAVAILABLE, or it restarted): a retry may succeed."""
+
+
 class PublishValidationError(CdcCompactionError):
     """The new base version did not pass the checks that gate publishing."""
 

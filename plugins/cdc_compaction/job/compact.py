@@ -15,7 +15,6 @@ The functions above ``run`` are pure ``DataFrame -> DataFrame`` transformations.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import logging
@@ -30,6 +29,7 @@ from urllib.parse import unquote
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
+from cdc_compaction.job import files
 from cdc_compaction.job.contract import (
     DATA_DIR,
     DEFAULT_COMPRESSION,
@@ -389,17 +389,12 @@ def _ts(value: str | None) -> datetime | None:
 
 
 def _write_text(spark: SparkSession, path: str, text: str) -> None:
-    """Write a small file through Hadoop's FileSystem, so any Spark-readable URI works."""
-    fs, p = _fs(spark, path)
-    out = fs.create(p, True)
-    try:
-        out.write(bytearray(text.encode("utf-8")))
-    finally:
-        out.close()
+    """Write a small file (Hadoop's FileSystem in a classic session, pyarrow over Spark Connect)."""
+    files.for_session(spark).write_text(path, text)
 
 
 def _is_data_name(name: str) -> bool:
-    return not name.startswith(("_", "."))
+    return files.is_data_name(name)
 
 
 def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]]:
@@ -409,24 +404,7 @@ def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]
     committer's markers -- is deleted: the directory is this attempt's own, not yet committed,
     and a reader's glob over it must find Parquet data files and nothing else.
     """
-    fs, p = _fs(spark, path)
-    if not fs.exists(p):
-        return []
-    # A checksummed file system (local files) hides its .crc files from listings: look under it
-    # (py4j raises for any other file system, which lists everything already).
-    with contextlib.suppress(Exception):
-        fs = fs.getRawFileSystem()
-    files = []
-    for st in fs.listStatus(p):
-        name = st.getPath().getName()
-        if st.isFile() and _is_data_name(name):
-            files.append({"name": f"{rel}/{name}", "size": int(st.getLen())})
-        elif st.isDirectory() and partition_dir_value(name) is not None and "/" not in rel:
-            files += _data_files(spark, f"{path.rstrip('/')}/{name}", f"{rel}/{name}")
-        else:
-            log.info("removing %s from the output: not a data file", st.getPath().toString())
-            fs.delete(st.getPath(), True)
-    return sorted(files, key=lambda f: f["name"])
+    return files.for_session(spark).data_files(path, rel)
 
 
 def _written_partitions(files: list[dict[str, Any]], data_dir: str) -> dict[str, str]:
@@ -439,17 +417,9 @@ def _no_bookkeeping_files(spark: SparkSession) -> None:
     """Write only data files: no ``_SUCCESS`` marker, no summary files, no ``.crc`` beside local files.
 
     Readers that glob a location (DuckDB's ``read_parquet('<dir>/*')``) would pick them up.
-    What a cluster still writes is removed by :func:`_data_files`.
+    What a cluster (or a Spark Connect server) still writes is removed by :func:`_data_files`.
     """
-    # SQL confs are copied into the Hadoop configuration of every write.
-    spark.conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-    spark.conf.set("parquet.summary.metadata.level", "NONE")
-    try:
-        jvm = spark._jvm
-        local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark._jsc.hadoopConfiguration())
-        local.setWriteChecksum(False)
-    except Exception:  # only an optimisation: _data_files removes what is written anyway
-        log.debug("could not turn off local checksum files", exc_info=True)
+    files.for_session(spark).quiet_writes()
 
 
 def new_attempt() -> str:
@@ -469,26 +439,9 @@ def attempt_locations(plan: Plan | Mapping[str, Any], attempt: str | None) -> tu
     return (f"{out}-{attempt}", f"{quarantine}-{attempt}") if attempt else (out, quarantine)
 
 
-def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
-    jvm = spark._jvm
-    p = jvm.org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
-
-
 def _read_small(spark: SparkSession, path: str) -> str | None:
-    """A small file's text through Hadoop's FileSystem, or None if it does not exist."""
-    fs, p = _fs(spark, path)
-    if not fs.exists(p):
-        return None
-    stream = fs.open(p)
-    try:
-        reader = spark._jvm.java.io.BufferedReader(spark._jvm.java.io.InputStreamReader(stream, "UTF-8"))
-        lines = []
-        while (line := reader.readLine()) is not None:
-            lines.append(line)
-        return "\n".join(lines)
-    finally:
-        stream.close()
+    """A small file's text, or None if it does not exist."""
+    return files.for_session(spark).read_text(path)
 
 
 def committed_already(spark: SparkSession, plan: Plan | Mapping[str, Any]) -> bool:
@@ -707,6 +660,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         if part is not None:
             writer = writer.partitionBy(PARTITION_COLUMN)
         writer.parquet(data_out)
+        fault_point("compact.after_data", plan.table)
         # Tombstones stay one small unpartitioned set (with their partition as a column).
         deleted.coalesce(1).write.mode(mode).option("compression", compression).parquet(tomb_out)
         expired_count = _observed(obs_tomb, "expired_tombstones")
