@@ -7,11 +7,13 @@ exercises exactly what a DAG run submits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import posixpath
 import tempfile
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from cdc_compaction import settings
@@ -270,6 +272,10 @@ def connect_lost(exc: BaseException) -> bool:
     return False
 
 
+#: PySpark's process-wide "this process is a Spark Connect client" mark (see ``ConnectEngine.session``).
+_CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
+
+
 class ConnectEngine:
     """Runs the job and the DDL in a long-lived Spark Connect server (registry ``spark.engine: spark_connect``).
 
@@ -280,27 +286,53 @@ class ConnectEngine:
     configuration; the registry's ``spark.conf`` and ``hadoop_conf`` are set on each session.
     """
 
-    def __init__(self, url: str, client_retries: int = CONNECT_CLIENT_RETRIES) -> None:
+    def __init__(self, url: str, cfg: TableConfig | None = None, client_retries: int = CONNECT_CLIENT_RETRIES) -> None:
         self.url = url
+        #: The table whose spark.conf / hadoop_conf the compaction's session gets.
+        self.cfg = cfg
         self.client_retries = client_retries
 
-    def _session(self, cfg: TableConfig | None) -> Any:
+    @contextlib.contextmanager
+    def session(self, cfg: TableConfig | None) -> Iterator[Any]:
+        """A fresh server-side session, closed on the way out (failed or not).
+
+        PySpark marks its process as a Connect client (``SPARK_CONNECT_MODE_ENABLED``, which
+        ``pyspark.sql.functions`` consults) when the first remote session is created, and a
+        classic session of the same process breaks from then on.  The mark is restored on the
+        way out, so that a process with a classic session (the CLI, the tests) can use this
+        engine in between: one at a time, never both at once.
+        """
         from pyspark.sql import SparkSession
         from pyspark.sql.connect.client.retries import DefaultPolicy
 
+        mark = os.environ.get(_CONNECT_MODE_ENV)
         try:
-            spark = SparkSession.builder.remote(self.url).create()
-        except Exception as exc:
-            raise SparkConnectLostError(
-                f"{cfg.qualified_name if cfg else 'Spark Connect'}: cannot open a session on the Spark Connect "
-                f"server {_safe_url(self.url)} ({exc}); check that the server runs (make connect-start for the "
-                "embedded one) and the spark.conn_id connection's host and port"
-            ) from exc
-        spark.client.set_retry_policies([DefaultPolicy(max_retries=self.client_retries)])
+            try:
+                spark = SparkSession.builder.remote(self.url).create()
+            except Exception as exc:
+                raise SparkConnectLostError(
+                    f"{cfg.qualified_name if cfg else 'Spark Connect'}: cannot open a session on the Spark Connect "
+                    f"server {_safe_url(self.url)} ({exc}); check that the server runs (make connect-start for the "
+                    "embedded one) and the spark.conn_id connection's host and port"
+                ) from exc
+            try:
+                spark.client.set_retry_policies([DefaultPolicy(max_retries=self.client_retries)])
+                self._configure(spark, cfg)
+                yield spark
+            finally:
+                self._close(spark)
+        finally:
+            if mark is None:
+                os.environ.pop(_CONNECT_MODE_ENV, None)
+            else:
+                os.environ[_CONNECT_MODE_ENV] = mark
+
+    @staticmethod
+    def _configure(spark: Any, cfg: TableConfig | None) -> None:
         conf = {**NO_SQL_SUBSTITUTION, "spark.sql.session.timeZone": "UTC"}
         if cfg is not None:
             # spark.hadoop.<k> reaches the writes' Hadoop configuration as <k> (SQL confs are copied into it).
-            conf.update({k: v for k, v in cfg.spark.hadoop_conf.items()})
+            conf.update(dict(cfg.spark.hadoop_conf.items()))
             conf.update(cfg.spark.conf)
             conf.update(NO_SQL_SUBSTITUTION)
         for k, v in conf.items():
@@ -308,7 +340,6 @@ class ConnectEngine:
                 spark.conf.set(k, v)
             except Exception as exc:  # noqa: BLE001 - a static conf: the server's, not a session's, to set
                 log.warning("Spark Connect session: %s=%s not set (%s); set it on the server", k, v, exc)
-        return spark
 
     @staticmethod
     def _close(spark: Any) -> None:
@@ -320,9 +351,11 @@ class ConnectEngine:
     def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
         from cdc_compaction.job import run_sql
 
-        spark = self._session(cfg)
         try:
-            run_sql.run_statements(spark, statements)
+            with self.session(cfg) as spark:
+                run_sql.run_statements(spark, statements)
+        except SparkConnectLostError:
+            raise
         except Exception as exc:
             if connect_lost(exc):
                 raise SparkConnectLostError(
@@ -333,17 +366,17 @@ class ConnectEngine:
                 f"DDL for {cfg.qualified_name} failed in Spark Connect ({exc}); the statements are in the task "
                 "log above. Check the server's metastore and the registry schema"
             ) from exc
-        finally:
-            self._close(spark)
 
-    def compact(self, plan: dict[str, Any], cfg: TableConfig | None = None) -> dict[str, Any]:
+    def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
         """Run the job on ``plan`` in a fresh server session, in a new attempt directory; return its stats."""
         from cdc_compaction.job import compact as job
 
         table = plan.get("table", "?")
-        spark = self._session(cfg)
         try:
-            return job.run(spark, plan, attempt=job.new_attempt())
+            with self.session(self.cfg) as spark:
+                return job.run(spark, plan, attempt=job.new_attempt())
+        except SparkConnectLostError:
+            raise
         except job.PermanentJobError as exc:
             raise PermanentCompactionError(str(exc)) from exc
         except Exception as exc:
@@ -355,8 +388,6 @@ class ConnectEngine:
                     "nothing was published, the task retries (a new attempt directory) once the server is back"
                 ) from exc
             raise
-        finally:
-            self._close(spark)
 
 
 def _safe_url(url: str) -> str:

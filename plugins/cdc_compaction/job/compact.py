@@ -511,7 +511,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     cutoff = _ts(plan.tombstone_cutoff)
     out, quarantine = attempt_locations(plan, attempt)
     data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
-    mode = "errorifexists" if attempt else "overwrite"
+    mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
     # Partitioned tables (registry partition_by): only the data partitions the increments touch
     # are read and rewritten; the plan lists the live version's partitions as {value: location}.
     part = plan.partition_by
