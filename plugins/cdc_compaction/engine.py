@@ -255,12 +255,14 @@ def connect_lost(exc: BaseException) -> bool:
     gRPC UNAVAILABLE (nobody listens, the connection broke), the client giving up its retries,
     or a server that no longer knows the session (it restarted under the task).
     """
+    import grpc  # the Spark Connect client's transport (installed with pyspark-client)
+
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         code = getattr(e, "code", None)
-        status = code() if callable(code) and type(e).__module__.startswith("grpc") else None
+        status = code() if isinstance(e, grpc.RpcError) and callable(code) else None
         status = status or getattr(e, "_grpc_status_code", None)
         if status is not None and getattr(status, "name", "") == "UNAVAILABLE":
             return True

@@ -55,8 +55,11 @@ class PermanentCompactionError(CompactionError):
     """The compaction can never succeed as planned (a stale plan): retrying cannot help."""
 
 
-class SparkConnectLostError(CompactionError):
-    """The Spark Connect server went away (gRPC UNAVAILABLE, or it restarted): a retry may succeed."""
+class SparkConnectLostError(CdcCompactionError):
+    """The Spark Connect server went away (gRPC UNAVAILABLE, or it restarted): transient, a retry may succeed.
+
+    Not a :class:`CompactionError` (those fail the task at once): Airflow's retries apply.
+    """
 
 
 class PublishValidationError(CdcCompactionError):
