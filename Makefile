@@ -123,6 +123,7 @@ bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs f
 	$(BIN)/python bench/partitioned.py --out bench/results/partitioned.json
 	$(BIN)/python bench/parse_dags.py --out bench/results/parse.json
 	$(BIN)/python bench/hourly_run.py --out bench/results/hourly_run.json
+	$(BIN)/python bench/hourly_connect.py --out bench/results/hourly_connect.json
 	$(BIN)/python bench/report.py --results bench/results
 
 lock:  ## re-pin requirements.txt from requirements.in in a clean venv
