@@ -182,9 +182,12 @@ class ArrowFiles:
         return pafs.LocalFileSystem(), path
 
     def write_text(self, path: str, text: str) -> None:
+        from pyarrow import fs as pafs
+
         fs, p = self._fs(path)
         parent = p.rsplit("/", 1)[0]
-        if parent:
+        # Local files need their directory; on S3 it would be an empty marker object a reader's glob finds.
+        if parent and isinstance(fs, pafs.LocalFileSystem):
             fs.create_dir(parent, recursive=True)
         with fs.open_output_stream(p) as out:
             out.write(text.encode("utf-8"))
