@@ -59,8 +59,10 @@ def one_engine(engine: str, work: Path, ms: LocalMetastore, rows: int, connect_p
     registry.mkdir(parents=True)
     doc = hr.registry_doc(lake, {"spark.sql.shuffle.partitions": "4"})
     doc["spark"]["engine"] = engine
-    (registry / f"{hr.DATABASE}.{hr.TABLE}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    cfg = load_table(registry, f"{hr.DATABASE}.{hr.TABLE}")
+    # A database per engine: both tables share the one metastore.
+    doc["database"] = database = f"{hr.DATABASE}_{engine}"
+    (registry / f"{database}.{hr.TABLE}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    cfg = load_table(registry, f"{database}.{hr.TABLE}")
 
     shim_dir = work / "shim"
     shim_dir.mkdir()
@@ -131,7 +133,8 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {
         "name": "hourly_connect",
         "description": (
-            f"one hourly run of cdc__{hr.DATABASE}__{hr.TABLE} with a {args.rows}-event increment (airflow dags test), "
+            f"one hourly run of cdc__{hr.DATABASE}_<engine>__{hr.TABLE} with a {args.rows}-event increment "
+            "(airflow dags test), "
             "spark_submit vs the warm spark_connect engine (a Spark Connect server started once), embedded default"
         ),
         "metrics": metrics,

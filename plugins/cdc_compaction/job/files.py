@@ -21,10 +21,9 @@ import contextlib
 import logging
 from typing import Any, Protocol
 
-log = logging.getLogger(__name__)
+from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
 
-#: The prefix Spark's ``partitionBy`` gives a partition directory of the job's output.
-_PARTITION_DIR_PREFIX = "_cdc_partition="
+log = logging.getLogger(__name__)
 
 
 def is_data_name(name: str) -> bool:
@@ -33,7 +32,7 @@ def is_data_name(name: str) -> bool:
 
 
 def _is_partition_dir(name: str) -> bool:
-    return name.startswith(_PARTITION_DIR_PREFIX)
+    return name.startswith(PARTITION_DIR_PREFIX)
 
 
 class JobFiles(Protocol):
