@@ -185,3 +185,20 @@ def test_a_stale_plan_fails_at_once_a_lost_server_is_retried() -> None:
     assert connect_lost(Unavailable()) and connect_lost(wrapped)
     assert not connect_lost(Denied()) and not connect_lost(ValueError("bad column"))
     assert connect_lost(RuntimeError("[INVALID_HANDLE.SESSION_NOT_FOUND] the server restarted"))
+
+
+def test_no_server_behind_the_url_is_a_lost_server_not_a_ddl_error(make_cfg: Callable[..., TableConfig]) -> None:
+    """Nothing listens at the URL: the task fails as transient (Airflow retries), and the process stays classic."""
+    import os
+
+    from cdc_compaction.engine import ConnectEngine
+    from cdc_compaction.exceptions import SparkConnectLostError
+    from cdc_compaction.local_services import free_port
+
+    cfg = make_cfg(spark={"engine": "spark_connect"})
+    mark = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    with pytest.raises(
+        SparkConnectLostError, match=r"DDL for tests\..*lost the Spark Connect server sc://127\.0\.0\.1"
+    ):
+        ConnectEngine(f"sc://127.0.0.1:{free_port()}", cfg, client_retries=1).run_sql(cfg, ["SELECT 1"])
+    assert os.environ.get("SPARK_CONNECT_MODE_ENABLED") == mark

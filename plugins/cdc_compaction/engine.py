@@ -340,7 +340,9 @@ class ConnectEngine:
         for k, v in conf.items():
             try:
                 spark.conf.set(k, v)
-            except Exception as exc:  # noqa: BLE001 - a static conf: the server's, not a session's, to set
+            except Exception as exc:  # a static conf: the server's, not a session's, to set
+                if connect_lost(exc):
+                    raise
                 log.warning("Spark Connect session: %s=%s not set (%s); set it on the server", k, v, exc)
 
     @staticmethod
