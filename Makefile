@@ -28,7 +28,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help install check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop airflow-ui serve-sql bench lock clean
+.PHONY: help install check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -101,6 +101,12 @@ metastore-start: install  ## start the local Thrift metastore on 127.0.0.1:9083
 metastore-stop:  ## stop it
 	$(BIN)/python -m cdc_compaction metastore stop
 
+connect-start: install  ## start the local Spark Connect server on 127.0.0.1:15002 (spark.engine: spark_connect), on the local metastore
+	$(BIN)/python -m cdc_compaction connect start
+
+connect-stop:  ## stop it
+	$(BIN)/python -m cdc_compaction connect stop
+
 airflow-ui: install  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs (Ctrl-C stops it)
 	$(BIN)/python -m cdc_compaction airflow-ui
 
@@ -118,6 +124,7 @@ bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs f
 	$(BIN)/python bench/parse_dags.py --out bench/results/parse.json
 	$(BIN)/python bench/hourly_run.py --out bench/results/hourly_run.json
 	$(BIN)/python bench/policy_day.py --out bench/results/policy_day.json
+	$(BIN)/python bench/hourly_connect.py --out bench/results/hourly_connect.json
 	$(BIN)/python bench/report.py --results bench/results
 
 lock:  ## re-pin requirements.txt from requirements.in in a clean venv
@@ -126,5 +133,6 @@ lock:  ## re-pin requirements.txt from requirements.in in a clean venv
 	  .venv-lock/bin/pip freeze | sort -f) > requirements.txt && rm -rf .venv-lock
 
 clean:  ## remove the local lake, Airflow home, metastore and test output (keeps .venv)
+	-$(BIN)/python -m cdc_compaction connect stop 2>/dev/null
 	-$(BIN)/python -m cdc_compaction metastore stop 2>/dev/null
-	rm -rf .lake .airflow .metastore .run spark-warehouse metastore_db derby.log
+	rm -rf .lake .airflow .metastore .connect .run spark-warehouse metastore_db derby.log

@@ -56,7 +56,8 @@ def test_ctrl_c_stops_everything_airflow_ui_started(metastore: LocalMetastore, t
     (tmp_path / "registry").mkdir()  # no tables: the DAG processor has little to parse
     env = {**os.environ, "PYTHONPATH": str(REPO / "plugins"), "CDC_REGISTRY_DIR": str(tmp_path / "registry")}
     cmd = [sys.executable, "-m", "cdc_compaction", "airflow-ui", "--port", str(port), "--metastore", metastore.uri]
-    cmd += ["--airflow-home", str(tmp_path / "airflow")]
+    # No Spark Connect server: one more JVM here would only cost time (connect start|stop is its own command).
+    cmd += ["--airflow-home", str(tmp_path / "airflow"), "--no-connect"]
     log = tmp_path / "airflow-ui.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -285,3 +285,23 @@ def test_doctor_asks_glue_and_emr_through_the_aws_connection(tmp_path: Path, aws
     down = doctor.check_spark(cfg)
     assert not down.ok and f"EMR cluster {cluster} is TERMINAT" in down.detail, down.line()
     assert "spark.emr.job_flow_id" in down.fix
+
+
+def test_doctor_reaches_the_spark_connect_server_of_the_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spark_connect: the server of the connection accepts a TCP connection (a listening socket), else the fix."""
+    import socket
+
+    cfg = parse_table(student_doc(tmp_path / "lake", "on_connect", spark={"engine": "spark_connect"}))
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        conn = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": port}
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", json.dumps(conn))
+        up = doctor.check_spark(cfg)
+        assert up.ok and f"127.0.0.1:{port} accepts connections" in up.detail, up.line()
+    down = doctor.check_spark(cfg)
+    assert not down.ok and "does not accept connections" in down.detail, down.line()
+    assert "make connect-start" in down.fix and "spark_connect_default" in down.fix

@@ -128,3 +128,77 @@ def test_spark_sql_variable_substitution_is_off_in_every_submission(
     SparkSubmitEngine(MetastoreEndpoint("127.0.0.1", 9083), "/tmp/warehouse").run_sql(cfg, ["SELECT 1"])
     (ddl,) = commands
     assert _confs(ddl)[key] == "false"
+
+
+# ------------------------------------------------------------------ spark_connect
+def test_spark_connect_compact_task_runs_in_the_task_and_reads_the_url_from_the_connection(
+    make_cfg: Callable[..., TableConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.standard.operators.python import PythonOperator
+
+    from cdc_compaction.engine import ConnectEngine
+    from cdc_compaction.factory import PLAN_XCOM, _runtime
+
+    cfg = make_cfg(spark={"engine": "spark_connect", "conf": {"spark.sql.shuffle.partitions": "8"}})
+    assert cfg.spark.conn_id == "spark_connect_default"  # a connection of type spark_connect, not spark-submit's
+    op = build_dag(cfg).get_task("compact")
+    assert isinstance(op, PythonOperator) and op.op_kwargs == {"plan_path": PLAN_XCOM}
+    conn = {"conn_type": "spark_connect", "host": "10.1.2.3", "port": 15002, "login": "etl"}
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_HIVE_METASTORE_DEFAULT", json.dumps({"conn_type": "hive_metastore"}))
+    engine = _runtime(cfg).engine  # ensure_tables' DDL and the compaction: the same server
+    assert isinstance(engine, ConnectEngine)
+    assert engine.url == "sc://10.1.2.3:15002/;user_id=etl" and engine.cfg is cfg
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("jars", ["/x/a.jar"]), ("driver_memory", "2g"), ("executor_memory", "2g")],
+)
+def test_spark_connect_refuses_what_only_the_server_can_set(
+    make_cfg: Callable[..., TableConfig], field: str, value: Any
+) -> None:
+    with pytest.raises(
+        Exception, match=rf"field '{field}': engine 'spark_connect'.*set {field} where the server starts"
+    ):
+        make_cfg(spark={"engine": "spark_connect", field: value})
+
+
+def test_a_stale_plan_fails_at_once_a_lost_server_is_retried() -> None:
+    import grpc
+
+    from cdc_compaction.engine import connect_lost
+    from cdc_compaction.exceptions import PermanentCompactionError, SparkConnectLostError, is_permanent
+
+    class Unavailable(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+    class Denied(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.PERMISSION_DENIED
+
+    assert is_permanent(PermanentCompactionError("stale plan"))
+    assert not is_permanent(SparkConnectLostError("server gone"))
+    wrapped = RuntimeError("write failed")
+    wrapped.__cause__ = Unavailable()
+    assert connect_lost(Unavailable()) and connect_lost(wrapped)
+    assert not connect_lost(Denied()) and not connect_lost(ValueError("bad column"))
+    assert connect_lost(RuntimeError("[INVALID_HANDLE.SESSION_NOT_FOUND] the server restarted"))
+
+
+def test_no_server_behind_the_url_is_a_lost_server_not_a_ddl_error(make_cfg: Callable[..., TableConfig]) -> None:
+    """Nothing listens at the URL: the task fails as transient (Airflow retries), and the process stays classic."""
+    import os
+
+    from cdc_compaction.engine import ConnectEngine
+    from cdc_compaction.exceptions import SparkConnectLostError
+    from cdc_compaction.local_services import free_port
+
+    cfg = make_cfg(spark={"engine": "spark_connect"})
+    mark = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    with pytest.raises(
+        SparkConnectLostError, match=r"DDL for tests\..*lost the Spark Connect server sc://127\.0\.0\.1"
+    ):
+        ConnectEngine(f"sc://127.0.0.1:{free_port()}", cfg, client_retries=1).run_sql(cfg, ["SELECT 1"])
+    assert os.environ.get("SPARK_CONNECT_MODE_ENABLED") == mark

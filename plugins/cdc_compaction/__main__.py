@@ -6,6 +6,7 @@ Commands:
   registry schema [--out FILE]           the registry's JSON Schema (editors; registry.schema.json)
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
+  connect start|stop|status              the local Spark Connect server (registry spark.engine: spark_connect)
   demo [--source files|postgres]         the embedded default end to end (make demo [SOURCE=postgres])
   postgres check                         are PostgreSQL's server and wal2json installed? (make test)
   airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
@@ -215,6 +216,22 @@ def _postgres(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect(args: argparse.Namespace) -> int:
+    from cdc_compaction.devenv import connect_server
+
+    server = connect_server(args.metastore, home=Path(args.home), port=args.port)
+    if args.action == "start":
+        pid = server.start()
+        print(f"Spark Connect server {server.url} running (pid {pid}, home {server.home}, metastore {args.metastore})")
+    elif args.action == "stop":
+        print("stopped" if server.stop() else "not running")
+    else:
+        pid = server.pid()
+        print(f"running (pid {pid}) at {server.url}" if pid else "not running")
+        return 0 if pid else 3
+    return 0
+
+
 def _airflow_ui(args: argparse.Namespace) -> int:
     """Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 with this project's DAGs.
 
@@ -224,13 +241,14 @@ def _airflow_ui(args: argparse.Namespace) -> int:
     import signal
     import subprocess
 
-    from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+    from cdc_compaction.devenv import airflow_env, connect_server, ensure_airflow_db
     from cdc_compaction.exceptions import CdcCompactionError
     from cdc_compaction.local_services import LocalMetastore, port_open, stop_process_tree
 
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started: LocalMetastore | None = None
+    started_connect: Any = None
     airflow: subprocess.Popen[bytes] | None = None
     try:
         if args.metastore:
@@ -242,6 +260,12 @@ def _airflow_ui(args: argparse.Namespace) -> int:
                 started = ms
             ms.start()
             uri = ms.uri
+        if args.connect:
+            # The warm engine of tables with spark.engine: spark_connect, beside the metastore.
+            server = connect_server(uri)
+            if not (server.pid() is not None and port_open(server.host, server.port)):
+                started_connect = server
+            server.start()
         env = airflow_env(Path(args.airflow_home), uri)
         env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(args.port)})
         # One API worker is plenty for one developer (Airflow's default of 4 costs a core's worth of start-up).
@@ -268,6 +292,8 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         if airflow is not None:
             print("stopping Airflow ...", flush=True)
             stop_process_tree(airflow)
+        if started_connect is not None:
+            started_connect.stop()
         if started is not None:
             started.stop()
 
@@ -711,6 +737,17 @@ def main(argv: list[str] | None = None) -> int:
     ms.add_argument("--port", type=int, default=int(os.environ.get("CDC_METASTORE_PORT", "9083")))
     ms.set_defaults(func=_metastore)
 
+    cn = sub.add_parser("connect", help="the local Spark Connect server (spark.engine: spark_connect)")
+    cn.add_argument("action", choices=["start", "stop", "status"])
+    cn.add_argument("--home", default=os.environ.get("CDC_CONNECT_HOME", str(settings.PROJECT_ROOT / ".connect")))
+    cn.add_argument("--port", type=int, default=int(os.environ.get("CDC_CONNECT_PORT", "15002")))
+    cn.add_argument(
+        "--metastore",
+        default=os.environ.get("CDC_METASTORE_URI", "thrift://127.0.0.1:9083"),
+        help="thrift://HOST:PORT of the metastore the server's catalog uses (default: the local one)",
+    )
+    cn.set_defaults(func=_connect)
+
     demo = sub.add_parser("demo", help="land CDC files for two tables and compact them with the real DAGs")
     demo.add_argument(
         "--source",
@@ -734,6 +771,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ui.add_argument("--metastore-port", type=int, default=9083, help="the local metastore's port (default 9083)")
     ui.add_argument("--airflow-home", default=str(settings.PROJECT_ROOT / ".airflow"), help="AIRFLOW_HOME")
+    ui.add_argument(
+        "--no-connect",
+        dest="connect",
+        action="store_false",
+        help="do not start the local Spark Connect server (only tables with spark.engine: spark_connect need it)",
+    )
     ui.set_defaults(func=_airflow_ui)
 
     sq = sub.add_parser("serve-sql", help="Spark's Thrift JDBC/ODBC server for BI clients (beeline, DBeaver, ...)")

@@ -29,6 +29,28 @@ if TYPE_CHECKING:
     from cdc_compaction.local_services import LocalPostgres
 
 
+def connect_port_default() -> int:
+    """The embedded Spark Connect server's port: ``$CDC_CONNECT_PORT`` or 15002 (Spark's own default)."""
+    return int(os.environ.get("CDC_CONNECT_PORT", "15002"))
+
+
+def connect_server(metastore_uri: str, home: Path | None = None, port: int | None = None) -> Any:
+    """The embedded default's Spark Connect server (not started): the local metastore's catalog and warehouse.
+
+    Its warehouse is the one the Airflow connection names (``airflow_env``), so tables created
+    through it and through spark-submit land in the same place.
+    """
+    from cdc_compaction.local_services import SparkConnectServer
+
+    return SparkConnectServer(
+        home=home or settings.PROJECT_ROOT / ".connect",
+        metastore_uri=metastore_uri,
+        warehouse_dir=str(settings.PROJECT_ROOT / ".lake" / "warehouse"),
+        port=port or connect_port_default(),
+        master="local[*]",
+    )
+
+
 def airflow_env(
     airflow_home: Path,
     metastore_uri: str,
@@ -38,6 +60,7 @@ def airflow_env(
     warehouse_dir: Path | None = None,
     base: dict[str, str] | None = None,
     sql_alchemy_conn: str | None = None,
+    connect_port: int | None = None,
 ) -> dict[str, str]:
     """Environment for running ``airflow`` against this project.
 
@@ -63,6 +86,10 @@ def airflow_env(
                     "host": spark_master,
                     "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
                 }
+            ),
+            # registry spark.engine: spark_connect (the embedded server: python -m cdc_compaction connect start).
+            "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
+                {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_port or connect_port_default()}
             ),
             "AIRFLOW_CONN_METASTORE_DEFAULT": json.dumps(
                 {

@@ -7,7 +7,8 @@ Each check prints ``OK`` or ``FAIL`` with what it found and, for a FAIL, what to
 * ``storage``: a probe object under the table's ``_cdc/`` area is written, read back and deleted
   (through the storage layer: local directories and S3 alike);
 * ``spark``: the master is reachable (``local[*]`` always is; ``spark://`` and ``k8s://`` a TCP
-  connect; ``engine: emr`` the cluster is described and not ending);
+  connect; ``engine: emr`` the cluster is described and not ending; ``engine: spark_connect`` the
+  Connect server accepts a TCP connection);
 * ``smtp``: when alerts are configured, the SMTP connection answers a connect and EHLO (no mail sent);
 * ``landed``: the Parquet footers of the pending (not yet compacted) files fit the registry,
   with the same check ``plan`` makes (:func:`cdc_compaction.inputs.check_file`).
@@ -184,6 +185,29 @@ def check_spark(cfg: TableConfig) -> Check:
             f"{emr.aws_conn_id!r} (elasticmapreduce:DescribeCluster)"
         )
         return _guard(cfg, "spark", fix, describe)
+
+    if cfg.spark.engine == "spark_connect":
+
+        def server() -> str:
+            from urllib.parse import urlparse
+
+            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+            url = SparkConnectHook(conn_id=cfg.spark.conn_id).get_connection_url()
+            where = urlparse(url.replace("sc://", "http://", 1))
+            try:
+                _tcp(where.hostname or "", where.port or 15002)
+            except OSError as exc:
+                raise ConnectionError(
+                    f"Spark Connect server {where.netloc} does not accept connections: {exc}"
+                ) from exc
+            return f"Spark Connect server {where.netloc} accepts connections"
+
+        fix = (
+            f"start the Spark Connect server (make connect-start for the local one), or fix the host/port of the "
+            f"Airflow connection {cfg.spark.conn_id!r} (conn type spark_connect, e.g. sc://HOST:15002)"
+        )
+        return _guard(cfg, "spark", fix, server)
 
     def master() -> str:
         conn = _connection(cfg.spark.conn_id)

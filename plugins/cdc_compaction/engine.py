@@ -7,15 +7,22 @@ exercises exactly what a DAG run submits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import posixpath
 import tempfile
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from cdc_compaction import settings
-from cdc_compaction.exceptions import CompactionError, MetastoreError
+from cdc_compaction.exceptions import (
+    CompactionError,
+    MetastoreError,
+    PermanentCompactionError,
+    SparkConnectLostError,
+)
 from cdc_compaction.registry import TableConfig
 from cdc_compaction.settings import MetastoreEndpoint
 
@@ -199,7 +206,7 @@ class SessionEngine:
         try:
             return job.run(self.spark, plan, attempt=job.new_attempt())
         except job.PermanentJobError as exc:  # a stale plan: as spark-submit's exit code tells the DAG
-            raise CompactionError(str(exc)) from exc
+            raise PermanentCompactionError(str(exc)) from exc
 
 
 class SparkSubmitEngine:
@@ -234,6 +241,162 @@ class SparkSubmitEngine:
                 ) from exc
         finally:
             os.unlink(path)
+
+
+#: Spark Connect client retries of a lost server, as pyspark's exponential backoff (50 ms x 4^n):
+#: 5 retries wait about 17 s in all, then the task fails and Airflow's retries take over (a
+#: restarted server is reached by the next try; pyspark's own default waits up to 10 minutes).
+CONNECT_CLIENT_RETRIES = 5
+
+
+def connect_lost(exc: BaseException) -> bool:
+    """True if ``exc`` (or what caused it) says the Spark Connect server is gone or was restarted.
+
+    gRPC UNAVAILABLE (nobody listens, the connection broke), the client giving up its retries,
+    or a server that no longer knows the session (it restarted under the task).
+    """
+    import grpc  # the Spark Connect client's transport (installed with pyspark-client)
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        code = getattr(e, "code", None)
+        status = code() if isinstance(e, grpc.RpcError) and callable(code) else None
+        status = status or getattr(e, "_grpc_status_code", None)
+        if status is not None and getattr(status, "name", "") == "UNAVAILABLE":
+            return True
+        name = type(e).__name__
+        text = str(e)
+        if name == "RetriesExceeded" or "SESSION_NOT_FOUND" in text or "SESSION_CLOSED" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+#: PySpark's process-wide "this process is a Spark Connect client" mark (see ``ConnectEngine.session``).
+_CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
+
+
+class ConnectEngine:
+    """Runs the job and the DDL in a long-lived Spark Connect server (registry ``spark.engine: spark_connect``).
+
+    The job runs in this process (the Airflow task's), its DataFrames execute in the server:
+    no JVM starts per run.  Every call gets a fresh server-side session (``create()``), so
+    tables compacted at the same time share no temporary views or confs, and the session is
+    closed at the end, failed or not.  The server's catalog (metastore, warehouse) is its own
+    configuration; the registry's ``spark.conf`` and ``hadoop_conf`` are set on each session.
+    """
+
+    def __init__(self, url: str, cfg: TableConfig | None = None, client_retries: int = CONNECT_CLIENT_RETRIES) -> None:
+        self.url = url
+        #: The table whose spark.conf / hadoop_conf the compaction's session gets.
+        self.cfg = cfg
+        self.client_retries = client_retries
+
+    @contextlib.contextmanager
+    def session(self, cfg: TableConfig | None) -> Iterator[Any]:
+        """A fresh server-side session, closed on the way out (failed or not).
+
+        PySpark marks its process as a Connect client (``SPARK_CONNECT_MODE_ENABLED``, which
+        ``pyspark.sql.functions`` consults) when the first remote session is created, and a
+        classic session of the same process breaks from then on.  The mark is restored on the
+        way out, so that a process with a classic session (the CLI, the tests) can use this
+        engine in between: one at a time, never both at once.
+        """
+        from pyspark.sql import SparkSession
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        mark = os.environ.get(_CONNECT_MODE_ENV)
+        try:
+            try:
+                spark = SparkSession.builder.remote(self.url).create()
+            except Exception as exc:
+                raise SparkConnectLostError(
+                    f"{cfg.qualified_name if cfg else 'Spark Connect'}: cannot open a session on the Spark Connect "
+                    f"server {_safe_url(self.url)} ({exc}); check that the server runs (make connect-start for the "
+                    "embedded one) and the spark.conn_id connection's host and port"
+                ) from exc
+            try:
+                spark.client.set_retry_policies([DefaultPolicy(max_retries=self.client_retries)])
+                self._configure(spark, cfg)
+                yield spark
+            finally:
+                self._close(spark)
+        finally:
+            if mark is None:
+                os.environ.pop(_CONNECT_MODE_ENV, None)
+            else:
+                os.environ[_CONNECT_MODE_ENV] = mark
+
+    @staticmethod
+    def _configure(spark: Any, cfg: TableConfig | None) -> None:
+        conf = {**NO_SQL_SUBSTITUTION, "spark.sql.session.timeZone": "UTC"}
+        if cfg is not None:
+            # spark.hadoop.<k> reaches the writes' Hadoop configuration as <k> (SQL confs are copied into it).
+            conf.update(dict(cfg.spark.hadoop_conf.items()))
+            conf.update(cfg.spark.conf)
+            conf.update(NO_SQL_SUBSTITUTION)
+        for k, v in conf.items():
+            try:
+                spark.conf.set(k, v)
+            except Exception as exc:  # a static conf: the server's, not a session's, to set
+                if connect_lost(exc):
+                    raise
+                log.warning("Spark Connect session: %s=%s not set (%s); set it on the server", k, v, exc)
+
+    @staticmethod
+    def _close(spark: Any) -> None:
+        try:
+            spark.stop()  # releases the server-side session (its temp views, cached data, confs)
+        except Exception:  # the server may be gone: nothing is left to release then
+            log.info("closing the Spark Connect session failed (server gone?)", exc_info=True)
+
+    def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
+        from cdc_compaction.job import run_sql
+
+        try:
+            with self.session(cfg) as spark:
+                run_sql.run_statements(spark, statements)
+        except SparkConnectLostError:
+            raise
+        except Exception as exc:
+            if connect_lost(exc):
+                raise SparkConnectLostError(
+                    f"DDL for {cfg.qualified_name}: lost the Spark Connect server {_safe_url(self.url)} ({exc}); "
+                    "the task retries once it is back"
+                ) from exc
+            raise MetastoreError(
+                f"DDL for {cfg.qualified_name} failed in Spark Connect ({exc}); the statements are in the task "
+                "log above. Check the server's metastore and the registry schema"
+            ) from exc
+
+    def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """Run the job on ``plan`` in a fresh server session, in a new attempt directory; return its stats."""
+        from cdc_compaction.job import compact as job
+
+        table = plan.get("table", "?")
+        try:
+            with self.session(self.cfg) as spark:
+                return job.run(spark, plan, attempt=job.new_attempt())
+        except SparkConnectLostError:
+            raise
+        except job.PermanentJobError as exc:
+            raise PermanentCompactionError(str(exc)) from exc
+        except Exception as exc:
+            if connect_lost(exc):
+                # Nothing the lost run wrote is live: its attempt directory is its own, and publish
+                # only ever makes a validated attempt live. The retry writes a new attempt.
+                raise SparkConnectLostError(
+                    f"{table}: lost the Spark Connect server {_safe_url(self.url)} during the compaction ({exc}); "
+                    "nothing was published, the task retries (a new attempt directory) once the server is back"
+                ) from exc
+            raise
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its parameters (a token may be among them)."""
+    return url.split(";", 1)[0]
 
 
 def local_session(

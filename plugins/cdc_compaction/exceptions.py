@@ -51,6 +51,17 @@ class CompactionError(CdcCompactionError):
     """The Spark compaction job failed or left no usable output."""
 
 
+class PermanentCompactionError(CompactionError):
+    """The compaction can never succeed as planned (a stale plan): retrying cannot help."""
+
+
+class SparkConnectLostError(CdcCompactionError):
+    """The Spark Connect server went away (gRPC UNAVAILABLE, or it restarted): transient, a retry may succeed.
+
+    Not a :class:`CompactionError` (those fail the task at once): Airflow's retries apply.
+    """
+
+
 class PublishValidationError(CdcCompactionError):
     """The new base version did not pass the checks that gate publishing."""
 

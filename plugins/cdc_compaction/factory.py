@@ -408,7 +408,46 @@ def _runtime(cfg: TableConfig) -> Any:
     conn = BaseHook.get_connection(settings.METASTORE_CONN_ID)
     endpoint = MetastoreEndpoint.from_connection(conn)
     warehouse = (conn.extra_dejson or {}).get("warehouse_dir") or str(settings.PROJECT_ROOT / ".lake" / "warehouse")
-    return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=SparkSubmitEngine(endpoint, warehouse))
+    engine: Any = connect_engine(cfg) if cfg.spark.engine == "spark_connect" else SparkSubmitEngine(endpoint, warehouse)
+    return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=engine)
+
+
+def connect_engine(cfg: TableConfig) -> Any:
+    """The Spark Connect engine of ``cfg``: the server's URL from the ``spark.conn_id`` connection (type spark_connect).
+
+    Its DDL (ensure_tables) and its compaction run in that server, whose own configuration
+    names the metastore and warehouse.
+    """
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from cdc_compaction.engine import ConnectEngine
+
+    try:
+        url = SparkConnectHook(conn_id=cfg.spark.conn_id).get_connection_url()
+    except Exception as exc:
+        from cdc_compaction.exceptions import AirflowSetupError
+
+        raise AirflowSetupError(
+            f"{cfg.qualified_name}: spark.engine is spark_connect but the Airflow connection {cfg.spark.conn_id!r} "
+            f"(registry spark.conn_id) cannot be read as one ({exc}); create it with conn type spark_connect, "
+            "host and port of the server (e.g. sc://127.0.0.1:15002; make connect-start runs a local one)"
+        ) from exc
+    return ConnectEngine(url, cfg)
+
+
+def connect_compact_step(cfg: TableConfig) -> Callable[..., Any]:
+    """The compact task's callable for ``spark_connect``: the job in this process, against the server.
+
+    A stale plan (the job's ``PermanentJobError``) fails the task at once, as spark-submit's
+    ``PERMANENT_EXIT_CODE`` does; a lost server (gRPC UNAVAILABLE) is left to the retries.
+    """
+
+    def compact_step(plan_path: str) -> dict[str, Any]:
+        stats = order.step(order.COMPACT).function()(_runtime(cfg), plan_path)
+        # The output file list can be long: the XCom keeps the counts (validate reads the stats file).
+        return {k: v for k, v in stats.items() if k != "output_files"}
+
+    return fail_fast(compact_step)
 
 
 def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
@@ -442,6 +481,16 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         )
         compact_submit >> compact
         return compact_submit, compact
+    if cfg.spark.engine == "spark_connect":
+        # op_kwargs is templated: it holds only the plan-path XCom written here (registry values stay data).
+        compact = PythonOperator(
+            task_id="compact",
+            python_callable=skip_if_disabled(cfg, connect_compact_step(cfg)),
+            op_kwargs={"plan_path": PLAN_XCOM},
+            doc_md="Run the compaction job in this task against the Spark Connect server (registry spark.conn_id): "
+            "a fresh server session; writes a new version directory.",
+        )
+        return compact, compact
     compact = RegistrySparkSubmitOperator(
         task_id="compact",
         application=str(settings.SPARK_JOBS_DIR / "compact.py"),

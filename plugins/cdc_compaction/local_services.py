@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cdc_compaction import settings
 from cdc_compaction.exceptions import CdcCompactionError
@@ -457,10 +457,17 @@ class SparkThriftServer:
     master: str = "local[*]"
     driver_memory: str = "1g"
     extra_conf: dict[str, str] = field(default_factory=dict)
+    #: How logs and errors name the server.
+    service_name: ClassVar[str] = "Spark Thrift server"
 
     @property
     def jdbc_url(self) -> str:
         return f"jdbc:hive2://{self.host}:{self.port}/default"
+
+    @property
+    def endpoint_url(self) -> str:
+        """Where clients connect."""
+        return self.jdbc_url
 
     @property
     def pid_file(self) -> Path:
@@ -570,23 +577,23 @@ class SparkThriftServer:
                 start_new_session=True,
             )
         self.pid_file.write_text(str(proc.pid))
-        log.info("spark thrift server starting (pid %d, log %s)", proc.pid, self.log_file)
+        log.info("%s starting (pid %d, log %s)", self.service_name, proc.pid, self.log_file)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 self.pid_file.unlink(missing_ok=True)
                 raise ServiceError(
-                    f"the Spark Thrift server exited with code {proc.returncode}; see {self.log_file}:\n"
+                    f"the {self.service_name} exited with code {proc.returncode}; see {self.log_file}:\n"
                     + self.log_tail()
                 )
             if port_open(self.host, self.port):
-                log.info("spark thrift server %s started (pid %d)", self.jdbc_url, proc.pid)
+                log.info("%s %s started (pid %d)", self.service_name, self.endpoint_url, proc.pid)
                 return proc.pid
             time.sleep(0.5)
         tail = self.log_tail()
         self.stop()
         raise ServiceError(
-            f"the Spark Thrift server did not open {self.host}:{self.port} within {timeout_s:.0f}s; "
+            f"the {self.service_name} did not open {self.host}:{self.port} within {timeout_s:.0f}s; "
             f"see {self.log_file}:\n{tail}"
         )
 
@@ -595,9 +602,62 @@ class SparkThriftServer:
         pid = self.pid()
         if pid is not None:
             stop_pid(pid, timeout_s)
-            log.info("spark thrift server (pid %d) stopped", pid)
+            log.info("%s (pid %d) stopped", self.service_name, pid)
         self.pid_file.unlink(missing_ok=True)
         return pid is not None
+
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+@dataclass
+class SparkConnectServer(SparkThriftServer):
+    """A Spark Connect server from the pyspark wheel, under ``home``: the warm engine ``spark_connect``.
+
+    One long-lived Spark application (``spark-submit --class SparkConnectServer spark-internal``)
+    that the compaction tasks and the DDL of ``ensure_tables`` reach over gRPC at
+    ``sc://127.0.0.1:<port>``: an hourly run pays no JVM start.  It gets the project's session
+    settings and the catalog settings of :func:`~cdc_compaction.engine.hive_conf` (the local
+    metastore and warehouse), binds to ``host`` (127.0.0.1) only, logs to ``home/connect.log``
+    and is stopped by its PID.
+    """
+
+    port: int = 15002
+    service_name: ClassVar[str] = "Spark Connect server"
+
+    @property
+    def url(self) -> str:
+        return f"sc://{self.host}:{self.port}"
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.url
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "connect.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "connect.log"
+
+    def spark_conf(self) -> dict[str, str]:
+        """The Thrift server's settings plus the gRPC endpoint on loopback."""
+        return {
+            **super().spark_conf(),
+            "spark.connect.grpc.binding.address": self.host,
+            "spark.connect.grpc.binding.port": str(self.port),
+        }
+
+    def command(self) -> list[str]:
+        """The ``spark-submit`` command line that starts the server (nothing is run)."""
+        cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--master", self.master]
+        cmd += ["--name", f"cdc-compaction Spark Connect server {self.host}:{self.port}"]
+        cmd += ["--class", CONNECT_SERVER_CLASS, "--driver-memory", self.driver_memory]
+        for k, v in self.spark_conf().items():
+            cmd += ["--conf", f"{k}={v}"]
+        cmd.append("spark-internal")  # spark-submit's name for "the class is in Spark's own jars"
+        return cmd
 
 
 # ------------------------------------------------------------------ PostgreSQL

@@ -300,11 +300,13 @@ class EmrSettings(_Strict):
 class SparkSettings(_Strict):
     """How the compaction job is submitted."""
 
-    #: spark_submit: spark-submit with conn_id; emr: an EMR step on an existing cluster.
-    engine: Literal["spark_submit", "emr"] = "spark_submit"
+    #: spark_submit: spark-submit with conn_id; emr: an EMR step on an existing cluster;
+    #: spark_connect: the job runs in the task against a long-lived Spark Connect server (conn_id).
+    engine: Literal["spark_submit", "emr", "spark_connect"] = "spark_submit"
     #: The EMR cluster and job files (engine: emr).
     emr: EmrSettings | None = None
-    #: The Airflow Spark connection of the compaction.
+    #: The Airflow connection of the engine: a Spark connection (spark_submit; default spark_default)
+    #: or a spark_connect one, sc://host:port (spark_connect; default spark_connect_default).
     conn_id: str = "spark_default"
     #: Extra Spark conf for the job, e.g. spark.sql.shuffle.partitions: "64".
     conf: dict[str, str] = Field(default_factory=dict)
@@ -323,7 +325,30 @@ class SparkSettings(_Strict):
     def _engine(self) -> SparkSettings:
         if self.engine == "emr" and self.emr is None:
             raise ValueError("field 'emr': engine 'emr' needs emr.job_flow_id and emr.application")
+        if self.engine == "spark_connect":
+            # A Connect server is started once, with its own classpath and memory: a run cannot change them.
+            server_side = {
+                "emr": self.emr is not None,
+                "jars": bool(self.jars),
+                "driver_memory": self.driver_memory is not None,
+                "executor_memory": self.executor_memory is not None,
+            }
+            for name, given in server_side.items():
+                if given:
+                    raise ValueError(
+                        f"field '{name}': engine 'spark_connect' runs in a Spark Connect server that is already "
+                        f"started; set {name} where the server starts (its spark-submit or cluster config) and "
+                        "remove it here"
+                    )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _connect_conn_id(cls, data: Any) -> Any:
+        # spark_connect's connection is of another type than spark-submit's: its own default name.
+        if isinstance(data, dict) and data.get("engine") == "spark_connect" and "conn_id" not in data:
+            return {**data, "conn_id": "spark_connect_default"}
+        return data
 
     @field_validator("jars")
     @classmethod

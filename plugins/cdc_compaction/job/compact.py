@@ -15,7 +15,6 @@ The functions above ``run`` are pure ``DataFrame -> DataFrame`` transformations.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import itertools
 import json
@@ -32,6 +31,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc_compaction.job import files
 from cdc_compaction.job.contract import (
     DATA_DIR,
     DEFAULT_COMPRESSION,
@@ -485,17 +485,12 @@ def _ts(value: str | None) -> datetime | None:
 
 
 def _write_text(spark: SparkSession, path: str, text: str) -> None:
-    """Write a small file through Hadoop's FileSystem, so any Spark-readable URI works."""
-    fs, p = _fs(spark, path)
-    out = fs.create(p, True)
-    try:
-        out.write(bytearray(text.encode("utf-8")))
-    finally:
-        out.close()
+    """Write a small file (Hadoop's FileSystem in a classic session, pyarrow over Spark Connect)."""
+    files.for_session(spark).write_text(path, text)
 
 
 def _is_data_name(name: str) -> bool:
-    return not name.startswith(("_", "."))
+    return files.is_data_name(name)
 
 
 def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]]:
@@ -505,24 +500,7 @@ def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]
     committer's markers -- is deleted: the directory is this attempt's own, not yet committed,
     and a reader's glob over it must find Parquet data files and nothing else.
     """
-    fs, p = _fs(spark, path)
-    if not fs.exists(p):
-        return []
-    # A checksummed file system (local files) hides its .crc files from listings: look under it
-    # (py4j raises for any other file system, which lists everything already).
-    with contextlib.suppress(Exception):
-        fs = fs.getRawFileSystem()
-    files = []
-    for st in fs.listStatus(p):
-        name = st.getPath().getName()
-        if st.isFile() and _is_data_name(name):
-            files.append({"name": f"{rel}/{name}", "size": int(st.getLen())})
-        elif st.isDirectory() and partition_dir_value(name) is not None and "/" not in rel:
-            files += _data_files(spark, f"{path.rstrip('/')}/{name}", f"{rel}/{name}")
-        else:
-            log.info("removing %s from the output: not a data file", st.getPath().toString())
-            fs.delete(st.getPath(), True)
-    return sorted(files, key=lambda f: f["name"])
+    return files.for_session(spark).data_files(path, rel)
 
 
 def _written_partitions(files: list[dict[str, Any]], data_dir: str, rel: str = DATA_DIR) -> dict[str, str]:
@@ -572,17 +550,9 @@ def _no_bookkeeping_files(spark: SparkSession) -> None:
     """Write only data files: no ``_SUCCESS`` marker, no summary files, no ``.crc`` beside local files.
 
     Readers that glob a location (DuckDB's ``read_parquet('<dir>/*')``) would pick them up.
-    What a cluster still writes is removed by :func:`_data_files`.
+    What a cluster (or a Spark Connect server) still writes is removed by :func:`_data_files`.
     """
-    # SQL confs are copied into the Hadoop configuration of every write.
-    spark.conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-    spark.conf.set("parquet.summary.metadata.level", "NONE")
-    try:
-        jvm = spark._jvm
-        local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark._jsc.hadoopConfiguration())
-        local.setWriteChecksum(False)
-    except Exception:  # only an optimisation: _data_files removes what is written anyway
-        log.debug("could not turn off local checksum files", exc_info=True)
+    files.for_session(spark).quiet_writes()
 
 
 def new_attempt() -> str:
@@ -602,26 +572,9 @@ def attempt_locations(plan: Plan | Mapping[str, Any], attempt: str | None) -> tu
     return (f"{out}-{attempt}", f"{quarantine}-{attempt}") if attempt else (out, quarantine)
 
 
-def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
-    jvm = spark._jvm
-    p = jvm.org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
-
-
 def _read_small(spark: SparkSession, path: str) -> str | None:
-    """A small file's text through Hadoop's FileSystem, or None if it does not exist."""
-    fs, p = _fs(spark, path)
-    if not fs.exists(p):
-        return None
-    stream = fs.open(p)
-    try:
-        reader = spark._jvm.java.io.BufferedReader(spark._jvm.java.io.InputStreamReader(stream, "UTF-8"))
-        lines = []
-        while (line := reader.readLine()) is not None:
-            lines.append(line)
-        return "\n".join(lines)
-    finally:
-        stream.close()
+    """A small file's text, or None if it does not exist."""
+    return files.for_session(spark).read_text(path)
 
 
 def committed_already(spark: SparkSession, plan: Plan | Mapping[str, Any]) -> bool:
@@ -695,7 +648,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     cutoff = _ts(plan.tombstone_cutoff)
     out, quarantine = attempt_locations(plan, attempt)
     data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
-    mode = "errorifexists" if attempt else "overwrite"
+    mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
     # Partitioned tables (registry partition_by): only the data partitions the increments touch
     # are read and rewritten; the plan lists the live version's partitions as {value: location}.
     part = plan.partition_by
@@ -865,6 +818,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         if part is not None:
             writer = writer.partitionBy(PARTITION_COLUMN)
         writer.parquet(data_out)
+        fault_point("compact.after_data", plan.table)
         # Tombstones stay one small unpartitioned set (with their partition as a column).
         deleted = deleted.coalesce(1).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
         deleted.write.mode(mode).option("compression", compression).parquet(tomb_out)

@@ -8,6 +8,8 @@ and applies nothing twice -- the way Iceberg, Delta and Hadoop's committers are 
     CDC_FAULTS="publish.after_commit_record=kill"          # SIGKILL this process there
     CDC_FAULTS="archive.after_first_delete@shop.orders=raise"   # only for that table
     CDC_FAULTS_ONCE_DIR=/tmp/x                             # fire each point once (then retries pass)
+    CDC_FAULTS="compact.after_data=pause"                  # wait there until <ONCE_DIR>/<point>@<table>.release
+                                                           # exists (a test crashes something else meanwhile)
 
 One implementation for both sides: the Airflow tasks and the Spark job
 (:mod:`cdc_compaction.job.compact`, which ships to the cluster in the job package) call
@@ -24,7 +26,9 @@ log = logging.getLogger(__name__)
 
 ENV = "CDC_FAULTS"
 ONCE_ENV = "CDC_FAULTS_ONCE_DIR"
-ACTIONS = ("raise", "kill")
+ACTIONS = ("raise", "kill", "pause")
+#: How long a ``pause`` waits for its release file at most (then the run goes on).
+PAUSE_MAX_S = 300.0
 
 
 class InjectedFaultError(RuntimeError):
@@ -35,7 +39,7 @@ class InjectedFaultError(RuntimeError):
     """
 
 
-#: Every fault point of the package, in the order a run passes them.
+#: Every fault point of the package, in the order a run passes them (the last, the order of their tests).
 POINTS = (
     "plan.after_plan_written",
     "compact.before_stats",
@@ -58,6 +62,7 @@ POINTS = (
     "erase.after_commit_record",
     "erase.after_first_swap",
     "erase.before_audit",
+    "compact.after_data",  # crashed by the Spark Connect test (the server killed mid-job), not a DAG run
 )
 
 
@@ -87,12 +92,30 @@ def _first_time(name: str, table: str) -> bool:
     return True
 
 
+def _pause(name: str, table: str) -> None:
+    """Wait until the test that armed the point creates ``<ONCE_DIR>/<point>@<table>.release``.
+
+    The fired-once marker (``<point>@<table>`` in ``CDC_FAULTS_ONCE_DIR``) tells that test the run
+    is here: it can crash another process (the Spark Connect server) at exactly this step.
+    """
+    import time
+
+    once = os.environ.get(ONCE_ENV) or "."
+    release = os.path.join(once, f"{name}@{table or 'any'}.release")
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def fault_point(name: str, table: str = "") -> None:
     """Crash here if a test armed this point: raise, or SIGKILL the current process."""
     action = armed(name, table)
     if action is None or not _first_time(name, table):
         return
     log.error("fault injection: %s at %s (%s)", action, name, table or "any table")
+    if action == "pause":
+        _pause(name, table)
+        return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFaultError(f"injected fault at {name} for {table or 'any table'} (CDC_FAULTS is set)")

@@ -198,7 +198,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     ingested_at = job._ts(plan.ingested_at)
     out, quarantine = job.attempt_locations(plan, attempt)
     data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
-    write_mode = "errorifexists" if attempt else "overwrite"
+    write_mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
     schema = f"{plan.schema_ddl}, {META_DDL}"
     log.info("compacting keyless %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 

@@ -510,7 +510,7 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     ingested_at = job._ts(plan.ingested_at)
     out, quarantine = job.attempt_locations(plan, attempt)
     data_out, tomb_out, hist_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}", f"{out}/{HISTORY_DIR}"
-    write_mode = "errorifexists" if attempt else "overwrite"
+    write_mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
     compression = plan.compression or "snappy"
     extra_ddl = ", ".join(f"`{name}` {kind}" for name, kind in SNAPSHOT_COLUMNS)
     schema = f"{plan.schema_ddl}, {extra_ddl}, {META_DDL}"
