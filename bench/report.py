@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ LABELS = {"delta": "delta-rs"}
 #: The engines ours is compared with in the ratio table, in this order.
 PEERS = ("duckdb", "polars", "delta")
 #: Other benchmarks' sections come in this order when present; any other JSON file after them.
-KNOWN_ORDER = ("partitioned", "parse", "hourly_run")
+KNOWN_ORDER = ("hourly_connect", "partitioned", "policy_day", "parse", "hourly_run")
 
 
 def _num(v: Any, digits: int = 1) -> str:
@@ -203,6 +204,115 @@ def compaction_chart(data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------- targets
+def targets_table(results: Path) -> str:
+    """One row per target: what it asks, what was measured, met or not (every JSON's ``target``/``met``).
+
+    The compaction benchmark has one row per dataset (ours / floor against its target); the others
+    carry their own ``target`` text and ``met`` flag, written by the script that measured them.
+    """
+    rows: list[list[str]] = []
+    comp = results / "compaction.json"
+    if comp.exists():
+        data = json.loads(comp.read_text(encoding="utf-8"))
+        target = data.get("target_ours_over_floor", 1.3)
+        for d in data.get("datasets", []):
+            of = d["ratios"].get("ours/floor")
+            met = of is not None and of <= target
+            rows.append(
+                [
+                    f"compaction {d['dataset']}",
+                    f"ours / floor (wall) <= {target}",
+                    f"{_num(of, 2)} (CPU {_num(d['ratios'].get('ours/floor (cpu)'), 2)})",
+                    "yes" if met else "**no**",
+                ]
+            )
+    for p in sorted(results.glob("*.json")):
+        if p.name == "compaction.json":
+            continue
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or "target" not in data:
+            continue
+        measured = data.get("measured") or _measured(data)
+        rows.append([p.stem, str(data["target"]), str(measured), "yes" if data.get("met") else "**no**"])
+    return _table(["benchmark", "target", "measured", "met"], rows) if rows else ""
+
+
+def _measured(data: dict[str, Any]) -> str:
+    """The metrics a target names (``run_wall_seconds <= 60`` -> that metric), else its ratios, as text."""
+    flat: dict[str, Any] = {}
+    for k, v in (data.get("metrics") or {}).items():
+        if isinstance(v, dict):
+            flat.update({f"{k}.{k2}": v2 for k2, v2 in v.items() if not isinstance(v2, dict | list)})
+        elif not isinstance(v, list):
+            flat[k] = v
+    target = str(data.get("target", ""))
+    # Metric names in the target's text (``spark_connect plan_to_refresh_view_seconds`` names
+    # ``spark_connect_plan_to_refresh_view_seconds``): the metrics that end with one of them.
+    names = [t for t in re.findall(r"[a-z][a-z0-9_]+", target) if "_" in t]
+    named = {k: v for k, v in flat.items() if any(k.endswith(n) for n in names)}
+    chosen = named or {k: v for k, v in flat.items() if "ratio" in k}
+    return "; ".join(f"{k} {_num(v, 2)}" for k, v in chosen.items())
+
+
+def scaling_chart(results: Path, path: Path) -> bool:
+    """Touched-only vs full-rewrite job time per table size (``partitioned.json``) and the day under each
+    compaction policy (``policy_day.json``), side by side. False when neither result is there."""
+    part = results / "partitioned.json"
+    day = results / "policy_day.json"
+    if not part.exists() and not day.exists():
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    if part.exists():
+        metrics = json.loads(part.read_text(encoding="utf-8")).get("metrics", {})
+        sizes = sorted(metrics, key=int)
+        xs = [int(s) / 1e6 for s in sizes]
+        for key, label in (
+            ("full_rewrite_job_s", "full rewrite"),
+            ("touched_clustered_job_s", "touched only, clustered keys"),
+            ("touched_scattered_job_s", "touched only, scattered keys"),
+        ):
+            ys = [metrics[s].get(key) for s in sizes]
+            if any(y is not None for y in ys):
+                axes[0].plot(xs, ys, marker="o", label=label)
+        axes[0].set_xlabel("base rows (millions)")
+        axes[0].set_ylabel("job seconds (JVM start excluded)")
+        axes[0].set_title("partitioned table, fixed change size")
+        axes[0].grid(alpha=0.3)
+        axes[0].legend()
+    if day.exists():
+        tables = json.loads(day.read_text(encoding="utf-8")).get("tables", {})
+        for name, t in tables.items():
+            runs = t.get("runs", [])
+            total, ys = 0.0, []
+            for r in runs:
+                total += float(r.get("wall_s") or 0)
+                ys.append(total)
+            axes[1].plot(
+                range(1, len(ys) + 1),
+                ys,
+                marker=".",
+                label=f"{name} ({sum(bool(r.get('compacted')) for r in runs)} compactions)",
+            )
+        axes[1].set_xlabel("hour of the day")
+        axes[1].set_ylabel("cumulative run seconds")
+        axes[1].set_title("a day of hourly runs under each compaction policy")
+        axes[1].grid(alpha=0.3)
+        axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 # ---------------------------------------------------------------------- others
 def _generic(obj: Any, depth: int = 0) -> str:
     """A readable Markdown rendering of another benchmark's JSON (no known layout)."""
@@ -242,6 +352,11 @@ def other_sections(results: Path) -> list[str]:
 def write_report(results: Path = RESULTS) -> Path:
     """Write ``RESULTS.md`` (and ``compaction.png``) from the JSON files in ``results``."""
     parts = ["# Benchmark results", "", "Written by `make bench` (`bench/report.py`); do not edit by hand.", ""]
+    targets = targets_table(results)
+    if targets:
+        parts += ["## Targets", "", targets, ""]
+    if scaling_chart(results, results / "scaling.png"):
+        parts += ["![partitioned scaling and the policy day](scaling.png)", ""]
     comp = results / "compaction.json"
     if comp.exists():
         data = json.loads(comp.read_text(encoding="utf-8"))

@@ -208,7 +208,16 @@ def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None
     }
     (tmp_path / "compaction.json").write_text(json.dumps({"datasets": [dataset], "initial_loads": []}))
     (tmp_path / "parse.json").write_text(json.dumps({"tables": 500, "seconds": 0.8, "runs": [{"n": 1, "s": 0.1}]}))
+    hourly = {"target": "spark_connect plan_to_refresh_view_seconds <= 8", "met": False}
+    hourly["metrics"] = {"spark_connect_plan_to_refresh_view_seconds": 9.5, "connect_server_start_seconds": 7.0}
+    (tmp_path / "hourly_connect.json").write_text(json.dumps(hourly))
     text = report.write_report(tmp_path).read_text()
+    # The targets first: the compaction's ratio per dataset, then each benchmark's own target with the
+    # metric it names (not the others) and whether it was met.
+    assert text.index("## Targets") < text.index("## Compaction")
+    assert "| compaction 1k x 1% | ours / floor (wall) <= 1.3 | 1.20 (CPU 1.00) | yes |" in text
+    row = "| hourly_connect | spark_connect plan_to_refresh_view_seconds <= 8 | "
+    assert f"{row}spark_connect_plan_to_refresh_view_seconds 9.50 | **no** |" in text
     assert "| 1k x 1% | 1,010 | **ours** | 12.0 |" in text
     # delta-rs by its name, with its ratio beside the others' (those not run shown as -).
     assert "| 1k x 1% | 1,010 | delta-rs | 4.0 |" in text
