@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +120,20 @@ def _metastore(args: argparse.Namespace) -> int:
     from cdc_compaction.local_services import LocalMetastore
 
     ms = LocalMetastore(Path(args.home), port=args.port)
-    if args.action == "start":
-        pid = ms.start()
-        print(f"metastore {ms.uri} running (pid {pid}, home {ms.home})")
-    elif args.action == "stop":
-        print("stopped" if ms.stop() else "not running")
+    return _service_action(
+        ms, args.action, ms.uri, lambda pid: f"metastore {ms.uri} running (pid {pid}, home {ms.home})"
+    )
+
+
+def _service_action(service: Any, action: str, url: str, started: Callable[[int], str]) -> int:
+    """start / stop / status of a local server (metastore, Spark Connect): status exits 3 when it is not running."""
+    if action == "start":
+        print(started(service.start()))
+    elif action == "stop":
+        print("stopped" if service.stop() else "not running")
     else:
-        pid = ms.pid()
-        print(f"running (pid {pid}) at {ms.uri}" if pid else "not running")
+        pid = service.pid()
+        print(f"running (pid {pid}) at {url}" if pid else "not running")
         return 0 if pid else 3
     return 0
 
@@ -220,16 +227,14 @@ def _connect(args: argparse.Namespace) -> int:
     from cdc_compaction.devenv import connect_server
 
     server = connect_server(args.metastore, home=Path(args.home), port=args.port)
-    if args.action == "start":
-        pid = server.start()
-        print(f"Spark Connect server {server.url} running (pid {pid}, home {server.home}, metastore {args.metastore})")
-    elif args.action == "stop":
-        print("stopped" if server.stop() else "not running")
-    else:
-        pid = server.pid()
-        print(f"running (pid {pid}) at {server.url}" if pid else "not running")
-        return 0 if pid else 3
-    return 0
+    return _service_action(
+        server,
+        args.action,
+        server.url,
+        lambda pid: (
+            f"Spark Connect server {server.url} running (pid {pid}, home {server.home}, metastore {args.metastore})"
+        ),
+    )
 
 
 def _airflow_ui(args: argparse.Namespace) -> int:
