@@ -735,6 +735,7 @@ REGION_COLUMNS: list[dict[str, str]] = [
     {"name": "op", "type": "string"},
     {"name": "ts_ms", "type": "bigint"},
 ]
+REGION_SCHEMA = pa.schema([(c["name"], ARROW_TYPES[c["type"]]) for c in REGION_COLUMNS])
 PC = "_cdc_partition"
 
 
@@ -858,6 +859,14 @@ def test_read_partitions_supplies_values_from_any_version_directory(
     assert job.read_partitions(spark, schema, {}).count() == 0
 
 
+def land_region(landing: Path, increment: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Land ``rows`` of the region table as one file of ``increment``: the plan's entry for it."""
+    path = landing / increment / F0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=REGION_SCHEMA), path)
+    return {"increment": increment, "name": F0, "path": str(path), "size": path.stat().st_size}
+
+
 def partition_dirs(version: Path) -> dict[str, Path]:
     """The partition directories of a version's visible rows (``<version>/data/_cdc_partition=<v>``)."""
     return {job.partition_dir_value(d.name): d for d in (version / "data").iterdir() if d.is_dir()}
@@ -877,13 +886,8 @@ def test_run_partitioned_rewrites_only_touched_partitions(spark: Any, make_cfg: 
         plan["base_partitions"] = partitions
         return plan
 
-    schema = pa.schema([(c["name"], ARROW_TYPES[c["type"]]) for c in REGION_COLUMNS])
-
     def land(increment: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        path = landing / increment / F0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
-        return {"increment": increment, "name": F0, "path": str(path), "size": path.stat().st_size}
+        return land_region(landing, increment, rows)
 
     first = land(
         INC0,
@@ -1049,13 +1053,9 @@ def test_key_index_is_written_sorted_and_the_next_compaction_finds_keys_through_
     landing, versions = tmp_path / "incremental", tmp_path / "base"
     (versions / "v0").mkdir(parents=True)
     at = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
-    schema = pa.schema([(c["name"], ARROW_TYPES[c["type"]]) for c in REGION_COLUMNS])
 
     def land(increment: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        path = landing / increment / F0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
-        return {"increment": increment, "name": F0, "path": str(path), "size": path.stat().st_size}
+        return land_region(landing, increment, rows)
 
     def compact(
         plan_id: str, base: str, files: list[dict[str, Any]], out: str, parts: dict[str, str], index: Any
