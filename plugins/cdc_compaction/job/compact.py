@@ -46,6 +46,7 @@ from cdc_compaction.job.contract import (
     PARTITION_DDL,
     PARTITION_DIR_PREFIX,
     PERMANENT_EXIT_CODE,
+    PROVENANCE,
     STATS_FILE,
     TOMBSTONES_DIR,
     JobStats,
@@ -139,16 +140,51 @@ def with_fills(events: DataFrame, fills: Mapping[str, str]) -> DataFrame:
     return events
 
 
-def touched_rows(
-    base: DataFrame, keys: DataFrame, pk: list[str], broadcast: bool = True
-) -> tuple[DataFrame, DataFrame]:
-    """(the rows of ``base`` whose key is among ``keys``, the rest): the key lookup's split of the base.
+def rank_touched_keys(
+    base: DataFrame,
+    fresh: DataFrame,
+    pk: list[str],
+    order_by: list[str],
+    rank_sql: str,
+    fills: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """``ranked`` over the events of the keys ``fresh`` touches only: their base rows and every event.
 
-    Only the first is ranked with the events (whole rows: no join back to the events after the
-    ranking); the second passes to the output as it is, read once and never shuffled. NULL key
-    parts equal NULL, as in the rule.
+    Narrow on purpose (keys, ordering columns, provenance, the left-out columns to fill, and
+    ``_cdc_src``: 0 for a base row, 1 for an event): only these rows are shuffled and sorted,
+    not the whole table.
     """
-    return key_join(base, keys, pk, "left_semi", broadcast), key_join(base, keys, pk, "left_anti", broadcast)
+    fills = fills or {}
+    cols = [F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE, *fills])]
+    keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
+    touched = key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True).withColumn("_cdc_src", F.lit(0))
+    events = touched.unionByName(fresh.select(*cols).withColumn("_cdc_src", F.lit(1)))
+    return with_fills(ranked(events, rank_sql), fills)
+
+
+def winning_events(
+    fresh: DataFrame, won: DataFrame, pk: list[str], fills: Mapping[str, str] | None = None
+) -> DataFrame:
+    """The events of ``fresh`` that ``won`` (winners of ``rank_touched_keys``) names, left-out columns filled.
+
+    An event is named by its provenance and key: a key change (registry ``old_key``) is two
+    rows of one event, its old key's retirement and its new key's upsert.
+    """
+    fills = dict(fills or {})
+    w = won.select(
+        *[F.col(c).alias(f"_cdc_w{c}") for c in PROVENANCE],
+        *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)],
+        *[F.col(f"`{c}`").alias(f"_cdc_f{i}") for i, c in enumerate(fills)],
+    )
+    cond = functools.reduce(
+        operator.and_,
+        [F.col(c) == F.col(f"_cdc_w{c}") for c in PROVENANCE]
+        + [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)],
+    )
+    if not fills:
+        return fresh.join(w, cond, "left_semi")
+    filled = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
+    return fresh.join(w, cond, "inner").select(*[filled.get(c, F.col(f"`{c}`")) for c in fresh.columns])
 
 
 def keyed_events(spark: SparkSession, fresh: DataFrame, keyed_sql: str) -> DataFrame:
@@ -637,7 +673,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     cached: list[DataFrame] = []
     # Counts the tombstones that expire as they are written.
     obs_tomb = Observation("cdc_compaction_tombstones")
-    # Counts ties, late events (and with the key lookup the superseded rows) as the ranking runs.
+    # Counts ties and late events as the full ranking runs (the key lookup counts them on its cache).
     obs_ranks = Observation("cdc_compaction_ranks")
     # Count the rows written and the misplaced ones as they are written: no re-read of the output.
     obs_data = Observation("cdc_compaction_written_data")
@@ -670,7 +706,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             retired_keys = fresh.count() - (increment_rows - rejected_rows)
         fills = rule.fills
 
-        # Few events (the usual hourly run): rank only the keys they touch; see touched_rows.
+        # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
         # Not when the events outnumber the base (a first load): one ranking of every row is cheaper then.
         lookup_max = int(KEY_LOOKUP_MAX_EVENTS if plan.key_lookup_max_events is None else plan.key_lookup_max_events)
         base_rows = lookup_max if plan.base_rows is None else plan.base_rows
@@ -678,28 +714,37 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         lookup_superseded = 0
         base_read: int | None = None
         if lookup:
-            # The keys the events touch: one small set, broadcast to split the base and kept (read four times).
-            keys = fresh.select(*_keys(pk)).distinct().persist()
-            # Cached frames in as many partitions as adaptive execution chooses, not 200.
+            order_by = list(plan.order_by or columns)
+            # Cached (it is read three times) in as many partitions as adaptive execution chooses, not 200.
             spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-            cached.append(keys)
-            touched_keys = keys
-            touched_data, kept_data = touched_rows(base_data, keys, pk)
-            touched_tomb, kept_tomb = touched_rows(base_tomb, keys, pk)
-            # Whole rows of the touched keys only (at most a base row per event): ranked as the full
-            # ranking ranks every row; the superseded rows are counted as they go by.
-            touched_base = touched_data.unionByName(touched_tomb)
-            ranked_events = with_fills(ranked(_sourced(touched_base, fresh), rule.rank), fills)
-            lookup_tally = F.coalesce(F.sum(F.when(F.col("_cdc_rank") > 1, 1)), F.lit(0)).alias("superseded")
-            ranked_events = with_rank_flags(ranked_events, pk, list(plan.order_by or columns)).observe(
-                obs_ranks, lookup_tally, *rank_tally_columns()
+            touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills)
+            touched_ranks = touched_ranks.persist()
+            cached.append(touched_ranks)
+            # One pass over the cached ranking: the losers, and how the keys' rankings went.
+            tally = (
+                with_rank_flags(touched_ranks, pk, order_by)
+                .agg(F.coalesce(F.sum(F.when(F.col("_cdc_rank") > 1, 1)), F.lit(0)).alias("s"), *rank_tally_columns())
+                .first()
             )
-            # Both outputs take their share of the winners: rank once.
-            row_columns = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS]]
-            winners = ranked_events.filter(F.col("_cdc_rank") == 1).select(*row_columns).persist()
-            cached.append(winners)
-            visible = kept_data.select(*row_columns).unionByName(winners.filter(~is_delete))
-            deleted = kept_tomb.select(*row_columns).unionByName(winners.filter(is_delete))
+            lookup_superseded = int(tally["s"])
+            touched_keys = touched_ranks.select(*_keys(pk)).distinct()
+            rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
+            src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
+            losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
+            won = touched_ranks.filter((src == 1) & (rank == 1))
+            # Kept: both outputs take their share (one join back to the events, not one per output).
+            fresh_winners = winning_events(fresh, won, pk, fills).persist()
+            cached.append(fresh_winners)
+            # The base is read once per output and never shuffled: untouched keys pass as they are.
+            visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
+                fresh_winners.filter(~is_delete)
+            )
+            deleted = key_join(base_tomb, losers, pk, "left_anti", broadcast=True).unionByName(
+                fresh_winners.filter(is_delete)
+            )
+            # Everything the ranking did not count is a winner: counted on the writes below.
+            visible = visible.withColumn("_cdc_rank", F.lit(1))
+            deleted = deleted.withColumn("_cdc_rank", F.lit(1))
         else:
             if part is None:
                 base_all = base_data.unionByName(base_tomb)
@@ -766,9 +811,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         deleted = deleted.coalesce(1).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
         deleted.write.mode(mode).option("compression", compression).parquet(tomb_out)
         expired_count = _observed(obs_tomb, "expired_tombstones")
-        rank_tallies = {k: _observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
-        if lookup:
-            lookup_superseded = _observed(obs_ranks, "superseded")
+        if not lookup:
+            rank_tallies = {k: _observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
         data_rows, data_misplaced = _observed(obs_data, "rows"), _observed(obs_data, "misplaced")
         tomb_rows, tomb_misplaced = _observed(obs_written_tomb, "rows"), _observed(obs_written_tomb, "misplaced")
 
