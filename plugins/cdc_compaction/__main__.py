@@ -205,8 +205,7 @@ def _demo(args: argparse.Namespace) -> int:
             return 1
         from cdc_compaction.pgdemo import main as pg_demo_main
 
-        print("engine: spark_submit (the PostgreSQL demo compacts with spark-submit; --engine is --source files')")
-        return pg_demo_main()
+        return pg_demo_main(args.engine)
     from cdc_compaction.demo import main as demo_main
 
     return demo_main(args.engine)
@@ -767,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["spark_connect", "spark_submit"],
         default="spark_connect",
         help="spark.engine of the demo's tables: spark_connect (default; a warm Spark Connect server the demo "
-        "starts beside its metastore) or spark_submit (one JVM per run); --source postgres runs spark_submit",
+        "starts beside its metastore) or spark_submit (one JVM per run)",
     )
     demo.set_defaults(func=_demo)
 
