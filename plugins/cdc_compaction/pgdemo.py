@@ -263,7 +263,11 @@ def main(engine: str = "spark_connect") -> int:
             server.stop()
         pg.stop()
         ms.stop()
-        print("\nPostgreSQL, the metastore" + (" and the Spark Connect server" if server else "") + " stopped.")
+        print(
+            "\nPostgreSQL, the metastore and the Spark Connect server stopped."
+            if server
+            else "\nPostgreSQL and the metastore stopped."
+        )
     print(f"demo finished in {time.monotonic() - started:.0f}s (engine {engine})")
     if not agree:
         print("the lake and PostgreSQL DISAGREE (see above)", file=sys.stderr)
