@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 # make demo SOURCE=postgres: a real PostgreSQL table (wal2json) as the CDC source.
 SOURCE ?= files
+# make demo ENGINE=spark_submit: one spark-submit JVM per compaction instead of the warm Spark Connect server.
+ENGINE ?= spark_connect
 # PostgreSQL's server and wal2json (make test, make demo SOURCE=postgres); check-postgres installs them as root.
 PG_PACKAGES ?= postgresql postgresql-15-wal2json
 # The browser test's headless Chromium (tests/test_browser.py, through playwright); check-browser installs it as root.
@@ -78,9 +80,9 @@ test: install check-postgres check-browser $(BENCH_STAMP)  ## lint, then every t
 test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
 
-demo: install  ## generate CDC files for two tables and compact them with the real DAGs (SOURCE=postgres: from a real PostgreSQL)
+demo: install  ## generate CDC files for two tables and compact them with the real DAGs on a warm Spark Connect server (ENGINE=spark_submit: a JVM per run; SOURCE=postgres: from a real PostgreSQL)
 	@if [ "$(SOURCE)" = postgres ]; then $(MAKE) --no-print-directory check-postgres; fi
-	$(BIN)/python -m cdc_compaction demo --source $(SOURCE)
+	$(BIN)/python -m cdc_compaction demo --source $(SOURCE) --engine $(ENGINE)
 
 fuzz: install  ## many more generated examples of tests/test_generative.py: make fuzz CDC_FUZZ_EXAMPLES=1000
 	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/test_generative.py --hypothesis-show-statistics $(PYTEST_ARGS)

@@ -4,7 +4,9 @@ One Connect server for the whole file (module fixture, on the session's metastor
 its PID).  Expectations come from a latest-per-key model written here, never from the job:
 a compaction over Connect gives the rows the model gives, and the rows the classic session
 gives; a server killed mid-job (SIGKILL by PID) fails the compaction as transient, nothing
-live is touched, and the retry against the restarted server commits the right rows.
+live is touched, and the retry against the restarted server commits the right rows.  The
+``keyless`` and ``snapshot`` modes over Connect are held against their reference models
+(``tests/models``), fed a scenario file's increments.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import visible_names
+from conftest import compact_once, visible_names
+from models import snapshot_model
+from models.keyless_model import KeylessModel, KeylessTable, multiset
 
 from cdc_compaction import conformance
 from cdc_compaction.engine import ConnectEngine, SessionEngine, connect_lost
@@ -34,7 +38,8 @@ from cdc_compaction.pipeline.publish import publish
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.validate import validate
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.pipeline.views import refresh_view
+from cdc_compaction.registry import TableConfig, parse_table
 from cdc_compaction.settings import MetastoreEndpoint
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
@@ -212,3 +217,94 @@ def test_server_killed_mid_job_then_restarted_commits_right_and_overwrites_nothi
     assert (live_version / STATS_FILE).exists()
     versions = live_version.parent
     assert [d for d in versions.iterdir() if d.is_dir() and not (d / STATS_FILE).exists() and d.name != "v0"]
+
+
+# ------------------------------------------------------------------ keyless and snapshot modes
+SCENARIOS = Path(__file__).parent / "scenarios"
+
+
+def scenario_over_connect(name: str, lake_dir: Path) -> tuple[dict[str, Any], TableConfig]:
+    """A scenario file (its table and steps) and a spark_connect table of that shape under ``lake_dir``."""
+    scn = conformance.Scenario.load(SCENARIOS / f"{name}.json")
+    doc = conformance.registry_doc(scn, lake_dir, suffix="_over_connect")
+    # The server's driver memory is its own: only the session conf a run may set.
+    doc["spark"] = {"engine": "spark_connect", "conf": {"spark.sql.shuffle.partitions": "2"}}
+    return json.loads(scn.path.read_text()), parse_table(doc)
+
+
+def test_keyless_over_connect_equals_the_model(
+    tmp_path: Path, spark: Any, endpoint: MetastoreEndpoint, connect_server: SparkConnectServer
+) -> None:
+    # Updates matched by their before columns, then a connector restart's replayed increment.
+    doc, cfg = scenario_over_connect("keyless/replayed_increment_after_compaction", tmp_path / "lake")
+    rt = connect_runtime(cfg, endpoint, connect_server)
+    ensure_tables(rt)
+    table = KeylessTable.from_doc(doc["table"])
+    model = KeylessModel(table)
+    reader = conformance.Reader(spark)
+
+    def data_rows(rows: list[dict[str, Any]]) -> Any:
+        return multiset(tuple(r[c] for c in table.data_columns) for r in rows)
+
+    compactions = 0
+    # Up to the second compaction (the replays); the scenario's third repeats it, for time.
+    for step in doc["steps"][:5]:
+        ((kind, body),) = step.items()
+        if kind == "land":
+            conformance.land(cfg, body["increment"], body["files"])
+            model.land(body["increment"], body["files"])
+        elif kind == "check_view":
+            refresh_view(rt)  # the view's DDL over Connect
+            assert data_rows(reader.view(cfg)) == model.view().multiset, f"view before compaction {compactions + 1}"
+        elif kind == "compact":
+            compactions += 1
+            want = model.compact()
+            assert compact_once(rt, f"run{compactions}"), f"compaction {compactions}: nothing planned"
+            assert data_rows(reader.visible_base(cfg)) == want.multiset, f"compaction {compactions}"
+            stats = rt.lake.latest_commit().stats
+            got = {k: int(stats.get(s, 0)) for k, s in (("rejected", "rejected_rows"), *conformance.COUNTED.items())}
+            assert got == {k: getattr(want, k) for k in got}, f"compaction {compactions}: counts"
+    assert compactions == 2 and model.watermark is not None
+
+
+def test_snapshot_over_connect_equals_the_model(
+    tmp_path: Path, spark: Any, endpoint: MetastoreEndpoint, connect_server: SparkConnectServer
+) -> None:
+    # A first load (all inserts), then a snapshot with an update, an unchanged row, a delete and an insert.
+    doc, cfg = scenario_over_connect("snapshot/update_nochange_delete_insert", tmp_path / "lake")
+    rt = connect_runtime(cfg, endpoint, connect_server)
+    ensure_tables(rt)
+    table = snapshot_model.SnapshotTable.from_doc(doc["table"])
+    state = snapshot_model.State()
+    pending: list[snapshot_model.Increment] = []
+    reader = conformance.Reader(spark)
+
+    def as_model(row: dict[str, Any]) -> dict[str, Any]:
+        # The model holds dates (eff_start_date, date columns) as ISO strings.
+        return {k: v.isoformat() if hasattr(v, "isoformat") and not isinstance(v, str) else v for k, v in row.items()}
+
+    compactions = 0
+    for step in doc["steps"]:
+        ((kind, body),) = step.items()
+        if kind == "land":
+            conformance.land(cfg, body["increment"], body["files"])
+            pending.append(snapshot_model.Increment(body["increment"], tuple(tuple(f) for f in body["files"])))
+        elif kind == "compact":
+            compactions += 1
+            outcome = snapshot_model.compact(table, state, pending)
+            pending = []
+            assert compact_once(rt, f"run{compactions}"), f"compaction {compactions}: nothing planned"
+            stats = rt.lake.latest_commit().stats
+            report = {
+                "counts": {op: int(n) for op, n in (stats.get("counts") or {}).items()},
+                "applied": [inc for inc, *_ in stats.get("applied", [])],
+                "replayed": int(stats.get("replayed", 0)),
+                "rejected": {k: v for k, v in (stats.get("rejected") or {}).items() if v},
+                "refused": {k: v for k, v in (stats.get("refused") or {}).items() if v},
+            }
+            current = [as_model(r) for r in reader.visible_base(cfg)]
+            history = {d: [as_model(r) for r in rows] for d, rows in reader.history(cfg).items()}
+            want = {"expect": state.current_rows(), "history": state.history_rows(), **outcome.report()}
+            problems = snapshot_model.mismatches(table, want, current, history, report)
+            assert not problems, f"compaction {compactions}: " + "\n".join(problems)
+    assert compactions == 2 and state.last_applied is not None

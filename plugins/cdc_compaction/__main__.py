@@ -7,7 +7,8 @@ Commands:
   conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
   metastore start|stop|status            the local Thrift metastore of the embedded default
   connect start|stop|status              the local Spark Connect server (registry spark.engine: spark_connect)
-  demo [--source files|postgres]         the embedded default end to end (make demo [SOURCE=postgres])
+  demo [--source files|postgres] [--engine spark_connect|spark_submit]
+                                         the embedded default end to end (make demo [SOURCE=postgres] [ENGINE=...])
   postgres check                         are PostgreSQL's server and wal2json installed? (make test)
   airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
   serve-sql [--port N]                   Spark's Thrift JDBC/ODBC server for BI clients on 127.0.0.1:10000
@@ -204,10 +205,10 @@ def _demo(args: argparse.Namespace) -> int:
             return 1
         from cdc_compaction.pgdemo import main as pg_demo_main
 
-        return pg_demo_main()
+        return pg_demo_main(args.engine)
     from cdc_compaction.demo import main as demo_main
 
-    return demo_main()
+    return demo_main(args.engine)
 
 
 def _postgres(args: argparse.Namespace) -> int:
@@ -759,6 +760,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["files", "postgres"],
         default="files",
         help="files: generated change files (default); postgres: a real PostgreSQL table through wal2json",
+    )
+    demo.add_argument(
+        "--engine",
+        choices=["spark_connect", "spark_submit"],
+        default="spark_connect",
+        help="spark.engine of the demo's tables: spark_connect (default; a warm Spark Connect server the demo "
+        "starts beside its metastore) or spark_submit (one JVM per run)",
     )
     demo.set_defaults(func=_demo)
 

@@ -1,14 +1,21 @@
 """``make demo``: two tables, a few hours of Debezium-style change files, the real DAGs.
 
-1. starts the local Thrift metastore (from the pyspark wheel) and prepares a SQLite
-   Airflow under ``.airflow``;
+1. starts the local Thrift metastore and, for the default engine ``spark_connect``, a
+   Spark Connect server beside it (both from the pyspark wheel, on 127.0.0.1), and
+   prepares a SQLite Airflow under ``.airflow``;
 2. lands change files for ``school.student`` and ``shop.orders`` (composite key,
    reserved-word columns, decimals, ordered by lsn, one refused row);
 3. runs both tables' DAGs at the same time (``airflow dags test``: ensure tables,
-   plan, spark-submit compaction, validate, publish, archive, refresh view);
+   plan, compaction in the warm Connect server -- or one spark-submit per run with
+   ``--engine spark_submit`` --, validate, publish, archive, refresh view);
 4. lands more hours, including a late event that must lose, shows the view
    (base + pending increments) before compaction, and compacts again;
-5. prints the base tables and views, and where every file went; stops the services.
+5. prints the base tables and views, and where every file went; stops the services
+   it started by their PIDs, also when a step fails.
+
+The engine is the registry's ``spark.engine``: the demo runs the tables of
+``include/registry`` from a copy under ``.run/demo/registry`` with ``spark.engine`` set
+to the chosen one (the registry itself defaults to ``spark_submit``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,9 +32,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cdc_compaction import settings, sql
 from cdc_compaction.conformance import land
-from cdc_compaction.devenv import airflow_env, ensure_airflow_db, last_run_timings
+from cdc_compaction.devenv import airflow_env, connect_server, ensure_airflow_db, last_run_timings
 from cdc_compaction.lake import Lake
 from cdc_compaction.local_services import LocalMetastore, free_port, port_open
 from cdc_compaction.quarantine import Quarantine
@@ -34,6 +44,26 @@ from cdc_compaction.registry import TableConfig, load_table
 
 ROOT = settings.PROJECT_ROOT
 TABLES = ["school.student", "shop.orders"]
+#: The demo's engines (registry ``spark.engine``), its default first: the warm Spark Connect server.
+ENGINES = ("spark_connect", "spark_submit")
+#: Port of the demo's Spark Connect server when it is free (Spark's default), else any free one.
+CONNECT_PORT = 15002
+
+
+def demo_registry(engine: str, target: Path) -> Path:
+    """A copy of the demo tables' registry files in ``target`` with ``spark.engine: engine``; returns ``target``.
+
+    The DAG file reads the registry directory ``CDC_REGISTRY_DIR`` names, so the engine is set
+    where every DAG run and task reads it. Everything else is the registry's own text.
+    """
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in TABLES:
+        src = settings.registry_dir() / f"{name}.yaml"
+        doc = yaml.safe_load(src.read_text())
+        doc.setdefault("spark", {})["engine"] = engine
+        (target / src.name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    return target
 
 
 def _hour(h: int) -> tuple[str, datetime]:
@@ -185,26 +215,65 @@ def _freshness(spark: Any, cfg: TableConfig) -> None:
         print(f"  {cfg.database}.{names[t]}: " + ", ".join(f"{k}={v}" for k, v in sorted(props.items())))
 
 
-def main() -> int:
+def _reader_session(engine: str, connect_url: str | None, ms: LocalMetastore) -> Any:
+    """The demo's own Spark for its reads and view refreshes: the Connect server's, or a local one.
+
+    With ``spark_connect`` the demo starts no JVM of its own either: it reads through the server.
+    """
+    if engine == "spark_connect" and connect_url is not None:
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.remote(connect_url).create()
+    from cdc_compaction.engine import local_session
+    from cdc_compaction.settings import MetastoreEndpoint
+
+    return local_session(MetastoreEndpoint(ms.host, ms.port), str(ROOT / ".lake" / "warehouse"), "cdc-demo")
+
+
+def main(engine: str = ENGINES[0]) -> int:
+    if engine not in ENGINES:
+        raise SystemExit(f"demo: engine {engine!r} is not one of {', '.join(ENGINES)}; pass --engine (ENGINE=) again")
+    # SIGTERM ends the demo like Ctrl-C: the finally below stops the services it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     for d in (ROOT / ".lake", ROOT / ".metastore"):
         shutil.rmtree(d, ignore_errors=True)
     port = 9083 if not port_open("127.0.0.1", 9083) else free_port()
     ms = LocalMetastore(ROOT / ".metastore", port=port, warehouse=ROOT / ".lake" / "warehouse")
+    server: Any = None
+    spark: Any = None
     print(f"starting the Hive metastore on {ms.uri} ...")
     ms.start()
     try:
-        env = airflow_env(ROOT / ".airflow", ms.uri, warehouse_dir=ROOT / ".lake" / "warehouse")
+        if engine == "spark_connect":
+            # A home of the demo's own: a server `make connect-start` runs (.connect/) is left alone.
+            cport = CONNECT_PORT if not port_open("127.0.0.1", CONNECT_PORT) else free_port()
+            server = connect_server(ms.uri, home=ROOT / ".run" / "demo" / "connect", port=cport)
+            print(f"starting the Spark Connect server on {server.url} (the warm engine; log {server.log_file}) ...")
+            t0 = time.monotonic()
+            server.start()
+            print(f"  up in {time.monotonic() - t0:.0f}s")
+        registry = demo_registry(engine, ROOT / ".run" / "demo" / "registry")
+        env = airflow_env(
+            ROOT / ".airflow",
+            ms.uri,
+            registry_dir=registry,
+            warehouse_dir=ROOT / ".lake" / "warehouse",
+            # The DAG runs' spark_connect_default connection (AIRFLOW_CONN_SPARK_CONNECT_DEFAULT): this server.
+            connect_port=server.port if server is not None else None,
+        )
         print("preparing Airflow (SQLite under .airflow) ...")
         ensure_airflow_db(env)
-        cfgs = [load_table(settings.registry_dir(), t) for t in TABLES]
+        cfgs = [load_table(registry, t) for t in TABLES]
         student, orders = cfgs
+        how = f"in the Spark Connect server {server.url}" if server is not None else "one spark-submit JVM per run"
+        print(f"engine: {engine} (spark.engine of {', '.join(TABLES)}; the compaction runs {how})")
 
         print("\nhours 0-1 land:")
         for h in (0, 1):
             _land(student, h, student_events(h))
             _land(orders, h, orders_events(h))
-        print("running both DAGs at once ...")
+        print(f"running both DAGs at once (engine {engine}) ...")
         _run_all(env, cfgs)
 
         print("\nhours 2-3 land (with a late update for student 2 from hour 0):")
@@ -212,20 +281,24 @@ def main() -> int:
             _land(student, h, student_events(h))
             _land(orders, h, orders_events(h))
 
-        from cdc_compaction.engine import local_session
+        from cdc_compaction.engine import ConnectEngine, SessionEngine
         from cdc_compaction.pipeline.runtime import Runtime
-        from cdc_compaction.pipeline.views import refresh_view
+        from cdc_compaction.pipeline.views import refresh_pending, refresh_view
         from cdc_compaction.settings import MetastoreEndpoint
 
-        spark = local_session(MetastoreEndpoint(ms.host, ms.port), str(ROOT / ".lake" / "warehouse"), "cdc-demo")
-        from cdc_compaction.engine import SessionEngine
+        spark = _reader_session(engine, server.url if server is not None else None, ms)
+        endpoint = MetastoreEndpoint(ms.host, ms.port)
+
+        def runtime(cfg: TableConfig) -> Runtime:
+            eng: Any = ConnectEngine(server.url, cfg) if server is not None else SessionEngine(spark)
+            return Runtime(cfg, Lake(cfg), endpoint, eng)
 
         for cfg in cfgs:
-            refresh_view(Runtime(cfg, Lake(cfg), MetastoreEndpoint(ms.host, ms.port), SessionEngine(spark)))
+            refresh_view(runtime(cfg))
         print("\nbefore the second compaction, the view already shows the pending hours:")
         _show(spark, student)
 
-        print("running both DAGs again ...")
+        print(f"running both DAGs again (engine {engine}) ...")
         _run_all(env, cfgs)
         print("\nafter the second compaction:")
         for cfg in cfgs:
@@ -241,19 +314,20 @@ def main() -> int:
         _freshness(spark, student)
         print("hour 4 lands; the view refresher (DAG cdc__views_refresh, every 5 minutes) shows it, no compaction:")
         _land(student, 4, [[{"id": 4, "full_name": "Dora", "op": "c", "ts_ms": _ms(4, 5)}]])
-        from cdc_compaction.pipeline.views import refresh_pending
-
-        rt = Runtime(student, Lake(student), MetastoreEndpoint(ms.host, ms.port), SessionEngine(spark))
-        print(f"  refresh_pending: {json.dumps(refresh_pending(rt)['freshness'])}")
+        print(f"  refresh_pending: {json.dumps(refresh_pending(runtime(student))['freshness'])}")
         _freshness(spark, student)
         _show(spark, student)
-        spark.stop()
     finally:
+        if spark is not None:
+            spark.stop()
+        if server is not None:
+            server.stop()
+            print("\nSpark Connect server stopped.")
         ms.stop()
-        print("\nmetastore stopped.")
-    print(f"demo finished in {time.monotonic() - started:.0f}s")
+        print("metastore stopped." if server is not None else "\nmetastore stopped.")
+    print(f"demo finished in {time.monotonic() - started:.0f}s (engine {engine})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else ENGINES[0]))

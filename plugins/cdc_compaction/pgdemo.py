@@ -1,19 +1,22 @@
 """``make demo SOURCE=postgres``: a real PostgreSQL table as the CDC source of the real DAG.
 
-1. starts the local Thrift metastore and a throwaway PostgreSQL (wal_level=logical,
-   wal2json), creates ``students`` and a logical replication slot, and prepares a
-   SQLite Airflow -- everything under ``.run/pgdemo``;
+1. starts the local Thrift metastore, a throwaway PostgreSQL (wal_level=logical,
+   wal2json) and, for the default engine ``spark_connect``, a Spark Connect server;
+   creates ``students`` and a logical replication slot, and prepares a SQLite Airflow
+   -- everything under ``.run/pgdemo``;
 2. hour by hour, changes the table (inserts, updates, a key change, a delete, several
    updates of one row in one transaction, a rolled-back transaction), reads the slot and
    lands the changes as Debezium-flattened Parquet (``cdc_compaction.pgsource``);
-3. runs the table's DAG (``airflow dags test``: spark-submit and all), and prints
-   PostgreSQL's rows beside the Hive base table's and the view's;
-4. stops everything it started.
+3. runs the table's DAG (``airflow dags test``: the compaction in the Connect server, or
+   spark-submit with ``--engine spark_submit``), and prints PostgreSQL's rows beside the
+   Hive base table's and the view's;
+4. stops everything it started, by PID, also when a step fails.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +28,7 @@ import yaml
 from cdc_compaction import pgsource, settings, sql
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db, last_run_timings
 from cdc_compaction.lake import Lake
-from cdc_compaction.local_services import LocalMetastore, LocalPostgres, free_port
+from cdc_compaction.local_services import LocalMetastore, LocalPostgres, SparkConnectServer, free_port
 from cdc_compaction.registry import TableConfig, parse_table
 
 WORK = settings.PROJECT_ROOT / ".run" / "pgdemo"
@@ -159,14 +162,18 @@ def _run_dag(env: dict[str, str], cfg: TableConfig) -> None:
     print(f"  {cfg.dag_id}: {t['state']} in {time.monotonic() - start:.0f}s ({steps})")
 
 
-def main() -> int:
-    from cdc_compaction.demo import _hour
-    from cdc_compaction.engine import SessionEngine, local_session
+def main(engine: str = "spark_connect") -> int:
+    from cdc_compaction.demo import ENGINES, _hour
+    from cdc_compaction.engine import ConnectEngine, SessionEngine, local_session
     from cdc_compaction.pipeline.runtime import Runtime
     from cdc_compaction.pipeline.tables import ensure_tables
     from cdc_compaction.pipeline.views import refresh_view
     from cdc_compaction.settings import MetastoreEndpoint
 
+    if engine not in ENGINES:
+        raise SystemExit(f"demo: engine {engine!r} is not one of {', '.join(ENGINES)}")
+    # SIGTERM ends the demo like Ctrl-C: the finally below stops the services it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     shutil.rmtree(WORK, ignore_errors=True)
     lake = WORK / "lake"
@@ -175,8 +182,20 @@ def main() -> int:
     print(f"starting the Hive metastore on {ms.uri} and PostgreSQL on 127.0.0.1:{pg.port} ...")
     ms.start()
     spark = None
+    server: SparkConnectServer | None = None
     agree = True
     try:
+        if engine == "spark_connect":
+            # The warm engine on this demo's metastore and warehouse, loopback only, stopped by PID below.
+            server = SparkConnectServer(
+                home=WORK / "connect",
+                metastore_uri=ms.uri,
+                warehouse_dir=str(lake / "warehouse"),
+                port=free_port(),
+                master="local[*]",
+            )
+            print(f"starting the Spark Connect server on {server.url} (the warm engine) ...")
+            server.start()
         pg.start()
         conn = pg.connect()
         with conn.cursor() as cur:
@@ -186,14 +205,32 @@ def main() -> int:
         registry = WORK / "registry"
         registry.mkdir(parents=True)
         doc = registry_doc(lake)
+        if server is not None:
+            # The server's driver memory is its own: only the session conf a run may set.
+            doc["spark"] = {"engine": engine, "conf": {"spark.sql.shuffle.partitions": "2"}}
         (registry / "pgdemo.students.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         cfg = parse_table(doc)
-        env = airflow_env(WORK / "airflow", ms.uri, registry_dir=registry, warehouse_dir=lake / "warehouse")
+        env = airflow_env(
+            WORK / "airflow",
+            ms.uri,
+            registry_dir=registry,
+            warehouse_dir=lake / "warehouse",
+            # The DAG run's spark_connect_default connection (AIRFLOW_CONN_SPARK_CONNECT_DEFAULT): this server.
+            connect_port=server.port if server is not None else None,
+        )
         print("preparing Airflow (SQLite under .run/pgdemo/airflow) ...")
         ensure_airflow_db(env)
         endpoint = MetastoreEndpoint(ms.host, ms.port)
-        spark = local_session(endpoint, str(lake / "warehouse"), "cdc-pg-demo")
-        rt = Runtime(cfg, Lake(cfg), endpoint, SessionEngine(spark))
+        print(f"engine: {engine} (spark.engine of {cfg.qualified_name})")
+        if server is not None:
+            from pyspark.sql import SparkSession
+
+            # The demo's own reads and DDL go through the server too: no JVM of its own.
+            spark = SparkSession.builder.remote(server.url).create()
+            rt = Runtime(cfg, Lake(cfg), endpoint, ConnectEngine(server.url, cfg))
+        else:
+            spark = local_session(endpoint, str(lake / "warehouse"), "cdc-pg-demo")
+            rt = Runtime(cfg, Lake(cfg), endpoint, SessionEngine(spark))
         ensure_tables(rt)
 
         for h, transactions in enumerate(HOURS):
@@ -222,10 +259,16 @@ def main() -> int:
     finally:
         if spark is not None:
             spark.stop()
+        if server is not None:
+            server.stop()
         pg.stop()
         ms.stop()
-        print("\nPostgreSQL and the metastore stopped.")
-    print(f"demo finished in {time.monotonic() - started:.0f}s")
+        print(
+            "\nPostgreSQL, the metastore and the Spark Connect server stopped."
+            if server
+            else "\nPostgreSQL and the metastore stopped."
+        )
+    print(f"demo finished in {time.monotonic() - started:.0f}s (engine {engine})")
     if not agree:
         print("the lake and PostgreSQL DISAGREE (see above)", file=sys.stderr)
         return 1
@@ -233,4 +276,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "spark_connect"))

@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.types import StructField, StructType
 
+from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import (
     DATA_DIR,
     KEYLESS_RELATIONS,
@@ -111,7 +112,10 @@ def compact_keyless(
 
     Two invariants are checked on the counts: every valid event has exactly one fate, and the
     rows balance (output = base + additions - removals + unmatched removals).  The temporary
-    views are dropped before returning: Spark resolved them into the plans when it analysed the SQL.
+    views are dropped before returning: a classic session resolved them into the plans when it
+    analysed the SQL.  Over Spark Connect a ``spark.sql`` DataFrame is its SQL text, analysed
+    again whenever it runs, so there the counts view the returned rows read stays until the
+    caller has written them: drop it then (``run_keyless`` does; closing the session drops it too).
     """
     missing = [k for k in RULE_KEYS if k not in rule]
     if missing:
@@ -124,6 +128,7 @@ def compact_keyless(
         EVENTS_VIEW: classified.filter(F.col(REJECT_REASON).isNull()).drop(REJECT_REASON),
         WATERMARK_VIEW: watermark_frame(spark, events, order_by, watermark),
     }
+    done = False
     try:
         for name, df in views.items():
             df.createOrReplaceTempView(name)
@@ -141,9 +146,12 @@ def compact_keyless(
             F.coalesce(F.sum("_cdc_count"), F.lit(0)).alias("output_rows"),
             F.coalesce(F.sum("_cdc_unmatched"), F.lit(0)).alias("unmatched_removals"),
         ).first()
+        done = True
     finally:
+        keep = {COUNTS_VIEW} if done and job_files.is_connect(spark) else set()
         for name in views:
-            spark.catalog.dropTempView(name)
+            if name not in keep:
+                spark.catalog.dropTempView(name)
 
     old = list(watermark) if watermark is not None else None
     stats: dict[str, Any] = {
@@ -242,7 +250,11 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     if plan.output_files:
         copies = copies.coalesce(int(plan.output_files))
     compression = plan.compression or "snappy"
-    copies.write.mode(write_mode).option("compression", compression).parquet(data_out)
+    try:
+        copies.write.mode(write_mode).option("compression", compression).parquet(data_out)
+    finally:
+        # The copies are written: the counts view they read over Spark Connect can go (see compact_keyless).
+        spark.catalog.dropTempView(COUNTS_VIEW)
     new_mark = counts["new_watermark"]
     mark_schema = StructType([StructField(c, raw.schema[c].dataType, True) for c in order_by])
     mark_df = spark.createDataFrame([tuple(new_mark)] if new_mark is not None else [], mark_schema)
