@@ -308,3 +308,26 @@ def test_snapshot_over_connect_equals_the_model(
             problems = snapshot_model.mismatches(table, want, current, history, report)
             assert not problems, f"compaction {compactions}: " + "\n".join(problems)
     assert compactions == 2 and state.last_applied is not None
+
+
+class ConnectRunner(conformance.InProcessRunner):
+    """The conformance runner's steps in this process, every Spark step over the module's Connect server."""
+
+    mode = "connect"
+
+    def __init__(self, spark: Any, endpoint: MetastoreEndpoint, server: SparkConnectServer) -> None:
+        super().__init__(spark, endpoint)
+        self.server = server
+
+    def runtime(self, cfg: TableConfig) -> Runtime:
+        return connect_runtime(cfg, self.endpoint, self.server)
+
+
+def test_key_changes_over_connect_conform(
+    tmp_path: Path, spark: Any, endpoint: MetastoreEndpoint, connect_server: SparkConnectServer
+) -> None:
+    # Key changes (registry old_key): the job ranks the rule's keyed events, a statement over a temporary view.
+    scn = conformance.Scenario.load(SCENARIOS / "cdc/old_key_chain.json")
+    runner = ConnectRunner(spark, endpoint, connect_server)
+    result = conformance.run_scenario(scn, runner, [conformance.Reader(spark)], tmp_path / "lake", suffix="_oc")
+    assert result.ok, "\n".join(result.failures)

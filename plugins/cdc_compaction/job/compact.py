@@ -194,10 +194,14 @@ def keyed_events(spark: SparkSession, fresh: DataFrame, keyed_sql: str) -> DataF
     statement is the one every view applies, over a temporary view of the events.
     """
     fresh.createOrReplaceTempView(FRESH_VIEW)
+    if files.is_connect(spark):
+        # Over Spark Connect the statement is its SQL text, analysed again each time it runs: the view
+        # stays with the job's own session (the engine opens one per attempt and closes it, views and all).
+        return spark.sql(keyed_sql)
     try:
         return spark.sql(keyed_sql)
     finally:
-        # The plan keeps what it read: the view can go once Spark has analysed the statement.
+        # A classic session's plan keeps what it read: the view can go once Spark has analysed the statement.
         spark.catalog.dropTempView(FRESH_VIEW)
 
 
