@@ -806,16 +806,21 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 # spark.sql.shuffle.partitions (200 near-empty tasks to build the cache and 200 to read it
                 # were most of a touched-only compaction's time).
                 spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+                fresh_rows = increment_rows - rejected_rows + retired_keys
+                # As few events as the key lookup takes: their keys are broadcast, the index is not shuffled.
+                few = fresh_rows <= lookup_max
+                if few:
+                    # Read five times before the writes (key ranges, three queries of touched_partitions, the
+                    # ranking): few events are cached on the first, rather than read and classified each time.
+                    fresh = fresh.persist()
+                    cached.append(fresh)
                 fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
                 # Only base keys in the events' key range can be theirs: the sorted index skips the rest.
-                fresh_rows = increment_rows - rejected_rows + retired_keys
                 key_filter = key_range_filter(fresh, pk, fresh_rows) if base_map else None
                 if key_filter is not None:
                     base_keys = base_keys.filter(key_filter)
                     key_lookup["key_range"] = True
                 known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
-                # As few events as the key lookup takes: their keys are broadcast, the index is not shuffled.
-                few = fresh_rows <= lookup_max
                 found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known, few).collect()
                 touched = sorted({r[PARTITION_COLUMN] for r in found})
                 if old_layout:
