@@ -468,10 +468,15 @@ def duplicate_keys(written_keys: DataFrame, pk: list[str], touched_keys: DataFra
     they are, and a copied row read twice would not reconcile with the parent's row count
     (validate holds ``base_rows`` against it).  NULL key parts equal NULL, as in the rule.
     """
+    return duplicate_key_groups(written_keys, pk, touched_keys).count()
+
+
+def duplicate_key_groups(written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None) -> DataFrame:
+    """The keys :func:`duplicate_keys` counts, one row each, to count together with other checks in one job."""
     keys = written_keys.select(*_keys(pk))
     if touched_keys is not None:
         keys = key_join(keys, touched_keys, pk, "left_semi", broadcast=True)
-    return keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).count()
+    return keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).select(*_keys(pk))
 
 
 def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]) -> DataFrame:
@@ -901,16 +906,18 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     output_files = _data_files(spark, data_out, DATA_DIR) + _data_files(spark, tomb_out, TOMBSTONES_DIR)
     if part is not None:
         # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
-        # Only reused keys in the written keys' range can be such a key: the index skips the rest. They
-        # are grouped with the written keys in one Spark job: a key found twice there is either.
-        keys_to_check = all_keys
+        # Only reused keys in the written keys' range can be such a key: the index skips the rest. Counted
+        # in one Spark job with the keys found twice among the written ones (a semi-join, not a grouping,
+        # for the reused keys: scattered keys put the whole index in range).
+        found_twice = duplicate_key_groups(all_keys, pk)
         if set(base_map) - set(touched):
             reused_keys = every_base_key.filter(~F.col(PARTITION_COLUMN).isin(touched))
             written_range = key_range_filter(all_keys, pk, data_rows + tomb_rows)
             if written_range is not None:
                 reused_keys = reused_keys.filter(written_range)
-            keys_to_check = all_keys.unionByName(reused_keys.select(*_keys(pk)))
-        dup_keys = duplicate_keys(keys_to_check, pk)
+            in_both = key_join(reused_keys, all_keys, pk, "left_semi").select(*_keys(pk))
+            found_twice = found_twice.unionByName(in_both)
+        dup_keys = found_twice.count()
         written_map = _written_partitions(output_files, data_out)
         index_out = f"{out}/{INDEX_DIR}"
         # Also the rows per written partition (the index check reads the data's keys anyway):
