@@ -12,7 +12,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -782,7 +782,10 @@ def test_partition_value_sql_names_the_partition_of_each_row(spark: Any, make_cf
     }
 
 
-def test_touched_partitions_are_where_events_go_and_where_their_keys_are(spark: Any, make_cfg: MakeCfg) -> None:
+@pytest.mark.parametrize("broadcast", [False, True], ids=["shuffled", "broadcast"])
+def test_touched_partitions_are_where_events_go_and_where_their_keys_are(
+    spark: Any, make_cfg: MakeCfg, broadcast: bool
+) -> None:
     from cdc_compaction.sql import partition_sql
 
     cfg = region_cfg(make_cfg)
@@ -800,13 +803,14 @@ def test_touched_partitions_are_where_events_go_and_where_their_keys_are(spark: 
         ],
     )
     assert sorted(r[PC] for r in job.event_partitions(events, "region", value).collect()) == ["EU", "LATAM"]
-    assert sorted(r[PC] for r in job.partitions_of_keys(base_keys, events, ["id"]).collect()) == ["EU", "US"]
-    touched = job.touched_partitions(base_keys, events, ["id"], "region", value)
+    of_keys = job.partitions_of_keys(base_keys, events, ["id"], broadcast)
+    assert sorted(r[PC] for r in of_keys.collect()) == ["EU", "US"]
+    touched = job.touched_partitions(base_keys, events, ["id"], "region", value, broadcast=broadcast)
     assert sorted(r[PC] for r in touched.collect()) == ["EU", "LATAM", "US"]  # APAC and __null__ untouched
 
     # A key-only delete of a key the base does not have goes to the NULL sentinel partition.
     unknown = events.unionByName(events_df(spark, cfg, [ev(cfg, id=7, region=None, op="d", ts_ms=5)]))
-    touched = job.touched_partitions(base_keys, unknown, ["id"], "region", value)
+    touched = job.touched_partitions(base_keys, unknown, ["id"], "region", value, broadcast=broadcast)
     assert sorted(r[PC] for r in touched.collect()) == ["EU", "LATAM", "US", "__null__"]
 
 
@@ -1116,14 +1120,18 @@ def test_key_index_is_written_sorted_and_the_next_compaction_finds_keys_through_
         assert stats["index_rows"] == stats["partition_rows"] == {"EU": 9, "LATAM": 2, "US": 9}
 
 
-def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any) -> None:
-    """The filter on the index is the events' [min, max] of the first key column, NULL kept when an event has it."""
+@pytest.mark.parametrize("known_rows", [False, True], ids=["counted", "known"])
+def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any, known_rows: bool) -> None:
+    """The filter on the index is the events' [min, max] of the first key column, NULL kept when an event has it.
+
+    The same whether the filter counts the events itself or is told their number (one Spark job then).
+    """
     base = spark.createDataFrame([(k, "x") for k in [None, 1, 5, 6, 9, 12]], "id int, t string")
     ids = lambda df: sorted((r["id"] for r in df.collect()), key=lambda k: (k is not None, k))  # noqa: E731
 
     def kept(event_ids: list[int | None]) -> list[int | None]:
         events = spark.createDataFrame([(k, "e") for k in event_ids], "id int, t string")
-        cond = job.key_range_filter(events, ["id", "t"])
+        cond = job.key_range_filter(events, ["id", "t"], len(event_ids) if known_rows else None)
         assert cond is not None
         return ids(base.filter(cond))
 
@@ -1133,10 +1141,16 @@ def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any) -> No
     assert kept([6, None]) == [None, 6]  # nullable_key: a NULL key is a key
     assert kept([None]) == [None]
     empty = spark.createDataFrame([], "id int, t string")
-    assert job.key_range_filter(empty, ["id"]) is None
+    assert job.key_range_filter(empty, ["id"], 0 if known_rows else None) is None
+    # Date keys: cut at the gap in days between them, like integers.
+    days = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 3, 1)]
+    calendar = spark.createDataFrame([(d,) for d in days], "id date")
+    cond = job.key_range_filter(calendar.filter("id != DATE'2026-01-02'"), ["id"], 2 if known_rows else None)
+    assert sorted(r["id"] for r in calendar.filter(cond).collect()) == [days[0], days[2]]
     # String keys: one range, [min, max]; the join afterwards is exact.
     words = spark.createDataFrame([(w,) for w in ["ant", "bee", "cat", "dog"]], "id string")
-    cond = job.key_range_filter(spark.createDataFrame([("dog",), ("bee",)], "id string"), ["id"])
+    two = 2 if known_rows else None
+    cond = job.key_range_filter(spark.createDataFrame([("dog",), ("bee",)], "id string"), ["id"], two)
     assert sorted(r["id"] for r in words.filter(cond).collect()) == ["bee", "cat", "dog"]
     # Float keys are not range-filtered (NaN orders last in Spark): the whole, narrow, index is read.
     floats = spark.createDataFrame([(1.5,)], "id double")

@@ -219,15 +219,16 @@ def event_partitions(events: DataFrame, partition_column: str, partition_sql: st
     )
 
 
-def partitions_of_keys(base_keys: DataFrame, events: DataFrame, pk: list[str]) -> DataFrame:
+def partitions_of_keys(base_keys: DataFrame, events: DataFrame, pk: list[str], broadcast: bool = False) -> DataFrame:
     """The partitions of base rows whose key is among ``events``' keys.
 
     ``base_keys`` needs only the key columns and ``_cdc_partition``.  This is how an event that
     does not carry the partition column (a key-only delete), or whose key moves to another
-    partition, finds the partition its key lives in now.
+    partition, finds the partition its key lives in now. ``broadcast``: the events are few
+    (as the key lookup's): their keys go to every task, the base keys are not shuffled.
     """
     keys = events.select(*_keys(pk)).distinct()
-    return key_join(base_keys, keys, pk, "left_semi").select(PARTITION_COLUMN).distinct()
+    return key_join(base_keys, keys, pk, "left_semi", broadcast=broadcast).select(PARTITION_COLUMN).distinct()
 
 
 def touched_partitions(
@@ -237,12 +238,13 @@ def touched_partitions(
     partition_column: str,
     partition_sql: str,
     known_keys: DataFrame | None = None,
+    broadcast: bool = False,
 ) -> DataFrame:
     """Every data partition a compaction of ``events`` may change: where they go, and where their keys are.
 
     An event without a partition value whose key is not known (``known_keys``: the base's
     keys, tombstones included; ``base_keys`` when not given) goes to the NULL sentinel
-    partition, so that one is touched too.
+    partition, so that one is touched too. ``broadcast``: see :func:`partitions_of_keys`.
     """
     known = base_keys if known_keys is None else known_keys
     unplaced = key_join(
@@ -250,7 +252,7 @@ def touched_partitions(
     ).select(F.expr(partition_sql).alias(PARTITION_COLUMN))
     return (
         event_partitions(events, partition_column, partition_sql)
-        .unionByName(partitions_of_keys(base_keys, events, pk))
+        .unionByName(partitions_of_keys(base_keys, events, pk, broadcast))
         .unionByName(unplaced)
         .distinct()
     )
@@ -337,7 +339,7 @@ def key_ranges(keys: list[Any], max_ranges: int = MAX_KEY_RANGES) -> list[tuple[
     return ranges_between(keys[0], keys[-1], pairs[: max_ranges - 1])
 
 
-def key_range_filter(events: DataFrame, pk: list[str]) -> Column | None:
+def key_range_filter(events: DataFrame, pk: list[str], rows: int | None = None) -> Column | None:
     """A filter on the first key column that every base key equal to one of ``events``' keys passes.
 
     ``lo <= k <= hi`` over the events' first key column -- for integer and date keys of up to
@@ -348,31 +350,66 @@ def key_range_filter(events: DataFrame, pk: list[str]) -> Column | None:
     time) read a few row groups, scattered ones read the whole, narrow, index. Spark applies the
     filter to the rows too, so it is exact whatever the pruning. None: no filter (a key type
     whose literal may not round-trip, or no events).
+
+    ``rows``: the number of ``events`` if the caller knows it already (counted as they were
+    written or read); when it allows a split, the range and the gaps are one Spark job, not two.
     """
     first = pk[0]
     kind = events.schema[first].dataType
     if not isinstance(kind, _RANGE_TYPES):
         return None
     col = F.col(f"`{first}`")
-    row = events.agg(
+    if rows == 0:
+        return None
+    summary = events.agg(
         F.min(col).alias("lo"), F.max(col).alias("hi"), F.count(F.lit(1)).alias("n"), F.count(col).alias("c")
-    ).first()
+    )
+    splits = not isinstance(kind, T.StringType)
+    top: list[Any] | None = None
+    if splits and rows is not None and rows <= KEY_RANGE_SPLIT_MAX:
+        # Known to be few: the summary and the gaps in one job (a row each, told apart by _cdc_gap NULL).
+        both = _widest_gaps(events, col, kind).unionByName(
+            summary.select(
+                F.col("lo").alias("_cdc_a"),
+                F.col("hi").alias("_cdc_b"),
+                F.lit(None).cast("long").alias("_cdc_gap"),
+                "n",
+                "c",
+            ),
+            allowMissingColumns=True,
+        )
+        got = both.collect()
+        row = next((r for r in got if r["_cdc_gap"] is None), None)
+        top = [r for r in got if r["_cdc_gap"] is not None]
+        if row is not None:
+            row = {"lo": row["_cdc_a"], "hi": row["_cdc_b"], "n": row["n"], "c": row["c"]}
+    else:
+        row = summary.first()
     if row is None or int(row["n"]) == 0:
         return None
     ranges = [(row["lo"], row["hi"])] if row["lo"] is not None else []
-    if ranges and not isinstance(kind, T.StringType) and int(row["n"]) <= KEY_RANGE_SPLIT_MAX:
-        # The widest gaps between neighbouring distinct keys, computed where the keys are (one sort).
-        keys = events.select(col.alias("_cdc_b")).where(F.col("_cdc_b").isNotNull()).distinct()
-        keys = keys.withColumn("_cdc_a", F.lag("_cdc_b").over(Window.orderBy("_cdc_b"))).where(
-            F.col("_cdc_a").isNotNull()
-        )
-        gap = F.datediff("_cdc_b", "_cdc_a") if isinstance(kind, T.DateType) else F.col("_cdc_b") - F.col("_cdc_a")
-        top = keys.withColumn("_cdc_gap", gap).orderBy(F.desc("_cdc_gap")).limit(MAX_KEY_RANGES - 1).collect()
+    if ranges and splits and int(row["n"]) <= KEY_RANGE_SPLIT_MAX:
+        if top is None:
+            top = _widest_gaps(events, col, kind).collect()
         ranges = ranges_between(row["lo"], row["hi"], [(r["_cdc_a"], r["_cdc_b"]) for r in top])
     conds = [col.between(F.lit(lo), F.lit(hi)) for lo, hi in ranges]
     if int(row["c"]) < int(row["n"]):
         conds.append(col.isNull())
     return functools.reduce(operator.or_, conds)
+
+
+def _widest_gaps(events: DataFrame, col: Column, kind: T.DataType) -> DataFrame:
+    """The :data:`MAX_KEY_RANGES` - 1 widest gaps (``_cdc_a``, ``_cdc_b``, ``_cdc_gap``) between neighbouring
+    distinct non-NULL values of ``col``, computed where the keys are (one sort)."""
+    keys = events.select(col.alias("_cdc_b")).where(F.col("_cdc_b").isNotNull()).distinct()
+    keys = keys.withColumn("_cdc_a", F.lag("_cdc_b").over(Window.orderBy("_cdc_b"))).where(F.col("_cdc_a").isNotNull())
+    gap = F.datediff("_cdc_b", "_cdc_a") if isinstance(kind, T.DateType) else F.col("_cdc_b") - F.col("_cdc_a")
+    return (
+        keys.withColumn("_cdc_gap", gap.cast("long"))
+        .orderBy(F.desc("_cdc_gap"))
+        .limit(MAX_KEY_RANGES - 1)
+        .select("_cdc_a", "_cdc_b", "_cdc_gap")
+    )
 
 
 def key_sources(base_map: Mapping[str, str], index: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -421,10 +458,15 @@ def duplicate_keys(written_keys: DataFrame, pk: list[str], touched_keys: DataFra
     they are, and a copied row read twice would not reconcile with the parent's row count
     (validate holds ``base_rows`` against it).  NULL key parts equal NULL, as in the rule.
     """
+    return duplicate_key_groups(written_keys, pk, touched_keys).count()
+
+
+def duplicate_key_groups(written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None) -> DataFrame:
+    """The keys :func:`duplicate_keys` counts, one row each, to count together with other checks in one job."""
     keys = written_keys.select(*_keys(pk))
     if touched_keys is not None:
         keys = key_join(keys, touched_keys, pk, "left_semi", broadcast=True)
-    return keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).count()
+    return keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).select(*_keys(pk))
 
 
 def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]) -> DataFrame:
@@ -504,7 +546,8 @@ def write_index(
 ) -> dict[str, Any]:
     """Write the key index of the partitions in ``written`` (as re-read from storage) and check it.
 
-    Returns ``index_rows`` (rows per partition, read back) and ``index_mismatches``: keys (with
+    Returns ``index_rows`` (rows per partition, read back), ``partition_rows`` (the data's rows per
+    partition, read back: counted by the same Spark job) and ``index_mismatches``: keys (with
     their partition) not once in the index and once in the data (must be 0).
     """
     (
@@ -527,13 +570,15 @@ def write_index(
         per_key.groupBy(PARTITION_COLUMN)
         .agg(
             F.sum("_cdc_i").alias("rows"),
+            F.sum("_cdc_d").alias("data_rows"),
             F.sum(F.when(F.col("_cdc_i") != F.col("_cdc_d"), 1).otherwise(0)).alias("bad"),
         )
         .collect()
     )
     rows = {r[PARTITION_COLUMN]: int(r["rows"]) for r in sorted(per_partition) if int(r["rows"])}
+    data_rows = {r[PARTITION_COLUMN]: int(r["data_rows"]) for r in sorted(per_partition) if int(r["data_rows"])}
     mismatches = sum(int(r["bad"]) for r in per_partition)
-    return {"index_rows": rows, "index_mismatches": int(mismatches)}
+    return {"index_rows": rows, "partition_rows": data_rows, "index_mismatches": int(mismatches)}
 
 
 def _no_bookkeeping_files(spark: SparkSession) -> None:
@@ -754,14 +799,26 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 base_all = base_data.unionByName(base_tomb)
                 ranked_events = with_fills(ranked(_sourced(base_all, fresh), rule.rank), fills)
             else:
+                # The winners are cached below: in as many partitions as adaptive execution chooses, not
+                # spark.sql.shuffle.partitions (200 near-empty tasks to build the cache and 200 to read it
+                # were most of a touched-only compaction's time).
+                spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+                fresh_rows = increment_rows - rejected_rows + retired_keys
+                # As few events as the key lookup takes: their keys are broadcast, the index is not shuffled.
+                few = fresh_rows <= lookup_max
+                if few:
+                    # Read five times before the writes (key ranges, three queries of touched_partitions, the
+                    # ranking): few events are cached on the first, rather than read and classified each time.
+                    fresh = fresh.persist()
+                    cached.append(fresh)
                 fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
                 # Only base keys in the events' key range can be theirs: the sorted index skips the rest.
-                key_filter = key_range_filter(fresh, pk) if base_map else None
+                key_filter = key_range_filter(fresh, pk, fresh_rows) if base_map else None
                 if key_filter is not None:
                     base_keys = base_keys.filter(key_filter)
                     key_lookup["key_range"] = True
                 known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
-                found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known).collect()
+                found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known, few).collect()
                 touched = sorted({r[PARTITION_COLUMN] for r in found})
                 if old_layout:
                     # Layout 1 keeps tombstones inside the partitions: rewrite every one once, tombstones out.
@@ -773,11 +830,14 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                     with_fills(ranked(_sourced(base_all, fresh_p), rule.rank), fills), pk, part.column, part.value
                 )
             # The base rows this compaction ranks, counted on their own (validate holds them against
-            # the parent version's rows): a scan of the files' row counts, no data.
-            base_read = base_all.count()
+            # the parent version's rows): a scan of the files' row counts, no data. Partitioned: counted
+            # as the ranking reads them (every row passes the window before the winners are kept), which
+            # saves a Spark job of its own on the touched-only path.
+            base_read = base_all.count() if part is None else None
+            base_tally = [F.count_if(F.col("_cdc_src") == 0).alias("base_read")] if part is not None else []
             # How the keys' rankings went: counted as the winners are first computed (no pass of its own).
             ranked_events = with_rank_flags(ranked_events, pk, list(plan.order_by or columns)).observe(
-                obs_ranks, *rank_tally_columns()
+                obs_ranks, *rank_tally_columns(), *base_tally
             )
             # Both outputs come from one ranking: keep the winners rather than rank every row twice.
             winners = ranked_events.filter(F.col("_cdc_rank") == 1).persist()
@@ -817,6 +877,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         expired_count = _observed(obs_tomb, "expired_tombstones")
         if not lookup:
             rank_tallies = {k: _observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
+            if part is not None:
+                base_read = _observed(obs_ranks, "base_read")
         data_rows, data_misplaced = _observed(obs_data, "rows"), _observed(obs_data, "misplaced")
         tomb_rows, tomb_misplaced = _observed(obs_written_tomb, "rows"), _observed(obs_written_tomb, "misplaced")
 
@@ -827,26 +889,31 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         written_tomb = spark.read.schema(out_schema).parquet(tomb_out)
         written = spark.read.schema(out_schema).parquet(data_out)
         all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
-        dup_keys = duplicate_keys(all_keys, pk, touched_keys)
+        if part is None:
+            dup_keys = duplicate_keys(all_keys, pk, touched_keys)
     finally:
         for df in cached:
             df.unpersist()
 
-    if part is not None:
-        # validate holds these against the Parquet footers of each partition directory.
-        per_partition = written.groupBy(PARTITION_COLUMN).count().collect()
-        partitioned["partition_rows"] = {r[PARTITION_COLUMN]: int(r["count"]) for r in sorted(per_partition)}
     output_files = _data_files(spark, data_out, DATA_DIR) + _data_files(spark, tomb_out, TOMBSTONES_DIR)
     if part is not None:
         # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
-        # Only reused keys in the written keys' range can be such a key: the index skips the rest.
-        reused_keys = every_base_key.filter(~F.col(PARTITION_COLUMN).isin(touched))
-        written_range = key_range_filter(all_keys, pk) if set(base_map) - set(touched) else None
-        if written_range is not None:
-            reused_keys = reused_keys.filter(written_range)
-        dup_keys += key_join(reused_keys, all_keys, pk, "left_semi").count()
+        # Only reused keys in the written keys' range can be such a key: the index skips the rest. Counted
+        # in one Spark job with the keys found twice among the written ones (a semi-join, not a grouping,
+        # for the reused keys: scattered keys put the whole index in range).
+        found_twice = duplicate_key_groups(all_keys, pk)
+        if set(base_map) - set(touched):
+            reused_keys = every_base_key.filter(~F.col(PARTITION_COLUMN).isin(touched))
+            written_range = key_range_filter(all_keys, pk, data_rows + tomb_rows)
+            if written_range is not None:
+                reused_keys = reused_keys.filter(written_range)
+            in_both = key_join(reused_keys, all_keys, pk, "left_semi").select(*_keys(pk))
+            found_twice = found_twice.unionByName(in_both)
+        dup_keys = found_twice.count()
         written_map = _written_partitions(output_files, data_out)
         index_out = f"{out}/{INDEX_DIR}"
+        # Also the rows per written partition (the index check reads the data's keys anyway):
+        # validate holds these against the Parquet footers of each partition directory.
         partitioned.update(write_index(spark, written, pk, index_out, mode, compression))
         output_files += _data_files(spark, index_out, INDEX_DIR)
         partitioned["index"] = _written_partitions(output_files, index_out, INDEX_DIR)
