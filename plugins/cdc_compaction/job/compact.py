@@ -662,6 +662,10 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         log.info("%s: plan %s does not compact: %s", plan.table, plan.plan_id, plan.compaction.get("reason"))
         return {"skipped": str(plan.compaction.get("reason"))}
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    # Every cached frame (the ranking, the winners, few events) in as many partitions as adaptive
+    # execution chooses, not spark.sql.shuffle.partitions: 200 near-empty tasks to build a cache and
+    # 200 to read it were most of a touched-only partitioned compaction's time.
+    spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
     if committed_already(spark, plan):
         log.info("%s: plan %s is committed already; nothing to do", plan.table, plan.plan_id)
         return {"plan_id": plan.plan_id, "table": plan.table, "already_committed": True}
@@ -764,8 +768,6 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         base_read: int | None = None
         if lookup:
             order_by = list(plan.order_by or columns)
-            # Cached (it is read three times) in as many partitions as adaptive execution chooses, not 200.
-            spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
             touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills)
             touched_ranks = touched_ranks.persist()
             cached.append(touched_ranks)
@@ -799,10 +801,6 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                 base_all = base_data.unionByName(base_tomb)
                 ranked_events = with_fills(ranked(_sourced(base_all, fresh), rule.rank), fills)
             else:
-                # The winners are cached below: in as many partitions as adaptive execution chooses, not
-                # spark.sql.shuffle.partitions (200 near-empty tasks to build the cache and 200 to read it
-                # were most of a touched-only compaction's time).
-                spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
                 fresh_rows = increment_rows - rejected_rows + retired_keys
                 # As few events as the key lookup takes: their keys are broadcast, the index is not shuffled.
                 few = fresh_rows <= lookup_max
