@@ -29,7 +29,6 @@ import argparse
 import logging
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import job_profile
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -94,9 +94,6 @@ _ARROW = {
     "timestamp": pa.timestamp("us", tz="UTC"),
 }
 SCHEMA = pa.schema([(c["name"], _ARROW[c["type"]]) for c in COLUMNS])
-_LOG_TIME = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO cdc_compaction\.(?:job\.)?compact: (compacting|compacted) "
-)
 
 
 # ---------------------------------------------------------------------------- data
@@ -225,14 +222,7 @@ def submit_command(cfg: TableConfig, plan_path: str) -> list[str]:
 
 def job_seconds(log_file: Path) -> float | None:
     """The job's own time: from its 'compacting' to its 'compacted' log line (no JVM or session start)."""
-    stamps = {}
-    for line in log_file.read_text(errors="replace").splitlines():
-        m = _LOG_TIME.match(line)
-        if m:
-            stamps[m.group(2)] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
-    if len(stamps) != 2:
-        return None
-    return round((stamps["compacted"] - stamps["compacting"]).total_seconds(), 3)
+    return job_profile.own_seconds(log_file.read_text(errors="replace").splitlines())
 
 
 class CollectSql:

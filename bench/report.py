@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import job_profile
+
 log = logging.getLogger("bench.report")
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -28,6 +30,10 @@ LABELS = {"delta": "delta-rs"}
 PEERS = ("duckdb", "polars", "delta")
 #: Other benchmarks' sections come in this order when present; any other JSON file after them.
 KNOWN_ORDER = ("hourly_connect", "partitioned", "policy_day", "parse", "hourly_run")
+#: Where ``bench/partitioned.py`` keeps its driver logs by default (``--work``/logs).
+PARTITIONED_LOGS = Path(__file__).resolve().parent.parent / ".run" / "bench-partitioned" / "logs"
+#: Written by this report from the driver logs, read back when the logs are gone.
+PROFILE = "profile.json"
 
 
 def _num(v: Any, digits: int = 1) -> str:
@@ -333,8 +339,91 @@ def _generic(obj: Any, depth: int = 0) -> str:
     return "```\n" + json.dumps(obj, indent=1)[:4000] + "\n```"
 
 
+# ---------------------------------------------------------------------- profiles
+def collect_profiles(results: Path, partitioned_logs: Path = PARTITIONED_LOGS) -> list[dict[str, Any]]:
+    """The driver-log profile of each compared pair of runs of this results directory's benchmarks.
+
+    Compaction: floor and ours per dataset (their logs are named in ``compaction.json``).
+    Partitioned: the full rewrite and the touched-only runs per size (``partitioned.py``'s log
+    names). Saved to ``profile.json`` so that the report can be written again once the logs
+    (under ``.run/``, not kept) are gone.
+    """
+    runs: list[dict[str, Any]] = []
+    comp = results / "compaction.json"
+    if comp.exists():
+        for d in json.loads(comp.read_text(encoding="utf-8")).get("datasets", []):
+            for engine in ("floor", "ours"):
+                job = d["jobs"].get(engine) or {}
+                p = job_profile.profile(job["log_file"]) if job.get("log_file") else None
+                if p:
+                    runs.append({"benchmark": "compaction", "run": f"{d['dataset']} {engine}", **p})
+    part = results / "partitioned.json"
+    if part.exists():
+        for size in json.loads(part.read_text(encoding="utf-8")).get("sizes", []):
+            n = size["rows"]
+            label = f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n:,}"
+            names = {"full rewrite (flat)": f"flat_{n}_change.log"}
+            names |= {f"touched-only ({k})": f"parted_{k}_{n}_change.log" for k in size.get("touched_only", {})}
+            for what, name in names.items():
+                p = job_profile.profile(partitioned_logs / name)
+                if p:
+                    runs.append({"benchmark": "partitioned", "run": f"{label} {what}", **p})
+    saved = results / PROFILE
+    if runs:
+        saved.write_text(json.dumps(runs, indent=1) + "\n", encoding="utf-8")
+    elif saved.exists():
+        runs = json.loads(saved.read_text(encoding="utf-8"))
+    return runs
+
+
+def profile_markdown(runs: list[dict[str, Any]]) -> str:
+    """Counts and times per run, then each run's longest call sites."""
+    rows = [
+        [
+            r["benchmark"],
+            r["run"],
+            _num(r["spark_jobs"]),
+            _num(r["stages"]),
+            _num(r["tasks"]),
+            _num(r["stage_s"], 2),
+            _num(r["longest_stage_s"], 2),
+            _num(r["own_s"], 2),
+            _num(round(r["own_s"] - r["stage_s"], 2) if r.get("own_s") is not None else None, 2),
+            _num(r["listing_s"], 2),
+        ]
+        for r in runs
+    ]
+    header = ["benchmark", "run", "Spark jobs", "stages", "tasks", "in stages s", "longest stage s"]
+    header += ["job's own s", "outside stages s", "file listing s"]
+    sites = [
+        [r["run"], _num(t["stages"]), _num(t["s"], 2), t["site"].replace("|", "\\|")]
+        for r in runs
+        if r["run"].endswith(" ours") or "touched" in r["run"]
+        for t in r["top"]
+    ]
+    return "\n".join(
+        [
+            "## Where the time goes",
+            "",
+            "From each job's Spark driver log in this run (`bench/job_profile.py`): Spark jobs, stages and tasks; "
+            "seconds in stages (summed: adaptive execution may run two at once) and the longest one; the job's "
+            "own time from its `compacting` to its `compacted` log line (no JVM or session start; the floor "
+            "writes no such lines) and what of it was outside any stage (planning, listing, metastore and Python "
+            "between Spark jobs).",
+            "",
+            _table(header, rows),
+            "",
+            "The call sites that took longest in ours and in the touched-only runs (stages Spark starts on its "
+            "own threads, such as adaptive execution's query stages and writes, carry no Python line):",
+            "",
+            _table(["run", "stages", "s", "call site"], sites),
+            "",
+        ]
+    )
+
+
 def other_sections(results: Path) -> list[str]:
-    files = [p for p in results.glob("*.json") if p.name != "compaction.json"]
+    files = [p for p in results.glob("*.json") if p.name not in ("compaction.json", PROFILE)]
     rank = {name: i for i, name in enumerate(KNOWN_ORDER)}
     sections = []
     for p in sorted(files, key=lambda p: (rank.get(p.stem, len(rank)), p.stem)):
@@ -349,7 +438,7 @@ def other_sections(results: Path) -> list[str]:
     return sections
 
 
-def write_report(results: Path = RESULTS) -> Path:
+def write_report(results: Path = RESULTS, partitioned_logs: Path = PARTITIONED_LOGS) -> Path:
     """Write ``RESULTS.md`` (and ``compaction.png``) from the JSON files in ``results``."""
     parts = ["# Benchmark results", "", "Written by `make bench` (`bench/report.py`); do not edit by hand.", ""]
     targets = targets_table(results)
@@ -364,6 +453,9 @@ def write_report(results: Path = RESULTS) -> Path:
             compaction_chart(data, results / "compaction.png")
             parts += [compaction_markdown(data), "![compaction](compaction.png)", ""]
     parts += other_sections(results)
+    runs = collect_profiles(results, partitioned_logs)
+    if runs:
+        parts.append(profile_markdown(runs))
     out = results / "RESULTS.md"
     out.write_text("\n".join(parts).rstrip() + "\n", encoding="utf-8")
     log.info("wrote %s", out)
@@ -373,9 +465,12 @@ def write_report(results: Path = RESULTS) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--partitioned-logs", type=Path, default=PARTITIONED_LOGS, help="bench/partitioned.py's driver logs"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    write_report(args.results)
+    write_report(args.results, args.partitioned_logs)
     return 0
 
 

@@ -225,3 +225,107 @@ def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None
     assert "| 1k x 1% | 1.20 | 1.00 | yes | - | - | 3.00 |" in text
     assert "## parse" in text and "| tables | 500 |" in text
     assert (tmp_path / "compaction.png").stat().st_size > 0
+
+
+def _driver_log(job_py: Path, package: Path) -> str:
+    """A driver log as Spark 4 and the job write it: two stages from a script's chained statement,
+    one from the job package's zip, one adaptive stage, a map-stage job and the job's own lines."""
+    zipped = f"{package}/cdc_compaction/job/compact.py"
+    return "\n".join(
+        [
+            "26/11/26 18:51:27 INFO InMemoryFileIndex: It took 13 ms to list leaf files for 1 paths.",
+            f"26/11/26 18:51:28 INFO DAGScheduler: Got job 0 (collect at {zipped}:2) with 1 output partitions",
+            "26/11/26 18:51:28 INFO DAGScheduler: Submitting 1 missing tasks from ResultStage 0 (x) (first 15 ...)",
+            f"26/11/26 18:51:28 INFO DAGScheduler: ResultStage 0 (collect at {zipped}:2) finished in 300 ms",
+            "2026-11-26 18:51:28,500 INFO cdc_compaction.job.compact: compacting bench.t (plan p): 8 files",
+            f"26/11/26 18:51:29 INFO DAGScheduler: Got map stage job 1 (first at {job_py}:4) with 3 output partitions",
+            "26/11/26 18:51:29 INFO DAGScheduler: Submitting 3 missing tasks from ShuffleMapStage 1 (x) (first 15 ...)",
+            f"26/11/26 18:51:29 INFO DAGScheduler: ShuffleMapStage 1 (first at {job_py}:4) finished in 700 ms",
+            f"26/11/26 18:51:30 INFO DAGScheduler: Got job 2 (first at {job_py}:4) with 1 output partitions",
+            "26/11/26 18:51:30 INFO DAGScheduler: Submitting 1 missing tasks from ResultStage 3 (x) (first 15 ...)",
+            f"26/11/26 18:51:30 INFO DAGScheduler: ResultStage 3 (first at {job_py}:4) finished in 50 ms",
+            "26/11/26 18:51:30 INFO InMemoryFileIndex: It took 250 ms to list leaf files for 100 paths.",
+            "26/11/26 18:51:33 INFO DAGScheduler: Got job 3 ($anonfun$withThreadLocalCaptured$1 at "
+            "CompletableFuture.java:1768) with 2 output partitions",
+            "26/11/26 18:51:33 INFO DAGScheduler: Submitting 2 missing tasks from ResultStage 4 (x) (first 15 ...)",
+            "26/11/26 18:51:33 INFO DAGScheduler: ResultStage 4 ($anonfun$withThreadLocalCaptured$1 at "
+            "CompletableFuture.java:1768) finished in 2500 ms",
+            "2026-11-26 18:51:33,000 INFO cdc_compaction.job.compact: compacted bench.t: {}",
+        ]
+    )
+
+
+def test_job_profile_counts_a_driver_log_and_names_its_call_sites(tmp_path: Path) -> None:
+    import zipfile
+
+    import job_profile
+
+    job_py = tmp_path / "job.py"
+    job_py.write_text("def main(df):\n    tally = (\n        df.groupBy('k')\n        .first()\n    )\n")
+    package = tmp_path / "pkg.zip"
+    with zipfile.ZipFile(package, "w") as z:
+        source = "def _read_plan(spark):\n    return spark.read.text('p').collect()\n"
+        z.writestr("cdc_compaction/job/compact.py", source)
+    log_file = tmp_path / "driver.log"
+    log_file.write_text(_driver_log(job_py, package))
+
+    p = job_profile.profile(log_file, top=3)
+    assert p is not None
+    # Jobs by id (a map-stage job too), stages by id, tasks summed over task sets.
+    assert (p["spark_jobs"], p["stages"], p["tasks"]) == (4, 4, 7)
+    assert (p["stage_s"], p["longest_stage_s"], p["listing_s"]) == (3.55, 2.5, 0.263)
+    assert p["own_s"] == 4.5  # 18:51:28.500 -> 18:51:33.000
+    # Longest first; the chained statement shown from its first line, whole and on one line.
+    assert p["top"] == [
+        {"site": "adaptive query stage (write, join or broadcast)", "stages": 1, "s": 2.5},
+        {"site": "job.py:4 main: `tally = (df.groupBy('k') .first())`", "stages": 2, "s": 0.75},
+        {"site": "compact.py:2 _read_plan: `return spark.read.text('p').collect()`", "stages": 1, "s": 0.3},
+    ]
+    assert job_profile.profile(tmp_path / "gone.log") is None
+
+
+def test_report_shows_where_the_time_goes_and_keeps_it_when_the_logs_are_gone(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    results, logs = tmp_path / "results", tmp_path / "logs"
+    results.mkdir()
+    logs.mkdir()
+    job_py = tmp_path / "job.py"
+    job_py.write_text("def main(df):\n    tally = (\n        df.groupBy('k')\n        .first()\n    )\n")
+    (logs / "ours.log").write_text(_driver_log(job_py, tmp_path / "missing.zip"))
+    (logs / "floor.log").write_text(
+        "26/11/26 18:51:22 INFO DAGScheduler: Got job 0 (parquet at NativeMethodAccessorImpl.java:0) with 1 output\n"
+        "26/11/26 18:51:22 INFO DAGScheduler: ResultStage 0 (parquet at NativeMethodAccessorImpl.java:0) "
+        "finished in 9763 ms\n"
+    )
+    (logs / "parted_clustered_1000000_change.log").write_text(_driver_log(job_py, tmp_path / "missing.zip"))
+    job = {"wall_s": 10.0, "cpu_s": 8.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0, "output": {}}
+    check = {"rows": 10, "tombstones": 1}
+    dataset = {
+        "dataset": "1M x 1%",
+        "input_rows": 1010,
+        "jobs": {engine: {**job, "log_file": str(logs / f"{engine}.log")} for engine in ("floor", "ours")},
+        "ratios": {"ours/floor": 1.0},
+        "steps": {},
+        "checksums": {"ours": check},
+        "checksums_match": True,
+    }
+    (results / "compaction.json").write_text(json.dumps({"datasets": [dataset], "initial_loads": []}))
+    sizes = [{"rows": 1000000, "touched_only": {"clustered": {}}}]
+    (results / "partitioned.json").write_text(json.dumps({"sizes": sizes}))
+
+    text = report.write_report(results, logs).read_text()
+    section = text[text.index("## Where the time goes") :]
+    assert "| compaction | 1M x 1% floor | 1 | 1 | 0 | 9.76 | 9.76 | - | - | 0.00 |" in section
+    assert "| compaction | 1M x 1% ours | 4 | 4 | 7 | 3.55 | 2.50 | 4.50 | 0.95 | 0.26 |" in section
+    assert "| partitioned | 1M touched-only (clustered) | 4 | 4 | 7 | 3.55 |" in section
+    # The flat table's log is missing: no row for it, rather than a row of zeros.
+    assert "full rewrite" not in section
+    assert "| 1M x 1% ours | 2 | 0.75 | job.py:4 main: `tally = (df.groupBy('k') .first())` |" in section
+    # A call site in a zip that is gone is still named by its file and line.
+    assert "| 1M x 1% ours | 1 | 0.30 | collect at compact.py:2 |" in section
+
+    # The logs live under .run/ and go; the report written again keeps the same section from profile.json.
+    for f in logs.iterdir():
+        f.unlink()
+    again = report.write_report(results, logs).read_text()
+    assert again[again.index("## Where the time goes") :] == section
