@@ -147,7 +147,15 @@ def profile(log_file: str | Path, top: int = 5) -> dict[str, Any] | None:
         "longest_stage_s": round(max((ms for _, ms in stages.values()), default=0) / 1000, 3),
         "listing_s": round(listing_ms / 1000, 3),
         "own_s": own_s,
-        "top": [{"site": site, "stages": len(ms), "s": round(sum(ms) / 1000, 3)} for site, ms in ranked[:top]],
+        "top": [
+            {
+                "site": site,
+                "stages": len(ms),
+                "s": round(sum(ms) / 1000, 3),
+                "longest_s": [round(x / 1000, 3) for x in sorted(ms, reverse=True)[:3]],
+            }
+            for site, ms in ranked[:top]
+        ],
     }
 
 

@@ -396,7 +396,13 @@ def profile_markdown(runs: list[dict[str, Any]]) -> str:
     header = ["benchmark", "run", "Spark jobs", "stages", "tasks", "in stages s", "longest stage s"]
     header += ["job's own s", "outside stages s", "file listing s"]
     sites = [
-        [r["run"], _num(t["stages"]), _num(t["s"], 2), t["site"].replace("|", "\\|")]
+        [
+            r["run"],
+            _num(t["stages"]),
+            _num(t["s"], 2),
+            ", ".join(_num(x, 2) for x in t.get("longest_s", [])),
+            t["site"].replace("|", "\\|"),
+        ]
         for r in runs
         if r["run"].endswith(" ours") or "touched" in r["run"]
         for t in r["top"]
@@ -416,7 +422,7 @@ def profile_markdown(runs: list[dict[str, Any]]) -> str:
             "The call sites that took longest in ours and in the touched-only runs (stages Spark starts on its "
             "own threads, such as adaptive execution's query stages and writes, carry no Python line):",
             "",
-            _table(["run", "stages", "s", "call site"], sites),
+            _table(["run", "stages", "s", "longest stages s", "call site"], sites),
             "",
         ]
     )

@@ -276,10 +276,10 @@ def test_job_profile_counts_a_driver_log_and_names_its_call_sites(tmp_path: Path
     assert (p["stage_s"], p["longest_stage_s"], p["listing_s"]) == (3.55, 2.5, 0.263)
     assert p["own_s"] == 4.5  # 18:51:28.500 -> 18:51:33.000
     # Longest first; the chained statement shown from its first line, whole and on one line.
-    assert p["top"] == [
-        {"site": "adaptive query stage (write, join or broadcast)", "stages": 1, "s": 2.5},
-        {"site": "job.py:4 main: `tally = (df.groupBy('k') .first())`", "stages": 2, "s": 0.75},
-        {"site": "compact.py:2 _read_plan: `return spark.read.text('p').collect()`", "stages": 1, "s": 0.3},
+    assert [(t["site"], t["stages"], t["s"], t["longest_s"]) for t in p["top"]] == [
+        ("adaptive query stage (write, join or broadcast)", 1, 2.5, [2.5]),
+        ("job.py:4 main: `tally = (df.groupBy('k') .first())`", 2, 0.75, [0.7, 0.05]),
+        ("compact.py:2 _read_plan: `return spark.read.text('p').collect()`", 1, 0.3, [0.3]),
     ]
     assert job_profile.profile(tmp_path / "gone.log") is None
 
@@ -320,9 +320,9 @@ def test_report_shows_where_the_time_goes_and_keeps_it_when_the_logs_are_gone(tm
     assert "| partitioned | 1M touched-only (clustered) | 4 | 4 | 7 | 3.55 |" in section
     # The flat table's log is missing: no row for it, rather than a row of zeros.
     assert "full rewrite" not in section
-    assert "| 1M x 1% ours | 2 | 0.75 | job.py:4 main: `tally = (df.groupBy('k') .first())` |" in section
+    assert "| 1M x 1% ours | 2 | 0.75 | 0.70, 0.05 | job.py:4 main: `tally = (df.groupBy('k') .first())` |" in section
     # A call site in a zip that is gone is still named by its file and line.
-    assert "| 1M x 1% ours | 1 | 0.30 | collect at compact.py:2 |" in section
+    assert "| 1M x 1% ours | 1 | 0.30 | 0.30 | collect at compact.py:2 |" in section
 
     # The logs live under .run/ and go; the report written again keeps the same section from profile.json.
     for f in logs.iterdir():
