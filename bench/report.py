@@ -411,7 +411,8 @@ def profile_markdown(runs: list[dict[str, Any]]) -> str:
         [
             "## Where the time goes",
             "",
-            "From each job's Spark driver log in this run (`bench/job_profile.py`): Spark jobs, stages and tasks; "
+            "From each job's Spark driver log in this run (`bench/job_profile.py`): Spark jobs (adaptive "
+            "execution's map-stage jobs included), stages run (skipped ones not) and tasks; "
             "seconds in stages (summed: adaptive execution may run two at once) and the longest one; the job's "
             "own time from its `compacting` to its `compacted` log line (no JVM or session start; the floor "
             "writes no such lines) and what of it was outside any stage (planning, listing, metastore and Python "
