@@ -388,7 +388,8 @@ def profile_markdown(runs: list[dict[str, Any]]) -> str:
             _num(r["stage_s"], 2),
             _num(r["longest_stage_s"], 2),
             _num(r["own_s"], 2),
-            _num(round(r["own_s"] - r["stage_s"], 2) if r.get("own_s") is not None else None, 2),
+            # Overlapping stages can sum to more than the time they cover: then nothing is known outside them.
+            _num(max(0.0, round(r["own_s"] - r["stage_s"], 2)) if r.get("own_s") is not None else None, 2),
             _num(r["listing_s"], 2),
         ]
         for r in runs
@@ -416,7 +417,7 @@ def profile_markdown(runs: list[dict[str, Any]]) -> str:
             "seconds in stages (summed: adaptive execution may run two at once) and the longest one; the job's "
             "own time from its `compacting` to its `compacted` log line (no JVM or session start; the floor "
             "writes no such lines) and what of it was outside any stage (planning, listing, metastore and Python "
-            "between Spark jobs).",
+            "between Spark jobs; 0 where overlapping stages sum to more than the job's own time).",
             "",
             _table(header, rows),
             "",
