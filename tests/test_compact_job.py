@@ -814,6 +814,67 @@ def test_touched_partitions_are_where_events_go_and_where_their_keys_are(
     assert sorted(r[PC] for r in touched.collect()) == ["EU", "LATAM", "US", "__null__"]
 
 
+def _broadcast_inputs(plan: str) -> list[str]:
+    """Each ``BroadcastExchange`` of a plan's tree string with what it builds from, down to the
+    first join below it (a join's inputs are reduced by the join: only its output is built)."""
+    lines = plan.splitlines()
+    subtrees = []
+    for i, line in enumerate(lines):
+        if "BroadcastExchange" not in line:
+            continue
+        column = line.index("BroadcastExchange")
+        below = []
+        for child in lines[i + 1 :]:
+            name = len(child) - len(child.lstrip(" :+-"))
+            if name <= column or not child.strip() or "Join" in child:
+                break
+            below.append(child)
+        subtrees.append("\n".join([line, *below]))
+    return subtrees
+
+
+def test_touched_partitions_never_broadcast_the_index(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
+    """Events without a partition value find their keys' partitions with the index streamed, never built.
+
+    The 20M scattered table of bench/partitioned.py ran out of driver memory when adaptive
+    execution broadcast all index keys (small by their compressed shuffle size). Here every join
+    may broadcast (threshold 1 GB), so a plan that could build the index would.
+    """
+    from cdc_compaction.sql import partition_sql
+
+    cfg = region_cfg(make_cfg)
+    value = partition_sql(cfg).value
+    index_dir = str(tmp_path / "index")
+    rows = [(i, ["EU", "US", "APAC"][i % 3]) for i in range(300)]
+    spark.createDataFrame(rows, f"id int, {job.PARTITION_DDL}").write.parquet(index_dir)
+    index = spark.read.parquet(index_dir)
+    events = events_df(
+        spark,
+        cfg,
+        [
+            ev(cfg, id=1, region=None, op="d", ts_ms=5),  # key-only delete of a known key (US)
+            ev(cfg, id=1000, region=None, op="d", ts_ms=5),  # key-only delete of an unknown key
+            ev(cfg, id=3, region="LATAM", full_name="moves", op="u", ts_ms=5),  # from EU to LATAM
+        ],
+    )
+    saved = {k: spark.conf.get(k) for k in ("spark.sql.autoBroadcastJoinThreshold", "spark.sql.adaptive.enabled")}
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", str(1 << 30))
+    spark.conf.set("spark.sql.adaptive.enabled", "true")
+    try:
+        touched = job.touched_partitions(index, events, ["id"], "region", value)
+        assert sorted(r[PC] for r in touched.collect()) == ["EU", "LATAM", "US", "__null__"]  # not APAC
+        jvm = spark.sparkContext._jvm
+        plan = jvm.PythonSQLUtils.explainString(touched._jdf.queryExecution(), "simple")
+    finally:
+        for k, v in saved.items():
+            spark.conf.set(k, v)
+    # The index is the plan's only Parquet scan (the events are in memory).
+    assert "isFinalPlan=true" in plan and "FileScan parquet" in plan, plan
+    broadcasts = _broadcast_inputs(plan)
+    assert broadcasts, plan  # small sides are broadcast: the check below looks at real broadcasts
+    assert not [b for b in broadcasts if "FileScan parquet" in b], plan
+
+
 def test_assign_partitions_sends_each_winner_to_its_partition(spark: Any, make_cfg: MakeCfg) -> None:
     from cdc_compaction.sql import partition_sql
 
