@@ -41,6 +41,7 @@ from pydantic import (
 
 from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
+from cdc_compaction.registry_errors import Context, Located, explain, load_located, yaml_error
 
 REGISTRY_SUFFIXES = (".yaml", ".yml")
 #: Airflow's limit on a DAG id (``ID_LEN``).
@@ -1375,6 +1376,8 @@ class DatabaseDefaults:
     database: str
     values: dict[str, Any]
     error: RegistryError | None = None
+    #: Where each default is written (errors of a table name the defaults file's line).
+    located: Located | None = None
 
 
 def database_defaults_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -1387,13 +1390,19 @@ def database_defaults_files(directory: str | os.PathLike[str]) -> list[Path]:
         for sub in d.iterdir()
         if sub.is_dir() and not sub.name.startswith(".")
         for name in DEFAULTS_FILE_NAMES
-        if (sub / name).is_file()
+        # A dangling link too: it is reported as an error, never skipped (its tables would lose their defaults).
+        if (sub / name).is_file() or (sub / name).is_symlink()
     ]
     return sorted(found, key=str)
 
 
 def parse_defaults(path: Path, text: str) -> dict[str, Any]:
     """Validate one defaults file's text; return its mapping or raise :class:`RegistryError`."""
+    return _parse_defaults_located(path, text).data or {}
+
+
+def _parse_defaults_located(path: Path, text: str) -> Located:
+    """:func:`parse_defaults`, keeping where each key and value is (for errors of the tables it fills in)."""
     database = path.parent.name
     where = f"{database}.*"
     file = str(path)
@@ -1407,11 +1416,16 @@ def parse_defaults(path: Path, text: str) -> dict[str, Any]:
         problems = _check_yaml_bounds(text)
         if problems:
             raise RegistryError(file, where, problems)
-        data = yaml.load(text, Loader=_SAFE_LOADER)
-    except (yaml.YAMLError, ValueError) as exc:
+        located = load_located(text, file, _SAFE_LOADER)
+        data = located.data
+    except yaml.YAMLError as exc:
+        raise yaml_error(file, where, exc) from exc
+    except ValueError as exc:
         raise RegistryError(file, where, [f"not valid YAML: {exc}"]) from exc
+    except RegistryError as exc:
+        raise RegistryError(file, where, exc.problems, exc.locations) from exc
     if data is None:
-        return {}
+        return Located(file, {}, located.keys, located.values)
     if not isinstance(data, dict):
         raise RegistryError(file, where, ["the file must hold one mapping of defaults (owner, alerts, spark, ...)"])
     per_table = sorted(str(k) for k in data if k in PER_TABLE_FIELDS)
@@ -1424,12 +1438,14 @@ def parse_defaults(path: Path, text: str) -> dict[str, Any]:
                 f"(<database>.<table>.yaml), not in the database's defaults"
                 for k in per_table
             ],
+            [located.nearest((k,), key=True) for k in per_table],
         )
     try:
         _defaults_model().model_validate(data)
     except ValidationError as exc:
-        raise RegistryError(file, where, _format_pydantic(exc)) from exc
-    return data
+        problems, locations = explain(exc, _format_pydantic(exc), _error_context(located, _defaults_model()))
+        raise RegistryError(file, where, problems, locations) from exc
+    return located
 
 
 def load_database_defaults(directory: str | os.PathLike[str]) -> dict[str, DatabaseDefaults]:
@@ -1452,7 +1468,8 @@ def _defaults_cached(signature: tuple[tuple[str, int, int], ...]) -> dict[str, D
             out[database] = DatabaseDefaults(path, database, {}, error)
             continue
         try:
-            out[database] = DatabaseDefaults(path, database, parse_defaults(path, _read_text(path)))
+            located = _parse_defaults_located(path, _read_text(path))
+            out[database] = DatabaseDefaults(path, database, located.data or {}, located=located)
         except RegistryError as exc:
             out[database] = DatabaseDefaults(path, database, {}, exc)
         except Exception as exc:  # noqa: BLE001 - one database's file must not hide the other databases
@@ -1504,9 +1521,11 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
         problems = _check_yaml_bounds(text)
         if problems:
             raise RegistryError(file, None, problems)
-        data = yaml.load(text, Loader=_SAFE_LOADER)  # a safe loader: plain data only
+        # A safe loader (plain data only) that keeps each key's line and refuses a key written twice.
+        located = load_located(text, file, _SAFE_LOADER)
+        data = located.data
     except yaml.YAMLError as exc:
-        raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
+        raise yaml_error(file, None, exc) from exc
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
     if not isinstance(data, dict):
@@ -1535,20 +1554,73 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
         if from_defaults:
             assert db_defaults is not None
             problems = [_blame_defaults(p, from_defaults, db_defaults.path) for p in problems]
-        raise RegistryError(file, table, problems) from exc
+        mode = data.get("mode", "cdc")
+        model = _MODE_CLASSES.get(mode) if isinstance(mode, str) else None
+        context = _error_context(located, model, data, db_defaults.located if db_defaults else None)
+        problems, locations = explain(exc, problems, context)
+        raise RegistryError(file, table, problems, locations) from exc
     except IdentifierError as exc:  # pragma: no cover - pydantic wraps these as ValueError
         raise RegistryError(file, table, [str(exc)]) from exc
     except Exception as exc:  # a validator's surprise (OverflowError, ...) is this file's error
         raise RegistryError(file, table, [f"cannot be validated: {type(exc).__name__}: {exc}"]) from exc
     expected = f"{cfg.database}.{cfg.table}"
     if path.name.rsplit(".", 1)[0] != expected:
-        raise RegistryError(file, expected, [f"file name must be '{expected}.yaml' to match database and table"])
+        raise RegistryError(
+            file,
+            expected,
+            [f"file name must be '{expected}.yaml' to match database and table; rename the file or fix them"],
+            [located.nearest(("table",))],
+        )
     return cfg
+
+
+def _error_context(
+    doc: Located,
+    model: type[BaseModel] | None,
+    data: dict[str, Any] | None = None,
+    defaults: Located | None = None,
+) -> Context:
+    """What :func:`~cdc_compaction.registry_errors.explain` needs to locate and hint at an entry's errors."""
+    from cdc_compaction.identifiers import _PRIMITIVE_TYPES
+
+    preset: dict[str, Any] = {}
+    source = data.get("source") if data else None
+    if data and isinstance(source, str) and source in SOURCES:
+        columns = data.get("columns")
+        names = {c.get("name") for c in columns if isinstance(c, dict)} if isinstance(columns, list) else set()
+        found = _source_defaults(source, str(data.get("mode", "cdc")), names)
+        preset = {k: v for k, v in found.items() if k not in data}
+    return Context(
+        doc=doc,
+        model=model,
+        other_models=_MODE_CLASSES,
+        defaults=defaults,
+        preset=preset,
+        source=source if isinstance(source, str) else None,
+        hive_types=(*sorted(_PRIMITIVE_TYPES - {"integer"}), "decimal(p,s)", "varchar(n)", "char(n)"),
+        schedule_presets=tuple(sorted(_PRESETS)),
+        modes=MODES,
+    )
 
 
 def _read_text(path: Path) -> str:
     """A registry file's text: at most :data:`MAX_FILE_BYTES`, UTF-8; raise :class:`RegistryError`."""
-    with path.open("rb") as fh:
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        if path.is_symlink():
+            # A dangling (or looping) link is this file's error: skipped, its table's DAG would vanish unseen.
+            target = os.readlink(path)
+            raise RegistryError(
+                str(path),
+                None,
+                [
+                    f"is a symbolic link to {target}, which cannot be opened ({exc.strerror}); restore {target}, "
+                    "point the link at an existing file, or delete the link"
+                ],
+            ) from exc
+        raise
+    with fh:
         data = fh.read(MAX_FILE_BYTES + 1)  # never more, whatever the file's size
     if len(data) > MAX_FILE_BYTES:
         raise RegistryError(str(path), None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
@@ -1566,7 +1638,11 @@ def registry_files(directory: str | os.PathLike[str]) -> list[Path]:
     if not d.is_dir():
         return []
     # By name: the same order as sorting the paths (one directory), without pathlib's slow comparisons.
-    return sorted((p for p in d.iterdir() if p.suffix in REGISTRY_SUFFIXES and p.is_file()), key=lambda p: p.name)
+    # A dangling symlink is kept (is_file() is False for it): loading reports it instead of dropping its table.
+    return sorted(
+        (p for p in d.iterdir() if p.suffix in REGISTRY_SUFFIXES and (p.is_file() or p.is_symlink())),
+        key=lambda p: p.name,
+    )
 
 
 def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) -> list[RegistryEntry]:
@@ -1597,7 +1673,10 @@ def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) 
 def _signature(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
     out = []
     for p in files:
-        st = p.stat()
+        try:
+            st = p.stat()
+        except OSError:  # a dangling link: the link's own times, so fixing it is seen
+            st = p.lstat()
         out.append((str(p), st.st_mtime_ns, st.st_size))
     return tuple(out)
 
