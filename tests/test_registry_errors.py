@@ -342,3 +342,43 @@ def test_registry_validate_prints_the_located_problems(tmp_path: Path) -> None:
         f"        {bad}:10:1: field 'retires': Extra inputs are not permitted; did you mean 'retries'? "
         "rename the key to retries\n"
     ) in run.stdout, run.stdout
+
+
+def test_two_tables_on_one_storage_root_are_located_at_their_roots(tmp_path: Path) -> None:
+    first = write(tmp_path, "school.pupil.yaml", GOOD)
+    second = write(tmp_path, "school.tutor.yaml", GOOD.replace("table: pupil", "table: tutor"))
+    entries = {e.path.name: e for e in load_registry(tmp_path)}
+    for path, other in ((first, second), (second, first)):
+        err = entries[path.name].error
+        assert err is not None
+        assert str(err).endswith(
+            f"{path}:9:15: field 'storage_root': '/lake/school/pupil' overlaps storage_root '/lake/school/pupil' "
+            f"of {other} (table school.{other.name.split('.')[1]}); every table needs its own storage root, "
+            "neither equal to nor inside another table's"
+        ), str(err)
+
+
+def test_one_table_in_two_files_is_located_at_their_table_lines(tmp_path: Path) -> None:
+    yaml_file = write(tmp_path, "school.pupil.yaml", GOOD)
+    yml_file = write(tmp_path, "school.pupil.yml", GOOD.replace("/pupil", "/pupil2"))
+    for e in load_registry(tmp_path):
+        assert e.error is not None
+        assert str(e.error).endswith(
+            f"{e.path}:2:8: field 'table': school.pupil is defined by several files "
+            f"{[yaml_file.name, yml_file.name]}; keep one of them"
+        ), str(e.error)
+
+
+def test_a_too_deep_document_is_located_where_it_gets_too_deep(tmp_path: Path) -> None:
+    path = write(tmp_path, "school.pupil.yaml", GOOD + "tags: " + "[" * 40 + "]" * 40 + "\n")
+    # The mapping is level 1, the k-th '[' (column 6 + k) level k + 1: level 33 is the 32nd, column 38.
+    assert reports(refusal(path), [f"{path}:10:38: YAML nested deeper than 32 levels"])
+
+
+def test_a_table_of_a_database_with_a_bad_defaults_file_points_at_the_defaults_problem(tmp_path: Path) -> None:
+    (tmp_path / "school").mkdir()
+    defaults = write(tmp_path / "school", "_database.yaml", "owner: data\nretires: 5\n")
+    write(tmp_path, "school.pupil.yaml", GOOD)
+    (entry,) = load_registry(tmp_path)
+    assert entry.error is not None
+    assert f": {defaults}:2:1: the defaults file {defaults} of database 'school' is invalid" in str(entry.error)

@@ -1284,8 +1284,10 @@ MAX_YAML_DEPTH = 32
 MAX_YAML_NODES = 100_000
 
 
-def _check_yaml_bounds(text: str) -> list[str]:
+def _check_yaml_bounds(text: str, where: list[str | None] | None = None) -> list[str]:
     """Problems with the shape of ``text`` as YAML: too deep or too many nodes once aliases expand.
+
+    ``where`` (if given) receives the ``line:column`` of the node at which each problem was found.
 
     Walks the parser's flat event stream (no recursion, no objects built) and sizes every node
     with its aliases expanded, so nested anchors are counted as they would be constructed.
@@ -1325,6 +1327,8 @@ def _check_yaml_bounds(text: str) -> list[str]:
             # An unknown anchor is left to the loader, which reports it as invalid YAML.
             problem = add(*depth_of.get(event.anchor or "", (1, 0)))
         if problem:
+            if where is not None:
+                where.append(f"{event.start_mark.line + 1}:{event.start_mark.column + 1}")
             return [problem]
     return []
 
@@ -1413,9 +1417,10 @@ def _parse_defaults_located(path: Path, text: str) -> Located:
     if len(text) > MAX_FILE_BYTES:
         raise RegistryError(file, where, [f"larger than {MAX_FILE_BYTES} bytes; a defaults file is a few lines"])
     try:
-        problems = _check_yaml_bounds(text)
+        marks: list[str | None] = []
+        problems = _check_yaml_bounds(text, marks)
         if problems:
-            raise RegistryError(file, where, problems)
+            raise RegistryError(file, where, problems, [f"{file}:{m}" for m in marks])
         located = load_located(text, file, _SAFE_LOADER)
         data = located.data
     except yaml.YAMLError as exc:
@@ -1427,7 +1432,12 @@ def _parse_defaults_located(path: Path, text: str) -> Located:
     if data is None:
         return Located(file, {}, located.keys, located.values)
     if not isinstance(data, dict):
-        raise RegistryError(file, where, ["the file must hold one mapping of defaults (owner, alerts, spark, ...)"])
+        raise RegistryError(
+            file,
+            where,
+            ["the file must hold one mapping of defaults (owner, alerts, spark, ...)"],
+            [located.nearest(())],
+        )
     per_table = sorted(str(k) for k in data if k in PER_TABLE_FIELDS)
     if per_table:
         raise RegistryError(
@@ -1518,9 +1528,10 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
     if len(text) > MAX_FILE_BYTES:
         raise RegistryError(file, None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
     try:
-        problems = _check_yaml_bounds(text)
+        marks: list[str | None] = []
+        problems = _check_yaml_bounds(text, marks)
         if problems:
-            raise RegistryError(file, None, problems)
+            raise RegistryError(file, None, problems, [f"{file}:{m}" for m in marks])
         # A safe loader (plain data only) that keeps each key's line and refuses a key written twice.
         located = load_located(text, file, _SAFE_LOADER)
         data = located.data
@@ -1529,7 +1540,9 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
     if not isinstance(data, dict):
-        raise RegistryError(file, None, ["the file must hold one mapping (database, table, columns, ...)"])
+        raise RegistryError(
+            file, None, ["the file must hold one mapping (database, table, columns, ...)"], [located.nearest(())]
+        )
     table = f"{data.get('database', '?')}.{data.get('table', '?')}"
     own = data.get("database")
     db_defaults = (defaults or {}).get(own) if isinstance(own, str) else None
@@ -1543,6 +1556,8 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
                     f"the defaults file {db_defaults.path} of database {own!r} is invalid, so no table of {own} "
                     "is built until it is fixed: " + "; ".join(db_defaults.error.problems)
                 ],
+                # Where to fix it: the defaults file's first problem.
+                [next((loc for loc in db_defaults.error.locations if loc), str(db_defaults.path))],
             )
         merged = merge_defaults(data, db_defaults.values)
         from_defaults = {k for k in merged if k not in data or merged[k] != data[k]}
@@ -1779,6 +1794,14 @@ def storage_root_key(root: str) -> str:
     return "file://" + resolve_storage_root(root)
 
 
+def _where_in(path: Path, key: str) -> str | None:
+    """``file:line:col`` of a valid entry's top-level ``key`` value (for an error found across files)."""
+    try:
+        return load_located(_read_text(path), str(path), _SAFE_LOADER).nearest((key,))
+    except Exception:  # noqa: BLE001 - a location is a courtesy: the error stands without it
+        return None
+
+
 def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
     """Refuse entries whose storage roots are the same or nested: both tables would read each other's files.
 
@@ -1812,8 +1835,9 @@ def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
                 f"{entries[j].path} (table {other.qualified_name}); every table needs its own storage root, "
                 "neither equal to nor inside another table's"
             )
+        where = [_where_in(entries[i].path, "storage_root")] * len(problems)
         entries[i] = RegistryEntry(
-            entries[i].path, None, RegistryError(str(entries[i].path), cfg.qualified_name, problems)
+            entries[i].path, None, RegistryError(str(entries[i].path), cfg.qualified_name, problems, where)
         )
 
 
@@ -1850,7 +1874,12 @@ def _load_cached(
                 entries[i] = RegistryEntry(
                     e.path,
                     None,
-                    RegistryError(str(e.path), name, [f"field 'table': {name} is defined by several files {others}"]),
+                    RegistryError(
+                        str(e.path),
+                        name,
+                        [f"field 'table': {name} is defined by several files {others}; keep one of them"],
+                        [_where_in(e.path, "table")],
+                    ),
                 )
     _refuse_overlapping_roots(entries)
     return tuple(entries)
