@@ -252,7 +252,8 @@ def test_a_dangling_symlink_is_an_error_and_the_other_tables_keep_their_dags(tmp
     assert gone is not None and reports(
         gone,
         [
-            f"is a symbolic link to {target}, which cannot be opened (No such file or directory); restore {target}, "
+            f"{link}: is a symbolic link to {target}, which cannot be opened (No such file or directory); "
+            f"restore {target}, "
             "point the link at an existing file, or delete the link"
         ],
     )

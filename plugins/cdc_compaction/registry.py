@@ -1633,6 +1633,7 @@ def _read_text(path: Path) -> str:
                     f"is a symbolic link to {target}, which cannot be opened ({exc.strerror}); restore {target}, "
                     "point the link at an existing file, or delete the link"
                 ],
+                [str(path)],  # the file itself: the link has no line to point at
             ) from exc
         raise
     with fh:
