@@ -177,10 +177,32 @@ def test_a_preset_column_the_table_lacks_names_the_preset(tmp_path: Path) -> Non
         refusal(path),
         [
             f"{path}:10:9: field 'op_column': '__op' is not among the columns ['id', 'op', 'ts_ms']; op_column is not "
-            "set in this file: the source: debezium preset (line 10) chose '__op'; add `op_column: <value>` to "
+            "set in this file: the source: debezium preset (line 10) chose '__op'; add `op_column: op` to "
             "override the preset"
         ],
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        pytest.param(
+            ("primary_key: [id]", "primary_key: [idd]"),
+            "7:14: field 'primary_key': ['idd'] not among the columns ['id', 'op', 'ts_ms']; did you mean 'id'?",
+            id="key",
+        ),
+        pytest.param(
+            ("storage_root:", "op_column: opp\nstorage_root:"),
+            "9:12: field 'op_column': 'opp' is not among the columns ['id', 'op', 'ts_ms']; did you mean 'op'?",
+            id="op-column",
+        ),
+    ],
+)
+def test_a_misspelt_column_reference_gets_a_did_you_mean(
+    tmp_path: Path, change: tuple[str, str], expected: str
+) -> None:
+    path = write(tmp_path, "school.pupil.yaml", GOOD.replace(*change))
+    assert reports(refusal(path), [f"{path}:{expected}"])
 
 
 def test_a_missing_op_column_says_the_default_came_from_leaving_it_out(tmp_path: Path) -> None:
@@ -284,7 +306,7 @@ def test_an_error_from_a_default_points_into_the_defaults_file(tmp_path: Path) -
         [
             f"{defaults}:2:9: field 'op_column': '__op' is not among the columns ['id', 'op', 'ts_ms']; op_column is "
             f"not set in this file: the source: debezium preset (line 2 of {defaults}) chose '__op'; add "
-            "`op_column: <value>` to override the preset"
+            "`op_column: op` to override the preset"
         ],
     )
     assert entry.path == path

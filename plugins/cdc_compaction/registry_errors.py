@@ -15,6 +15,7 @@ the registry passes in what is needed (the model of the entry, the preset's valu
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 from collections.abc import Mapping
@@ -351,9 +352,31 @@ def _hint(e: Any, path: Path_, msg: str, ctx: Context) -> tuple[str | None, str 
     if "neither a cron expression nor" in msg:
         near = _close(str(e.get("input", "")), list(ctx.schedule_presets), 0.6)
         return (f"did you mean {near!r}?" if near else "write a cron expression such as '0 * * * *'"), location
+    near_column = _close_column(msg)
     if path and own_depth == 0 and default_depth == 0 and isinstance(path[0], str):
-        return _default_origin(path[0], ctx)
+        return _default_origin(path[0], ctx, near_column)
+    if near_column:
+        return f"did you mean {near_column!r}?", location
     return None, location
+
+
+_NOT_AMONG = re.compile(r"^(.*?)not among the columns (\[.*\])$", re.DOTALL)
+
+
+def _close_column(msg: str) -> str | None:
+    """For "'x' is not among the columns [...]": the declared column closest to the name written."""
+    m = _NOT_AMONG.match(msg.split("; ")[0])
+    if not m:
+        return None
+    try:
+        columns = [str(c) for c in ast.literal_eval(m.group(2))]
+    except (ValueError, SyntaxError):
+        return None
+    for name in re.findall(r"'([^']*)'", m.group(1)):
+        near = _close(name, columns, 0.6)
+        if near is not None:
+            return near
+    return None
 
 
 def _unknown_field(path: Path_, src: Located, ctx: Context) -> str:
@@ -396,9 +419,13 @@ def _mapping_at(data: Any, path: Path_) -> dict[Any, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _default_origin(name: str, ctx: Context) -> tuple[str | None, str | None]:
-    """A field the author did not write: where its value came from, and where to look."""
+def _default_origin(name: str, ctx: Context, near: str | None = None) -> tuple[str | None, str | None]:
+    """A field the author did not write: where its value came from, and where to look.
+
+    ``near``: a declared column close to the chosen one, offered as the value to write.
+    """
     doc = ctx.doc
+    value_text = near if near is not None else "<value>"
     if name in ctx.preset and ctx.source:
         # The preset is chosen in the table's file, or else in its database's defaults file.
         src = doc if ("source",) in doc.values or ctx.defaults is None else ctx.defaults
@@ -407,7 +434,7 @@ def _default_origin(name: str, ctx: Context) -> tuple[str | None, str | None]:
         on = f" (line {line}{'' if src is doc else ' of ' + src.file})" if line else ""
         return (
             f"{name} is not set in this file: the source: {ctx.source} preset{on} chose {ctx.preset[name]!r}; "
-            f"add `{name}: <value>` to override the preset"
+            f"add `{name}: {value_text}` to override the preset"
         ), where
     model = ctx.model
     info = model.model_fields.get(name) if model is not None else None
@@ -415,6 +442,6 @@ def _default_origin(name: str, ctx: Context) -> tuple[str | None, str | None]:
         value = info.get_default(call_default_factory=True)
         value = value.model_dump() if isinstance(value, BaseModel) else value
         return (
-            f"{name} is not set in this file, so it took its default {value!r}; add `{name}: <value>` to the file"
+            f"{name} is not set in this file, so it took its default {value!r}; add `{name}: {value_text}` to the file"
         ), doc.nearest(())
     return None, doc.nearest(())
