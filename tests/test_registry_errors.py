@@ -405,3 +405,21 @@ def test_a_table_of_a_database_with_a_bad_defaults_file_points_at_the_defaults_p
     (entry,) = load_registry(tmp_path)
     assert entry.error is not None
     assert f": {defaults}:2:1: the defaults file {defaults} of database 'school' is invalid" in str(entry.error)
+
+
+def test_a_key_written_twice_in_the_defaults_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "school").mkdir()
+    defaults = write(tmp_path / "school", "_database.yaml", "owner: data\nalerts:\n  emails: [a@x.org]\nowner: ops\n")
+    write(tmp_path, "school.pupil.yaml", GOOD)
+    from cdc_compaction.registry import load_database_defaults
+
+    own = load_database_defaults(tmp_path)["school"].error
+    assert own is not None and reports(
+        own,
+        [
+            f"{defaults}:4:1: field 'owner': set twice, on line 1 and on line 4; YAML would keep only the last "
+            "value and drop the first without a word: delete one of them"
+        ],
+    )
+    (entry,) = load_registry(tmp_path)
+    assert entry.config is None and f"{defaults}:4:1: " in str(entry.error)
