@@ -61,7 +61,7 @@ def _registry_validate(args: argparse.Namespace) -> int:
             print(f"OK    {d.path.relative_to(directory)}: defaults of database {db}")
         else:
             print(f"ERROR {d.path.relative_to(directory)} (defaults of database {db}, so of every table of it):")
-            for p in d.error.problems:
+            for p in d.error.lines():
                 print(f"        {p}")
     for e in load_registry(directory):
         if e.error is None:
@@ -72,7 +72,7 @@ def _registry_validate(args: argparse.Namespace) -> int:
         else:
             bad += 1
             print(f"ERROR {e.path.name}:")
-            for p in e.error.problems:
+            for p in e.error.lines():
                 print(f"        {p}")
     print(f"{bad} invalid of {len(load_registry(directory))} registry files in {directory}")
     return 1 if bad else 0

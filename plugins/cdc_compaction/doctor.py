@@ -79,7 +79,7 @@ def check_registry(directory: Path, tables: Iterable[str] = ()) -> tuple[list[Ch
                     f"database {db}",
                     "registry",
                     False,
-                    f"{d.path}: " + "; ".join(d.error.problems),
+                    f"{d.path}: " + "; ".join(d.error.lines()),
                     f"fix {d.path.name} (it holds the defaults of every table of {db})",
                 )
             )
@@ -91,7 +91,7 @@ def check_registry(directory: Path, tables: Iterable[str] = ()) -> tuple[list[Ch
             continue
         seen.add(name)
         if e.config is None:
-            problems = e.error.problems if e.error is not None else ["(unknown error)"]
+            problems = e.error.lines() if e.error is not None else ["(unknown error)"]
             fix = f"fix {e.path} (python -m cdc_compaction registry validate shows every problem)"
             checks.append(Check(name, "registry", False, f"{e.path.name}: " + "; ".join(problems), fix))
         else:

@@ -15,12 +15,21 @@ class CdcCompactionError(Exception):
 class RegistryError(CdcCompactionError):
     """A registry file is missing, unreadable or invalid."""
 
-    def __init__(self, file: str, table: str | None, problems: list[str]) -> None:
+    def __init__(
+        self, file: str, table: str | None, problems: list[str], locations: list[str | None] | None = None
+    ) -> None:
         self.file = file
         self.table = table
         self.problems = problems
+        #: ``file:line:column`` of each problem (None where it has no place in a file, e.g. an unreadable file).
+        self.locations = list(locations or [])
         where = f"{file} (table {table})" if table else file
-        super().__init__(f"invalid registry entry {where}: " + "; ".join(problems))
+        super().__init__(f"invalid registry entry {where}: " + "; ".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        """Each problem, led by its ``file:line:column`` where it has one (the form editors jump to)."""
+        padded = self.locations + [None] * (len(self.problems) - len(self.locations))
+        return [f"{loc}: {p}" if loc else p for p, loc in zip(self.problems, padded, strict=False)]
 
 
 class IdentifierError(CdcCompactionError, ValueError):

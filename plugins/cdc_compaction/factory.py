@@ -706,7 +706,8 @@ ERROR_TASK_ID = "registry_error"
 def error_doc_md(entry: RegistryEntry) -> str:
     """The documentation of a registry-error DAG: the error itself, field by field."""
     err = entry.error
-    problems = err.problems if err is not None else ["(unknown error)"]
+    # Each problem led by its file:line:column where it has one.
+    problems = err.lines() if err is not None else ["(unknown error)"]
     table = err.table if err is not None and err.table else "(unknown: the file could not be read as an entry)"
     lines = [
         f"### Registry error in `{entry.path.name}`",

@@ -41,6 +41,7 @@ from pydantic import (
 
 from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
+from cdc_compaction.registry_errors import Context, Located, explain, load_located, yaml_error
 
 REGISTRY_SUFFIXES = (".yaml", ".yml")
 #: Airflow's limit on a DAG id (``ID_LEN``).
@@ -1283,8 +1284,10 @@ MAX_YAML_DEPTH = 32
 MAX_YAML_NODES = 100_000
 
 
-def _check_yaml_bounds(text: str) -> list[str]:
+def _check_yaml_bounds(text: str, where: list[str | None] | None = None) -> list[str]:
     """Problems with the shape of ``text`` as YAML: too deep or too many nodes once aliases expand.
+
+    ``where`` (if given) receives the ``line:column`` of the node at which each problem was found.
 
     Walks the parser's flat event stream (no recursion, no objects built) and sizes every node
     with its aliases expanded, so nested anchors are counted as they would be constructed.
@@ -1324,6 +1327,8 @@ def _check_yaml_bounds(text: str) -> list[str]:
             # An unknown anchor is left to the loader, which reports it as invalid YAML.
             problem = add(*depth_of.get(event.anchor or "", (1, 0)))
         if problem:
+            if where is not None:
+                where.append(f"{event.start_mark.line + 1}:{event.start_mark.column + 1}")
             return [problem]
     return []
 
@@ -1375,6 +1380,8 @@ class DatabaseDefaults:
     database: str
     values: dict[str, Any]
     error: RegistryError | None = None
+    #: Where each default is written (errors of a table name the defaults file's line).
+    located: Located | None = None
 
 
 def database_defaults_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -1387,13 +1394,19 @@ def database_defaults_files(directory: str | os.PathLike[str]) -> list[Path]:
         for sub in d.iterdir()
         if sub.is_dir() and not sub.name.startswith(".")
         for name in DEFAULTS_FILE_NAMES
-        if (sub / name).is_file()
+        # A dangling link too: it is reported as an error, never skipped (its tables would lose their defaults).
+        if (sub / name).is_file() or (sub / name).is_symlink()
     ]
     return sorted(found, key=str)
 
 
 def parse_defaults(path: Path, text: str) -> dict[str, Any]:
     """Validate one defaults file's text; return its mapping or raise :class:`RegistryError`."""
+    return _parse_defaults_located(path, text).data or {}
+
+
+def _parse_defaults_located(path: Path, text: str) -> Located:
+    """:func:`parse_defaults`, keeping where each key and value is (for errors of the tables it fills in)."""
     database = path.parent.name
     where = f"{database}.*"
     file = str(path)
@@ -1404,16 +1417,27 @@ def parse_defaults(path: Path, text: str) -> dict[str, Any]:
     if len(text) > MAX_FILE_BYTES:
         raise RegistryError(file, where, [f"larger than {MAX_FILE_BYTES} bytes; a defaults file is a few lines"])
     try:
-        problems = _check_yaml_bounds(text)
+        marks: list[str | None] = []
+        problems = _check_yaml_bounds(text, marks)
         if problems:
-            raise RegistryError(file, where, problems)
-        data = yaml.load(text, Loader=_SAFE_LOADER)
-    except (yaml.YAMLError, ValueError) as exc:
+            raise RegistryError(file, where, problems, [f"{file}:{m}" for m in marks])
+        located = load_located(text, file, _SAFE_LOADER)
+        data = located.data
+    except yaml.YAMLError as exc:
+        raise yaml_error(file, where, exc) from exc
+    except ValueError as exc:
         raise RegistryError(file, where, [f"not valid YAML: {exc}"]) from exc
+    except RegistryError as exc:
+        raise RegistryError(file, where, exc.problems, exc.locations) from exc
     if data is None:
-        return {}
+        return Located(file, {}, located.keys, located.values)
     if not isinstance(data, dict):
-        raise RegistryError(file, where, ["the file must hold one mapping of defaults (owner, alerts, spark, ...)"])
+        raise RegistryError(
+            file,
+            where,
+            ["the file must hold one mapping of defaults (owner, alerts, spark, ...)"],
+            [located.nearest(())],
+        )
     per_table = sorted(str(k) for k in data if k in PER_TABLE_FIELDS)
     if per_table:
         raise RegistryError(
@@ -1424,12 +1448,14 @@ def parse_defaults(path: Path, text: str) -> dict[str, Any]:
                 f"(<database>.<table>.yaml), not in the database's defaults"
                 for k in per_table
             ],
+            [located.nearest((k,), key=True) for k in per_table],
         )
     try:
         _defaults_model().model_validate(data)
     except ValidationError as exc:
-        raise RegistryError(file, where, _format_pydantic(exc)) from exc
-    return data
+        problems, locations = explain(exc, _format_pydantic(exc), _error_context(located, _defaults_model()))
+        raise RegistryError(file, where, problems, locations) from exc
+    return located
 
 
 def load_database_defaults(directory: str | os.PathLike[str]) -> dict[str, DatabaseDefaults]:
@@ -1452,7 +1478,8 @@ def _defaults_cached(signature: tuple[tuple[str, int, int], ...]) -> dict[str, D
             out[database] = DatabaseDefaults(path, database, {}, error)
             continue
         try:
-            out[database] = DatabaseDefaults(path, database, parse_defaults(path, _read_text(path)))
+            located = _parse_defaults_located(path, _read_text(path))
+            out[database] = DatabaseDefaults(path, database, located.data or {}, located=located)
         except RegistryError as exc:
             out[database] = DatabaseDefaults(path, database, {}, exc)
         except Exception as exc:  # noqa: BLE001 - one database's file must not hide the other databases
@@ -1501,16 +1528,21 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
     if len(text) > MAX_FILE_BYTES:
         raise RegistryError(file, None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
     try:
-        problems = _check_yaml_bounds(text)
+        marks: list[str | None] = []
+        problems = _check_yaml_bounds(text, marks)
         if problems:
-            raise RegistryError(file, None, problems)
-        data = yaml.load(text, Loader=_SAFE_LOADER)  # a safe loader: plain data only
+            raise RegistryError(file, None, problems, [f"{file}:{m}" for m in marks])
+        # A safe loader (plain data only) that keeps each key's line and refuses a key written twice.
+        located = load_located(text, file, _SAFE_LOADER)
+        data = located.data
     except yaml.YAMLError as exc:
-        raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
+        raise yaml_error(file, None, exc) from exc
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise RegistryError(file, None, [f"not valid YAML: {exc}"]) from exc
     if not isinstance(data, dict):
-        raise RegistryError(file, None, ["the file must hold one mapping (database, table, columns, ...)"])
+        raise RegistryError(
+            file, None, ["the file must hold one mapping (database, table, columns, ...)"], [located.nearest(())]
+        )
     table = f"{data.get('database', '?')}.{data.get('table', '?')}"
     own = data.get("database")
     db_defaults = (defaults or {}).get(own) if isinstance(own, str) else None
@@ -1524,6 +1556,8 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
                     f"the defaults file {db_defaults.path} of database {own!r} is invalid, so no table of {own} "
                     "is built until it is fixed: " + "; ".join(db_defaults.error.problems)
                 ],
+                # Where to fix it: the defaults file's first problem.
+                [next((loc for loc in db_defaults.error.locations if loc), str(db_defaults.path))],
             )
         merged = merge_defaults(data, db_defaults.values)
         from_defaults = {k for k in merged if k not in data or merged[k] != data[k]}
@@ -1535,20 +1569,74 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
         if from_defaults:
             assert db_defaults is not None
             problems = [_blame_defaults(p, from_defaults, db_defaults.path) for p in problems]
-        raise RegistryError(file, table, problems) from exc
+        mode = data.get("mode", "cdc")
+        model = _MODE_CLASSES.get(mode) if isinstance(mode, str) else None
+        context = _error_context(located, model, data, db_defaults.located if db_defaults else None)
+        problems, locations = explain(exc, problems, context)
+        raise RegistryError(file, table, problems, locations) from exc
     except IdentifierError as exc:  # pragma: no cover - pydantic wraps these as ValueError
         raise RegistryError(file, table, [str(exc)]) from exc
     except Exception as exc:  # a validator's surprise (OverflowError, ...) is this file's error
         raise RegistryError(file, table, [f"cannot be validated: {type(exc).__name__}: {exc}"]) from exc
     expected = f"{cfg.database}.{cfg.table}"
     if path.name.rsplit(".", 1)[0] != expected:
-        raise RegistryError(file, expected, [f"file name must be '{expected}.yaml' to match database and table"])
+        raise RegistryError(
+            file,
+            expected,
+            [f"file name must be '{expected}.yaml' to match database and table; rename the file or fix them"],
+            [located.nearest(("table",))],
+        )
     return cfg
+
+
+def _error_context(
+    doc: Located,
+    model: type[BaseModel] | None,
+    data: dict[str, Any] | None = None,
+    defaults: Located | None = None,
+) -> Context:
+    """What :func:`~cdc_compaction.registry_errors.explain` needs to locate and hint at an entry's errors."""
+    from cdc_compaction.identifiers import _PRIMITIVE_TYPES
+
+    preset: dict[str, Any] = {}
+    source = data.get("source") if data else None
+    if data and isinstance(source, str) and source in SOURCES:
+        columns = data.get("columns")
+        names = {c.get("name") for c in columns if isinstance(c, dict)} if isinstance(columns, list) else set()
+        found = _source_defaults(source, str(data.get("mode", "cdc")), names)
+        preset = {k: v for k, v in found.items() if k not in data}
+    return Context(
+        doc=doc,
+        model=model,
+        other_models=_MODE_CLASSES,
+        defaults=defaults,
+        preset=preset,
+        source=source if isinstance(source, str) else None,
+        hive_types=(*sorted(_PRIMITIVE_TYPES - {"integer"}), "decimal(p,s)", "varchar(n)", "char(n)"),
+        schedule_presets=tuple(sorted(_PRESETS)),
+        modes=MODES,
+    )
 
 
 def _read_text(path: Path) -> str:
     """A registry file's text: at most :data:`MAX_FILE_BYTES`, UTF-8; raise :class:`RegistryError`."""
-    with path.open("rb") as fh:
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        if path.is_symlink():
+            # A dangling (or looping) link is this file's error: skipped, its table's DAG would vanish unseen.
+            target = os.readlink(path)
+            raise RegistryError(
+                str(path),
+                None,
+                [
+                    f"is a symbolic link to {target}, which cannot be opened ({exc.strerror}); restore {target}, "
+                    "point the link at an existing file, or delete the link"
+                ],
+                [str(path)],  # the file itself: the link has no line to point at
+            ) from exc
+        raise
+    with fh:
         data = fh.read(MAX_FILE_BYTES + 1)  # never more, whatever the file's size
     if len(data) > MAX_FILE_BYTES:
         raise RegistryError(str(path), None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
@@ -1566,7 +1654,11 @@ def registry_files(directory: str | os.PathLike[str]) -> list[Path]:
     if not d.is_dir():
         return []
     # By name: the same order as sorting the paths (one directory), without pathlib's slow comparisons.
-    return sorted((p for p in d.iterdir() if p.suffix in REGISTRY_SUFFIXES and p.is_file()), key=lambda p: p.name)
+    # A dangling symlink is kept (is_file() is False for it): loading reports it instead of dropping its table.
+    return sorted(
+        (p for p in d.iterdir() if p.suffix in REGISTRY_SUFFIXES and (p.is_file() or p.is_symlink())),
+        key=lambda p: p.name,
+    )
 
 
 def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) -> list[RegistryEntry]:
@@ -1597,7 +1689,10 @@ def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) 
 def _signature(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
     out = []
     for p in files:
-        st = p.stat()
+        try:
+            st = p.stat()
+        except OSError:  # a dangling link: the link's own times, so fixing it is seen
+            st = p.lstat()
         out.append((str(p), st.st_mtime_ns, st.st_size))
     return tuple(out)
 
@@ -1700,6 +1795,14 @@ def storage_root_key(root: str) -> str:
     return "file://" + resolve_storage_root(root)
 
 
+def _where_in(path: Path, key: str) -> str | None:
+    """``file:line:col`` of a valid entry's top-level ``key`` value (for an error found across files)."""
+    try:
+        return load_located(_read_text(path), str(path), _SAFE_LOADER).nearest((key,))
+    except Exception:  # noqa: BLE001 - a location is a courtesy: the error stands without it
+        return None
+
+
 def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
     """Refuse entries whose storage roots are the same or nested: both tables would read each other's files.
 
@@ -1733,8 +1836,9 @@ def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
                 f"{entries[j].path} (table {other.qualified_name}); every table needs its own storage root, "
                 "neither equal to nor inside another table's"
             )
+        where = [_where_in(entries[i].path, "storage_root")] * len(problems)
         entries[i] = RegistryEntry(
-            entries[i].path, None, RegistryError(str(entries[i].path), cfg.qualified_name, problems)
+            entries[i].path, None, RegistryError(str(entries[i].path), cfg.qualified_name, problems, where)
         )
 
 
@@ -1771,7 +1875,12 @@ def _load_cached(
                 entries[i] = RegistryEntry(
                     e.path,
                     None,
-                    RegistryError(str(e.path), name, [f"field 'table': {name} is defined by several files {others}"]),
+                    RegistryError(
+                        str(e.path),
+                        name,
+                        [f"field 'table': {name} is defined by several files {others}; keep one of them"],
+                        [_where_in(e.path, "table")],
+                    ),
                 )
     _refuse_overlapping_roots(entries)
     return tuple(entries)
