@@ -49,7 +49,7 @@ def _avsc(path: Path, schema: dict[str, Any]) -> None:
 def build_landing(root: Path) -> Path:
     """Five tables, one directory each, as a CDC sink lands them."""
     # Debezium from Postgres (ExtractNewRecordState, add.fields=op,lsn,source.ts_ms, rewrite mode).
-    # The second increment adds a column and widens one: the footers' union must show both.
+    # The second increment adds a column: the footers' union must show it.
     s1 = pa.schema(
         [
             ("id", pa.int32()),
@@ -75,7 +75,7 @@ def build_landing(root: Path) -> Path:
         "__deleted": ["false"],
     }
     _write(root, "customers", "increment_2026112200", "part-0.parquet", row, s1)
-    s2 = pa.schema([*(f if f.name != "visits" else pa.field("visits", pa.int64()) for f in s1), ("phone", pa.string())])
+    s2 = pa.schema([*s1, ("phone", pa.string())])
     _write(root, "customers", "increment_2026112201", "part-0.parquet", {**row, "phone": ["555"]}, s2)
     # A writer's temporary and a marker are not data: their schemas must not count.
     (root / "customers" / "incremental" / "increment_2026112201" / "_SUCCESS").write_text("")
@@ -236,7 +236,7 @@ def test_debezium_postgres_table(discovered: Any) -> None:
         ("email", "string"),
         ("balance", "decimal(12,2)"),
         ("updated_at", "timestamp"),
-        ("visits", "bigint"),  # int32 in the first file, int64 in the second
+        ("visits", "int"),
         ("__op", "string"),
         ("__lsn", "bigint"),
         ("__source_ts_ms", "bigint"),
@@ -347,7 +347,7 @@ def test_files_say_where_values_came_from(discovered: Any) -> None:
     assert "# primary_key: from --key." in text
     assert "# source: recognized from the columns __op, __lsn." in text
     assert "# order_by: filled by the debezium preset: ['__lsn']." in text
-    assert "visits, type: bigint}  # int32 in increment_2026112200/part-0.parquet, widened for int64" in text
+    assert "visits, type: int}  # int32 in increment_2026112200/part-0.parquet" in text
     events = (out / "shop.events.yaml").read_text()
     assert "# primary_key: the fields of the key schema events-key.avsc." in events
     assert "the Avro value schema events-value.avsc (no Parquet file has landed yet)" in events
@@ -454,6 +454,43 @@ def test_a_column_of_only_nulls_takes_its_type_from_another_file(tmp_path: Path)
     assert _columns(load_table(out, "shop.t"))[-1] == ("x", "string")
     assert list(report.unfinished) == ["u"]  # never seen with a value: the reviewer writes the type
     assert "#   - column 'x': only NULLs in every file read" in (out / "shop.u.yaml").read_text()
+
+
+def test_a_column_whose_type_differs_between_files_gets_a_placeholder_that_fails_validation(tmp_path: Path) -> None:
+    """The files disagree: which type the source means is the reviewer's call, never a silent pick."""
+    landing = tmp_path / "landing"
+    s = [("id", pa.int32()), ("op", pa.string()), ("ts_ms", pa.int64())]
+    row = {"id": [1], "op": ["c"], "ts_ms": [1]}
+    first = pa.schema([*s, ("n", pa.int32()), ("price", pa.decimal128(12, 2)), ("name", pa.string())])
+    second = pa.schema([*s, ("n", pa.int64()), ("price", pa.decimal128(14, 4)), ("name", pa.large_string())])
+    third = pa.schema([*s, ("n", pa.string()), ("price", pa.decimal128(12, 2)), ("name", pa.string())])
+    data = {**row, "price": [Decimal("1.5")], "name": ["x"]}
+    _write(landing, "t", "increment_2026112200", "a.parquet", {**data, "n": [1]}, first)
+    _write(landing, "t", "increment_2026112201", "b.parquet", {**data, "n": [2]}, second)
+    # Two types another type reads both of: still the reviewer's to write.
+    _write(landing, "u", "increment_2026112200", "a.parquet", {**data, "n": [1]}, first)
+    _write(landing, "u", "increment_2026112201", "b.parquet", {**data, "n": [2]}, second)
+    _write(landing, "u", "increment_2026112202", "c.parquet", {**data, "n": ["3"]}, third)
+    out = tmp_path / "registry"
+    report = discover(_options(landing, out, keys={"t": ["id"], "u": ["id"]}, order_by={}))
+    assert sorted(report.unfinished) == ["t", "u"]
+    text = (out / "shop.t.yaml").read_text()
+    lines = {line.split("name: ")[1].split(",")[0]: line for line in text.splitlines() if "{name: " in line}
+    # int32 and int64; decimal(12,2) and decimal(14,4): each named with its file, in the comment and the todo.
+    for col, said in {
+        "n": "int32 in increment_2026112200/a.parquet; int64 in increment_2026112201/b.parquet",
+        "price": "decimal128(12, 2) in increment_2026112200/a.parquet; "
+        "decimal128(14, 4) in increment_2026112201/b.parquet",
+    }.items():
+        assert "TYPES DIFFER" in lines[col] and f"# types differ: {said}" in lines[col], lines[col]
+        assert f"#   - column {col!r}: the files disagree on its type ({said})" in text
+    assert "bigint reads every one of them" in lines["n"]
+    assert "name, type: string}" in lines["name"]  # string and large_string are one Hive type: no disagreement
+    (entry_t, entry_u) = load_registry(out)
+    assert entry_t.error is not None and entry_u.error is not None
+    assert "columns.3.type" in str(entry_t.error) and "TYPES DIFFER" in str(entry_t.error)
+    u = (out / "shop.u.yaml").read_text()
+    assert "string in increment_2026112202/c.parquet" in u and "no Hive type reads them all" in u
 
 
 def test_a_missing_landing_root_is_an_error(tmp_path: Path) -> None:

@@ -100,6 +100,8 @@ class Column:
     origin: str
     comment: str = ""
     problem: str | None = None
+    #: The files disagree on its type: the reviewer writes it (the placeholder says which files say what).
+    types_differ: bool = False
 
 
 @dataclass
@@ -267,6 +269,8 @@ def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tupl
     cols: dict[str, Column] = {}
     lower: dict[str, str] = {}
     unreadable: list[str] = []
+    #: Column -> each Hive type the files give it -> where ("<arrow type> in <file>"), to find disagreements.
+    seen: dict[str, dict[str, list[str]]] = {}
     for f in files:
         try:
             with storage.open_read(f) as fh:
@@ -296,15 +300,38 @@ def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tupl
                 col.type = hive or ""
             elif known != a.name:
                 col.problem = f"named {known!r} and {a.name!r} in different files (Spark compares names ignoring case)"
-            elif col.problem is None and hive is not None and hive != col.type:
-                wider = _widen(col.type, hive)
-                if wider is None:
-                    col.problem = f"{col.origin} but {a.type} in {rel}: no Hive type reads both"
-                else:
-                    col.type, col.origin = wider, f"{col.origin}, widened for {a.type} in {rel}"
             elif hive is None and col.problem is None:
                 col.problem = f"{a.type} in {rel} has no Hive type Spark reads it as"
+        for a in schema:
+            if str(a.type) != "null" and lower.get(a.name.lower()) == a.name:
+                hive = hive_type_of_arrow(a.type, physical.get(a.name)) or str(a.type)
+                seen.setdefault(a.name, {}).setdefault(hive, []).append(f"{a.type} in {rel}")
+    for name, by_type in seen.items():
+        col = cols[name]
+        if len(by_type) > 1 and col.problem is None:
+            _types_differ(col, by_type)
     return list(cols.values()), unreadable
+
+
+def _types_differ(col: Column, by_type: dict[str, list[str]]) -> None:
+    """Mark ``col`` as typed differently by the files (Hive type -> "<arrow type> in <file>", first seen first).
+
+    A type that reads them all may exist (int32 and int64: bigint), but which one the source means is
+    the reviewer's call: the source's type changed, or two writers disagree. The placeholder fails
+    validation, the comment names the files and their types.
+    """
+    said = "; ".join(
+        ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "") for where in by_type.values()
+    )
+    types = list(by_type)
+    wider: str | None = types[0]
+    for t in types[1:]:
+        wider = _widen(wider, t) if wider is not None else None
+    hint = f"{wider} reads every one of them" if wider is not None else "no Hive type reads them all"
+    col.type, col.types_differ, col.origin = "", True, f"types differ: {said}"
+    col.problem = (
+        f"the files disagree on its type ({said}); {hint}: CHECK the source column's type and write it as the type"
+    )
 
 
 def _named_records(schema: Any, out: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -569,7 +596,8 @@ def render(d: Discovered, database: str, when: datetime) -> str:
     lines.append(f"# columns: {d.columns_origin}; each line's comment is the type it was read from.")
     lines.append("columns:")
     for c in d.columns:
-        spec: dict[str, Any] = {"name": c.name, "type": c.type or f"UNSUPPORTED: {c.problem}"}
+        placeholder = "TYPES DIFFER" if c.types_differ else "UNSUPPORTED"
+        spec: dict[str, Any] = {"name": c.name, "type": c.type or f"{placeholder}: {c.problem}"}
         if c.comment:
             spec["comment"] = c.comment
         lines.append(f"  - {_flow(spec)}  # {' '.join(c.origin.split())}")
