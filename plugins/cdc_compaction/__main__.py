@@ -107,6 +107,9 @@ def _registry_discover(args: argparse.Namespace) -> int:
             force=args.force,
             conn_id=args.conn_id,
             max_files=args.max_files,
+            postgres_dsn=args.postgres_dsn,
+            postgres_conn_id=args.postgres_conn_id,
+            postgres_schema=args.postgres_schema,
         )
         report = discover(opts)
     except (ValueError, CdcCompactionError) as exc:
@@ -722,6 +725,10 @@ def main(argv: list[str] | None = None) -> int:
     dis.add_argument("--force", action="store_true", help="overwrite registry files that exist")
     dis.add_argument("--conn-id", default="aws_default", help="Airflow AWS connection for an s3:// landing root")
     dis.add_argument("--max-files", type=int, default=500, help="footers read per table (the newest files)")
+    pg = dis.add_mutually_exclusive_group()
+    pg.add_argument("--postgres-dsn", help="read keys and types from this PostgreSQL (libpq DSN) catalog")
+    pg.add_argument("--postgres-conn-id", help="read keys and types from the PostgreSQL of this Airflow connection")
+    dis.add_argument("--postgres-schema", default="public", help="the PostgreSQL schema of the tables")
     dis.set_defaults(func=_registry_discover)
 
     cf = sub.add_parser("conformance", help="run scenario files through the pipeline")

@@ -63,10 +63,10 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
     def _get_hook(self) -> Any:
         # Every path that builds the hook goes through here: execute, the provider's resumable
         # backends (YARN, Kubernetes), and whoever asks for the task's exact command line.
-        from cdc_compaction.engine import job_package
+        from cdc_compaction.engine import job_package, mask_submit_logs
 
         self.py_files = job_package()
-        return super()._get_hook()
+        return mask_submit_logs(super()._get_hook())
 
     def execute(self, context: Any) -> Any:
         skip_unless_compacting(plan_arg(self.application_args), self.storage_conn_id)

@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from cdc_compaction.credentials import WHERE_CREDENTIALS_BELONG, credential_key
 from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
 from cdc_compaction.registry_errors import Context, Located, explain, load_located, yaml_error
@@ -369,6 +370,8 @@ class SparkSettings(_Strict):
             for k, val in v.items():
                 if not isinstance(k, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", k):
                     raise ValueError(f"spark conf key {k!r} is not a valid property name")
+                if credential_key(k):
+                    raise ValueError(f"key {k!r} holds a credential; remove it: {WHERE_CREDENTIALS_BELONG}")
                 out[k] = str(val).lower() if isinstance(val, bool) else str(val)
             return out
         return v
