@@ -1,4 +1,4 @@
-"""The "CDC tables" pages of the Airflow UI: a FastAPI app that ``plugins/cdc_status_plugin.py`` mounts.
+"""The "CDC tables" pages of the Airflow UI: a FastAPI app that ``cdc_compaction.airflow_plugin`` mounts.
 
 ``/cdc/`` lists every registry table (freshness against its SLO, last commit, pending hours,
 quarantine, paused) with a link to its DAG; ``/cdc/table/<db.table>`` shows one table's commit
