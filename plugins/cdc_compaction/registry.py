@@ -251,7 +251,7 @@ class EmrSettings(_Strict):
     """Where and how an EMR step runs the compaction (``spark.engine: emr``).
 
     ``application`` is the deployed ``include/spark_jobs/compact.py``, the entry script of the job
-    package; ``py_files`` is the deployed job package (``python -m cdc_compaction job-package``).
+    package; ``py_files`` is the deployed job package (``cdc-compaction job-package``).
     ``py_files`` is optional on purpose: left out, it is derived when the task runs, as the zip of
     this deployment's job source in the S3 folder of ``application`` (the zip's name carries the
     hash of the source), so the step always runs the job version the Airflow side was built with,
@@ -291,8 +291,7 @@ class EmrSettings(_Strict):
     def _py_files(cls, v: str | None) -> str | None:
         if v is not None and (not re.match(r"^s3://[a-z0-9.\-]{3,63}/[A-Za-z0-9_.\-/]+\.zip$", v) or "/../" in v):
             raise ValueError(
-                f"{v!r} must be the s3:// URI of the deployed job package zip "
-                "(python -m cdc_compaction job-package builds it)"
+                f"{v!r} must be the s3:// URI of the deployed job package zip (cdc-compaction job-package builds it)"
             )
         return v
 
