@@ -31,6 +31,8 @@ export PYTHONPATH := $(CURDIR)/plugins
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# mkdocs-material prints a banner about its successor on every build: the docs build's output stays its own.
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: help install check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
 

@@ -36,7 +36,7 @@ PUBLISHED = ("bench/results/RESULTS.md", "bench/results/compaction.png", "bench/
 
 #: Sections the models' descriptions name that are no heading of their own on the site.
 SECTION_ALIASES = {"Table registry reference": "Registry"}
-SECTION_REF = re.compile(r'README, "([^"]+)"')
+SECTION_REF = re.compile(r'(?:docs|README), "([^"]+)"')
 
 
 def _headings() -> dict[str, str]:
@@ -57,7 +57,7 @@ def _headings() -> dict[str, str]:
 
 
 def _section_link(name: str, headings: dict[str, str]) -> str:
-    """A link to the site's section a description names (``README, "Doctor"``): the first heading starting so."""
+    """A link to the site's section a description names (``docs, "Doctor"``): the first heading starting so."""
     wanted = SECTION_ALIASES.get(name, name)
     for text, target in headings.items():
         if text.lower().startswith(wanted.lower()):
@@ -67,7 +67,7 @@ def _section_link(name: str, headings: dict[str, str]) -> str:
 
 def _text(value: str, headings: dict[str, str] | None = None) -> str:
     """Markdown for a schema text in a table cell: HTML escaped outside code spans, pipes escaped,
-    the sections it names (``README, "Doctor"``) linked to the site's pages."""
+    the sections it names (``docs, "Doctor"``) linked to the site's pages."""
     parts = re.split(r"(``?[^`]+``?)", value)
     out = []
     for part in parts:

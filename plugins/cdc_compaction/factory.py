@@ -684,7 +684,7 @@ def build_dag(cfg: TableConfig) -> DAG:
                 task_id=DOCTOR_TASK_ID,
                 python_callable=skip_if_disabled(cfg, doctor_step),
                 doc_md="Registry `doctor: true`: the metastore answers and the storage root takes a probe "
-                "write/read/delete, else the run stops here (SMTP is only logged). README, 'Doctor'.",
+                "write/read/delete, else the run stops here (SMTP is only logged). docs, 'Doctor'.",
             )
             doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
