@@ -102,3 +102,18 @@ def test_the_commands_reference_has_every_command_and_its_usage(reference: Modul
 def test_a_description_naming_a_missing_section_fails_the_build(reference: ModuleType) -> None:
     with pytest.raises(ValueError, match="no page of docs/ has a heading"):
         reference._text('See README, "No such section".', reference._headings())
+
+
+def test_every_make_target_the_docs_name_exists() -> None:
+    """``make metastore`` was documented, but the target is ``make metastore-start``."""
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (REPO / "Makefile").read_text(), flags=re.MULTILINE))
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    named = {
+        (page.name, target)
+        for page in pages
+        # In code only (a span or a fenced block): prose says "make" too.
+        for code in re.findall(r"```.*?```|`[^`\n]+`", page.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"(?<![\w-])make ([a-z][a-z-]*[a-z])", code)
+    }
+    assert len(named) > 20
+    assert {(page, target) for page, target in named if target not in targets} == set()
