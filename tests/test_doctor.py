@@ -1,4 +1,4 @@
-"""``python -m cdc_compaction doctor``: real metastore, real local and S3 (moto) storage, a real SMTP server.
+"""``cdc-compaction doctor``: real metastore, real local and S3 (moto) storage, a real SMTP server.
 
 Every fault is a real one: a closed port, a storage root under a regular file, a landed
 file whose column type the registry does not allow.  Expected verdicts are written from

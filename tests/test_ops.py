@@ -1,4 +1,4 @@
-"""``python -m cdc_compaction delete``: against the real metastore and a local lake.
+"""``cdc-compaction delete``: against the real metastore and a local lake.
 
 The objects expected gone are spelled out here from the README's naming (``<t>_base``,
 ``<t>_tombstones``, ``<t>_incremental``, ``<t>_compactor``, ``<t>_view``,

@@ -1,4 +1,4 @@
-"""``python -m cdc_compaction status`` and the status it reads from a lake (no Spark: see status_helpers)."""
+"""``cdc-compaction status`` and the status it reads from a lake (no Spark: see status_helpers)."""
 
 from __future__ import annotations
 

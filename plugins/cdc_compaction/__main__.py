@@ -1,4 +1,4 @@
-"""Command line: ``python -m cdc_compaction <command>``.
+"""Command line: ``cdc-compaction <command>`` (``make install`` puts it in .venv; or ``python -m cdc_compaction``).
 
 Commands:
   registry validate [--dir DIR]          check every registry file; exit 1 on any error
@@ -698,9 +698,8 @@ def _job_package(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    # The installed console script says its own name in usage and errors.
-    prog = "cdc-compaction" if Path(sys.argv[0]).name == "cdc-compaction" else "python -m cdc_compaction"
+def build_parser(prog: str = "cdc-compaction") -> argparse.ArgumentParser:
+    """Every command and option: ``main`` parses with it, the docs site's command reference prints its help."""
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -930,7 +929,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     jp.add_argument("--out", help="directory to write it to (default: $CDC_JOB_PACKAGE_DIR or .run/job-package)")
     jp.set_defaults(func=_job_package)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    # The installed console script says its own name in usage and errors.
+    prog = "cdc-compaction" if Path(sys.argv[0]).name == "cdc-compaction" else "python -m cdc_compaction"
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.command == "quarantine" and args.action == "reingest" and not args.entry:
         parser.error("quarantine reingest needs the entry id (see 'quarantine list')")

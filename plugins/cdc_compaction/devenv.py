@@ -87,7 +87,7 @@ def airflow_env(
                     "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
                 }
             ),
-            # registry spark.engine: spark_connect (the embedded server: python -m cdc_compaction connect start).
+            # registry spark.engine: spark_connect (the embedded server: cdc-compaction connect start).
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
                 {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_port or connect_port_default()}
             ),

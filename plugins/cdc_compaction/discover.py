@@ -736,7 +736,7 @@ def _flow(value: Any) -> str:
 def render(d: Discovered, database: str, when: datetime) -> str:
     """The YAML text of one discovered table: values with comments saying where each came from."""
     lines = [
-        f"# Written by `python -m cdc_compaction registry discover` on {when:%Y-%m-%d %H:%M} UTC",
+        f"# Written by `cdc-compaction registry discover` on {when:%Y-%m-%d %H:%M} UTC",
         f"# from {d.directory}. Review it before committing: each value says where it came from;",
         "# every CHECK is yours to confirm. Defaults of this database's _database.yaml apply under it.",
     ]

@@ -1,4 +1,4 @@
-"""``python -m cdc_compaction doctor``: is everything a table's run needs there, and does it answer?
+"""``cdc-compaction doctor``: is everything a table's run needs there, and does it answer?
 
 Each check prints ``OK`` or ``FAIL`` with what it found and, for a FAIL, what to fix:
 
@@ -92,13 +92,13 @@ def check_registry(directory: Path, tables: Iterable[str] = ()) -> tuple[list[Ch
         seen.add(name)
         if e.config is None:
             problems = e.error.lines() if e.error is not None else ["(unknown error)"]
-            fix = f"fix {e.path} (python -m cdc_compaction registry validate shows every problem)"
+            fix = f"fix {e.path} (cdc-compaction registry validate shows every problem)"
             checks.append(Check(name, "registry", False, f"{e.path.name}: " + "; ".join(problems), fix))
         else:
             checks.append(Check(name, "registry", True, f"{e.path.name} is valid (DAG {e.dag_id})"))
             cfgs.append(e.config)
     for name in sorted(wanted - seen):
-        fix = f"add {directory / (name + '.yaml')} (python -m cdc_compaction registry discover writes one)"
+        fix = f"add {directory / (name + '.yaml')} (cdc-compaction registry discover writes one)"
         checks.append(Check(name, "registry", False, f"no registry file for {name} in {directory}", fix))
     return checks, cfgs
 

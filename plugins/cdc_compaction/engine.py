@@ -92,7 +92,7 @@ def compaction_conf(cfg: TableConfig) -> dict[str, str]:
 def emr_job_package_uri(application: str) -> str:
     """The job package's S3 URI when ``spark.emr.py_files`` is not set: this source's zip beside ``application``.
 
-    The name carries the hash of this deployment's job source (``python -m cdc_compaction job-package``
+    The name carries the hash of this deployment's job source (``cdc-compaction job-package``
     prints it), so a step never runs another version of the job than the Airflow side expects.
     """
     from cdc_compaction.job import bundle
@@ -108,7 +108,7 @@ def check_emr_job_package(uri: str) -> None:
     if posixpath.basename(uri) != expected:
         log.warning(
             "spark.emr.py_files is %s, but this deployment's job package is %s: the cluster may run another "
-            "version of the job (python -m cdc_compaction job-package builds it; upload it and point py_files at it)",
+            "version of the job (cdc-compaction job-package builds it; upload it and point py_files at it)",
             uri,
             expected,
         )

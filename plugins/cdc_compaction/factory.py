@@ -684,7 +684,7 @@ def build_dag(cfg: TableConfig) -> DAG:
                 task_id=DOCTOR_TASK_ID,
                 python_callable=skip_if_disabled(cfg, doctor_step),
                 doc_md="Registry `doctor: true`: the metastore answers and the storage root takes a probe "
-                "write/read/delete, else the run stops here (SMTP is only logged). README, 'Doctor'.",
+                "write/read/delete, else the run stops here (SMTP is only logged). docs, 'Doctor'.",
             )
             doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
@@ -1001,4 +1001,34 @@ def build_dags(
             dags[settings.ERASE_DAG_ID] = build_erase_dag(valid)
         except Exception:
             log.exception("the erase DAG could not be built; every table's DAG is unaffected")
+    return dags
+
+
+def load_dags(namespace: dict[str, Any]) -> dict[str, DAG]:
+    """Build the registry's DAGs and put them into ``namespace``: a DAG file's whole body is
+    ``from cdc_compaction.factory import load_dags; load_dags(globals())`` (``dags/cdc_compaction_dags.py``).
+
+    A bad registry file never makes the DAG file an import error (that would mark every table's
+    DAG stale): its table gets an unscheduled DAG that shows the error in its docs and fails its
+    only task with it.  When a task runs, Airflow parses the DAG file for that task's DAG only:
+    just that one is built (the DAG processor's full parse has no DAG id here and builds every
+    table's DAG, plus the view refresher and the erase DAG, which cover every table).  The entry
+    gets the full parse's verdict: :func:`load_registry` still checks it against every other file.
+    """
+    from airflow.sdk import get_parsing_context
+
+    from cdc_compaction.registry import load_registry
+
+    wanted = get_parsing_context().dag_id
+    whole = wanted in (settings.VIEW_REFRESH_DAG_ID, settings.ERASE_DAG_ID)
+    entries = load_registry(settings.registry_dir(), dag_id=None if whole else wanted)
+    dags = build_dags(
+        entries,
+        view_refresher=wanted in (None, settings.VIEW_REFRESH_DAG_ID),
+        eraser=wanted in (None, settings.ERASE_DAG_ID),
+        # An erase task needs its own DAG only (built over every table), not one DAG per table.
+        tables=wanted != settings.ERASE_DAG_ID,
+    )
+    for dag_id, dag in sorted(dags.items()):
+        namespace[dag_id] = dag
     return dags

@@ -1,7 +1,7 @@
 """The embedded default's services, from the pyspark wheel.
 
 ``LocalMetastore`` is a Thrift Hive metastore, used by ``make demo``, ``make test`` and
-``python -m cdc_compaction metastore start|stop``.  It keeps its Derby database under a
+``cdc-compaction metastore start|stop``.  It keeps its Derby database under a
 project-local directory.  ``SparkStandalone`` is a Spark standalone master plus one
 worker, used by the cluster integration test.  ``SparkThriftServer`` is Spark's Thrift
 JDBC/ODBC server for BI clients (``make serve-sql``).  ``LocalPostgres`` is a throwaway

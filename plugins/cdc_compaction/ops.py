@@ -1,4 +1,4 @@
-"""Operating a table's pipeline: pause, resume and delete (``python -m cdc_compaction pause|resume|delete``).
+"""Operating a table's pipeline: pause, resume and delete (``cdc-compaction pause|resume|delete``).
 
 Pause and resume flip Airflow's own pause flag (``DagModel.is_paused`` in the metadata
 database, what ``airflow dags pause`` writes): the DAG stays, no new run is scheduled, a
@@ -117,7 +117,7 @@ def refuse_if_leased(cfg: TableConfig, now: datetime | None = None) -> None:
         raise ConcurrentRunError(
             f"{cfg.qualified_name}: refusing to delete while a run holds the table ({held.describe()}); nothing "
             "was changed. Pause the DAG and let the run finish, or if it is dead break its lease with "
-            f"`python -m cdc_compaction lease break {cfg.qualified_name}`, then delete again"
+            f"`cdc-compaction lease break {cfg.qualified_name}`, then delete again"
         )
 
 

@@ -184,7 +184,7 @@ class Quarantine:
         known = ", ".join(e.id for e in self.entries()) or "none"
         raise QuarantineError(
             f"{self.lake.cfg.qualified_name} has no quarantine entry {entry_id!r} (entries: {known}); "
-            "list them with `python -m cdc_compaction quarantine list <db.table>`"
+            "list them with `cdc-compaction quarantine list <db.table>`"
         )
 
     # -- re-ingesting -------------------------------------------------------------

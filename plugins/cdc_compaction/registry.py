@@ -253,7 +253,7 @@ class EmrSettings(_Strict):
     """Where and how an EMR step runs the compaction (``spark.engine: emr``).
 
     ``application`` is the deployed ``include/spark_jobs/compact.py``, the entry script of the job
-    package; ``py_files`` is the deployed job package (``python -m cdc_compaction job-package``).
+    package; ``py_files`` is the deployed job package (``cdc-compaction job-package``).
     ``py_files`` is optional on purpose: left out, it is derived when the task runs, as the zip of
     this deployment's job source in the S3 folder of ``application`` (the zip's name carries the
     hash of the source), so the step always runs the job version the Airflow side was built with,
@@ -293,8 +293,7 @@ class EmrSettings(_Strict):
     def _py_files(cls, v: str | None) -> str | None:
         if v is not None and (not re.match(r"^s3://[a-z0-9.\-]{3,63}/[A-Za-z0-9_.\-/]+\.zip$", v) or "/../" in v):
             raise ValueError(
-                f"{v!r} must be the s3:// URI of the deployed job package zip "
-                "(python -m cdc_compaction job-package builds it)"
+                f"{v!r} must be the s3:// URI of the deployed job package zip (cdc-compaction job-package builds it)"
             )
         return v
 
@@ -402,7 +401,7 @@ class PartitionBy(_Strict):
 
 
 class Views(_Strict):
-    """Which engines' views of the table are published, and where (README, "Readers")."""
+    """Which engines' views of the table are published, and where (docs, "Readers")."""
 
     #: Dialects of the views created in the metastore; the first gets <t>_view / <t>_pending_rejects,
     #: each further one the same names with _<dialect> appended.
@@ -439,7 +438,7 @@ class Views(_Strict):
 
 
 class EventTime(_Strict):
-    """The column holding when the source made each change (freshness; README, "Freshness")."""
+    """The column holding when the source made each change (freshness; docs, "Freshness")."""
 
     #: The column holding when the source made each change: timestamp, date or an integer count of unit.
     column: str
@@ -448,7 +447,7 @@ class EventTime(_Strict):
 
 
 class Slo(_Strict):
-    """A freshness objective (README, "Metrics and SLOs"): the base holds source events no older
+    """A freshness objective (docs, "Metrics and SLOs"): the base holds source events no older
     than ``freshness`` for at least ``target`` of the time over the last ``window``."""
 
     #: How old the newest source data the base holds may be (event time, else the newest increment's end).
@@ -471,7 +470,7 @@ class Slo(_Strict):
 
 
 class Compaction(_Strict):
-    """When a run rewrites the base (README, "Compaction policy").
+    """When a run rewrites the base (docs, "Compaction policy").
 
     ``always`` (the default) compacts whatever is pending on every run.  ``threshold`` lets runs
     only register new increments in the views (which merge them with the base at read time)
@@ -532,9 +531,9 @@ class TableConfig(_Strict):
     storage_conn_id: str = "aws_default"
     #: How landed increments are named and when one is complete.
     increments: Increments = Field(default_factory=Increments)
-    #: False keeps the table's DAG (visible, unscheduled, every task skips): README, "Pausing, resuming, deleting".
+    #: False keeps the table's DAG (visible, unscheduled, every task skips): docs, "Pausing, resuming, deleting".
     enabled: bool = True
-    #: True adds a ``doctor`` task before the first step: metastore and storage checks (README, "Doctor").
+    #: True adds a ``doctor`` task before the first step: metastore and storage checks (docs, "Doctor").
     doctor: bool = False
     #: A preset (@hourly, @daily, ...), a cron expression, or null (manual runs only).
     schedule: str | None = "@hourly"
@@ -558,11 +557,11 @@ class TableConfig(_Strict):
     tombstone_retention: Duration = timedelta(days=7)
     #: Base versions kept for rollback, the live one included.
     keep_versions: int = Field(default=3, ge=1, le=1000)
-    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes`` (README, "Change
+    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes`` (docs, "Change
     #: feed"). Off by default: the publish task reads both versions' rows into memory to pair them by key.
     change_feed: bool = False
     #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
-    #: version still needs for a rebuild stay regardless (README, "Retention").
+    #: version still needs for a rebuild stay regardless (docs, "Retention").
     archive_retention: Duration | None = None
     #: How long a run's lease on the table lasts unrenewed: above the longest run with retries.
     lease_timeout: Duration = timedelta(hours=6)
@@ -570,13 +569,13 @@ class TableConfig(_Strict):
     on_bad_file: Literal["fail", "quarantine"] = "fail"
     #: A landed column the registry does not list: fail (a bad file), or ignore the column.
     on_extra_columns: Literal["fail", "ignore"] = "fail"
-    #: How landed files whose columns differ from the table's are taken (README, "Schema changes"):
+    #: How landed files whose columns differ from the table's are taken (docs, "Schema changes"):
     #: ``fail`` (default: new columns and other types are bad files), ``evolve`` (follow the source:
     #: add columns, widen types) or ``ignore`` (drop new columns). Unset, ``on_extra_columns: ignore``
     #: means ``ignore`` (the older field).
     schema_changes: Literal["evolve", "fail", "ignore"] = "fail"
     #: The source table was dropped: no scheduled runs any more (a manual run still compacts what
-    #: landed); tables, views and data are kept (README, "Retiring a table").
+    #: landed); tables, views and data are kept (docs, "Retiring a table").
     retired: bool = False
     #: How the compaction runs: spark-submit or EMR, conf, jars, memory.
     spark: SparkSettings = Field(default_factory=SparkSettings)
@@ -586,7 +585,7 @@ class TableConfig(_Strict):
     views: Views = Field(default_factory=Views)
     #: The column holding when the source made each change (freshness).
     event_time: EventTime | None = None
-    #: A freshness objective (freshness, target, window), checked after each publish (README, "Metrics and SLOs").
+    #: A freshness objective (freshness, target, window), checked after each publish (docs, "Metrics and SLOs").
     slo: Slo | None = None
     #: When a run rewrites the base: always (default), or only once pending data crosses a threshold.
     compaction: Compaction = Field(default_factory=Compaction)
@@ -858,7 +857,7 @@ class Unchanged(_Strict):
 _TEXT_TYPES = ("string", "varchar", "char")
 
 
-#: What the change-data tools write, as registry defaults (README, "Source presets"). Each entry's
+#: What the change-data tools write, as registry defaults (docs, "Source presets"). Each entry's
 #: own fields win; a default that names a column applies only when the entry declares that column.
 SOURCES = ("generic", "debezium", "dms", "wal2json")
 
@@ -1049,7 +1048,7 @@ class KeylessTable(_EventTable):
     Inserts add a copy of the row, updates and deletes carry the full before-image (columns
     ``<before_prefix><column>``) and change exactly one copy equal to it. ``order_by`` is the
     source log's sequence: events apply in its order, and events at or below the last commit's
-    watermark are replays (README, "Table modes").
+    watermark are replays (docs, "Table modes").
     """
 
     mode: Literal["keyless"]

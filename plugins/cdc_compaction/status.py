@@ -3,7 +3,7 @@
 Everything comes from what the runs leave behind -- the registry, the commit records, the
 landing area, the quarantine manifests and the lease files -- plus Airflow's ``dag.is_paused``
 when a metadata database is reachable ("unknown" otherwise).  Nothing here writes: the
-``status`` command and the Airflow UI page (``plugins/cdc_status_plugin.py``) only read, so they
+``status`` command and the Airflow UI page (``cdc_compaction.airflow_plugin``) only read, so they
 are safe to run next to any run.
 
 Freshness is ``now`` minus the newest source event time the live base holds (the commit

@@ -1,11 +1,11 @@
-"""The "CDC tables" pages of the Airflow UI: a FastAPI app that ``plugins/cdc_status_plugin.py`` mounts.
+"""The "CDC tables" pages of the Airflow UI: a FastAPI app that ``cdc_compaction.airflow_plugin`` mounts.
 
 ``/cdc/`` lists every registry table (freshness against its SLO, last commit, pending hours,
 quarantine, paused) with a link to its DAG; ``/cdc/table/<db.table>`` shows one table's commit
 history and a freshness chart.  The pages are server-rendered HTML with an inline SVG chart and
 one inline script (the DAG links inside the UI's iframe): no CDN, so they work on a closed network.
 
-They read what ``python -m cdc_compaction status`` reads (:mod:`cdc_compaction.status`) and
+They read what ``cdc-compaction status`` reads (:mod:`cdc_compaction.status`) and
 only show the tables whose DAG the signed-in Airflow user may read (the auth manager decides,
 with the JWT of the UI's session cookie or an ``Authorization`` header).
 """
@@ -263,7 +263,7 @@ def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
             raise HTTPException(
                 status_code=404,
                 detail=f"{name}: no valid registry entry of that name, or your Airflow user may not read its DAG; "
-                "check the name on the CDC tables page (`python -m cdc_compaction registry validate` lists the "
+                "check the name on the CDC tables page (`cdc-compaction registry validate` lists the "
                 "entries) or ask for read access to the DAG",
             )
         now = datetime.now(UTC)
