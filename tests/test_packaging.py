@@ -67,8 +67,15 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
     # Only site-packages directories: plugins/ (on this process's path) must not leak into the venv.
-    site_dirs = [p for p in sys.path if p.endswith("site-packages")]
-    (purelib / "test-venv.pth").write_text("\n".join(site_dirs) + "\n")
+    # And not the project itself: `make install` puts an editable cdc-compaction (its dist-info and
+    # entry points) into the test venv, which would register the page a second time beside the wheel's.
+    mirror = tmp_path_factory.mktemp("site-mirror")
+    for site in (Path(p) for p in sys.path if p.endswith("site-packages")):
+        for entry in site.iterdir():
+            own = entry.name.startswith(("cdc_compaction", "__editable__"))
+            if not own and not entry.name.endswith(".pth") and not (mirror / entry.name).exists():
+                (mirror / entry.name).symlink_to(entry)
+    (purelib / "test-venv.pth").write_text(f"{mirror}\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps", str(wheel)],
         capture_output=True,
