@@ -18,6 +18,7 @@ the engines disagree); a predicate DuckDB rejects must be refused by the project
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import posixpath
@@ -33,8 +34,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import fuzz_settings, student_doc
-from hypothesis import event, given
+from conftest import FUZZ_EXAMPLES, fuzz_settings, student_doc
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from cdc_compaction.conformance import land
@@ -120,6 +121,7 @@ TIMESTAMPS = st.one_of(
 )
 
 
+@functools.cache
 def values(name: str) -> st.SearchStrategy[Any]:
     """A value of column ``name`` as the lake stores it (CHAR arrives blank-padded to its width)."""
     fam = family(name)
@@ -149,7 +151,7 @@ def rows(draw: st.DrawFn, min_size: int = 1, max_size: int = 12) -> pa.Table:
     n = draw(st.integers(min_size, max_size))
     cols: dict[str, pa.Array] = {"__rn": pa.array(range(n), pa.int64())}
     for name, _, arrow in TYPES:
-        cols[name] = pa.array([draw(st.none() | values(name)) for _ in range(n)], arrow)
+        cols[name] = pa.array(draw(st.lists(st.none() | values(name), min_size=n, max_size=n)), arrow)
     return pa.table(cols)
 
 
@@ -306,7 +308,9 @@ def project_keeps(cfg: TableConfig, where: str, table: pa.Table) -> list[int] | 
     return kept.column("__rn").to_pylist()
 
 
+@functools.cache
 def duck() -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB for the module (a connection per example costs more than the example)."""
     con = duckdb.connect()
     con.execute("SET TimeZone='UTC'")  # a timestamp literal without an offset is UTC, as in the lake
     return con
@@ -346,7 +350,11 @@ def test_erase_selects_what_duckdb_selects(table: pa.Table, where: Sql) -> None:
 STRINGY = ["c", "vc", "s"]
 
 
-@fuzz_settings(test_examples=6)
+#: Spark runs 20 predicates per example in one query: a few examples, even under ``make fuzz``.
+SPARK_EXAMPLES = min(int(FUZZ_EXAMPLES), 30) if FUZZ_EXAMPLES else 6
+
+
+@settings(fuzz_settings(test_examples=6), max_examples=SPARK_EXAMPLES)
 @given(table=rows(min_size=4, max_size=10), wheres=st.lists(predicates(STRINGY), min_size=20, max_size=20))
 def test_char_varchar_string_select_what_spark_sql_selects(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, table: pa.Table, wheres: list[Sql]
@@ -433,8 +441,12 @@ def ids_left(cfg: TableConfig, files: list[str]) -> dict[str, list[int]]:
 
 def duck_ids_kept(where: str, rows_: list[dict[str, Any]]) -> list[int]:
     con = duck()
-    con.register("t", pa.Table.from_pylist(rows_, schema=NAMES))
-    return [r[0] for r in con.execute(f"SELECT id FROM t WHERE NOT COALESCE(({where}), FALSE) ORDER BY id").fetchall()]
+    con.register("people", pa.Table.from_pylist(rows_, schema=NAMES))
+    try:
+        got = con.execute(f"SELECT id FROM people WHERE NOT COALESCE(({where}), FALSE) ORDER BY id").fetchall()
+    finally:
+        con.unregister("people")
+    return [r[0] for r in got]
 
 
 @pytest.mark.parametrize(
