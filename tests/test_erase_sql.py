@@ -205,13 +205,15 @@ def literal(draw: st.DrawFn, name: str, in_list: bool = False) -> Sql:
                 v = draw(st.sampled_from([0.5, -1.0]))
             else:
                 return both({"nan": "'NaN'", "inf": "'Infinity'", "-inf": "'-Infinity'"}[repr(v)])
-        form = draw(st.sampled_from(["same", "same", "same", "decimal", "double", "int"]))
+        form = draw(st.sampled_from(["same", "same", "same", "decimal", "double", "int", "quoted"]))
         if form == "decimal":
             v = Decimal(draw(st.integers(-100000, 100000))).scaleb(-draw(st.integers(0, 3)))
         elif form == "int":
             v = draw(st.integers(-(2**64), 2**64) | st.integers(-300, 300))
         elif form == "double":
             v = float(v)
+        elif form == "quoted" and not in_list:
+            return both(f"'{number_text(v, form)}'")  # '3' against an int column: read as the column's type
         return both(number_text(v, form))
     if fam == "boolean":
         return both(draw(st.sampled_from(["TRUE", "FALSE"])))
@@ -236,6 +238,9 @@ COLUMN_PAIRS = [
     ("dec", "dec"),
     ("s", "vc"),
     ("dt", "dt"),
+    ("ts", "ts"),
+    ("b", "b"),
+    ("f", "f"),
 ]
 OPS = ["=", "<>", "!=", "<", "<=", ">", ">="]
 
