@@ -49,7 +49,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cdc_compaction.exceptions import ConcurrentCommitError, ConcurrentRunError, EraseError, ErasePredicateError
-from cdc_compaction.hive_types import arrow_type
+from cdc_compaction.hive_types import arrow_type, decimal_parts
 from cdc_compaction.job.contract import TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, Lake, TableLease
@@ -97,7 +97,7 @@ class _Lit:
 
 
 def _family(hive_type: str) -> str:
-    """The comparison rules a registry type follows (see :func:`_column_vs_literal`)."""
+    """The comparison rules a registry type follows (see ``column_vs_literal`` in :func:`parse_predicate`)."""
     t = hive_type.lower()
     if t in _INT_BITS:
         return "int"
@@ -251,8 +251,6 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
         """Column and value as one decimal type holding both exactly (SQL compares decimals exactly)."""
         import pyarrow as pa
 
-        from cdc_compaction.hive_types import decimal_parts
-
         p, s = decimal_parts(col.type.lower()) or (19, 0)  # an integer column: up to 19 digits
         scale = max(s, scale)
         if p - s + scale > 38 or max(int_digits, 1) + scale > 38:
@@ -327,7 +325,7 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
             if lit.kind == "string":
                 return "native", f, cast_literal(lit, col, target), False
             if lit.kind == "double":
-                if (decimal_parts_of(col.type) or (0, 0))[0] > 15:
+                if (decimal_parts(col.type.lower()) or (0, 0))[0] > 15:
                     raise refuse(f"{about}: write the value as a decimal (1.5, not 1.5e0) for a column this precise")
                 return "double", f.cast(pa.float64()), pa.scalar(lit.value, pa.float64()), False
             value = Decimal(lit.value)
@@ -363,8 +361,6 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
             la, lb = (la.cast(pa.float64(), safe=False) if x == "int" else y for x, y in ((fa, la), (fb, lb)))
             return _sql_compare(op, la, lb, nan_aware=True)
         if pair <= {"decimal", "int"}:
-            from cdc_compaction.hive_types import decimal_parts
-
             parts = [decimal_parts(c.type.lower()) or (19, 0) for c in (a, b)]
             scale = max(s for _, s in parts)
             if any(p - s + scale > 38 for p, s in parts):
@@ -500,12 +496,6 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
         expression = expression | (has_before & build(tree))
         used.extend(cfg.before_columns)  # read as NULL from files without them (a version's copies)
     return Predicate(text=text, columns=tuple(dict.fromkeys(used)), expression=expression)
-
-
-def decimal_parts_of(hive_type: str) -> tuple[int, int] | None:
-    from cdc_compaction.hive_types import decimal_parts
-
-    return decimal_parts(hive_type.lower())
 
 
 def _char_operands(field: Any, hive_type: str, value: str) -> tuple[Any, Any]:
