@@ -179,3 +179,19 @@ def test_drop_data_refuses_while_a_registry_file_cannot_be_read(
     err = capsys.readouterr().err
     assert f"the registry file {registry / 'tests.sub_b.yaml'} cannot be read" in err and "fix or remove" in err
     assert all(Path(p).is_file() for p in landed) and (registry / "tests.a.yaml").exists()
+
+
+def test_drop_data_refuses_a_root_holding_a_kept_lake_of_a_deleted_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sub_b was deleted earlier without --drop-data: its registry file was moved aside, its lake kept."""
+    registry, _, landed = _nested_tables(tmp_path)
+    b = yaml.safe_load((registry / "tests.sub_b.yaml").read_text())
+    del b["no_such_field"]
+    (registry / "tests.sub_b.yaml.deleted-20261120T000000Z").write_text(yaml.safe_dump(b))
+    (registry / "tests.sub_b.yaml").unlink()
+    args = ["delete", "tests.a", "--registry-dir", str(registry), "--metastore", "127.0.0.1:1", "--yes", "--drop-data"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "tests.sub_b" in err and "tests.sub_b.yaml.deleted-20261120T000000Z" in err
+    assert all(Path(p).is_file() for p in landed) and (registry / "tests.a.yaml").exists()

@@ -126,7 +126,8 @@ def foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = N
 
     Two sources, because either can be missing: every registry file's ``storage_root`` read from
     its raw YAML (valid or not: the registry's own overlap check skips invalid entries, and a file
-    with one bad field still describes a table whose data is real), and every ``_cdc`` control
+    with one bad field still describes a table whose data is real; files an earlier ``delete``
+    moved aside too, their lakes were kept on purpose), and every ``_cdc`` control
     directory under the root other than the table's own (a table whose registry file is gone, or
     lives in another registry directory).  Raise :class:`ForeignDataError` naming a registry file
     that cannot be read at all: it may name a root inside this one.
@@ -139,7 +140,9 @@ def foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = N
     root = lake.layout.root
     own_key = storage_root_key(cfg.storage_root)
     found: list[str] = []
-    for path in registry_files(registry_dir):
+    # A file moved aside by an earlier delete that kept its lake: that data is still someone's.
+    aside = sorted(p for p in Path(registry_dir).glob("*.y*ml.deleted-*") if p.is_file())
+    for path in [*registry_files(registry_dir), *aside]:
         if own_file is not None and path.resolve() == own_file.resolve():
             continue
         try:
