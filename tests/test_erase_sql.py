@@ -359,6 +359,8 @@ STRINGY = ["c", "vc", "s"]
 SPARK_EXAMPLES = min(int(FUZZ_EXAMPLES), 30) if FUZZ_EXAMPLES else 6
 
 
+@pytest.mark.spark
+@pytest.mark.metastore  # the session fixture's SparkSession uses the local metastore
 @settings(fuzz_settings(test_examples=6), max_examples=SPARK_EXAMPLES)
 @given(table=rows(min_size=4, max_size=10), wheres=st.lists(predicates(STRINGY), min_size=20, max_size=20))
 def test_char_varchar_string_select_what_spark_sql_selects(
