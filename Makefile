@@ -92,8 +92,8 @@ demo: install  ## generate CDC files for two tables and compact them with the re
 	@if [ "$(SOURCE)" = postgres ]; then $(MAKE) --no-print-directory check-postgres; fi
 	$(BIN)/cdc-compaction demo --source $(SOURCE) --engine $(ENGINE)
 
-fuzz: install  ## many more generated examples of tests/test_generative.py: make fuzz CDC_FUZZ_EXAMPLES=1000
-	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/test_generative.py --hypothesis-show-statistics $(PYTEST_ARGS)
+fuzz: install  ## many more generated examples of tests/test_generative.py and tests/test_erase_sql.py: make fuzz CDC_FUZZ_EXAMPLES=1000
+	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/test_generative.py tests/test_erase_sql.py --hypothesis-show-statistics $(PYTEST_ARGS)
 
 conformance: install  ## run scenario files: make conformance SCENARIOS='<glob>' MODE=inprocess|dag
 	$(BIN)/cdc-compaction conformance --mode $(MODE) $(SCENARIOS)

@@ -646,7 +646,13 @@ def _pause(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.ops import delete_table, planned_deletion, refuse_if_leased, registry_file_of
+    from cdc_compaction.ops import (
+        delete_table,
+        planned_deletion,
+        refuse_foreign_data,
+        refuse_if_leased,
+        registry_file_of,
+    )
     from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
 
     directory = Path(args.registry_dir or settings.registry_dir())
@@ -654,6 +660,8 @@ def _delete(args: argparse.Namespace) -> int:
         cfg = _table(args)
         registry_file = registry_file_of(directory, args.table)
         refuse_if_leased(cfg)
+        if args.drop_data:
+            refuse_foreign_data(cfg, directory, registry_file)  # before asking: the answer would not matter
         if not args.yes:
             print(f"delete {args.table} would:")
             for line in planned_deletion(cfg, registry_file, args.drop_data):

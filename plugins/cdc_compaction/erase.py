@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cdc_compaction.exceptions import ConcurrentCommitError, ConcurrentRunError, EraseError, ErasePredicateError
-from cdc_compaction.hive_types import arrow_type
+from cdc_compaction.hive_types import arrow_type, decimal_parts
 from cdc_compaction.job.contract import TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, Lake, TableLease
@@ -69,10 +70,82 @@ class Predicate:
 
     text: str
     columns: tuple[str, ...]
-    expression: Any  # pyarrow.compute.Expression: True where a row is to be erased
+    #: pyarrow.compute.Expression with SQL's three-valued result: TRUE where a row is to be erased,
+    #: FALSE or NULL (unknown) where it is kept.
+    expression: Any
 
 
-_COMPARISONS = {"EQ": "__eq__", "NEQ": "__ne__", "GT": "__gt__", "GTE": "__ge__", "LT": "__lt__", "LTE": "__le__"}
+#: sqlglot's comparison node -> the operator's name in :func:`_sql_compare`.
+_COMPARISONS = {"EQ": "eq", "NEQ": "ne", "GT": "gt", "GTE": "ge", "LT": "lt", "LTE": "le"}
+#: The operator with its operands swapped (``5 < x`` is ``x > 5``).
+_FLIPPED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+#: A numeric literal as Spark SQL and DuckDB read it: an integer, a decimal (with a point) or a
+#: double (with an exponent).  Hive's suffixed forms (1L, 1.5BD) parse as casts and are refused.
+_NUMBER = re.compile(r"^(?:\d+\.?\d*|\.\d+)(?P<exp>[eE][+-]?\d+)?$")
+_INT_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
+_CHAR = re.compile(r"^char\((\d+)\)$")
+
+
+@dataclass(frozen=True)
+class _Lit:
+    """A literal of the predicate as SQL types it: ``null``, ``string``, ``bool``, ``int``,
+    ``decimal`` (a number with a point: exact) or ``double`` (a number with an exponent)."""
+
+    kind: str
+    value: Any
+    sql: str
+
+
+def _family(hive_type: str) -> str:
+    """The comparison rules a registry type follows (see ``column_vs_literal`` in :func:`parse_predicate`)."""
+    t = hive_type.lower()
+    if t in _INT_BITS:
+        return "int"
+    if t in ("float", "double"):
+        return t
+    if t.startswith("decimal"):
+        return "decimal"
+    if _CHAR.match(t):
+        return "char"
+    if t == "string" or t.startswith("varchar"):
+        return "string"
+    return t  # boolean, date, timestamp, binary
+
+
+def _null_bool() -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.scalar(pa.scalar(None, pa.bool_()))
+
+
+def _sql_compare(op: str, lhs: Any, rhs: Any, nan_aware: bool = False) -> Any:
+    """``lhs <op> rhs`` with SQL's NULL rule (NULL when either side is NULL) and, for floating
+    point (``nan_aware``), the order DuckDB and Spark SQL use: NaN equals NaN and is greater than
+    every other value, -0.0 equals 0.0.  Arrow's comparisons follow IEEE (NaN compares false)."""
+    import pyarrow.compute as pc
+
+    if op == "gt":
+        return _sql_compare("lt", rhs, lhs, nan_aware)
+    if op == "ge":
+        return _sql_compare("le", rhs, lhs, nan_aware)
+    if not nan_aware:
+        return {"eq": lhs == rhs, "ne": lhs != rhs, "lt": lhs < rhs, "le": lhs <= rhs}[op]
+    # Kleene AND/OR keep NULL where an operand is NULL: is_nan(NULL) is NULL.
+    eq = (lhs == rhs) | (pc.is_nan(lhs) & pc.is_nan(rhs))
+    lt = (lhs < rhs) | (~pc.is_nan(lhs) & pc.is_nan(rhs))
+    return {"eq": eq, "ne": ~eq, "lt": lt, "le": lt | eq}[op]
+
+
+def _float32_exact(value: float) -> bool:
+    """Whether ``value`` is exactly a 32-bit float (DuckDB compares FLOAT columns in 32 bits,
+    Spark SQL in 64: they agree only on such values)."""
+    import struct
+
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0] == value or value != value
+    except OverflowError:
+        return False
 
 
 def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
@@ -82,6 +155,11 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
     AND/OR/NOT, IN (literals), IS [NOT] NULL, BETWEEN and parentheses.  Anything else (functions,
     subqueries, several statements, unknown columns) is refused naming the offending token: the text
     is never passed to an SQL engine, so it cannot inject anything.
+
+    The expression selects what Spark SQL and DuckDB select for ``DELETE ... WHERE <text>``:
+    three-valued logic (a comparison with NULL is NULL, ``x IN (1, NULL)`` is NULL unless x is 1,
+    NOT NULL is NULL; only TRUE erases), the SQL engines' NaN order, exact decimal comparisons and
+    CHAR(n)'s blank padding.  A form on which the engines disagree is refused with a rewrite.
     """
     import sqlglot
     from sqlglot import exp
@@ -123,83 +201,281 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
         used.append(col.name)
         return col
 
-    def literal(node: exp.Expression, like: Any = None) -> Any:
+    def unparen(node: exp.Expression) -> exp.Expression:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        return node
+
+    def literal(node: exp.Expression) -> _Lit:
+        """A literal as SQL types it (the column it meets decides how it compares)."""
+        from decimal import Decimal
+
+        node = unparen(node)
+        sign = ""
+        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+            sign, node = "-", node.this
+        if isinstance(node, exp.Literal) and node.is_string and not sign:
+            return _Lit("string", node.this, node.sql())
+        if isinstance(node, exp.Literal):
+            m = _NUMBER.match(node.this)
+            if not m:
+                raise refuse(f"{sign}{node.this} is not a number literal (write digits, a point, an exponent)")
+            t = sign + node.this
+            if m.group("exp"):
+                return _Lit("double", float(t), t)
+            if "." in t:
+                return _Lit("decimal", Decimal(t), t)
+            return _Lit("int", int(t), t)
+        if isinstance(node, exp.Boolean):
+            return _Lit("bool", bool(node.this), node.sql())
+        if isinstance(node, exp.Null):
+            return _Lit("null", None, "NULL")
+        raise refuse(f"{node.sql()!r} is not a literal")
+
+    def cast_literal(lit: _Lit, col: Any, target: Any) -> Any:
+        """A string literal read as the column's type ('2026-01-01' against a date column)."""
         import pyarrow as pa
 
-        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
-            value: Any = -_number(node.this.this)
-        elif isinstance(node, exp.Literal):
-            value = node.this if node.is_string else _number(node.this)
-        elif isinstance(node, exp.Boolean):
-            value = bool(node.this)
-        elif isinstance(node, exp.Null):
-            value = None
-        else:
-            raise refuse(f"{node.sql()!r} is not a literal")
-        if like is None:
-            return pa.scalar(value)
-        if value is None:
-            return pa.scalar(None)
-        target = arrow_type(like.type)
         try:
-            # The literal takes the column's type ('2026-01-01' against a date column).
-            return pa.scalar(value).cast(target)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-            if isinstance(value, str) and pa.types.is_timestamp(target) and target.tz is not None:
+            return pa.scalar(lit.value).cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OverflowError) as exc:
+            if isinstance(lit.value, str) and pa.types.is_timestamp(target) and target.tz is not None:
                 # A timestamp without an offset is UTC, as the tables store timestamps.
                 try:
-                    return pa.scalar(value).cast(pa.timestamp(target.unit)).cast(target)
+                    return pa.scalar(lit.value).cast(pa.timestamp(target.unit)).cast(target)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
                     pass
-            raise refuse(f"literal {node.sql()} is not a {like.type} (column {like.name})") from exc
+            raise refuse(f"literal {lit.sql} is not a {col.type} (column {col.name})") from exc
 
-    def operand(node: exp.Expression, other: exp.Expression | None = None) -> Any:
+    def decimal_operands(f: Any, col: Any, value: Any, scale: int, int_digits: int) -> tuple[Any, Any]:
+        """Column and value as one decimal type holding both exactly (SQL compares decimals exactly)."""
+        import pyarrow as pa
+
+        p, s = decimal_parts(col.type.lower()) or (19, 0)  # an integer column: up to 19 digits
+        scale = max(s, scale)
+        if p - s + scale > 38 or max(int_digits, 1) + scale > 38:
+            raise refuse(
+                f"{value} against column {col.name} ({col.type}) needs more than 38 decimal digits; "
+                "write the value with fewer digits"
+            )
+        wide = pa.decimal128(38, scale)
+        return f.cast(wide), pa.scalar(value, wide)
+
+    def column_vs_literal(op: str, col: Any, lit: _Lit) -> tuple[str, Any, Any, bool] | None:
+        """How SQL compares ``col <op> lit``: (a key naming the column's transformation, the
+        column's operand, the literal's operand, NaN-aware); None when the literal is NULL."""
+        from decimal import Decimal
+
+        import pyarrow as pa
         import pyarrow.compute as pc
 
-        if isinstance(node, exp.Paren):
-            return operand(node.this, other)
-        if isinstance(node, exp.Column):
-            return pc.field(column(node).name)
-        while isinstance(other, exp.Paren):
-            other = other.this
-        return literal(node, lookup(other) if isinstance(other, exp.Column) else None)
+        if lit.kind == "null":
+            return None
+        fam = _family(col.type)
+        f = pc.field(col.name)
+        target = arrow_type(col.type.lower())
+        about = f"literal {lit.sql} against column {col.name} ({col.type})"
+        if lit.kind == "bool" and fam != "boolean":
+            raise refuse(f"{about}: compare a boolean column with TRUE/FALSE, other columns with their own values")
+        if lit.kind in ("int", "decimal", "double") and fam not in ("int", "float", "double", "decimal"):
+            raise refuse(f"{about}: a number against a {col.type} column; quote the value ('{lit.sql}')")
+        if fam == "int":
+            if lit.kind == "string":
+                return "native", f, cast_literal(lit, col, target), False
+            if lit.kind == "double":
+                # SQL compares an integer with a double as doubles (exactly what DuckDB and Spark do).
+                if lit.value in (float("inf"), float("-inf")):
+                    raise refuse(f"{about}: the number is out of range")
+                return "double", f.cast(pa.float64(), safe=False), pa.scalar(lit.value, pa.float64()), False
+            value = lit.value
+            if lit.kind == "decimal" and value != value.to_integral_value():
+                scale = -value.as_tuple().exponent
+                return ("decimal", *decimal_operands(f, col, value, scale, len(str(abs(int(value))))), False)
+            value = int(value)
+            bits = _INT_BITS[col.type.lower()]
+            if -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+                return "native", f, pa.scalar(value, target), False
+            if -(2**63) <= value < 2**63:
+                return "int64", f.cast(pa.int64()), pa.scalar(value, pa.int64()), False
+            return ("decimal", *decimal_operands(f, col, Decimal(value), 0, len(str(abs(value)))), False)
+        if fam in ("float", "double"):
+            if lit.kind == "string":
+                value = cast_literal(lit, col, pa.float64()).as_py()
+            elif lit.kind == "decimal":
+                digits = lit.value.as_tuple()
+                unscaled = int("".join(map(str, digits.digits)) or "0")
+                if unscaled >= 2**53 or -digits.exponent > 22:
+                    # DuckDB converts such a decimal to a double in more than one rounding step.
+                    raise refuse(f"{about}: more digits than a double holds; write it with an exponent (1.5e-30)")
+                value = float(lit.value)
+            elif lit.kind == "int" and not -(2**63) <= lit.value < 2**63:
+                raise refuse(f"{about}: the integer is out of range; write it with an exponent (1e20)")
+            else:
+                value = float(lit.value)
+            if value in (float("inf"), float("-inf")) and lit.kind != "string":
+                raise refuse(f"{about}: the number is out of range")
+            if fam == "float" and not _float32_exact(value):
+                raise refuse(
+                    f"{about}: the value is not exactly a 32-bit float, and DuckDB and Spark SQL compare a FLOAT "
+                    "column with it differently; compare with a value a FLOAT holds exactly (0.5, 0.25, 1e3), "
+                    "or give the column the type double"
+                )
+            return "native", f, pa.scalar(value, target), True
+        if fam == "decimal":
+            if lit.kind == "string":
+                return "native", f, cast_literal(lit, col, target), False
+            if lit.kind == "double":
+                if (decimal_parts(col.type.lower()) or (0, 0))[0] > 15:
+                    raise refuse(f"{about}: write the value as a decimal (1.5, not 1.5e0) for a column this precise")
+                return "double", f.cast(pa.float64()), pa.scalar(lit.value, pa.float64()), False
+            value = Decimal(lit.value)
+            scale = max(0, -value.as_tuple().exponent)
+            return ("decimal", *decimal_operands(f, col, value, scale, len(str(abs(int(value))))), False)
+        if fam == "char":
+            if lit.kind != "string":
+                raise refuse(f"{about}: compare a char column with a quoted string")
+            return ("char", *_char_operands(f, col.type, lit.value), False)
+        if fam == "string":
+            if lit.kind != "string":
+                raise refuse(f"{about}: compare a string column with a quoted string")
+            return "native", f, pa.scalar(lit.value, target), False
+        # boolean, date, timestamp, binary: a literal of the column's type or a string that reads as one.
+        if lit.kind == "bool":
+            return "native", f, pa.scalar(lit.value, pa.bool_()), False
+        return "native", f, cast_literal(lit, col, target), False
+
+    def column_vs_column(op: str, a: Any, b: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        fa, fb = _family(a.type), _family(b.type)
+        la, lb = pc.field(a.name), pc.field(b.name)
+        pair = {fa, fb}
+        if fa == fb and fa in ("int", "string", "boolean", "date", "timestamp", "binary"):
+            return _sql_compare(op, la, lb)
+        if pair <= {"float", "double"}:
+            if fa != fb:
+                la, lb = la.cast(pa.float64()), lb.cast(pa.float64())
+            return _sql_compare(op, la, lb, nan_aware=True)
+        if pair == {"int", "double"}:
+            la, lb = (la.cast(pa.float64(), safe=False) if x == "int" else y for x, y in ((fa, la), (fb, lb)))
+            return _sql_compare(op, la, lb, nan_aware=True)
+        if pair <= {"decimal", "int"}:
+            parts = [decimal_parts(c.type.lower()) or (19, 0) for c in (a, b)]
+            scale = max(s for _, s in parts)
+            if any(p - s + scale > 38 for p, s in parts):
+                raise refuse(f"columns {a.name} ({a.type}) and {b.name} ({b.type}) need more than 38 decimal digits")
+            wide = pa.decimal128(38, scale)
+            return _sql_compare(op, la.cast(wide), lb.cast(wide))
+        raise refuse(
+            f"comparing column {a.name} ({a.type}) with column {b.name} ({b.type}): the SQL engines convert "
+            "these types differently (or pad CHAR); compare each column with a literal"
+        )
+
+    def compare(op: str, left: exp.Expression, right: exp.Expression, node: exp.Expression) -> Any:
+        left, right = unparen(left), unparen(right)
+        if not isinstance(left, exp.Column) and not isinstance(right, exp.Column):
+            raise refuse(f"{node.sql()!r} compares no column")
+        if isinstance(left, exp.Column) and isinstance(right, exp.Column):
+            return column_vs_column(op, column(left), column(right))
+        if not isinstance(left, exp.Column):
+            left, right, op = right, left, _FLIPPED[op]
+        col = column(left)
+        ops = column_vs_literal(op, col, literal(right))
+        if ops is None:
+            return _null_bool()  # a comparison with NULL is NULL, whatever the row holds
+        _, lhs, rhs, nan_aware = ops
+        import pyarrow.compute as pc
+
+        return _sql_compare(op, lhs, pc.scalar(rhs), nan_aware)
+
+    def in_list(node: exp.In) -> Any:
+        """``x IN (v1, ...)`` as SQL defines it: ``x = v1 OR x = v2 ...`` (TRUE on a match; else NULL
+        when x or a value is NULL; else FALSE), evaluated with one set lookup per kind of value."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        col = column(unparen(node.this))
+        lits = [literal(v) for v in node.expressions]
+        has_null = any(lit.kind == "null" for lit in lits)
+        if has_null and _family(col.type) == "char":
+            raise refuse(
+                f"{node.sql()!r}: with a NULL in the list Spark SQL compares CHAR column {col.name} without "
+                "padding; leave the NULL out (x IN (..., NULL) is never TRUE for a row x IN (...) is not; "
+                "x NOT IN (..., NULL) is never TRUE, so it erases nothing)"
+            )
+        fam = _family(col.type)
+        if fam in ("int", "float", "double", "decimal"):
+            if any(lit.kind == "string" for lit in lits):
+                raise refuse(
+                    f"{node.sql()!r}: a quoted value in the IN list of number column {col.name} makes the SQL "
+                    "engines compare the list as text; write the numbers unquoted (for NaN: "
+                    f"{col.name} IN (...) OR {col.name} = 'NaN')"
+                )
+            if any(lit.kind == "double" for lit in lits):
+                # SQL gives the list one type: with a double in it, every value compares as a double.
+                lits = [_Lit("double", float(lit.value), lit.sql) if lit.kind != "null" else lit for lit in lits]
+        groups: dict[str, tuple[Any, list[Any], bool]] = {}
+        for lit in lits:
+            ops = column_vs_literal("eq", col, lit)
+            if ops is None:
+                continue
+            key, lhs, rhs, nan_aware = ops
+            # One group per transformation of the column: a decimal's scale and a CHAR's padded
+            # width differ with the literal.
+            key = f"{key}|{rhs.type}|{len(rhs.as_py()) if key == 'char' else ''}"
+            groups.setdefault(key, (lhs, [], nan_aware))[1].append(rhs)
+        matched: Any = pc.scalar(False)
+        for lhs, values, nan_aware in groups.values():
+            if nan_aware:
+                for v in values:  # NaN and -0.0 need the SQL equality, not the set's bit equality
+                    matched = matched | _sql_compare("eq", lhs, pc.scalar(v), nan_aware=True)
+            else:
+                matched = matched | pc.is_in(lhs, value_set=pa.array([v.as_py() for v in values], values[0].type))
+        # is_in says FALSE for a NULL x: SQL says NULL.
+        result = pc.if_else(pc.field(col.name).is_valid(), matched, _null_bool())
+        return result | _null_bool() if has_null else result
 
     def build(node: exp.Expression) -> Any:
-        import pyarrow.compute as pc
-
         kind = type(node).__name__
         if isinstance(node, exp.Paren):
             return build(node.this)
         if isinstance(node, exp.And):
-            return build(node.this) & build(node.expression)
+            return build(node.this) & build(node.expression)  # and_kleene: SQL's AND
         if isinstance(node, exp.Or):
-            return build(node.this) | build(node.expression)
+            return build(node.this) | build(node.expression)  # or_kleene: SQL's OR
         if isinstance(node, exp.Not):
-            return ~build(node.this)
+            return ~build(node.this)  # NOT NULL is NULL
         if kind in _COMPARISONS:
-            left, right = node.this, node.expression
-            if not isinstance(left, exp.Column | exp.Paren) and not isinstance(right, exp.Column | exp.Paren):
-                raise refuse(f"{node.sql()!r} compares no column")
-            lhs, rhs = operand(left, right), operand(right, left)
-            return getattr(lhs, _COMPARISONS[kind])(rhs)
+            return compare(_COMPARISONS[kind], node.this, node.expression, node)
         if isinstance(node, exp.Is):
-            if not isinstance(node.this, exp.Column) or not isinstance(node.expression, exp.Null):
-                raise refuse(f"{node.sql()!r}: only <column> IS [NOT] NULL is allowed")
-            return pc.field(column(node.this).name).is_null()
-        if isinstance(node, exp.In):
-            if not isinstance(node.this, exp.Column) or node.args.get("query") or not node.expressions:
-                raise refuse(f"{node.sql()!r}: only <column> IN (<literals>) is allowed")
-            col = column(node.this)
-            values = [literal(v, col) for v in node.expressions]
-            import pyarrow as pa
+            if not isinstance(unparen(node.this), exp.Column) or not isinstance(node.expression, exp.Null):
+                raise refuse(
+                    f"{node.sql()!r}: only <column> IS [NOT] NULL is allowed (for IS TRUE/FALSE write <column> = TRUE "
+                    "AND <column> IS NOT NULL)"
+                )
+            import pyarrow.compute as pc
 
-            return pc.field(col.name).isin(pa.array([v.as_py() for v in values], type=arrow_type(col.type)))
+            return pc.field(column(unparen(node.this)).name).is_null()
+        if isinstance(node, exp.In):
+            if not isinstance(unparen(node.this), exp.Column) or node.args.get("query") or not node.expressions:
+                raise refuse(f"{node.sql()!r}: only <column> IN (<literals>) is allowed")
+            return in_list(node)
         if isinstance(node, exp.Between):
-            if not isinstance(node.this, exp.Column):
+            if not isinstance(unparen(node.this), exp.Column):
                 raise refuse(f"{node.sql()!r}: only <column> BETWEEN <literal> AND <literal> is allowed")
-            col = column(node.this)
-            f = pc.field(col.name)
-            return (f >= literal(node.args["low"], col)) & (f <= literal(node.args["high"], col))
+            if node.args.get("symmetric"):
+                raise refuse(
+                    f"{node.sql()!r}: BETWEEN SYMMETRIC is not Spark SQL; "
+                    "write (x BETWEEN a AND b) OR (x BETWEEN b AND a)"
+                )
+            if _family(lookup(unparen(node.this)).type) == "char":
+                raise refuse(
+                    f"{node.sql()!r}: Spark SQL compares BETWEEN on a CHAR column without its blank padding (unlike "
+                    "=, <, >); write <column> >= <low> AND <column> <= <high>"
+                )
+            low = compare("ge", node.this, node.args["low"], node)
+            return low & compare("le", node.this, node.args["high"], node)
         raise refuse(f"{node.sql()!r} ({kind}) is not allowed")
 
     expression = build(tree)
@@ -222,8 +498,20 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
     return Predicate(text=text, columns=tuple(dict.fromkeys(used)), expression=expression)
 
 
-def _number(text: str) -> int | float:
-    return float(text) if any(ch in text for ch in ".eE") else int(text)
+def _char_operands(field: Any, hive_type: str, value: str) -> tuple[Any, Any]:
+    """A CHAR(n) column and a string as Spark SQL compares them: the column blank-padded to n
+    (read-side padding), both padded to the longer of n and the literal's length (the column cut
+    to that length when the literal is longer than n, as Spark's rpad does)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    m = _CHAR.match(hive_type.lower())
+    n = int(m.group(1)) if m else 0
+    width = max(n, len(value))
+    padded = pc.utf8_rpad(field, width=n, padding=" ")
+    if width > n:
+        padded = pc.utf8_rpad(pc.utf8_slice_codeunits(padded, start=0, stop=width), width=width, padding=" ")
+    return padded, pa.scalar(value.ljust(width), pa.string())
 
 
 # ------------------------------------------------------------------------- files
