@@ -1,0 +1,230 @@
+"""Erase leaves no byte of an erased value anywhere under the table's root (README, "Erasing personal data").
+
+A unique marker string is put in the rows to be erased (and, for the partitioned table, it is
+their partition value), compactions spread it into every place a table keeps data (versions, the
+archive, the key index, the change feed, the quarantine, a rebuild's replay, hostile landing
+files), the erase runs, and then everything under the root is searched -- with this file's own
+search (``os.walk`` and pyarrow), never the erase module's scanner: path names, the decoded
+cells and footer of every Parquet file (whatever its name), and the raw bytes of every other file.
+The metastore's partition list is searched too.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import compact_once, student_doc
+
+from cdc_compaction.conformance import land
+from cdc_compaction.erase import erase, parse_predicate, verify
+from cdc_compaction.lake import Commit, Lake
+from cdc_compaction.pipeline.tables import ensure_tables
+from cdc_compaction.registry import TableConfig, parse_table
+
+#: The erased person's name: it occurs nowhere else (not in any name, path or record of the lake).
+MARK = "Zq7xErasedMarkerK4"
+WHERE = f"full_name = '{MARK}'"
+STUDENT = pa.schema([("id", pa.int32()), ("full_name", pa.string()), ("op", pa.string()), ("ts_ms", pa.int64())])
+
+
+# ------------------------------------------------------------------------- the search (independent)
+def _is_parquet(data: bytes) -> bool:
+    return len(data) >= 12 and data[:4] == b"PAR1" and data[-4:] == b"PAR1"
+
+
+def _parquet_hits(path: str, marker: str) -> list[str]:
+    """Where a Parquet file holds the marker: decoded cells, footer metadata and column statistics."""
+    f = pq.ParquetFile(path)  # the file alone: no partition columns from its path
+    hits = []
+    table = f.read()
+    for name in table.column_names:
+        if marker in name:
+            hits.append(f"{path}: column name {name}")
+        if any(marker in str(v) for v in table.column(name).to_pylist() if v is not None):
+            hits.append(f"{path}: a value of column {name}")
+    meta = f.metadata
+    for k, v in (meta.metadata or {}).items():
+        if marker.encode() in k or marker.encode() in v:
+            hits.append(f"{path}: footer key-value metadata")
+    for rg in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            stats = meta.row_group(rg).column(c).statistics
+            if stats is not None and stats.has_min_max and marker in f"{stats.min!s}{stats.max!s}":
+                hits.append(f"{path}: statistics of row group {rg}")
+    return hits
+
+
+def search(root: Path, marker: str) -> list[str]:
+    """Every place under ``root`` that holds ``marker``: path names, Parquet content, raw bytes of the rest."""
+    hits: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if marker in name:
+                hits.append(f"{os.path.join(dirpath, name)}: path name")
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            data = Path(path).read_bytes()
+            if _is_parquet(data):
+                hits += _parquet_hits(path, marker)
+            elif marker.encode() in data:
+                hits.append(f"{path}: raw bytes")
+    return hits
+
+
+def metastore_partitions(rt: Any) -> dict[str, str]:
+    from cdc_compaction.metastore import connect
+    from cdc_compaction.sql import table_names
+
+    with connect(rt.metastore) as ms:
+        return dict(ms.partitions(rt.cfg.database, table_names(rt.cfg)["base_table"]))
+
+
+def write(path: str, rows: list[dict[str, Any]], schema: pa.Schema = STUDENT) -> None:
+    os.makedirs(posixpath.dirname(path), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+
+
+def rows(*items: tuple[int | None, str, str, int]) -> list[dict[str, Any]]:
+    return [{"id": i, "full_name": n, "op": op, "ts_ms": ts} for i, n, op, ts in items]
+
+
+# ------------------------------------------------------------------------- without Spark
+def _committed_lake(root: Path) -> Lake:
+    """A table with one (empty) committed, archived version: what an erase needs to run."""
+    cfg = parse_table(student_doc(root, "people"))
+    lake = Lake(cfg)
+    version = "v00000001-plan1-a"
+    write(posixpath.join(lake.layout.data_dir(version), "part-0.parquet"), rows((1, "Alice", "c", 1)))
+    commit = Commit(1, version, "plan1", "run1", 0, [], ["increment_2026112200"], {"output_visible_rows": 1})
+    assert lake.try_commit(commit)
+    lake.advance_pointer(commit)
+    lake.storage.write_text(lake.layout.archived_marker(1), "")
+    return lake
+
+
+def test_parquet_named_json_and_hidden_or_nested_landing_files_are_erased(tmp_path: Path) -> None:
+    """A sink's Parquet named ``events.json`` is data to the plan (its rule looks at no suffix): the erase
+    must filter it too, or the next compaction brings the erased row back. Hidden and nested landed
+    files hold rows as well, though no plan takes them yet."""
+    lake = _committed_lake(tmp_path / "lake")
+    inc = posixpath.join(lake.layout.incremental, "increment_2026112201")
+    landed = {
+        posixpath.join(inc, "events.json"): rows((2, MARK, "c", 2), (3, "Bob", "c", 2)),
+        posixpath.join(inc, ".hidden.parquet"): rows((4, MARK, "c", 2)),
+        posixpath.join(inc, "nested", "deeper", "part-0"): rows((5, MARK, "c", 2), (6, "Carol", "c", 2)),
+        posixpath.join(lake.layout.archive, "c00000001", "increment_2026112200", "events.json"): rows(
+            (7, MARK, "c", 1)
+        ),
+    }
+    for path, content in landed.items():
+        write(path, content)
+
+    erase(lake.cfg, WHERE, actor="test")
+
+    for path, content in landed.items():
+        assert pq.ParquetFile(path).read().to_pylist() == [r for r in content if r["full_name"] != MARK], path
+    assert search(tmp_path / "lake", MARK) == []
+
+
+def test_a_rebuild_replay_left_behind_is_erased_and_verified(tmp_path: Path) -> None:
+    """``rebuild --verify-only`` leaves its replay under ``rebuild/<id>/``: rows like any version's."""
+    lake = _committed_lake(tmp_path / "lake")
+    replay = posixpath.join(lake.layout.root, "rebuild", "abc123", "v00000001-plan1", "data", "part-0.parquet")
+    write(replay, rows((1, "Alice", "c", 1), (2, MARK, "c", 1)))
+    pred = parse_predicate(lake.cfg, WHERE)
+    assert replay in verify(lake, pred)["matching"]  # --verify looks there
+
+    audit = erase(lake.cfg, WHERE, actor="test")
+
+    assert audit["rows_removed"]["rebuild"] == 1
+    assert pq.ParquetFile(replay).read().to_pylist() == rows((1, "Alice", "c", 1))
+    assert search(tmp_path / "lake", MARK) == []
+
+
+def test_a_file_erase_cannot_read_is_refused_by_name(tmp_path: Path) -> None:
+    """A non-empty file under the root that is neither Parquet nor a JSON record may hold rows: the erase
+    refuses, naming it, and changes nothing; --verify reports it too."""
+    from cdc_compaction.exceptions import EraseError
+
+    lake = _committed_lake(tmp_path / "lake")
+    stray = Path(lake.layout.root, "exports", "people.csv")
+    stray.parent.mkdir(parents=True)
+    stray.write_text(f"id,full_name\n2,{MARK}\n")
+    pending = posixpath.join(lake.layout.incremental, "increment_2026112201", "p.parquet")
+    write(pending, rows((2, MARK, "c", 2)))
+
+    with pytest.raises(EraseError, match=r"people\.csv.*Nothing was erased"):
+        erase(lake.cfg, WHERE, actor="test")
+    assert pq.ParquetFile(pending).read().num_rows == 1
+    found = verify(lake, parse_predicate(lake.cfg, WHERE))
+    assert str(stray) in found["unhandled"] and str(stray) in found["naming"]
+
+
+# ------------------------------------------------------------------------- with real compactions
+def _hostile_landing(cfg: TableConfig, increment: str) -> None:
+    """A complete increment with a Parquet file named events.json, and files no plan takes yet:
+    a hidden one (the increment waits for it) in another increment, one in a nested directory."""
+    land(cfg, increment, [rows((30, MARK, "c", 30))])
+    lake = Lake(cfg)
+    d = posixpath.join(lake.layout.incremental, increment)
+    write(posixpath.join(d, "events.json"), rows((31, MARK, "c", 31), (32, "Dora", "c", 31)))
+    write(posixpath.join(d, "nested", "part-0.parquet"), rows((33, MARK, "c", 33)))
+    waiting = posixpath.join(lake.layout.incremental, "increment_2026112209")
+    write(posixpath.join(waiting, ".part-0.parquet"), rows((34, MARK, "c", 34)))
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+@pytest.mark.parametrize("partitioned", [False, True], ids=["keyed", "partitioned"])
+def test_no_byte_of_an_erased_value_remains_cdc(
+    make_cfg: Callable[..., TableConfig], runtime: Any, partitioned: bool
+) -> None:
+    """Keyed cdc tables (identity-partitioned on the erased column, or not) with the change feed, the
+    quarantine (a refused row and a refused file), a rebuild's replay and hostile landing files."""
+    from cdc_compaction.pipeline.rebuild import rebuild
+
+    extra: dict[str, Any] = {"change_feed": True, "on_bad_file": "quarantine"}
+    if partitioned:
+        extra["partition_by"] = {"column": "full_name", "transform": "identity"}
+    rt = runtime(make_cfg(**extra))
+    ensure_tables(rt)
+    root = Path(rt.lake.layout.root)
+
+    land(rt.cfg, "increment_2026112200", [rows((1, "Alice", "c", 1), (2, MARK, "c", 1), (3, "Bob", "c", 1))])
+    compact_once(rt, "run-1")
+    # An update of the marked row, a new marked row, a refused row (no key) and a refused file.
+    land(rt.cfg, "increment_2026112201", [rows((2, MARK, "u", 2), (4, MARK, "c", 2), (None, MARK, "c", 2))])
+    bad = pa.schema([("id", pa.int32()), ("full_name", pa.string()), ("op", pa.string()), ("ts_ms", pa.string())])
+    write(
+        posixpath.join(rt.lake.layout.incremental, "increment_2026112201", "bad.parquet"),
+        [{"id": 5, "full_name": MARK, "op": "c", "ts_ms": "late"}],
+        bad,
+    )
+    _hostile_landing(rt.cfg, "increment_2026112202")
+    compact_once(rt, "run-2")
+    # Everything the hostile increment held that the plan reads was compacted (events.json too).
+    assert rt.lake.latest_commit().seq == 2
+    report = rebuild(rt)  # verify only: its replay stays under rebuild/<id>/
+    assert report.published_seq is None
+    land(rt.cfg, "increment_2026112203", [rows((6, MARK, "c", 6), (7, "Eve", "c", 6))])  # pending
+    spread = search(root, MARK)
+    for where in ("/base/", "/archive/", "/changes/", "/quarantine/rows/", "/quarantine/files/", "/rebuild/"):
+        assert any(where in h for h in spread), (where, spread)
+    if partitioned:
+        assert any("/index/_cdc_partition=" in h for h in spread), spread
+        assert any(MARK in v for v in metastore_partitions(rt)), metastore_partitions(rt)
+
+    erase(rt.cfg, WHERE, actor="test", metastore=rt.metastore)
+
+    assert search(root, MARK) == []
+    assert not [v for v in metastore_partitions(rt) if MARK in v]
+    # The next compaction builds on the erase and brings nothing back.
+    compact_once(rt, "run-3")
+    assert search(root, MARK) == []
