@@ -894,7 +894,9 @@ def _write_erase_version(
     data_root = lake.data_location(live).rstrip("/") + "/"
     for path, kept in new_files.items():
         part = _partition_of(path)
-        if part is not None and part[1] in dropped:
+        if part is not None and (part[1] in dropped or part[2]):
+            # The erase version has no key index (its record names none: the next compaction reads
+            # the partitions' keys), so the live index is not copied -- nor counted as its rows.
             continue
         target = posixpath.join(new_dir, posixpath.relpath(path, old_dir))
         for value, loc in (live.partitions or {}).items():
