@@ -228,3 +228,81 @@ def test_no_byte_of_an_erased_value_remains_cdc(
     # The next compaction builds on the erase and brings nothing back.
     compact_once(rt, "run-3")
     assert search(root, MARK) == []
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_no_byte_of_an_erased_value_remains_keyless(tmp_path: Path, runtime: Any) -> None:
+    """A keyless table: the erased value also sits in before-images of later events."""
+    cfg = parse_table(
+        {
+            "mode": "keyless",
+            "database": "tests",
+            "table": f"kl_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**8}",
+            "columns": [
+                {"name": "full_name", "type": "string"},
+                {"name": "visits", "type": "int"},
+                {"name": "_before_full_name", "type": "string"},
+                {"name": "_before_visits", "type": "int"},
+                {"name": "op", "type": "string"},
+                {"name": "lsn", "type": "bigint"},
+            ],
+            "order_by": ["lsn"],
+            "change_feed": True,
+            "storage_root": str(tmp_path / "lake" / "visits"),
+            "increments": {"settle_seconds": 0, "wait_for_hour_end": False},
+        }
+    )
+    rt = runtime(cfg)
+    ensure_tables(rt)
+
+    def event(name: str | None, before: str | None, op: str, lsn: int) -> dict[str, Any]:
+        return {
+            "full_name": name,
+            "visits": 1 if name else None,
+            "_before_full_name": before,
+            "_before_visits": 1 if before else None,
+            "op": op,
+            "lsn": lsn,
+        }
+
+    land(cfg, "increment_2026112200", [[event(MARK, None, "c", 1), event("Al", None, "c", 2)]])
+    compact_once(rt, "run-1")
+    land(cfg, "increment_2026112201", [[event("Mo", MARK, "u", 3), event(MARK, None, "c", 4)]])
+    compact_once(rt, "run-2")
+    land(cfg, "increment_2026112202", [[event(MARK, None, "c", 5), event("Cy", None, "c", 6)]])
+    root = Path(rt.lake.layout.root)
+    assert any("/base/" in h for h in search(root, MARK)) and any("/archive/" in h for h in search(root, MARK))
+
+    erase(cfg, WHERE, actor="test", metastore=rt.metastore)
+
+    assert search(root, MARK) == []
+    compact_once(rt, "run-3")
+    assert search(root, MARK) == []
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_no_byte_of_an_erased_value_remains_snapshot(
+    make_snapshot_cfg: Callable[..., TableConfig], runtime: Any
+) -> None:
+    """A snapshot table: the erased value is in the current table, the history and every snapshot."""
+    rt = runtime(make_snapshot_cfg())
+    ensure_tables(rt)
+
+    def snap(*items: tuple[int, str]) -> list[dict[str, Any]]:
+        return [{"id": i, "full_name": n} for i, n in items]
+
+    land(rt.cfg, "increment_2026112200", [snap((1, "Alice"), (2, MARK))])
+    compact_once(rt, "run-1")
+    land(rt.cfg, "increment_2026112201", [snap((1, "Alice"), (2, MARK), (3, "Bob"))])
+    compact_once(rt, "run-2")
+    land(rt.cfg, "increment_2026112202", [snap((1, "Alice"), (2, MARK), (3, "Bob"), (4, "Cy"))])
+    root = Path(rt.lake.layout.root)
+    assert any("/base/" in h for h in search(root, MARK)) and any("/archive/" in h for h in search(root, MARK))
+
+    erase(rt.cfg, WHERE, actor="test", metastore=rt.metastore)
+
+    assert search(root, MARK) == []
+    compact_once(rt, "run-3")
+    assert search(root, MARK) == []

@@ -8,12 +8,27 @@ Where rows live (the *locations* of an erase)::
     archive     archived increments (what a replay or rebuild reads)
     quarantine  refused rows and files
     changes     the change feed's partitions (``<t>_changes``, pipeline/changes.py)
+    rebuild     a rebuild's replay (``rebuild/<id>/``, left by ``rebuild`` without ``--publish``)
+    other       anything else under the table's storage root that holds rows
+
+Everything under the storage root is walked, and nothing is skipped by its name (:func:`inventory`):
+a file is Parquet when its bytes say so (a sink may land Parquet as ``events.json``), landed data is
+what the plan reads (:func:`cdc_compaction.landing.is_data`, the one rule), hidden and nested files
+count too.  A non-empty file that is neither Parquet nor a JSON record of the lake may hold rows the
+erase cannot filter: the erase refuses, naming it, before it changes anything.
+
+Partition values (``partition_by``): a value whose every row is erased (over every version, rebuild
+and location) vanishes -- its ``_cdc_partition=<value>`` directories (data, tombstones, key index;
+kept versions and rebuilds) are deleted, the base table's metastore partition is dropped, and every
+bookkeeping record naming it (commit records, plans, ``pointer.json``, ``_cdc_stats.json``,
+manifests) is rewritten without it (:func:`scrub`).  A value some kept row still holds stays.
 
 The protocol, serialized with compactions by the table lease (:class:`lake.TableLease`):
 
 1. Refuse while the live commit is not archived (its run is unfinished); roll forward (or discard)
    an earlier erase that did not finish (its journal says which).
-2. Scan every Parquet file of every location with the predicate (pyarrow.compute, no Spark).
+2. Scan every file of every location with the predicate (pyarrow.compute, no Spark); refuse files
+   it cannot filter (see above).
 3. Write the journal ``_cdc/erase/<id>.json``: each matching file and the hidden name
    (``.<name>.erase-<id>``) its filtered rewrite gets beside it.  Readers skip hidden names.
 4. Write the rewrites; when the live version holds matching rows, also a new version
@@ -24,10 +39,15 @@ The protocol, serialized with compactions by the table lease (:class:`lake.Table
 6. After it: the pointer moves to the erase version; each rewrite replaces its original (an atomic
    copy over the same name: plans, manifests and archives name files by name, and the versions they
    belong to are no longer live -- the one documented exception to "never written again"), and the
-   hidden rewrite is deleted.  Re-running the erase redoes whatever a crash left undone.
-7. The audit record ``_cdc/erase/<id>.audit.json`` (who, when, predicate, rows removed per location,
-   files rewritten -- never a row's values), then :func:`verify` re-reads every file and proves that
-   nothing matches.
+   hidden rewrite is deleted; the emptied partitions are dropped (metastore first, then their
+   directories) and the records naming them rewritten -- commit records included, the same documented
+   exception.  Re-running the erase redoes whatever a crash left undone.
+7. The audit record ``_cdc/erase/<id>.audit.json`` (who, when, the predicate with its literals replaced
+   by ``?`` and its SHA-256, rows removed per location, files rewritten -- never a row's values), then
+   :func:`verify` re-reads every file and proves that nothing matches: decoded Parquet rows, and every
+   path name, record and other file for the erased partition values and the predicate's identifying
+   literals (:func:`identifying_literals`).  The journal keeps the predicate (and the dropped values)
+   until the erase finished; it is deleted then.
 
 Keyless tables: the predicate also matches an event's before-image, and a version's watermark
 (its tombstones file) is never rewritten.
