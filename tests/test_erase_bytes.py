@@ -109,28 +109,41 @@ def _committed_lake(root: Path) -> Lake:
     return lake
 
 
-def test_parquet_named_json_and_hidden_or_nested_landing_files_are_erased(tmp_path: Path) -> None:
-    """A sink's Parquet named ``events.json`` is data to the plan (its rule looks at no suffix): the erase
-    must filter it too, or the next compaction brings the erased row back. Hidden and nested landed
-    files hold rows as well, though no plan takes them yet."""
+def _erase_landed(tmp_path: Path, landed: dict[str, list[dict[str, Any]]]) -> None:
+    """Write the files, erase WHERE, and check each file keeps exactly its other rows, and no byte of MARK remains."""
     lake = _committed_lake(tmp_path / "lake")
-    inc = posixpath.join(lake.layout.incremental, "increment_2026112201")
-    landed = {
-        posixpath.join(inc, "events.json"): rows((2, MARK, "c", 2), (3, "Bob", "c", 2)),
-        posixpath.join(inc, ".hidden.parquet"): rows((4, MARK, "c", 2)),
-        posixpath.join(inc, "nested", "deeper", "part-0"): rows((5, MARK, "c", 2), (6, "Carol", "c", 2)),
-        posixpath.join(lake.layout.archive, "c00000001", "increment_2026112200", "events.json"): rows(
-            (7, MARK, "c", 1)
-        ),
-    }
-    for path, content in landed.items():
-        write(path, content)
+    for rel, content in landed.items():
+        write(posixpath.join(lake.layout.root, rel), content)
 
     erase(lake.cfg, WHERE, actor="test")
 
-    for path, content in landed.items():
-        assert pq.ParquetFile(path).read().to_pylist() == [r for r in content if r["full_name"] != MARK], path
+    for rel, content in landed.items():
+        kept = pq.ParquetFile(posixpath.join(lake.layout.root, rel)).read().to_pylist()
+        assert kept == [r for r in content if r["full_name"] != MARK], rel
     assert search(tmp_path / "lake", MARK) == []
+
+
+def test_parquet_named_events_json_is_erased(tmp_path: Path) -> None:
+    """A sink's Parquet named ``events.json`` is data to the plan (its rule looks at no suffix): the erase
+    must filter it too -- pending and archived -- or the next compaction brings the erased row back."""
+    _erase_landed(
+        tmp_path,
+        {
+            "incremental/increment_2026112201/events.json": rows((2, MARK, "c", 2), (3, "Bob", "c", 2)),
+            "archive/c00000001/increment_2026112200/events.json": rows((7, MARK, "c", 1)),
+        },
+    )
+
+
+def test_hidden_and_nested_landing_files_are_erased(tmp_path: Path) -> None:
+    """Hidden (a writer's temporary) and nested landed files hold rows too, though no plan takes them yet."""
+    _erase_landed(
+        tmp_path,
+        {
+            "incremental/increment_2026112201/.hidden.parquet": rows((4, MARK, "c", 2)),
+            "incremental/increment_2026112201/nested/deeper/part-0": rows((5, MARK, "c", 2), (6, "Carol", "c", 2)),
+        },
+    )
 
 
 def test_a_rebuild_replay_left_behind_is_erased_and_verified(tmp_path: Path) -> None:
@@ -165,6 +178,84 @@ def test_a_file_erase_cannot_read_is_refused_by_name(tmp_path: Path) -> None:
     assert pq.ParquetFile(pending).read().num_rows == 1
     found = verify(lake, parse_predicate(lake.cfg, WHERE))
     assert str(stray) in found["unhandled"] and str(stray) in found["naming"]
+
+
+@pytest.mark.metastore
+def test_a_partition_value_whose_rows_are_all_erased_vanishes(tmp_path: Path, endpoint: Any) -> None:
+    """Identity-partitioned on the erased column: its ``_cdc_partition=<value>`` directories (data and key
+    index, live and kept versions) go, and so does every record naming it (commit records, plans, the
+    pointer, stats); the values that keep rows stay.  A value only stale records name goes too."""
+    import json
+
+    cfg = parse_table(
+        student_doc(
+            tmp_path / "lake",
+            f"pp_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**8}",
+            partition_by={"column": "full_name", "transform": "identity"},
+        )
+    )
+    lake = Lake(cfg)
+    v1, v2 = "v00000001-plan1-a", "v00000002-plan2-a"
+
+    def pdir(version: str, value: str, kind: str = "data") -> str:
+        return posixpath.join(lake.layout.version_dir(version), kind, f"_cdc_partition={value}")
+
+    content = {
+        pdir(v1, "Alice"): rows((1, "Alice", "c", 1)),
+        pdir(v1, MARK): rows((2, MARK, "c", 1)),
+        pdir(v2, MARK): rows((2, MARK, "u", 2), (4, MARK, "c", 2)),
+        pdir(v2, "Bob"): rows((3, "Bob", "c", 2)),
+    }
+    for d, r in content.items():
+        write(posixpath.join(d, "part-0.parquet"), r)
+    keys = pa.schema([("id", pa.int32())])
+    for version, value, ids in ((v1, "Alice", [1]), (v1, MARK, [2]), (v2, MARK, [2, 4]), (v2, "Bob", [3])):
+        write(posixpath.join(pdir(version, value, "index"), "part-0.parquet"), [{"id": i} for i in ids], keys)
+    maps = {
+        1: {"Alice": pdir(v1, "Alice"), MARK: pdir(v1, MARK)},
+        2: {"Alice": pdir(v1, "Alice"), MARK: pdir(v2, MARK), "Bob": pdir(v2, "Bob")},
+    }
+    for seq, version in ((1, v1), (2, v2)):
+        os.makedirs(lake.layout.tombstones_dir(version) or "", exist_ok=True)
+        stats = {
+            "output_rows": 3,
+            "output_visible_rows": 3,
+            "partitions": maps[seq],
+            "partition_rows": dict.fromkeys(maps[seq], 1),
+            "partitions_touched": sorted(maps[seq]),
+            "output_files": [{"name": f"data/_cdc_partition={v}/part-0.parquet", "size": 1} for v in maps[seq]],
+        }
+        Path(lake.layout.version_dir(version), "_cdc_stats.json").write_text(json.dumps(stats))
+        commit = Commit(
+            seq, version, f"plan{seq}", f"run{seq}", seq - 1, [], [f"increment_202611220{seq}"], stats,
+            partitions=maps[seq], partition_rows=dict.fromkeys(maps[seq], 1),
+            index={v: d.replace("/data/", "/index/") for v, d in maps[seq].items()},
+        )  # fmt: skip
+        assert lake.try_commit(commit)
+        lake.advance_pointer(commit)
+        lake.storage.write_text(lake.layout.archived_marker(seq), "")
+        plan = {"plan_id": f"plan{seq}", "base_partitions": maps.get(seq - 1, {})}
+        lake.storage.write_text(lake.layout.plan_path(f"plan{seq}"), json.dumps(plan))
+    assert search(tmp_path / "lake", MARK)
+
+    erase(cfg, WHERE, actor="test", metastore=endpoint)
+
+    assert search(tmp_path / "lake", MARK) == []
+    for value in ("Alice", "Bob"):  # they keep rows: their directories and names stay
+        assert Path(maps[2][value], "part-0.parquet").exists()
+    assert not Path(pdir(v1, MARK)).exists() and not Path(pdir(v2, MARK, "index")).exists()
+    live = lake.latest_commit()
+    assert live.seq == 3 and sorted(live.partitions or {}) == ["Alice", "Bob"]
+    first = lake.read_commit(1)
+    assert first is not None and first.partitions == {"Alice": pdir(v1, "Alice")} and first.seq == 1
+    assert sorted(json.loads(Path(lake.layout.pointer).read_text())["partitions"]) == ["Alice", "Bob"]
+
+    # A record naming the value with nothing left to erase (its directories are gone): it goes too.
+    stale = lake.layout.plan_path("plan0")
+    lake.storage.write_text(stale, json.dumps({"plan_id": "plan0", "base_partitions": {MARK: "/gone", "Bob": "/b"}}))
+    erase(cfg, WHERE, actor="test", metastore=endpoint)
+    assert search(tmp_path / "lake", MARK) == []
+    assert json.loads(Path(stale).read_text()) == {"plan_id": "plan0", "base_partitions": {"Bob": "/b"}}
 
 
 # ------------------------------------------------------------------------- with real compactions

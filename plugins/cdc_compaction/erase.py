@@ -580,7 +580,12 @@ def scrub(doc: Any, values: frozenset[str]) -> Any:
 
 
 def identifying_literals(text: str) -> frozenset[str]:
-    """The string literals whose rows the predicate erases whatever else they hold.
+    """The string literals whose rows the predicate erases whatever else they hold (see :func:`identifying`)."""
+    return frozenset(lit for _, lit in identifying(text))
+
+
+def identifying(text: str) -> frozenset[tuple[str, str]]:
+    """(column, string literal) pairs whose rows the predicate erases whatever else they hold.
 
     ``name = 'x'`` and ``name IN ('x', ...)`` as the predicate or as one of its top-level OR terms:
     every row with that value is erased, so the value must not remain anywhere (a partition
@@ -594,7 +599,7 @@ def identifying_literals(text: str) -> frozenset[str]:
         tree = sqlglot.parse_one(text, read="hive")
     except sqlglot.errors.ParseError:
         return frozenset()
-    out: set[str] = set()
+    out: set[tuple[str, str]] = set()
 
     def strings(nodes: list[Any]) -> list[str]:
         return [n.this for n in nodes if isinstance(n, exp.Literal) and n.is_string]
@@ -606,10 +611,11 @@ def identifying_literals(text: str) -> frozenset[str]:
             visit(node.this)
             visit(node.expression)
         elif isinstance(node, exp.EQ):
-            if isinstance(node.this, exp.Column) or isinstance(node.expression, exp.Column):
-                out.update(strings([node.this, node.expression]))
+            col = next((n for n in (node.this, node.expression) if isinstance(n, exp.Column)), None)
+            if col is not None:
+                out.update((col.name.lower(), lit) for lit in strings([node.this, node.expression]))
         elif isinstance(node, exp.In) and isinstance(node.this, exp.Column) and not node.args.get("query"):
-            out.update(strings(list(node.expressions)))
+            out.update((node.this.name.lower(), lit) for lit in strings(list(node.expressions)))
 
     visit(tree)
     return frozenset(out)
@@ -819,6 +825,13 @@ def _erase(
             removed[f.location] += n
             entries.append({"location": f.location, "path": f.path, "temp": temp_name(f.path, erase_id), "rows": n})
     dropped = frozenset(v for v, n in part_erased.items() if n and not part_kept.get(v))
+    partitioning = cfg.partition_by
+    if partitioning is not None and partitioning.transform == "identity":
+        # A value the predicate names for the partition column, with no row left anywhere, must not stay
+        # in records either -- also when its directories are gone already (retention, an earlier erase).
+        dropped |= {
+            lit for col, lit in identifying(pred.text) if col == partitioning.column.lower() and not part_kept.get(lit)
+        }
     # Every directory named by such a value (data, tombstones, key index; kept versions, rebuilds) goes
     # whole: its files hold no row any more, and its name is the erased value.
     drop_dirs = sorted(
