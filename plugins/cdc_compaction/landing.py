@@ -82,9 +82,10 @@ def is_data(cfg: TableConfig, name: str) -> bool:
     Decided by name, never by suffix: a sink may land Parquet as ``events.json`` or without any
     suffix, and the plan reads it.  Not data: hidden and ``_`` names and checksums (Spark's and
     Hive's rule, :func:`~cdc_compaction.storage.is_data_file`), a writer's temporaries
-    (:func:`is_in_progress`) and the completion markers.  ``plan`` (through
-    :func:`classify_increment`), ``archive``, ``rebuild``, the quarantine's re-ingest and ``erase``
-    all decide with this function, so none of them can skip a file another one reads.
+    (:func:`is_in_progress`) and the completion markers.  ``plan`` and ``rebuild`` (through
+    :func:`classify_increment`, which ``pipeline.pending.pending_files`` lists increments with),
+    ``archive``, the quarantine's re-ingest and ``erase`` all decide with this function, so none of
+    them can skip a file another one reads.
     """
     return is_data_file(name) and not is_in_progress(name, is_dir=False) and name not in markers(cfg)
 
