@@ -422,10 +422,12 @@ def _erase(args: argparse.Namespace) -> int:
         if args.verify:
             found = erase.verify(Lake(cfg), erase.parse_predicate(cfg, args.where))
             print(json.dumps(found, indent=1, sort_keys=True))
-            if found["matching"]:
+            if found["matching"] or found["naming"] or found["unhandled"]:
                 print(
-                    f"{cfg.qualified_name}: {len(found['matching'])} files still hold rows matching {args.where!r}; "
-                    "run the erase with --yes",
+                    f"{cfg.qualified_name}: {len(found['matching'])} files still hold rows matching {args.where!r}, "
+                    f"{len(found['naming'])} paths or records still name an erased value, {len(found['unhandled'])} "
+                    "files are neither Parquet nor records of the lake; run the erase with --yes (it refuses "
+                    "while unhandled files remain: move or convert them first)",
                     file=sys.stderr,
                 )
                 return 1

@@ -945,9 +945,12 @@ def build_erase_dag(cfgs: Sequence[TableConfig]) -> DAG:
         def erase_rows(params: Any = None) -> dict[str, Any]:
             """Erase the matching rows everywhere, verify nothing matches; return the audit record."""
             from cdc_compaction.erase import erase
+            from cdc_compaction.settings import metastore_from_airflow
 
             cfg, where, actor = _erase_request(by_name, params)
-            return erase(cfg, where, actor=actor)
+            # Partitioned tables: a partition whose every row is erased is dropped from the metastore too.
+            metastore = metastore_from_airflow(settings.METASTORE_CONN_ID) if cfg.partition_by is not None else None
+            return erase(cfg, where, actor=actor, metastore=metastore)
 
         check = PythonOperator(
             task_id=ERASE_VALIDATE_TASK_ID,
