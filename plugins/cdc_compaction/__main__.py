@@ -362,10 +362,21 @@ def _table(args: argparse.Namespace) -> Any:
 
 def _status(args: argparse.Namespace) -> int:
     """One line (or a JSON object) per table: where it stands, read from its lake and Airflow."""
-    from cdc_compaction.registry import load_registry
-    from cdc_compaction.status import statuses, to_json
+    from datetime import UTC, datetime
+
+    from cdc_compaction.registry import load_registry, registry_files
+    from cdc_compaction.status import read_airflow, registry_error_status, table_status, to_json
 
     directory = Path(args.registry_dir or settings.registry_dir())
+    if not directory.is_dir() or not registry_files(directory):
+        # Nothing to show is not a healthy "all fine": say where it looked and how to point it elsewhere.
+        where = "does not exist" if not directory.exists() else "holds no registry files (*.yaml)"
+        print(
+            f"status: the registry directory {directory.resolve()} {where}; point at your registry with "
+            "--registry-dir DIR or $CDC_REGISTRY_DIR (default: include/registry of the project)",
+            file=sys.stderr,
+        )
+        return 2
     entries = load_registry(directory)
     wanted = set(args.tables)
     configs = [e.config for e in entries if e.error is None and (not wanted or e.config.qualified_name in wanted)]
@@ -378,14 +389,20 @@ def _status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    result = statuses(configs)
+    now = datetime.now(UTC)
+    view = read_airflow()
+    result = [table_status(c, now, airflow=view) for c in configs if c is not None]
+    bad = [registry_error_status(e, view) for e in broken]
     if args.json:
-        print(to_json(result))
+        print(to_json(result + bad))
     else:
         for st in result:
             print(st.line())
-        for e in broken:
-            print(f"{e.path.name:<28} ERROR invalid registry entry: {e.error} (fix the file; `registry validate`)")
+        for st in bad:
+            print(
+                f"{st.table:<28} ERROR {st.error} (fix the file; `registry validate`)  "
+                f"last run {st.last_run_text}  {st.paused_text}"
+            )
     return 1 if broken or any(st.error for st in result) else 0
 
 
