@@ -317,6 +317,19 @@ def base_asset(cfg: TableConfig) -> Asset:
     )
 
 
+def human_duration(d: timedelta) -> str:
+    """``7 days``, ``1 day 12 hours``, ``90 minutes`` -> ``1 hour 30 minutes``: for people, not ``7 days, 0:00:00``."""
+    seconds = int(d.total_seconds())
+    if seconds <= 0:
+        return "0 seconds"
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        n, seconds = divmod(seconds, size)
+        if n:
+            parts.append(f"{n} {unit}{'s' if n != 1 else ''}")
+    return " ".join(parts)
+
+
 def doc_md(cfg: TableConfig) -> str:
     """The DAG's documentation, generated from its registry entry."""
     from cdc_compaction.lake import Layout
@@ -338,12 +351,13 @@ def doc_md(cfg: TableConfig) -> str:
         *rows,
         "",
         *mode.doc_lines(cfg),
-        f"* **Tables:** {names['base_table']}, {names['incremental_table']}, {names['compactor_table']}",
+        f"* **Tables:** {names['base_table']}, {names['tombstones_table']} (deleted keys, kept for "
+        f"{human_duration(cfg.tombstone_retention)}), {names['incremental_table']}, {names['compactor_table']}",
         f"* **Views:** {names['view_name']} (current state), {names['rejects_view']} (refused pending events)",
         f"* **Landing area:** `{lay.incremental}/{cfg.increments.prefix}<{cfg.increments.time_format}>/`",
         f"* **Base versions:** `{lay.base}`; live version named in `{lay.pointer}`",
         f"* **Archive:** `{lay.archive}`; **quarantine:** `{lay.quarantine}`",
-        f"* **Tombstones kept for:** {cfg.tombstone_retention}; **versions kept:** {cfg.keep_versions}",
+        f"* **Tombstones kept for:** {human_duration(cfg.tombstone_retention)}; **versions kept:** {cfg.keep_versions}",
         "",
         "Every task is idempotent: after fixing a failure, clear the failed task.",
     ]
