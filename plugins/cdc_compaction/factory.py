@@ -83,6 +83,30 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
 
             raise AirflowFailException(problem) from exc
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The planned increments in, the new version out (:func:`cdc_compaction.lineage.compact_lineage`)."""
+        return _compact_lineage(plan_arg(self.application_args), self.storage_conn_id, self.name or self.task_id)
+
+
+def _compact_lineage(plan_path: str | None, storage_conn_id: str, table: str) -> Any:
+    """The compact task's OpenLineage facets (never raises), asked by the provider only when it is on."""
+    from cdc_compaction.lineage import compact_lineage_of
+
+    return compact_lineage_of(plan_path, storage_conn_id, table)
+
+
+class CompactPythonOperator(PythonOperator):
+    """The ``compact`` task of ``spark.engine: spark_connect``, with its OpenLineage facets (plan in, version out)."""
+
+    def __init__(self, *, table: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.table = table
+        self.storage_conn_id = storage_conn_id
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        plan_path = (self.op_kwargs or {}).get("plan_path")
+        return _compact_lineage(str(plan_path) if plan_path else None, self.storage_conn_id, self.table)
+
 
 def plan_arg(args: Sequence[Any] | None) -> str | None:
     """The plan path of the job's arguments (the value after ``--plan``)."""
@@ -246,6 +270,10 @@ def _emr_step_sensor() -> type:
                 from airflow.sdk.exceptions import AirflowFailException
 
                 raise AirflowFailException(problem) from exc
+
+        def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+            """The planned increments in, the new version out (:func:`cdc_compaction.lineage.compact_lineage`)."""
+            return _compact_lineage(self.plan_path, self.storage_conn_id, self.task_id)
 
     return RegistryEmrStepSensor
 
@@ -497,8 +525,10 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         return compact_submit, compact
     if cfg.spark.engine == "spark_connect":
         # op_kwargs is templated: it holds only the plan-path XCom written here (registry values stay data).
-        compact = PythonOperator(
+        compact = CompactPythonOperator(
             task_id="compact",
+            table=cfg.qualified_name,
+            storage_conn_id=cfg.storage_conn_id,
             python_callable=skip_if_disabled(cfg, connect_compact_step(cfg)),
             op_kwargs={"plan_path": PLAN_XCOM},
             doc_md="Run the compaction job in this task against the Spark Connect server (registry spark.conn_id): "

@@ -286,6 +286,13 @@ def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
     dependency = readable_dags or airflow_readable_dags
     app = FastAPI(title="CDC tables", docs_url=None, redoc_url=None, openapi_url=None)
 
+    @app.get("/openlineage/CdcCompactionRunFacet.json")
+    def run_facet_schema() -> Any:
+        """The JSON schema the OpenLineage run facet names as its ``_schemaURL`` (public: it is a spec)."""
+        from cdc_compaction.lineage import RUN_FACET_SCHEMA
+
+        return RUN_FACET_SCHEMA
+
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request, allowed: Any = Depends(dependency)) -> Any:  # noqa: B008
         if not request.url.path.endswith("/"):
