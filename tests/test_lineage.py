@@ -388,8 +388,8 @@ def test_the_compact_task_reports_the_planned_increments_in_and_the_new_version_
     stats = inputs[("file", inc[0])]["inputFacets"]["inputStatistics"]
     assert (stats["rowCount"], stats["size"], stats["fileCount"]) == (5, 150, 2)
     assert columns_of(inputs[("file", inc[1])]["facets"]["schema"])[:2] == [
-        ("id", "int", 0),
-        ("full_name", "string", 1),
+        ("id", "int", 1),
+        ("full_name", "string", 2),
     ]
     ((out),) = [as_json(o) for o in got.outputs]
     assert (out["namespace"], out["name"]) == ("file", plan["output_location"])
