@@ -56,9 +56,10 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = ("application_args",)
     template_ext: Sequence[str] = ()
 
-    def __init__(self, *, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+    def __init__(self, *, storage_conn_id: str = "aws_default", table: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.storage_conn_id = storage_conn_id
+        self.table = table
 
     def _get_hook(self) -> Any:
         # Every path that builds the hook goes through here: execute, the provider's resumable
@@ -85,7 +86,7 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The planned increments in, the new version out (:func:`cdc_compaction.lineage.compact_lineage`)."""
-        return _compact_lineage(plan_arg(self.application_args), self.storage_conn_id, self.name or self.task_id)
+        return _compact_lineage(plan_arg(self.application_args), self.storage_conn_id, self.table or self.task_id)
 
 
 def _compact_lineage(plan_path: str | None, storage_conn_id: str, table: str) -> Any:
@@ -203,10 +204,13 @@ def _emr_add_steps_operator() -> type:
         template_fields: Sequence[str] = ("plan_path",)
         template_ext: Sequence[str] = ()
 
-        def __init__(self, *, plan_path: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        def __init__(
+            self, *, plan_path: str, storage_conn_id: str = "aws_default", table: str = "", **kwargs: Any
+        ) -> None:
             super().__init__(**kwargs)
             self.plan_path = plan_path
             self.storage_conn_id = storage_conn_id
+            self.table = table
 
         def steps_with_plan(self) -> list[dict[str, Any]]:
             """The steps as submitted: the (rendered) plan path after ``--plan``, the job package's URI
@@ -255,10 +259,13 @@ def _emr_step_sensor() -> type:
         template_fields: Sequence[str] = ("step_id", "plan_path")
         template_ext: Sequence[str] = ()
 
-        def __init__(self, *, plan_path: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        def __init__(
+            self, *, plan_path: str, storage_conn_id: str = "aws_default", table: str = "", **kwargs: Any
+        ) -> None:
             super().__init__(**kwargs)
             self.plan_path = plan_path
             self.storage_conn_id = storage_conn_id
+            self.table = table
 
         def poke(self, context: Any) -> bool:
             try:
@@ -273,7 +280,7 @@ def _emr_step_sensor() -> type:
 
         def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
             """The planned increments in, the new version out (:func:`cdc_compaction.lineage.compact_lineage`)."""
-            return _compact_lineage(self.plan_path, self.storage_conn_id, self.task_id)
+            return _compact_lineage(self.plan_path, self.storage_conn_id, self.table or self.task_id)
 
     return RegistryEmrStepSensor
 
@@ -517,6 +524,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
             step_id="{{ ti.xcom_pull(task_ids='compact_submit')[0] }}",
             plan_path=PLAN_XCOM,
             storage_conn_id=cfg.storage_conn_id,
+            table=cfg.qualified_name,
             aws_conn_id=emr.aws_conn_id,
             mode="reschedule",
             doc_md="Wait for the EMR step; a failed step fails this task (the version is not published).",
@@ -540,6 +548,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         application=str(settings.SPARK_JOBS_DIR / "compact.py"),
         application_args=["--plan", PLAN_XCOM],
         storage_conn_id=cfg.storage_conn_id,
+        table=cfg.qualified_name,
         conn_id=cfg.spark.conn_id,
         conf=compaction_conf(cfg),
         jars=",".join(cfg.spark.jars) or None,
