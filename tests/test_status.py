@@ -197,3 +197,28 @@ def test_a_failing_table_and_a_broken_file_show_their_failed_runs(failed_runs: t
     run = doc["last_run"]
     assert (run["state"], run["failed_task"], run["try_number"]) == ("failed", FAILING["first_task"], 1), doc
     assert run["run_id"].startswith("manual__") and doc["paused"] is False and doc["next_run"], doc
+
+
+def test_pause_without_an_airflow_home_refuses_and_creates_nothing(tmp_path: Path) -> None:
+    """No AIRFLOW_HOME (and no ~/airflow): pause would write a new ~/airflow/airflow.db and pause nothing real."""
+    registry = tmp_path / "registry"
+    build_sample_lake(tmp_path / "lake", registry)
+    home = tmp_path / "home"  # HOME: Airflow's default home is ~/airflow
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    run = {"capture_output": True, "text": True, "check": False}
+    cmd = [sys.executable, "-m", "cdc_compaction", "pause", SAMPLE["table"]]
+    base_env = {**env, "HOME": str(home), "PYTHONPATH": str(PROJECT_ROOT / "plugins")}
+    proc = subprocess.run(cmd, env=base_env, **run)  # type: ignore[call-overload]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "AIRFLOW_HOME" in proc.stderr and str(home / "airflow" / "airflow.cfg") in proc.stderr, proc.stderr
+    assert "nothing was changed" in proc.stderr
+    assert not (home / "airflow").exists(), "pause created an Airflow home"
+
+    # A home whose metadata DB was never initialised (`airflow db migrate`): refused too, and left as it was.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "airflow.cfg").write_text(f"[database]\nsql_alchemy_conn = sqlite:///{bare}/airflow.db\n")
+    proc = subprocess.run(cmd, env={**base_env, "AIRFLOW_HOME": str(bare)}, **run)  # type: ignore[call-overload]
+    assert proc.returncode == 1 and "airflow db migrate" in proc.stderr, proc.stdout + proc.stderr
+    assert sorted(p.name for p in bare.iterdir()) == ["airflow.cfg"], "pause created a database"

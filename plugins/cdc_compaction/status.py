@@ -431,7 +431,7 @@ def _iso(value: Any) -> str:
     return t.astimezone(UTC).isoformat() if t is not None else str(value)
 
 
-def _metadata_rows(conn: str, query: str) -> list[tuple[Any, ...]] | None:
+def read_metadata(conn: str, query: str) -> list[tuple[Any, ...]] | None:
     """Rows of ``query`` on the metadata DB; None when it is not there (a missing SQLite file is not created)."""
     if conn.startswith("sqlite:///"):
         path = conn.removeprefix("sqlite:///")
@@ -452,7 +452,7 @@ def read_airflow(conn: str | None = None, log_folder: str | None = None) -> Airf
     """
     conn = metadata_conn() if conn is None else conn
     try:
-        dags = _metadata_rows(conn, "SELECT dag_id, is_paused FROM dag")
+        dags = read_metadata(conn, "SELECT dag_id, is_paused FROM dag")
     except (sqlite3.Error, CdcCompactionError, OSError) as exc:
         log.info("Airflow's metadata database is not reachable (%s): paused flags and runs are unknown", exc)
         return None
@@ -461,9 +461,9 @@ def read_airflow(conn: str | None = None, log_folder: str | None = None) -> Airf
     view = AirflowView(paused={str(d): bool(p) for d, p in dags})
     try:
         # Apart from the paused flags: a database without these (another Airflow version) still gives those.
-        next_runs = _metadata_rows(conn, "SELECT dag_id, next_dagrun_create_after FROM dag") or []
-        runs = _metadata_rows(conn, _RUNS_QUERY) or []
-        failed = _metadata_rows(conn, _FAILED_TASKS_QUERY) or []
+        next_runs = read_metadata(conn, "SELECT dag_id, next_dagrun_create_after FROM dag") or []
+        runs = read_metadata(conn, _RUNS_QUERY) or []
+        failed = read_metadata(conn, _FAILED_TASKS_QUERY) or []
     except (sqlite3.Error, CdcCompactionError, OSError) as exc:
         log.info("Airflow's metadata database has no runs to read (%s): last and next runs are unknown", exc)
         return view
