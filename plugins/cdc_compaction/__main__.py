@@ -241,21 +241,32 @@ def _connect(args: argparse.Namespace) -> int:
 def _airflow_ui(args: argparse.Namespace) -> int:
     """Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 with this project's DAGs.
 
-    Ctrl-C (or SIGTERM) stops everything this command started and nothing else: Airflow's whole
-    process tree, and the metastore if it was not running already.
+    The metadata DB is PostgreSQL (SQLite takes one writer at a time: REST triggers failed with
+    "Database error" next to the scheduler): the local server of the tests
+    (:class:`~cdc_compaction.local_services.LocalPostgres`, started here if needed) or the
+    database ``--sql-alchemy-conn`` names.  The scheduler starts only once the api-server answers
+    (its tasks call the api-server's execution API).  No log server listens: the scheduler and
+    triggerer run with ``--skip-serve-logs`` (Airflow binds it to every interface) and the
+    api-server reads the task logs from their files on this machine.  Ctrl-C (or SIGTERM) stops
+    every process this command started, by process group, within :data:`STOP_WITHIN_S`; the
+    metastore and PostgreSQL too if it started them.
     """
+    import secrets
     import signal
     import subprocess
+    import time
 
-    from cdc_compaction.devenv import airflow_env, connect_server, ensure_airflow_db
+    from cdc_compaction.devenv import airflow_env, connect_server, ensure_airflow_db, wait_until_answers
     from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.local_services import LocalMetastore, port_open, stop_process_tree
+    from cdc_compaction.local_services import LocalMetastore, LocalPostgres, port_open, stop_groups
 
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started: LocalMetastore | None = None
     started_connect: Any = None
-    airflow: subprocess.Popen[bytes] | None = None
+    started_pg: LocalPostgres | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    home = Path(args.airflow_home)
     try:
         if args.metastore:
             uri = args.metastore
@@ -272,21 +283,60 @@ def _airflow_ui(args: argparse.Namespace) -> int:
             if not (server.pid() is not None and port_open(server.host, server.port)):
                 started_connect = server
             server.start()
-        env = airflow_env(Path(args.airflow_home), uri)
-        env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(args.port)})
+        conn = args.sql_alchemy_conn
+        if not conn:
+            pg = LocalPostgres(home / "postgres", port=args.postgres_port)
+            if not (pg.pid() is not None and port_open(pg.host, pg.port)):
+                started_pg = pg
+            pg.start()
+            conn = _ui_database(pg)
+        env = airflow_env(home, uri, sql_alchemy_conn=conn)
+        base = f"http://127.0.0.1:{args.port}"
+        env.update(
+            {
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__PORT": str(args.port),
+                "AIRFLOW__API__BASE_URL": base,
+                # Tasks report to the api-server of this port, not Airflow's default localhost:8080.
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
+                # One secret for every component: the api-server's tokens are checked by the others.
+                "AIRFLOW__API_AUTH__JWT_SECRET": env.get("AIRFLOW__API_AUTH__JWT_SECRET") or secrets.token_hex(32),
+                "AIRFLOW__API__SECRET_KEY": env.get("AIRFLOW__API__SECRET_KEY") or secrets.token_hex(16),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS")
+                or "admin:admin",
+            }
+        )
         # One API worker is plenty for one developer (Airflow's default of 4 costs a core's worth of start-up).
         env.setdefault("AIRFLOW__API__WORKERS", "1")
+        # The LocalExecutor forks this many workers up front (Airflow's default, 32, is for a server).
+        env.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
         ensure_airflow_db(env)
-        print(
-            f"Airflow UI on http://127.0.0.1:{args.port} (login printed below by 'airflow standalone'); Ctrl-C stops",
-            flush=True,
-        )
-        # A session of its own: Ctrl-C reaches this process only, which then stops Airflow's tree in order
-        # (stop_process_tree) instead of every component getting the signal at once and racing its parent.
-        airflow = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"], env=env, start_new_session=True
-        )
-        return airflow.wait()
+        airflow = str(Path(sys.executable).parent / "airflow")
+        logs = home / "components"
+        logs.mkdir(parents=True, exist_ok=True)
+
+        def start(*cmd: str) -> subprocess.Popen[bytes]:
+            # A process group of its own: a terminal's Ctrl-C reaches this command only, which stops the
+            # groups itself (stop_groups), instead of every component racing its own shutdown.
+            with (logs / f"{cmd[0]}.log").open("ab") as out:
+                proc = subprocess.Popen(
+                    [airflow, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            procs.append(proc)
+            return proc
+
+        api = start("api-server", "--host", "127.0.0.1", "--port", str(args.port))
+        print(f"starting the api-server on {base} (logs in {logs}) ...", flush=True)
+        wait_until_answers(f"{base}/api/v2/monitor/health", api, timeout_s=args.start_timeout)
+        for cmd in (["scheduler", "--skip-serve-logs"], ["dag-processor"], ["triggerer", "--skip-serve-logs"]):
+            start(*cmd)
+        passwords = home / "simple_auth_manager_passwords.json.generated"
+        print(f"Airflow UI on {base}: user admin, password in {passwords}; Ctrl-C stops it", flush=True)
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+        dead = next(p for p in procs if p.poll() is not None)
+        print(f"{' '.join(map(str, dead.args[1:2]))} exited ({dead.returncode}); see {logs}", file=sys.stderr)
+        return 1
     except CdcCompactionError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -295,13 +345,27 @@ def _airflow_ui(args: argparse.Namespace) -> int:
     finally:
         # A second Ctrl-C must not cut the shutdown short and leave processes behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if airflow is not None:
+        if procs:
             print("stopping Airflow ...", flush=True)
-            stop_process_tree(airflow)
+            stop_groups(procs)
         if started_connect is not None:
             started_connect.stop()
+        if started_pg is not None:
+            started_pg.stop()
         if started is not None:
             started.stop()
+
+
+def _ui_database(pg: Any) -> str:
+    """The ``airflow_ui`` database of the local PostgreSQL (created the first time): its SQLAlchemy URL."""
+    conn = pg.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = 'airflow_ui'")
+            exists = cur.fetchone() is not None
+    finally:
+        conn.close()
+    return pg.url_for("airflow_ui") if exists else pg.create_database("airflow_ui")
 
 
 def _serve_sql(args: argparse.Namespace) -> int:
@@ -801,6 +865,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ui.add_argument("--metastore-port", type=int, default=9083, help="the local metastore's port (default 9083)")
     ui.add_argument("--airflow-home", default=str(settings.PROJECT_ROOT / ".airflow"), help="AIRFLOW_HOME")
+    ui.add_argument(
+        "--sql-alchemy-conn",
+        help="a PostgreSQL database for Airflow's metadata (postgresql+psycopg2://...; default: the local "
+        "PostgreSQL under AIRFLOW_HOME/postgres, started if needed)",
+    )
+    ui.add_argument("--postgres-port", type=int, default=54329, help="the local PostgreSQL's port (default 54329)")
+    ui.add_argument(
+        "--start-timeout", type=float, default=300.0, help="seconds to wait for the api-server to answer (default 300)"
+    )
     ui.add_argument(
         "--no-connect",
         dest="connect",
