@@ -311,6 +311,7 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         # The LocalExecutor forks this many workers up front (Airflow's default, 32, is for a server).
         env.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
         ensure_airflow_db(env)
+        _record_conn(home, conn)
         airflow = str(Path(sys.executable).parent / "airflow")
         logs = home / "components"
         logs.mkdir(parents=True, exist_ok=True)
@@ -354,6 +355,34 @@ def _airflow_ui(args: argparse.Namespace) -> int:
             started_pg.stop()
         if started is not None:
             started.stop()
+
+
+def _record_conn(home: Path, conn: str) -> None:
+    """Write the metadata DB into ``home/airflow.cfg``: shells with ``AIRFLOW_HOME=home`` (``status``,
+    ``pause``, ``airflow dags list``) then use it, not the SQLite default Airflow wrote there.
+
+    Only the ``[database] sql_alchemy_conn`` line changes (the file's comments stay).
+    """
+    import re
+
+    cfg = home / "airflow.cfg"
+    try:
+        text = cfg.read_text()
+    except OSError:
+        text = ""
+    section = re.search(r"^\[database\]\s*$", text, flags=re.M)
+    if section is None:
+        cfg.write_text(text + f"\n[database]\nsql_alchemy_conn = {conn}\n")
+        return
+    head, body = text[: section.end()], text[section.end() :]
+    line = re.compile(r"^sql_alchemy_conn\s*=.*$", flags=re.M)
+    nxt = re.search(r"^\[", body, flags=re.M)
+    own = body[: nxt.start()] if nxt else body
+    if line.search(own):
+        own = line.sub(lambda m: f"sql_alchemy_conn = {conn}", own, count=1)
+    else:
+        own = f"\nsql_alchemy_conn = {conn}" + own
+    cfg.write_text(head + own + (body[nxt.start() :] if nxt else ""))
 
 
 def _ui_database(pg: Any) -> str:

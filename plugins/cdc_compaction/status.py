@@ -351,7 +351,8 @@ def metadata_conn() -> str:
 
     ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; else ``[database] sql_alchemy_conn`` of
     ``$AIRFLOW_HOME/airflow.cfg`` (``~/airflow``), or that home's SQLite default; else the
-    embedded default's ``.airflow/airflow.db`` (``make airflow-ui``); else "" (unknown).
+    embedded default's ``.airflow/airflow.cfg`` (``make airflow-ui`` writes its PostgreSQL
+    database there) or ``.airflow/airflow.db``; else "" (unknown).
     Importing Airflow's configuration would write an ``airflow.cfg`` where none is: a
     read-only command must not.
     """
@@ -368,8 +369,17 @@ def metadata_conn() -> str:
             log.info("%s is unreadable (%s): paused flags are unknown", cfg_file, exc)
             return ""
         return parser.get("database", "sql_alchemy_conn", fallback="") or f"sqlite:///{home}/airflow.db"
-    local = settings.PROJECT_ROOT / ".airflow" / "airflow.db"
-    return f"sqlite:///{local}" if local.exists() else ""
+    local = settings.PROJECT_ROOT / ".airflow"
+    if (local / "airflow.cfg").exists():  # make airflow-ui writes its PostgreSQL database there
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(local / "airflow.cfg")
+            conn = parser.get("database", "sql_alchemy_conn", fallback="")
+        except configparser.Error as exc:
+            log.info("%s is unreadable (%s)", local / "airflow.cfg", exc)
+        if conn:
+            return conn
+    return f"sqlite:///{local / 'airflow.db'}" if (local / "airflow.db").exists() else ""
 
 
 def airflow_paused(conn: str | None = None) -> dict[str, bool] | None:

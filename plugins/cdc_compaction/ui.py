@@ -110,7 +110,7 @@ def render_index(
         dag_link = _dag_link(st.dag_id)
         if st.error:
             rows.append(
-                f'<tr data-table="{name}"><td>{table_link}</td><td colspan="6" class="err">'
+                f'<tr data-table="{name}"><td>{table_link}</td><td colspan="5" class="err">'
                 f'{html.escape(st.error)}</td>{_run_cells(st)}<td class="paused">{st.paused_text}</td>'
                 f"<td>{dag_link}</td></tr>"
             )
@@ -134,14 +134,14 @@ def render_index(
         rows.append(
             f'<tr data-registry-file="{html.escape(entry.path.name)}" class="registry-error">'
             f"<td>{html.escape(entry.path.name)}</td>"
-            f'<td colspan="6" class="err">invalid registry entry {html.escape(str(entry.path))}: '
+            f'<td colspan="5" class="err">invalid registry entry {html.escape(str(entry.path))}: '
             f"{html.escape(problems)} (fix the file; `python -m cdc_compaction registry validate` checks it)</td>"
             f'{_run_cells(st)}<td class="paused">{st.paused_text}</td><td>{_dag_link(entry.dag_id)}</td></tr>'
         )
     body = (
         "<h1>CDC tables</h1>"
         f'<p class="muted">{len(items)} tables'
-        + (f", {len(broken)} invalid registry files" if broken else "")
+        + (f", {len(broken)} invalid registry file{'s' if len(broken) != 1 else ''}" if broken else "")
         + f", as of {now.strftime('%Y-%m-%d %H:%M:%S')} UTC. Freshness: now minus "
         "the newest source event time compacted (against the table's SLO when it has one).</p>"
         '<table id="cdc-tables"><thead><tr><th>table</th><th>freshness</th><th>last commit</th>'
