@@ -255,3 +255,18 @@ def test_the_erase_dag_fails_at_once_on_a_refused_request(tmp_path: Any, change:
     assert dag.get_task("validate_predicate").retries == 0
     assert {p: Path(p).read_bytes() for p in sample.files} == before
     assert sample.lake.latest_commit().seq == 2
+
+
+@pytest.mark.parametrize(
+    ("retention", "said"), [("7d", "7 days"), ("36h", "1 day 12 hours"), ("90m", "1 hour 30 minutes"), ("1d", "1 day")]
+)
+def test_the_docs_list_the_tombstones_table_and_say_durations_as_people_do(tmp_path, retention, said) -> None:
+    """The DAG docs name all four tables and the tombstone retention in words, not ``7 days, 0:00:00``."""
+    cfg = parse_table(student_doc(tmp_path / "lake", tombstone_retention=retention))
+    docs = factory.doc_md(cfg)
+    assert f"**Tombstones kept for:** {said};" in docs, docs
+    assert "0:00:00" not in docs and ":00" not in docs.split("Tombstones kept for:")[1].split(";")[0]
+    tables = next(line for line in docs.splitlines() if line.startswith("* **Tables:**"))
+    assert "`tests.student_tombstones`" in tables, tables
+    for name in ("base", "incremental", "compactor"):
+        assert f"`tests.student_{name}`" in tables, tables

@@ -35,12 +35,53 @@ def split_table(qualified: str) -> tuple[str, str]:
     return db, table
 
 
+def require_airflow_home(qualified: str) -> str:
+    """The metadata DB of a configured Airflow (its SQLAlchemy URL), or :class:`AirflowSetupError`.
+
+    Checked before Airflow is imported: importing it without a home writes ``~/airflow/airflow.cfg``
+    and a new, empty ``airflow.db`` -- a pause there pauses nothing that runs.  A home is real
+    when its ``airflow.cfg`` exists, and its metadata DB initialised when ``airflow db migrate``
+    left its ``alembic_version`` row there.
+    """
+    import os
+
+    from cdc_compaction.status import metadata_conn, read_metadata
+
+    set_home = os.environ.get("AIRFLOW_HOME", "")
+    home = Path(set_home or "~/airflow").expanduser()
+    how = "AIRFLOW_HOME" if set_home else "AIRFLOW_HOME is not set, and Airflow's default home"
+    if not (home / "airflow.cfg").is_file():
+        raise AirflowSetupError(
+            f"{qualified}: no Airflow here: {home / 'airflow.cfg'} does not exist ({how}); nothing was changed. "
+            "Set AIRFLOW_HOME to the home of the Airflow that runs the DAGs (the directory of its airflow.cfg; "
+            "with its AIRFLOW__DATABASE__SQL_ALCHEMY_CONN if it sets one), then run this again"
+        )
+    conn = metadata_conn()
+    try:
+        rows = read_metadata(conn, "SELECT version_num FROM alembic_version") if conn else None
+    except Exception as exc:  # sqlite3's, the server's: not initialised, or not reachable; the message says which
+        rows = None
+        log.debug("metadata DB %s unreadable", conn, exc_info=True)
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        why = "no alembic_version row" if conn else "no sql_alchemy_conn"
+    if not rows:
+        raise AirflowSetupError(
+            f"{qualified}: the Airflow home {home} has no initialised metadata database ({conn or 'none configured'}: "
+            f"{why}); nothing was changed. Point AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at the Airflow "
+            "that runs the DAGs (`airflow db check`), or initialise this one with `airflow db migrate`"
+        )
+    return conn
+
+
 def set_paused(qualified: str, paused: bool) -> bool | None:
     """Set Airflow's pause flag of the table's DAG; return what it was (None: already so).
 
-    Raises :class:`AirflowSetupError` when the metadata database does not know the DAG
-    (the DAG processor has not parsed it yet, or ``AIRFLOW_HOME`` points elsewhere).
+    Raises :class:`AirflowSetupError` without a configured Airflow (:func:`require_airflow_home`),
+    or when the metadata database does not know the DAG (the DAG processor has not parsed it
+    yet, or ``AIRFLOW_HOME`` points elsewhere).
     """
+    require_airflow_home(qualified)
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
