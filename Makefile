@@ -117,7 +117,7 @@ connect-start: install  ## start the local Spark Connect server on 127.0.0.1:150
 connect-stop:  ## stop it
 	$(BIN)/python -m cdc_compaction connect stop  # also before make install (no cdc-compaction yet)
 
-airflow-ui: install  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs (Ctrl-C stops it)
+airflow-ui: install check-postgres  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs, on a local PostgreSQL (Ctrl-C stops it)
 	$(BIN)/cdc-compaction airflow-ui
 
 serve-sql: install  ## Spark's Thrift JDBC/ODBC server for BI clients: jdbc:hive2://127.0.0.1:10000/default (SQL_PORT=N), with the metastore; Ctrl-C stops it

@@ -65,7 +65,7 @@ def fix_for(exc: BaseException, fix: str, conn_id: str | None = None) -> str:
         missing = (exc.name or str(exc)).split(".")[0]  # the package to install, not its submodule
         return (
             f"the Python module {missing!r} is missing where doctor runs: run it with the project's environment "
-            "(make install; .venv/bin/python -m cdc_compaction doctor) or the Airflow workers' one, which has it"
+            "(make install; .venv/bin/cdc-compaction doctor) or the Airflow workers' one, which has it"
         )
     if type(exc).__name__ == "AirflowNotFoundException" and conn_id:
         return (

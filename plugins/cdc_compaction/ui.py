@@ -135,7 +135,7 @@ def render_index(
             f'<tr data-registry-file="{html.escape(entry.path.name)}" class="registry-error">'
             f"<td>{html.escape(entry.path.name)}</td>"
             f'<td colspan="5" class="err">invalid registry entry {html.escape(str(entry.path))}: '
-            f"{html.escape(problems)} (fix the file; `python -m cdc_compaction registry validate` checks it)</td>"
+            f"{html.escape(problems)} (fix the file; `cdc-compaction registry validate` checks it)</td>"
             f'{_run_cells(st)}<td class="paused">{st.paused_text}</td><td>{_dag_link(entry.dag_id)}</td></tr>'
         )
     body = (
