@@ -222,7 +222,7 @@ def dataset_influences(cfg: TableConfig) -> list[tuple[str, column_lineage_datas
         ]
     if cfg.mode == "keyless":
         return [
-            *each(t.order_by, "SORT", "the event order"),
+            *each(t.position, "SORT", "the event order and identity"),
             *each([t.op_column], "FILTER", "deletes remove rows"),
             *each(t.before_columns, "FILTER", "an update or delete removes one copy equal to its before-image"),
         ]

@@ -868,7 +868,17 @@ def _source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any
     if source == "debezium":
         # ExtractNewRecordState with add.fields=op,source.ts_ms,lsn (Postgres) or file,pos,row (MySQL).
         found["op_column"] = "__op"
-        if "__lsn" in columns:
+        if mode == "keyless" and "__kafka_offset" in columns:
+            # A keyless table's watermark follows the delivery position (tests/scenarios/README.md,
+            # "What each source must provide"): a one-partition topic's offset (InsertField
+            # offset.field) is one, and unique per event.
+            found["order_by"] = ["__kafka_offset"]
+        elif mode == "keyless" and {"__commit_lsn", "__lsn"} <= columns:
+            # PostgreSQL delivers in commit order: the commit LSN (source.sequence's first LSN, or the
+            # transaction's) orders, the change LSN and the row ordinal tell its events apart.
+            found["order_by"] = ["__commit_lsn"]
+            found["event_id"] = ["__lsn", *(["__row"] if "__row" in columns else [])]
+        elif "__lsn" in columns:
             found["order_by"] = ["__lsn"]
         elif {"__file", "__pos"} <= columns:
             # A binlog position is (file, offset in it, row of the event); the file's name ends in a
@@ -892,9 +902,23 @@ def _source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any
         # format-version 1: "kind" is insert/update/delete; the LSN landed as a number.
         found["op_column"] = "kind"
         found["op_codes"] = {"create": "insert", "update": "update", "delete": "delete", "read": "snapshot"}
-        if "lsn" in columns:
+        if mode == "keyless" and {"commit_lsn", "lsn"} <= columns:
+            # As cdc_compaction.pgsource lands it: commit order first (what the slot delivers in),
+            # then the change's own LSN and its ordinal among the events at that LSN (a snapshot's rows).
+            found["order_by"] = ["commit_lsn"]
+            found["event_id"] = ["lsn", *(["lsn_row"] if "lsn_row" in columns else [])]
+        elif "lsn" in columns:
             found["order_by"] = ["lsn"]
     return found
+
+
+#: Per preset, for ``mode: keyless``: (the columns a delivery position needs one of, the change-LSN
+#: column that is no delivery position, the column telling apart the snapshot rows sharing one LSN).
+#: README of tests/scenarios, "What each source must provide".
+_KEYLESS_SOURCE_NEEDS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "debezium": (("__commit_lsn", "__kafka_offset"), "__lsn", "__row"),
+    "wal2json": (("commit_lsn",), "lsn", "lsn_row"),
+}
 
 
 class _EventTable(TableConfig):
@@ -1054,6 +1078,47 @@ class KeylessTable(_EventTable):
     mode: Literal["keyless"]
     #: Prefix of the columns holding a row's values before an update or delete.
     before_prefix: str = "_before_"
+    #: Columns telling apart the events that share one ``order_by`` value (the change LSN and the row
+    #: ordinal among a snapshot's rows, which share one LSN), compared after ``order_by`` and rising in
+    #: delivery order among them. ``order_by`` + ``event_id`` identify one event: equal values are one
+    #: event delivered again. Empty: ``order_by`` alone is unique per event. Source presets fill it in.
+    event_id: list[str] = Field(default_factory=list)
+
+    @field_validator("event_id")
+    @classmethod
+    def _event_id(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        return self.position
+
+    @property
+    def position(self) -> list[str]:
+        """``order_by`` then ``event_id``: an event's identity and its delivery position, compared left to right."""
+        return [*self.order_by, *self.event_id]
+
+    def _check_keyless_source(self) -> None:
+        """Refuse a preset's ordering that would lose rows: a change LSN as delivery order, or no snapshot ordinal."""
+        needs = _KEYLESS_SOURCE_NEEDS.get(self.source)
+        if needs is None:
+            return  # generic and dms: order_by + event_id are the entry's promise (unique, in delivery order)
+        delivery, change_lsn, ordinal = needs
+        where = f"keyless table {self.database}.{self.table} (source: {self.source})"
+        if self.order_by[0] == change_lsn:
+            raise ValueError(
+                f"order_by: {self.order_by} starts with {change_lsn!r}, each change's own LSN, but PostgreSQL "
+                f"delivers changes in commit order: a transaction committed after a compaction would have its "
+                f"changes dropped as replays ({where}). Land the transaction's commit position as "
+                f"{' or '.join(repr(c) for c in delivery)} and order by it, with event_id: [{change_lsn}, {ordinal}]"
+            )
+        if ordinal not in self.position and "__kafka_offset" not in self.position:
+            raise ValueError(
+                f"event_id: {self.event_id} has no {ordinal!r}, but {self.source} stamps every snapshot row with one "
+                f"LSN: the snapshot's rows would be taken for one row delivered again ({where}). Land each event's "
+                f"ordinal among the events at its LSN as {ordinal!r} (the snapshot's row number, 0 for a change) and "
+                f"add it to event_id"
+            )
 
     @field_validator("before_prefix")
     @classmethod
@@ -1065,8 +1130,15 @@ class KeylessTable(_EventTable):
         return v
 
     def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
-        _check_op_and_order(names, types, self.op_column, self.order_by, [])
+        missing = [c for c in self.event_id if c not in types]
+        if missing:
+            raise ValueError(f"event_id: {missing} not among the columns {names}")
+        _check_op_and_order(names, types, self.op_column, self.position, [])
         self._check_source(types)
+        both = [c for c in self.event_id if c in self.order_by]
+        if both or len(set(self.event_id)) != len(self.event_id):
+            raise ValueError(f"event_id: {self.event_id} repeats a column or an order_by column {self.order_by}")
+        self._check_keyless_source()
         if self.partition_by is not None:
             raise ValueError("partition_by: keyless tables are not partitioned (yet); remove partition_by")
         data = self.data_columns
@@ -1080,7 +1152,8 @@ class KeylessTable(_EventTable):
                 raise ValueError(
                     f"columns: {col!r} has no before-image column {before!r} (updates and deletes of a keyless "
                     "table carry the whole old row; name the columns with before_prefix). If it describes the "
-                    "event rather than the row (a commit time), declare it as event_time or put it in order_by"
+                    "event rather than the row (a commit time, an LSN), declare it as event_time or put it in "
+                    "order_by or event_id"
                 )
             if types[found] != types[col]:
                 raise ValueError(f"columns: {found!r} has type {types[found]} but {col!r} has {types[col]}")
@@ -1094,7 +1167,7 @@ class KeylessTable(_EventTable):
     @property
     def data_columns(self) -> list[str]:
         """The row's own columns: what the table holds (no op, sequence, event time or before-image columns)."""
-        skip = {self.op_column.lower(), *(c.lower() for c in self.order_by)}
+        skip = {self.op_column.lower(), *(c.lower() for c in self.position)}
         if self.event_time is not None:
             skip.add(self.event_time.column.lower())
         prefix = self.before_prefix.lower()
