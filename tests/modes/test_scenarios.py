@@ -49,6 +49,8 @@ def test_the_mode_scenarios_are_there() -> None:
         "nullable_key",
         "unchanged_placeholder",
         "unchanged_null",
+        "unchanged_late_event",
+        "unchanged_old_key",
         "old_key_chain",
         "old_key_seed002",
         "old_key_late_event",
