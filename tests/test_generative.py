@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 from conftest import fuzz_settings
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cdc_compaction.conformance import land
@@ -871,8 +871,30 @@ def test_partial_rows_do_not_depend_on_when_compactions_run(
     counts = {"examples": 0, "crashes": 0}
     readers = [conf.Reader(inprocess.spark), conf.DuckDBReader()]
 
+    def row(key: int, bio: Any, lsn: int, op: str = "u") -> dict[str, Any]:
+        return {"id": key, "bio": bio, "name": f"n{lsn}", "op": op, "lsn": lsn}
+
+    # The brief's case: key 1 filled at lsn 10 from lsn 5, then an update at lsn 7 arrives late.
+    late = PartialStream(
+        "placeholder",
+        [
+            ("increment_2026112000", [[row(1, "A", 5, "c"), row(1, PLACEHOLDER, 10), row(2, PLACEHOLDER, 4)]]),
+            ("increment_2026112001", [[row(1, "B", 7), row(2, "C", 2)]]),
+        ],
+    )
+    # The same under marker "null", the late event in an increment that sorts first.
+    late_null = PartialStream(
+        "null",
+        [
+            ("increment_2026112005", [[row(1, "A", 5, "c"), row(1, None, 10)]]),
+            ("increment_2026112001", [[row(1, "B", 7)], [row(1, None, 8)]]),
+        ],
+    )
+
     @fuzz_settings(test_examples=3)
     @given(stream=partial_streams())
+    @example(stream=late)
+    @example(stream=late_null)
     def body(stream: PartialStream) -> None:
         counts["examples"] += 1
         failures = []
