@@ -109,6 +109,9 @@ class CdcMode(TableMode):
             doc["nullable_key"] = c.nullable_key
         if c.unchanged is not None:
             doc["unchanged"] = c.unchanged.model_dump()
+            # The base's hidden columns of left-out values: a table made before them gets them (and
+            # views that read them) on its next run, as for any change of its fingerprint.
+            doc["unchanged_bookkeeping"] = [n for n, _, _ in bookkeeping_columns(c)]
         if c.old_key:
             doc["old_key"] = c.old_key
         if c.deleted_column:
