@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 from conftest import fuzz_settings
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cdc_compaction.conformance import land
@@ -753,3 +753,170 @@ def test_the_model_follows_the_source_conventions() -> None:
     assert defects(spec, {"id": 1, "f": "bin", "op": "c"}) == {"bad_order_by:f"}
     assert defects(spec, {"id": 1, "f": "b.1" + "0" * 18, "op": "c"}) == {"bad_order_by:f"}
     assert defects(spec, {"id": 1, "f": None, "op": "c"}) == {"null_order_by:f"}
+
+
+# ------------------------------------------- partial rows (registry unchanged), compacted at any time
+#: Debezium's placeholder for a Postgres TOAST value an update did not change.
+PLACEHOLDER = "__debezium_unavailable_value"
+
+
+def partial_state(events: list[dict[str, Any]], marker: str) -> list[dict[str, Any]]:
+    """The model of a table whose ``bio`` may be left out (README, registry ``unchanged``).
+
+    ``events``: every event landed so far, each with its increment, file and row position.
+    Per key, the winner is the greatest (lsn, increment, file, row); a winning delete hides the
+    key.  Its ``bio`` is its own, unless the event left it out (the placeholder; NULL under
+    ``marker: "null"``): then the ``bio`` of the latest event of the key before it, in that
+    order, that carried one; NULL if none did.  Nothing here depends on when compactions ran.
+    """
+
+    def left_out(e: dict[str, Any]) -> bool:
+        return e["bio"] is None if marker == "null" else e["bio"] == PLACEHOLDER
+
+    def place(e: dict[str, Any]) -> tuple[Any, ...]:
+        return (e["lsn"], e["_increment"], e["_file"], e["_pos"])
+
+    rows = []
+    for key in sorted({e["id"] for e in events}):
+        history = sorted((e for e in events if e["id"] == key), key=place)
+        winner = history[-1]
+        if winner["op"] == "d":
+            continue
+        carried = [e for e in history if not left_out(e)]
+        bio = winner["bio"] if not left_out(winner) else (carried[-1]["bio"] if carried else None)
+        rows.append({"id": key, "bio": bio, "name": winner["name"], "lsn": winner["lsn"]})
+    return rows
+
+
+@dataclass
+class PartialStream:
+    """Increments of events on a table with a left-out column, in landing order."""
+
+    marker: str
+    increments: list[tuple[str, list[list[dict[str, Any]]]]]
+
+    def events(self, upto: int) -> list[dict[str, Any]]:
+        """The first ``upto`` increments' events, each with its increment, file and row position."""
+        out = []
+        for name, files in self.increments[:upto]:
+            for f, rows in enumerate(files):
+                for pos, row in enumerate(rows):
+                    out.append(row | {"_increment": name, "_file": f"part-{f:05d}.parquet", "_pos": pos})
+        return out
+
+    def table(self) -> dict[str, Any]:
+        unchanged: dict[str, Any] = {"columns": ["bio"], "marker": self.marker}
+        columns = [("id", "int"), ("bio", "string"), ("name", "string"), ("op", "string"), ("lsn", "bigint")]
+        return {
+            "primary_key": ["id"],
+            "order_by": ["lsn"],
+            "op_column": "op",
+            "unchanged": unchanged,
+            "columns": [{"name": n, "type": t} for n, t in columns],
+        }
+
+
+@st.composite
+def partial_streams(draw: st.DrawFn) -> PartialStream:
+    """Few keys and few LSNs, so that events of a key arrive late (older than one compacted) and tie."""
+    marker = draw(st.sampled_from(["placeholder", "placeholder", "null"]))
+    left = None if marker == "null" else PLACEHOLDER
+    bios = ["A", "B", left, left] + ([None] if marker == "placeholder" else [])
+    hours = draw(st.lists(st.integers(0, 47), min_size=2, max_size=4, unique=True))
+    increments = []
+    for h in hours:
+        name = (datetime(2026, 11, 20, tzinfo=UTC) + timedelta(hours=h)).strftime("increment_%Y%m%d%H")
+        files = []
+        for _ in range(draw(st.integers(1, 2))):
+            rows = [
+                {
+                    "id": draw(st.integers(1, 3)),
+                    "bio": draw(st.sampled_from(bios)),
+                    "name": draw(st.sampled_from(["x", "y", "z"])),
+                    "op": draw(st.sampled_from(["c", "u", "u", "u", "d"])),
+                    "lsn": draw(st.integers(1, 9)),
+                }
+                for _ in range(draw(st.integers(1, 4)))
+            ]
+            files.append(rows)
+        increments.append((name, files))
+    return PartialStream(marker, increments)
+
+
+def partial_scenario(stream: PartialStream, name: str, every: bool) -> Any:
+    """The stream as a conformance scenario: compacted after every increment, or once after all of them.
+
+    Before each compaction the view (base + pending) must show the model, and after it the base.
+    """
+    from cdc_compaction.conformance import Scenario
+
+    steps: list[dict[str, Any]] = []
+    n = len(stream.increments)
+    for i, (increment, files) in enumerate(stream.increments, 1):
+        steps.append({"land": {"increment": increment, "files": files}})
+        if every or i == n:
+            expect = partial_state(stream.events(i), stream.marker)
+            steps.append({"check_view": {"expect": expect, "rejected_pending": 0}})
+            steps.append({"compact": {"expect": expect, "rejected": 0}})
+    return Scenario(Path(name), name, "generated", stream.table(), steps)
+
+
+def test_partial_rows_do_not_depend_on_when_compactions_run(
+    inprocess: Any, tmp_path: Path, request: pytest.FixtureRequest, capsys: Any
+) -> None:
+    """Random streams with left-out values and late events: compacting after every increment and compacting
+    once give the model's table (and the views over pending events too), in Spark and DuckDB."""
+    from cdc_compaction import conformance as conf
+
+    counts = {"examples": 0, "crashes": 0}
+    readers = [conf.Reader(inprocess.spark), conf.DuckDBReader()]
+
+    def row(key: int, bio: Any, lsn: int, op: str = "u") -> dict[str, Any]:
+        return {"id": key, "bio": bio, "name": f"n{lsn}", "op": op, "lsn": lsn}
+
+    # The brief's case: key 1 filled at lsn 10 from lsn 5, then an update at lsn 7 arrives late.
+    late = PartialStream(
+        "placeholder",
+        [
+            ("increment_2026112000", [[row(1, "A", 5, "c"), row(1, PLACEHOLDER, 10), row(2, PLACEHOLDER, 4)]]),
+            ("increment_2026112001", [[row(1, "B", 7), row(2, "C", 2)]]),
+        ],
+    )
+    # The same under marker "null", the late event in an increment that sorts first.
+    late_null = PartialStream(
+        "null",
+        [
+            ("increment_2026112005", [[row(1, "A", 5, "c"), row(1, None, 10)]]),
+            ("increment_2026112001", [[row(1, "B", 7)], [row(1, None, 8)]]),
+        ],
+    )
+
+    @fuzz_settings(test_examples=3)
+    @given(stream=partial_streams())
+    @example(stream=late)
+    @example(stream=late_null)
+    def body(stream: PartialStream) -> None:
+        counts["examples"] += 1
+        failures = []
+        for every in (True, False):
+            name = f"partial_{next(_COUNTER)}_{'every' if every else 'once'}"
+            result = conf.run_scenario(partial_scenario(stream, name, every), inprocess, readers, tmp_path / "lake")
+            failures += [f"{name}: {f}" for f in result.failures]
+        assert not failures, f"{stream}\n" + "\n".join(failures)
+
+    run_examples(request, capsys, body, counts)
+
+
+def test_the_partial_row_model_fills_from_the_latest_earlier_value() -> None:
+    """The model itself, on the brief's example: a late event between the fill's source and the placeholder."""
+
+    def ev(bio: Any, lsn: int, inc: str, op: str = "u") -> dict[str, Any]:
+        return {"id": 1, "bio": bio, "name": "n", "op": op, "lsn": lsn, "_increment": inc, "_file": "f", "_pos": 0}
+
+    a = [ev("A", 5, "i0", "c"), ev(PLACEHOLDER, 10, "i0")]
+    assert partial_state(a, "placeholder")[0]["bio"] == "A"
+    assert partial_state([*a, ev("B", 7, "i1")], "placeholder")[0]["bio"] == "B"
+    assert partial_state([*a, ev("B", 3, "i1")], "placeholder")[0]["bio"] == "A"
+    assert partial_state([ev(None, 2, "i0"), ev(PLACEHOLDER, 4, "i0")], "placeholder")[0]["bio"] is None
+    assert partial_state([ev("A", 2, "i0"), ev(None, 4, "i0")], "null")[0]["bio"] == "A"
+    assert partial_state([*a, ev("B", 11, "i1", "d")], "placeholder") == []

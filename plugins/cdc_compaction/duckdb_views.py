@@ -85,7 +85,13 @@ def _stored(cfg: TableConfig, files: Sequence[str]) -> str:
     if not files:
         return _empty(columns)
     cols = ", ".join(_q(n) for n, _ in columns)
-    return f"SELECT {cols} FROM read_parquet({_file_list(files)}, union_by_name = true)"
+    rows = f"read_parquet({_file_list(files)}, union_by_name = true)"
+    hidden = [(n, t) for n, t in mode_of(cfg).output_columns(cfg) if cfg.mode == "cdc"]
+    if hidden:
+        # A cdc table's bookkeeping of left-out values (registry unchanged) is missing from files written
+        # before it existed (or before the option was set): NULL there, as Spark reads them.
+        rows = f"(SELECT * FROM {rows} UNION ALL BY NAME {_empty(hidden)})"
+    return f"SELECT {cols} FROM {rows}"
 
 
 def _pending(cfg: TableConfig, files: Sequence[str], missing: set[str]) -> str:

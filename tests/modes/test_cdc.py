@@ -139,8 +139,21 @@ def test_unchanged_columns_reach_the_rule_and_the_docs() -> None:
 
     cfg = cdc(unchanged={"columns": ["full_name", "changed"], "marker": "null"})  # NULL works for any type
     rule = rule_sql(cfg)
-    assert set(rule) == {"reject_reason", "rank", "is_delete", "fill:full_name", "fill:changed"}
+    assert set(rule) == {
+        "reject_reason",
+        "rank",
+        "is_delete",
+        "fill:full_name",
+        "fill:changed",
+        "unchanged:full_name",
+        "unchanged:changed",
+        "unchanged_columns",
+    }
     assert "last_value(`changed`) IGNORE NULLS OVER" in rule["fill:changed"]
+    # Where each filled value came from is kept in hidden columns, declared by the mode (see the next test).
+    hidden = [n for n, _ in rule["unchanged_columns"]]
+    assert [n for n, _ in mode_of(cfg).output_columns(cfg)] == hidden
+    assert all(n.startswith("_cdc_") for n in hidden)
     assert mode_of(cfg).column_roles(cfg)["full_name"] == ["may be left out"]
     assert any("keep the key's previous value" in line for line in mode_of(cfg).doc_lines(cfg))
 

@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 CDC = sorted((SCENARIO_DIR / "cdc").glob("*.json"))
 KEYLESS = sorted((SCENARIO_DIR / "keyless").glob("*.json"))
-#: Partitioned too: the options whose keys need finding across partitions (a NULL key, a retired key).
-CDC_PARTITIONED = [p for p in CDC if p.stem in ("nullable_key", "old_key_chain")]
+#: Partitioned too: the options whose keys need finding across partitions (a NULL key, a retired key),
+#: and partial rows filled anew by late events (the full ranking of the touched partitions).
+CDC_PARTITIONED = [p for p in CDC if p.stem in ("nullable_key", "old_key_chain", "unchanged_late_event")]
 #: Through the pipeline: seed 003's example and the scenarios of the watermark, deliveries, NULLs,
 #: missing history and refusals, and of a source delivering in commit order (a snapshot's rows at one
 #: LSN, a transaction spanning a compaction); tests/modes/test_keyless.py holds the model to all.
@@ -52,6 +53,8 @@ def test_the_mode_scenarios_are_there() -> None:
         "nullable_key",
         "unchanged_placeholder",
         "unchanged_null",
+        "unchanged_late_event",
+        "unchanged_old_key",
         "old_key_chain",
         "old_key_seed002",
         "old_key_late_event",
@@ -61,7 +64,7 @@ def test_the_mode_scenarios_are_there() -> None:
         "wal2json_kinds",
         "options_combined",
     }
-    assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 8 and len(CDC_PARTITIONED) == 2
+    assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 8 and len(CDC_PARTITIONED) == 3
     assert len(SNAPSHOT) >= 12
 
 

@@ -122,3 +122,41 @@ def test_reserved_word_columns_work_end_to_end(make_cfg, runtime, spark) -> None
     got = spark.sql(f"SELECT `group`, `order`, CAST(`select` AS STRING) FROM {base} WHERE op <> 'd' ORDER BY 1, 2")
     assert [tuple(r) for r in got.collect()] == expected
     assert str(spark.sql(f"SELECT `timestamp` FROM {base} LIMIT 1").first()[0]) == "2026-11-22 10:00:00"
+
+
+def test_unchanged_set_on_a_live_table_adds_its_hidden_columns_and_can_be_removed(make_cfg, runtime, spark) -> None:
+    """Setting ``unchanged`` later: the base and tombstones tables get the columns that remember where a
+    filled value came from (the views read them; files written before read NULL there), and removing
+    it again is no dropped column."""
+    from cdc_compaction.registry import Unchanged
+
+    cfg = make_cfg()
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    land(cfg, "increment_2026112200", [student_rows((1, "a", "c", 1), (2, "b", "c", 2))])
+    compact_once(rt, "r1")
+    partial = cfg.model_copy(update={"unchanged": Unchanged(columns=["full_name"])})
+    rt2 = runtime(partial)
+    ensure_tables(rt2)
+    names = table_names(cfg)
+    for role in ("base_table", "tombstones_table"):
+        table = f"`{cfg.database}`.`{names[role]}`"
+        spark.catalog.refreshTable(table)
+        hidden = [c for c in spark.table(table).columns if c.startswith("_cdc_") and "full_name" not in c]
+        assert any(c.startswith("_cdc_left_") for c in hidden), (role, hidden)
+    placeholder = "__debezium_unavailable_value"
+    land(partial, "increment_2026112201", [student_rows((1, placeholder, "u", 3))])
+    refresh_view(rt2)
+    view = f"`{cfg.database}`.`{names['view_name']}`"
+    assert {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {view}").collect()} == {
+        1: "a",
+        2: "b",
+    }
+    compact_once(rt2, "r2")
+    base = f"`{cfg.database}`.`{names['base_table']}`"
+    spark.catalog.refreshTable(base)
+    assert {r["id"]: r["full_name"] for r in spark.sql(f"SELECT id, full_name FROM {base}").collect()} == {
+        1: "a",
+        2: "b",
+    }
+    ensure_tables(runtime(cfg))  # unchanged removed: its hidden columns stay, no SchemaChangeError

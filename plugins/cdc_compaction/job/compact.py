@@ -133,11 +133,61 @@ def key_join(left: DataFrame, right: DataFrame, pk: list[str], how: str, broadca
     return left.join(F.broadcast(keys) if broadcast else keys, cond, how)
 
 
-def with_fills(events: DataFrame, fills: Mapping[str, str]) -> DataFrame:
-    """Each left-out column (registry ``unchanged``) replaced by its value at that event: the rule's window."""
+def with_fills(
+    events: DataFrame, fills: Mapping[str, str], unchanged: Mapping[str, Mapping[str, Any]] | None = None
+) -> DataFrame:
+    """Each left-out column (registry ``unchanged``) replaced by its value at that event: the rule's window.
+
+    With ``unchanged`` (the rule's bookkeeping, :attr:`~cdc_compaction.job.contract.Rule.unchanged`)
+    first the values key changes carry over from their old key, then, from the values as the
+    events sent them, the hidden columns saying whether each was left out and where its value
+    came from; the fills last (they replace the values the others read).
+    """
+    unchanged = unchanged or {}
+    for column, spec in unchanged.items():
+        if "carried" in spec:
+            events = events.withColumn(column, F.expr(spec["carried"]))
+    for spec in unchanged.values():
+        left, is_left = spec["left"]
+        events = events.withColumn(left, F.expr(is_left))
+        for name, expression in spec["book"].items():
+            events = events.withColumn(name, F.expr(expression))
     for column, expression in fills.items():
         events = events.withColumn(column, F.expr(expression))
     return events
+
+
+def stored_events(base: DataFrame, unchanged: Mapping[str, Mapping[str, Any]]) -> DataFrame:
+    """Stored rows (``_cdc_src`` 0) as the events they were, with the events their filled values came from.
+
+    A value filled from an earlier event is left out again (the rule's ``as_event``) and that
+    event is replayed (``_cdc_src`` 2) at its place in the order, carrying that one value: a
+    late event between the two fills the row anew, as one compaction of every event would. The
+    replayed events take part in the fills only (:func:`fill_and_rank`); they never win.
+    """
+    rows = base.withColumn("_cdc_src", F.lit(0))
+    if not unchanged:
+        return rows
+    sources = []
+    for spec in unchanged.values():
+        replayed = {c: F.expr(e).alias(c) for c, e in spec["source"].items()}
+        sources.append(
+            rows.where(F.expr(spec["source_where"]))
+            .select(*[replayed.get(c, F.col(f"`{c}`")) for c in rows.columns])
+            .withColumn("_cdc_src", F.lit(2))
+        )
+    for column, spec in unchanged.items():
+        rows = rows.withColumn(column, F.expr(spec["as_event"]))
+    for replay in sources:
+        rows = rows.unionByName(replay)
+    return rows
+
+
+def fill_and_rank(
+    events: DataFrame, rank_sql: str, fills: Mapping[str, str], unchanged: Mapping[str, Mapping[str, Any]]
+) -> DataFrame:
+    """Fill the left-out columns over every event (replayed ones included), then rank the real ones."""
+    return ranked(with_fills(events, fills, unchanged).filter(F.col("_cdc_src") < 2), rank_sql)
 
 
 def rank_touched_keys(
@@ -147,19 +197,22 @@ def rank_touched_keys(
     order_by: list[str],
     rank_sql: str,
     fills: Mapping[str, str] | None = None,
+    unchanged: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> DataFrame:
     """``ranked`` over the events of the keys ``fresh`` touches only: their base rows and every event.
 
     Narrow on purpose (keys, ordering columns, provenance, the left-out columns to fill, and
     ``_cdc_src``: 0 for a base row, 1 for an event): only these rows are shuffled and sorted,
-    not the whole table.
+    not the whole table.  With the bookkeeping of left-out columns (``unchanged``) whole rows:
+    a base row that still wins may be filled anew, and is written from here.
     """
-    fills = fills or {}
-    cols = [F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE, *fills])]
+    fills, unchanged = fills or {}, unchanged or {}
+    names = list(base.columns) if unchanged else [*pk, *order_by, *PROVENANCE, *fills]
+    cols = [F.col(f"`{c}`") for c in dict.fromkeys(names)]
     keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
-    touched = key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True).withColumn("_cdc_src", F.lit(0))
+    touched = stored_events(key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True), unchanged)
     events = touched.unionByName(fresh.select(*cols).withColumn("_cdc_src", F.lit(1)))
-    return with_fills(ranked(events, rank_sql), fills)
+    return fill_and_rank(events, rank_sql, fills, unchanged)
 
 
 def winning_events(
@@ -494,9 +547,12 @@ def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]
     )
 
 
-def _sourced(base: DataFrame, events: DataFrame) -> DataFrame:
-    """Base rows (``_cdc_src`` 0) and events (1) together, as :func:`with_rank_flags` needs them."""
-    return base.withColumn("_cdc_src", F.lit(0)).unionByName(events.withColumn("_cdc_src", F.lit(1)))
+def _sourced(base: DataFrame, events: DataFrame, unchanged: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:
+    """Base rows (``_cdc_src`` 0) and events (1) together, as :func:`with_rank_flags` needs them.
+
+    With ``unchanged``, base rows as :func:`stored_events` gives them (replayed events: 2).
+    """
+    return stored_events(base, unchanged or {}).unionByName(events.withColumn("_cdc_src", F.lit(1)))
 
 
 def rank_tally_columns() -> list[Column]:
@@ -644,6 +700,8 @@ def read_base(
 
     A version of layout 1 (written before tombstones moved out of the data directory)
     holds both in one directory: they are told apart by the rule's ``is_delete``.
+    ``columns``: the registry's and the mode's hidden ones (a version written before these
+    existed reads NULL there).
     """
     cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS]]
     data = spark.read.schema(schema).parquet(plan.base_location).select(*cols)
@@ -698,14 +756,19 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     # are read and rewritten; the plan lists the live version's partitions as {value: location}.
     part = plan.partition_by
     base_map: dict[str, str] = plan.base_partitions or {}
-    base_schema = f"{plan.schema_ddl}, {META_DDL}"
+    # Hidden bookkeeping of left-out columns (registry unchanged) after the registry's columns.
+    book = rule.bookkeeping
+    stored = [*columns, *(n for n, _ in book)]
+    book_ddl = "".join(f", `{n}` {kind}" for n, kind in book)
+    base_schema = f"{plan.schema_ddl}{book_ddl}, {META_DDL}"
+    unchanged = rule.unchanged
     # A live version of layout 1 keeps its tombstones inside its data (partitions): read it all once.
     old_layout = int(plan.base_layout) < LAYOUT
     touched: list[str] = []
     log.info("compacting %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 
     if part is None:
-        base_data, base_tomb = read_base(spark, plan, base_schema, columns, rule.is_delete)
+        base_data, base_tomb = read_base(spark, plan, base_schema, stored, rule.is_delete)
     else:
         # Key columns only: finding the keys' partitions must not read whole rows. From the key index
         # where the live version has one (README, "Key index"), else from the partitions' key columns.
@@ -718,7 +781,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             "key_range": False,
         }
         tomb_loc = plan.base_tombstones_location
-        tomb_cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]]
+        tomb_cols = [F.col(f"`{c}`") for c in [*stored, *META_COLUMNS, PARTITION_COLUMN]]
         if tomb_loc and not old_layout:
             base_tomb = spark.read.schema(f"{base_schema}, {PARTITION_DDL}").parquet(tomb_loc).select(*tomb_cols)
         else:
@@ -764,6 +827,9 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             # The rows keying added (one per key change): ranked like events, so counted like them.
             retired_keys = fresh.count() - (increment_rows - rejected_rows)
         fills = rule.fills
+        if book:
+            # Events carry no bookkeeping of their own: the fills compute it (with_fills).
+            fresh = fresh.select("*", *[F.lit(None).cast(kind).alias(n) for n, kind in book])
 
         # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
         # Not when the events outnumber the base (a first load): one ranking of every row is cheaper then.
@@ -774,7 +840,9 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         base_read: int | None = None
         if lookup:
             order_by = list(plan.order_by or columns)
-            touched_ranks = rank_touched_keys(base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills)
+            touched_ranks = rank_touched_keys(
+                base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills, unchanged
+            )
             touched_ranks = touched_ranks.persist()
             cached.append(touched_ranks)
             # One pass over the cached ranking: the losers, and how the keys' rankings went.
@@ -787,10 +855,19 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
             touched_keys = touched_ranks.select(*_keys(pk)).distinct()
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
-            losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
-            won = touched_ranks.filter((src == 1) & (rank == 1))
-            # Kept: both outputs take their share (one join back to the events, not one per output).
-            fresh_winners = winning_events(fresh, won, pk, fills).persist()
+            if unchanged:
+                # Whole rows were ranked: a base row that still wins is written from the ranking too,
+                # if a value of it was filled (a late event may have filled it anew).
+                lefts = [F.coalesce(F.col(f"`{spec['left'][0]}`"), F.lit(False)) for spec in unchanged.values()]
+                refilled = functools.reduce(operator.or_, lefts)
+                rewritten = (src == 1) | refilled
+                losers = touched_ranks.filter((src == 0) & ((rank > 1) | refilled)).select(*_keys(pk))
+                fresh_winners = touched_ranks.filter((rank == 1) & rewritten).select(*base_data.columns).persist()
+            else:
+                losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
+                won = touched_ranks.filter((src == 1) & (rank == 1))
+                # Kept: both outputs take their share (one join back to the events, not one per output).
+                fresh_winners = winning_events(fresh, won, pk, fills).persist()
             cached.append(fresh_winners)
             # The base is read once per output and never shuffled: untouched keys pass as they are.
             visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
@@ -805,7 +882,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         else:
             if part is None:
                 base_all = base_data.unionByName(base_tomb)
-                ranked_events = with_fills(ranked(_sourced(base_all, fresh), rule.rank), fills)
+                ranked_events = fill_and_rank(_sourced(base_all, fresh, unchanged), rule.rank, fills, unchanged)
             else:
                 fresh_rows = increment_rows - rejected_rows + retired_keys
                 # As few events as the key lookup takes: their keys are broadcast, the index is not shuffled.
@@ -828,10 +905,13 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
                     # Layout 1 keeps tombstones inside the partitions: rewrite every one once, tombstones out.
                     touched = sorted(set(touched) | set(base_map))
                 base = read_partitions(spark, base_schema, {v: base_map[v] for v in touched if v in base_map})
-                base = base.select(*[F.col(f"`{c}`") for c in [*columns, *META_COLUMNS, PARTITION_COLUMN]])
+                base = base.select(*[F.col(f"`{c}`") for c in [*stored, *META_COLUMNS, PARTITION_COLUMN]])
                 base_all = base.unionByName(base_tomb)
                 ranked_events = assign_partitions(
-                    with_fills(ranked(_sourced(base_all, fresh_p), rule.rank), fills), pk, part.column, part.value
+                    fill_and_rank(_sourced(base_all, fresh_p, unchanged), rule.rank, fills, unchanged),
+                    pk,
+                    part.column,
+                    part.value,
                 )
             # The base rows this compaction ranks, counted on their own (validate holds them against
             # the parent version's rows): a scan of the files' row counts, no data. Partitioned: counted
@@ -850,7 +930,7 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
 
         # Always the registry's column order: joins put the key columns first, and validate (and
         # every reader of the base table) expects the registry's order.
-        out_columns = [*columns, *META_COLUMNS, *([PARTITION_COLUMN] if part is not None else [])]
+        out_columns = [*stored, *META_COLUMNS, *([PARTITION_COLUMN] if part is not None else [])]
         visible = visible.select(*[F.col(f"`{c}`") for c in out_columns])
         expired = expired_tombstone(rule.is_delete, cutoff)
         deleted = deleted.observe(

@@ -168,6 +168,27 @@ class Rule:
         """Left-out column -> the window expression giving its value at each event."""
         return {k.removeprefix(FILL_PREFIX): v for k, v in sorted(self.extra.items()) if k.startswith(FILL_PREFIX)}
 
+    @property
+    def unchanged(self) -> dict[str, dict[str, Any]]:
+        """Left-out column -> how its value's source is remembered and replayed (``unchanged:<column>``).
+
+        ``book``: hidden column -> window expression (where the value at each event came from);
+        ``as_event``: a base row's value as its event had it; ``source_where`` / ``source``: which
+        base rows replay the event their value came from, and that event's columns; ``carried``
+        (registry ``old_key``): the value a key change takes from its old key.  Empty for a plan
+        written before these existed: the job then fills as it did.
+        """
+        return {
+            k.removeprefix(UNCHANGED_PREFIX): v
+            for k, v in sorted(self.extra.items())
+            if k.startswith(UNCHANGED_PREFIX) and isinstance(v, dict)
+        }
+
+    @property
+    def bookkeeping(self) -> list[tuple[str, str]]:
+        """(name, type) of the hidden columns :attr:`unchanged` keeps, in the order the base holds them."""
+        return [(str(n), str(t)) for n, t in self.extra.get("unchanged_columns") or []]
+
     def to_dict(self) -> dict[str, Any]:
         return _dump(self)
 
@@ -178,6 +199,8 @@ class Rule:
 
 #: The key prefix of a partial-row column's fill expression in a cdc rule.
 FILL_PREFIX = "fill:"
+#: The key prefix of a partial-row column's bookkeeping in a cdc rule (:attr:`Rule.unchanged`).
+UNCHANGED_PREFIX = "unchanged:"
 #: The temporary view of a cdc compaction's accepted events that ``Rule.keyed_events`` reads.
 FRESH_VIEW = "_cdc_fresh_events"
 #: The columns an accepted event carries after the registry's: provenance and when it was compacted.

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW
+from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW, PROVENANCE, UNCHANGED_PREFIX
 from cdc_compaction.lake import Commit
 from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
 from cdc_compaction.registry import CdcTable, TableConfig
@@ -45,6 +45,12 @@ class CdcContext(TableContext):
     #: How a left-out value arrives: ``placeholder`` (this text) or ``null``.
     unchanged_marker: str
     unchanged_placeholder: str
+    #: Per left-out column, the hidden base columns remembering where its value came from
+    #: (:func:`bookkeeping`): a row's value filled from an earlier event is re-filled when an event
+    #: arriving later lies between that event and the row's own.
+    unchanged_from: list[dict[str, Any]]
+    #: (name, Hive type, comment) of those columns, as the base and tombstones tables declare them.
+    mode_columns: list[tuple[str, str, str]]
     #: Source conventions (registry ``deleted_column``, ``missing_op``, ``order_as``; README, "Source presets").
     deleted_column: str | None = None
     deleted_is_boolean: bool = False
@@ -80,6 +86,8 @@ class CdcMode(TableMode):
             unchanged_columns=list(c.unchanged.columns) if c.unchanged else [],
             unchanged_marker=c.unchanged.marker if c.unchanged else "placeholder",
             unchanged_placeholder=c.unchanged.placeholder if c.unchanged else "",
+            unchanged_from=bookkeeping(c),
+            mode_columns=[(n, t, why) for n, t, why in bookkeeping_columns(c)],
             deleted_column=c.deleted_column,
             deleted_is_boolean=c.deleted_column is not None
             and {col.name: col.type for col in c.columns}[c.deleted_column] == "boolean",
@@ -101,6 +109,9 @@ class CdcMode(TableMode):
             doc["nullable_key"] = c.nullable_key
         if c.unchanged is not None:
             doc["unchanged"] = c.unchanged.model_dump()
+            # The base's hidden columns of left-out values: a table made before them gets them (and
+            # views that read them) on its next run, as for any change of its fingerprint.
+            doc["unchanged_bookkeeping"] = [n for n, _, _ in bookkeeping_columns(c)]
         if c.old_key:
             doc["old_key"] = c.old_key
         if c.deleted_column:
@@ -115,7 +126,7 @@ class CdcMode(TableMode):
         from cdc_compaction import sql
 
         m, t = self.macros(), sql.context(cfg)
-        rule = {
+        rule: dict[str, Any] = {
             "reject_reason": str(m.reject_reason(t)).strip(),
             "rank": str(m.rank(t)).strip(),
             "is_delete": str(m.is_delete(t)).strip(),
@@ -126,9 +137,26 @@ class CdcMode(TableMode):
             extra = ", ".join(f"`{c}`" for c in FRESH_EXTRA_COLUMNS)
             rule["keyed_events"] = str(m.keyed_events(t, extra, f"`{FRESH_VIEW}`", "TRUE")).strip()
         # Partial rows: each left-out column's value as a window over the key's events (see _rule.sql.j2).
-        for col in t.unchanged_columns:
+        for col, book in zip(t.unchanged_columns, t.unchanged_from, strict=True):
             rule[f"fill:{col}"] = str(m.filled(t, col)).strip()
+            # Where the value came from, remembered in hidden columns (bookkeeping); the base row
+            # read back as the event it was (its left-out value left out again), and the event
+            # the value came from, replayed (see _rule.sql.j2).
+            rule[f"{UNCHANGED_PREFIX}{col}"] = {
+                "left": [book["left"], str(m.is_unchanged(t, col)).strip()],
+                "book": {name: str(m.fill_from(t, col, part)).strip() for part, name in book["parts"]},
+                "as_event": str(m.as_event(t, col)).strip(),
+                "source_where": str(m.has_source(t, col)).strip(),
+                "source": {o: str(m.source_value(t, col, o)).strip() for o in book["source_columns"]},
+                **({"carried": str(m.carried(t, col)).strip()} if t.old_key else {}),
+            }
+        if t.unchanged_columns:
+            # The hidden columns the job writes after the registry's (validate expects them there).
+            rule["unchanged_columns"] = [[n, kind] for n, kind, _ in bookkeeping_columns(self._cfg(cfg))]
         return rule
+
+    def output_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
+        return [(n, t) for n, t, _ in bookkeeping_columns(self._cfg(cfg))]
 
     def plan_fields(self, cfg: TableConfig, parent: Commit) -> dict[str, Any]:
         c = self._cfg(cfg)
@@ -240,3 +268,42 @@ class CdcMode(TableMode):
                 else []
             ),
         ]
+
+
+def bookkeeping(c: CdcTable) -> list[dict[str, Any]]:
+    """Per left-out column (registry ``unchanged``): the hidden base columns saying where its value came from.
+
+    ``left``: the row's own event left the column out, so its value was filled from an earlier
+    event; ``parts``: (what the rule orders by, hidden column) for that event's place in the
+    order (the ``order_by`` values, then increment, file and row: all NULL when no event ever
+    carried a value). Named by the column's position among the registry's columns (a name
+    may be up to 128 characters already). ``source_columns``: the columns of a replayed source event.
+    """
+    if c.unchanged is None:
+        return []
+    found = []
+    for name in c.unchanged.columns:
+        k = c.column_names.index(name) + 1
+        parts = [(o, f"_cdc_from_{k}_o{j}") for j, o in enumerate(c.order_by, 1)]
+        parts += [(p, f"_cdc_from_{k}_{p.removeprefix('_cdc_')}") for p in PROVENANCE]
+        found.append(
+            {
+                "column": name,
+                "left": f"_cdc_left_{k}",
+                "parts": parts,
+                "source_columns": [*c.order_by, *PROVENANCE, *c.unchanged.columns, c.op_column],
+            }
+        )
+    return found
+
+
+def bookkeeping_columns(c: CdcTable) -> list[tuple[str, str, str]]:
+    """(name, Hive type, comment) of :func:`bookkeeping`'s hidden columns, in the order the job writes them."""
+    types = {col.name: col.type for col in c.columns}
+    types |= {"_cdc_increment": "string", "_cdc_file": "string", "_cdc_pos": "bigint"}
+    cols = []
+    for book in bookkeeping(c):
+        col = book["column"]
+        cols.append((book["left"], "boolean", f"true: the event left {col} out; its value is an earlier event's"))
+        cols += [(name, types[part], f"{part} of the event {col} was last set by") for part, name in book["parts"]]
+    return cols

@@ -8,12 +8,13 @@ table's properties makes an unchanged registry cost no DDL and no JVM.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 from cdc_compaction import sql
 from cdc_compaction.exceptions import SchemaChangeError
 from cdc_compaction.hive_types import hive_widening
-from cdc_compaction.identifiers import normalize_hive_type
+from cdc_compaction.identifiers import RESERVED_PREFIX, normalize_hive_type
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN
 from cdc_compaction.lake import EMPTY_VERSION
 from cdc_compaction.metastore import connect
@@ -32,7 +33,13 @@ def _check_columns(rt: Runtime, table: str, existing: list[Any], extra: list[str
     Refuse drops, renames and any type change that is not a widening.
     """
     registry = {c.name.lower(): c for c in rt.cfg.columns}
-    have = {c.name.lower(): c for c in existing if c.name.lower() not in extra}
+    # A registry column never starts with the reserved prefix: such a column is the pipeline's own
+    # (a mode's hidden column left from an option since removed, as cdc's unchanged bookkeeping).
+    have = {
+        c.name.lower(): c
+        for c in existing
+        if c.name.lower() not in extra and not c.name.lower().startswith(RESERVED_PREFIX)
+    }
     gone = [c for c in have if c not in registry]
     if gone:
         raise SchemaChangeError(
@@ -110,6 +117,15 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
                 extra = [*META_COLUMNS, *own, PARTITION_COLUMN]
             missing, widen = _check_columns(rt, name, list(t.sd.cols), extra)
             widened[name] = widen
+            if name in (names["base_table"], names["tombstones_table"]):
+                # The mode's hidden columns (cdc: the bookkeeping of left-out values) a table made
+                # before them lacks: the views read them; old files read NULL there.
+                have = {c.name.lower() for c in t.sd.cols}
+                missing += [
+                    SimpleNamespace(name=n, type=kind, comment="")
+                    for n, kind in mode.output_columns(cfg)
+                    if n.lower() not in have
+                ]
             if missing:
                 statements.append(sql.add_columns_statement(cfg, name, missing))
             statements.append(sql.set_fingerprint_statement(cfg, name))
