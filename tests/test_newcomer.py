@@ -62,8 +62,6 @@ def test_a_newcomer_compacts_the_docs_first_table_from_the_wheel(
     registry = project / "include" / "registry"
     registry.mkdir(parents=True)
     (registry / "shop.customers.yaml").write_text(registry_yaml)
-    # The schema comment's relative path: the docs' file sits two levels below the schema.
-    (project / "registry.schema.json").write_text((REPO / "registry.schema.json").read_text())
 
     # An Airflow of the wheel's venv only; the DAGs folder holds the one-line loader of docs/deployment.md.
     (loader,) = _blocks(_section(DEPLOYMENT, "Running it in a real Airflow"), "python")
@@ -76,6 +74,8 @@ def test_a_newcomer_compacts_the_docs_first_table_from_the_wheel(
     # Installed, relative storage roots and the default registry are the working directory's
     # (docs/deployment.md, "Installing the package"): the newcomer works in the project directory.
     env["CDC_PROJECT_ROOT"] = str(project)
+    # And no CDC_REGISTRY_DIR: the registry is the page's include/registry under the project root.
+    del env["CDC_REGISTRY_DIR"]
     # The connections `make airflow-ui` defines (devenv.airflow_env): Spark local[*] through
     # spark-submit and the local metastore; nothing else of the clone's environment.
     clone = airflow_env(tmp_path / "airflow", metastore.uri, warehouse_dir=metastore.home / "warehouse", base={})
@@ -88,8 +88,11 @@ def test_a_newcomer_compacts_the_docs_first_table_from_the_wheel(
     env["PATH"] = os.pathsep.join([str(installed / "bin"), str(spark_bin), "/usr/bin", "/bin"])
     env["PYSPARK_PYTHON"] = str(installed / "bin" / "python")
 
-    # Step 2: validate (the wheel's `make lint-registry`), with the line the docs promise.
-    validate = _run(installed, env, project, "cdc-compaction", "registry", "validate")
+    # Step 2: validate, with the line the docs promise.
+    # The command the page names for an installed package (the clone's `make lint-registry` runs it).
+    validate_command = re.search(r"\(`(cdc-compaction registry validate)` from an installed package\)", first_table)
+    assert validate_command, "step 2 names the installed package's validate command"
+    validate = _run(installed, env, project, *validate_command.group(1).split())
     assert validate.returncode == 0, validate.stdout + validate.stderr
     promised = re.search(r"make lint-registry\s+# (.+)", shell).group(1)  # type: ignore[union-attr]
     assert promised.strip() in validate.stdout, validate.stdout
