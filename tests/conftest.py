@@ -324,3 +324,19 @@ def race(n: int, action: Callable[[int], None]) -> tuple[list[int], list[int], l
     for t in threads:
         t.join()
     return won, lost, other
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once per session (tests/wheel_helpers.py)."""
+    from wheel_helpers import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel and the test venv's third-party packages (tests/wheel_helpers.py)."""
+    from wheel_helpers import install_wheel
+
+    return install_wheel(wheel, tmp_path_factory.mktemp("venv"), tmp_path_factory.mktemp("site-mirror"))
