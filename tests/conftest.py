@@ -16,6 +16,11 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# The registry parse cache (registry.py) is per user under ~/.cache: tests keep theirs in a folder of this run.
+if "CDC_PARSE_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CDC_PARSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cdc-parse-cache-")
 # py4j logs "Closing down clientserver connection" from __del__ after pytest closed its streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 

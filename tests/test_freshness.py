@@ -171,3 +171,40 @@ def test_a_failing_duckdb_target_never_stops_a_publish(make_cfg: Any, runtime: A
     assert rt.lake.latest_commit().seq == 1
     assert _view(spark, rt) == {1: "Ann"}
     assert views.FAILURES.get("duckdb_views", 0) > before
+
+
+def test_the_refresher_follows_the_compaction_policy(make_cfg: Any, runtime: Any, caplog: Any) -> None:
+    """Under ``policy: threshold`` the refresher measures what it shows as plan does and says when compaction is due."""
+    policy = {"policy": "threshold", "pending_files": 2, "pending_rows_ratio": None, "pending_age": None}
+    rt = runtime(make_cfg(compaction=policy))
+    ensure_tables(rt)
+    now = T0 + timedelta(minutes=30)
+    first = refresh_pending(rt, now=now)
+    assert first["compaction"]["compact"] is False and first["compaction"]["reason"] == "nothing pending"
+
+    land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", _ms(T0)))])
+    one = refresh_pending(rt, now=now)
+    # The contract (docs, "Compaction policy"): compact once pending_files (2) complete files wait; one does not.
+    assert one["partitions_added"] == ["increment_2026112210"]
+    assert one["compaction"]["compact"] is False
+    assert one["compaction"]["thresholds"] == [
+        {"threshold": "pending_files", "value": 1, "limit": 2, "reached": False, "progress": 0.5}
+    ]
+    land(rt.cfg, "increment_2026112211", [_rows((2, "Bob", "c", _ms(T0)))])
+    caplog.clear()
+    two = refresh_pending(rt, now=now)
+    assert two["compaction"]["compact"] is True
+    assert two["compaction"]["thresholds"][0]["reached"] is True
+    due = [r.getMessage() for r in caplog.records if "compaction is due" in r.getMessage()]
+    assert due and rt.cfg.dag_id in due[0] and rt.cfg.qualified_name in due[0], caplog.text
+
+    # The plan of the table's next run decides the same (it compacts what the refresher said was due).
+    path = plan(rt, run_id="due", now=now)
+    assert json.loads(Path(path).read_text())["compaction"]["compact"] is True
+
+
+def test_the_refresher_of_an_always_table_reports_no_policy(make_cfg: Any, runtime: Any) -> None:
+    rt = runtime(make_cfg())
+    ensure_tables(rt)
+    land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", _ms(T0)))])
+    assert "compaction" not in refresh_pending(rt, now=T0 + timedelta(minutes=30))

@@ -47,6 +47,26 @@ def test_the_dag_offers_compact_force_and_refreshes_the_view_after_skipped_steps
     assert {rules[s] for s in ("validate", "publish", "archive", "compact")} == {"all_success"}
 
 
+@pytest.mark.parametrize(("conf", "want"), [(None, "auto"), ({"compact": "force"}, "force")])
+def test_every_task_of_a_run_sees_the_compact_param(tmp_path: Path, conf: dict | None, want: str) -> None:
+    """The param is set on the built DAG (cheaper to parse); a task's context still has it, as Airflow builds it."""
+    from airflow.sdk.definitions.param import process_params
+
+    dag = factory.build_dag(_cfg(tmp_path))
+    dag.params.validate()  # the default satisfies its own schema (Airflow skips this for params set late)
+    for task in dag.tasks:
+        assert process_params(dag, task, conf, suppress_exception=False)["compact"] == want, task.task_id
+
+
+def test_a_run_with_an_unknown_compact_value_is_refused(tmp_path: Path) -> None:
+    from airflow.sdk.definitions.param import process_params
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = factory.build_dag(_cfg(tmp_path))
+    with pytest.raises(ParamValidationError, match="forse"):
+        process_params(dag, dag.get_task("plan"), {"compact": "forse"}, suppress_exception=False)
+
+
 @pytest.mark.parametrize(("params", "force"), [({"compact": "force"}, True), ({"compact": "auto"}, False), ({}, False)])
 def test_the_plan_task_passes_the_force_param(tmp_path: Path, monkeypatch: Any, params: dict, force: bool) -> None:
     seen: dict[str, Any] = {}

@@ -607,8 +607,6 @@ def build_dag(cfg: TableConfig) -> DAG:
         ),
         doc_md=doc_md(cfg),
         render_template_as_native_obj=False,
-        # Read by the plan task from the context (never rendered): force compacts whatever the policy says.
-        params={COMPACT_PARAM: _compact_param()},
     ) as dag:
         # Plain operators, not @task: the decorator's signature binding and XComArg wiring cost
         # about a third of a 500-table parse. The steps, their order, task ids and docs come from
@@ -742,6 +740,14 @@ def build_dag(cfg: TableConfig) -> DAG:
             doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
         made[order.PLAN][1] >> [made[s][1] for s in after_plan]
+    # Read by the plan task from the context (never rendered): force compacts whatever the policy says.
+    # Set on the built DAG, not passed to DAG(): Airflow deep-copies a DAG's params into every
+    # operator it builds (three times each, once per class of its hierarchy) and validates them
+    # against their JSON schema when the DAG is made, which cost a quarter of a 500-table parse.
+    # A run sees the same params: a task's context merges the DAG's params with its own and the
+    # run's conf (airflow.sdk.definitions.param.process_params), and the trigger form shows the
+    # DAG's. tests/test_factory.py checks the param's default against its schema once.
+    dag.params[COMPACT_PARAM] = _compact_param()
     return dag
 
 

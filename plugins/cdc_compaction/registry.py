@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from cdc_compaction.credentials import WHERE_CREDENTIALS_BELONG, credential_key
 from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
 from cdc_compaction.registry_errors import Context, Located, explain, load_located, yaml_error
+
+log = logging.getLogger(__name__)
 
 REGISTRY_SUFFIXES = (".yaml", ".yml")
 #: Airflow's limit on a DAG id (``ID_LEN``).
@@ -1758,7 +1761,9 @@ def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) 
             related = _related_files(resolved, signature, frozenset(own), lake_base, defaults_sig)
             subset = tuple(s for s in signature if s[0] in related)
             return [e for e in _load_cached(resolved, subset, lake_base, defaults_sig) if str(e.path) in own]
-    return list(_load_cached(resolved, signature, lake_base, defaults_sig))
+    # The whole registry (the DAG processor's parse, every 30 s in a fresh process) is shared across
+    # processes; a task's subset is cheap to validate and would only crowd the whole one out.
+    return list(_load_cached(resolved, signature, lake_base, defaults_sig, share=True))
 
 
 def _signature(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
@@ -1917,13 +1922,127 @@ def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
         )
 
 
+#: Where validated registries are kept between processes (``$CDC_PARSE_CACHE_DIR``; ``off``: nowhere).
+PARSE_CACHE_ENV = "CDC_PARSE_CACHE_DIR"
+_PARSE_CACHE_FORMAT = 1
+_PARSE_CACHE_KEEP = 8
+
+
+def _parse_cache_dir() -> Path | None:
+    """The cache directory, created private to this user; None when off or not safe to read from."""
+    import stat
+
+    setting = os.environ.get(PARSE_CACHE_ENV, "")
+    if setting.lower() == "off":
+        return None
+    base = Path(setting) if setting else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    d = base / "cdc_compaction" / "registry" if not setting else base
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = d.stat()
+    except OSError:
+        return None
+    # The cache holds pickles: read them only from a directory nobody else can write to.
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        log.warning("not using the registry parse cache %s: it is not private to this user", d)
+        return None
+    return d
+
+
+@functools.cache
+def _code_signature() -> str:
+    """What the validation code is: every module of this package (name, mtime, size) and pydantic's version."""
+    import pydantic
+
+    root = Path(__file__).resolve().parent
+    parts = [pydantic.VERSION, yaml.__version__]
+    for p in sorted(root.rglob("*.py")):
+        st = p.stat()
+        parts.append(f"{p.relative_to(root)}:{st.st_mtime_ns}:{st.st_size}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _parse_cache_key(
+    directory: str, files: tuple[str, ...], lake_base: str | None, defaults_files: tuple[str, ...]
+) -> str:
+    """A hash of everything a validated entry depends on: the files' bytes, their names, the code, the environment.
+
+    By content, not by modification time: another process (the DAG processor parses the DAG file
+    every 30 s in a fresh one) must never be handed entries of an edited file.
+    """
+    h = hashlib.sha256()
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("CDC_") and k != PARSE_CACHE_ENV)
+    head = [_PARSE_CACHE_FORMAT, _code_signature(), directory, lake_base, os.getcwd(), env]
+    h.update(repr(head).encode())
+    for group in (files, defaults_files):
+        h.update(b"\0group")
+        for f in group:
+            h.update(f.encode("utf-8", "surrogateescape") + b"\0")
+            with open(f, "rb") as fh:  # the raw bytes, whatever the file holds
+                h.update(hashlib.sha256(fh.read(MAX_FILE_BYTES + 1)).digest())
+    return h.hexdigest()
+
+
+def _cached_across_processes(
+    directory: str,
+    signature: tuple[tuple[str, int, int], ...],
+    lake_base: str | None,
+    defaults_sig: tuple[tuple[str, int, int], ...],
+) -> tuple[RegistryEntry, ...]:
+    """:func:`_validate_all`, reusing the entries an earlier process validated from the same bytes.
+
+    Only a registry whose every entry is valid is kept (errors are rare and re-explained each
+    time). Any trouble with the cache (unreadable, full disk, a stale pickle) falls back to
+    validating: the cache can make a parse faster, never different.
+    """
+    import pickle
+
+    cache = _parse_cache_dir()
+    key = None
+    if cache is not None:
+        try:
+            key = _parse_cache_key(
+                directory, tuple(f for f, _, _ in signature), lake_base, tuple(f for f, _, _ in defaults_sig)
+            )
+            hit = cache / f"{key}.pickle"
+            if hit.is_file():
+                entries = pickle.loads(hit.read_bytes())  # our own file, in a private directory
+                if isinstance(entries, tuple) and all(isinstance(e, RegistryEntry) for e in entries):
+                    return entries
+        except Exception:  # a cache problem must not fail the parse
+            log.debug("registry parse cache unusable; validating every file", exc_info=True)
+    entries = _validate_all(signature, defaults_sig)
+    if cache is not None and key is not None and all(e.error is None for e in entries):
+        try:
+            tmp = cache / f".{key}.{os.getpid()}.tmp"
+            tmp.write_bytes(pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL))
+            os.replace(tmp, cache / f"{key}.pickle")
+            old = sorted(cache.glob("*.pickle"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for stale in old[_PARSE_CACHE_KEEP:]:
+                stale.unlink(missing_ok=True)
+        except Exception:  # as above: the parse goes on without the cache
+            log.debug("could not write the registry parse cache", exc_info=True)
+    return entries
+
+
 @functools.lru_cache(maxsize=16)
 def _load_cached(
     directory: str,
     signature: tuple[tuple[str, int, int], ...],
     lake_base: str | None,
     defaults_sig: tuple[tuple[str, int, int], ...] = (),
+    share: bool = False,
 ) -> tuple[RegistryEntry, ...]:
+    # Once per process here; with ``share`` across processes too (the parse cache, keyed by the files' bytes).
+    if share:
+        return _cached_across_processes(directory, signature, lake_base, defaults_sig)
+    return _validate_all(signature, defaults_sig)
+
+
+def _validate_all(
+    signature: tuple[tuple[str, int, int], ...], defaults_sig: tuple[tuple[str, int, int], ...]
+) -> tuple[RegistryEntry, ...]:
+    """Validate every file of ``signature`` and check them against each other (one table per file, own roots)."""
     entries: list[RegistryEntry] = []
     defaults = _defaults_cached(defaults_sig)
     for file, _mtime, _size in signature:

@@ -5,6 +5,7 @@ On real storage, metastore and Spark (moved here from ``tests/test_tasks.py``).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
 from cdc_compaction.sql import table_names
 
-from .helpers import student_rows
+from .helpers import REGION_COLUMNS, student_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
@@ -160,3 +161,71 @@ def test_unchanged_set_on_a_live_table_adds_its_hidden_columns_and_can_be_remove
         2: "b",
     }
     ensure_tables(runtime(cfg))  # unchanged removed: its hidden columns stay, no SchemaChangeError
+
+
+def _executions(spark: Any) -> list[tuple[int, str]]:
+    """Every SQL execution Spark itself recorded for the session, oldest first: (id, its command and arguments).
+
+    Read from the session's SQL status store (what Spark's SQL tab shows; it is kept with the UI
+    off too): each statement ``spark.sql`` runs, a DDL command included, is one execution there.
+    """
+    jvm_sc = spark.sparkContext._jsc.sc()
+    jvm_sc.listenerBus().waitUntilEmpty()  # the store is filled by a listener: let it catch up
+    found = spark._jsparkSession.sharedState().statusStore().executionsList()
+    out = []
+    for i in range(found.size()):
+        plan = found.apply(i).physicalPlanDescription().splitlines()
+        # "== Physical Plan ==", then the command ("Execute CreateDataSourceTableCommand (1)"), then its arguments.
+        args = next((line for line in plan if line.startswith("Arguments")), "")
+        out.append((found.apply(i).executionId(), " ".join([*plan[1:2], args])))
+    return out
+
+
+def _ran_since(spark: Any, before: list[tuple[int, str]]) -> list[str]:
+    last = max((i for i, _ in before), default=-1)
+    return [text for i, text in _executions(spark) if i > last]
+
+
+_CREATE_TABLE = re.compile(r"Create\w*Table\w*Command")
+
+
+@pytest.mark.parametrize("kind", ["cdc", "snapshot", "partitioned"])
+def test_an_unchanged_table_costs_no_ddl_and_a_changed_or_dropped_one_gets_it(
+    kind: str, make_cfg, make_snapshot_cfg, runtime, spark
+) -> None:
+    """Counted by the engine that runs the DDL (the session's own execution log), not by the step's report."""
+    if kind == "snapshot":
+        cfg = make_snapshot_cfg()
+    elif kind == "partitioned":
+        cfg = make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"})
+    else:
+        cfg = make_cfg()
+    before = _executions(spark)
+    ensure_tables(runtime(cfg))
+    created = _ran_since(spark, before)
+    assert any(_CREATE_TABLE.search(s) for s in created), created
+
+    before = _executions(spark)
+    ensure_tables(runtime(cfg))
+    assert _ran_since(spark, before) == [], "an unchanged table ran DDL"
+
+    # A registry change (a new column) reaches every table: ADD COLUMNS and the new fingerprint.
+    grown = cfg.model_copy(update={"columns": [*cfg.columns, cfg.columns[1].model_copy(update={"name": "email"})]})
+    before = _executions(spark)
+    ensure_tables(runtime(grown))
+    ran = _ran_since(spark, before)
+    assert any("AddColumns" in s for s in ran) and any("cdc.fingerprint" in s for s in ran), ran
+    before = _executions(spark)
+    ensure_tables(runtime(grown))
+    assert _ran_since(spark, before) == [], "the changed table, once updated, ran DDL again"
+
+    # A table dropped behind the step's back is created again.
+    names = table_names(cfg)
+    with connect(runtime(cfg).metastore) as ms:
+        assert ms.drop_table(cfg.database, names["compactor_table"])
+    before = _executions(spark)
+    ensure_tables(runtime(grown))
+    ran = _ran_since(spark, before)
+    assert any(_CREATE_TABLE.search(s) and names["compactor_table"] in s for s in ran), ran
+    with connect(runtime(cfg).metastore) as ms:
+        assert ms.get_table(cfg.database, names["compactor_table"]) is not None

@@ -264,12 +264,42 @@ def refresh_pending(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
         shown = sync(rt, ms, pending, latest, drop_gone=True)
     if pending.held_back:
         shown["held_back"] = pending.held_back
+    if rt.cfg.compaction.policy == "threshold":
+        shown["compaction"] = _compaction_due(rt, latest, pending, now)
     # Between runs too: a table whose runs stopped publishing breaches its SLO without a publish to see it.
     if rt.cfg.slo is not None:
         from cdc_compaction import slo
 
         shown["slo"] = slo.check_quietly(rt.cfg, rt.lake, now)
     return shown
+
+
+def _compaction_due(rt: Runtime, latest: Commit, pending: Pending, now: datetime) -> dict[str, Any]:
+    """The ``compaction.policy`` decision over what the refresher just showed (docs, "Compaction policy").
+
+    Under ``threshold`` the views carry the pending increments until a threshold is reached; the
+    refresher sees them grow every few minutes, so it measures them as ``plan`` does (the same
+    files, footers and live version) and says when the table's compaction is due: in its result
+    and in a warning that names the DAG to trigger, instead of leaving readers to pay the growing
+    merge until the table's next scheduled run finds out.  It never compacts itself (no Spark,
+    no lease): the table's own run does, whenever it starts.
+    """
+    from cdc_compaction.pipeline.plan import pending_load
+    from cdc_compaction.policy import decide
+
+    decision = decide(rt.cfg.compaction, pending_load(rt.cfg, latest, pending.files), now)
+    out = decision.to_dict()
+    if not pending.files:  # a run would find an empty plan and stop there (as status says it)
+        out.update(compact=False, reason="nothing pending")
+    elif decision.compact:
+        log.warning(
+            "%s: compaction is due (%s); the next run of DAG %s compacts every pending increment, "
+            "or trigger it now to compact at once",
+            rt.cfg.qualified_name,
+            decision.reason,
+            rt.cfg.dag_id,
+        )
+    return out
 
 
 def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
