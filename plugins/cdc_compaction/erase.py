@@ -691,6 +691,11 @@ def _roll_forward(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
                 kept = split[0]
                 lake.storage.write_bytes(e["path"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         rewritten.append(e["path"])
+    # Files were rewritten in place: a table format's metadata (sizes, column bounds) is derived, so it is
+    # written anew from the kept commits rather than filtered (formats.is_metadata_path). Never raises.
+    from cdc_compaction import formats
+
+    formats.regenerate_formats(formats.runtime_for(lake.cfg, lake))
     fault_point("erase.before_audit", table)
     audit = {
         "erase_id": journal["erase_id"],
