@@ -278,3 +278,149 @@ def test_formats_default_to_none_come_from_the_databases_defaults_and_are_named_
     assert "field 'formats.0': Input should be 'delta' or 'iceberg'" in str(entries["tests.bad.yaml"].error)
     (tmp_path / "tests" / "_database.yaml").unlink()
     assert {e.path.name: e.config.formats for e in load_registry(tmp_path) if e.config}["tests.plain.yaml"] == []
+
+
+# ------------------------------------------------------------------------------ through the real steps
+def land_rows(cfg: TableConfig, increment: str, rows: list[dict[str, Any]], types: dict[str, pa.DataType]) -> None:
+    """One change file in ``increment``, as the replicator lands it."""
+    target = Path(Lake(cfg).layout.incremental) / increment
+    target.mkdir(parents=True)
+    cols = {name: pa.array([r.get(name) for r in rows], t) for name, t in types.items()}
+    pq.write_table(pa.table(cols), target / "part-00000.parquet")
+
+
+STUDENT = {"id": pa.int32(), "full_name": pa.string(), "op": pa.string(), "ts_ms": pa.int64()}
+
+
+def rows_of(root: str, version: int | None = None, columns: tuple[str, ...] = ("id", "full_name")) -> list[tuple]:
+    """Both readers must agree; rows as sorted tuples."""
+    a = sorted(
+        tuple(r[c] for c in columns) for r in deltalake.DeltaTable(root, version=version).to_pyarrow_table().to_pylist()
+    )
+    b = sorted(tuple(r[c] for c in columns) for r in pl.read_delta(root, version=version).to_dicts())
+    assert a == b, f"delta-rs and polars disagree at version {version}: {a} != {b}"
+    return a
+
+
+def log_text(lake: Lake) -> str:
+    """Everything the Delta log holds, as text: commit files, and each checkpoint's values."""
+    parts = []
+    for p in sorted(Path(delta.metadata_root(lake)).iterdir()):
+        if p.name.endswith(".parquet"):
+            parts.append(json.dumps(pq.read_table(p).to_pylist(), default=str))
+        else:
+            parts.append(p.read_text())
+    return "\n".join(parts)
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_crash_before_the_delta_commit_then_rollback_erase_and_an_added_column(
+    make_cfg: Any, runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import compact_once, finish_run
+
+    from cdc_compaction.erase import erase
+    from cdc_compaction.job.faults import ENV
+    from cdc_compaction.pipeline.plan import plan
+    from cdc_compaction.pipeline.publish import publish
+    from cdc_compaction.pipeline.tables import ensure_tables
+    from cdc_compaction.travel import rollback
+
+    cfg = make_cfg(formats=["delta"], keep_versions=3, schema_changes="evolve")
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    lake = rt.lake
+    root = delta.table_root(lake)
+    land_rows(
+        cfg,
+        "increment_2026112200",
+        [
+            {"id": 1, "full_name": "ann", "op": "c", "ts_ms": 1},
+            {"id": 2, "full_name": "bob", "op": "c", "ts_ms": 1},
+            {"id": 3, "full_name": "cid", "op": "c", "ts_ms": 1},
+        ],
+        STUDENT,
+    )
+    compact_once(rt, "r1")
+    assert rows_of(root) == [(1, "ann"), (2, "bob"), (3, "cid")]
+
+    # Crash between the lake's commit and the Delta commit: the publish has happened all the same.
+    land_rows(
+        cfg,
+        "increment_2026112201",
+        [
+            {"id": 2, "full_name": "bobby", "op": "u", "ts_ms": 2},
+            {"id": 3, "full_name": "cid", "op": "d", "ts_ms": 2},
+        ],
+        STUDENT,
+    )
+    path = plan(rt, "r2")
+    rt.engine.compact(json.loads(lake.storage.read_text(path)))
+    from cdc_compaction.pipeline.validate import validate
+
+    validate(rt, path)
+    monkeypatch.setenv(ENV, f"formats.before_delta_commit@{cfg.qualified_name}=raise")
+    before = formats.FAILURES[cfg.qualified_name]
+    published = publish(rt, path)
+    assert published["seq"] == 2 and lake.latest_commit().seq == 2
+    assert "injected fault at formats.before_delta_commit" in published["formats"]["failed"]["delta"]
+    assert formats.FAILURES[cfg.qualified_name] == before + 1
+    assert delta.commit_seqs(lake) == {0: 0, 1: 1}, "no Delta commit 2 yet"
+    assert rows_of(root) == [(1, "ann"), (2, "bob"), (3, "cid")], "readers see commit 1 whole"
+    monkeypatch.delenv(ENV)
+    # A re-run of publish (Airflow's retry) re-derives it, once; another re-run writes nothing.
+    again = publish(rt, path)
+    assert again["formats"] == {"failed": {}, "delta": {"written": [2], "started_at": None, "version": 2}}
+    assert publish(rt, path)["formats"]["delta"]["written"] == []
+    from cdc_compaction.pipeline.archive import archive
+
+    archive(rt, path)
+    assert delta.commit_seqs(lake) == {0: 0, 1: 1, 2: 2}
+    assert rows_of(root) == [(1, "ann"), (2, "bobby")]
+    assert rows_of(root, 1) == [(1, "ann"), (2, "bob"), (3, "cid")]
+
+    # An added column (schema_changes: evolve): a metaData action, readers see the new column.
+    land_rows(
+        cfg,
+        "increment_2026112202",
+        [
+            {"id": 4, "full_name": "dan", "op": "c", "ts_ms": 3, "email": "dan@example.com"},
+        ],
+        {**STUDENT, "email": pa.string()},
+    )
+    compact_once(rt, "r3")
+    schema = deltalake.DeltaTable(root).schema()
+    assert "email" in [f.name for f in schema.fields]
+    assert rows_of(root, columns=("id", "full_name", "email")) == [
+        (1, "ann", None),
+        (2, "bobby", None),
+        (4, "dan", "dan@example.com"),
+    ]
+    assert "email" not in [f.name for f in deltalake.DeltaTable(root, version=2).schema().fields]
+
+    # A rollback is a new Delta commit carrying its own seq.
+    rollback(cfg, 2, rt.metastore, by="test")
+    # Commit 3's publish expired commit 0 (keep_versions: 3); a rollback deletes no version itself.
+    assert delta.commit_seqs(lake) == {1: 1, 2: 2, 3: 3, 4: 4}
+    assert rows_of(root) == [(1, "ann"), (2, "bobby")]
+    assert [h.get("operation") for h in deltalake.DeltaTable(root).history(1)] == ["RESTORE"]
+
+    # Erase: its commit is a Delta commit, and no erased value is left anywhere in the log.
+    land_rows(cfg, "increment_2026112203", [{"id": 5, "full_name": "zelda-erased", "op": "c", "ts_ms": 5}], STUDENT)
+    compact_once(rt, "r5")
+    assert (5, "zelda-erased") in rows_of(root)
+    assert "zelda-erased" in log_text(lake)  # a bound of commit 5's file: the test can see it
+    erase(cfg, "id = 5", actor="test")
+    live = lake.latest_commit()
+    assert live.plan_id.startswith("erase-") and live.seq == 6
+    assert sorted(delta.commit_seqs(lake)) == [4, 5, 6], "the kept commits (keep_versions: 3)"
+    assert "zelda-erased" not in log_text(lake)
+    for v in (5, 6):
+        assert rows_of(root, v) == [(1, "ann"), (2, "bobby")]
+    # The next publish appends after the regenerated log; still one version per commit.
+    land_rows(cfg, "increment_2026112204", [{"id": 6, "full_name": "fay", "op": "c", "ts_ms": 6}], STUDENT)
+    compact_once(rt, "r7")
+    assert delta.commit_seqs(lake) == {v: v for v in (5, 6, 7)}
+    assert rows_of(root) == [(1, "ann"), (2, "bobby"), (6, "fay")]
+    _ = finish_run  # the steps above are finish_run's, split to crash between them
