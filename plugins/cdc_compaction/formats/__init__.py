@@ -46,7 +46,6 @@ from __future__ import annotations
 import collections
 import importlib
 import logging
-import posixpath
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cdc_compaction.exceptions import FormatError
@@ -259,8 +258,3 @@ def runtime_for(cfg: TableConfig, lake: Lake) -> Runtime:
     from cdc_compaction.settings import metastore_from_env
 
     return Runtime(cfg=cfg, lake=lake, metastore=metastore_from_env(), engine=_NoSpark())  # type: ignore[arg-type]
-
-
-def metadata_dirs(lake: Lake) -> list[str]:
-    """Every loadable format's metadata directory of ``lake`` (for listings and docs)."""
-    return [posixpath.normpath(f.metadata_root(lake)) for n in FORMATS if (f := _loadable(n)) is not None]
