@@ -241,6 +241,22 @@ def test_a_table_without_formats_writes_no_log(make_cfg: Any) -> None:
     assert not Path(delta.metadata_root(lake)).exists()
 
 
+def test_a_format_taken_out_of_the_registry_leaves_no_stale_log(make_cfg: Any) -> None:
+    """Nothing keeps an unlisted format's log current: it is deleted, not left showing an old version."""
+    cfg = make_cfg(formats=["delta"], keep_versions=5)
+    lake = Lake(cfg)
+    write_version(lake, 1, STATES[0])
+    sync_up_to(cfg, lake, 1)
+    assert delta_rows(delta.table_root(lake)) == STATES[0]
+    plain = cfg.model_copy(update={"formats": []})
+    write_version(lake, 2, STATES[1])
+    assert sync_up_to(plain, lake, 2) == {"failed": {}, "dropped": ["delta"]}
+    assert not Path(delta.metadata_root(lake)).exists()
+    # Listed again: the log starts anew from the kept commits.
+    assert sync_up_to(cfg, lake, 2)["delta"]["written"] == [0, 1, 2]
+    assert delta_rows(delta.table_root(lake)) == STATES[1]
+
+
 def test_a_format_that_fails_is_counted_and_never_raises(make_cfg: Any) -> None:
     cfg = make_cfg(formats=["delta"])
     lake = Lake(cfg)

@@ -16,7 +16,9 @@ Like the change feed (``pipeline/changes.py``) the metadata is derived data:
 * retention calls :func:`expire_formats` *before* it deletes a version's files: no metadata a
   reader can open names a deleted file (if that fails, retention keeps the files this time);
 * an erase rewrites files in place, so after its commit :func:`regenerate_formats` rebuilds the
-  metadata from the kept commits (no statistic keeps an erased value).
+  metadata from the kept commits (no statistic keeps an erased value);
+* a format the table stops listing is not kept current, so the next sync deletes its metadata
+  (listed again, it starts anew from the kept commits).
 
 The interface every format module implements (:class:`TableFormat`; ``formats/delta.py`` is one)::
 
@@ -133,6 +135,7 @@ def sync_formats(rt: Runtime, live_seq: int | None = None) -> dict[str, Any]:
     """
     cfg, lake = rt.cfg, rt.lake
     done: dict[str, Any] = {"failed": {}}
+    _drop_unlisted(rt, done)
     if not cfg.formats:
         return done
     try:
@@ -159,6 +162,24 @@ def sync_formats(rt: Runtime, live_seq: int | None = None) -> dict[str, Any]:
             _count(cfg, name)
             done["failed"][name] = str(exc)
     return done
+
+
+def _drop_unlisted(rt: Runtime, done: dict[str, Any]) -> None:
+    """Delete the metadata of a format the table no longer lists: nothing keeps it current any more, so
+    a reader would see an old version as the table (and files retention deletes).  Never raises."""
+    for name in FORMATS:
+        if name in rt.cfg.formats:
+            continue
+        try:
+            fmt = _loadable(name)
+            if fmt is not None and rt.lake.storage.exists(fmt.metadata_root(rt.lake)):
+                rt.lake.storage.delete_tree(fmt.metadata_root(rt.lake))
+                log.info("%s: %s is no longer in formats: its metadata was deleted", rt.cfg.qualified_name, name)
+                done.setdefault("dropped", []).append(name)
+        except Exception as exc:
+            log.exception("%s: the metadata of %s (no longer in formats) was not deleted", rt.cfg.qualified_name, name)
+            _count(rt.cfg, name)
+            done["failed"][name] = str(exc)
 
 
 def expire_formats(rt: Runtime, keep_seqs: set[int]) -> bool:
