@@ -22,6 +22,8 @@ BROWSER_PACKAGES ?= chromium
 BENCH_SIZES ?= 1000000,5000000
 export BENCH_SIZES
 BENCH_STAMP := $(VENV)/.bench-installed
+# make docs: the docs site's tools (requirements-docs.txt); the site is written to .run/site.
+DOCS_STAMP := $(VENV)/.docs-installed
 # make serve-sql: the JDBC port of Spark's Thrift server on 127.0.0.1.
 SQL_PORT ?= 10000
 
@@ -29,8 +31,10 @@ export PYTHONPATH := $(CURDIR)/plugins
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PATH := $(CURDIR)/$(BIN):$(PATH)
+# mkdocs-material prints a banner about its successor on every build: the docs build's output stays its own.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help install check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql bench lock clean
+.PHONY: help install check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -42,14 +46,14 @@ check-java:  ## fail early, with a clear message, without Java 17+
 	@command -v javac >/dev/null || { echo "javac is missing: install a full JDK 17+ (the local metastore launcher is compiled once)"; exit 1; }
 
 check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs them as root, else a clear message
-	@$(BIN)/python -m cdc_compaction postgres check 2>/dev/null || { \
+	@$(BIN)/cdc-compaction postgres check 2>/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing $(PG_PACKAGES) (the tests' CDC source and Airflow metadata DB)"; \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PG_PACKAGES) >/dev/null 2>&1 || \
 	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PG_PACKAGES) >/dev/null; } || \
 	      { echo "apt-get could not install $(PG_PACKAGES)"; exit 1; }; \
 	  else echo "PostgreSQL's server and wal2json are needed: install them, e.g. sudo apt-get install $(PG_PACKAGES)"; fi; \
-	  $(BIN)/python -m cdc_compaction postgres check; }
+	  $(BIN)/cdc-compaction postgres check; }
 
 check-browser:  ## Chromium for the browser test: apt-get installs it as root, else a clear message
 	@command -v chromium >/dev/null || { \
@@ -60,21 +64,25 @@ check-browser:  ## Chromium for the browser test: apt-get installs it as root, e
 	      { echo "apt-get could not install $(BROWSER_PACKAGES)"; exit 1; }; \
 	  else echo "Chromium is needed for tests/test_browser.py: install it, e.g. sudo apt-get install $(BROWSER_PACKAGES)"; exit 1; fi; }
 
-$(STAMP): requirements.txt requirements-build.txt
+$(STAMP): requirements.txt requirements-build.txt pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@# requirements.txt pins the whole tree, so skip pip's resolver, then let pip check it.
 	$(BIN)/pip install --quiet --no-deps -r requirements.txt -r requirements-build.txt
+	@# The project itself, editable: the cdc-compaction command, and the entry points through which Airflow
+	@# finds the CDC tables page (airflow.plugins) and lists the package (apache_airflow_provider).
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
 	@$(BIN)/python -c 'import pyspark; assert pyspark.__version__ == "4.2.0", pyspark.__version__'
 	touch $(STAMP)
 
-install: check-java $(STAMP)  ## create .venv and install the pinned requirements
+install: check-java $(STAMP)  ## create .venv, install the pinned requirements and the project itself (editable: the cdc-compaction command)
 
-test: install check-postgres check-browser $(BENCH_STAMP)  ## lint, then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes, the UI in a browser)
+test: install check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
 
 test-fast: install check-postgres  ## the quick suites only (no DAG runs)
@@ -82,43 +90,52 @@ test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 
 demo: install  ## generate CDC files for two tables and compact them with the real DAGs on a warm Spark Connect server (ENGINE=spark_submit: a JVM per run; SOURCE=postgres: from a real PostgreSQL)
 	@if [ "$(SOURCE)" = postgres ]; then $(MAKE) --no-print-directory check-postgres; fi
-	$(BIN)/python -m cdc_compaction demo --source $(SOURCE) --engine $(ENGINE)
+	$(BIN)/cdc-compaction demo --source $(SOURCE) --engine $(ENGINE)
 
-fuzz: install  ## many more generated examples of tests/test_generative.py: make fuzz CDC_FUZZ_EXAMPLES=1000
-	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/test_generative.py --hypothesis-show-statistics $(PYTEST_ARGS)
+fuzz: install  ## many more generated examples of tests/test_generative.py and tests/test_erase_sql.py: make fuzz CDC_FUZZ_EXAMPLES=1000
+	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/test_generative.py tests/test_erase_sql.py --hypothesis-show-statistics $(PYTEST_ARGS)
 
 conformance: install  ## run scenario files: make conformance SCENARIOS='<glob>' MODE=inprocess|dag
-	$(BIN)/python -m cdc_compaction conformance --mode $(MODE) $(SCENARIOS)
+	$(BIN)/cdc-compaction conformance --mode $(MODE) $(SCENARIOS)
 
 lint: install  ## ruff (with Airflow's AIR rules)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 lint-registry: install  ## validate every registry file; non-zero exit on any error
-	$(BIN)/python -m cdc_compaction registry validate
+	$(BIN)/cdc-compaction registry validate
 
 metastore-start: install  ## start the local Thrift metastore on 127.0.0.1:9083
-	$(BIN)/python -m cdc_compaction metastore start
+	$(BIN)/cdc-compaction metastore start
 
 metastore-stop:  ## stop it
-	$(BIN)/python -m cdc_compaction metastore stop
+	$(BIN)/python -m cdc_compaction metastore stop  # also before make install (no cdc-compaction yet)
 
 connect-start: install  ## start the local Spark Connect server on 127.0.0.1:15002 (spark.engine: spark_connect), on the local metastore
-	$(BIN)/python -m cdc_compaction connect start
+	$(BIN)/cdc-compaction connect start
 
 connect-stop:  ## stop it
-	$(BIN)/python -m cdc_compaction connect stop
+	$(BIN)/python -m cdc_compaction connect stop  # also before make install (no cdc-compaction yet)
 
-airflow-ui: install  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs (Ctrl-C stops it)
-	$(BIN)/python -m cdc_compaction airflow-ui
+airflow-ui: install check-postgres  ## the Airflow UI on http://127.0.0.1:8080 with this project's DAGs, on a local PostgreSQL (Ctrl-C stops it)
+	$(BIN)/cdc-compaction airflow-ui
 
 serve-sql: install  ## Spark's Thrift JDBC/ODBC server for BI clients: jdbc:hive2://127.0.0.1:10000/default (SQL_PORT=N), with the metastore; Ctrl-C stops it
-	$(BIN)/python -m cdc_compaction serve-sql --port $(SQL_PORT)
+	$(BIN)/cdc-compaction serve-sql --port $(SQL_PORT)
 
 $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(BIN)/pip install --quiet --no-deps -r requirements-bench.txt
 	$(BIN)/pip check
 	touch $(BENCH_STAMP)
+
+$(DOCS_STAMP): requirements-docs.txt $(STAMP)
+	$(BIN)/pip install --quiet --no-deps -r requirements-docs.txt
+	$(BIN)/pip check
+	touch $(DOCS_STAMP)
+
+docs: install $(DOCS_STAMP)  ## the docs site (docs/, MkDocs Material; reference pages generated from the code) in .run/site; strict: a broken link fails
+	$(BIN)/mkdocs build --strict
+	@echo "open .run/site/index.html (or: $(BIN)/mkdocs serve -a 127.0.0.1:8000)"
 
 bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars, partitions, DAG parsing, an hourly run, a day under each compaction policy; results in bench/results/
 	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --out bench/results/compaction.json --no-report

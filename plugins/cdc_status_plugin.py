@@ -1,43 +1,17 @@
-"""Airflow UI plugin: the "CDC tables" page (``/cdc/``) in the navigation, one page per table.
+"""The "CDC tables" page for a plugins folder: a re-export of :mod:`cdc_compaction.airflow_plugin`.
 
 Airflow 3 loads this file from the plugins folder (``plugins/.airflowignore`` keeps the
-``cdc_compaction`` package out of the loader; this file is the only plugin).  The pages are a
-FastAPI app mounted at ``/cdc`` by the api-server; ``external_views`` puts it in the UI's
-navigation as an embedded view.  See :mod:`cdc_compaction.ui`.
+``cdc_compaction`` package out of the loader).  When the package is installed (``make install``,
+``pip install cdc-compaction``) its ``airflow.plugins`` entry point registers the plugin instead:
+this file then exports nothing, because Airflow registers a plugin name once and reports a second
+registration as a plugin import error.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from cdc_compaction.airflow_plugin import registered_by_entry_point
 
-from airflow.plugins_manager import AirflowPlugin
+if not registered_by_entry_point():
+    from cdc_compaction.airflow_plugin import CdcTablesPlugin
 
-URL_PREFIX = "/cdc"
-
-
-class LazyApp:
-    """An ASGI app that builds the pages' FastAPI app on its first request.
-
-    Every Airflow process loads plugins (scheduler, DAG processor, each task runner), but only
-    the api-server serves the pages: the others do not pay for importing FastAPI and the pages.
-    """
-
-    def __init__(self) -> None:
-        self._app: Any = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self._app is None:
-            from cdc_compaction.ui import create_app
-
-            self._app = create_app()
-        await self._app(scope, receive, send)
-
-
-class CdcTablesPlugin(AirflowPlugin):
-    """Mounts the CDC tables pages and links them from the UI's navigation."""
-
-    name = "cdc_compaction_tables"
-    fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "CDC tables"}]
-    external_views = [
-        {"name": "CDC tables", "href": f"{URL_PREFIX}/", "url_route": "cdc-tables", "destination": "nav"},
-    ]
+    __all__ = ["CdcTablesPlugin"]

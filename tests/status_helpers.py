@@ -115,3 +115,66 @@ def build_sample_lake(root: Path, registry: Path | None = None, now: datetime = 
     )
     TableLease(lake).acquire(SAMPLE["lease_owner"], timedelta(hours=2), now - timedelta(minutes=5))
     return configs
+
+
+#: A table whose runs fail (its metastore does not answer) and a registry file that does not validate.
+FAILING: dict[str, Any] = {
+    "table": "shop.badfit",
+    "dag_id": "cdc__shop__badfit",
+    "first_task": "ensure_tables",
+    "broken_file": "shop.broken.yaml",
+    "broken_dag_id": "cdc__shop__broken",
+    "broken_task": "registry_error",
+}
+
+
+def add_failing_entries(root: Path, registry: Path) -> None:
+    """Register :data:`FAILING`'s table (no retries) and write its invalid registry file."""
+    doc = student_doc(root, "badfit", retries=0)
+    doc["database"] = "shop"
+    registry.mkdir(parents=True, exist_ok=True)
+    (registry / "shop.badfit.yaml").write_text(yaml.safe_dump(doc))
+    # No columns and no key: the registry refuses it, and its DAG fails with the error.
+    (registry / FAILING["broken_file"]).write_text("database: shop\ntable: broken\n")
+
+
+def run_failing_dags(env: dict[str, str]) -> None:
+    """Run both DAGs of :data:`FAILING` once with ``airflow dags test`` (real runs, recorded as failed).
+
+    ``env`` is an :func:`cdc_compaction.devenv.airflow_env` whose metastore does not answer, so
+    the table's first task fails at once.
+    """
+    import subprocess
+    import sys
+
+    airflow = str(Path(sys.executable).parent / "airflow")
+    for dag_id in (FAILING["dag_id"], FAILING["broken_dag_id"]):
+        proc = subprocess.run([airflow, "dags", "test", dag_id], env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode != 0 and "failed" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def airflow_with_failed_runs(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """A registry (the sample, :data:`FAILING`'s table and file) and a real Airflow DB after one run of each.
+
+    The DAGs are serialized, the failing table's DAG is unpaused, and both failing DAGs ran once
+    (``airflow dags test``): Airflow itself records the runs, their states and try numbers.
+    Returns the registry directory and the Airflow environment (SQLite under ``tmp/airflow``).
+    """
+    import subprocess
+    import sys
+
+    from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+    from cdc_compaction.local_services import free_port
+
+    registry = tmp / "registry"
+    build_sample_lake(tmp / "lake", registry)
+    add_failing_entries(tmp / "lake", registry)
+    # A metastore port nothing listens on: the failing table's first task fails at once.
+    env = airflow_env(tmp / "airflow", f"thrift://127.0.0.1:{free_port()}", registry_dir=registry)
+    ensure_airflow_db(env)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    for cmd in (["dags", "reserialize"], ["dags", "unpause", FAILING["dag_id"]]):
+        proc = subprocess.run([airflow, *cmd], env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_failing_dags(env)
+    return registry, env

@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from status_helpers import NOW, SAMPLE, build_sample_lake, version_of
+from status_helpers import FAILING, NOW, SAMPLE, add_failing_entries, build_sample_lake, run_failing_dags, version_of
 
 from cdc_compaction.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.local_services import free_port, port_open
-from cdc_compaction.settings import PROJECT_ROOT
 
 pytestmark = [pytest.mark.browser]
 
@@ -68,12 +67,14 @@ def airflow_ui(tmp_path: Path) -> Iterator[tuple[str, str, datetime]]:
     registry = tmp_path / "registry"
     built = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     build_sample_lake(tmp_path / "lake", registry, now=built)
+    add_failing_entries(tmp_path / "lake", registry)  # a table whose runs fail, and an invalid registry file
     passwords = tmp_path / "passwords.json"
     password = secrets.token_hex(8)
     passwords.write_text(json.dumps({"admin": password}))
     port = free_port()
-    # No metastore is needed: the pages read the lake only. The DAG file is parsed, not run.
-    env = airflow_env(tmp_path / "airflow", "thrift://127.0.0.1:9083", registry_dir=registry)
+    # No metastore is needed: the pages read the lake only.  Nothing listens on this port, so the failing
+    # table's first task fails at once when its DAG runs (airflow dags test, below).
+    env = airflow_env(tmp_path / "airflow", f"thrift://127.0.0.1:{free_port()}", registry_dir=registry)
     env.update(
         {
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -86,8 +87,11 @@ def airflow_ui(tmp_path: Path) -> Iterator[tuple[str, str, datetime]]:
         }
     )
     ensure_airflow_db(env)
-    proc = subprocess.run([AIRFLOW, "dags", "reserialize"], env=env, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for cmd in (["dags", "reserialize"], ["dags", "unpause", FAILING["dag_id"]]):
+        proc = subprocess.run([AIRFLOW, *cmd], env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # Real failed runs, recorded by Airflow: the table's (its first task, try 1) and the invalid file's DAG.
+    run_failing_dags(env)
     log_file = tmp_path / "api-server.log"
     with log_file.open("wb") as out:
         server = subprocess.Popen(
@@ -128,10 +132,8 @@ def test_cdc_tables_pages_in_airflow(airflow_ui: tuple[str, str, datetime], tmp_
     status, doc = _request(f"{base}/api/v2/dags/{dag_id}", token, method="PATCH", body={"is_paused": False})
     assert status == 200 and doc["is_paused"] is False, doc
 
-    # Kept after the run (pytest's tmp_path is pruned): .run/test-output/browser/ of the checkout.
-    shots = PROJECT_ROOT / ".run" / "test-output" / "browser"
-    shutil.rmtree(shots, ignore_errors=True)
-    shots.mkdir(parents=True)
+    shots = tmp_path / "screenshots"  # printed at the end; pytest keeps the last runs' tmp directories
+    shots.mkdir()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -150,10 +152,21 @@ def test_cdc_tables_pages_in_airflow(airflow_ui: tuple[str, str, datetime], tmp_
             expect(row.locator("td.freshness")).to_have_class(re.compile(r"\blate\b"))
             expect(row.locator("td.pending")).to_have_text("2")
             expect(row.locator("td.quarantine")).to_have_text("1")
-            expect(row.locator("td.paused")).to_have_text("enabled")
+            expect(row.locator("td.paused")).to_have_text("active")
             expect(page.locator(f'tr[data-table="{SAMPLE["empty_table"]}"] td.paused')).to_have_text("paused")
             link = row.locator("a.dag")
             expect(link).to_have_attribute("href", f"../dags/{dag_id}")
+            # The failing table: never compacted, and its last run says so -- failed, which task, which try.
+            bad = page.locator(f'tr[data-table="{FAILING["table"]}"]')
+            expect(bad.locator("td.last-run")).to_have_class(re.compile(r"\bfailed\b"))
+            expect(bad.locator("td.last-run")).to_contain_text("failed ")
+            expect(bad.locator("td.last-run")).to_contain_text(f"{FAILING['first_task']} try 1")
+            expect(bad.locator("td.paused")).to_have_text("active")
+            expect(bad.locator("td.next-run")).not_to_have_text(re.compile("none|unknown"))
+            # The invalid registry file has its row, with the registry's error and its error DAG's failed run.
+            broken = page.locator(f'tr[data-registry-file="{FAILING["broken_file"]}"]')
+            expect(broken.locator("td.err")).to_contain_text("invalid registry entry")
+            expect(broken.locator("td.last-run")).to_contain_text(f"{FAILING['broken_task']} try 1")
             page.screenshot(path=str(shots / "list.png"), full_page=True)
 
             row.locator("a.table").click()
@@ -167,6 +180,7 @@ def test_cdc_tables_pages_in_airflow(airflow_ui: tuple[str, str, datetime], tmp_
             page.goto(f"{base}/plugin/cdc-tables")
             frame = page.frame_locator("iframe")
             expect(frame.locator(f'tr[data-table="{student}"] td.pending')).to_have_text("2", timeout=30_000)
+            expect(frame.locator(f'tr[data-table="{FAILING["table"]}"] td.last-run')).to_contain_text("failed")
             page.screenshot(path=str(shots / "embedded.png"))
             frame.locator(f'tr[data-table="{student}"] a.dag').click()
             page.wait_for_url(f"{base}/dags/{dag_id}", timeout=30_000)

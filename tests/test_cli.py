@@ -1,4 +1,4 @@
-"""The command line: ``python -m cdc_compaction registry validate`` (``make lint-registry``)."""
+"""The command line: ``cdc-compaction registry validate`` (``make lint-registry``)."""
 
 from __future__ import annotations
 

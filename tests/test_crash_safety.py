@@ -5,7 +5,7 @@ insert, delete, then a late older update that must not resurrect the key) and cr
 the *second* run at one fault point (:mod:`cdc_compaction.job.faults`), either
 
 * ``raise``: the step raises there, in this process, or
-* ``kill``: the step runs in its own process (``python -m cdc_compaction step`` -- what
+* ``kill``: the step runs in its own process (``cdc-compaction step`` -- what
   an Airflow task runs) or as a real ``spark-submit``, which is SIGKILLed there.
 
 While the crash's debris is still there, readers must see the old table or the new one,

@@ -49,7 +49,7 @@ def _avsc(path: Path, schema: dict[str, Any]) -> None:
 def build_landing(root: Path) -> Path:
     """Five tables, one directory each, as a CDC sink lands them."""
     # Debezium from Postgres (ExtractNewRecordState, add.fields=op,lsn,source.ts_ms, rewrite mode).
-    # The second increment adds a column and widens one: the footers' union must show both.
+    # The second increment adds a column: the footers' union must show it.
     s1 = pa.schema(
         [
             ("id", pa.int32()),
@@ -75,7 +75,7 @@ def build_landing(root: Path) -> Path:
         "__deleted": ["false"],
     }
     _write(root, "customers", "increment_2026112200", "part-0.parquet", row, s1)
-    s2 = pa.schema([*(f if f.name != "visits" else pa.field("visits", pa.int64()) for f in s1), ("phone", pa.string())])
+    s2 = pa.schema([*s1, ("phone", pa.string())])
     _write(root, "customers", "increment_2026112201", "part-0.parquet", {**row, "phone": ["555"]}, s2)
     # A writer's temporary and a marker are not data: their schemas must not count.
     (root / "customers" / "incremental" / "increment_2026112201" / "_SUCCESS").write_text("")
@@ -236,7 +236,7 @@ def test_debezium_postgres_table(discovered: Any) -> None:
         ("email", "string"),
         ("balance", "decimal(12,2)"),
         ("updated_at", "timestamp"),
-        ("visits", "bigint"),  # int32 in the first file, int64 in the second
+        ("visits", "int"),
         ("__op", "string"),
         ("__lsn", "bigint"),
         ("__source_ts_ms", "bigint"),
@@ -347,7 +347,7 @@ def test_files_say_where_values_came_from(discovered: Any) -> None:
     assert "# primary_key: from --key." in text
     assert "# source: recognized from the columns __op, __lsn." in text
     assert "# order_by: filled by the debezium preset: ['__lsn']." in text
-    assert "visits, type: bigint}  # int32 in increment_2026112200/part-0.parquet, widened for int64" in text
+    assert "visits, type: int}  # int32 in increment_2026112200/part-0.parquet" in text
     events = (out / "shop.events.yaml").read_text()
     assert "# primary_key: the fields of the key schema events-key.avsc." in events
     assert "the Avro value schema events-value.avsc (no Parquet file has landed yet)" in events
@@ -454,6 +454,43 @@ def test_a_column_of_only_nulls_takes_its_type_from_another_file(tmp_path: Path)
     assert _columns(load_table(out, "shop.t"))[-1] == ("x", "string")
     assert list(report.unfinished) == ["u"]  # never seen with a value: the reviewer writes the type
     assert "#   - column 'x': only NULLs in every file read" in (out / "shop.u.yaml").read_text()
+
+
+def test_a_column_whose_type_differs_between_files_gets_a_placeholder_that_fails_validation(tmp_path: Path) -> None:
+    """The files disagree: which type the source means is the reviewer's call, never a silent pick."""
+    landing = tmp_path / "landing"
+    s = [("id", pa.int32()), ("op", pa.string()), ("ts_ms", pa.int64())]
+    row = {"id": [1], "op": ["c"], "ts_ms": [1]}
+    first = pa.schema([*s, ("n", pa.int32()), ("price", pa.decimal128(12, 2)), ("name", pa.string())])
+    second = pa.schema([*s, ("n", pa.int64()), ("price", pa.decimal128(14, 4)), ("name", pa.large_string())])
+    third = pa.schema([*s, ("n", pa.string()), ("price", pa.decimal128(12, 2)), ("name", pa.string())])
+    data = {**row, "price": [Decimal("1.5")], "name": ["x"]}
+    _write(landing, "t", "increment_2026112200", "a.parquet", {**data, "n": [1]}, first)
+    _write(landing, "t", "increment_2026112201", "b.parquet", {**data, "n": [2]}, second)
+    # Two types another type reads both of: still the reviewer's to write.
+    _write(landing, "u", "increment_2026112200", "a.parquet", {**data, "n": [1]}, first)
+    _write(landing, "u", "increment_2026112201", "b.parquet", {**data, "n": [2]}, second)
+    _write(landing, "u", "increment_2026112202", "c.parquet", {**data, "n": ["3"]}, third)
+    out = tmp_path / "registry"
+    report = discover(_options(landing, out, keys={"t": ["id"], "u": ["id"]}, order_by={}))
+    assert sorted(report.unfinished) == ["t", "u"]
+    text = (out / "shop.t.yaml").read_text()
+    lines = {line.split("name: ")[1].split(",")[0]: line for line in text.splitlines() if "{name: " in line}
+    # int32 and int64; decimal(12,2) and decimal(14,4): each named with its file, in the comment and the todo.
+    for col, said in {
+        "n": "int32 in increment_2026112200/a.parquet; int64 in increment_2026112201/b.parquet",
+        "price": "decimal128(12, 2) in increment_2026112200/a.parquet; "
+        "decimal128(14, 4) in increment_2026112201/b.parquet",
+    }.items():
+        assert "TYPES DIFFER" in lines[col] and f"# types differ: {said}" in lines[col], lines[col]
+        assert f"#   - column {col!r}: the files disagree on its type ({said})" in text
+    assert "bigint reads every one of them" in lines["n"]
+    assert "name, type: string}" in lines["name"]  # string and large_string are one Hive type: no disagreement
+    (entry_t, entry_u) = load_registry(out)
+    assert entry_t.error is not None and entry_u.error is not None
+    assert "columns.3.type" in str(entry_t.error) and "TYPES DIFFER" in str(entry_t.error)
+    u = (out / "shop.u.yaml").read_text()
+    assert "string in increment_2026112202/c.parquet" in u and "no Hive type reads them all" in u
 
 
 def test_a_missing_landing_root_is_an_error(tmp_path: Path) -> None:
@@ -603,6 +640,233 @@ def test_the_database_defaults_source_is_used_and_not_overridden(tmp_path: Path)
     assert "source" not in yaml.safe_load((out / "shop.t.yaml").read_text())
     cfg = load_table(out, "shop.t")
     assert (cfg.source, cfg.op_column) == ("debezium", "__op")
+
+
+# -- tables without a key --------------------------------------------------------------
+
+KEYLESS_SCHEMA = pa.schema(
+    [
+        ("name", pa.string()),
+        ("visits", pa.int32()),
+        ("_before_name", pa.string()),
+        ("_before_visits", pa.int32()),
+        ("op", pa.string()),
+        ("lsn", pa.int64()),
+    ]
+)
+KEYLESS_ROW = {"name": ["a"], "visits": [1], "_before_name": [None], "_before_visits": [None], "op": ["c"], "lsn": [1]}
+
+
+def test_a_table_whose_files_carry_before_images_is_discovered_keyless(tmp_path: Path) -> None:
+    """No key anywhere and a before-image of every data column: the keyless mode's landing shape."""
+    landing = tmp_path / "landing"
+    _write(landing, "visits", "increment_2026112200", "p.parquet", KEYLESS_ROW, KEYLESS_SCHEMA)
+    out = tmp_path / "registry"
+    report = discover(_options(landing, out, keys={}, order_by={"visits": ["lsn"]}))
+    assert report.unfinished == {}
+    text = (out / "shop.visits.yaml").read_text()
+    assert "mode: keyless" in text and "primary_key: [" not in text
+    cfg = load_table(out, "shop.visits")
+    # What the keyless contract says of these columns (tests/scenarios/README.md, "Table shape").
+    assert (cfg.mode, cfg.order_by, cfg.op_column, cfg.before_prefix) == ("keyless", ["lsn"], "op", "_before_")
+    assert cfg.data_columns == ["name", "visits"]
+
+
+def test_an_other_before_image_prefix_is_written(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    schema = pa.schema([pa.field(f.name.replace("_before_", "old_"), f.type) for f in KEYLESS_SCHEMA])
+    row = {k.replace("_before_", "old_"): v for k, v in KEYLESS_ROW.items()}
+    _write(landing, "visits", "increment_2026112200", "p.parquet", row, schema)
+    out = tmp_path / "registry"
+    assert discover(_options(landing, out, keys={}, order_by={"visits": ["lsn"]})).unfinished == {}
+    cfg = load_table(out, "shop.visits")
+    assert (cfg.mode, cfg.before_prefix, cfg.data_columns) == ("keyless", "old_", ["name", "visits"])
+
+
+def test_a_table_without_key_or_before_images_offers_both_ways_to_finish(tmp_path: Path) -> None:
+    """Nothing says whether the source has a key: the placeholder stays, and the comment says what keyless needs."""
+    landing = build_landing(tmp_path / "landing")
+    out = tmp_path / "registry"
+    discover(_options(landing, out, include=["accounts"], keys={}))
+    text = (out / "shop.accounts.yaml").read_text()
+    assert "primary_key: [ADD_THE_KEY_COLUMNS]" in text
+    comment = text.split("# primary_key:")[1].split("primary_key: [")[0]
+    assert "replace this line with `mode: keyless`" in comment
+    assert "_before_X" in comment and "REPLICA IDENTITY FULL" in comment and "order_by" in comment
+    assert "mode: keyless" in text.split("# NEEDS EDITS")[1].split("\n# CHECK")[0]
+
+
+# -- keys and types from a PostgreSQL catalog ---------------------------------------------
+
+
+@pytest.fixture
+def pg_shop(postgres: Any) -> Any:
+    """A fresh PostgreSQL database with a keyed table, two keyless ones and one keyed by its replica identity."""
+    import random
+
+    from psycopg2 import sql as pgsql
+
+    name = f"discover_{random.randrange(10**9)}"
+    postgres.create_database(name)
+    conn = postgres.connect(name)
+    with conn.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE items (tenant char(3), item_no bigint, name varchar(40), price numeric(12,2), "
+            "weight real, added timestamptz, seen timestamp, note text, active boolean, "
+            "PRIMARY KEY (tenant, item_no))"
+        )
+        cur.execute("CREATE TABLE visits (name text, visits int)")
+        cur.execute("ALTER TABLE visits REPLICA IDENTITY FULL")
+        cur.execute("CREATE TABLE hits (name text, hits int)")
+        cur.execute("CREATE TABLE codes (code varchar(8) NOT NULL, label text)")
+        cur.execute("CREATE UNIQUE INDEX codes_code ON codes (code)")
+        cur.execute("ALTER TABLE codes REPLICA IDENTITY USING INDEX codes_code")
+    conn.commit()
+    conn.close()
+    try:
+        yield postgres.dsn(name)
+    finally:
+        admin = postgres.connect()
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute(pgsql.SQL("DROP DATABASE {}").format(pgsql.Identifier(name)))
+        admin.close()
+
+
+def _pg_landing(root: Path) -> Path:
+    """What a Debezium-like sink lands for the tables of ``pg_shop`` (flattened rows plus op, ts_ms, lsn)."""
+    control = [("op", pa.string()), ("ts_ms", pa.int64()), ("lsn", pa.int64())]
+    items = pa.schema(
+        [
+            ("tenant", pa.string()),
+            ("item_no", pa.int64()),
+            ("name", pa.string()),
+            ("price", pa.decimal128(12, 2)),
+            ("weight", pa.float32()),
+            ("added", UTC_US),
+            ("seen", pa.timestamp("us")),
+            ("note", pa.string()),
+            ("active", pa.bool_()),
+            *control,
+        ]
+    )
+    row = {
+        "tenant": ["ab "],
+        "item_no": [1],
+        "name": ["n"],
+        "price": [Decimal("1.50")],
+        "weight": [0.5],
+        "added": [1],
+        "seen": [1],
+        "note": ["x"],
+        "active": [True],
+        "op": ["c"],
+        "ts_ms": [1],
+        "lsn": [1],
+    }
+    _write(root, "items", "increment_2026112200", "p.parquet", row, items)
+    _write(
+        root,
+        "visits",
+        "increment_2026112200",
+        "p.parquet",
+        {**KEYLESS_ROW, "ts_ms": [1]},
+        pa.schema([*KEYLESS_SCHEMA, ("ts_ms", pa.int64())]),
+    )
+    hits = pa.schema([("name", pa.string()), ("hits", pa.int32()), *control])
+    _write(
+        root,
+        "hits",
+        "increment_2026112200",
+        "p.parquet",
+        {"name": ["a"], "hits": [1], "op": ["c"], "ts_ms": [1], "lsn": [1]},
+        hits,
+    )
+    codes = pa.schema([("code", pa.string()), ("label", pa.string()), *control])
+    _write(
+        root,
+        "codes",
+        "increment_2026112200",
+        "p.parquet",
+        {"code": ["c1"], "label": ["l"], "op": ["c"], "ts_ms": [1], "lsn": [1]},
+        codes,
+    )
+    return root
+
+
+def test_keys_and_types_come_from_the_postgres_catalog(tmp_path: Path, pg_shop: str) -> None:
+    """Through the real CLI: the catalog's primary key, exact types and replica identity, no --key hint."""
+    landing = _pg_landing(tmp_path / "landing")
+    out = tmp_path / "registry"
+    args = [str(landing), "--database", DB, "--out", str(out), "--postgres-dsn", pg_shop]
+    for t in ("items", "visits", "hits", "codes"):
+        args += ["--order-by", f"{t}=lsn"]
+    proc = _run_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    # PostgreSQL's types as the registry's Hive types (PostgreSQL docs, chapter 8, by hand).
+    items = load_table(out, "shop.items")
+    assert _columns(items)[:9] == [
+        ("tenant", "char(3)"),
+        ("item_no", "bigint"),
+        ("name", "varchar(40)"),
+        ("price", "decimal(12,2)"),
+        ("weight", "float"),
+        ("added", "timestamp"),
+        ("seen", "timestamp"),
+        ("note", "string"),
+        ("active", "boolean"),
+    ]
+    assert (items.mode, items.primary_key) == ("cdc", ["tenant", "item_no"])
+    text = (out / "shop.items.yaml").read_text()
+    assert "# primary_key: the primary key of PostgreSQL public.items." in text
+    assert "character(3) in PostgreSQL public.items" in text and "timestamp with time zone" in text
+    # No primary key, REPLICA IDENTITY FULL, before-images landed: keyless, and it validates.
+    visits = load_table(out, "shop.visits")
+    assert (visits.mode, visits.data_columns) == ("keyless", ["name", "visits"])
+    assert visits.event_time is not None and visits.event_time.column == "ts_ms"
+    vtext = (out / "shop.visits.yaml").read_text()
+    assert "public.visits has no primary key (REPLICA IDENTITY FULL)" in vtext
+    assert "REPLICA IDENTITY FULL: its updates and deletes log the whole old row" in vtext
+    # A unique index as replica identity: its columns are the key.
+    assert load_table(out, "shop.codes").primary_key == ["code"]
+    assert _columns(load_table(out, "shop.codes"))[0] == ("code", "varchar(8)")
+    # No key, REPLICA IDENTITY DEFAULT, no before-images: keyless, to finish, saying what to run.
+    (entry,) = [e for e in load_registry(out) if e.path.name == "shop.hits.yaml"]
+    assert entry.error is not None and "before-image" in str(entry.error)
+    htext = (out / "shop.hits.yaml").read_text()
+    assert "mode: keyless" in htext and "ADD_THE_KEY_COLUMNS" not in htext
+    assert "ALTER TABLE public.hits REPLICA IDENTITY FULL" in htext
+    assert "4 written (3 valid, 1 to finish)" in proc.stdout
+
+
+def test_the_catalog_type_must_read_every_landed_file(tmp_path: Path, pg_shop: str) -> None:
+    """char(3) in PostgreSQL but an integer landed: the catalog does not paper over the files."""
+    landing = tmp_path / "landing"
+    s = pa.schema([("tenant", pa.int32()), ("item_no", pa.int64()), ("op", pa.string()), ("lsn", pa.int64())])
+    _write(
+        landing,
+        "items",
+        "increment_2026112200",
+        "p.parquet",
+        {"tenant": [1], "item_no": [1], "op": ["c"], "lsn": [1]},
+        s,
+    )
+    out = tmp_path / "registry"
+    report = discover(_options(landing, out, keys={}, order_by={"items": ["lsn"]}, postgres_dsn=pg_shop))
+    assert list(report.unfinished) == ["items"]
+    text = (out / "shop.items.yaml").read_text()
+    assert "public.items declares it character(3) (char(3)) but the files hold int32" in text
+    assert "columns of PostgreSQL public.items no landed file has" in text
+
+
+def test_an_unreachable_postgres_is_a_clear_error(tmp_path: Path) -> None:
+    from cdc_compaction.local_services import free_port
+
+    landing = _pg_landing(tmp_path / "landing")
+    dsn = f"host=127.0.0.1 port={free_port()} user=postgres password=hunter2 dbname=x connect_timeout=2"
+    proc = _run_cli(str(landing), "--database", DB, "--out", str(tmp_path / "registry"), "--postgres-dsn", dsn)
+    assert proc.returncode == 2
+    assert "cannot connect to PostgreSQL through the DSN" in proc.stderr and "hunter2" not in proc.stderr
 
 
 # -- one discovered table compacts ------------------------------------------------------

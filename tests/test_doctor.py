@@ -1,4 +1,4 @@
-"""``python -m cdc_compaction doctor``: real metastore, real local and S3 (moto) storage, a real SMTP server.
+"""``cdc-compaction doctor``: real metastore, real local and S3 (moto) storage, a real SMTP server.
 
 Every fault is a real one: a closed port, a storage root under a regular file, a landed
 file whose column type the registry does not allow.  Expected verdicts are written from
@@ -105,7 +105,8 @@ def test_doctor_of_a_healthy_table_is_all_ok(
     assert all(line.startswith("OK  ") for line, _ in verdicts.values()), out
     assert "1 pending files" in verdicts[("tests.doc_ok", "landed")][0]
     assert smtp.messages == [], "the SMTP check sends no mail"
-    assert not [p for p in (lake / "doc_ok" / "_cdc").iterdir() if "probe" in p.name], "the probe is deleted"
+    # The probe is deleted, and so is the _cdc directory it made for it (the first run makes it).
+    assert not (lake / "doc_ok" / "_cdc").exists(), "the lake is left as doctor found it"
     assert f"all {len(checks)} checks OK" in out
 
 
@@ -305,3 +306,77 @@ def test_doctor_reaches_the_spark_connect_server_of_the_connection(
     down = doctor.check_spark(cfg)
     assert not down.ok and "does not accept connections" in down.detail, down.line()
     assert "make connect-start" in down.fix and "spark_connect_default" in down.fix
+
+
+def _doctor_cli(registry: Path, cwd: Path, env: dict[str, str], prelude: str = "") -> Any:
+    """``python -m cdc_compaction doctor`` in a process of its own (its own logging setup), from ``cwd``."""
+    import os
+    import subprocess
+    import sys
+
+    plugins = str(Path(__file__).resolve().parents[1] / "plugins")
+    code = f"{prelude}\nimport sys\nfrom cdc_compaction.__main__ import main\nsys.exit(main(sys.argv[1:]))"
+    closed = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "CDC_"))}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "doctor",
+            "--registry-dir",
+            str(registry),
+            "--metastore",
+            f"thrift://127.0.0.1:{closed}",
+        ],
+        cwd=cwd,
+        env={**base, "PYTHONPATH": plugins, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_doctor_hints_match_the_cause_and_its_output_is_only_its_lines(tmp_path: Path) -> None:
+    """An undefined connection is to be defined, not "start the Spark master"; the clients' own error logs and
+    tracebacks stay out of the report (CDC_LOG_LEVEL=DEBUG shows them)."""
+    registry = tmp_path / "registry"
+    _register(registry, student_doc(tmp_path / "lake", "no_conn", spark={"conn_id": "spark_nowhere"}))
+    proc = _doctor_cli(registry, tmp_path, {"AIRFLOW_HOME": str(tmp_path / "airflow")})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line, fix = _verdicts(proc.stdout)[("tests.no_conn", "spark")]
+    assert line.startswith("FAIL") and "spark_nowhere" in line, proc.stdout
+    assert "define the Airflow connection 'spark_nowhere'" in fix and "AIRFLOW_CONN_SPARK_NOWHERE" in fix, fix
+    assert "start the Spark master" not in fix, fix
+    # The metastore does not answer: its FAIL line says so, and nothing else is printed about it.
+    assert _verdicts(proc.stdout)[("tests.no_conn", "metastore")][0].startswith("FAIL")
+    assert "Traceback" not in proc.stdout + proc.stderr and "Could not connect" not in proc.stderr, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(("OK  ", "FAIL")), "the report starts with its first check"
+    loud = _doctor_cli(registry, tmp_path, {"AIRFLOW_HOME": str(tmp_path / "airflow"), "CDC_LOG_LEVEL": "DEBUG"})
+    assert "Could not connect" in loud.stderr, "at DEBUG the clients' own messages are there"
+
+
+def test_doctor_without_airflow_says_to_install_it(tmp_path: Path) -> None:
+    """Where Airflow cannot be imported, the checks that read its connections say so: no "start the master"."""
+    registry = tmp_path / "registry"
+    _register(registry, student_doc(tmp_path / "lake", "no_airflow", spark={"conn_id": "spark_closed"}))
+    # Python's own way to make an import fail as if the package were not installed.
+    proc = _doctor_cli(registry, tmp_path, {}, prelude="import sys\nsys.modules['airflow'] = None")
+    line, fix = _verdicts(proc.stdout)[("tests.no_airflow", "spark")]
+    assert line.startswith("FAIL") and "ModuleNotFoundError" in line, proc.stdout + proc.stderr
+    assert "'airflow' is missing" in fix and "start the Spark master" not in fix, fix
+
+
+def test_doctor_writes_nothing_outside_the_lake_and_leaves_no_probe_folders(tmp_path: Path) -> None:
+    """A relative storage root (hanging off $CDC_LAKE_BASE), doctor run from another directory: the probe is
+    written under the table's root, and every directory it made for it is gone afterwards."""
+    registry, base, cwd = tmp_path / "registry", tmp_path / "lakes", tmp_path / "cwd"
+    base.mkdir()
+    cwd.mkdir()
+    _register(registry, {**student_doc(tmp_path, "relative"), "storage_root": "shop/relative"})
+    proc = _doctor_cli(registry, cwd, {"CDC_LAKE_BASE": str(base), "AIRFLOW_HOME": str(tmp_path / "airflow")})
+    line, _ = _verdicts(proc.stdout)[("tests.relative", "storage")]
+    assert line.startswith("OK") and str(base / "shop" / "relative" / "_cdc") in line, proc.stdout + proc.stderr
+    assert list(cwd.iterdir()) == [], "doctor wrote into the current directory"
+    assert list(base.iterdir()) == [], "doctor left the directories it made for its probe"

@@ -202,3 +202,79 @@ def test_no_server_behind_the_url_is_a_lost_server_not_a_ddl_error(make_cfg: Cal
     ):
         ConnectEngine(f"sc://127.0.0.1:{free_port()}", cfg, client_retries=1).run_sql(cfg, ["SELECT 1"])
     assert os.environ.get("SPARK_CONNECT_MODE_ENABLED") == mark
+
+
+# Credential keys as the stores' connectors name them (Hadoop S3A, ABFS, Spark's executor
+# environment), written out by hand: none may be accepted from a registry file.
+CREDENTIAL_KEYS = [
+    ("hadoop_conf", "fs.s3a.session.token"),
+    ("hadoop_conf", "fs.s3a.secret.key"),
+    ("hadoop_conf", "fs.s3a.access.key"),
+    ("hadoop_conf", "fs.s3a.bucket.lake.secret.key"),
+    ("hadoop_conf", "fs.azure.account.key.acct.dfs.core.windows.net"),
+    ("hadoop_conf", "fs.azure.sas.container.acct.blob.core.windows.net"),
+    ("conf", "spark.executorEnv.AWS_SECRET_ACCESS_KEY"),
+    ("conf", "spark.executorEnv.AWS_ACCESS_KEY_ID"),
+    ("conf", "spark.yarn.appMasterEnv.AWS_SESSION_TOKEN"),
+    ("conf", "spark.hadoop.fs.s3a.access.key"),
+    ("conf", "spark.hadoop.fs.s3a.session.token"),
+    ("conf", "spark.ssl.keyPassword"),
+    ("conf", "spark.kubernetes.authenticate.submission.oauthToken"),
+]
+
+
+@pytest.mark.parametrize(("field", "key"), CREDENTIAL_KEYS)
+def test_credentials_in_the_registry_spark_conf_are_refused(tmp_path: Any, field: str, key: str) -> None:
+    """Registry values are data: a credential key is refused, naming the file, the field and where it belongs."""
+    import yaml
+    from conftest import student_doc
+
+    from cdc_compaction.registry import load_registry
+
+    doc = student_doc(tmp_path / "lake", "creds", spark={field: {key: "AKIAEXAMPLEVALUE"}})
+    (tmp_path / "tests.creds.yaml").write_text(yaml.safe_dump(doc))
+    (entry,) = load_registry(tmp_path)
+    assert isinstance(entry.error, RegistryError), key
+    text = str(entry.error)
+    assert "tests.creds.yaml" in text and f"spark.{field}" in text and key in text
+    assert "credential" in text and "instance profile" in text and "Airflow connection" in text
+    assert "AKIAEXAMPLEVALUE" not in text
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "fs.s3a.aws.credentials.provider",
+        "fs.s3a.endpoint",
+        "fs.azure.account.auth.type",
+        "spark.sql.shuffle.partitions",
+    ],
+)
+def test_settings_that_name_no_credential_stay_accepted(make_cfg: Callable[..., TableConfig], key: str) -> None:
+    assert make_cfg(spark={"hadoop_conf": {key: "x"}}).spark.hadoop_conf == {key: "x"}
+
+
+def test_the_logged_spark_submit_command_masks_every_credential(
+    make_cfg: Callable[..., TableConfig], caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A safety net for what reaches the command by another way than the registry (here: set on the task)."""
+    op = build_dag(make_cfg()).get_task("compact")
+    op.application_args = ["--plan", "/lake/t/_cdc/plans/p.json"]
+    secrets = {
+        "spark.hadoop.fs.s3a.session.token": "SESSIONTOKENVALUE",
+        "spark.hadoop.fs.s3a.access.key": "ACCESSKEYVALUE",
+        "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "ACCOUNTKEYVALUE",
+        "spark.executorEnv.AWS_SECRET_ACCESS_KEY": "SECRETVALUE",
+        "spark.driver.extraJavaOptions": "-Dfs.s3a.secret.key=JAVAOPTVALUE",
+    }
+    op.conf = {**op.conf, **secrets}
+    hook = op._get_hook()
+    with caplog.at_level("INFO"):
+        cmd = hook._build_spark_submit_command(op.application)
+    assert "SESSIONTOKENVALUE" in " ".join(cmd)  # the command itself is unchanged: only its log is masked
+    logged = caplog.text + capsys.readouterr().out  # Airflow's task logger writes to stdout here
+    assert "Spark-Submit cmd" in logged
+    assert "spark.hadoop.fs.s3a.session.token=******" in logged
+    for value in secrets.values():
+        assert value.rsplit("=", 1)[-1] not in logged, value
+    assert "spark.sql.session.timeZone=UTC" in logged  # what is not a credential stays readable

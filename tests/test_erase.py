@@ -8,6 +8,7 @@ Python version of the predicate, never from the erase module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -206,7 +207,9 @@ def test_erase_removes_rows_everywhere_and_audits(tmp_path: Path) -> None:
     before = {p: Path(p).read_bytes() for p in sample.files}
     shown = preview(sample.cfg, WHERE)
     assert {p: Path(p).read_bytes() for p in sample.files} == before  # a preview changes nothing
-    expected_rows = {loc: 0 for loc in ("live", "versions", "pending", "archive", "quarantine", "changes")}
+    expected_rows = {
+        loc: 0 for loc in ("live", "versions", "pending", "archive", "quarantine", "changes", "rebuild", "other")
+    }
     for loc, rows in sample.files.values():
         expected_rows[loc] += sum(1 for r in rows if erased(r))
     assert shown["rows"] == expected_rows
@@ -218,7 +221,10 @@ def test_erase_removes_rows_everywhere_and_audits(tmp_path: Path) -> None:
     assert sorted(audit["files_rewritten"]) == sorted(
         p for p, (_, rows) in sample.files.items() if any(erased(r) for r in rows)
     )
-    assert audit["actor"] == "dpo@example.com" and audit["predicate"] == WHERE and audit["commit_seq"] == 3
+    # The predicate without its literals (the audit keeps no erased value), tied to the request by its hash.
+    assert audit["actor"] == "dpo@example.com" and audit["commit_seq"] == 3
+    assert audit["predicate"] == "id IN (?, ?) OR full_name = ?"
+    assert audit["predicate_sha256"] == hashlib.sha256(WHERE.encode()).hexdigest()
     assert audit["os_user"]  # who ran it, beside who asked
     assert audit["verified"]["matching_files"] == {} and audit["verified"]["files_checked"] >= len(sample.files)
     stored = Path(sample.lake.layout.control, "erase", f"{audit['erase_id']}.audit.json").read_text()
@@ -594,6 +600,8 @@ def test_erase_on_s3(aws_default: str, tmp_path: Path) -> None:
         "archive": 1,
         "quarantine": 0,
         "changes": 0,
+        "rebuild": 0,
+        "other": 0,
     }
     for path, rows in files.items():
         assert get(path) == rows, path
@@ -686,6 +694,8 @@ def test_keyless_erase_checks_before_images_and_keeps_the_watermark(tmp_path: Pa
         "archive": 0,
         "quarantine": 0,
         "changes": 0,
+        "rebuild": 0,
+        "other": 0,
     }
     assert read_rows(data) == [{"name": "Al", "visits": 1}]
     # The update from Bob's row carried Bob in its before-image: erased with the insert.

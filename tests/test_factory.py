@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -206,11 +207,13 @@ def test_the_erase_dag_erases_with_the_params_of_its_trigger_form(tmp_path: Any)
     assert checked == {"table": sample.cfg.qualified_name, "predicate": WHERE, "columns": ["id", "full_name"]}
 
     audit = dag.get_task("erase").python_callable(params=params)
-    expected = dict.fromkeys(("live", "versions", "pending", "archive", "quarantine", "changes"), 0)
+    expected = dict.fromkeys(("live", "versions", "pending", "archive", "quarantine", "changes", "rebuild", "other"), 0)
     for loc, rows in sample.files.values():
         expected[loc] += sum(1 for r in rows if erased(r))
     assert audit["rows_removed"] == expected and sum(expected.values()) > 0
-    assert audit["actor"] == "dpo@example.com" and audit["predicate"] == WHERE
+    # The audit keeps the predicate without its literals (no erased value), tied to the request by its hash.
+    assert audit["actor"] == "dpo@example.com" and audit["predicate"] == "id IN (?, ?) OR full_name = ?"
+    assert audit["predicate_sha256"] == hashlib.sha256(WHERE.encode()).hexdigest()
     assert audit["verified"]["matching_files"] == {}
     xcom = json.dumps(audit)  # an XCom must serialize; it names no erased value
     assert not any(v in xcom for v in ("n3", "n7", "1003", "1007"))
@@ -220,7 +223,8 @@ def test_the_erase_dag_erases_with_the_params_of_its_trigger_form(tmp_path: Any)
     # A Jinja-looking value is data: recorded as given, matching no row (no name is literally that text).
     literal = "full_name = '{{ params.actor }}'"
     again = dag.get_task("erase").python_callable(params={**params, "where": literal})
-    assert again["predicate"] == literal and sum(again["rows_removed"].values()) == 0
+    assert again["predicate_sha256"] == hashlib.sha256(literal.encode()).hexdigest()
+    assert again["predicate"] == "full_name = ?" and sum(again["rows_removed"].values()) == 0
     assert Path(sample.lake.layout.control, "erase", f"{again['erase_id']}.audit.json").exists()
 
 
@@ -251,3 +255,18 @@ def test_the_erase_dag_fails_at_once_on_a_refused_request(tmp_path: Any, change:
     assert dag.get_task("validate_predicate").retries == 0
     assert {p: Path(p).read_bytes() for p in sample.files} == before
     assert sample.lake.latest_commit().seq == 2
+
+
+@pytest.mark.parametrize(
+    ("retention", "said"), [("7d", "7 days"), ("36h", "1 day 12 hours"), ("90m", "1 hour 30 minutes"), ("1d", "1 day")]
+)
+def test_the_docs_list_the_tombstones_table_and_say_durations_as_people_do(tmp_path, retention, said) -> None:
+    """The DAG docs name all four tables and the tombstone retention in words, not ``7 days, 0:00:00``."""
+    cfg = parse_table(student_doc(tmp_path / "lake", tombstone_retention=retention))
+    docs = factory.doc_md(cfg)
+    assert f"**Tombstones kept for:** {said};" in docs, docs
+    assert "0:00:00" not in docs and ":00" not in docs.split("Tombstones kept for:")[1].split(";")[0]
+    tables = next(line for line in docs.splitlines() if line.startswith("* **Tables:**"))
+    assert "`tests.student_tombstones`" in tables, tables
+    for name in ("base", "incremental", "compactor"):
+        assert f"`tests.student_{name}`" in tables, tables

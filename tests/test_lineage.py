@@ -348,3 +348,81 @@ def test_the_publish_operator_builds_facets_only_when_openlineage_is_on(monkeypa
     op = LineagePythonOperator(task_id="publish", python_callable=lambda: {"seq": 8}, lineage_builder=broken)
     assert op.execute({}) == {"seq": 8}
     assert op.get_openlineage_facets_on_complete(None) is None
+
+
+def _plan(root: Path, parent_seq: int) -> dict[str, Any]:
+    """A plan document with the fields the compact task's lineage reads (pipeline.plan writes them)."""
+    landing = root / "incremental"
+    files = [
+        {**f, "path": str(landing / f["increment"] / f["name"])}
+        for f in FILES  # increment_..00: a (3 rows, 100 B) and b (2, 50); ..01: a (4, 70)
+    ]
+    return {
+        "table": "school.students",
+        "seq": parent_seq + 1,
+        "parent_seq": parent_seq,
+        "base_location": str(root / "base" / "v00000003-old-1" / "data"),
+        "output_location": str(root / "base" / "v00000004-abc-1"),
+        "files": files,
+        "increments": INCREMENTS,
+        "columns": [{"name": "id", "type": "int"}, {"name": "full_name", "type": "string"}],
+    }
+
+
+def test_the_compact_task_reports_the_planned_increments_in_and_the_new_version_out(tmp_path: Path) -> None:
+    """compact's OpenLineage facets, from the plan its --plan names: each increment directory and the live
+    version in, the version directory it writes out."""
+    from cdc_compaction import factory
+
+    cfg = parse_table(cdc_doc(tmp_path / "lake"))
+    op = factory.build_dag(cfg).get_task("compact")
+    plan_file = tmp_path / "plan.json"
+    plan = _plan(tmp_path / "lake", parent_seq=3)
+    plan_file.write_text(json.dumps(plan))
+    op.application_args = ["--plan", str(plan_file)]  # as Airflow renders the plan-path XCom
+    got = op.get_openlineage_facets_on_complete(None)
+    inputs = {(i.namespace, i.name): as_json(i) for i in got.inputs}
+    inc = [str(tmp_path / "lake" / "incremental" / name) for name in INCREMENTS]
+    base = str(tmp_path / "lake" / "base" / "v00000003-old-1" / "data")
+    assert sorted(inputs) == sorted([("file", inc[0]), ("file", inc[1]), ("file", base)])
+    stats = inputs[("file", inc[0])]["inputFacets"]["inputStatistics"]
+    assert (stats["rowCount"], stats["size"], stats["fileCount"]) == (5, 150, 2)
+    assert columns_of(inputs[("file", inc[1])]["facets"]["schema"])[:2] == [
+        ("id", "int", 1),
+        ("full_name", "string", 2),
+    ]
+    ((out),) = [as_json(o) for o in got.outputs]
+    assert (out["namespace"], out["name"]) == ("file", plan["output_location"])
+
+    first = _plan(tmp_path / "lake", parent_seq=0)  # the first compaction: no live version to read
+    plan_file.write_text(json.dumps(first))
+    assert sorted(i.name for i in op.get_openlineage_facets_on_complete(None).inputs) == sorted(inc)
+
+    before = lineage.LINEAGE_FAILURES["school.students"]
+    plan_file.unlink()
+    empty = op.get_openlineage_facets_on_complete(None)
+    assert (empty.inputs, empty.outputs) == ([], []), "an unreadable plan: no facets, the task stands"
+    assert lineage.LINEAGE_FAILURES["school.students"] == before + 1
+
+
+def test_the_run_facet_names_a_json_schema_the_plugin_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_schemaURL is an https URL (the spec's rule), under Airflow's address, of a schema the facet satisfies."""
+    import jsonschema
+    from fastapi.testclient import TestClient
+
+    from cdc_compaction.ui import create_app
+
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/")
+    facet = as_json(lineage.run_facet(commit()))
+    url = facet["_schemaURL"]
+    assert url.startswith("https://airflow.example.com/cdc/") and url.endswith("#/$defs/CdcCompactionRunFacet"), url
+    path, _, pointer = url.removeprefix("https://airflow.example.com").partition("#")
+    # The page app mounted at /cdc (the plugin) serves it without a session: consumers fetch it.
+    served = TestClient(create_app(lambda: lambda ids: set()), root_path="/cdc").get(path)
+    assert served.status_code == 200
+    schema = served.json()
+    own = schema["$defs"]["CdcCompactionRunFacet"]["allOf"][1]  # [0] is the spec's RunFacet (_producer, _schemaURL)
+    assert pointer == "/$defs/CdcCompactionRunFacet"
+    jsonschema.validate(facet, own)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**facet, "eventsIn": -1}, own)

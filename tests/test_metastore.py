@@ -384,3 +384,19 @@ def test_the_thrift_metastore_holds_hive_and_trino_views(endpoint: MetastoreEndp
         assert h.viewExpandedText == made[0].expanded_text and [c.name for c in h.sd.cols] == ["id", "op", "ts"]
     listed = {r["viewName"] for r in spark.sql(f"SHOW VIEWS IN `{db}`").collect()}
     assert {v.name for v in made} <= listed
+
+
+def test_the_unreachable_metastore_error_names_a_make_target_that_exists(tmp_path: Any) -> None:
+    """The fix it names must run: every ``make X`` in the message is a target of the Makefile."""
+    import re
+    from pathlib import Path
+
+    from cdc_compaction.exceptions import MetastoreError
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.MULTILINE))
+    with pytest.raises(MetastoreError) as err, connect(MetastoreEndpoint("127.0.0.1", free_port()), timeout_s=2):
+        pass
+    named = re.findall(r"make ([a-z][a-z-]*)", str(err.value))
+    assert named, str(err.value)
+    assert set(named) <= targets, (named, str(err.value))

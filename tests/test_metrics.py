@@ -162,6 +162,28 @@ def test_a_failure_to_emit_is_logged_and_counted_never_raised(
     )
 
 
+def test_what_the_table_holds_goes_out_as_gauges_what_a_commit_did_as_counters(
+    statsd_listener: socket.socket, make_cfg: Callable[..., TableConfig]
+) -> None:
+    """Rows out, visible rows and tombstones are the table's size after the commit: levels, so gauges (``|g``).
+
+    Two commits, 7 then 5 visible rows: a StatsD server keeps a gauge's last value (5); as a
+    counter it would add them (12 rows the table never held).
+    """
+    cfg = make_cfg(table="student_g")
+    tags = f"database={cfg.database},table=student_g"
+    for visible, out, tombstones, events_in in ((7, 9, 2, 12), (5, 8, 3, 4)):
+        numbers = {"visible_rows": visible, "events_out": out, "tombstones": tombstones, "events_in": events_in}
+        assert metrics.emit(cfg, numbers)
+        got = _received(statsd_listener)
+        assert got == {
+            f"airflow.cdc_compaction.visible_rows,{tags}": (visible, "g"),
+            f"airflow.cdc_compaction.events_out,{tags}": (out, "g"),
+            f"airflow.cdc_compaction.tombstones,{tags}": (tombstones, "g"),
+            f"airflow.cdc_compaction.events_in,{tags}": (events_in, "c"),
+        }
+
+
 def test_table_metrics_shows_the_latest_commit_and_its_slo(make_cfg: Callable[..., TableConfig]) -> None:
     cfg = make_cfg(slo={"freshness": "2h", "window": "1d"})
     lake = Lake(cfg)

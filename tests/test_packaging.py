@@ -2,11 +2,14 @@
 
 Built with the venv's pip and setuptools (``--no-build-isolation``: no network), installed into a
 fresh venv that sees the test venv's third-party packages (Airflow, pydantic, pyspark) but not
-``plugins/``, then driven through its ``cdc-compaction`` console script with no Java on PATH.
+``plugins/``, then driven through its ``cdc-compaction`` console script with no Java on PATH, and
+through Airflow's own CLI: the wheel's entry points register the CDC tables page and the provider,
+and its DAG file (the one-line loader) builds a registry directory's DAGs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -64,8 +67,15 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
     # Only site-packages directories: plugins/ (on this process's path) must not leak into the venv.
-    site_dirs = [p for p in sys.path if p.endswith("site-packages")]
-    (purelib / "test-venv.pth").write_text("\n".join(site_dirs) + "\n")
+    # And not the project itself: `make install` puts an editable cdc-compaction (its dist-info and
+    # entry points) into the test venv, which would register the page a second time beside the wheel's.
+    mirror = tmp_path_factory.mktemp("site-mirror")
+    for site in (Path(p) for p in sys.path if p.endswith("site-packages")):
+        for entry in site.iterdir():
+            own = entry.name.startswith(("cdc_compaction", "__editable__"))
+            if not own and not entry.name.endswith(".pth") and not (mirror / entry.name).exists():
+                (mirror / entry.name).symlink_to(entry)
+    (purelib / "test-venv.pth").write_text(f"{mirror}\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps", str(wheel)],
         capture_output=True,
@@ -98,7 +108,10 @@ def test_the_wheel_holds_the_package_and_its_run_time_files(wheel: Path) -> None
         }
     assert expected - names == set()
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "cdc-compaction = cdc_compaction.__main__:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "cdc-compaction = cdc_compaction.__main__:main" in text
+    assert "cdc_compaction_tables = cdc_compaction.airflow_plugin:CdcTablesPlugin" in text
+    assert "provider_info = cdc_compaction.provider_info:get_provider_info" in text
 
 
 def test_the_installed_console_script_validates_a_registry_without_java(installed: Path, tmp_path: Path) -> None:
@@ -149,3 +162,112 @@ def test_the_installed_package_prints_the_shipped_schema(installed: Path, tmp_pa
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (REPO / "registry.schema.json").read_text()
+
+
+def _airflow_env(venv: Path, home: Path, plugins: Path, registry: Path) -> dict[str, str]:
+    """An Airflow of its own (SQLite in ``home``), the wheel's venv only, the given plugins folder and registry."""
+    dags = home / "dags"
+    dags.mkdir(parents=True, exist_ok=True)
+    # The DAG file a deployment copies: the wheel's own, not the clone's.
+    packaged = next((venv / "lib").glob("python3*/site-packages/cdc_compaction/resources/dags/cdc_compaction_dags.py"))
+    shutil.copy2(packaged, dags / packaged.name)
+    # Nothing of the test session's own Airflow (conftest points AIRFLOW__* at its home).
+    env = {k: v for k, v in _env_without_java_or_clone(venv, home).items() if not k.startswith("AIRFLOW")}
+    return {
+        **env,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "CDC_REGISTRY_DIR": str(registry),
+        "CDC_PROJECT_ROOT": str(home),
+    }
+
+
+def _airflow(venv: Path, env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "airflow", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=env["AIRFLOW_HOME"],
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def version_of_wheel(venv: Path) -> str:
+    """The version the installed wheel's metadata says (its dist-info directory's name)."""
+    (dist_info,) = (venv / "lib").glob("python3*/site-packages/cdc_compaction-*.dist-info")
+    return dist_info.name.removeprefix("cdc_compaction-").removesuffix(".dist-info")
+
+
+def _json_output(stdout: str) -> list[dict[str, object]]:
+    """The JSON list of an ``-o json`` command (Airflow may print warnings before it on stdout)."""
+    line = next(line for line in reversed(stdout.splitlines()) if line.startswith("["))
+    return json.loads(line)
+
+
+def test_airflow_finds_the_installed_page_provider_and_dags(installed: Path, tmp_path: Path) -> None:
+    """No file of the clone: the page comes from the entry point, the DAGs from the shipped one-line DAG file."""
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    for name in ("shop.orders.yaml", "school.student.yaml"):
+        shutil.copy2(REPO / "include" / "registry" / name, registry / name)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    env = _airflow_env(installed, tmp_path / "airflow", plugins, registry)
+
+    page = [
+        p
+        for p in _json_output(_airflow(installed, env, "plugins", "-o", "json"))
+        if p["name"] == "cdc_compaction_tables"
+    ]
+    assert len(page) == 1, page
+    assert "EntryPoint(name='cdc_compaction_tables'" in str(page[0]["source"])
+    assert page[0]["external_views"] == [
+        {"name": "CDC tables", "href": "/cdc/", "url_route": "cdc-tables", "destination": "nav"}
+    ]
+
+    # The apache_airflow_provider entry point: the installed distribution's name and version.
+    providers = _json_output(_airflow(installed, env, "providers", "list", "-o", "json"))
+    assert {"package_name": "cdc-compaction", "version": version_of_wheel(installed)} in [
+        {k: p.get(k) for k in ("package_name", "version")} for p in providers
+    ], providers
+
+    _airflow(installed, env, "db", "migrate")
+    dag_ids = {d["dag_id"] for d in _json_output(_airflow(installed, env, "dags", "list", "--local", "-o", "json"))}
+    # cdc__<database>__<table> per registry file, plus the view refresher and the erase DAG over every table.
+    assert dag_ids == {"cdc__shop__orders", "cdc__school__student", "cdc__views_refresh", "cdc__erase"}
+
+
+def test_the_plugins_folder_shim_does_not_register_the_page_twice(installed: Path, tmp_path: Path) -> None:
+    """plugins/cdc_status_plugin.py in the plugins folder of an Airflow that also has the installed package.
+
+    Airflow registers a plugin name once and reports a second registration as a plugin import error,
+    which the UI shows: the shim stays empty when the package's entry point registers the page.
+    """
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    shutil.copy2(REPO / "plugins" / "cdc_status_plugin.py", plugins / "cdc_status_plugin.py")
+    env = _airflow_env(installed, tmp_path / "airflow", plugins, tmp_path)
+    proc = subprocess.run(
+        [
+            str(installed / "bin" / "python"),
+            "-c",
+            "import json; from airflow import plugins_manager as pm; "
+            "print(json.dumps({'names': [p['name'] for p in pm.get_plugin_info()], "
+            "'errors': pm.get_import_errors()}))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded["names"].count("cdc_compaction_tables") == 1, loaded
+    assert loaded["errors"] == {}, loaded

@@ -1314,17 +1314,59 @@ def test_generic_is_the_default_and_changes_nothing() -> None:
     assert parse_table(del_source).source == "generic"
 
 
-def test_a_keyless_table_takes_the_presets_op_and_order_only() -> None:
-    doc = keyless_doc(source="debezium")
+def _keyless_preset(source: str, *names: str, **overrides: Any) -> Doc:
+    """A keyless entry of ``source`` with one data column, its before-image and ``names`` (bigints but the op)."""
+    doc = keyless_doc(source=source, **overrides)
+    op = {"debezium": "__op", "wal2json": "kind"}[source]
     doc["columns"] = [
         {"name": "name", "type": "string"},
         {"name": "_before_name", "type": "string"},
-        {"name": "__op", "type": "string"},
-        {"name": "__lsn", "type": "bigint"},
+        {"name": op, "type": "string"},
+        *({"name": n, "type": "bigint"} for n in names),
     ]
-    del doc["order_by"]
+    if "order_by" not in overrides:
+        del doc["order_by"]
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("doc", "order_by", "event_id"),
+    [
+        # The position PostgreSQL delivers in (commit LSN), then what tells its events apart.
+        (_keyless_preset("debezium", "__commit_lsn", "__lsn", "__row"), ["__commit_lsn"], ["__lsn", "__row"]),
+        (_keyless_preset("debezium", "__kafka_offset"), ["__kafka_offset"], []),
+        (_keyless_preset("wal2json", "commit_lsn", "lsn", "lsn_row"), ["commit_lsn"], ["lsn", "lsn_row"]),
+    ],
+    ids=["debezium-commit-lsn", "debezium-kafka-offset", "wal2json"],
+)
+def test_a_keyless_table_takes_the_presets_op_and_position(doc: Doc, order_by: list[str], event_id: list[str]) -> None:
     cfg = parse_table(doc)
-    assert (cfg.op_column, cfg.order_by, cfg.data_columns) == ("__op", ["__lsn"], ["name"])
+    assert (cfg.order_by, cfg.event_id, cfg.data_columns) == (order_by, event_id, ["name"])
+    assert cfg.op_column in ("__op", "kind")
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "fragment"),
+    [
+        # The change LSN is not the order PostgreSQL delivers in: a late commit's changes would be replays.
+        (_keyless_preset("debezium", "__lsn"), "order_by", "delivers changes in commit order"),
+        (_keyless_preset("wal2json", "lsn"), "order_by", "Land the transaction's commit position as 'commit_lsn'"),
+        # A snapshot's rows share one LSN: without an ordinal they are one row delivered again.
+        (_keyless_preset("debezium", "__commit_lsn", "__lsn"), "event_id", "add it to event_id"),
+        (_keyless_preset("wal2json", "commit_lsn", "lsn"), "event_id", "as 'lsn_row'"),
+        (_keyless_preset("wal2json", "commit_lsn", "lsn", "lsn_row", event_id=["nope"]), "event_id", "not among"),
+        (
+            _keyless_preset("wal2json", "commit_lsn", "lsn", "lsn_row", event_id=["commit_lsn", "lsn_row"]),
+            "event_id",
+            "repeats a column or an order_by column",
+        ),
+    ],
+    ids=["debezium-change-lsn", "wal2json-change-lsn", "debezium-no-row", "wal2json-no-row", "missing", "repeated"],
+)
+def test_a_keyless_position_that_loses_rows_is_refused(tmp_path: Path, doc: Doc, field: str, fragment: str) -> None:
+    err = refusal(write_yaml(tmp_path, "tests.visits.yaml", doc))
+    assert err.table == "tests.visits" and names_field(err, field), err.problems
+    assert fragment in str(err), err.problems
 
 
 @pytest.mark.parametrize(

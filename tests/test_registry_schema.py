@@ -41,7 +41,7 @@ def validator() -> Any:
 
 def test_the_shipped_schema_is_the_generated_one() -> None:
     assert SHIPPED.read_text() == schema_text(), (
-        "registry.schema.json is stale: python -m cdc_compaction registry schema --out registry.schema.json"
+        "registry.schema.json is stale: cdc-compaction registry schema --out registry.schema.json"
     )
 
 

@@ -171,3 +171,54 @@ def test_added_widened_and_dropped_columns_follow_the_source(make_cfg, runtime, 
     assert plan(rt, "run-5") == "", "nothing landed: a manual run of a retired table drains and stops"
     assert _rows(spark, retired, "view_name") == want
     assert _rows(spark, retired, "base_table") == want
+
+
+BAD_NAMES = ["bad name", "x-y"]
+
+
+def test_a_new_column_that_cannot_be_named_quarantines_its_file_and_the_others_compact(
+    make_cfg, runtime, spark
+) -> None:
+    """``evolve`` adds the source's new columns; one whose name is no identifier refuses only its own file."""
+    cfg = make_cfg(columns=REGISTRY, order_by=["ts_ms"], schema_changes="evolve", on_bad_file="quarantine")
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    i32, i64 = pa.int32(), pa.int64()
+    row = {"id": pa.array([1], i32), "score": pa.array([7], i32), "op": pa.array(["c"]), "ts_ms": pa.array([1], i64)}
+    _land(cfg, "increment_2026112200", {**row, "email": pa.array(["a@x.io"])})
+    for i, name in enumerate(BAD_NAMES, start=1):
+        _land(cfg, f"increment_202611220{i}", {**row, "id": pa.array([10 + i], i32), name: pa.array(["v"])})
+    quarantined: list[dict[str, Any]] = []
+    path = plan(rt, "run-1", on_quarantined=quarantined.extend)
+    assert path, "the good file is planned"
+    finish_run(rt, path)
+    landing = Path(Lake(cfg).layout.incremental)
+    assert sorted(q["file"] for q in quarantined) == [
+        str(landing / f"increment_202611220{i}" / "part-00000.parquet") for i in (1, 2)
+    ]
+    for q, name in zip(sorted(quarantined, key=lambda q: q["file"]), BAD_NAMES, strict=True):
+        assert q["reason"].startswith("incompatible schema: new columns that cannot be table columns")
+        assert f"column {name!r} is not a valid identifier" in q["reason"]
+        assert "schema_changes: ignore" in q["reason"]
+        assert Path(q["quarantined_to"]).exists()
+    # The good file compacted, with the column it added; nothing of the refused files reached the tables.
+    assert _rows(spark, cfg, "base_table", "id, score, email") == [(1, 7, "a@x.io")]
+    columns = {c for c in _metastore_columns(rt, "base_table") if not c.startswith("_cdc_")}
+    assert columns == {"id", "score", "op", "ts_ms", "email"}
+
+
+def test_a_new_column_that_cannot_be_named_fails_the_plan_naming_table_file_and_column(make_cfg, runtime) -> None:
+    from cdc_compaction.exceptions import BadInputError
+
+    cfg = make_cfg(columns=REGISTRY, order_by=["ts_ms"], schema_changes="evolve")
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    i32, i64 = pa.int32(), pa.int64()
+    cols = {"id": pa.array([1], i32), "score": pa.array([7], i32), "op": pa.array(["c"]), "ts_ms": pa.array([1], i64)}
+    _land(cfg, "increment_2026112200", {**cols, "x-y": pa.array([1], i32)})
+    with pytest.raises(BadInputError) as err:
+        plan(rt, "run-1")
+    text = str(err.value)
+    landed = str(Path(Lake(cfg).layout.incremental) / "increment_2026112200" / "part-00000.parquet")
+    assert cfg.qualified_name in text and landed in text
+    assert "column 'x-y' is not a valid identifier" in text and "on_bad_file: quarantine" in text

@@ -1,4 +1,4 @@
-"""``python -m cdc_compaction status`` and the status it reads from a lake (no Spark: see status_helpers)."""
+"""``cdc-compaction status`` and the status it reads from a lake (no Spark: see status_helpers)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from status_helpers import NOW, SAMPLE, build_sample_lake, version_of
+from status_helpers import FAILING, NOW, SAMPLE, build_sample_lake, version_of
 
 from cdc_compaction.settings import PROJECT_ROOT
 from cdc_compaction.status import airflow_paused, commit_history, table_status
@@ -50,8 +50,10 @@ def test_status_of_a_compacted_table(tmp_path: Path) -> None:
     assert st.lease.startswith(f"held by {SAMPLE['lease_owner']} until ")
     assert st.paused is False and st.error == ""
     line = st.line()
-    assert "commit 2 2026-11-22T02:20:00 rows 3" in line and "fresh 2h05m" in line
-    assert "pending 2h" in line and "quarantine 1 waiting" in line and line.endswith("enabled")
+    # The sample's own slo (1 h) is missed at 2h05m: stale, never "fresh".
+    assert "commit 2 2026-11-22T02:20:00 rows 3" in line and "stale 2h05m" in line and "fresh" not in line
+    # Unpaused is "active": "enabled" is the registry's word for a table that runs at all.
+    assert "pending 2h" in line and "quarantine 1 waiting" in line and line.endswith("active")
 
 
 def test_history_lists_every_commit_with_the_freshness_it_gave(tmp_path: Path) -> None:
@@ -89,8 +91,11 @@ def test_freshness_against_an_slo_and_its_compliance(tmp_path: Path) -> None:
         assert (st.slo_seconds, st.slo_state) == (hours * 3600, state)
         assert st.slo_target == 0.9 and st.slo_compliance == pytest.approx(within / 170)
         assert f"slo {hours}h00m {state.upper()} {100 * within / 170:.1f}%/90%" in st.line()
+        label = "fresh" if state == "ok" else "stale"
+        assert f" {label} 2h05m slo" in st.line(), "the label says what the SLO says"
     no_slo = table_status(student.model_copy(update={"slo": None}), NOW)
     assert (no_slo.slo_compliance, no_slo.slo_state) == (None, ""), "no slo: nothing to measure against"
+    assert " age 2h05m " in no_slo.line() and "fresh" not in no_slo.line(), "without an slo, no verdict"
 
 
 def test_paused_flags_come_from_the_metadata_db_or_are_unknown(tmp_path: Path) -> None:
@@ -146,3 +151,74 @@ def test_an_invalid_registry_entry_is_a_line_and_exit_1(tmp_path: Path) -> None:
     bad = [ln for ln in proc.stdout.splitlines() if ln.startswith("tests.bad.yaml")]
     assert len(bad) == 1 and "ERROR invalid registry entry" in bad[0], proc.stdout
     assert sum(1 for ln in proc.stdout.splitlines() if ln.startswith(SAMPLE["table"])) == 1
+
+
+def test_status_without_a_registry_fails_and_says_where_it_looked(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    proc = _cli("status", env={"CDC_REGISTRY_DIR": str(missing), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert str(missing) in proc.stderr and "does not exist" in proc.stderr
+    assert "--registry-dir" in proc.stderr and "CDC_REGISTRY_DIR" in proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = _cli("status", "--registry-dir", str(empty), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""})
+    assert proc.returncode == 2 and str(empty) in proc.stderr and "no registry files" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def failed_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    from status_helpers import airflow_with_failed_runs
+
+    return airflow_with_failed_runs(tmp_path_factory.mktemp("failed_runs"))
+
+
+def test_a_failing_table_and_a_broken_file_show_their_failed_runs(failed_runs: tuple[Path, dict[str, str]]) -> None:
+    registry, env = failed_runs
+    af = {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+        "AIRFLOW_HOME": env["AIRFLOW_HOME"],
+    }
+    proc = _cli("status", "--registry-dir", str(registry), env=af)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the invalid file
+    lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines()}
+    badfit = lines[FAILING["table"]]
+    assert "never compacted" in badfit and "last run failed " in badfit, badfit
+    assert f"{FAILING['first_task']} try 1" in badfit and badfit.endswith("active"), badfit
+    assert "next run none scheduled" not in badfit and "next run none (paused)" not in badfit, "hourly and unpaused"
+    # The sample table never ran and is paused (DAGs are paused at creation).
+    student = lines[SAMPLE["table"]]
+    assert "last run no run" in student and "next run none (paused)" in student and student.endswith("paused")
+    broken = lines[FAILING["broken_file"]]
+    assert "ERROR invalid registry entry" in broken and "last run failed " in broken, broken
+    assert f"{FAILING['broken_task']} try 1" in broken, broken
+
+    proc = _cli("status", FAILING["table"], "--json", "--registry-dir", str(registry), env=af)
+    (doc,) = json.loads(proc.stdout)
+    run = doc["last_run"]
+    assert (run["state"], run["failed_task"], run["try_number"]) == ("failed", FAILING["first_task"], 1), doc
+    assert run["run_id"].startswith("manual__") and doc["paused"] is False and doc["next_run"], doc
+
+
+def test_pause_without_an_airflow_home_refuses_and_creates_nothing(tmp_path: Path) -> None:
+    """No AIRFLOW_HOME (and no ~/airflow): pause would write a new ~/airflow/airflow.db and pause nothing real."""
+    registry = tmp_path / "registry"
+    build_sample_lake(tmp_path / "lake", registry)
+    home = tmp_path / "home"  # HOME: Airflow's default home is ~/airflow
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    run = {"capture_output": True, "text": True, "check": False}
+    cmd = [sys.executable, "-m", "cdc_compaction", "pause", SAMPLE["table"]]
+    base_env = {**env, "HOME": str(home), "PYTHONPATH": str(PROJECT_ROOT / "plugins")}
+    proc = subprocess.run(cmd, env=base_env, **run)  # type: ignore[call-overload]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "AIRFLOW_HOME" in proc.stderr and str(home / "airflow" / "airflow.cfg") in proc.stderr, proc.stderr
+    assert "nothing was changed" in proc.stderr
+    assert not (home / "airflow").exists(), "pause created an Airflow home"
+
+    # A home whose metadata DB was never initialised (`airflow db migrate`): refused too, and left as it was.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "airflow.cfg").write_text(f"[database]\nsql_alchemy_conn = sqlite:///{bare}/airflow.db\n")
+    proc = subprocess.run(cmd, env={**base_env, "AIRFLOW_HOME": str(bare)}, **run)  # type: ignore[call-overload]
+    assert proc.returncode == 1 and "airflow db migrate" in proc.stderr, proc.stdout + proc.stderr
+    assert sorted(p.name for p in bare.iterdir()) == ["airflow.cfg"], "pause created a database"

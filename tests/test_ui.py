@@ -91,4 +91,35 @@ def test_a_late_table_is_marked_and_an_unreadable_one_says_why(sample: Any) -> N
     page = render_index([table_status(late, NOW), table_status(fresh, NOW)], NOW)
     assert '<td class="freshness late">2h05m slo 1h00m LATE 44.1%/99%</td>' in page
     broken = page.split(f'<tr data-table="{SAMPLE["empty_table"]}">')[1].split("</tr>")[0]
-    assert '<td colspan="6" class="err">CommitLogError: commit record' in broken and "00000001.json" in broken
+    assert '<td colspan="5" class="err">CommitLogError: commit record' in broken and "00000001.json" in broken
+
+
+def test_a_failed_table_and_an_invalid_registry_file_are_in_sight(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table whose runs fail shows its last run (failed, task, try) and an invalid file its row and error."""
+    from status_helpers import FAILING, airflow_with_failed_runs
+
+    _registry, env = airflow_with_failed_runs(tmp_path_factory.mktemp("ui_failed"))
+    for key in ("CDC_REGISTRY_DIR", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW_HOME"):
+        monkeypatch.setenv(key, env[key])
+    dags = {SAMPLE["dag_id"], FAILING["dag_id"], FAILING["broken_dag_id"], "cdc__tests__fresh"}
+    page = TestClient(create_app(_allow(dags)), root_path="/cdc").get("/cdc/")
+    assert page.status_code == 200
+    row = page.text.split(f'<tr data-table="{FAILING["table"]}">')[1].split("</tr>")[0]
+    last = re.search(r'<td class="last-run ([^"]*)" data-state="([^"]+)">([^<]+)</td>', row)
+    assert last is not None, row
+    assert last.group(1) == "failed" and last.group(2) == "failed", row
+    assert f"{FAILING['first_task']} try 1" in last.group(3), row
+    assert '<td class="paused">active</td>' in row and "never compacted" in row, row
+    broken = page.text.split(f'<tr data-registry-file="{FAILING["broken_file"]}"')[1].split("</tr>")[0]
+    assert "invalid registry entry" in broken and FAILING["broken_file"] in broken, broken
+    assert f"{FAILING['broken_task']} try 1" in broken and f'href="../dags/{FAILING["broken_dag_id"]}"' in broken
+    # Every row spans the header's columns, error rows too (their message spans what they cannot show).
+    head = len(re.findall(r"<th>", page.text.split("</thead>")[0]))
+    for row_html in page.text.split("<tbody>")[1].split("</tbody>")[0].split("</tr>")[:-1]:
+        spans = [int(n) if n else 1 for n in re.findall(r'<td(?: colspan="(\d+)")?[^>]*>', row_html)]
+        assert sum(spans) == head, row_html
+        # A user who may not read the error DAG does not see the file's row.
+    hidden = TestClient(create_app(_allow({SAMPLE["dag_id"]})), root_path="/cdc").get("/cdc/")
+    assert "data-registry-file" not in hidden.text

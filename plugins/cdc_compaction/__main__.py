@@ -1,4 +1,4 @@
-"""Command line: ``python -m cdc_compaction <command>``.
+"""Command line: ``cdc-compaction <command>`` (``make install`` puts it in .venv; or ``python -m cdc_compaction``).
 
 Commands:
   registry validate [--dir DIR]          check every registry file; exit 1 on any error
@@ -107,6 +107,9 @@ def _registry_discover(args: argparse.Namespace) -> int:
             force=args.force,
             conn_id=args.conn_id,
             max_files=args.max_files,
+            postgres_dsn=args.postgres_dsn,
+            postgres_conn_id=args.postgres_conn_id,
+            postgres_schema=args.postgres_schema,
         )
         report = discover(opts)
     except (ValueError, CdcCompactionError) as exc:
@@ -241,21 +244,32 @@ def _connect(args: argparse.Namespace) -> int:
 def _airflow_ui(args: argparse.Namespace) -> int:
     """Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 with this project's DAGs.
 
-    Ctrl-C (or SIGTERM) stops everything this command started and nothing else: Airflow's whole
-    process tree, and the metastore if it was not running already.
+    The metadata DB is PostgreSQL (SQLite takes one writer at a time: REST triggers failed with
+    "Database error" next to the scheduler): the local server of the tests
+    (:class:`~cdc_compaction.local_services.LocalPostgres`, started here if needed) or the
+    database ``--sql-alchemy-conn`` names.  The scheduler starts only once the api-server answers
+    (its tasks call the api-server's execution API).  No log server listens: the scheduler and
+    triggerer run with ``--skip-serve-logs`` (Airflow binds it to every interface) and the
+    api-server reads the task logs from their files on this machine.  Ctrl-C (or SIGTERM) stops
+    every process this command started, by process group, within :data:`STOP_WITHIN_S`; the
+    metastore and PostgreSQL too if it started them.
     """
+    import secrets
     import signal
     import subprocess
+    import time
 
-    from cdc_compaction.devenv import airflow_env, connect_server, ensure_airflow_db
+    from cdc_compaction.devenv import airflow_env, connect_server, ensure_airflow_db, wait_until_answers
     from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.local_services import LocalMetastore, port_open, stop_process_tree
+    from cdc_compaction.local_services import LocalMetastore, LocalPostgres, port_open, stop_groups
 
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started: LocalMetastore | None = None
     started_connect: Any = None
-    airflow: subprocess.Popen[bytes] | None = None
+    started_pg: LocalPostgres | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    home = Path(args.airflow_home)
     try:
         if args.metastore:
             uri = args.metastore
@@ -272,21 +286,61 @@ def _airflow_ui(args: argparse.Namespace) -> int:
             if not (server.pid() is not None and port_open(server.host, server.port)):
                 started_connect = server
             server.start()
-        env = airflow_env(Path(args.airflow_home), uri)
-        env.update({"AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(args.port)})
+        conn = args.sql_alchemy_conn
+        if not conn:
+            pg = LocalPostgres(home / "postgres", port=args.postgres_port)
+            if not (pg.pid() is not None and port_open(pg.host, pg.port)):
+                started_pg = pg
+            pg.start()
+            conn = _ui_database(pg)
+        env = airflow_env(home, uri, sql_alchemy_conn=conn)
+        base = f"http://127.0.0.1:{args.port}"
+        env.update(
+            {
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__PORT": str(args.port),
+                "AIRFLOW__API__BASE_URL": base,
+                # Tasks report to the api-server of this port, not Airflow's default localhost:8080.
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
+                # One secret for every component: the api-server's tokens are checked by the others.
+                "AIRFLOW__API_AUTH__JWT_SECRET": env.get("AIRFLOW__API_AUTH__JWT_SECRET") or secrets.token_hex(32),
+                "AIRFLOW__API__SECRET_KEY": env.get("AIRFLOW__API__SECRET_KEY") or secrets.token_hex(16),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS")
+                or "admin:admin",
+            }
+        )
         # One API worker is plenty for one developer (Airflow's default of 4 costs a core's worth of start-up).
         env.setdefault("AIRFLOW__API__WORKERS", "1")
+        # The LocalExecutor forks this many workers up front (Airflow's default, 32, is for a server).
+        env.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
         ensure_airflow_db(env)
-        print(
-            f"Airflow UI on http://127.0.0.1:{args.port} (login printed below by 'airflow standalone'); Ctrl-C stops",
-            flush=True,
-        )
-        # A session of its own: Ctrl-C reaches this process only, which then stops Airflow's tree in order
-        # (stop_process_tree) instead of every component getting the signal at once and racing its parent.
-        airflow = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"], env=env, start_new_session=True
-        )
-        return airflow.wait()
+        _record_conn(home, conn)
+        airflow = str(Path(sys.executable).parent / "airflow")
+        logs = home / "components"
+        logs.mkdir(parents=True, exist_ok=True)
+
+        def start(*cmd: str) -> subprocess.Popen[bytes]:
+            # A process group of its own: a terminal's Ctrl-C reaches this command only, which stops the
+            # groups itself (stop_groups), instead of every component racing its own shutdown.
+            with (logs / f"{cmd[0]}.log").open("ab") as out:
+                proc = subprocess.Popen(
+                    [airflow, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            procs.append(proc)
+            return proc
+
+        api = start("api-server", "--host", "127.0.0.1", "--port", str(args.port))
+        print(f"starting the api-server on {base} (logs in {logs}) ...", flush=True)
+        wait_until_answers(f"{base}/api/v2/monitor/health", api, timeout_s=args.start_timeout)
+        for cmd in (["scheduler", "--skip-serve-logs"], ["dag-processor"], ["triggerer", "--skip-serve-logs"]):
+            start(*cmd)
+        passwords = home / "simple_auth_manager_passwords.json.generated"
+        print(f"Airflow UI on {base}: user admin, password in {passwords}; Ctrl-C stops it", flush=True)
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+        dead = next(p for p in procs if p.poll() is not None)
+        print(f"{' '.join(map(str, dead.args[1:2]))} exited ({dead.returncode}); see {logs}", file=sys.stderr)
+        return 1
     except CdcCompactionError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -295,13 +349,55 @@ def _airflow_ui(args: argparse.Namespace) -> int:
     finally:
         # A second Ctrl-C must not cut the shutdown short and leave processes behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if airflow is not None:
+        if procs:
             print("stopping Airflow ...", flush=True)
-            stop_process_tree(airflow)
+            stop_groups(procs)
         if started_connect is not None:
             started_connect.stop()
+        if started_pg is not None:
+            started_pg.stop()
         if started is not None:
             started.stop()
+
+
+def _record_conn(home: Path, conn: str) -> None:
+    """Write the metadata DB into ``home/airflow.cfg``: shells with ``AIRFLOW_HOME=home`` (``status``,
+    ``pause``, ``airflow dags list``) then use it, not the SQLite default Airflow wrote there.
+
+    Only the ``[database] sql_alchemy_conn`` line changes (the file's comments stay).
+    """
+    import re
+
+    cfg = home / "airflow.cfg"
+    try:
+        text = cfg.read_text()
+    except OSError:
+        text = ""
+    section = re.search(r"^\[database\]\s*$", text, flags=re.M)
+    if section is None:
+        cfg.write_text(text + f"\n[database]\nsql_alchemy_conn = {conn}\n")
+        return
+    head, body = text[: section.end()], text[section.end() :]
+    line = re.compile(r"^sql_alchemy_conn\s*=.*$", flags=re.M)
+    nxt = re.search(r"^\[", body, flags=re.M)
+    own = body[: nxt.start()] if nxt else body
+    if line.search(own):
+        own = line.sub(lambda m: f"sql_alchemy_conn = {conn}", own, count=1)
+    else:
+        own = f"\nsql_alchemy_conn = {conn}" + own
+    cfg.write_text(head + own + (body[nxt.start() :] if nxt else ""))
+
+
+def _ui_database(pg: Any) -> str:
+    """The ``airflow_ui`` database of the local PostgreSQL (created the first time): its SQLAlchemy URL."""
+    conn = pg.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = 'airflow_ui'")
+            exists = cur.fetchone() is not None
+    finally:
+        conn.close()
+    return pg.url_for("airflow_ui") if exists else pg.create_database("airflow_ui")
 
 
 def _serve_sql(args: argparse.Namespace) -> int:
@@ -362,10 +458,21 @@ def _table(args: argparse.Namespace) -> Any:
 
 def _status(args: argparse.Namespace) -> int:
     """One line (or a JSON object) per table: where it stands, read from its lake and Airflow."""
-    from cdc_compaction.registry import load_registry
-    from cdc_compaction.status import statuses, to_json
+    from datetime import UTC, datetime
+
+    from cdc_compaction.registry import load_registry, registry_files
+    from cdc_compaction.status import read_airflow, registry_error_status, table_status, to_json
 
     directory = Path(args.registry_dir or settings.registry_dir())
+    if not directory.is_dir() or not registry_files(directory):
+        # Nothing to show is not a healthy "all fine": say where it looked and how to point it elsewhere.
+        where = "does not exist" if not directory.exists() else "holds no registry files (*.yaml)"
+        print(
+            f"status: the registry directory {directory.resolve()} {where}; point at your registry with "
+            "--registry-dir DIR or $CDC_REGISTRY_DIR (default: include/registry of the project)",
+            file=sys.stderr,
+        )
+        return 2
     entries = load_registry(directory)
     wanted = set(args.tables)
     configs = [e.config for e in entries if e.error is None and (not wanted or e.config.qualified_name in wanted)]
@@ -378,14 +485,20 @@ def _status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    result = statuses(configs)
+    now = datetime.now(UTC)
+    view = read_airflow()
+    result = [table_status(c, now, airflow=view) for c in configs if c is not None]
+    bad = [registry_error_status(e, view) for e in broken]
     if args.json:
-        print(to_json(result))
+        print(to_json(result + bad))
     else:
         for st in result:
             print(st.line())
-        for e in broken:
-            print(f"{e.path.name:<28} ERROR invalid registry entry: {e.error} (fix the file; `registry validate`)")
+        for st in bad:
+            print(
+                f"{st.table:<28} ERROR {st.error} (fix the file; `registry validate`)  "
+                f"last run {st.last_run_text}  {st.paused_text}"
+            )
     return 1 if broken or any(st.error for st in result) else 0
 
 
@@ -419,10 +532,12 @@ def _erase(args: argparse.Namespace) -> int:
         if args.verify:
             found = erase.verify(Lake(cfg), erase.parse_predicate(cfg, args.where))
             print(json.dumps(found, indent=1, sort_keys=True))
-            if found["matching"]:
+            if found["matching"] or found["naming"] or found["unhandled"]:
                 print(
-                    f"{cfg.qualified_name}: {len(found['matching'])} files still hold rows matching {args.where!r}; "
-                    "run the erase with --yes",
+                    f"{cfg.qualified_name}: {len(found['matching'])} files still hold rows matching {args.where!r}, "
+                    f"{len(found['naming'])} paths or records still name an erased value, {len(found['unhandled'])} "
+                    "files are neither Parquet nor records of the lake; run the erase with --yes (it refuses "
+                    "while unhandled files remain: move or convert them first)",
                     file=sys.stderr,
                 )
                 return 1
@@ -643,7 +758,13 @@ def _pause(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.ops import delete_table, planned_deletion, refuse_if_leased, registry_file_of
+    from cdc_compaction.ops import (
+        delete_table,
+        planned_deletion,
+        refuse_foreign_data,
+        refuse_if_leased,
+        registry_file_of,
+    )
     from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
 
     directory = Path(args.registry_dir or settings.registry_dir())
@@ -651,6 +772,8 @@ def _delete(args: argparse.Namespace) -> int:
         cfg = _table(args)
         registry_file = registry_file_of(directory, args.table)
         refuse_if_leased(cfg)
+        if args.drop_data:
+            refuse_foreign_data(cfg, directory, registry_file)  # before asking: the answer would not matter
         if not args.yes:
             print(f"delete {args.table} would:")
             for line in planned_deletion(cfg, registry_file, args.drop_data):
@@ -695,9 +818,8 @@ def _job_package(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    # The installed console script says its own name in usage and errors.
-    prog = "cdc-compaction" if Path(sys.argv[0]).name == "cdc-compaction" else "python -m cdc_compaction"
+def build_parser(prog: str = "cdc-compaction") -> argparse.ArgumentParser:
+    """Every command and option: ``main`` parses with it, the docs site's command reference prints its help."""
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -722,6 +844,10 @@ def main(argv: list[str] | None = None) -> int:
     dis.add_argument("--force", action="store_true", help="overwrite registry files that exist")
     dis.add_argument("--conn-id", default="aws_default", help="Airflow AWS connection for an s3:// landing root")
     dis.add_argument("--max-files", type=int, default=500, help="footers read per table (the newest files)")
+    pg = dis.add_mutually_exclusive_group()
+    pg.add_argument("--postgres-dsn", help="read keys and types from this PostgreSQL (libpq DSN) catalog")
+    pg.add_argument("--postgres-conn-id", help="read keys and types from the PostgreSQL of this Airflow connection")
+    dis.add_argument("--postgres-schema", default="public", help="the PostgreSQL schema of the tables")
     dis.set_defaults(func=_registry_discover)
 
     cf = sub.add_parser("conformance", help="run scenario files through the pipeline")
@@ -784,6 +910,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ui.add_argument("--metastore-port", type=int, default=9083, help="the local metastore's port (default 9083)")
     ui.add_argument("--airflow-home", default=str(settings.PROJECT_ROOT / ".airflow"), help="AIRFLOW_HOME")
+    ui.add_argument(
+        "--sql-alchemy-conn",
+        help="a PostgreSQL database for Airflow's metadata (postgresql+psycopg2://...; default: the local "
+        "PostgreSQL under AIRFLOW_HOME/postgres, started if needed)",
+    )
+    ui.add_argument("--postgres-port", type=int, default=54329, help="the local PostgreSQL's port (default 54329)")
+    ui.add_argument(
+        "--start-timeout", type=float, default=300.0, help="seconds to wait for the api-server to answer (default 300)"
+    )
     ui.add_argument(
         "--no-connect",
         dest="connect",
@@ -923,7 +1058,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     jp.add_argument("--out", help="directory to write it to (default: $CDC_JOB_PACKAGE_DIR or .run/job-package)")
     jp.set_defaults(func=_job_package)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    # The installed console script says its own name in usage and errors.
+    prog = "cdc-compaction" if Path(sys.argv[0]).name == "cdc-compaction" else "python -m cdc_compaction"
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.command == "quarantine" and args.action == "reingest" and not args.entry:
         parser.error("quarantine reingest needs the entry id (see 'quarantine list')")

@@ -178,7 +178,7 @@ def _where(cfg: TableConfig) -> None:
     print(f"  pointer:    {lay.pointer} -> {json.loads(Path(lay.pointer).read_text())['version']}")
     print(f"  archive:    {lay.archive} ({sum(1 for _ in Path(lay.archive).rglob('*.parquet'))} files)")
     entries = Quarantine(lake).entries()
-    print(f"  quarantine: {lay.quarantine} ({len(entries)} entries; python -m cdc_compaction quarantine list ...)")
+    print(f"  quarantine: {lay.quarantine} ({len(entries)} entries; cdc-compaction quarantine list ...)")
     for e in entries:
         print(f"    {e.line()}")
     print(f"  pending:    {lay.incremental} ({sum(1 for _ in Path(lay.incremental).rglob('*.parquet'))} files)")

@@ -17,7 +17,7 @@ same lease and compact one table at once. Hence:
   lake as ``_cdc/deployments/<id>.json`` with its instance token (create-if-absent); a
   deployment whose token differs from the registered one is refused with
   :class:`~cdc_compaction.exceptions.DeploymentConflictError`, which names both.
-* **Outside Airflow** (``python -m cdc_compaction step``, the tests' in-process runs)
+* **Outside Airflow** (``cdc-compaction step``, the tests' in-process runs)
   there are no Variables: the id is ``CDC_DEPLOYMENT_ID`` or ``local-<hash of the host
   name>``, and nothing is registered or checked (the command acts for whichever
   deployment it names).

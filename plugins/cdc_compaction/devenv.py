@@ -87,7 +87,7 @@ def airflow_env(
                     "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
                 }
             ),
-            # registry spark.engine: spark_connect (the embedded server: python -m cdc_compaction connect start).
+            # registry spark.engine: spark_connect (the embedded server: cdc-compaction connect start).
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
                 {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_port or connect_port_default()}
             ),
@@ -143,6 +143,28 @@ def ensure_airflow_db(env: dict[str, str]) -> None:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise AirflowSetupError(f"airflow db migrate failed (exit {proc.returncode}):\n{tail}")
     marker.write_text(conn + "\n")
+
+
+def wait_until_answers(url: str, proc: subprocess.Popen[Any], timeout_s: float = 300.0) -> None:
+    """Wait until ``url`` answers over HTTP (any status) while ``proc`` runs; AirflowSetupError otherwise."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise AirflowSetupError(f"{' '.join(map(str, proc.args))} exited ({proc.returncode}) before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # an HTTP answer, whatever its status
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AirflowSetupError(f"{url} did not answer within {timeout_s:.0f}s; see the api-server's log")
+        time.sleep(0.5)
 
 
 def postgres_metadata_db(postgres: LocalPostgres, label: str) -> str:

@@ -24,8 +24,11 @@ is never overwritten without ``force``.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +40,7 @@ from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.hive_types import decimal_parts, hive_widening, logical_type, physical_types, readable_as
 from cdc_compaction.identifiers import check_identifier
 from cdc_compaction.landing import is_in_progress
+from cdc_compaction.pgcatalog import PgTable
 from cdc_compaction.registry import (
     REGISTRY_SUFFIXES,
     SOURCES,
@@ -100,6 +104,10 @@ class Column:
     origin: str
     comment: str = ""
     problem: str | None = None
+    #: The files disagree on its type: the reviewer writes it (the placeholder says which files say what).
+    types_differ: bool = False
+    #: Each landed file's type of it as Spark reads it (Arrow, logical), to hold a catalog's type against.
+    arrow_types: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -118,6 +126,13 @@ class Discovered:
     source: str = "generic"
     source_origin: str = ""
     op_column: str | None = None
+    #: ``keyless`` when the table has no key (the catalog says so, or the files carry before-images).
+    mode: str = "cdc"
+    before_prefix: str | None = None
+    #: keyless: the commit-time column that is the event's, not the row's (guessed: ``ts_ms``).
+    event_time: dict[str, str] | None = None
+    #: With no key found and no sign of keylessness: the two ways to finish the file, for its comment.
+    key_choice: list[str] = field(default_factory=list)
     #: What the source preset fills in for this table's columns (registry._source_defaults).
     preset: dict[str, Any] = field(default_factory=dict)
     checks: list[str] = field(default_factory=list)
@@ -139,6 +154,10 @@ class Options:
     force: bool = False
     conn_id: str = "aws_default"
     max_files: int = 500
+    #: A PostgreSQL catalog to read keys and types from (libpq DSN, or an Airflow connection id), and its schema.
+    postgres_dsn: str | None = None
+    postgres_conn_id: str | None = None
+    postgres_schema: str = "public"
 
 
 @dataclass
@@ -267,6 +286,8 @@ def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tupl
     cols: dict[str, Column] = {}
     lower: dict[str, str] = {}
     unreadable: list[str] = []
+    #: Column -> each Hive type the files give it -> where ("<arrow type> in <file>"), to find disagreements.
+    seen: dict[str, dict[str, list[str]]] = {}
     for f in files:
         try:
             with storage.open_read(f) as fh:
@@ -296,15 +317,39 @@ def columns_from_parquet(storage: Storage, files: list[str], shown: str) -> tupl
                 col.type = hive or ""
             elif known != a.name:
                 col.problem = f"named {known!r} and {a.name!r} in different files (Spark compares names ignoring case)"
-            elif col.problem is None and hive is not None and hive != col.type:
-                wider = _widen(col.type, hive)
-                if wider is None:
-                    col.problem = f"{col.origin} but {a.type} in {rel}: no Hive type reads both"
-                else:
-                    col.type, col.origin = wider, f"{col.origin}, widened for {a.type} in {rel}"
             elif hive is None and col.problem is None:
                 col.problem = f"{a.type} in {rel} has no Hive type Spark reads it as"
+        for a in schema:
+            if str(a.type) != "null" and lower.get(a.name.lower()) == a.name:
+                hive = hive_type_of_arrow(a.type, physical.get(a.name)) or str(a.type)
+                seen.setdefault(a.name, {}).setdefault(hive, []).append(f"{a.type} in {rel}")
+                cols[a.name].arrow_types.append(logical_type(a.type, physical.get(a.name)))
+    for name, by_type in seen.items():
+        col = cols[name]
+        if len(by_type) > 1 and col.problem is None:
+            _types_differ(col, by_type)
     return list(cols.values()), unreadable
+
+
+def _types_differ(col: Column, by_type: dict[str, list[str]]) -> None:
+    """Mark ``col`` as typed differently by the files (Hive type -> "<arrow type> in <file>", first seen first).
+
+    A type that reads them all may exist (int32 and int64: bigint), but which one the source means is
+    the reviewer's call: the source's type changed, or two writers disagree. The placeholder fails
+    validation, the comment names the files and their types.
+    """
+    said = "; ".join(
+        ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "") for where in by_type.values()
+    )
+    types = list(by_type)
+    wider: str | None = types[0]
+    for t in types[1:]:
+        wider = _widen(wider, t) if wider is not None else None
+    hint = f"{wider} reads every one of them" if wider is not None else "no Hive type reads them all"
+    col.type, col.types_differ, col.origin = "", True, f"types differ: {said}"
+    col.problem = (
+        f"the files disagree on its type ({said}); {hint}: CHECK the source column's type and write it as the type"
+    )
 
 
 def _named_records(schema: Any, out: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -423,6 +468,125 @@ def _load_avsc(storage: Storage, path: str) -> Any:
     return json.loads(storage.read_text(path))
 
 
+# -- keys and keyless tables ---------------------------------------------------------
+
+#: What a before-image column's prefix says (``_before_``, ``old_``, ``prev_``...), stripped of '_'.
+_BEFORE_WORDS = ("before", "old", "prev", "previous")
+#: Columns of a keyless landing that have no before-image: the op, the order, an event time.
+_UNPAIRED_CONTROLS = 3
+
+
+def before_image_prefix(names: list[str]) -> str | None:
+    """The prefix of the files' before-image columns (``_before_`` of ``_before_name`` beside ``name``), or None.
+
+    Taken only when the prefix says so (before, old, prev) and every column but at most the
+    op, order and event-time columns has its before-image: a keyless table's landing shape.
+    """
+    pairs: dict[str, set[str]] = {}
+    for b in names:
+        for n in names:
+            if len(b) > len(n) and b.lower().endswith(n.lower()):
+                p = b[: len(b) - len(n)]
+                if re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$", p) and p.lower().strip("_") in _BEFORE_WORDS:
+                    pairs.setdefault(p, set()).add(n.lower())
+    for p, paired in sorted(pairs.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        plain = {n.lower() for n in names if not n.lower().startswith(p.lower())}
+        if len(plain - paired) <= _UNPAIRED_CONTROLS:
+            return p
+    return None
+
+
+def apply_catalog(d: Discovered, pg: PgTable) -> None:
+    """Lay the source catalog's column types over what the files showed (or list its columns if none landed).
+
+    The catalog's type wins where every landed file reads as it (``char(3)`` over a landed string,
+    ``bigint`` over files that disagree between int32 and int64); where a file does not, the column
+    gets a placeholder naming both.
+    """
+    where = f"PostgreSQL {pg.qualified_name}"
+    if not d.columns:
+        d.columns = [
+            Column(
+                c.name,
+                c.hive or "",
+                f"{c.pg_type} in {where}" + (f" ({c.note})" if c.note and c.hive else ""),
+                problem=None if c.hive else c.note,
+            )
+            for c in pg.columns
+        ]
+        d.columns_origin = f"the catalog of {where} (nothing landed yet)"
+        d.checks.append("nothing landed yet: add the columns the sink writes besides the table's (op, order, ...)")
+        return
+    by_name = {c.name.lower(): c for c in pg.columns}
+    landed = {c.name.lower() for c in d.columns}
+    for col in d.columns:
+        pc = by_name.get(col.name.lower())
+        if pc is None or (col.problem is not None and not col.types_differ and col.problem != _NULLS_ONLY):
+            continue
+        if pc.hive is None:
+            d.checks.append(f"column {col.name!r} is {pc.pg_type} in {where}: {pc.note}; the files' type is kept")
+            continue
+        unread = sorted({t for t in col.arrow_types if not readable_as(pc.hive, t)})
+        landed_as = ", ".join(sorted(set(col.arrow_types))) or "no file"
+        if unread:
+            col.type, col.types_differ = "", True
+            col.problem = (
+                f"{where} declares it {pc.pg_type} ({pc.hive}) but the files hold {', '.join(unread)}, which "
+                f"Spark does not read as {pc.hive}: CHECK how the sink converts it and write the type"
+            )
+            col.origin = f"{pc.pg_type} in {where}; landed as {landed_as}"
+            continue
+        col.type, col.problem, col.types_differ = pc.hive, None, False
+        col.origin = f"{pc.pg_type} in {where}" + (f" ({pc.note})" if pc.note else "") + f"; landed as {landed_as}"
+    missing = [c.name for c in pg.columns if c.name.lower() not in landed]
+    if missing:
+        d.checks.append(f"columns of {where} no landed file has: {missing} (not replicated, or none changed yet)")
+
+
+def _key_from_catalog(d: Discovered, pg: PgTable) -> None:
+    """The key the catalog gives (primary key, else the replica identity index), or ``mode: keyless``."""
+    where = f"PostgreSQL {pg.qualified_name}"
+    ri = pg.replica_identity
+    if pg.primary_key:
+        d.key, d.key_origin = list(pg.primary_key), f"the primary key of {where}"
+        if ri == "FULL":
+            d.checks.append(
+                f"{where} has REPLICA IDENTITY FULL: its updates and deletes log the whole old row (more WAL "
+                "than the key needs)"
+            )
+        elif ri == "NOTHING":
+            d.checks.append(
+                f"{where} has REPLICA IDENTITY NOTHING: its deletes carry no key, so they cannot be applied; "
+                f"run ALTER TABLE {pg.qualified_name} REPLICA IDENTITY DEFAULT"
+            )
+        return
+    if pg.identity_index:
+        d.key = list(pg.identity_index)
+        d.key_origin = (
+            f"the REPLICA IDENTITY index of {where} (it has no primary key; a unique index of NOT NULL columns)"
+        )
+        return
+    d.mode = "keyless"
+    d.before_prefix = before_image_prefix([c.name for c in d.columns])
+    d.key_origin = f"{where} has no primary key (REPLICA IDENTITY {ri}): its rows are a multiset, mode: keyless"
+    if ri == "FULL":
+        d.checks.append(
+            f"{where} has REPLICA IDENTITY FULL: its updates and deletes log the whole old row, the before-image "
+            "a keyless table needs"
+        )
+    else:
+        d.checks.append(
+            f"{where} has no primary key and REPLICA IDENTITY {ri}: PostgreSQL logs no old row for its updates and "
+            f"deletes, which a keyless table needs: run ALTER TABLE {pg.qualified_name} REPLICA IDENTITY FULL"
+        )
+    if d.before_prefix is None:
+        d.todo.append(
+            "mode: keyless needs a before-image column _before_X for every data column X (the old row of an update "
+            "or delete): land them (REPLICA IDENTITY FULL, and a sink that writes the before values) or name "
+            "their prefix with before_prefix"
+        )
+
+
 def recognize_source(columns: set[str]) -> tuple[str, str]:
     """(source, why) from the presets' column signatures: a preset only when exactly one matches."""
     matches = {
@@ -446,11 +610,14 @@ def discover_table(
     storage_root: str,
     increments_dir: str = "incremental",
     default_source: str | None = None,
+    catalog: Callable[[str], PgTable | None] | None = None,
 ) -> Discovered:
     """Infer one table's entry from its directory (its increments under ``increments_dir``).
 
     ``default_source`` is the database defaults' ``source``: used (and not written) when
-    ``--source`` is not given, so the table file does not override it.
+    ``--source`` is not given, so the table file does not override it.  ``catalog`` looks the
+    table up in the source database (PostgreSQL): its key, types and replica identity win over
+    what the files suggest (:func:`apply_catalog`).
     """
     d = Discovered(table, directory, storage_root)
     landing = storage.join(directory, increments_dir)
@@ -478,6 +645,13 @@ def discover_table(
             notes = []
         d.columns_origin = f"the Avro value schema {name} (no Parquet file has landed yet)"
         d.checks += notes
+    pg = catalog(table) if catalog is not None else None
+    if catalog is not None and pg is None:
+        d.checks.append(
+            f"no table {opts.postgres_schema}.{table} in the PostgreSQL catalog: key and types from the files"
+        )
+    if pg is not None:
+        apply_catalog(d, pg)
     names = {c.name for c in d.columns}
     for c in d.columns:
         if c.problem:
@@ -485,6 +659,8 @@ def discover_table(
     # The key.
     if table in opts.keys:
         d.key, d.key_origin = opts.keys[table], "from --key"
+    elif pg is not None:
+        _key_from_catalog(d, pg)
     elif key_files:
         name = Path(key_files[0]).name
         try:
@@ -492,9 +668,26 @@ def discover_table(
         except (ValueError, OSError):
             d.key = None
         d.key_origin = f"the fields of the key schema {name}" if d.key else f"not found: {name} names no record fields"
-    if d.key is None:
-        d.key_origin = d.key_origin or "not found: no --key hint and no <name>-key.avsc"
-        d.todo.append(f"primary_key: no key found; replace {MISSING_KEY} with the key columns (or pass --key)")
+    prefix = before_image_prefix([c.name for c in d.columns]) if d.key is None and d.mode == "cdc" else None
+    if prefix is not None:
+        d.mode, d.before_prefix = "keyless", prefix
+        d.key_origin = (
+            f"none found, and the files carry before-images ({prefix}<column>): a table without a key, "
+            "compacted as a multiset (mode: keyless). CHECK the source table has no key; if it has one, "
+            "set mode: cdc and primary_key instead"
+        )
+    if d.key is None and d.mode == "cdc":
+        d.key_origin = d.key_origin or "not found: no --key hint, no <name>-key.avsc and no catalog"
+        d.todo.append(
+            f"primary_key: no key found; replace {MISSING_KEY} with the key columns (or pass --key), or, if the "
+            "source table has no key, make it mode: keyless (see the comment at primary_key)"
+        )
+        d.key_choice = [
+            f"if the source table has a key: replace {MISSING_KEY} with its columns (or pass --key);",
+            "if it has none: replace this line with `mode: keyless`; a keyless table needs, for every data column",
+            "X, a before-image column _before_X (before_prefix) holding X before an update or delete (PostgreSQL:",
+            "REPLICA IDENTITY FULL), an op column and an order_by that is the log's sequence (an LSN, not a time).",
+        ]
     # The source preset and the op column.
     if opts.source is not None:
         d.source, d.source_origin = opts.source, "from --source"
@@ -504,7 +697,7 @@ def discover_table(
         d.source, d.source_origin = recognize_source(names)
         if avro_order is not None and d.source == "generic":
             d.source, d.source_origin = "debezium", "the value schema is a Debezium envelope"
-    preset = _source_defaults(d.source, "cdc", names)
+    preset = _source_defaults(d.source, d.mode, names)
     d.preset = preset
     op = preset.get("op_column", "op")
     if op not in names:
@@ -522,6 +715,12 @@ def discover_table(
     else:
         d.order_origin = "not found"
         d.todo.append(f"order_by: no ordering column found; replace {MISSING_ORDER} (or pass --order-by)")
+    # A keyless table's columns are the row's unless declared otherwise: a commit time is the event's.
+    order = d.order_by or preset.get("order_by") or []
+    if d.mode == "keyless" and "event_time" not in preset and "ts_ms" in names and "ts_ms" not in order:
+        prefix = (d.before_prefix or "_before_").lower()
+        if f"{prefix}ts_ms" not in {n.lower() for n in names}:
+            d.event_time = {"column": "ts_ms", "unit": "ms"}
     return d
 
 
@@ -537,7 +736,7 @@ def _flow(value: Any) -> str:
 def render(d: Discovered, database: str, when: datetime) -> str:
     """The YAML text of one discovered table: values with comments saying where each came from."""
     lines = [
-        f"# Written by `python -m cdc_compaction registry discover` on {when:%Y-%m-%d %H:%M} UTC",
+        f"# Written by `cdc-compaction registry discover` on {when:%Y-%m-%d %H:%M} UTC",
         f"# from {d.directory}. Review it before committing: each value says where it came from;",
         "# every CHECK is yours to confirm. Defaults of this database's _database.yaml apply under it.",
     ]
@@ -559,17 +758,31 @@ def render(d: Discovered, database: str, when: datetime) -> str:
         lines.append(f"#   the {d.source} preset fills in {shown}; CHECK the sink writes these.")
     if d.op_column is not None:
         lines.append(f"op_column: {d.op_column}")
-    lines.append(f"# primary_key: {d.key_origin}. CHECK: unique per row of the source table.")
-    lines.append(f"primary_key: {_flow(d.key or [MISSING_KEY])}")
+    if d.mode == "keyless":
+        lines.append(f"# mode: {d.key_origin}.")
+        lines.append("mode: keyless")
+        if d.before_prefix is not None and d.before_prefix != "_before_":
+            lines.append(f"before_prefix: {_flow(d.before_prefix)}")
+    else:
+        lines.append(f"# primary_key: {d.key_origin}. CHECK: unique per row of the source table.")
+        lines += [f"#   {line}" for line in d.key_choice]
+        lines.append(f"primary_key: {_flow(d.key or [MISSING_KEY])}")
     if d.order_by is not None or d.order_origin == "not found":
         lines.append(f"# order_by: {d.order_origin}.")
         lines.append(f"order_by: {_flow(d.order_by or [MISSING_ORDER])}")
     else:
         lines.append(f"# order_by: {d.order_origin}.")
+    if d.event_time is not None:
+        lines.append(
+            "# event_time: guessed from the column name ts_ms (a commit time in ms, the event's, not the row's: "
+            "it has no before-image). CHECK it."
+        )
+        lines.append(f"event_time: {_flow(d.event_time)}")
     lines.append(f"# columns: {d.columns_origin}; each line's comment is the type it was read from.")
     lines.append("columns:")
     for c in d.columns:
-        spec: dict[str, Any] = {"name": c.name, "type": c.type or f"UNSUPPORTED: {c.problem}"}
+        placeholder = "TYPES DIFFER" if c.types_differ else "UNSUPPORTED"
+        spec: dict[str, Any] = {"name": c.name, "type": c.type or f"{placeholder}: {c.problem}"}
         if c.comment:
             spec["comment"] = c.comment
         lines.append(f"  - {_flow(spec)}  # {' '.join(c.origin.split())}")
@@ -604,6 +817,36 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
     inc = own.values.get("increments") if own is not None and own.error is None else None
     increments_dir = inc.get("directory", Increments().directory) if isinstance(inc, dict) else Increments().directory
     default_source = own.values.get("source") if own is not None and own.error is None else None
+    catalog: Callable[[str], PgTable | None] | None = None
+    conn = None
+    if opts.postgres_dsn is not None or opts.postgres_conn_id is not None:
+        from cdc_compaction import pgcatalog
+
+        check_identifier(opts.postgres_schema, "--postgres-schema")
+        conn = pgcatalog.connect(opts.postgres_dsn, opts.postgres_conn_id)
+        catalog = functools.partial(pgcatalog.read_table, conn, opts.postgres_schema)
+    try:
+        _discover_entries(opts, report, entries, storage, root, when, defaults, increments_dir, default_source, catalog)
+    finally:
+        if conn is not None:
+            conn.close()
+    for t in sorted(hinted - set(report.found)):
+        report.skipped.append((t, "a --key/--order-by hint names a table directory the landing root does not have"))
+    return report
+
+
+def _discover_entries(
+    opts: Options,
+    report: Report,
+    entries: list[Any],
+    storage: Storage,
+    root: str,
+    when: datetime,
+    defaults: Any,
+    increments_dir: str,
+    default_source: str | None,
+    catalog: Callable[[str], PgTable | None] | None,
+) -> None:
     for e in entries:
         if e.name.startswith(("_", ".")):
             continue  # the landing's own metadata, never a table
@@ -622,7 +865,7 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
         if present is not None and not opts.force:
             report.skipped.append((e.name, f"{present} exists (pass --force to overwrite it)"))
             continue
-        d = discover_table(storage, opts, e.name, e.path, f"{root}/{e.name}", increments_dir, default_source)
+        d = discover_table(storage, opts, e.name, e.path, f"{root}/{e.name}", increments_dir, default_source, catalog)
         if not d.columns:
             report.skipped.append((e.name, "no landed Parquet file and no Avro value schema (.avsc): nothing to read"))
             continue
@@ -636,6 +879,3 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
         path.write_text(text, encoding="utf-8")
         log.info("wrote %s", path)
         report.written.append((e.name, path))
-    for t in sorted(hinted - set(report.found)):
-        report.skipped.append((t, "a --key/--order-by hint names a table directory the landing root does not have"))
-    return report

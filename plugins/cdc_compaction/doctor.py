@@ -1,4 +1,4 @@
-"""``python -m cdc_compaction doctor``: is everything a table's run needs there, and does it answer?
+"""``cdc-compaction doctor``: is everything a table's run needs there, and does it answer?
 
 Each check prints ``OK`` or ``FAIL`` with what it found and, for a FAIL, what to fix:
 
@@ -20,10 +20,11 @@ before ``ensure_tables`` and stops the run before any step touches the table (RE
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,31 @@ class Check:
         return head if self.ok or not self.fix else f"{head}\n       fix: {self.fix}"
 
 
-def _guard(cfg: TableConfig, name: str, fix: str, probe: Callable[[], str]) -> Check:
-    """Run ``probe`` (its return value is the OK detail); any error is a FAIL with ``fix``."""
+def fix_for(exc: BaseException, fix: str, conn_id: str | None = None) -> str:
+    """The fix of what actually failed: ``fix`` is for the service not answering, not for a missing
+    module or an Airflow connection nobody defined (those cannot be fixed by starting anything)."""
+    if isinstance(exc, ImportError):
+        missing = (exc.name or str(exc)).split(".")[0]  # the package to install, not its submodule
+        return (
+            f"the Python module {missing!r} is missing where doctor runs: run it with the project's environment "
+            "(make install; .venv/bin/cdc-compaction doctor) or the Airflow workers' one, which has it"
+        )
+    if type(exc).__name__ == "AirflowNotFoundException" and conn_id:
+        return (
+            f"define the Airflow connection {conn_id!r} (airflow connections add {conn_id} ..., the UI's Admin > "
+            f"Connections, or the environment variable AIRFLOW_CONN_{conn_id.upper()}), or name an existing one "
+            "in the registry entry"
+        )
+    return fix
+
+
+def _guard(cfg: TableConfig, name: str, fix: str, probe: Callable[[], str], conn_id: str | None = None) -> Check:
+    """Run ``probe`` (its return value is the OK detail); any error is a FAIL with the fix for its cause."""
     try:
         return Check(cfg.qualified_name, name, True, probe())
     except Exception as exc:  # every failure of a probe is the finding itself
         log.debug("%s: %s check failed", cfg.qualified_name, name, exc_info=True)
-        return Check(cfg.qualified_name, name, False, f"{type(exc).__name__}: {exc}", fix)
+        return Check(cfg.qualified_name, name, False, f"{type(exc).__name__}: {exc}", fix_for(exc, fix, conn_id))
 
 
 def check_registry(directory: Path, tables: Iterable[str] = ()) -> tuple[list[Check], list[TableConfig]]:
@@ -92,13 +111,13 @@ def check_registry(directory: Path, tables: Iterable[str] = ()) -> tuple[list[Ch
         seen.add(name)
         if e.config is None:
             problems = e.error.lines() if e.error is not None else ["(unknown error)"]
-            fix = f"fix {e.path} (python -m cdc_compaction registry validate shows every problem)"
+            fix = f"fix {e.path} (cdc-compaction registry validate shows every problem)"
             checks.append(Check(name, "registry", False, f"{e.path.name}: " + "; ".join(problems), fix))
         else:
             checks.append(Check(name, "registry", True, f"{e.path.name} is valid (DAG {e.dag_id})"))
             cfgs.append(e.config)
     for name in sorted(wanted - seen):
-        fix = f"add {directory / (name + '.yaml')} (python -m cdc_compaction registry discover writes one)"
+        fix = f"add {directory / (name + '.yaml')} (cdc-compaction registry discover writes one)"
         checks.append(Check(name, "registry", False, f"no registry file for {name} in {directory}", fix))
     return checks, cfgs
 
@@ -133,12 +152,19 @@ def check_storage(cfg: TableConfig) -> Check:
 
     def probe() -> str:
         text = f"cdc_compaction doctor probe of {cfg.qualified_name}"
+        created = _missing_dirs(lake.layout.root, control)
         st.makedirs(control)
-        st.write_text(path, text)
         try:
-            back = st.read_text(path)
+            st.write_text(path, text)
+            try:
+                back = st.read_text(path)
+            finally:
+                st.delete(path)
         finally:
-            st.delete(path)
+            # Leave the lake as it was: the directories made for the probe go too (deepest first).
+            for d in reversed(created):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
         if back != text:
             raise OSError(f"read back {back!r} instead of what was written")
         if st.exists(path):
@@ -153,6 +179,25 @@ def check_storage(cfg: TableConfig) -> Check:
     else:
         fix = f"make {lake.layout.root} a directory the Airflow workers and Spark can write (owner, permissions, mount)"
     return _guard(cfg, "storage", fix, probe)
+
+
+def _missing_dirs(root: str, control: str) -> list[Path]:
+    """The local directories down to ``control`` that do not exist yet, outermost first (none on S3).
+
+    The probe makes them and removes them again, so a table whose root does not exist yet (its first
+    run creates it) is left as it was.  A control area outside the table's root is refused.
+    """
+    if root.startswith(("s3://", "s3a://")):
+        return []
+    top, leaf = Path(root).resolve(), Path(control).resolve()
+    if not leaf.is_relative_to(top):
+        raise OSError(f"the control area {leaf} is not under the table's storage root {top}: no probe is written")
+    missing = []
+    d = leaf
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    return list(reversed(missing))
 
 
 def _connection(conn_id: str) -> Any:
@@ -184,7 +229,7 @@ def check_spark(cfg: TableConfig) -> Check:
             f"start an EMR cluster and put its id in spark.emr.job_flow_id, or check the connection "
             f"{emr.aws_conn_id!r} (elasticmapreduce:DescribeCluster)"
         )
-        return _guard(cfg, "spark", fix, describe)
+        return _guard(cfg, "spark", fix, describe, emr.aws_conn_id)
 
     if cfg.spark.engine == "spark_connect":
 
@@ -207,7 +252,7 @@ def check_spark(cfg: TableConfig) -> Check:
             f"start the Spark Connect server (make connect-start for the local one), or fix the host/port of the "
             f"Airflow connection {cfg.spark.conn_id!r} (conn type spark_connect, e.g. sc://HOST:15002)"
         )
-        return _guard(cfg, "spark", fix, server)
+        return _guard(cfg, "spark", fix, server, cfg.spark.conn_id)
 
     def master() -> str:
         conn = _connection(cfg.spark.conn_id)
@@ -231,7 +276,7 @@ def check_spark(cfg: TableConfig) -> Check:
         f"start the Spark master, or fix the host/port of the Airflow connection {cfg.spark.conn_id!r} "
         "(spark://HOST:7077, local[*], yarn, k8s://https://HOST:PORT)"
     )
-    return _guard(cfg, "spark", fix, master)
+    return _guard(cfg, "spark", fix, master, cfg.spark.conn_id)
 
 
 def check_smtp(cfg: TableConfig) -> Check:
@@ -257,7 +302,7 @@ def check_smtp(cfg: TableConfig) -> Check:
         f"start the SMTP server or fix the Airflow connection {cfg.alerts.smtp_conn_id!r} (host, port, SSL/TLS, "
         "login); until then alerts are logged and counted, not delivered"
     )
-    return _guard(cfg, "smtp", fix, ehlo)
+    return _guard(cfg, "smtp", fix, ehlo, cfg.alerts.smtp_conn_id)
 
 
 def check_landed(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
@@ -322,9 +367,42 @@ def check_table(cfg: TableConfig, endpoint: MetastoreEndpoint, *, cheap: bool = 
     return checks
 
 
+class _FindingsAtDebug(logging.Filter):
+    """What the probed libraries log about the very failures the checks report (thrift's "Could not
+    connect", tracebacks) is debug detail: the check's FAIL line says it once, with its fix.
+
+    A handler has passed a record by its level before its filters run, so the record cannot be
+    lowered to DEBUG there: it is let through only when the root logger is at DEBUG
+    (``CDC_LOG_LEVEL=DEBUG``), where it would be shown anyway.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            return True
+        return record.levelno < logging.WARNING
+
+
+@contextlib.contextmanager
+def findings_at_debug() -> Iterator[None]:
+    handlers = list(logging.getLogger().handlers)
+    quiet = _FindingsAtDebug()
+    for h in handlers:
+        h.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+
+
 def run(directory: Path, tables: Iterable[str], endpoint: MetastoreEndpoint) -> list[Check]:
-    """The doctor's whole verdict: the registry, then every check of every (named) valid table."""
-    checks, cfgs = check_registry(directory, tables)
-    for cfg in cfgs:
-        checks += check_table(cfg, endpoint)
+    """The doctor's whole verdict: the registry, then every check of every (named) valid table.
+
+    The checks' own lines are the report: what the probed services' clients log meanwhile is
+    kept for ``CDC_LOG_LEVEL=DEBUG`` (:class:`_FindingsAtDebug`).
+    """
+    with findings_at_debug():
+        checks, cfgs = check_registry(directory, tables)
+        for cfg in cfgs:
+            checks += check_table(cfg, endpoint)
     return checks

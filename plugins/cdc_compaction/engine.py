@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from cdc_compaction import settings
+from cdc_compaction.credentials import mask_credentials
 from cdc_compaction.exceptions import (
     CompactionError,
     MetastoreError,
@@ -60,6 +61,24 @@ def job_package() -> str:
     return str(path)
 
 
+def mask_submit_logs(hook: Any) -> Any:
+    """``hook`` (a SparkSubmitHook) logging its command and output with every credential masked.
+
+    The provider masks only values whose key says ``secret`` or ``password``: a session token,
+    an access or account key would be logged as written. The registry refuses such keys, but a
+    Spark connection's extras or a cluster default can still bring one; every place the hook logs
+    the command or its output goes through its ``_mask_cmd``.
+    """
+    from airflow.providers.apache.spark.hooks.spark_submit import _mask_sensitive_values
+
+    def mask_cmd(connection_cmd: str | list[str]) -> str:
+        parts = [connection_cmd] if isinstance(connection_cmd, str) else connection_cmd
+        return mask_credentials(_mask_sensitive_values(" ".join(parts)))
+
+    hook._mask_cmd = mask_cmd
+    return hook
+
+
 GLUE_CLIENT_FACTORY = "com.amazonaws.glue.catalog.metastore.AWSGlueDataCatalogHiveClientFactory"
 
 
@@ -73,7 +92,7 @@ def compaction_conf(cfg: TableConfig) -> dict[str, str]:
 def emr_job_package_uri(application: str) -> str:
     """The job package's S3 URI when ``spark.emr.py_files`` is not set: this source's zip beside ``application``.
 
-    The name carries the hash of this deployment's job source (``python -m cdc_compaction job-package``
+    The name carries the hash of this deployment's job source (``cdc-compaction job-package``
     prints it), so a step never runs another version of the job than the Airflow side expects.
     """
     from cdc_compaction.job import bundle
@@ -89,7 +108,7 @@ def check_emr_job_package(uri: str) -> None:
     if posixpath.basename(uri) != expected:
         log.warning(
             "spark.emr.py_files is %s, but this deployment's job package is %s: the cluster may run another "
-            "version of the job (python -m cdc_compaction job-package builds it; upload it and point py_files at it)",
+            "version of the job (cdc-compaction job-package builds it; upload it and point py_files at it)",
             uri,
             expected,
         )
@@ -224,13 +243,15 @@ class SparkSubmitEngine:
             path = fh.name
         try:
             conf = {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hive_conf(self.endpoint, self.warehouse_dir)}
-            hook = SparkSubmitHook(
-                conn_id=cfg.spark.conn_id,
-                conf=conf,
-                name=f"cdc-ddl-{cfg.qualified_name}",
-                application_args=["--statements", path],
-                driver_memory=cfg.spark.driver_memory,
-                py_files=job_package(),
+            hook = mask_submit_logs(
+                SparkSubmitHook(
+                    conn_id=cfg.spark.conn_id,
+                    conf=conf,
+                    name=f"cdc-ddl-{cfg.qualified_name}",
+                    application_args=["--statements", path],
+                    driver_memory=cfg.spark.driver_memory,
+                    py_files=job_package(),
+                )
             )
             try:
                 hook.submit(application=str(settings.SPARK_JOBS_DIR / "run_sql.py"))
@@ -343,7 +364,8 @@ class ConnectEngine:
             except Exception as exc:  # a static conf: the server's, not a session's, to set
                 if connect_lost(exc):
                     raise
-                log.warning("Spark Connect session: %s=%s not set (%s); set it on the server", k, v, exc)
+                shown = mask_credentials(f"{k}={v}")  # a server default or extra may still carry a credential
+                log.warning("Spark Connect session: %s not set (%s); set it on the server", shown, exc)
 
     @staticmethod
     def _close(spark: Any) -> None:

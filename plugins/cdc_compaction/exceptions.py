@@ -48,6 +48,11 @@ class PreconditionFailedError(StorageError):
     """A conditional write lost: the object exists already or changed meanwhile."""
 
 
+class ForeignDataError(StorageError):
+    """A table's storage root holds another table's data (or a registry file that may say so is
+    unreadable): deleting the root would delete that data too."""
+
+
 class MetastoreError(CdcCompactionError):
     """A Hive metastore call failed or returned something unexpected."""
 

@@ -56,17 +56,18 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = ("application_args",)
     template_ext: Sequence[str] = ()
 
-    def __init__(self, *, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+    def __init__(self, *, storage_conn_id: str = "aws_default", table: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.storage_conn_id = storage_conn_id
+        self.table = table
 
     def _get_hook(self) -> Any:
         # Every path that builds the hook goes through here: execute, the provider's resumable
         # backends (YARN, Kubernetes), and whoever asks for the task's exact command line.
-        from cdc_compaction.engine import job_package
+        from cdc_compaction.engine import job_package, mask_submit_logs
 
         self.py_files = job_package()
-        return super()._get_hook()
+        return mask_submit_logs(super()._get_hook())
 
     def execute(self, context: Any) -> Any:
         skip_unless_compacting(plan_arg(self.application_args), self.storage_conn_id)
@@ -82,6 +83,30 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
             from airflow.sdk.exceptions import AirflowFailException
 
             raise AirflowFailException(problem) from exc
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The planned increments in, the new version out (:func:`cdc_compaction.lineage.compact_lineage`)."""
+        return _compact_lineage(plan_arg(self.application_args), self.storage_conn_id, self.table or self.task_id)
+
+
+def _compact_lineage(plan_path: str | None, storage_conn_id: str, table: str) -> Any:
+    """The compact task's OpenLineage facets (never raises), asked by the provider only when it is on."""
+    from cdc_compaction.lineage import compact_lineage_of
+
+    return compact_lineage_of(plan_path, storage_conn_id, table)
+
+
+class CompactPythonOperator(PythonOperator):
+    """The ``compact`` task of ``spark.engine: spark_connect``, with its OpenLineage facets (plan in, version out)."""
+
+    def __init__(self, *, table: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.table = table
+        self.storage_conn_id = storage_conn_id
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        plan_path = (self.op_kwargs or {}).get("plan_path")
+        return _compact_lineage(str(plan_path) if plan_path else None, self.storage_conn_id, self.table)
 
 
 def plan_arg(args: Sequence[Any] | None) -> str | None:
@@ -179,10 +204,13 @@ def _emr_add_steps_operator() -> type:
         template_fields: Sequence[str] = ("plan_path",)
         template_ext: Sequence[str] = ()
 
-        def __init__(self, *, plan_path: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        def __init__(
+            self, *, plan_path: str, storage_conn_id: str = "aws_default", table: str = "", **kwargs: Any
+        ) -> None:
             super().__init__(**kwargs)
             self.plan_path = plan_path
             self.storage_conn_id = storage_conn_id
+            self.table = table
 
         def steps_with_plan(self) -> list[dict[str, Any]]:
             """The steps as submitted: the (rendered) plan path after ``--plan``, the job package's URI
@@ -231,10 +259,13 @@ def _emr_step_sensor() -> type:
         template_fields: Sequence[str] = ("step_id", "plan_path")
         template_ext: Sequence[str] = ()
 
-        def __init__(self, *, plan_path: str, storage_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        def __init__(
+            self, *, plan_path: str, storage_conn_id: str = "aws_default", table: str = "", **kwargs: Any
+        ) -> None:
             super().__init__(**kwargs)
             self.plan_path = plan_path
             self.storage_conn_id = storage_conn_id
+            self.table = table
 
         def poke(self, context: Any) -> bool:
             try:
@@ -246,6 +277,10 @@ def _emr_step_sensor() -> type:
                 from airflow.sdk.exceptions import AirflowFailException
 
                 raise AirflowFailException(problem) from exc
+
+        def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+            """The planned increments in, the new version out (:func:`cdc_compaction.lineage.compact_lineage`)."""
+            return _compact_lineage(self.plan_path, self.storage_conn_id, self.table or self.task_id)
 
     return RegistryEmrStepSensor
 
@@ -317,6 +352,19 @@ def base_asset(cfg: TableConfig) -> Asset:
     )
 
 
+def human_duration(d: timedelta) -> str:
+    """``7 days``, ``1 day 12 hours``, ``90 minutes`` -> ``1 hour 30 minutes``: for people, not ``7 days, 0:00:00``."""
+    seconds = int(d.total_seconds())
+    if seconds <= 0:
+        return "0 seconds"
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        n, seconds = divmod(seconds, size)
+        if n:
+            parts.append(f"{n} {unit}{'s' if n != 1 else ''}")
+    return " ".join(parts)
+
+
 def doc_md(cfg: TableConfig) -> str:
     """The DAG's documentation, generated from its registry entry."""
     from cdc_compaction.lake import Layout
@@ -338,12 +386,13 @@ def doc_md(cfg: TableConfig) -> str:
         *rows,
         "",
         *mode.doc_lines(cfg),
-        f"* **Tables:** {names['base_table']}, {names['incremental_table']}, {names['compactor_table']}",
+        f"* **Tables:** {names['base_table']}, {names['tombstones_table']} (deleted keys, kept for "
+        f"{human_duration(cfg.tombstone_retention)}), {names['incremental_table']}, {names['compactor_table']}",
         f"* **Views:** {names['view_name']} (current state), {names['rejects_view']} (refused pending events)",
         f"* **Landing area:** `{lay.incremental}/{cfg.increments.prefix}<{cfg.increments.time_format}>/`",
         f"* **Base versions:** `{lay.base}`; live version named in `{lay.pointer}`",
         f"* **Archive:** `{lay.archive}`; **quarantine:** `{lay.quarantine}`",
-        f"* **Tombstones kept for:** {cfg.tombstone_retention}; **versions kept:** {cfg.keep_versions}",
+        f"* **Tombstones kept for:** {human_duration(cfg.tombstone_retention)}; **versions kept:** {cfg.keep_versions}",
         "",
         "Every task is idempotent: after fixing a failure, clear the failed task.",
     ]
@@ -475,6 +524,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
             step_id="{{ ti.xcom_pull(task_ids='compact_submit')[0] }}",
             plan_path=PLAN_XCOM,
             storage_conn_id=cfg.storage_conn_id,
+            table=cfg.qualified_name,
             aws_conn_id=emr.aws_conn_id,
             mode="reschedule",
             doc_md="Wait for the EMR step; a failed step fails this task (the version is not published).",
@@ -483,8 +533,10 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         return compact_submit, compact
     if cfg.spark.engine == "spark_connect":
         # op_kwargs is templated: it holds only the plan-path XCom written here (registry values stay data).
-        compact = PythonOperator(
+        compact = CompactPythonOperator(
             task_id="compact",
+            table=cfg.qualified_name,
+            storage_conn_id=cfg.storage_conn_id,
             python_callable=skip_if_disabled(cfg, connect_compact_step(cfg)),
             op_kwargs={"plan_path": PLAN_XCOM},
             doc_md="Run the compaction job in this task against the Spark Connect server (registry spark.conn_id): "
@@ -496,6 +548,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         application=str(settings.SPARK_JOBS_DIR / "compact.py"),
         application_args=["--plan", PLAN_XCOM],
         storage_conn_id=cfg.storage_conn_id,
+        table=cfg.qualified_name,
         conn_id=cfg.spark.conn_id,
         conf=compaction_conf(cfg),
         jars=",".join(cfg.spark.jars) or None,
@@ -684,7 +737,7 @@ def build_dag(cfg: TableConfig) -> DAG:
                 task_id=DOCTOR_TASK_ID,
                 python_callable=skip_if_disabled(cfg, doctor_step),
                 doc_md="Registry `doctor: true`: the metastore answers and the storage root takes a probe "
-                "write/read/delete, else the run stops here (SMTP is only logged). README, 'Doctor'.",
+                "write/read/delete, else the run stops here (SMTP is only logged). docs, 'Doctor'.",
             )
             doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
@@ -945,9 +998,12 @@ def build_erase_dag(cfgs: Sequence[TableConfig]) -> DAG:
         def erase_rows(params: Any = None) -> dict[str, Any]:
             """Erase the matching rows everywhere, verify nothing matches; return the audit record."""
             from cdc_compaction.erase import erase
+            from cdc_compaction.settings import metastore_from_airflow
 
             cfg, where, actor = _erase_request(by_name, params)
-            return erase(cfg, where, actor=actor)
+            # Partitioned tables: a partition whose every row is erased is dropped from the metastore too.
+            metastore = metastore_from_airflow(settings.METASTORE_CONN_ID) if cfg.partition_by is not None else None
+            return erase(cfg, where, actor=actor, metastore=metastore)
 
         check = PythonOperator(
             task_id=ERASE_VALIDATE_TASK_ID,
@@ -1001,4 +1057,34 @@ def build_dags(
             dags[settings.ERASE_DAG_ID] = build_erase_dag(valid)
         except Exception:
             log.exception("the erase DAG could not be built; every table's DAG is unaffected")
+    return dags
+
+
+def load_dags(namespace: dict[str, Any]) -> dict[str, DAG]:
+    """Build the registry's DAGs and put them into ``namespace``: a DAG file's whole body is
+    ``from cdc_compaction.factory import load_dags; load_dags(globals())`` (``dags/cdc_compaction_dags.py``).
+
+    A bad registry file never makes the DAG file an import error (that would mark every table's
+    DAG stale): its table gets an unscheduled DAG that shows the error in its docs and fails its
+    only task with it.  When a task runs, Airflow parses the DAG file for that task's DAG only:
+    just that one is built (the DAG processor's full parse has no DAG id here and builds every
+    table's DAG, plus the view refresher and the erase DAG, which cover every table).  The entry
+    gets the full parse's verdict: :func:`load_registry` still checks it against every other file.
+    """
+    from airflow.sdk import get_parsing_context
+
+    from cdc_compaction.registry import load_registry
+
+    wanted = get_parsing_context().dag_id
+    whole = wanted in (settings.VIEW_REFRESH_DAG_ID, settings.ERASE_DAG_ID)
+    entries = load_registry(settings.registry_dir(), dag_id=None if whole else wanted)
+    dags = build_dags(
+        entries,
+        view_refresher=wanted in (None, settings.VIEW_REFRESH_DAG_ID),
+        eraser=wanted in (None, settings.ERASE_DAG_ID),
+        # An erase task needs its own DAG only (built over every table), not one DAG per table.
+        tables=wanted != settings.ERASE_DAG_ID,
+    )
+    for dag_id, dag in sorted(dags.items()):
+        namespace[dag_id] = dag
     return dags

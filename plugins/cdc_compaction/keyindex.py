@@ -6,7 +6,7 @@ to its index (``Commit.index``), and an untouched partition keeps the index of t
 wrote it, as it keeps its data.  The next compaction reads the index, pruned to the key range
 of its events, instead of every partition's key columns.
 
-``python -m cdc_compaction index verify|rebuild DB.TABLE`` checks and rewrites the live
+``cdc-compaction index verify|rebuild DB.TABLE`` checks and rewrites the live
 version's index with pyarrow, no Spark.  A rebuild never writes anything a commit references:
 it writes a new directory ``<live version>/index-<token>/`` and then, as its one atomic step, the
 side file ``_cdc/index/c<seq>.json`` naming it for that commit.  A crash before the side file
@@ -111,7 +111,7 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
     import pyarrow.compute as pc
 
     pk = list(cfg.primary_key)
-    fix = f"run `python -m cdc_compaction index rebuild {cfg.qualified_name}`"
+    fix = f"run `cdc-compaction index rebuild {cfg.qualified_name}`"
     index = live_index(lake, commit)
     problems: list[str] = []
     tagged = []

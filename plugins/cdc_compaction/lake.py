@@ -229,7 +229,7 @@ class Commit:
     #: What the compaction did and how fresh the table was when it committed (``metrics.commit_metrics``;
     #: README, "Metrics and SLOs"); absent in records from before metrics existed.
     metrics: dict[str, Any] | None = None
-    #: Rollback commits only (``python -m cdc_compaction rollback``): the commit whose data this one
+    #: Rollback commits only (``cdc-compaction rollback``): the commit whose data this one
     #: publishes again, as {"to_seq", "to_version", "by"} (README, "Time travel and rollback").
     rollback: dict[str, Any] | None = None
 
@@ -457,7 +457,7 @@ class TableLease:
                 f"{self.lake.cfg.qualified_name} is being compacted by another run ({held.describe()}). "
                 "This run changed nothing; it can run again once that run finishes. If that run is dead and "
                 "will not be retried, wait for the lease to expire or break it with "
-                f"`python -m cdc_compaction lease break {self.lake.cfg.qualified_name}`"
+                f"`cdc-compaction lease break {self.lake.cfg.qualified_name}`"
             )
         n = (held.n + 1) if held is not None else 1
         lease = Lease(n, owner, now.isoformat(), (now + ttl).isoformat())

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cdc_compaction.registry import TableConfig
-from cdc_compaction.storage import FileInfo, Storage
+from cdc_compaction.storage import FileInfo, Storage, is_data_file
 
 #: Name endings of files a writer is still writing (Flink, Hadoop ``put``, Kafka Connect, rsync ...).
 IN_PROGRESS_SUFFIXES = (
@@ -74,6 +74,20 @@ def is_in_progress(name: str, is_dir: bool) -> bool:
     if name.endswith(".crc"):
         return False
     return name.startswith(".") or name.lower().endswith(IN_PROGRESS_SUFFIXES)
+
+
+def is_data(cfg: TableConfig, name: str) -> bool:
+    """Whether a file of an increment is data: the one rule ``plan`` reads increments by.
+
+    Decided by name, never by suffix: a sink may land Parquet as ``events.json`` or without any
+    suffix, and the plan reads it.  Not data: hidden and ``_`` names and checksums (Spark's and
+    Hive's rule, :func:`~cdc_compaction.storage.is_data_file`), a writer's temporaries
+    (:func:`is_in_progress`) and the completion markers.  ``plan`` and ``rebuild`` (through
+    :func:`classify_increment`, which ``pipeline.pending.pending_files`` lists increments with),
+    ``archive``, the quarantine's re-ingest and ``erase`` all decide with this function, so none of
+    them can skip a file another one reads.
+    """
+    return is_data_file(name) and not is_in_progress(name, is_dir=False) and name not in markers(cfg)
 
 
 @dataclass(frozen=True)
@@ -144,8 +158,10 @@ def classify_increment(cfg: TableConfig, name: str, path: str, entries: list[Fil
                     f"{cfg.increments.marker_file!r}; rename it if it holds change events, else remove it",
                 )
             )
-        else:
+        elif is_data(cfg, e.name):
             out.data.append(e)
+        else:  # unreachable while the branches above mirror is_data; kept so a new rule cannot drop a file
+            out.ignored.append(Ignored(e.path, "not a data file of the increment; rename or remove it"))
     return out
 
 

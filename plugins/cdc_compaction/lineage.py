@@ -69,8 +69,61 @@ class CdcCompactionRunFacet(RunFacet):
 
     @staticmethod
     def _get_schema() -> str:
-        # A custom facet: no published schema; the URN names it (fields in README, "Lineage (OpenLineage)").
-        return "urn:cdc-compaction:openlineage:CdcCompactionRunFacet:1"
+        # The spec wants a URL of the facet's JSON schema: the CDC tables plugin serves it (RUN_FACET_SCHEMA).
+        return run_facet_schema_url()
+
+
+#: Where the CDC tables plugin (``cdc_compaction.ui``, mounted at ``/cdc``) serves :data:`RUN_FACET_SCHEMA`.
+RUN_FACET_SCHEMA_PATH = "/cdc/openlineage/CdcCompactionRunFacet.json"
+_COUNT = {"type": "integer", "minimum": 0}
+#: The JSON schema of :class:`CdcCompactionRunFacet` (version 1), by the OpenLineage spec's rules for
+#: custom facets: a ``$defs`` entry that extends the spec's ``RunFacet``.
+RUN_FACET_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$defs": {
+        "CdcCompactionRunFacet": {
+            "allOf": [
+                {"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunFacet"},
+                {
+                    "type": "object",
+                    "description": "What the commit of a CDC compaction run counted (_cdc_stats.json).",
+                    "properties": {
+                        "seq": _COUNT,
+                        "version": {"type": "string"},
+                        "planId": {"type": "string"},
+                        "increments": _COUNT,
+                        "eventsIn": _COUNT,
+                        "eventsRejected": _COUNT,
+                        "eventsOut": _COUNT,
+                        "visibleRows": _COUNT,
+                        "tombstones": _COUNT,
+                    },
+                    "required": ["seq", "version", "planId", "increments", "eventsIn", "eventsRejected", "eventsOut"],
+                },
+            ]
+        }
+    },
+    "type": "object",
+    "properties": {"cdcCompaction": {"$ref": "#/$defs/CdcCompactionRunFacet"}},
+}
+
+
+def run_facet_schema_url() -> str:
+    """The https URL of :data:`RUN_FACET_SCHEMA` as Airflow's api-server serves it (``[api] base_url``).
+
+    ``$AIRFLOW__API__BASE_URL`` (or ``airflow.cfg``'s) is the address users reach Airflow at;
+    without one, Airflow's own default address.
+    """
+    base = os.environ.get("AIRFLOW__API__BASE_URL", "")
+    if not base:
+        try:
+            from airflow.configuration import conf
+
+            base = str(conf.get("api", "base_url", fallback="") or "")
+        except Exception:  # outside Airflow: its default address below
+            log.debug("no [api] base_url readable", exc_info=True)
+    base = (base or "http://localhost:8080").rstrip("/")
+    return f"{base}{RUN_FACET_SCHEMA_PATH}#/$defs/CdcCompactionRunFacet"
 
 
 def storage_dataset(path: str) -> tuple[str, str]:
@@ -169,7 +222,7 @@ def dataset_influences(cfg: TableConfig) -> list[tuple[str, column_lineage_datas
         ]
     if cfg.mode == "keyless":
         return [
-            *each(t.order_by, "SORT", "the event order"),
+            *each(t.position, "SORT", "the event order and identity"),
             *each([t.op_column], "FILTER", "deletes remove rows"),
             *each(t.before_columns, "FILTER", "an update or delete removes one copy equal to its before-image"),
         ]
@@ -316,6 +369,56 @@ def operator_lineage(
     if cfg.mode == "snapshot":
         outputs.append(history_dataset(cfg, endpoint, commit, inputs, region))
     return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=facets)
+
+
+def compact_lineage(plan: Mapping[str, Any]) -> Any:
+    """The provider's ``OperatorLineage`` of the ``compact`` task, from its plan alone (nothing else is read).
+
+    Inputs: each planned increment directory (schema, and the planned files' rows, bytes and
+    count) and the live version the job merges them into; output: the new version directory it
+    writes (``output_location``), with the columns it holds.  Publish later makes it the table.
+    """
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    columns = [(str(c["name"]), str(c["type"]), "") for c in plan.get("columns") or []]
+    schema = _schema(columns)
+    by_dir: dict[str, list[Mapping[str, Any]]] = {}
+    for f in plan.get("files") or []:
+        by_dir.setdefault(posixpath.dirname(str(f["path"])), []).append(f)
+    inputs = []
+    for directory, files in sorted(by_dir.items()):
+        ns, name = storage_dataset(directory)
+        stats = input_statistics_input_dataset.InputStatisticsInputDatasetFacet(
+            rowCount=sum(int(f.get("rows", 0)) for f in files),
+            size=sum(int(f.get("size", 0)) for f in files),
+            fileCount=len(files),
+        )
+        inputs.append(InputDataset(ns, name, facets={"schema": schema}, inputFacets={"inputStatistics": stats}))
+    if int(plan.get("parent_seq") or 0) > 0 and plan.get("base_location"):
+        ns, name = storage_dataset(str(plan["base_location"]))
+        inputs.append(InputDataset(ns, name, facets={"schema": schema}))
+    ns, name = storage_dataset(str(plan["output_location"]))
+    meta = [(n, META_TYPES[n], "") for n in META_COLUMNS]
+    outputs = [OutputDataset(ns, name, facets={"schema": _schema(columns + meta)})]
+    return OperatorLineage(inputs=inputs, outputs=outputs)
+
+
+def compact_lineage_of(plan_path: str | None, storage_conn_id: str, table: str) -> Any:
+    """:func:`compact_lineage` of the plan at ``plan_path``; empty (logged, counted) when it cannot be read."""
+    import json
+
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    try:
+        if not plan_path:
+            raise LineageError(f"{table}: the compact task has no plan path; no lineage is reported for it")
+        from cdc_compaction.storage import storage_for
+
+        return compact_lineage(json.loads(storage_for(plan_path, storage_conn_id).read_text(plan_path)))
+    except Exception:
+        log.exception("%s: the compact task's OpenLineage facets could not be built; the run goes on", table)
+        count_failure(table)
+        return OperatorLineage()
 
 
 def _glue_region(endpoint: MetastoreEndpoint) -> str | None:

@@ -1,7 +1,7 @@
 """The embedded default's services, from the pyspark wheel.
 
 ``LocalMetastore`` is a Thrift Hive metastore, used by ``make demo``, ``make test`` and
-``python -m cdc_compaction metastore start|stop``.  It keeps its Derby database under a
+``cdc-compaction metastore start|stop``.  It keeps its Derby database under a
 project-local directory.  ``SparkStandalone`` is a Spark standalone master plus one
 worker, used by the cluster integration test.  ``SparkThriftServer`` is Spark's Thrift
 JDBC/ODBC server for BI clients (``make serve-sql``).  ``LocalPostgres`` is a throwaway
@@ -166,6 +166,47 @@ def stop_process_tree(proc: subprocess.Popen[Any], grace_s: float = 60.0, term_s
     psutil.wait_procs(left, timeout=5)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+    return sorted(p.pid for p in left)
+
+
+#: How long stopping a command's Airflow processes may take: SIGTERM, then SIGKILL what is left.
+STOP_WITHIN_S = 10.0
+
+
+def stop_groups(procs: list[subprocess.Popen[Any]], grace_s: float = 5.0) -> list[int]:
+    """Stop every process of ``procs``' process groups and their descendants, within :data:`STOP_WITHIN_S`.
+
+    Each of ``procs`` leads its own process group (``start_new_session=True``).  Every process
+    of those groups and under them is listed first (task processes put themselves in groups of
+    their own), then each group and each process gets SIGTERM; what is still there after
+    ``grace_s`` gets SIGKILL.  Returns the PIDs that needed SIGKILL.  Only these PIDs are
+    signalled: a reused PID is told apart by its start time (psutil).
+    """
+    import psutil  # Airflow's dependency; only the commands that run Airflow need it
+
+    known: dict[int, psutil.Process] = {}
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(proc.pid)
+            known.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for p in known.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _gone, left = psutil.wait_procs(list(known.values()), timeout=grace_s)
+    for p in left:
+        log.warning("pid %d did not exit within %.0fs of SIGTERM; sending SIGKILL", p.pid, grace_s)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=max(STOP_WITHIN_S - grace_s - 1, 1))
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(1)
     return sorted(p.pid for p in left)
 
 

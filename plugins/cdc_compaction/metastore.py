@@ -720,8 +720,8 @@ def _socket_client(endpoint: MetastoreEndpoint, timeout_ms: int) -> Any:
             continue
         return hmsclient.HMSClient(iprot=TBinaryProtocol.TBinaryProtocol(transport))
     raise MetastoreError(
-        f"cannot reach the Hive metastore at {endpoint.uri}: {'; '.join(errors)}. Start it (make metastore) "
-        "or fix the 'metastore_default' connection"
+        f"cannot reach the Hive metastore at {endpoint.uri}: {'; '.join(errors)}. "
+        "Start it (locally: make metastore-start) or fix the 'metastore_default' connection"
     )
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 #: Every metric's name starts with this.
 PREFIX = "cdc_compaction"
-#: Counters: ``Commit.metrics`` key -> the job's stats key it comes from.
+#: The job's numbers: ``Commit.metrics`` key -> the job's stats key it comes from.
 COUNTS: dict[str, str] = {
     "events_in": "increment_rows",
     "events_out": "output_rows",
@@ -42,6 +42,10 @@ COUNTS: dict[str, str] = {
     "ties": "tied_winners",
     "late_events": "late_events",
 }
+#: Of :data:`COUNTS`, the levels: how many rows the table holds after the commit, not how many the
+#: commit handled.  Gauges: a StatsD counter would add each commit's total to the last one's
+#: (a sum of table sizes, meaningless), and rates of them would read as rows per second.
+LEVELS = ("events_out", "visible_rows", "tombstones")
 #: Gauges: the lags, in seconds.
 LAGS = ("freshness_lag_seconds", "landing_lag_seconds")
 #: The steps whose durations a commit records: each from the previous one's recorded time.
@@ -96,15 +100,20 @@ def tags(cfg: TableConfig) -> dict[str, str]:
 def emit(cfg: TableConfig, metrics: Mapping[str, Any], slo: Mapping[str, Any] | None = None) -> bool:
     """Send a commit's numbers (and the SLO status) to Airflow's metrics; True if all went out.
 
-    Counts are counters (``cdc_compaction.<name>``), lags and SLO compliance gauges, step
-    durations timers (``cdc_compaction.step_duration`` tagged ``step``). Never raises.
+    What the commit handled (events in, rejected, ...) are counters (``cdc_compaction.<name>``);
+    what the table holds after it (:data:`LEVELS`), the lags and the SLO compliance are gauges;
+    step durations timers (``cdc_compaction.step_duration`` tagged ``step``). Never raises.
     """
     try:
         from airflow.sdk.observability.stats import Stats
 
         t = tags(cfg)
         for name in COUNTS:
-            if metrics.get(name) is not None:
+            if metrics.get(name) is None:
+                continue
+            if name in LEVELS:
+                Stats.gauge(f"{PREFIX}.{name}", float(metrics[name]), tags=t)
+            else:
                 Stats.incr(f"{PREFIX}.{name}", count=int(metrics[name]), tags=t)
         for name in LAGS:
             if metrics.get(name) is not None:

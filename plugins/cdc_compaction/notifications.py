@@ -334,7 +334,7 @@ def alert_quarantined_files(
     body = (
         f"<p>{len(files)} landed files of <b>{html.escape(table)}</b> cannot be compacted and were moved to "
         f"quarantine:</p><ul>{items}</ul><p>Fix them (or the registry), then re-ingest: "
-        f"<code>python -m cdc_compaction quarantine list {html.escape(table)}</code>.</p>"
+        f"<code>cdc-compaction quarantine list {html.escape(table)}</code>.</p>"
     )
     subject = f"[cdc-compaction] {table}: {len(files)} files quarantined"
     send_alert(table, subject, body, _channels(emails, smtp_conn_id, channels))

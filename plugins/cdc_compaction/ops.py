@@ -1,4 +1,4 @@
-"""Operating a table's pipeline: pause, resume and delete (``python -m cdc_compaction pause|resume|delete``).
+"""Operating a table's pipeline: pause, resume and delete (``cdc-compaction pause|resume|delete``).
 
 Pause and resume flip Airflow's own pause flag (``DagModel.is_paused`` in the metadata
 database, what ``airflow dags pause`` writes): the DAG stays, no new run is scheduled, a
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cdc_compaction.exceptions import AirflowSetupError, ConcurrentRunError
+from cdc_compaction.exceptions import AirflowSetupError, ConcurrentRunError, ForeignDataError, RegistryError
 from cdc_compaction.lake import Lake, TableLease
 from cdc_compaction.registry import TableConfig, dag_id_for
 from cdc_compaction.settings import MetastoreEndpoint
@@ -35,12 +35,53 @@ def split_table(qualified: str) -> tuple[str, str]:
     return db, table
 
 
+def require_airflow_home(qualified: str) -> str:
+    """The metadata DB of a configured Airflow (its SQLAlchemy URL), or :class:`AirflowSetupError`.
+
+    Checked before Airflow is imported: importing it without a home writes ``~/airflow/airflow.cfg``
+    and a new, empty ``airflow.db`` -- a pause there pauses nothing that runs.  A home is real
+    when its ``airflow.cfg`` exists, and its metadata DB initialised when ``airflow db migrate``
+    left its ``alembic_version`` row there.
+    """
+    import os
+
+    from cdc_compaction.status import metadata_conn, read_metadata
+
+    set_home = os.environ.get("AIRFLOW_HOME", "")
+    home = Path(set_home or "~/airflow").expanduser()
+    how = "AIRFLOW_HOME" if set_home else "AIRFLOW_HOME is not set, and Airflow's default home"
+    if not (home / "airflow.cfg").is_file():
+        raise AirflowSetupError(
+            f"{qualified}: no Airflow here: {home / 'airflow.cfg'} does not exist ({how}); nothing was changed. "
+            "Set AIRFLOW_HOME to the home of the Airflow that runs the DAGs (the directory of its airflow.cfg; "
+            "with its AIRFLOW__DATABASE__SQL_ALCHEMY_CONN if it sets one), then run this again"
+        )
+    conn = metadata_conn()
+    try:
+        rows = read_metadata(conn, "SELECT version_num FROM alembic_version") if conn else None
+    except Exception as exc:  # sqlite3's, the server's: not initialised, or not reachable; the message says which
+        rows = None
+        log.debug("metadata DB %s unreadable", conn, exc_info=True)
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        why = "no alembic_version row" if conn else "no sql_alchemy_conn"
+    if not rows:
+        raise AirflowSetupError(
+            f"{qualified}: the Airflow home {home} has no initialised metadata database ({conn or 'none configured'}: "
+            f"{why}); nothing was changed. Point AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at the Airflow "
+            "that runs the DAGs (`airflow db check`), or initialise this one with `airflow db migrate`"
+        )
+    return conn
+
+
 def set_paused(qualified: str, paused: bool) -> bool | None:
     """Set Airflow's pause flag of the table's DAG; return what it was (None: already so).
 
-    Raises :class:`AirflowSetupError` when the metadata database does not know the DAG
-    (the DAG processor has not parsed it yet, or ``AIRFLOW_HOME`` points elsewhere).
+    Raises :class:`AirflowSetupError` without a configured Airflow (:func:`require_airflow_home`),
+    or when the metadata database does not know the DAG (the DAG processor has not parsed it
+    yet, or ``AIRFLOW_HOME`` points elsewhere).
     """
+    require_airflow_home(qualified)
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -117,7 +158,79 @@ def refuse_if_leased(cfg: TableConfig, now: datetime | None = None) -> None:
         raise ConcurrentRunError(
             f"{cfg.qualified_name}: refusing to delete while a run holds the table ({held.describe()}); nothing "
             "was changed. Pause the DAG and let the run finish, or if it is dead break its lease with "
-            f"`python -m cdc_compaction lease break {cfg.qualified_name}`, then delete again"
+            f"`cdc-compaction lease break {cfg.qualified_name}`, then delete again"
+        )
+
+
+def foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = None) -> list[str]:
+    """What under the table's storage root belongs to another table, one line each.
+
+    Two sources, because either can be missing: every registry file's ``storage_root`` read from
+    its raw YAML (valid or not: the registry's own overlap check skips invalid entries, and a file
+    with one bad field still describes a table whose data is real; files an earlier ``delete``
+    moved aside too, their lakes were kept on purpose), and every ``_cdc`` control
+    directory under the root other than the table's own (a table whose registry file is gone, or
+    lives in another registry directory).  Raise :class:`ForeignDataError` naming a registry file
+    that cannot be read at all: it may name a root inside this one.
+    """
+    import yaml
+
+    from cdc_compaction.registry import _SAFE_LOADER, _check_yaml_bounds, _read_text, registry_files, storage_root_key
+
+    lake = Lake(cfg)
+    root = lake.layout.root
+    own_key = storage_root_key(cfg.storage_root)
+    found: list[str] = []
+    # A file moved aside by an earlier delete that kept its lake: that data is still someone's.
+    aside = sorted(p for p in Path(registry_dir).glob("*.y*ml.deleted-*") if p.is_file())
+    for path in [*registry_files(registry_dir), *aside]:
+        if own_file is not None and path.resolve() == own_file.resolve():
+            continue
+        try:
+            text = _read_text(path)
+            bounds = _check_yaml_bounds(text)
+            if bounds:
+                raise ValueError("; ".join(bounds))
+            data = yaml.load(text, Loader=_SAFE_LOADER)
+        except (OSError, RegistryError, yaml.YAMLError, ValueError) as exc:
+            raise ForeignDataError(
+                f"{cfg.qualified_name}: refusing to delete the lake {root}: the registry file {path} cannot be read "
+                f"({exc}), so whether its table's storage root lies inside {root} is unknown. Nothing was changed: "
+                "fix or remove that file, then delete again"
+            ) from exc
+        other = data.get("storage_root") if isinstance(data, dict) else None
+        if not isinstance(other, str) or not other.strip():
+            continue  # it names no root: no data of its table can be anywhere
+        try:
+            key = storage_root_key(other)
+        except (OSError, ValueError, RuntimeError):
+            continue
+        if key == own_key or key.startswith(own_key.rstrip("/") + "/"):
+            name = f"{data.get('database', '?')}.{data.get('table', '?')}"
+            found.append(f"table {name} (registry file {path}) has its storage root {other!r} there")
+    # Walk the root: another table's control directory is its data's certain sign.
+    pending = [root]
+    while pending:
+        for e in lake.storage.list_dir(pending.pop()):
+            if not e.is_dir or e.path.rstrip("/") == lake.layout.control.rstrip("/"):
+                continue
+            if e.name == "_cdc":
+                found.append(f"{posixpath.dirname(e.path.rstrip('/'))} holds another table's lake (its _cdc {e.path})")
+            else:
+                pending.append(e.path)
+    return found
+
+
+def refuse_foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = None) -> None:
+    """Raise :class:`ForeignDataError` when the table's storage root holds another table's data."""
+    found = foreign_data(cfg, registry_dir, own_file)
+    if found:
+        root = Lake(cfg).layout.root
+        raise ForeignDataError(
+            f"{cfg.qualified_name}: refusing --drop-data: its storage root {root} holds another table's data: "
+            + "; ".join(found)
+            + ". Nothing was changed. Move that table to a root of its own (or delete it first), or delete "
+            f"{cfg.qualified_name} without --drop-data and remove its own directories by hand"
         )
 
 
@@ -134,6 +247,9 @@ def delete_table(
 
     now = now or datetime.now(UTC)
     refuse_if_leased(cfg, now)
+    if drop_data:
+        # Before anything changes: the whole root goes, so nothing in it may be another table's.
+        refuse_foreign_data(cfg, registry_file.parent, registry_file)
     report = DeleteReport()
     # The registry file first: while it exists the DAG's next run would recreate the tables.
     if registry_file.exists():

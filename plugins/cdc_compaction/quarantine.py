@@ -40,8 +40,8 @@ from cdc_compaction.exceptions import QuarantineError
 from cdc_compaction.inputs import arrow_schema
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Lake
-from cdc_compaction.landing import increment_hour, is_in_progress, layout_example
-from cdc_compaction.storage import is_data_file, read_parquet, storage_for
+from cdc_compaction.landing import increment_hour, is_data, layout_example
+from cdc_compaction.storage import read_parquet, storage_for
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class Quarantine:
         known = ", ".join(e.id for e in self.entries()) or "none"
         raise QuarantineError(
             f"{self.lake.cfg.qualified_name} has no quarantine entry {entry_id!r} (entries: {known}); "
-            "list them with `python -m cdc_compaction quarantine list <db.table>`"
+            "list them with `cdc-compaction quarantine list <db.table>`"
         )
 
     # -- re-ingesting -------------------------------------------------------------
@@ -243,7 +243,8 @@ class Quarantine:
                 "would never be compacted (or would land outside the landing area). Nothing was landed: fix the "
                 "_cdc_increment column (rows) or the directory name (files) of the source and pass it with --from"
             )
-        if "/" in t.name or not is_data_file(t.name) or is_in_progress(t.name, is_dir=False):
+        # Landed under a name the plan would not read, the events would wait in the landing area forever.
+        if "/" in t.name or not is_data(cfg, t.name):
             raise QuarantineError(
                 f"{entry_id} of {cfg.qualified_name}: {t.name!r} is not a plain data file name; nothing was "
                 "landed. Rename the file in the --from directory"

@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from cdc_compaction.credentials import WHERE_CREDENTIALS_BELONG, credential_key
 from cdc_compaction.exceptions import IdentifierError, RegistryError
 from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
 from cdc_compaction.registry_errors import Context, Located, explain, load_located, yaml_error
@@ -252,7 +253,7 @@ class EmrSettings(_Strict):
     """Where and how an EMR step runs the compaction (``spark.engine: emr``).
 
     ``application`` is the deployed ``include/spark_jobs/compact.py``, the entry script of the job
-    package; ``py_files`` is the deployed job package (``python -m cdc_compaction job-package``).
+    package; ``py_files`` is the deployed job package (``cdc-compaction job-package``).
     ``py_files`` is optional on purpose: left out, it is derived when the task runs, as the zip of
     this deployment's job source in the S3 folder of ``application`` (the zip's name carries the
     hash of the source), so the step always runs the job version the Airflow side was built with,
@@ -292,8 +293,7 @@ class EmrSettings(_Strict):
     def _py_files(cls, v: str | None) -> str | None:
         if v is not None and (not re.match(r"^s3://[a-z0-9.\-]{3,63}/[A-Za-z0-9_.\-/]+\.zip$", v) or "/../" in v):
             raise ValueError(
-                f"{v!r} must be the s3:// URI of the deployed job package zip "
-                "(python -m cdc_compaction job-package builds it)"
+                f"{v!r} must be the s3:// URI of the deployed job package zip (cdc-compaction job-package builds it)"
             )
         return v
 
@@ -369,6 +369,8 @@ class SparkSettings(_Strict):
             for k, val in v.items():
                 if not isinstance(k, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", k):
                     raise ValueError(f"spark conf key {k!r} is not a valid property name")
+                if credential_key(k):
+                    raise ValueError(f"key {k!r} holds a credential; remove it: {WHERE_CREDENTIALS_BELONG}")
                 out[k] = str(val).lower() if isinstance(val, bool) else str(val)
             return out
         return v
@@ -399,7 +401,7 @@ class PartitionBy(_Strict):
 
 
 class Views(_Strict):
-    """Which engines' views of the table are published, and where (README, "Readers")."""
+    """Which engines' views of the table are published, and where (docs, "Readers")."""
 
     #: Dialects of the views created in the metastore; the first gets <t>_view / <t>_pending_rejects,
     #: each further one the same names with _<dialect> appended.
@@ -436,7 +438,7 @@ class Views(_Strict):
 
 
 class EventTime(_Strict):
-    """The column holding when the source made each change (freshness; README, "Freshness")."""
+    """The column holding when the source made each change (freshness; docs, "Freshness")."""
 
     #: The column holding when the source made each change: timestamp, date or an integer count of unit.
     column: str
@@ -445,7 +447,7 @@ class EventTime(_Strict):
 
 
 class Slo(_Strict):
-    """A freshness objective (README, "Metrics and SLOs"): the base holds source events no older
+    """A freshness objective (docs, "Metrics and SLOs"): the base holds source events no older
     than ``freshness`` for at least ``target`` of the time over the last ``window``."""
 
     #: How old the newest source data the base holds may be (event time, else the newest increment's end).
@@ -468,7 +470,7 @@ class Slo(_Strict):
 
 
 class Compaction(_Strict):
-    """When a run rewrites the base (README, "Compaction policy").
+    """When a run rewrites the base (docs, "Compaction policy").
 
     ``always`` (the default) compacts whatever is pending on every run.  ``threshold`` lets runs
     only register new increments in the views (which merge them with the base at read time)
@@ -529,9 +531,9 @@ class TableConfig(_Strict):
     storage_conn_id: str = "aws_default"
     #: How landed increments are named and when one is complete.
     increments: Increments = Field(default_factory=Increments)
-    #: False keeps the table's DAG (visible, unscheduled, every task skips): README, "Pausing, resuming, deleting".
+    #: False keeps the table's DAG (visible, unscheduled, every task skips): docs, "Pausing, resuming, deleting".
     enabled: bool = True
-    #: True adds a ``doctor`` task before the first step: metastore and storage checks (README, "Doctor").
+    #: True adds a ``doctor`` task before the first step: metastore and storage checks (docs, "Doctor").
     doctor: bool = False
     #: A preset (@hourly, @daily, ...), a cron expression, or null (manual runs only).
     schedule: str | None = "@hourly"
@@ -555,7 +557,7 @@ class TableConfig(_Strict):
     tombstone_retention: Duration = timedelta(days=7)
     #: Base versions kept for rollback, the live one included.
     keep_versions: int = Field(default=3, ge=1, le=1000)
-    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes`` (README, "Change
+    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes`` (docs, "Change
     #: feed"). Off by default: the publish task reads both versions' rows into memory to pair them by key.
     change_feed: bool = False
     #: Open table formats every published version is also readable as, over the same Parquet files
@@ -563,7 +565,7 @@ class TableConfig(_Strict):
     #: metadata. Derived like the change feed: a failure is logged and counted, never fails a publish.
     formats: list[Literal["delta", "iceberg"]] = Field(default_factory=list)
     #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
-    #: version still needs for a rebuild stay regardless (README, "Retention").
+    #: version still needs for a rebuild stay regardless (docs, "Retention").
     archive_retention: Duration | None = None
     #: How long a run's lease on the table lasts unrenewed: above the longest run with retries.
     lease_timeout: Duration = timedelta(hours=6)
@@ -571,13 +573,13 @@ class TableConfig(_Strict):
     on_bad_file: Literal["fail", "quarantine"] = "fail"
     #: A landed column the registry does not list: fail (a bad file), or ignore the column.
     on_extra_columns: Literal["fail", "ignore"] = "fail"
-    #: How landed files whose columns differ from the table's are taken (README, "Schema changes"):
+    #: How landed files whose columns differ from the table's are taken (docs, "Schema changes"):
     #: ``fail`` (default: new columns and other types are bad files), ``evolve`` (follow the source:
     #: add columns, widen types) or ``ignore`` (drop new columns). Unset, ``on_extra_columns: ignore``
     #: means ``ignore`` (the older field).
     schema_changes: Literal["evolve", "fail", "ignore"] = "fail"
     #: The source table was dropped: no scheduled runs any more (a manual run still compacts what
-    #: landed); tables, views and data are kept (README, "Retiring a table").
+    #: landed); tables, views and data are kept (docs, "Retiring a table").
     retired: bool = False
     #: How the compaction runs: spark-submit or EMR, conf, jars, memory.
     spark: SparkSettings = Field(default_factory=SparkSettings)
@@ -587,7 +589,7 @@ class TableConfig(_Strict):
     views: Views = Field(default_factory=Views)
     #: The column holding when the source made each change (freshness).
     event_time: EventTime | None = None
-    #: A freshness objective (freshness, target, window), checked after each publish (README, "Metrics and SLOs").
+    #: A freshness objective (freshness, target, window), checked after each publish (docs, "Metrics and SLOs").
     slo: Slo | None = None
     #: When a run rewrites the base: always (default), or only once pending data crosses a threshold.
     compaction: Compaction = Field(default_factory=Compaction)
@@ -867,7 +869,7 @@ class Unchanged(_Strict):
 _TEXT_TYPES = ("string", "varchar", "char")
 
 
-#: What the change-data tools write, as registry defaults (README, "Source presets"). Each entry's
+#: What the change-data tools write, as registry defaults (docs, "Source presets"). Each entry's
 #: own fields win; a default that names a column applies only when the entry declares that column.
 SOURCES = ("generic", "debezium", "dms", "wal2json")
 
@@ -878,7 +880,17 @@ def _source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any
     if source == "debezium":
         # ExtractNewRecordState with add.fields=op,source.ts_ms,lsn (Postgres) or file,pos,row (MySQL).
         found["op_column"] = "__op"
-        if "__lsn" in columns:
+        if mode == "keyless" and "__kafka_offset" in columns:
+            # A keyless table's watermark follows the delivery position (tests/scenarios/README.md,
+            # "What each source must provide"): a one-partition topic's offset (InsertField
+            # offset.field) is one, and unique per event.
+            found["order_by"] = ["__kafka_offset"]
+        elif mode == "keyless" and {"__commit_lsn", "__lsn"} <= columns:
+            # PostgreSQL delivers in commit order: the commit LSN (source.sequence's first LSN, or the
+            # transaction's) orders, the change LSN and the row ordinal tell its events apart.
+            found["order_by"] = ["__commit_lsn"]
+            found["event_id"] = ["__lsn", *(["__row"] if "__row" in columns else [])]
+        elif "__lsn" in columns:
             found["order_by"] = ["__lsn"]
         elif {"__file", "__pos"} <= columns:
             # A binlog position is (file, offset in it, row of the event); the file's name ends in a
@@ -902,9 +914,23 @@ def _source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any
         # format-version 1: "kind" is insert/update/delete; the LSN landed as a number.
         found["op_column"] = "kind"
         found["op_codes"] = {"create": "insert", "update": "update", "delete": "delete", "read": "snapshot"}
-        if "lsn" in columns:
+        if mode == "keyless" and {"commit_lsn", "lsn"} <= columns:
+            # As cdc_compaction.pgsource lands it: commit order first (what the slot delivers in),
+            # then the change's own LSN and its ordinal among the events at that LSN (a snapshot's rows).
+            found["order_by"] = ["commit_lsn"]
+            found["event_id"] = ["lsn", *(["lsn_row"] if "lsn_row" in columns else [])]
+        elif "lsn" in columns:
             found["order_by"] = ["lsn"]
     return found
+
+
+#: Per preset, for ``mode: keyless``: (the columns a delivery position needs one of, the change-LSN
+#: column that is no delivery position, the column telling apart the snapshot rows sharing one LSN).
+#: README of tests/scenarios, "What each source must provide".
+_KEYLESS_SOURCE_NEEDS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "debezium": (("__commit_lsn", "__kafka_offset"), "__lsn", "__row"),
+    "wal2json": (("commit_lsn",), "lsn", "lsn_row"),
+}
 
 
 class _EventTable(TableConfig):
@@ -1058,12 +1084,53 @@ class KeylessTable(_EventTable):
     Inserts add a copy of the row, updates and deletes carry the full before-image (columns
     ``<before_prefix><column>``) and change exactly one copy equal to it. ``order_by`` is the
     source log's sequence: events apply in its order, and events at or below the last commit's
-    watermark are replays (README, "Table modes").
+    watermark are replays (docs, "Table modes").
     """
 
     mode: Literal["keyless"]
     #: Prefix of the columns holding a row's values before an update or delete.
     before_prefix: str = "_before_"
+    #: Columns telling apart the events that share one ``order_by`` value (the change LSN and the row
+    #: ordinal among a snapshot's rows, which share one LSN), compared after ``order_by`` and rising in
+    #: delivery order among them. ``order_by`` + ``event_id`` identify one event: equal values are one
+    #: event delivered again. Empty: ``order_by`` alone is unique per event. Source presets fill it in.
+    event_id: list[str] = Field(default_factory=list)
+
+    @field_validator("event_id")
+    @classmethod
+    def _event_id(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        return self.position
+
+    @property
+    def position(self) -> list[str]:
+        """``order_by`` then ``event_id``: an event's identity and its delivery position, compared left to right."""
+        return [*self.order_by, *self.event_id]
+
+    def _check_keyless_source(self) -> None:
+        """Refuse a preset's ordering that would lose rows: a change LSN as delivery order, or no snapshot ordinal."""
+        needs = _KEYLESS_SOURCE_NEEDS.get(self.source)
+        if needs is None:
+            return  # generic and dms: order_by + event_id are the entry's promise (unique, in delivery order)
+        delivery, change_lsn, ordinal = needs
+        where = f"keyless table {self.database}.{self.table} (source: {self.source})"
+        if self.order_by[0] == change_lsn:
+            raise ValueError(
+                f"order_by: {self.order_by} starts with {change_lsn!r}, each change's own LSN, but PostgreSQL "
+                f"delivers changes in commit order: a transaction committed after a compaction would have its "
+                f"changes dropped as replays ({where}). Land the transaction's commit position as "
+                f"{' or '.join(repr(c) for c in delivery)} and order by it, with event_id: [{change_lsn}, {ordinal}]"
+            )
+        if ordinal not in self.position and "__kafka_offset" not in self.position:
+            raise ValueError(
+                f"event_id: {self.event_id} has no {ordinal!r}, but {self.source} stamps every snapshot row with one "
+                f"LSN: the snapshot's rows would be taken for one row delivered again ({where}). Land each event's "
+                f"ordinal among the events at its LSN as {ordinal!r} (the snapshot's row number, 0 for a change) and "
+                f"add it to event_id"
+            )
 
     @field_validator("before_prefix")
     @classmethod
@@ -1075,8 +1142,15 @@ class KeylessTable(_EventTable):
         return v
 
     def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
-        _check_op_and_order(names, types, self.op_column, self.order_by, [])
+        missing = [c for c in self.event_id if c not in types]
+        if missing:
+            raise ValueError(f"event_id: {missing} not among the columns {names}")
+        _check_op_and_order(names, types, self.op_column, self.position, [])
         self._check_source(types)
+        both = [c for c in self.event_id if c in self.order_by]
+        if both or len(set(self.event_id)) != len(self.event_id):
+            raise ValueError(f"event_id: {self.event_id} repeats a column or an order_by column {self.order_by}")
+        self._check_keyless_source()
         if self.partition_by is not None:
             raise ValueError("partition_by: keyless tables are not partitioned (yet); remove partition_by")
         data = self.data_columns
@@ -1090,7 +1164,8 @@ class KeylessTable(_EventTable):
                 raise ValueError(
                     f"columns: {col!r} has no before-image column {before!r} (updates and deletes of a keyless "
                     "table carry the whole old row; name the columns with before_prefix). If it describes the "
-                    "event rather than the row (a commit time), declare it as event_time or put it in order_by"
+                    "event rather than the row (a commit time, an LSN), declare it as event_time or put it in "
+                    "order_by or event_id"
                 )
             if types[found] != types[col]:
                 raise ValueError(f"columns: {found!r} has type {types[found]} but {col!r} has {types[col]}")
@@ -1104,7 +1179,7 @@ class KeylessTable(_EventTable):
     @property
     def data_columns(self) -> list[str]:
         """The row's own columns: what the table holds (no op, sequence, event time or before-image columns)."""
-        skip = {self.op_column.lower(), *(c.lower() for c in self.order_by)}
+        skip = {self.op_column.lower(), *(c.lower() for c in self.position)}
         if self.event_time is not None:
             skip.add(self.event_time.column.lower())
         prefix = self.before_prefix.lower()

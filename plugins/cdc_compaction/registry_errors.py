@@ -392,7 +392,7 @@ def _unknown_field(path: Path_, src: Located, ctx: Context) -> str:
                 return f"{key} is a field of mode: {mode} tables only; remove it, or set mode: {mode}"
     if fields and parent:
         return f"remove it; {dotted(parent)} takes {', '.join(fields)}"
-    return "remove it (`python -m cdc_compaction registry schema` lists every field)"
+    return "remove it (`cdc-compaction registry schema` lists every field)"
 
 
 def _missing_field(path: Path_, ctx: Context) -> tuple[str, str | None]:

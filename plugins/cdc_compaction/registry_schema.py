@@ -2,7 +2,7 @@
 
 Editors that speak JSON Schema (VS Code and others through yaml-language-server) complete and
 check registry files with it; the repository ships it as ``registry.schema.json``
-(README, "Editor support"). The schema is the models' own (pydantic), with three additions:
+(docs, "Editor support"). The schema is the models' own (pydantic), with three additions:
 
 * descriptions: a field's ``Field(description=...)``, else its ``#:`` comment lines right above
   it in the model's source, else a docstring right below it (the comments the registry already
@@ -127,14 +127,14 @@ def registry_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "cdc-compaction registry entry",
-        "description": "One table of the cdc-compaction registry: <database>.<table>.yaml (README, "
+        "description": "One table of the cdc-compaction registry: <database>.<table>.yaml (docs, "
         '"Table registry reference"). Its mode picks the fields it takes; cdc when absent.',
         "type": "object",
         "properties": {
             "mode": {
                 "enum": list(registry.MODES),
                 "default": "cdc",
-                "description": 'The table mode (README, "Table modes"): cdc (keyed change events), keyless '
+                "description": 'The table mode (docs, "Table modes"): cdc (keyed change events), keyless '
                 "(change events without a key), snapshot (full extracts).",
             }
         },

@@ -29,7 +29,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cdc_compaction.exceptions import IdentifierError
 from cdc_compaction.hive_types import hive_widening, readable_as
+from cdc_compaction.identifiers import RESERVED_PREFIX, check_identifier
 from cdc_compaction.registry import Column, TableConfig
 
 #: Where the evolved schema of a table is kept, under the lake's control directory.
@@ -69,6 +71,21 @@ def hive_type_of(arrow_type: str) -> str | None:
     m = _ARROW_DECIMAL.match(arrow_type)
     if m and int(m.group(1)) <= 38:
         return f"decimal({m.group(1)},{m.group(2)})"
+    return None
+
+
+def column_name_problem(name: str) -> str | None:
+    """Why a column the source added cannot become a table column under ``name``; None if it can.
+
+    The registry's own rule for column names (:class:`cdc_compaction.registry.Column`): an identifier
+    every engine reading the tables accepts, and not the package's reserved prefix.
+    """
+    try:
+        check_identifier(name, "column name")
+    except IdentifierError:
+        return "is not a valid identifier (letters, digits and underscores, starting with a letter or underscore)"
+    if name.lower().startswith(RESERVED_PREFIX):
+        return f"starts with {RESERVED_PREFIX!r}, reserved for the package's own columns"
     return None
 
 
@@ -162,6 +179,18 @@ def judge(
             f"column {n!r} is {t}" for n, t in unknown
         )
         out.problem += ". To go on: add them to the registry with a type Spark reads them as, or fix the file"
+        return out
+    misnamed = [(n, why) for n, _ in extra if (why := column_name_problem(n)) is not None]
+    if misnamed:
+        # Checked here, per file: a table column of that name could never be declared, and refusing the
+        # file (quarantine, or the plan's error naming it) keeps the other files' compaction going.
+        out.problem = "incompatible schema: new columns that cannot be table columns: " + "; ".join(
+            f"column {n!r} {why}" for n, why in misnamed
+        )
+        out.problem += (
+            ". To go on: have the source or the sink write it under a valid name (a rename transform), or set "
+            "schema_changes: ignore to leave out columns the registry does not list"
+        )
         return out
     gone = [n for n in out.missing if n.lower() not in dropped]
     if extra and gone:

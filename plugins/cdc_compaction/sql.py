@@ -148,8 +148,18 @@ def partition_sql(cfg: TableConfig) -> PartitionSql | None:
 
 
 def spark_schema_ddl(cfg: TableConfig) -> str:
-    """The registry columns as a Spark DDL schema string (for reading change files)."""
-    return ", ".join(f"{quote(c.name)} {c.type}" for c in cfg.columns)
+    """The registry columns as a Spark DDL schema string (for reading change files and versions).
+
+    ``char(n)`` and ``varchar(n)`` read as ``string``: Spark 4 refuses them in a read schema
+    (``UNSUPPORTED_CHAR_OR_VARCHAR_AS_STRING``), and Parquet holds them as plain strings anyway.
+    The Hive tables still declare them (the DDL templates), and the values pass through as
+    landed: a CHAR arrives blank-padded from the source and stays so.
+    """
+    return ", ".join(f"{quote(c.name)} {_read_type(c.type)}" for c in cfg.columns)
+
+
+def _read_type(hive_type: str) -> str:
+    return "string" if hive_type.startswith(("char(", "varchar(")) else hive_type
 
 
 def create_statements(

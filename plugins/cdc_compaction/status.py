@@ -3,7 +3,7 @@
 Everything comes from what the runs leave behind -- the registry, the commit records, the
 landing area, the quarantine manifests and the lease files -- plus Airflow's ``dag.is_paused``
 when a metadata database is reachable ("unknown" otherwise).  Nothing here writes: the
-``status`` command and the Airflow UI page (``plugins/cdc_status_plugin.py``) only read, so they
+``status`` command and the Airflow UI page (``cdc_compaction.airflow_plugin``) only read, so they
 are safe to run next to any run.
 
 Freshness is ``now`` minus the newest source event time the live base holds (the commit
@@ -29,7 +29,7 @@ from cdc_compaction.exceptions import CdcCompactionError
 from cdc_compaction.lake import Commit, Lake, TableLease
 from cdc_compaction.landing import increment_hour, scan_landing
 from cdc_compaction.quarantine import Quarantine
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.registry import RegistryEntry, TableConfig
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,31 @@ class CommitSummary:
 
 
 @dataclass
+class RunSummary:
+    """A DAG's latest run as Airflow's metadata DB records it, with the task that failed in it."""
+
+    run_id: str
+    #: Airflow's DagRun state: queued, running, success, failed.
+    state: str
+    #: When it ended (else started, else is due), ISO UTC.
+    when: str
+    #: The task that failed (or waits for a retry) in it, "" if none.
+    failed_task: str = ""
+    #: That task's try number (Airflow counts from 1).
+    try_number: int | None = None
+    #: The first line of that task's error, from its task log; "" when the log is not on this machine.
+    error: str = ""
+
+    @property
+    def text(self) -> str:
+        out = f"{self.state} {self.when[:16].replace('T', ' ')}"
+        if self.failed_task:
+            out += f" {self.failed_task} try {self.try_number}"
+            out += f": {self.error}" if self.error else " (error in the task log)"
+        return out
+
+
+@dataclass
 class TableStatus:
     """One table's line of ``status``."""
 
@@ -128,6 +153,10 @@ class TableStatus:
     lease: str = "free"
     #: Airflow's paused flag; None when no metadata database was reachable or the DAG is not in it.
     paused: bool | None = None
+    #: The DAG's latest run in Airflow's metadata DB (None: no run, or no metadata DB reachable).
+    last_run: RunSummary | None = None
+    #: When Airflow creates the DAG's next scheduled run (ISO, UTC); "" when none is scheduled or unknown.
+    next_run: str = ""
     #: ``compaction.policy`` and, under ``threshold``, each threshold against what is pending now
     #: (``policy.Decision.to_dict``: value, limit, reached, progress; README, "Compaction policy").
     compaction: dict[str, Any] = field(default_factory=dict)
@@ -138,7 +167,33 @@ class TableStatus:
 
     @property
     def paused_text(self) -> str:
-        return "unknown" if self.paused is None else ("paused" if self.paused else "enabled")
+        # "active" (not "enabled"): registry ``enabled: false`` is another thing, and an unpaused DAG
+        # of a disabled table is still shown as active here, as Airflow shows it.
+        return "unknown" if self.paused is None else ("paused" if self.paused else "active")
+
+    @property
+    def freshness_label(self) -> str:
+        """``fresh``/``stale`` against the SLO; ``age`` without one (nothing says what stale would be)."""
+        return {"ok": "fresh", "late": "stale"}.get(self.slo_state, "age")
+
+    @property
+    def freshness_phrase(self) -> str:
+        """``stale 3h17m slo 1h00m LATE ...``; ``never compacted`` alone (no verdict on nothing)."""
+        if self.freshness_seconds is None:
+            return self.freshness_text
+        return f"{self.freshness_label} {self.freshness_text}"
+
+    @property
+    def last_run_text(self) -> str:
+        return self.last_run.text if self.last_run is not None else "no run"
+
+    @property
+    def next_run_text(self) -> str:
+        if self.paused is None:  # no metadata DB, or the DAG is not in it
+            return "unknown"
+        if self.paused:
+            return "none (paused)"
+        return f"{self.next_run[:16].replace('T', ' ')} UTC" if self.next_run else "none scheduled"
 
     @property
     def freshness_text(self) -> str:
@@ -155,7 +210,7 @@ class TableStatus:
 
     def line(self) -> str:
         if self.error:
-            return f"{self.table:<28} ERROR {self.error}"
+            return f"{self.table:<28} ERROR {self.error}  last run {self.last_run_text}"
         c = self.last_commit
         commit = (
             f"commit {c.seq} {c.committed_at[:19]} rows {c.rows if c.rows is not None else '?'}"
@@ -163,9 +218,10 @@ class TableStatus:
             else "no commit"
         )
         return (
-            f"{self.table:<28} {self.live_version:<34} {commit:<40} fresh {self.freshness_text:<24} "
+            f"{self.table:<28} {self.live_version:<34} {commit:<40} {self.freshness_phrase:<30} "
             f"pending {len(self.pending)}h  compaction {self.compaction_text}  "
-            f"quarantine {self.quarantine_waiting} waiting  lease {self.lease}  {self.paused_text}"
+            f"quarantine {self.quarantine_waiting} waiting  lease {self.lease}  "
+            f"last run {self.last_run_text}  next run {self.next_run_text}  {self.paused_text}"
         )
 
     @property
@@ -211,10 +267,18 @@ def _freshness(cfg: TableConfig, commit: Commit, now: datetime) -> tuple[str, fl
     return "", None
 
 
-def table_status(cfg: TableConfig, now: datetime, paused: dict[str, bool] | None = None) -> TableStatus:
-    """Read one table's status; a lake that cannot be read gives a status with ``error`` set."""
+def table_status(
+    cfg: TableConfig, now: datetime, paused: dict[str, bool] | None = None, airflow: AirflowView | None = None
+) -> TableStatus:
+    """Read one table's status; a lake that cannot be read gives a status with ``error`` set.
+
+    ``airflow`` (:func:`read_airflow`) adds the paused flag, the last run and the next one;
+    ``paused`` alone the flag.
+    """
     st = TableStatus(table=cfg.qualified_name, dag_id=cfg.dag_id)
-    if paused is not None:
+    if airflow is not None:
+        airflow.fill(st)
+    elif paused is not None:
         st.paused = paused.get(cfg.dag_id)
     bound = slo_bound(cfg)
     st.slo_seconds = bound.total_seconds() if bound is not None else None
@@ -287,7 +351,8 @@ def metadata_conn() -> str:
 
     ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; else ``[database] sql_alchemy_conn`` of
     ``$AIRFLOW_HOME/airflow.cfg`` (``~/airflow``), or that home's SQLite default; else the
-    embedded default's ``.airflow/airflow.db`` (``make airflow-ui``); else "" (unknown).
+    embedded default's ``.airflow/airflow.cfg`` (``make airflow-ui`` writes its PostgreSQL
+    database there) or ``.airflow/airflow.db``; else "" (unknown).
     Importing Airflow's configuration would write an ``airflow.cfg`` where none is: a
     read-only command must not.
     """
@@ -304,8 +369,17 @@ def metadata_conn() -> str:
             log.info("%s is unreadable (%s): paused flags are unknown", cfg_file, exc)
             return ""
         return parser.get("database", "sql_alchemy_conn", fallback="") or f"sqlite:///{home}/airflow.db"
-    local = settings.PROJECT_ROOT / ".airflow" / "airflow.db"
-    return f"sqlite:///{local}" if local.exists() else ""
+    local = settings.PROJECT_ROOT / ".airflow"
+    if (local / "airflow.cfg").exists():  # make airflow-ui writes its PostgreSQL database there
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(local / "airflow.cfg")
+            conn = parser.get("database", "sql_alchemy_conn", fallback="")
+        except configparser.Error as exc:
+            log.info("%s is unreadable (%s)", local / "airflow.cfg", exc)
+        if conn:
+            return conn
+    return f"sqlite:///{local / 'airflow.db'}" if (local / "airflow.db").exists() else ""
 
 
 def airflow_paused(conn: str | None = None) -> dict[str, bool] | None:
@@ -332,6 +406,155 @@ def airflow_paused(conn: str | None = None) -> dict[str, bool] | None:
     return {str(d): bool(p) for d, p in rows}
 
 
+@dataclass
+class AirflowView:
+    """What Airflow's metadata DB says about the DAGs: paused flags, latest runs, next runs (by dag_id)."""
+
+    paused: dict[str, bool] = field(default_factory=dict)
+    runs: dict[str, RunSummary] = field(default_factory=dict)
+    next_runs: dict[str, str] = field(default_factory=dict)
+
+    def fill(self, st: TableStatus) -> None:
+        st.paused = self.paused.get(st.dag_id)
+        st.last_run = self.runs.get(st.dag_id)
+        st.next_run = self.next_runs.get(st.dag_id, "")
+
+
+# The latest run of each DAG (the highest id: runs are numbered as they are created), and the
+# task instances of those runs that failed or wait for a retry.  Plain SQL on Airflow's own
+# tables (airflow.models.DagRun, TaskInstance): the same text runs on SQLite and PostgreSQL, and
+# without importing Airflow (seconds, and it would write an airflow.cfg where none is).
+_LATEST_RUNS = "SELECT MAX(id) FROM dag_run GROUP BY dag_id"
+_RUNS_QUERY = f"SELECT dag_id, run_id, state, start_date, end_date, run_after FROM dag_run WHERE id IN ({_LATEST_RUNS})"
+_FAILED_TASKS_QUERY = (
+    "SELECT ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number, ti.state, ti.end_date "
+    "FROM task_instance ti JOIN dag_run r ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id "
+    f"WHERE r.id IN ({_LATEST_RUNS}) AND ti.state IN ('failed', 'up_for_retry') ORDER BY ti.end_date"
+)
+
+
+def _iso(value: Any) -> str:
+    """A metadata DB timestamp (a datetime from PostgreSQL, text from SQLite) as ISO UTC; "" for NULL."""
+    if value is None:
+        return ""
+    t = value if isinstance(value, datetime) else parse_time(str(value).replace(" ", "T", 1))
+    return t.astimezone(UTC).isoformat() if t is not None else str(value)
+
+
+def read_metadata(conn: str, query: str) -> list[tuple[Any, ...]] | None:
+    """Rows of ``query`` on the metadata DB; None when it is not there (a missing SQLite file is not created)."""
+    if conn.startswith("sqlite:///"):
+        path = conn.removeprefix("sqlite:///")
+        if not os.path.exists(path):
+            return None
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            return db.execute(query).fetchall()
+    if conn.startswith("postgresql"):
+        return _postgres_rows(conn, query)
+    return None
+
+
+def read_airflow(conn: str | None = None, log_folder: str | None = None) -> AirflowView | None:
+    """Paused flags, each DAG's latest run (with its failed task and error) and next run; None if unreachable.
+
+    The error's first line comes from the failed try's task log under ``log_folder``
+    (:func:`task_log_folder`): Airflow 3 keeps a task's exception in its log only, not in the DB.
+    """
+    conn = metadata_conn() if conn is None else conn
+    try:
+        dags = read_metadata(conn, "SELECT dag_id, is_paused FROM dag")
+    except (sqlite3.Error, CdcCompactionError, OSError) as exc:
+        log.info("Airflow's metadata database is not reachable (%s): paused flags and runs are unknown", exc)
+        return None
+    if dags is None:
+        return None
+    view = AirflowView(paused={str(d): bool(p) for d, p in dags})
+    try:
+        # Apart from the paused flags: a database without these (another Airflow version) still gives those.
+        next_runs = read_metadata(conn, "SELECT dag_id, next_dagrun_create_after FROM dag") or []
+        runs = read_metadata(conn, _RUNS_QUERY) or []
+        failed = read_metadata(conn, _FAILED_TASKS_QUERY) or []
+    except (sqlite3.Error, CdcCompactionError, OSError) as exc:
+        log.info("Airflow's metadata database has no runs to read (%s): last and next runs are unknown", exc)
+        return view
+    for dag_id, next_after in next_runs:
+        if next_after is not None:
+            view.next_runs[str(dag_id)] = _iso(next_after)
+    for dag_id, run_id, state, start, end, run_after in runs:
+        when = _iso(end) or _iso(start) or _iso(run_after)
+        view.runs[str(dag_id)] = RunSummary(run_id=str(run_id), state=str(state), when=when)
+    folder = log_folder if log_folder is not None else task_log_folder()
+    for dag_id, run_id, task_id, map_index, try_number, _state, _end in failed:
+        run = view.runs.get(str(dag_id))
+        if run is None or run.failed_task:  # the first task that failed is the cause; later ones follow it
+            continue
+        run.failed_task, run.try_number = str(task_id), int(try_number)
+        path = task_log_path(folder, str(dag_id), str(run_id), str(task_id), int(map_index), int(try_number))
+        run.error = first_error_line(path)
+    return view
+
+
+def task_log_folder() -> str:
+    """Where task logs are: ``[logging] base_log_folder`` (env, else ``airflow.cfg``), else ``$AIRFLOW_HOME/logs``."""
+    folder = os.environ.get("AIRFLOW__LOGGING__BASE_LOG_FOLDER", "")
+    if folder:
+        return folder
+    home = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(home / "airflow.cfg")
+    except configparser.Error as exc:
+        log.info("%s is unreadable (%s): task logs are looked for under %s", home / "airflow.cfg", exc, home / "logs")
+    return parser.get("logging", "base_log_folder", fallback="") or str(home / "logs")
+
+
+def task_log_path(folder: str, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int) -> Path:
+    """The task log file of one try, by Airflow's default ``[logging] log_filename_template``."""
+    mapped = f"map_index={map_index}/" if map_index >= 0 else ""
+    return Path(
+        folder, f"dag_id={dag_id}", f"run_id={run_id}", f"task_id={task_id}", f"{mapped}attempt={try_number}.log"
+    )
+
+
+def first_error_line(path: Path) -> str:
+    """The first line of the exception a task log records (Airflow 3's JSON log lines), "" if none is there.
+
+    The task runner logs "Task failed with exception" with ``error_detail``, a list of the
+    exception chain (``exc_type``, ``exc_value``; structlog's, the raised one first); an error line without it
+    gives its ``event``.
+    """
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = ""
+    for raw in lines:
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("level") not in ("error", "critical"):
+            continue
+        detail = rec.get("error_detail")
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            exc = detail[0]
+            value = str(exc.get("exc_value", "")).strip().splitlines()
+            found = f"{exc.get('exc_type', 'Error')}: {value[0] if value else ''}".rstrip(": ")
+        elif not found:
+            found = str(rec.get("event", "")).strip().split("\n", 1)[0]
+    return found
+
+
+def registry_error_status(entry: RegistryEntry, view: AirflowView | None) -> TableStatus:
+    """An invalid registry file as a status: its error, and its error DAG's paused flag and runs."""
+    err = entry.error
+    problems = "; ".join(err.problems) if err is not None else "(unknown error)"
+    st = TableStatus(table=entry.path.name, dag_id=entry.dag_id, error=f"invalid registry entry: {problems}")
+    if view is not None:
+        view.fill(st)
+    return st
+
+
 def _postgres_rows(conn: str, query: str) -> list[tuple[Any, ...]]:
     import psycopg2
 
@@ -349,10 +572,10 @@ def _postgres_rows(conn: str, query: str) -> list[tuple[Any, ...]]:
 
 
 def statuses(configs: list[TableConfig], now: datetime | None = None, conn: str | None = None) -> list[TableStatus]:
-    """The status of every table in ``configs``, with Airflow's paused flags when reachable."""
+    """The status of every table in ``configs``, with Airflow's paused flags and runs when reachable."""
     now = now or datetime.now(UTC)
-    paused = airflow_paused(conn)
-    return [table_status(cfg, now, paused) for cfg in configs]
+    view = read_airflow(conn)
+    return [table_status(cfg, now, airflow=view) for cfg in configs]
 
 
 def to_json(items: list[TableStatus]) -> str:

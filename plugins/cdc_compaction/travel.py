@@ -118,7 +118,7 @@ def kept_commit(lake: Lake, seq: int, latest: Commit | None = None) -> Commit:
         raise TimeTravelError(
             f"{lake.cfg.qualified_name}: version {seq} is not kept (kept: {kept.start}..{kept.stop - 1}, "
             f"keep_versions: {lake.cfg.keep_versions}, live: {latest.seq}); its files may be gone. Pick a kept "
-            "version (`python -m cdc_compaction versions`), or raise keep_versions in the registry for the future"
+            "version (`cdc-compaction versions`), or raise keep_versions in the registry for the future"
         )
     return commit
 

@@ -1,11 +1,11 @@
-"""The "CDC tables" pages of the Airflow UI: a FastAPI app that ``plugins/cdc_status_plugin.py`` mounts.
+"""The "CDC tables" pages of the Airflow UI: a FastAPI app that ``cdc_compaction.airflow_plugin`` mounts.
 
 ``/cdc/`` lists every registry table (freshness against its SLO, last commit, pending hours,
 quarantine, paused) with a link to its DAG; ``/cdc/table/<db.table>`` shows one table's commit
 history and a freshness chart.  The pages are server-rendered HTML with an inline SVG chart and
 one inline script (the DAG links inside the UI's iframe): no CDN, so they work on a closed network.
 
-They read what ``python -m cdc_compaction status`` reads (:mod:`cdc_compaction.status`) and
+They read what ``cdc-compaction status`` reads (:mod:`cdc_compaction.status`) and
 only show the tables whose DAG the signed-in Airflow user may read (the auth manager decides,
 with the JWT of the UI's session cookie or an ``Authorization`` header).
 """
@@ -24,15 +24,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from cdc_compaction import settings
 from cdc_compaction.landing import increment_hour
-from cdc_compaction.registry import TableConfig, load_registry
+from cdc_compaction.registry import RegistryEntry, TableConfig, load_registry
 from cdc_compaction.status import (
     READ_ERRORS,
+    AirflowView,
     CommitSummary,
     TableStatus,
-    airflow_paused,
     commit_history,
     format_age,
     parse_time,
+    read_airflow,
+    registry_error_status,
     table_status,
 )
 
@@ -44,7 +46,7 @@ body{font-family:system-ui,sans-serif;margin:1.2rem;color:#1a202c}
 table{border-collapse:collapse;font-size:.9rem}
 th,td{padding:.35rem .6rem;border-bottom:1px solid #e2e8f0;text-align:left}
 th{background:#f7fafc}td.num{text-align:right}.late{color:#c53030;font-weight:600}.ok{color:#2f855a}
-.err{color:#c53030}.muted{color:#718096}h1{font-size:1.3rem}h2{font-size:1.1rem;margin-top:1.5rem}
+.err{color:#c53030}.muted{color:#718096}.failed{color:#c53030;font-weight:600}h1{font-size:1.3rem}h2{font-size:1.1rem;margin-top:1.5rem}
 """
 
 
@@ -78,17 +80,39 @@ def _freshness_cell(st: TableStatus) -> str:
     return f'<td class="freshness {cls}">{html.escape(st.freshness_text)}</td>'
 
 
-def render_index(items: list[TableStatus], now: datetime) -> str:
-    """The list page: one row per table. Links are relative to ``/cdc/``."""
+def _run_cells(st: TableStatus) -> str:
+    """The last run (state, when, failed task, try, error's first line) and the next run, as two cells."""
+    run = st.last_run
+    if run is None:
+        last = '<td class="last-run muted">no run</td>'
+    else:
+        cls = "failed" if run.state == "failed" or run.failed_task else ""
+        last = f'<td class="last-run {cls}" data-state="{html.escape(run.state)}">{html.escape(run.text)}</td>'
+    return last + f'<td class="next-run">{html.escape(st.next_run_text)}</td>'
+
+
+def _dag_link(dag_id: str) -> str:
+    return f'<a class="dag" href="../dags/{quote(dag_id)}" target="_top">{html.escape(dag_id)}</a>'
+
+
+def render_index(
+    items: list[TableStatus], now: datetime, broken: list[tuple[RegistryEntry, TableStatus]] | None = None
+) -> str:
+    """The list page: one row per table, then one per invalid registry file. Links are relative to ``/cdc/``.
+
+    ``broken`` are the registry files that do not validate, each with the status of its error DAG
+    (its runs fail with the registry error): they are tables someone meant to compact.
+    """
     rows = []
     for st in items:
         name = html.escape(st.table)
         table_link = f'<a class="table" href="table/{quote(st.table)}">{name}</a>'
-        dag_link = f'<a class="dag" href="../dags/{quote(st.dag_id)}" target="_top">{html.escape(st.dag_id)}</a>'
+        dag_link = _dag_link(st.dag_id)
         if st.error:
             rows.append(
-                f'<tr data-table="{name}"><td>{table_link}</td><td colspan="6" class="err">'
-                f"{html.escape(st.error)}</td><td>{dag_link}</td></tr>"
+                f'<tr data-table="{name}"><td>{table_link}</td><td colspan="5" class="err">'
+                f'{html.escape(st.error)}</td>{_run_cells(st)}<td class="paused">{st.paused_text}</td>'
+                f"<td>{dag_link}</td></tr>"
             )
             continue
         c = st.last_commit
@@ -102,14 +126,27 @@ def render_index(items: list[TableStatus], now: datetime) -> str:
             f'<tr data-table="{name}"><td>{table_link}</td>{_freshness_cell(st)}'
             f'<td class="commit">{commit}</td><td class="num pending">{pending}</td>'
             f'<td class="num quarantine">{st.quarantine_waiting}</td><td class="lease">{html.escape(st.lease)}</td>'
-            f'<td class="paused">{st.paused_text}</td><td>{dag_link}</td></tr>'
+            f'{_run_cells(st)}<td class="paused">{st.paused_text}</td><td>{dag_link}</td></tr>'
+        )
+    for entry, st in broken or []:
+        err = entry.error
+        problems = "; ".join(err.problems) if err is not None else "(unknown error)"
+        rows.append(
+            f'<tr data-registry-file="{html.escape(entry.path.name)}" class="registry-error">'
+            f"<td>{html.escape(entry.path.name)}</td>"
+            f'<td colspan="5" class="err">invalid registry entry {html.escape(str(entry.path))}: '
+            f"{html.escape(problems)} (fix the file; `cdc-compaction registry validate` checks it)</td>"
+            f'{_run_cells(st)}<td class="paused">{st.paused_text}</td><td>{_dag_link(entry.dag_id)}</td></tr>'
         )
     body = (
         "<h1>CDC tables</h1>"
-        f'<p class="muted">{len(items)} tables, as of {now.strftime("%Y-%m-%d %H:%M:%S")} UTC. Freshness: now minus '
+        f'<p class="muted">{len(items)} tables'
+        + (f", {len(broken)} invalid registry file{'s' if len(broken) != 1 else ''}" if broken else "")
+        + f", as of {now.strftime('%Y-%m-%d %H:%M:%S')} UTC. Freshness: now minus "
         "the newest source event time compacted (against the table's SLO when it has one).</p>"
         '<table id="cdc-tables"><thead><tr><th>table</th><th>freshness</th><th>last commit</th>'
-        "<th>pending hours</th><th>quarantine waiting</th><th>lease</th><th>paused</th><th>DAG</th></tr></thead>"
+        "<th>pending hours</th><th>quarantine waiting</th><th>lease</th><th>last run</th><th>next run</th>"
+        "<th>paused</th><th>DAG</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
     return _page("CDC tables", body)
@@ -196,7 +233,8 @@ def render_table(cfg: TableConfig, st: TableStatus, history: list[CommitSummary]
     body = (
         f'<p><a href="../">&larr; CDC tables</a></p><h1>{name}</h1>'
         f'<p>DAG <a class="dag" href="../../dags/{quote(st.dag_id)}" target="_top">{html.escape(st.dag_id)}</a>'
-        f" ({st.paused_text}). Live version {html.escape(st.live_version)}. Freshness "
+        f' ({st.paused_text}). Last run: <span class="last-run">{html.escape(st.last_run_text)}</span>. '
+        f"Next run: {html.escape(st.next_run_text)}. Live version {html.escape(st.live_version)}. Freshness "
         f'<span class="freshness">{html.escape(st.freshness_text)}</span>. Pending hours {len(st.pending)}'
         f"{': ' + html.escape(', '.join(st.pending)) if st.pending else ''}. Compaction: "
         f'<span class="compaction">{html.escape(st.compaction_text)}</span>. Quarantine: {st.quarantine_waiting} '
@@ -212,17 +250,21 @@ def render_table(cfg: TableConfig, st: TableStatus, history: list[CommitSummary]
     return _page(f"CDC table {st.table}", body)
 
 
-def _paused() -> dict[str, bool] | None:
-    """Airflow's paused flags, from the database of the api-server's own configuration."""
+def _airflow() -> AirflowView | None:
+    """Paused flags and runs, from the database and task logs of the api-server's own configuration."""
     try:
         from airflow.configuration import conf
-    except ImportError:  # outside Airflow (the pages' unit tests): as the status command finds it
-        return airflow_paused()
-    return airflow_paused(str(conf.get("database", "sql_alchemy_conn")))
+    except ImportError:  # outside Airflow (the pages' unit tests): as the status command finds them
+        return read_airflow()
+    return read_airflow(str(conf.get("database", "sql_alchemy_conn")), str(conf.get("logging", "base_log_folder")))
+
+
+def _entries() -> list[RegistryEntry]:
+    return load_registry(settings.registry_dir())
 
 
 def _configs() -> list[TableConfig]:
-    return [e.config for e in load_registry(settings.registry_dir()) if e.error is None]
+    return [e.config for e in _entries() if e.config is not None and e.error is None]
 
 
 async def airflow_readable_dags(request: Request) -> Callable[[set[str]], set[str]]:
@@ -244,17 +286,28 @@ def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
     dependency = readable_dags or airflow_readable_dags
     app = FastAPI(title="CDC tables", docs_url=None, redoc_url=None, openapi_url=None)
 
+    @app.get("/openlineage/CdcCompactionRunFacet.json")
+    def run_facet_schema() -> Any:
+        """The JSON schema the OpenLineage run facet names as its ``_schemaURL`` (public: it is a spec)."""
+        from cdc_compaction.lineage import RUN_FACET_SCHEMA
+
+        return RUN_FACET_SCHEMA
+
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request, allowed: Any = Depends(dependency)) -> Any:  # noqa: B008
         if not request.url.path.endswith("/"):
             # The page's links are relative to the directory: /cdc must become /cdc/.
             return RedirectResponse(str(request.url.replace(path=request.url.path + "/")))
         now = datetime.now(UTC)
-        configs = _configs()
-        visible = allowed({c.dag_id for c in configs})
-        paused = _paused()
-        items = [table_status(c, now, paused) for c in configs if c.dag_id in visible]
-        return HTMLResponse(render_index(items, now))
+        entries = _entries()
+        configs = [e.config for e in entries if e.config is not None and e.error is None]
+        bad = [e for e in entries if e.error is not None]
+        # A bad file's error DAG is guarded like any DAG: shown to those who may read it.
+        visible = allowed({c.dag_id for c in configs} | {e.dag_id for e in bad})
+        view = _airflow()
+        items = [table_status(c, now, airflow=view) for c in configs if c.dag_id in visible]
+        broken = [(e, registry_error_status(e, view)) for e in bad if e.dag_id in visible]
+        return HTMLResponse(render_index(items, now, broken))
 
     @app.get("/table/{name}", response_class=HTMLResponse)
     def table(name: str, allowed: Any = Depends(dependency)) -> Any:  # noqa: B008
@@ -263,11 +316,11 @@ def create_app(readable_dags: Callable[..., Any] | None = None) -> FastAPI:
             raise HTTPException(
                 status_code=404,
                 detail=f"{name}: no valid registry entry of that name, or your Airflow user may not read its DAG; "
-                "check the name on the CDC tables page (`python -m cdc_compaction registry validate` lists the "
+                "check the name on the CDC tables page (`cdc-compaction registry validate` lists the "
                 "entries) or ask for read access to the DAG",
             )
         now = datetime.now(UTC)
-        st = table_status(cfg, now, _paused())
+        st = table_status(cfg, now, airflow=_airflow())
         try:
             history = commit_history(cfg)
         except READ_ERRORS as exc:  # the page still shows the status, whose line names the error

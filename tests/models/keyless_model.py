@@ -1,9 +1,10 @@
 """Reference model of the ``keyless`` table mode, from ``tests/scenarios/README.md`` alone.
 
-The table is a multiset of data-column tuples plus a watermark.  A compaction is a plain
-sequential fold: refuse the invalid events, set the replays (at or below the watermark)
-aside, keep the last delivery of each ``order_by`` value, then apply the events one at a
-time in order, removing and adding single copies.  Nothing here imports the project: it
+The table is a multiset of data-column tuples plus a watermark.  An event's position is its
+``order_by`` values then its ``event_id`` values: its identity, and where the source delivered
+it.  A compaction is a plain sequential fold: refuse the invalid events, set the replays (at or
+below the watermark) aside, keep the last delivery of each position, then apply the events one
+at a time in order, removing and adding single copies.  Nothing here imports the project: it
 is the oracle the scenarios, the SQL and the Spark job are held against, so it is written
 for obviousness, not speed.
 """
@@ -55,18 +56,19 @@ def multiset(rows: Iterable[Sequence[Any]]) -> Counter[Row]:
 
 @dataclass(frozen=True)
 class KeylessTable:
-    """A keyless table's registry shape: columns (name, Hive type), op column, order_by, before prefix."""
+    """A keyless table's registry shape: columns (name, Hive type), op column, order_by, before prefix, event_id."""
 
     columns: tuple[tuple[str, str], ...]
     op_column: str
     order_by: tuple[str, ...]
     before_prefix: str = DEFAULT_BEFORE_PREFIX
+    event_id: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.columns]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate column names in {names}")
-        for c in (self.op_column, *self.order_by):
+        for c in (self.op_column, *self.position):
             if c not in names:
                 raise ValueError(f"{c!r} is not a column")
         if not self.order_by:
@@ -90,7 +92,13 @@ class KeylessTable:
             op_column=doc["op_column"],
             order_by=tuple(doc["order_by"]),
             before_prefix=doc.get("before_prefix", DEFAULT_BEFORE_PREFIX),
+            event_id=tuple(doc.get("event_id", ())),
         )
+
+    @property
+    def position(self) -> tuple[str, ...]:
+        """The columns of an event's position: order_by, then event_id."""
+        return (*self.order_by, *self.event_id)
 
     @property
     def types(self) -> dict[str, str]:
@@ -98,8 +106,8 @@ class KeylessTable:
 
     @property
     def data_columns(self) -> list[str]:
-        """Every column except the op column, the order_by columns and the before columns, in column order."""
-        skip = {self.op_column, *self.order_by}
+        """Every column except the op column, the position columns and the before columns, in column order."""
+        skip = {self.op_column, *self.position}
         return [n for n, _ in self.columns if n not in skip and not n.startswith(self.before_prefix)]
 
     @property
@@ -164,13 +172,17 @@ class KeylessModel:
     def reject_reason(self, row: Mapping[str, Any]) -> str | None:
         """Why the contract refuses an event (checked in the README's order), or None."""
         types = self.table.types
-        for c in self.table.order_by:
+
+        def field(c: str) -> str:
+            return "event_id" if c in self.table.event_id else "order_by"
+
+        for c in self.table.position:
             if row.get(c) is None:
-                return f"null_order_by:{c}"
-        for c in self.table.order_by:
+                return f"null_{field(c)}:{c}"
+        for c in self.table.position:
             v = row.get(c)
             if types[c].lower() in FLOAT_TYPES and isinstance(v, float) and math.isnan(v):
-                return f"nan_order_by:{c}"
+                return f"nan_{field(c)}:{c}"
         op = row.get(self.table.op_column)
         if op is None:
             return "null_op"
@@ -180,7 +192,7 @@ class KeylessModel:
 
     # --------------------------------------------------------------- the fold
     def _seq(self, e: Event) -> tuple[Any, ...]:
-        return tuple(e.row[c] for c in self.table.order_by)
+        return tuple(e.row[c] for c in self.table.position)
 
     def _after(self, e: Event) -> Row:
         return canonical(e.row.get(c) for c in self.table.data_columns)
@@ -206,7 +218,7 @@ class KeylessModel:
             else:
                 fresh.append(e)
         fresh.sort(key=lambda e: (self._seq(e), e.increment, e.file, e.pos))
-        # Equal order_by values: one log position delivered more than once; its last delivery applies.
+        # Equal positions: one event delivered more than once; its last delivery applies.
         applied = [e for i, e in enumerate(fresh) if i + 1 == len(fresh) or self._seq(fresh[i + 1]) != self._seq(e)]
         out.superseded = len(fresh) - len(applied)
         out.applied = len(applied)

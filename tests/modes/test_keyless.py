@@ -70,8 +70,10 @@ def context(table: KeylessTable) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         data_columns=table.data_columns,
         before_columns=table.before_columns,
-        order_by=list(table.order_by),
-        nan_order_by=[c for c in table.order_by if table.types[c].lower() in FLOAT_TYPES],
+        # The delivery position: order_by then event_id (README, "Idempotency: the watermark").
+        order_by=list(table.position),
+        event_id=list(table.event_id),
+        nan_order_by=[c for c in table.position if table.types[c].lower() in FLOAT_TYPES],
         op_column=table.op_column,
         op_codes=codes,
         op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
@@ -143,7 +145,7 @@ class SparkKeyless:
     def compact(self) -> dict[str, Any]:
         """One compaction, committed the way the pipeline will: the rows written, the watermark recorded."""
         out, stats = job.compact_keyless(
-            self.spark, self.base(), self.events(), rule_for(self.table), self.table.order_by, self.watermark
+            self.spark, self.base(), self.events(), rule_for(self.table), self.table.position, self.watermark
         )
         self.rows = [tuple(r) for r in out.collect()]
         self.watermark, self.pending = stats["new_watermark"], []
@@ -155,7 +157,7 @@ class SparkKeyless:
         frames = {
             VIEW_BASE: self.base(),
             VIEW_INCREMENTAL: self.events(),
-            VIEW_WATERMARK: job.watermark_frame(self.spark, self.events(), self.table.order_by, self.watermark),
+            VIEW_WATERMARK: job.watermark_frame(self.spark, self.events(), self.table.position, self.watermark),
         }
         try:
             for name, df in frames.items():
@@ -492,6 +494,11 @@ def test_model_refuses_in_the_readmes_order() -> None:
     assert m.reject_reason({"op": "u", "file_no": 1, "pos": 1}) is None
     f = KeylessModel(shape_table("ts"))
     assert f.reject_reason({"op": "c", "ts": math.nan}) == "nan_order_by:ts"
+    # event_id columns after the order_by ones, under their own reason.
+    cols = (("v", "int"), ("op", "string"), ("commit", "bigint"), ("row", "bigint"), ("_before_v", "int"))
+    e = KeylessModel(KeylessTable(cols, "op", ("commit",), event_id=("row",)))
+    assert e.reject_reason({"op": "c", "commit": None, "row": None}) == "null_order_by:commit"
+    assert e.reject_reason({"op": "c", "commit": 1, "row": None}) == "null_event_id:row"
     # NaN inside data columns is a value like any other, equal to itself.
     assert canonical([math.nan, None]) == (NAN, None)
     assert multiset([(math.nan,), (math.nan,)]) == Counter({(NAN,): 2})

@@ -22,7 +22,8 @@ KEYLESS = sorted((SCENARIO_DIR / "keyless").glob("*.json"))
 #: Partitioned too: the options whose keys need finding across partitions (a NULL key, a retired key).
 CDC_PARTITIONED = [p for p in CDC if p.stem in ("nullable_key", "old_key_chain")]
 #: Through the pipeline: seed 003's example and the scenarios of the watermark, deliveries, NULLs,
-#: missing history and refusals; tests/modes/test_keyless.py holds the job against the model on all.
+#: missing history and refusals, and of a source delivering in commit order (a snapshot's rows at one
+#: LSN, a transaction spanning a compaction); tests/modes/test_keyless.py holds the model to all.
 KEYLESS_PIPELINE = [
     p
     for p in KEYLESS
@@ -34,6 +35,8 @@ KEYLESS_PIPELINE = [
         "null_values_match_null_safely",
         "removal_without_copy_is_counted",
         "rejected_rows",
+        "snapshot_rows_share_one_lsn",
+        "transaction_spanning_a_compaction",
     )
 ]
 
@@ -58,7 +61,7 @@ def test_the_mode_scenarios_are_there() -> None:
         "wal2json_kinds",
         "options_combined",
     }
-    assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 6 and len(CDC_PARTITIONED) == 2
+    assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 8 and len(CDC_PARTITIONED) == 2
     assert len(SNAPSHOT) >= 12
 
 

@@ -7,7 +7,7 @@ between zlib versions), with a fixed timestamp and fixed permissions, so the sam
 gives the same bytes on every machine; its name carries a hash of those bytes,
 ``cdc_compaction_job-<hash>.zip``, so a cluster never runs a stale copy under a current name.
 
-Built on demand, at task run time or by ``python -m cdc_compaction job-package``, never
+Built on demand, at task run time or by ``cdc-compaction job-package``, never
 while a DAG file is parsed.  Standard library only, like the contract.
 """
 

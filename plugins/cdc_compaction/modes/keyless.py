@@ -4,8 +4,8 @@ The contract is ``tests/scenarios/README.md`` ("The keyless mode"); the rule is
 ``include/sql/modes/keyless/_rule.sql.j2``, applied by the job (``cdc_compaction.job.modes.keyless``)
 and by every view. A version's ``data/`` holds the copies (the data columns; the op, sequence and
 before-image columns are empty there), its ``tombstones/`` one row: the watermark, the greatest
-``order_by`` value applied so far, which the next compaction and the views read to recognise
-replays.
+delivery position (``order_by`` then ``event_id``) applied so far, which the next compaction and
+the views read to recognise replays. The rule and the job see the position as their ``order_by``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ class KeylessContext(TableContext):
     data_columns: list[str]
     #: The before-image column of each data column, aligned with data_columns.
     before_columns: list[str]
+    #: The delivery position: the registry's order_by, then its event_id (the event's identity).
     order_by: list[str]
+    #: The event_id columns among them (refused with their own reason when NULL).
+    event_id: list[str]
     nan_order_by: list[str]
     op_column: str
     op_codes: Any
@@ -51,8 +54,9 @@ class KeylessMode(TableMode):
             **self.common_context(c, fingerprint),
             data_columns=c.data_columns,
             before_columns=c.before_columns,
-            order_by=list(c.order_by),
-            nan_order_by=nan_columns(c, list(c.order_by)),
+            order_by=c.position,
+            event_id=list(c.event_id),
+            nan_order_by=nan_columns(c, c.position),
             op_column=c.op_column,
             op_codes=codes,
             op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
@@ -60,12 +64,15 @@ class KeylessMode(TableMode):
 
     def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
         c = self._cfg(cfg)
-        return {
+        doc = {
             "order_by": c.order_by,
             "op_column": c.op_column,
             "op_codes": c.op_codes.model_dump(),
             "before_prefix": c.before_prefix,
         }
+        if c.event_id:  # only then: the rule of a table without event_id is unchanged, so is its fingerprint
+            doc["event_id"] = c.event_id
+        return doc
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
         from cdc_compaction import sql
@@ -87,7 +94,8 @@ class KeylessMode(TableMode):
         return {
             # No key: the contract's primary_key is empty for a keyless plan.
             "primary_key": [],
-            "order_by": list(c.order_by),
+            # The job orders, dedupes and keeps its watermark by the whole delivery position.
+            "order_by": c.position,
             "data_columns": c.data_columns,
             "before_columns": c.before_columns,
         }
@@ -126,6 +134,8 @@ class KeylessMode(TableMode):
         roles: dict[str, list[str]] = {col.name: [] for col in c.columns}
         for i, col in enumerate(c.order_by, 1):
             roles[col].append(f"order {i}")
+        for i, col in enumerate(c.event_id, 1):
+            roles[col].append(f"event id {i}")
         roles[c.op_column].append("op")
         for data, before in zip(c.data_columns, c.before_columns, strict=True):
             roles[data].append("row")
@@ -141,7 +151,9 @@ class KeylessMode(TableMode):
             "* **Rows:** " + ", ".join(f"`{x}`" for x in c.data_columns),
             "* **Log order:** "
             + ", ".join(f"`{k}`" for k in c.order_by)
-            + ", then increment, file, row position; events at or below the last commit's watermark are replays",
+            + (", event id " + ", ".join(f"`{k}`" for k in c.event_id) if c.event_id else "")
+            + ", then increment, file, row position; events at or below the last commit's watermark are replays, "
+            "events of one position are one event delivered again",
             f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
             f"update `{codes.update}`, delete `{codes.delete}`",
         ]

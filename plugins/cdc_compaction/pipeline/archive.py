@@ -16,7 +16,7 @@ from typing import Any
 from cdc_compaction.exceptions import ArchiveError
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, TableLease
-from cdc_compaction.landing import markers
+from cdc_compaction.landing import is_data, markers
 from cdc_compaction.metastore import Metastore, connect
 from cdc_compaction.pipeline.retention import sweep_temporaries
 from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting
@@ -91,13 +91,15 @@ def _clear_increment(rt: Runtime, commit: Commit, inc: str) -> bool:
     for e in checksums:
         st.delete(e.path)
     if others:
-        # The marker stays too: it may be what makes the files that remain complete.
+        # The marker stays too: it may be what makes the files that remain complete.  Data (by the
+        # plan's own rule, whatever the name) is what the next run takes; the rest waits for a person.
         log.info(
-            "%s: %s keeps %s, which commit %d did not take; the increment stays pending",
+            "%s: %s keeps %s, which commit %d did not take (data the next run takes: %s); the increment stays pending",
             cfg.qualified_name,
             d,
             sorted(e.name for e in others),
             commit.seq,
+            sorted(e.name for e in others if not e.is_dir and is_data(cfg, e.name)),
         )
         return False
     for e in done:

@@ -302,7 +302,7 @@ def asset_event_extra(table: str, published: dict[str, Any]) -> dict[str, Any]:
     events read, of which ``rows_rejected`` were refused) and out (visible rows, tombstones),
     and what the base holds at the newest (``freshness``: increment and source event time).
     ``from_version``/``to_version`` are the commit range this run made (parent -> new): a downstream
-    reads exactly what changed with ``python -m cdc_compaction changes --from F --to T`` (README,
+    reads exactly what changed with ``cdc-compaction changes --from F --to T`` (README,
     "Change feed").
     """
     rows = published.get("rows") or {}

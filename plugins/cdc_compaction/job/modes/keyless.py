@@ -1,8 +1,10 @@
 """The ``keyless`` table mode's compaction, Spark side (the contract: ``tests/scenarios/README.md``).
 
 A keyless table is a multiset of rows.  Every compaction folds the pending events onto it, one
-copy at a time in the source log's order, and records a watermark (the greatest ``order_by``
-value applied) so that re-delivered events are recognised as replays.
+copy at a time in the order the source delivers, and records a watermark (the greatest delivery
+position applied) so that re-delivered events are recognised as replays.  The plan's
+``order_by`` is that position: the registry's ``order_by`` then its ``event_id``, which together
+identify one event (the Airflow side, ``cdc_compaction.modes.keyless``, puts them there).
 
 The rule itself is SQL rendered from ``include/sql/modes/keyless/_rule.sql.j2`` (the same
 macros the view is rendered from) and handed in as ``rule``, as the ``cdc`` job gets its rule

@@ -1,0 +1,192 @@
+"""MkDocs hook: the docs site's reference sections, generated from the code at build time.
+
+Written once, in the code: the registry's fields come from its JSON Schema (which
+:mod:`cdc_compaction.registry_schema` generates from the pydantic models), the commands from the
+CLI's own argparse parser (:func:`cdc_compaction.__main__.build_parser`).  A page asks for one with
+a marker line, replaced here before the page is rendered:
+
+* ``<!-- generated: registry-fields -->``: every field of every table mode and nested setting;
+* ``<!-- generated: commands -->``: ``cdc-compaction <command> --help`` of every command.
+
+The hook also publishes the benchmark results the benchmarks page shows (``bench/results/``).
+``tests/test_docs.py`` checks the generated text against the schema and the CLI independently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "plugins") not in sys.path:  # `mkdocs build` from a clone without make install
+    sys.path.insert(0, str(REPO / "plugins"))
+
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+#: The table modes' models, in the order the page shows them (``mode`` picks one).
+MODES = {"cdc": "CdcTable", "keyless": "KeylessTable", "snapshot": "SnapshotTable"}
+#: Files of the repository the pages link to or show, published beside the pages.
+PUBLISHED = ("bench/results/RESULTS.md", "bench/results/compaction.png", "bench/results/scaling.png")
+
+
+#: Sections the models' descriptions name that are no heading of their own on the site.
+SECTION_ALIASES = {"Table registry reference": "Registry"}
+SECTION_REF = re.compile(r'(?:docs|README), "([^"]+)"')
+
+
+def _headings() -> dict[str, str]:
+    """``heading text -> page.md#anchor`` of every heading of the site's pages (code blocks skipped)."""
+    from markdown.extensions.toc import slugify
+
+    found: dict[str, str] = {}
+    for page in sorted((REPO / "docs").glob("*.md")):
+        fenced = False
+        for line in page.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+            elif not fenced and re.match(r"#{1,6} ", line):
+                text = line.lstrip("#").strip()
+                plain = text.replace("`", "")
+                found.setdefault(plain, f"{page.name}#{slugify(html.escape(plain), '-')}")
+    return found
+
+
+def _section_link(name: str, headings: dict[str, str]) -> str:
+    """A link to the site's section a description names (``docs, "Doctor"``): the first heading starting so."""
+    wanted = SECTION_ALIASES.get(name, name)
+    for text, target in headings.items():
+        if text.lower().startswith(wanted.lower()):
+            return f"[{name}]({target})"
+    raise ValueError(f"a registry description names the section {name!r}, which no page of docs/ has a heading for")
+
+
+def _text(value: str, headings: dict[str, str] | None = None) -> str:
+    """Markdown for a schema text in a table cell: HTML escaped outside code spans, pipes escaped,
+    the sections it names (``docs, "Doctor"``) linked to the site's pages."""
+    parts = re.split(r"(``?[^`]+``?)", value)
+    out = []
+    for part in parts:
+        if part.startswith("`"):
+            out.append("`" + part.strip("`") + "`")
+        else:
+            escaped = html.escape(part, quote=False)
+            if headings is not None:
+                escaped = SECTION_REF.sub(lambda m: "see " + _section_link(m.group(1), headings), escaped)
+            out.append(escaped)
+    return " ".join("".join(out).split()).replace("|", "\\|")
+
+
+def _type(prop: dict[str, Any]) -> str:
+    """A field's type in words: ``string``, ``list of Column``, ``cdc | keyless``, ``Alerts``."""
+    if "$ref" in prop:
+        name = prop["$ref"].rsplit("/", 1)[-1]
+        return f"[{name}](#{name.lower()})"
+    if "enum" in prop:
+        return " \\| ".join(f"`{v}`" for v in prop["enum"])
+    if "const" in prop:
+        return f"`{prop['const']}`"
+    for key in ("anyOf", "oneOf"):
+        if key in prop:
+            kinds = [_type(p) for p in prop[key] if p.get("type") != "null"]
+            nullable = any(p.get("type") == "null" for p in prop[key])
+            return " or ".join(dict.fromkeys(kinds)) + (" or null" if nullable else "")
+    kind = prop.get("type")
+    if kind == "array":
+        return "list of " + _type(prop.get("items", {}))
+    if kind == "object":
+        extra = prop.get("additionalProperties")
+        return "mapping" + (f" to {_type(extra)}" if isinstance(extra, dict) and extra else "")
+    if isinstance(kind, list):
+        return " or ".join(kind)
+    return kind or "any"
+
+
+def _default(prop: dict[str, Any], required: bool) -> str:
+    if required:
+        return "required"
+    if "default" not in prop:
+        return ""
+    value = prop["default"]
+    return f"`{value}`" if isinstance(value, str) and value else "`" + json.dumps(value, ensure_ascii=False) + "`"
+
+
+def _fields_table(definition: dict[str, Any], headings: dict[str, str]) -> list[str]:
+    required = set(definition.get("required", []))
+    rows = ["| field | type | default | description |", "|---|---|---|---|"]
+    for field, prop in definition.get("properties", {}).items():
+        text = _text(prop.get("description", ""), headings)
+        rows.append(f"| `{field}` | {_type(prop)} | {_default(prop, field in required)} | {text} |")
+    return rows
+
+
+def registry_fields(schema: dict[str, Any]) -> str:
+    """Every field of the registry, from its JSON Schema: one table per mode, then one per nested setting."""
+    defs = schema["$defs"]
+    headings = _headings()
+    lines: list[str] = [
+        "Generated from the registry's JSON Schema (`cdc-compaction registry schema`, the pydantic models'",
+        "own). `mode` picks the fields a file takes; the nested settings follow the modes.",
+        "",
+    ]
+    for mode, name in MODES.items():
+        lines += [f"### {name}", "", f"`mode: {mode}`" + (" (or no `mode`)" if mode == "cdc" else "") + ".", ""]
+        lines += [*_fields_table(defs[name], headings), ""]
+    for name in sorted(set(defs) - set(MODES.values())):
+        definition = defs[name]
+        lines += [f"### {name}", ""]
+        if definition.get("description"):
+            lines += [_text(definition["description"], headings), ""]
+        lines += [*_fields_table(definition, headings), ""]
+    return "\n".join(lines)
+
+
+def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """``(command words, parser)`` of every leaf command, depth first, in the parser's order."""
+    found: list[tuple[tuple[str, ...], Any]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = _subcommands(sub, (*path, name))
+                found += nested or [((*path, name), sub)]
+    return found
+
+
+def commands() -> str:
+    """``--help`` of every command, as the CLI prints it (100 columns)."""
+    from cdc_compaction.__main__ import build_parser
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps at $COLUMNS: the same text on every machine
+    parser = build_parser("cdc-compaction")
+    lines: list[str] = []
+    for words, sub in _subcommands(parser):
+        lines += [f"### {' '.join(words)}", "", "```text", sub.format_help().rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _generate(name: str) -> str:
+    if name == "registry-fields":
+        from cdc_compaction.registry_schema import registry_schema
+
+        return registry_fields(registry_schema())
+    if name == "commands":
+        return commands()
+    raise ValueError(f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands)")
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    """MkDocs event: put the generated sections where the page's markers are."""
+    return MARKER.sub(lambda m: _generate(m.group(1)), markdown)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """MkDocs event: publish the benchmark results (outside docs/) beside the pages."""
+    from mkdocs.structure.files import File
+
+    for rel in PUBLISHED:
+        files.append(File.generated(config, rel, abs_src_path=str(REPO / rel)))
+    return files
