@@ -63,13 +63,16 @@ Readers = list[conf.Reader | conf.DuckDBReader]
 
 @pytest.fixture(scope="module")
 def reader(spark: Any) -> list[conf.Reader | conf.DuckDBReader]:
-    """Every expectation is checked by Spark through the metastore and by DuckDB through the files."""
-    return [conf.Reader(spark), conf.DuckDBReader()]
+    """Every expectation is checked by Spark through the metastore and by DuckDB through the files; the base of
+    a table with ``formats: [delta]`` also by delta-rs and polars through its Delta log (and its time travel)."""
+    return [conf.Reader(spark), conf.DuckDBReader(), conf.DeltaReader("delta-rs"), conf.DeltaReader("polars")]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario_inprocess(path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path) -> None:
-    result = conf.run_scenario(conf.Scenario.load(path), inprocess, reader, tmp_path / "lake", suffix="_ip")
+    result = conf.run_scenario(
+        conf.Scenario.load(path), inprocess, reader, tmp_path / "lake", suffix="_ip", formats=["delta"]
+    )
     assert result.ok, "\n".join(result.failures)
 
 
@@ -89,7 +92,9 @@ def test_scenario_inprocess_partitioned(
     key-only deletes find their key's partition, and the rows must be the same."""
     scn = conf.Scenario.load(path)
     part = {"column": partition_column(scn), "transform": "identity"}
-    result = conf.run_scenario(scn, inprocess, reader, tmp_path / "lake", suffix="_pi", partition_by=part)
+    result = conf.run_scenario(
+        scn, inprocess, reader, tmp_path / "lake", suffix="_pi", partition_by=part, formats=["delta"]
+    )
     assert result.ok, "\n".join(result.failures)
 
 
@@ -118,7 +123,9 @@ def test_scenario_inprocess_partitioned_by_day(
     """Partitioned by the day of a timestamp column (no shared scenario has one: it is derived from ts_ms)."""
     scn = _tampered(SHARED_CONFORMANCE / f"{name}.json", tmp_path, with_timestamp)
     part = {"column": "changed_at", "transform": "day"}
-    result = conf.run_scenario(scn, inprocess, reader, tmp_path / "lake", suffix="_pd", partition_by=part)
+    result = conf.run_scenario(
+        scn, inprocess, reader, tmp_path / "lake", suffix="_pd", partition_by=part, formats=["delta"]
+    )
     assert result.ok, "\n".join(result.failures)
 
 
@@ -207,7 +214,7 @@ def test_scenario_dag(name: str, dag_runner: conf.DagRunner, reader: Readers) ->
         dag_runner.env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps(transport)
     try:
         result = conf.run_scenario(
-            scn, dag_runner, reader, work / "lake", registry_dir=work / "registry", suffix="_dag"
+            scn, dag_runner, reader, work / "lake", registry_dir=work / "registry", suffix="_dag", formats=["delta"]
         )
     finally:
         dag_runner.env.pop("AIRFLOW__OPENLINEAGE__TRANSPORT", None)

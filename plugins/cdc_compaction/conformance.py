@@ -80,12 +80,17 @@ class ScenarioResult:
 
 
 def registry_doc(
-    scn: Scenario, lake_dir: Path, suffix: str = "", partition_by: dict[str, str] | None = None
+    scn: Scenario,
+    lake_dir: Path,
+    suffix: str = "",
+    partition_by: dict[str, str] | None = None,
+    formats: list[str] | None = None,
 ) -> dict[str, Any]:
     """A registry entry for a scenario's table: compact whatever landed, at once.
 
     ``partition_by`` makes it a partitioned table (registry ``partition_by``): the same
-    scenario must give the same rows.
+    scenario must give the same rows. ``formats`` (registry ``formats``): the table is also a
+    Delta table, which :class:`DeltaReader` reads.
     """
     t = scn.table
     doc: dict[str, Any] = {
@@ -108,6 +113,8 @@ def registry_doc(
     }
     if partition_by is not None:
         doc["partition_by"] = partition_by
+    if formats:
+        doc["formats"] = list(formats)
     return doc
 
 
@@ -279,6 +286,73 @@ class DuckDBReader:
             return int(row[0])
 
 
+class DeltaReader:
+    """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs or polars, as their users do.
+
+    Only tables that list ``delta`` (:meth:`applies`). After each compaction it also travels back
+    in time: the Delta version carrying each kept commit's seq (``cdc.commit_seq`` in its
+    commitInfo) must read exactly what the scenario expected right after that commit.
+    """
+
+    reads_views = False
+
+    def __init__(self, engine: str) -> None:
+        if engine not in ("delta-rs", "polars"):
+            raise ValueError(f"DeltaReader reads with delta-rs or polars, not {engine!r}")
+        self.engine = engine
+        self.name = f"delta/{engine}"
+        #: Table -> {commit seq: the rows the scenario expected after it}.
+        self._expected: dict[str, dict[int, list[dict[str, Any]]]] = {}
+
+    @staticmethod
+    def applies(cfg: TableConfig) -> bool:
+        return "delta" in cfg.formats
+
+    def _rows(self, cfg: TableConfig, version: int | None = None) -> list[dict[str, Any]]:
+        from cdc_compaction.formats import delta
+
+        lake = Lake(cfg)
+        if lake.latest_commit().seq == 0 and not lake.storage.exists(delta.metadata_root(lake)):
+            return []  # nothing published yet: no Delta table either
+        root, cols = delta.table_root(lake), shown_columns(cfg)
+        if self.engine == "polars":
+            import polars as pl
+
+            return pl.read_delta(root, version=version, columns=cols).to_dicts()
+        import deltalake
+
+        return deltalake.DeltaTable(root, version=version).to_pyarrow_table(columns=cols).to_pylist()
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        return self._rows(cfg)
+
+    def time_travel_failures(self, cfg: TableConfig, step: int, expect: list[dict[str, Any]]) -> list[str]:
+        """Record ``expect`` as the live commit's rows; every kept commit's Delta version must read its own."""
+        from cdc_compaction.formats import delta
+        from cdc_compaction.pipeline.retention import kept_seqs
+
+        lake = Lake(cfg)
+        live = lake.latest_commit().seq
+        seen = self._expected.setdefault(cfg.qualified_name, {})
+        if live > 0:
+            seen[live] = expect
+        failures = []
+        for seq in kept_seqs(live, cfg.keep_versions):
+            if seq not in seen:
+                continue
+            version = delta.version_of_seq(lake, seq)
+            if version is None:
+                failures.append(f"step {step} compact ({self.name}): no Delta version carries commit {seq}")
+                continue
+            diff = diff_rows(seen[seq], self._rows(cfg, version), compared_types(cfg))
+            if diff:
+                failures.append(
+                    f"step {step} compact ({self.name}): Delta version {version} (commit {seq}) differs\n"
+                    + "\n".join(diff)
+                )
+        return failures
+
+
 class Reader:
     """Reads the base table and the views back through the metastore with Spark SQL."""
 
@@ -415,14 +489,18 @@ def run_scenario(
     registry_dir: Path | None = None,
     suffix: str = "",
     partition_by: dict[str, str] | None = None,
+    formats: list[str] | None = None,
 ) -> ScenarioResult:
-    """Run one scenario; every failed check (of every reader) becomes a line of the result."""
+    """Run one scenario; every failed check (of every reader) becomes a line of the result.
+
+    Readers with an ``applies(cfg)`` (the Delta readers) check only the tables it accepts.
+    """
     import time
 
     readers = reader if isinstance(reader, list) else [reader]
 
     start = time.monotonic()
-    doc = registry_doc(scn, lake_dir, suffix, partition_by)
+    doc = registry_doc(scn, lake_dir, suffix, partition_by, formats)
     if registry_dir is not None:
         registry_dir.mkdir(parents=True, exist_ok=True)
         (registry_dir / f"{DATABASE}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -430,6 +508,7 @@ def run_scenario(
     types = compared_types(cfg)
     op_column = getattr(cfg, "op_column", None)
     result = ScenarioResult(scn.name, True)
+    readers = [r for r in readers if getattr(r, "applies", lambda _: True)(cfg)]
     try:
         runner.setup(cfg)
         for i, step in enumerate(scn.steps, 1):
@@ -457,6 +536,8 @@ def run_scenario(
                     diff = diff_rows(body["expect"], r.visible_base(cfg), types)
                     if diff:
                         result.failures.append(f"step {i} compact ({r.name}): base rows differ\n" + "\n".join(diff))
+                    if isinstance(r, DeltaReader):
+                        result.failures += r.time_travel_failures(cfg, i, body["expect"])
                 if cfg.mode == "snapshot":
                     # The history (every partition so far) and the mode's counts (tests/scenarios/snapshot/README.md).
                     for r in readers:

@@ -629,6 +629,7 @@ def inventory(lake: Lake, commit: Commit, hidden: bool = False) -> Inventory:
     erase's own hidden rewrites are left out, unless ``hidden``.  A listing error propagates: an
     erase that cannot see an area must not report it clean.
     """
+    from cdc_compaction import formats
     from cdc_compaction.landing import is_data
 
     live = live_roots(lake, commit)
@@ -638,6 +639,8 @@ def inventory(lake: Lake, commit: Commit, hidden: bool = False) -> Inventory:
     def visit(d: str) -> None:
         for e in sorted(lake.storage.list_dir(d), key=lambda e: e.name):
             if e.is_dir:
+                if formats.is_metadata_path(lake, e.path):
+                    continue  # a table format's metadata (base/_delta_log): derived, regenerated after the commit
                 out.dirs.append(e.path)
                 visit(e.path)
                 continue
@@ -1309,6 +1312,11 @@ def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpo
         lake.storage.delete_tree(d)
     if values:
         _scrub_records(lake, values)
+    # Files were rewritten in place: a table format's metadata (sizes, column bounds) is derived, so it is
+    # written anew from the kept commits rather than filtered (formats.is_metadata_path). Never raises.
+    from cdc_compaction import formats
+
+    formats.regenerate_formats(formats.runtime_for(lake.cfg, lake))
     fault_point("erase.before_audit", table)
     audit = {
         "erase_id": journal["erase_id"],

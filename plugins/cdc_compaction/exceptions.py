@@ -162,3 +162,7 @@ class RebuildError(CdcCompactionError):
 
 class KeyIndexError(CdcCompactionError):
     """A partitioned table's key index cannot be verified or rebuilt (no partition_by, nothing compacted yet)."""
+
+
+class FormatError(CdcCompactionError):
+    """A table format's metadata (Delta, Iceberg) could not be written; derived data, never fatal to a publish."""

@@ -563,6 +563,10 @@ class TableConfig(_Strict):
     #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes`` (docs, "Change
     #: feed"). Off by default: the publish task reads both versions' rows into memory to pair them by key.
     change_feed: bool = False
+    #: Open table formats every published version is also readable as, over the same Parquet files
+    #: (README, "Delta and Iceberg"): ``delta`` writes a Delta log at ``base/_delta_log``, ``iceberg`` Iceberg
+    #: metadata. Derived like the change feed: a failure is logged and counted, never fails a publish.
+    formats: list[Literal["delta", "iceberg"]] = Field(default_factory=list)
     #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
     #: version still needs for a rebuild stay regardless (docs, "Retention").
     archive_retention: Duration | None = None
@@ -592,6 +596,14 @@ class TableConfig(_Strict):
     slo: Slo | None = None
     #: When a run rewrites the base: always (default), or only once pending data crosses a threshold.
     compaction: Compaction = Field(default_factory=Compaction)
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, v: list[str]) -> list[str]:
+        twice = sorted({f for f in v if v.count(f) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed twice: name each format once")
+        return v
 
     @field_validator("lease_timeout")
     @classmethod

@@ -402,6 +402,10 @@ def rollback(
             # The views show the pending increments over the rolled-back base, as after any publish.
             views.sync(rt, ms, pending_files(rt, utcnow(), set()), commit, drop_gone=True)
             archive_commit(rt, ms, commit)  # nothing to move: marks the commit finished for the next plan
+        # A rollback is a new Delta/Iceberg commit too (derived: logged and counted, never raises).
+        from cdc_compaction.formats import sync_formats
+
+        sync_formats(rt, commit.seq)
         return RollbackResult(commit.seq, commit.version, to_seq, copied, resumed)
     finally:
         TableLease(lake).release(owner)

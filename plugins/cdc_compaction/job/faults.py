@@ -62,6 +62,7 @@ POINTS = (
     "erase.after_commit_record",
     "erase.after_first_swap",
     "erase.before_audit",
+    "formats.before_delta_commit",
     "compact.after_data",  # crashed by the Spark Connect test (the server killed mid-job), not a DAG run
 )
 

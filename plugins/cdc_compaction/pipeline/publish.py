@@ -15,7 +15,7 @@ import posixpath
 from datetime import datetime
 from typing import Any
 
-from cdc_compaction import metrics, slo
+from cdc_compaction import formats, metrics, slo
 from cdc_compaction.exceptions import (
     CommitLogError,
     ConcurrentCommitError,
@@ -267,6 +267,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         shown = views.sync(rt, ms, pending_files(rt, utcnow(), committed), live, drop_gone=True)
         # Before retention deletes the parent's version: the feed is computed from both (never raises).
         feed = changes.sync_changes(rt, ms, live.seq)
+    # Delta/Iceberg metadata over the new version, before retention expires the old (derived: never raises).
+    table_formats = formats.sync_formats(rt, live.seq)
     Quarantine(lake).record_rows(existing.version, existing.seq, existing.stats)
     removed = cleanup_versions(rt, existing.seq)
     st = existing.stats or {}
@@ -287,6 +289,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         },
         "metrics": existing.metrics or {},
         "changes": feed,
+        "formats": table_formats,
         "slo": observe(rt, existing, now),
     }
 

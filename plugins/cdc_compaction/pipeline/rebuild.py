@@ -506,6 +506,9 @@ def _publish(
         sync_base_location(rt, ms, commit)
         views.sync(rt, ms, pending_files(rt, utcnow(), set()), commit, drop_gone=True)
     report.published_seq = commit.seq
+    from cdc_compaction.formats import sync_formats
+
+    sync_formats(rt, commit.seq)  # derived: logged and counted, never raises
     cleanup_versions(rt, commit.seq)
     log.info("%s: rebuild %s published as commit %d", cfg.qualified_name, report.rebuild_id, commit.seq)
 

@@ -84,6 +84,13 @@ def decide_versions(entries: list[tuple[str, bool]], kept: list[Commit], live_se
 def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     """Delete base versions beyond ``keep_versions`` and stale uncommitted ones."""
     lake = rt.lake
+    from cdc_compaction.formats import expire_formats
+
+    if not expire_formats(rt, set(kept_seqs(live_seq, rt.cfg.keep_versions))):
+        # A Delta/Iceberg reader may still open an old version through the format's metadata: its files
+        # stay until the format stops naming them (the next publish retries; the failure is counted).
+        log.warning("%s: old versions kept this time: a table format still names them", rt.cfg.qualified_name)
+        return []
     kept = [c for s in kept_seqs(live_seq, rt.cfg.keep_versions) if (c := lake.read_commit(s))]
     # Each with the key index it has now: a rebuilt one names other directories (keyindex.live_index).
     kept = [dataclasses.replace(c, index=live_index(lake, c)) if c.partitions is not None else c for c in kept]
