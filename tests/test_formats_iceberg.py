@@ -33,9 +33,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
 
 SCENARIOS = PROJECT_ROOT.parent / "shared" / "conformance"
-#: (scenario, partitioned): updates, a delete and a re-insert over two runs (also partitioned, where keys
-#: move between partitions and untouched ones are reused by reference), a late event against a tombstone.
-CHOSEN = [("delete_then_reinsert", False), ("delete_then_reinsert", True), ("late_update_for_deleted_key", False)]
+#: (scenario, partitioned): updates, a delete and a re-insert over two runs; a late event against a tombstone
+#: over three runs, partitioned (keys move between partitions, untouched ones are reused by reference).
+CHOSEN = [("delete_then_reinsert", False), ("late_update_for_deleted_key", True)]
 
 
 def kept(lake: Lake) -> list[Commit]:
@@ -86,7 +86,6 @@ class IcebergReader:
             # The registry's partition_by as Iceberg's own spec: engines prune by it.
             (field,) = table.spec().fields
             assert (field.name, str(field.transform)) == (cfg.partition_by.column, "identity"), table.spec()
-            assert all(t.file.partition[0] is not None for t in table.scan().plan_files() if t.file.record_count)
         columns = conf.shown_columns(cfg)
         got = iceberg_rows(table, columns)
         types = conf.compared_types(cfg)
@@ -189,7 +188,7 @@ def metadata_bytes(lake: Lake) -> dict[str, bytes]:
 
 
 def test_sync_is_idempotent_heals_a_crash_expires_travels_regenerates_and_evolves(
-    make_cfg: Callable[..., TableConfig], runtime: Callable[[TableConfig], Runtime]
+    make_cfg: Callable[..., TableConfig], runtime: Callable[[TableConfig], Runtime], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from conftest import compact_once
 
@@ -273,3 +272,14 @@ def test_sync_is_idempotent_heals_a_crash_expires_travels_regenerates_and_evolve
         )
     assert iceberg.is_metadata_path(lake, table.metadata_location)
     assert not iceberg.is_metadata_path(lake, lake.data_location(lake.latest_commit()))
+
+    # The Hive catalog on the project's own Hive 2.3 metastore: it has no transaction support, so pyiceberg's
+    # commit lock is refused; sync says so, naming the table, the metastore and what to do.
+    monkeypatch.setenv(iceberg.CATALOG_ENV, "hive")
+    with pytest.raises(iceberg.IcebergFormatError) as err:
+        iceberg.sync(rt, lake, kept(lake))
+    assert rt.metastore.uri in str(err.value) and f"{cfg.table}_iceberg" in str(err.value)
+    assert f"{iceberg.CATALOG_ENV}=sql" in str(err.value)
+    monkeypatch.setenv(iceberg.CATALOG_ENV, "glue")
+    with pytest.raises(iceberg.IcebergFormatError, match="not a known Iceberg catalog"):
+        iceberg.sync(rt, lake, kept(lake))

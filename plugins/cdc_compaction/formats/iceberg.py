@@ -345,6 +345,27 @@ def _append(table: Any, lake: Lake, commit: Commit, files: list[str]) -> None:
                 ow.append_data_file(data_file)
 
 
+def _commit(rt: Runtime, table: Any, lake: Lake, commit: Commit, files: list[str]) -> None:
+    """:func:`_append`, with a metastore that cannot lock named for what it is."""
+    from thrift.transport.TTransport import TTransportException
+
+    try:
+        _append(table, lake, commit, files)
+    except TTransportException as exc:
+        # pyiceberg's HiveCatalog takes a metastore lock (lock()) for every commit. A Hive 2.3 metastore
+        # without transaction support (TxnHandler's JDBC pool, BoneCP by default, and its HIVE_LOCKS tables)
+        # fails that call and closes the connection: the snapshot is not committed (nothing half-written).
+        raise IcebergFormatError(
+            f"{rt.cfg.qualified_name}: the Hive metastore {rt.metastore.uri} dropped the Iceberg commit of lake "
+            f"commit {commit.seq} to {'.'.join(identifier(rt.cfg))} ({exc}). pyiceberg locks the table through "
+            "the metastore's lock() call, which needs the metastore's transaction support "
+            "(hive.support.concurrency, hive.txn.manager=DbTxnManager, the transaction tables and a JDBC pool "
+            "such as datanucleus.connectionPoolingType=dbcp); a metastore without it refuses every commit. "
+            f"Enable it on the metastore, or set {CATALOG_ENV}=sql (local storage roots). The lake commit stands; "
+            "the next sync adds the missing snapshots"
+        ) from exc
+
+
 def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
     """Give every kept commit up to the live one its snapshot, in order; idempotent.
 
@@ -368,7 +389,7 @@ def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
             from pyiceberg.io.pyarrow import PyArrowFileIO
 
             table = _create(catalog, lake, cfg, files, PyArrowFileIO())
-        _append(table, lake, commit, files)
+        _commit(rt, table, lake, commit, files)
         table = catalog.load_table(identifier(cfg))
         synced.append(commit.seq)
         log.info("%s: Iceberg snapshot of commit %d (%d files)", cfg.qualified_name, commit.seq, len(files))
