@@ -25,7 +25,7 @@ manifest lists and manifests, all written by pyiceberg) is under ``<root>/iceber
 * ``hive``: the table's own Hive metastore (the Thrift endpoint of the runtime), table
   ``<db>.<t>_iceberg``.  pyiceberg takes a metastore lock (``lock()``) on every commit, which
   needs the metastore's transaction tables (``hive.support.concurrency`` / ``DbTxnManager``
-  setup) -- see :func:`_catalog`.
+  setup); the project's own Hive 2.3 test metastore has none, see :func:`_commit`.
 
 Derived data, like the change feed (``pipeline/changes.py``): every snapshot can be made again
 from the kept versions, so the caller logs and counts a failure here and never fails a publish.
