@@ -64,14 +64,27 @@ Readers = list[conf.Reader | conf.DuckDBReader]
 @pytest.fixture(scope="module")
 def reader(spark: Any) -> list[conf.Reader | conf.DuckDBReader]:
     """Every expectation is checked by Spark through the metastore and by DuckDB through the files; the base of
-    a table with ``formats: [delta]`` also by delta-rs and polars through its Delta log (and its time travel)."""
-    return [conf.Reader(spark), conf.DuckDBReader(), conf.DeltaReader("delta-rs"), conf.DeltaReader("polars")]
+    a table with ``formats: [delta]`` also by delta-rs and polars through its Delta log (and its time travel), and
+    with ``iceberg`` by pyiceberg and polars through its Iceberg snapshots (and theirs)."""
+    return [
+        conf.Reader(spark),
+        conf.DuckDBReader(),
+        conf.DeltaReader("delta-rs"),
+        conf.DeltaReader("polars"),
+        conf.IcebergReader("pyiceberg"),
+        conf.IcebergReader("polars"),
+    ]
+
+
+#: The in-process runs (unpartitioned, and partitioned by a column) are also Iceberg tables; the day-partitioned
+#: and DAG runs stay Delta only, to keep the suite's time in check.
+BOTH_FORMATS = ["delta", "iceberg"]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario_inprocess(path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path) -> None:
     result = conf.run_scenario(
-        conf.Scenario.load(path), inprocess, reader, tmp_path / "lake", suffix="_ip", formats=["delta"]
+        conf.Scenario.load(path), inprocess, reader, tmp_path / "lake", suffix="_ip", formats=BOTH_FORMATS
     )
     assert result.ok, "\n".join(result.failures)
 
@@ -93,7 +106,7 @@ def test_scenario_inprocess_partitioned(
     scn = conf.Scenario.load(path)
     part = {"column": partition_column(scn), "transform": "identity"}
     result = conf.run_scenario(
-        scn, inprocess, reader, tmp_path / "lake", suffix="_pi", partition_by=part, formats=["delta"]
+        scn, inprocess, reader, tmp_path / "lake", suffix="_pi", partition_by=part, formats=BOTH_FORMATS
     )
     assert result.ok, "\n".join(result.failures)
 

@@ -90,6 +90,7 @@ OTHER_POINTS = [
     "erase.after_first_swap",
     "erase.before_audit",
     "formats.before_delta_commit",  # tests/test_formats_delta.py
+    "formats.before_iceberg_commit",  # tests/test_formats_iceberg.py
     "compact.after_data",  # tests/test_spark_connect.py: the Connect server killed mid-job
 ]
 

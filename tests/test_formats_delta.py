@@ -1,4 +1,4 @@
-"""Every published version as a Delta table (README, "Delta and Iceberg"): ``formats: [delta]``.
+"""Every published version as a Delta table (docs/formats.md): ``formats: [delta]``.
 
 The first tests lay versions out by hand (Parquet files and commit records, as publish lays them
 out) and read the Delta log back with real readers -- delta-rs (``deltalake``) and polars -- comparing

@@ -10,6 +10,7 @@ plainly (the tombstones are in a directory of their own and must never be read).
 from __future__ import annotations
 
 import io
+import json
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -111,7 +112,13 @@ def test_scenarios_read_through_iceberg(
         part = {"column": column, "transform": "identity"}
     reader = IcebergReader(inprocess)
     result = conf.run_scenario(
-        scn, inprocess, [reader], tmp_path / "lake", suffix="_ibp" if partitioned else "_ib", partition_by=part
+        scn,
+        inprocess,
+        [reader],
+        tmp_path / "lake",
+        suffix="_ibp" if partitioned else "_ib",
+        partition_by=part,
+        formats=["iceberg"],
     )
     assert result.ok and not reader.failures, "\n".join(result.failures + reader.failures)
 
@@ -193,19 +200,24 @@ def test_sync_is_idempotent_heals_a_crash_expires_travels_regenerates_and_evolve
     from conftest import compact_once
 
     from cdc_compaction.erase import erase
+    from cdc_compaction.job.faults import ENV
     from cdc_compaction.pipeline.tables import ensure_tables
 
-    cfg = make_cfg(keep_versions=2, schema_changes="evolve")
+    # The table lists iceberg: the framework keeps (and would otherwise drop) <root>/iceberg on every publish.
+    cfg = make_cfg(keep_versions=2, schema_changes="evolve", formats=["iceberg"])
     rt = runtime(cfg)
     ensure_tables(rt)
     lake = rt.lake
     cols = ["id", "full_name", "op", "ts_ms"]
+    crash = f"formats.before_iceberg_commit@{cfg.qualified_name}=raise"
 
+    # A crash between the lake commit and the Iceberg commit, in both publishes: nothing synced commit 1 or 2.
+    monkeypatch.setenv(ENV, crash)
     _land(cfg, "increment_2026112200", _students((1, "Alice", "c", 0), (2, "Bob", "c", 0), (7, MARKER, "c", 0)))
     compact_once(rt, "r1")
-    # A crash between the lake commit and the Iceberg commit: nothing synced commit 1.
     _land(cfg, "increment_2026112201", _students((1, "Angela", "u", 1), (2, "Bob", "d", 2)))
     compact_once(rt, "r2")
+    monkeypatch.delenv(ENV)
     first = iceberg.sync(rt, lake, kept(lake))
     assert first["synced"] == [1, 2] and first["at"] == 2
     table = iceberg._catalog(rt, lake).load_table(iceberg.identifier(cfg))
@@ -231,7 +243,9 @@ def test_sync_is_idempotent_heals_a_crash_expires_travels_regenerates_and_evolve
     # Commit 3 with a column the source added (schema_changes: evolve).
     _land(cfg, "increment_2026112202", _students((3, "Carol", "c", 3), email=True))
     rt = runtime(cfg)
+    monkeypatch.setenv(ENV, crash)  # its publish's sync crashes too: the call below writes the snapshot
     compact_once(rt, "r3")
+    monkeypatch.delenv(ENV)
     rt = runtime(cfg)  # the evolved columns
     done = iceberg.sync(rt, lake, kept(lake))
     assert done["synced"] == [3]
@@ -283,3 +297,170 @@ def test_sync_is_idempotent_heals_a_crash_expires_travels_regenerates_and_evolve
     monkeypatch.setenv(iceberg.CATALOG_ENV, "glue")
     with pytest.raises(iceberg.IcebergFormatError, match="not a known Iceberg catalog"):
         iceberg.sync(rt, lake, kept(lake))
+
+
+# ------------------------------------------------------------------ through the framework and the real steps
+def iceberg_table(rt: Runtime) -> Any:
+    return iceberg._catalog(rt, rt.lake).load_table(iceberg.identifier(rt.cfg))
+
+
+def iceberg_pairs(rt: Runtime, seq: int | None = None, columns: tuple[str, ...] = ("id", "full_name")) -> list[tuple]:
+    """The rows as pyiceberg reads them (at lake commit ``seq``); polars must agree on the live snapshot."""
+    table = iceberg_table(rt)
+    snapshot_id = None
+    if seq is not None:
+        snap = iceberg.snapshot_for_seq(table, seq)
+        assert snap is not None, f"no snapshot carries commit {seq}: {iceberg.synced_seqs(table)}"
+        snapshot_id = snap.snapshot_id
+    got = sorted(tuple(r[c] for c in columns) for r in iceberg_rows(table, list(columns), snapshot_id))
+    if seq is None:
+        other = sorted(tuple(r[c] for c in columns) for r in polars_rows(table, list(columns)))
+        assert got == other, f"pyiceberg and polars.scan_iceberg disagree: {got} != {other}"
+    return got
+
+
+def test_crash_before_the_iceberg_commit_then_rollback_erase_and_an_added_column(
+    make_cfg: Callable[..., TableConfig], runtime: Callable[[TableConfig], Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both formats on one table, through publish, rollback and erase (the framework's calls): a crash at the
+    Iceberg commit loses nothing and holds Delta back in nothing; re-runs write one snapshot per commit."""
+    from conftest import compact_once
+    from test_formats_delta import STUDENT, land_rows, log_text, rows_of
+
+    from cdc_compaction import formats
+    from cdc_compaction.erase import erase
+    from cdc_compaction.formats import delta
+    from cdc_compaction.job.faults import ENV
+    from cdc_compaction.pipeline.archive import archive
+    from cdc_compaction.pipeline.plan import plan
+    from cdc_compaction.pipeline.publish import publish
+    from cdc_compaction.pipeline.tables import ensure_tables
+    from cdc_compaction.pipeline.validate import validate
+    from cdc_compaction.travel import rollback
+
+    cfg = make_cfg(formats=["delta", "iceberg"], keep_versions=3, schema_changes="evolve")
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    lake = rt.lake
+    droot = delta.table_root(lake)
+    land_rows(
+        cfg,
+        "increment_2026112200",
+        [
+            {"id": 1, "full_name": "ann", "op": "c", "ts_ms": 1},
+            {"id": 2, "full_name": "bob", "op": "c", "ts_ms": 1},
+            {"id": 3, "full_name": "cid", "op": "c", "ts_ms": 1},
+        ],
+        STUDENT,
+    )
+    compact_once(rt, "r1")
+    assert iceberg_pairs(rt) == [(1, "ann"), (2, "bob"), (3, "cid")]
+    assert iceberg.synced_seqs(iceberg_table(rt)) == [1]
+
+    # Crash between the lake's commit and the Iceberg commit: the publish (and the Delta commit) happen all the same.
+    land_rows(
+        cfg,
+        "increment_2026112201",
+        [
+            {"id": 2, "full_name": "bobby", "op": "u", "ts_ms": 2},
+            {"id": 3, "full_name": "cid", "op": "d", "ts_ms": 2},
+        ],
+        STUDENT,
+    )
+    path = plan(rt, "r2")
+    rt.engine.compact(json.loads(lake.storage.read_text(path)))
+    validate(rt, path)
+    monkeypatch.setenv(ENV, f"formats.before_iceberg_commit@{cfg.qualified_name}=raise")
+    before = formats.FAILURES[cfg.qualified_name]
+    published = publish(rt, path)
+    assert published["seq"] == 2 and lake.latest_commit().seq == 2
+    assert "injected fault at formats.before_iceberg_commit" in published["formats"]["failed"]["iceberg"]
+    assert list(published["formats"]["failed"]) == ["iceberg"] and published["formats"]["delta"]["written"] == [2]
+    assert formats.FAILURES[cfg.qualified_name] == before + 1
+    assert iceberg.synced_seqs(iceberg_table(rt)) == [1], "no snapshot of commit 2 yet"
+    assert iceberg_pairs(rt) == [(1, "ann"), (2, "bob"), (3, "cid")], "readers see commit 1 whole"
+    monkeypatch.delenv(ENV)
+    # A re-run of publish (Airflow's retry) writes the missing snapshot, once; another re-run writes nothing.
+    again = publish(rt, path)
+    assert again["formats"]["failed"] == {} and again["formats"]["iceberg"]["synced"] == [2]
+    assert publish(rt, path)["formats"]["iceberg"]["synced"] == []
+    archive(rt, path)
+    table = iceberg_table(rt)
+    assert iceberg.synced_seqs(table) == [1, 2] and len(table.snapshots()) == 2
+    assert iceberg_pairs(rt) == [(1, "ann"), (2, "bobby")]
+    assert iceberg_pairs(rt, 1) == [(1, "ann"), (2, "bob"), (3, "cid")]
+    assert rows_of(droot) == [(1, "ann"), (2, "bobby")]
+
+    # An added column (schema_changes: evolve): the schema grows, older rows read it as null.
+    land_rows(
+        cfg,
+        "increment_2026112202",
+        [{"id": 4, "full_name": "dan", "op": "c", "ts_ms": 3, "email": "dan@example.com"}],
+        {**STUDENT, "email": pa.string()},
+    )
+    compact_once(rt, "r3")
+    assert iceberg_table(rt).schema().find_field("email") is not None
+    assert iceberg_pairs(rt, columns=("id", "full_name", "email")) == [
+        (1, "ann", None),
+        (2, "bobby", None),
+        (4, "dan", "dan@example.com"),
+    ]
+    assert iceberg_pairs(rt, 2) == [(1, "ann"), (2, "bobby")]
+
+    # A rollback is a new snapshot carrying its own commit number.
+    rollback(cfg, 2, rt.metastore, by="test")
+    assert lake.latest_commit().seq == 4
+    assert iceberg.synced_seqs(iceberg_table(rt)) == [1, 2, 3, 4]
+    assert iceberg_pairs(rt) == [(1, "ann"), (2, "bobby")]
+    assert iceberg_pairs(rt, 3) == [(1, "ann"), (2, "bobby"), (4, "dan")]
+
+    # Erase: the walker leaves <root>/iceberg to the regeneration, which keeps no erased value in any file there.
+    land_rows(cfg, "increment_2026112203", [{"id": 5, "full_name": MARKER, "op": "c", "ts_ms": 5}], STUDENT)
+    compact_once(rt, "r5")
+    assert (5, MARKER) in iceberg_pairs(rt)
+    assert any(MARKER.encode() in b for b in metadata_bytes(lake).values()), "a bound of commit 5's file"
+    assert formats.is_metadata_path(lake, iceberg.table_root(lake))
+    assert formats.is_metadata_path(lake, iceberg_table(rt).metadata_location.removeprefix("file://"))
+    erase(cfg, "id = 5", actor="test")
+    live = lake.latest_commit()
+    assert live.plan_id.startswith("erase-") and live.seq == 6
+    table = iceberg_table(rt)
+    assert iceberg.synced_seqs(table) == [4, 5, 6], "the kept commits (keep_versions: 3)"
+    leaks = [p for p, b in metadata_bytes(lake).items() if MARKER.encode() in b]
+    assert not leaks, f"erased value still in Iceberg metadata: {leaks}"
+    assert MARKER not in log_text(lake)
+    for seq in (5, 6):
+        assert iceberg_pairs(rt, seq) == [(1, "ann"), (2, "bobby")]
+    assert iceberg_pairs(rt) == [(1, "ann"), (2, "bobby")]
+    # The next publish appends after the regenerated snapshots; still one per commit.
+    land_rows(cfg, "increment_2026112204", [{"id": 6, "full_name": "fay", "op": "c", "ts_ms": 6}], STUDENT)
+    compact_once(rt, "r7")
+    table = iceberg_table(rt)
+    assert iceberg.synced_seqs(table) == [5, 6, 7] and len(table.snapshots()) == 3
+    assert iceberg_pairs(rt) == [(1, "ann"), (2, "bobby"), (6, "fay")]
+    assert rows_of(droot) == [(1, "ann"), (2, "bobby"), (6, "fay")]
+
+
+def test_the_conformance_iceberg_readers_see_a_wrong_expectation_now_and_in_time_travel(
+    inprocess: conf.InProcessRunner, tmp_path: Path
+) -> None:
+    """The Iceberg readers of the conformance runs can fail: a wrong expectation after commit 1 is a row diff
+    there, and again at every later compaction when they travel back to commit 1's snapshot."""
+    doc = json.loads((SCENARIOS / "late_update_for_deleted_key.json").read_text())
+    first = next(s for s in doc["steps"] if "compact" in s)["compact"]
+    first["expect"][0]["full_name"] = "Mallory"
+    path = tmp_path / "late_update_for_deleted_key.json"
+    path.write_text(json.dumps(doc))
+    readers = [conf.IcebergReader("pyiceberg"), conf.IcebergReader("polars")]
+    result = conf.run_scenario(
+        conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_ineg", formats=["iceberg"]
+    )
+    text = "\n".join(result.failures)
+    for engine in ("pyiceberg", "polars"):
+        assert f"step 2 compact (iceberg/{engine}): base rows differ" in text
+        for step in (2, 4, 7):
+            assert f"step {step} compact (iceberg/{engine}): Iceberg snapshot of commit 1 differs" in text
+    assert text.count("missing:    full_name='Mallory'") == 8
+    # Without formats the Iceberg readers do not apply: the same run has nothing for them to check.
+    plain = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake2", suffix="_ineg2")
+    assert plain.ok, plain.failures

@@ -11,7 +11,9 @@ Either way the base table and the view are read back and compared, as multisets 
 rows, with the scenario's expectations -- by every reader given: Spark SQL through the
 metastore (:class:`Reader`), and DuckDB (:class:`DuckDBReader`), which reads the published
 base location with a plain ``read_parquet`` glob and queries the DuckDB views the pipeline
-wrote, as a DuckDB user does.
+wrote, as a DuckDB user does.  A table with ``formats`` is also read as a Delta table
+(:class:`DeltaReader`: delta-rs, polars) and an Iceberg table (:class:`IcebergReader`:
+pyiceberg, polars), now and at every kept commit.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def registry_doc(
 
     ``partition_by`` makes it a partitioned table (registry ``partition_by``): the same
     scenario must give the same rows. ``formats`` (registry ``formats``): the table is also a
-    Delta table, which :class:`DeltaReader` reads.
+    Delta and/or Iceberg table, which :class:`DeltaReader` and :class:`IcebergReader` read.
     """
     t = scn.table
     doc: dict[str, Any] = {
@@ -353,6 +355,100 @@ class DeltaReader:
         return failures
 
 
+class IcebergReader:
+    """Reads the base as an Iceberg table (registry ``formats: [iceberg]``) with pyiceberg or polars, as their users do.
+
+    Only tables that list ``iceberg`` (:meth:`applies`). The catalog is opened the way a user opens
+    it (pyiceberg's ``SqlCatalog`` named ``cdc_<db>`` on ``<root>/iceberg/metadata/catalog.db``),
+    not through the project. After each compaction it also travels back in time: the snapshot whose summary carries
+    each kept commit's seq (``cdc.commit_seq``) must read exactly what the scenario expected right
+    after that commit.
+    """
+
+    reads_views = False
+
+    def __init__(self, engine: str) -> None:
+        if engine not in ("pyiceberg", "polars"):
+            raise ValueError(f"IcebergReader reads with pyiceberg or polars, not {engine!r}")
+        self.engine = engine
+        self.name = f"iceberg/{engine}"
+        #: Table -> {commit seq: the rows the scenario expected after it}.
+        self._expected: dict[str, dict[int, list[dict[str, Any]]]] = {}
+
+    @staticmethod
+    def applies(cfg: TableConfig) -> bool:
+        return "iceberg" in cfg.formats
+
+    @staticmethod
+    def _table(cfg: TableConfig) -> Any | None:
+        """The Iceberg table ``<db>.<t>_iceberg`` from its SQL catalog; None before the first publish."""
+        from pyiceberg.catalog.sql import SqlCatalog
+        from pyiceberg.exceptions import NoSuchTableError
+
+        from cdc_compaction.formats import iceberg
+
+        lake = Lake(cfg)
+        db = posixpath.join(iceberg.metadata_dir(lake), iceberg.SQLITE_FILE)
+        if not lake.storage.exists(db):
+            return None
+        # The catalog's name is part of its rows' key in SQLite: the project names it cdc_<db> (docs/formats.md).
+        catalog = SqlCatalog(
+            f"cdc_{cfg.database}", uri=f"sqlite:///{db}", warehouse=f"file://{iceberg.table_root(lake)}"
+        )
+        try:
+            return catalog.load_table((cfg.database, f"{cfg.table}_iceberg"))
+        except NoSuchTableError:
+            return None
+
+    @staticmethod
+    def _snapshot_of(table: Any, seq: int) -> int | None:
+        for snap in table.snapshots():
+            props = snap.summary.additional_properties if snap.summary else {}
+            if props.get("cdc.commit_seq") == str(seq):
+                return int(snap.snapshot_id)
+        return None
+
+    def _rows(self, cfg: TableConfig, table: Any, snapshot_id: int | None = None) -> list[dict[str, Any]]:
+        cols = shown_columns(cfg)
+        if self.engine == "polars":
+            import polars as pl
+
+            return pl.scan_iceberg(table, snapshot_id=snapshot_id).select(cols).collect().to_dicts()
+        return table.scan(snapshot_id=snapshot_id, selected_fields=tuple(cols)).to_arrow().select(cols).to_pylist()
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        table = self._table(cfg)
+        if table is None:
+            if Lake(cfg).latest_commit().seq == 0:
+                return []  # nothing published yet: no Iceberg table either
+            raise AssertionError(f"{cfg.qualified_name}: published, but no Iceberg table {cfg.table}_iceberg")
+        return self._rows(cfg, table)
+
+    def time_travel_failures(self, cfg: TableConfig, step: int, expect: list[dict[str, Any]]) -> list[str]:
+        """Record ``expect`` as the live commit's rows; every kept commit's snapshot must read its own."""
+        from cdc_compaction.pipeline.retention import kept_seqs
+
+        live = Lake(cfg).latest_commit().seq
+        seen = self._expected.setdefault(cfg.qualified_name, {})
+        if live > 0:
+            seen[live] = expect
+        table = self._table(cfg)
+        failures = []
+        for seq in kept_seqs(live, cfg.keep_versions):
+            if seq not in seen:
+                continue
+            snapshot_id = None if table is None else self._snapshot_of(table, seq)
+            if snapshot_id is None:
+                failures.append(f"step {step} compact ({self.name}): no Iceberg snapshot carries commit {seq}")
+                continue
+            diff = diff_rows(seen[seq], self._rows(cfg, table, snapshot_id), compared_types(cfg))
+            if diff:
+                failures.append(
+                    f"step {step} compact ({self.name}): Iceberg snapshot of commit {seq} differs\n" + "\n".join(diff)
+                )
+        return failures
+
+
 class Reader:
     """Reads the base table and the views back through the metastore with Spark SQL."""
 
@@ -493,7 +589,7 @@ def run_scenario(
 ) -> ScenarioResult:
     """Run one scenario; every failed check (of every reader) becomes a line of the result.
 
-    Readers with an ``applies(cfg)`` (the Delta readers) check only the tables it accepts.
+    Readers with an ``applies(cfg)`` (the Delta and Iceberg readers) check only the tables it accepts.
     """
     import time
 
@@ -536,7 +632,7 @@ def run_scenario(
                     diff = diff_rows(body["expect"], r.visible_base(cfg), types)
                     if diff:
                         result.failures.append(f"step {i} compact ({r.name}): base rows differ\n" + "\n".join(diff))
-                    if isinstance(r, DeltaReader):
+                    if isinstance(r, (DeltaReader, IcebergReader)):
                         result.failures += r.time_travel_failures(cfg, i, body["expect"])
                 if cfg.mode == "snapshot":
                     # The history (every partition so far) and the mode's counts (tests/scenarios/snapshot/README.md).

@@ -9,7 +9,8 @@ Like the change feed (``pipeline/changes.py``) the metadata is derived data:
 
 * written after the lake's commit record (``publish``, a rollback, an erase, a rebuild's publish
   call :func:`sync_formats`), and re-derived by the next call if missing -- a crash between the
-  lake's commit and the format's (fault point ``formats.before_delta_commit``) loses nothing;
+  lake's commit and the format's (fault points ``formats.before_delta_commit``,
+  ``formats.before_iceberg_commit``) loses nothing;
 * a failure is logged and counted (:data:`FAILURES`, Airflow metric
   ``cdc_compaction.format_sync_failed``), reported in the publish's result (``formats``) and never
   fails the publish of the data commit;

@@ -1,6 +1,6 @@
 """Every published version as a Delta table: a Delta log at ``base/_delta_log`` over the base's own files.
 
-Layout and why (README, "Delta and Iceberg")::
+Layout and why (docs/formats.md, "Delta and Iceberg")::
 
     base/_delta_log/00000000000000000007.json              Delta version 7 = lake commit 7
     base/_delta_log/00000000000000000005.checkpoint.parquet   the oldest kept version's full state

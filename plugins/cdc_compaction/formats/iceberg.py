@@ -30,7 +30,8 @@ manifest lists and manifests, all written by pyiceberg) is under ``<root>/iceber
 Derived data, like the change feed (``pipeline/changes.py``): every snapshot can be made again
 from the kept versions, so the caller logs and counts a failure here and never fails a publish.
 :func:`sync` is idempotent (a commit already described is never described again; a crash between
-the lake commit and the Iceberg commit is healed by the next call), :func:`expire` drops the
+the lake commit and the Iceberg commit -- fault point ``formats.before_iceberg_commit`` -- is
+healed by the next call), :func:`expire` drops the
 snapshots of versions retention is about to delete (before it deletes them), and
 :func:`regenerate` rebuilds all metadata after ``erase`` rewrote files under the same names, so
 no manifest keeps column bounds (lower/upper values) of erased rows.
@@ -46,6 +47,7 @@ import posixpath
 from typing import Any
 
 from cdc_compaction.exceptions import CdcCompactionError
+from cdc_compaction.job.faults import fault_point
 from cdc_compaction.lake import Commit, Lake
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.registry import TableConfig
@@ -354,6 +356,8 @@ def _commit(rt: Runtime, table: Any, lake: Lake, commit: Commit, files: list[str
     """:func:`_append`, with a metastore that cannot lock named for what it is."""
     from thrift.transport.TTransport import TTransportException
 
+    # The crash window this module heals: the lake's commit stands, its snapshot is not written yet.
+    fault_point("formats.before_iceberg_commit", rt.cfg.qualified_name)
     try:
         _append(table, lake, commit, files)
     except TTransportException as exc:

@@ -63,6 +63,7 @@ POINTS = (
     "erase.after_first_swap",
     "erase.before_audit",
     "formats.before_delta_commit",
+    "formats.before_iceberg_commit",
     "compact.after_data",  # crashed by the Spark Connect test (the server killed mid-job), not a DAG run
 )
 
