@@ -564,7 +564,7 @@ class TableConfig(_Strict):
     #: feed"). Off by default: the publish task reads both versions' rows into memory to pair them by key.
     change_feed: bool = False
     #: Open table formats every published version is also readable as, over the same Parquet files
-    #: (README, "Delta and Iceberg"): ``delta`` writes a Delta log at ``base/_delta_log``, ``iceberg`` Iceberg
+    #: (docs, "Delta and Iceberg"): ``delta`` writes a Delta log at ``base/_delta_log``, ``iceberg`` Iceberg
     #: metadata. Derived like the change feed: a failure is logged and counted, never fails a publish.
     formats: list[Literal["delta", "iceberg"]] = Field(default_factory=list)
     #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
