@@ -259,9 +259,13 @@ def test_shared_scenario_on_s3(
 
 def _on_s3(make_doc: Any, bucket: str) -> Any:
     def doc(
-        scn: conf.Scenario, lake_dir: Path, suffix: str = "", partition_by: dict[str, str] | None = None
+        scn: conf.Scenario,
+        lake_dir: Path,
+        suffix: str = "",
+        partition_by: dict[str, str] | None = None,
+        formats: list[str] | None = None,
     ) -> dict[str, Any]:
-        d = make_doc(scn, lake_dir, suffix, partition_by)
+        d = make_doc(scn, lake_dir, suffix, partition_by, formats)
         d["storage_root"] = f"s3://{bucket}/lake/{d['database']}/{d['table']}"
         return d
 
