@@ -190,6 +190,7 @@ def test_a_failing_table_and_a_broken_file_show_their_failed_runs(failed_runs: t
     assert "last run no run" in student and "next run none (paused)" in student and student.endswith("paused")
     broken = lines[FAILING["broken_file"]]
     assert "ERROR invalid registry entry" in broken and "last run failed " in broken, broken
+    assert f"{FAILING['broken_file']}:1:1: field 'columns': Field required" in broken, "located, as validate says"
     assert f"{FAILING['broken_task']} try 1" in broken, broken
 
     proc = _cli("status", FAILING["table"], "--json", "--registry-dir", str(registry), env=af)

@@ -548,7 +548,9 @@ def first_error_line(path: Path) -> str:
 def registry_error_status(entry: RegistryEntry, view: AirflowView | None) -> TableStatus:
     """An invalid registry file as a status: its error, and its error DAG's paused flag and runs."""
     err = entry.error
-    problems = "; ".join(err.problems) if err is not None else "(unknown error)"
+    # Located (file:line:column, as `registry validate` prints them), the file named without its directory.
+    prefix = f"{entry.path.parent}/"
+    problems = "; ".join(p.removeprefix(prefix) for p in err.lines()) if err is not None else "(unknown error)"
     st = TableStatus(table=entry.path.name, dag_id=entry.dag_id, error=f"invalid registry entry: {problems}")
     if view is not None:
         view.fill(st)
