@@ -288,27 +288,71 @@ class DuckDBReader:
             return int(row[0])
 
 
-class DeltaReader:
-    """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs or polars, as their users do.
+class _FormatReader:
+    """What the Delta and Iceberg readers share: the engines they read with, which tables they read, and time travel.
 
-    Only tables that list ``delta`` (:meth:`applies`). After each compaction it also travels back
-    in time: the Delta version carrying each kept commit's seq (``cdc.commit_seq`` in its
-    commitInfo) must read exactly what the scenario expected right after that commit.
+    After each compaction the live commit's expected rows are recorded; every kept commit's entry in
+    the format's log (found by ``cdc.commit_seq``) must read exactly what the scenario expected right
+    after that commit.  A subclass says how to find that entry (:meth:`_entry`) and read it (:meth:`_read`).
     """
 
     reads_views = False
+    #: The registry ``formats`` name, the engines it reads with, and how a failure names an entry.
+    FORMAT = ""
+    ENGINES: tuple[str, ...] = ()
 
     def __init__(self, engine: str) -> None:
-        if engine not in ("delta-rs", "polars"):
-            raise ValueError(f"DeltaReader reads with delta-rs or polars, not {engine!r}")
+        if engine not in self.ENGINES:
+            raise ValueError(f"{type(self).__name__} reads with {' or '.join(self.ENGINES)}, not {engine!r}")
         self.engine = engine
-        self.name = f"delta/{engine}"
+        self.name = f"{self.FORMAT}/{engine}"
         #: Table -> {commit seq: the rows the scenario expected after it}.
         self._expected: dict[str, dict[int, list[dict[str, Any]]]] = {}
 
-    @staticmethod
-    def applies(cfg: TableConfig) -> bool:
-        return "delta" in cfg.formats
+    @classmethod
+    def applies(cls, cfg: TableConfig) -> bool:
+        return cls.FORMAT in cfg.formats
+
+    def _entry(self, cfg: TableConfig, lake: Lake, seq: int) -> tuple[Any, str] | str:
+        """The log entry of commit ``seq`` and its name in a failure, or the failure when there is none."""
+        raise NotImplementedError
+
+    def _read(self, cfg: TableConfig, entry: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def time_travel_failures(self, cfg: TableConfig, step: int, expect: list[dict[str, Any]]) -> list[str]:
+        """Record ``expect`` as the live commit's rows; every kept commit's entry must read its own."""
+        from cdc_compaction.pipeline.retention import kept_seqs
+
+        lake = Lake(cfg)
+        live = lake.latest_commit().seq
+        seen = self._expected.setdefault(cfg.qualified_name, {})
+        if live > 0:
+            seen[live] = expect
+        failures = []
+        for seq in kept_seqs(live, cfg.keep_versions):
+            if seq not in seen:
+                continue
+            found = self._entry(cfg, lake, seq)
+            if isinstance(found, str):
+                failures.append(f"step {step} compact ({self.name}): {found}")
+                continue
+            entry, label = found
+            diff = diff_rows(seen[seq], self._read(cfg, entry), compared_types(cfg))
+            if diff:
+                failures.append(f"step {step} compact ({self.name}): {label} differs\n" + "\n".join(diff))
+        return failures
+
+
+class DeltaReader(_FormatReader):
+    """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs or polars, as their users do.
+
+    Only tables that list ``delta`` (:meth:`applies`). Time travel: the Delta version carrying each
+    kept commit's seq (``cdc.commit_seq`` in its commitInfo).
+    """
+
+    FORMAT = "delta"
+    ENGINES = ("delta-rs", "polars")
 
     def _rows(self, cfg: TableConfig, version: int | None = None) -> list[dict[str, Any]]:
         from cdc_compaction.formats import delta
@@ -328,56 +372,29 @@ class DeltaReader:
     def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
         return self._rows(cfg)
 
-    def time_travel_failures(self, cfg: TableConfig, step: int, expect: list[dict[str, Any]]) -> list[str]:
-        """Record ``expect`` as the live commit's rows; every kept commit's Delta version must read its own."""
+    def _entry(self, cfg: TableConfig, lake: Lake, seq: int) -> tuple[Any, str] | str:
         from cdc_compaction.formats import delta
-        from cdc_compaction.pipeline.retention import kept_seqs
 
-        lake = Lake(cfg)
-        live = lake.latest_commit().seq
-        seen = self._expected.setdefault(cfg.qualified_name, {})
-        if live > 0:
-            seen[live] = expect
-        failures = []
-        for seq in kept_seqs(live, cfg.keep_versions):
-            if seq not in seen:
-                continue
-            version = delta.version_of_seq(lake, seq)
-            if version is None:
-                failures.append(f"step {step} compact ({self.name}): no Delta version carries commit {seq}")
-                continue
-            diff = diff_rows(seen[seq], self._rows(cfg, version), compared_types(cfg))
-            if diff:
-                failures.append(
-                    f"step {step} compact ({self.name}): Delta version {version} (commit {seq}) differs\n"
-                    + "\n".join(diff)
-                )
-        return failures
+        version = delta.version_of_seq(lake, seq)
+        if version is None:
+            return f"no Delta version carries commit {seq}"
+        return version, f"Delta version {version} (commit {seq})"
+
+    def _read(self, cfg: TableConfig, entry: Any) -> list[dict[str, Any]]:
+        return self._rows(cfg, entry)
 
 
-class IcebergReader:
+class IcebergReader(_FormatReader):
     """Reads the base as an Iceberg table (registry ``formats: [iceberg]``) with pyiceberg or polars, as their users do.
 
     Only tables that list ``iceberg`` (:meth:`applies`). The catalog is opened the way a user opens
     it (pyiceberg's ``SqlCatalog`` named ``cdc_<db>`` on ``<root>/iceberg/metadata/catalog.db``),
-    not through the project. After each compaction it also travels back in time: the snapshot whose summary carries
-    each kept commit's seq (``cdc.commit_seq``) must read exactly what the scenario expected right
-    after that commit.
+    not through the project. Time travel: the snapshot whose summary carries each kept commit's seq
+    (``cdc.commit_seq``).
     """
 
-    reads_views = False
-
-    def __init__(self, engine: str) -> None:
-        if engine not in ("pyiceberg", "polars"):
-            raise ValueError(f"IcebergReader reads with pyiceberg or polars, not {engine!r}")
-        self.engine = engine
-        self.name = f"iceberg/{engine}"
-        #: Table -> {commit seq: the rows the scenario expected after it}.
-        self._expected: dict[str, dict[int, list[dict[str, Any]]]] = {}
-
-    @staticmethod
-    def applies(cfg: TableConfig) -> bool:
-        return "iceberg" in cfg.formats
+    FORMAT = "iceberg"
+    ENGINES = ("pyiceberg", "polars")
 
     @staticmethod
     def _table(cfg: TableConfig) -> Any | None:
@@ -424,29 +441,16 @@ class IcebergReader:
             raise AssertionError(f"{cfg.qualified_name}: published, but no Iceberg table {cfg.table}_iceberg")
         return self._rows(cfg, table)
 
-    def time_travel_failures(self, cfg: TableConfig, step: int, expect: list[dict[str, Any]]) -> list[str]:
-        """Record ``expect`` as the live commit's rows; every kept commit's snapshot must read its own."""
-        from cdc_compaction.pipeline.retention import kept_seqs
-
-        live = Lake(cfg).latest_commit().seq
-        seen = self._expected.setdefault(cfg.qualified_name, {})
-        if live > 0:
-            seen[live] = expect
+    def _entry(self, cfg: TableConfig, lake: Lake, seq: int) -> tuple[Any, str] | str:
         table = self._table(cfg)
-        failures = []
-        for seq in kept_seqs(live, cfg.keep_versions):
-            if seq not in seen:
-                continue
-            snapshot_id = None if table is None else self._snapshot_of(table, seq)
-            if snapshot_id is None:
-                failures.append(f"step {step} compact ({self.name}): no Iceberg snapshot carries commit {seq}")
-                continue
-            diff = diff_rows(seen[seq], self._rows(cfg, table, snapshot_id), compared_types(cfg))
-            if diff:
-                failures.append(
-                    f"step {step} compact ({self.name}): Iceberg snapshot of commit {seq} differs\n" + "\n".join(diff)
-                )
-        return failures
+        snapshot_id = None if table is None else self._snapshot_of(table, seq)
+        if snapshot_id is None:
+            return f"no Iceberg snapshot carries commit {seq}"
+        return (table, snapshot_id), f"Iceberg snapshot of commit {seq}"
+
+    def _read(self, cfg: TableConfig, entry: Any) -> list[dict[str, Any]]:
+        table, snapshot_id = entry
+        return self._rows(cfg, table, snapshot_id)
 
 
 class Reader:
