@@ -16,7 +16,7 @@ SOURCE ?= files
 ENGINE ?= spark_connect
 # PostgreSQL's server and wal2json (make test, make demo SOURCE=postgres); check-postgres installs them as root.
 PG_PACKAGES ?= postgresql postgresql-15-wal2json
-# The browser test's headless Chromium (tests/test_browser.py, through playwright); check-browser installs it as root.
+# The browser test's headless Chromium (tests/airflow/test_browser.py, through playwright); check-browser installs it as root.
 BROWSER_PACKAGES ?= chromium
 # make bench: base sizes of the compaction benchmark (comma-separated rows), e.g. BENCH_SIZES=100000 for a quick run.
 BENCH_SIZES ?= 1000000,5000000
@@ -58,11 +58,11 @@ check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs t
 check-browser:  ## Chromium for the browser test: apt-get installs it as root, else a clear message
 	@command -v chromium >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing $(BROWSER_PACKAGES) (the headless browser of tests/test_browser.py)"; \
+	    echo "installing $(BROWSER_PACKAGES) (the headless browser of tests/airflow/test_browser.py)"; \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null 2>&1 || \
 	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) >/dev/null; } || \
 	      { echo "apt-get could not install $(BROWSER_PACKAGES)"; exit 1; }; \
-	  else echo "Chromium is needed for tests/test_browser.py: install it, e.g. sudo apt-get install $(BROWSER_PACKAGES)"; exit 1; fi; }
+	  else echo "Chromium is needed for tests/airflow/test_browser.py: install it, e.g. sudo apt-get install $(BROWSER_PACKAGES)"; exit 1; fi; }
 
 $(STAMP): requirements.txt requirements-build.txt pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
@@ -92,8 +92,8 @@ demo: install  ## generate CDC files for two tables and compact them with the re
 	@if [ "$(SOURCE)" = postgres ]; then $(MAKE) --no-print-directory check-postgres; fi
 	$(BIN)/cdc-compaction demo --source $(SOURCE) --engine $(ENGINE)
 
-fuzz: install  ## many more generated examples of tests/test_generative.py and tests/test_erase_sql.py: make fuzz CDC_FUZZ_EXAMPLES=1000
-	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/test_generative.py tests/test_erase_sql.py --hypothesis-show-statistics $(PYTEST_ARGS)
+fuzz: install  ## many more generated examples of tests/e2e/test_generative.py and tests/operations/test_erase_sql.py: make fuzz CDC_FUZZ_EXAMPLES=1000
+	CDC_FUZZ_EXAMPLES=$${CDC_FUZZ_EXAMPLES:-300} $(BIN)/python -m pytest -p no:cacheprovider -q tests/e2e/test_generative.py tests/operations/test_erase_sql.py --hypothesis-show-statistics $(PYTEST_ARGS)
 
 conformance: install  ## run scenario files: make conformance SCENARIOS='<glob>' MODE=inprocess|dag
 	$(BIN)/cdc-compaction conformance --mode $(MODE) $(SCENARIOS)

@@ -3,7 +3,7 @@
 The wheel holds ``cdc_compaction`` (from ``plugins/``) and, as ``cdc_compaction/resources/``, what it reads at
 run time: the SQL templates (``include/sql``), the spark-submit main files (``include/spark_jobs``), the local
 metastore's launcher (``include/metastore``) and the DAG file (``dags/``) to copy into a deployment's DAG folder.
-The repository keeps its layout: from a clone, :mod:`cdc_compaction.settings` finds ``include/`` beside
+The repository keeps its layout: from a clone, :mod:`cdc_compaction.core.settings` finds ``include/`` beside
 ``plugins/``; installed, it finds ``cdc_compaction/resources`` (README, "Installing the package").
 Everything else is in pyproject.toml.
 """

@@ -50,17 +50,17 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction.engine import SparkSubmitEngine, compaction_conf  # noqa: E402
-from cdc_compaction.lake import Lake, TableLease  # noqa: E402
-from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
-from cdc_compaction.metastore import connect  # noqa: E402
+from cdc_compaction.core.lake import Lake, TableLease  # noqa: E402
+from cdc_compaction.core.registry import TableConfig, parse_table  # noqa: E402
+from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
+from cdc_compaction.core.storage import is_data_file  # noqa: E402
+from cdc_compaction.devtools.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.integrations.engine import SparkSubmitEngine, compaction_conf  # noqa: E402
+from cdc_compaction.integrations.metastore import connect  # noqa: E402
 from cdc_compaction.pipeline import order  # noqa: E402
 from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
 from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
 from cdc_compaction.pipeline.validate import validate  # noqa: E402
-from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
-from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
-from cdc_compaction.storage import is_data_file  # noqa: E402
 
 log = logging.getLogger("bench.compaction")
 
@@ -110,10 +110,10 @@ def output_files(directory: str) -> dict[str, Any]:
 def submit_command(cfg: TableConfig, args: list[str], application: str | None = None) -> list[str]:
     """The spark-submit command line of the table's DAG ``compact`` task (optionally another application).
 
-    Built by the DAG's own ``SparkSubmitOperator`` and its hook, as ``tests/test_engine.py`` does: the
+    Built by the DAG's own ``SparkSubmitOperator`` and its hook, as ``tests/integrations/test_engine.py`` does: the
     connection (master, deploy mode), ``compaction_conf``, driver and executor memory, jars, name.
     """
-    from cdc_compaction.factory import build_dag
+    from cdc_compaction.airflow.factory import build_dag
 
     op = build_dag(cfg).get_task("compact")
     op.application_args = args
@@ -382,7 +382,7 @@ def _git_commit() -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from cdc_compaction.devenv import airflow_env
+    from cdc_compaction.devtools.devenv import airflow_env
 
     started = time.monotonic()
     work = Path(args.work).resolve()

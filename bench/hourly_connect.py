@@ -34,9 +34,9 @@ sys.path.insert(0, str(HERE))
 
 import hourly_run as hr  # noqa: E402 - the hourly-run benchmark's setup and analysis, shared
 
-from cdc_compaction.devenv import airflow_env, ensure_airflow_db  # noqa: E402
-from cdc_compaction.local_services import LocalMetastore, SparkConnectServer, free_port  # noqa: E402
-from cdc_compaction.registry import load_table  # noqa: E402
+from cdc_compaction.core.registry import load_table  # noqa: E402
+from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db  # noqa: E402
+from cdc_compaction.devtools.local_services import LocalMetastore, SparkConnectServer, free_port  # noqa: E402
 
 TARGET_SECONDS = 8.0
 ENGINES = ("spark_submit", "spark_connect")

@@ -45,11 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "plugins") not in sys.path:
     sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction.conformance import land  # noqa: E402
-from cdc_compaction.devenv import airflow_env, ensure_airflow_db  # noqa: E402
-from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.core.registry import TableConfig, load_table  # noqa: E402
+from cdc_compaction.devtools.conformance import land  # noqa: E402
+from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db  # noqa: E402
+from cdc_compaction.devtools.local_services import LocalMetastore, free_port  # noqa: E402
 from cdc_compaction.pipeline.order import STEP_IDS  # noqa: E402
-from cdc_compaction.registry import TableConfig, load_table  # noqa: E402
 
 TARGET_SECONDS = 60.0
 DATABASE, TABLE = "bench", "hourly_orders"
@@ -363,7 +363,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
         probe = None
         if args.probe:
-            from cdc_compaction.engine import compaction_conf
+            from cdc_compaction.integrations.engine import compaction_conf
 
             probe = round(startup_probe(env, compaction_conf(cfg), work), 2)
     finally:

@@ -168,7 +168,7 @@ _SHARED_DAGS: set[str] = set()
 def measure(dag_file: Path, profile: str | None) -> dict[str, Any]:
     """Fill a DagBag twice in this (fresh) process; return Airflow's and our own numbers."""
     global _SHARED_DAGS
-    from cdc_compaction.settings import ERASE_DAG_ID, VIEW_REFRESH_DAG_ID
+    from cdc_compaction.core.settings import ERASE_DAG_ID, VIEW_REFRESH_DAG_ID
 
     _SHARED_DAGS = {VIEW_REFRESH_DAG_ID, ERASE_DAG_ID}
     t0 = time.perf_counter()
@@ -192,7 +192,7 @@ def measure(dag_file: Path, profile: str | None) -> dict[str, Any]:
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(profile)
-    from cdc_compaction.registry import _load_cached
+    from cdc_compaction.core.registry import _load_cached
 
     after_first = _load_cached.cache_info()
     bag2, wall2, cpu2 = fill()
@@ -226,7 +226,7 @@ def run_case(tables: int, work: Path, profile: str | None = None, project: Path 
     export of an older commit, gives a before/after comparison on the same registry).
     """
     sys.path.insert(0, str(ROOT / "plugins"))
-    from cdc_compaction.devenv import airflow_env
+    from cdc_compaction.devtools.devenv import airflow_env
 
     registry = work / f"registry-{tables}"
     if not registry.is_dir():

@@ -47,14 +47,14 @@ from measure import start_logging, write_result
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction.engine import SparkSubmitEngine  # noqa: E402
-from cdc_compaction.lake import Lake  # noqa: E402
-from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.core.lake import Lake  # noqa: E402
+from cdc_compaction.core.registry import TableConfig, parse_table  # noqa: E402
+from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
+from cdc_compaction.devtools.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.integrations.engine import SparkSubmitEngine  # noqa: E402
 from cdc_compaction.pipeline import order  # noqa: E402
 from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
 from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
-from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
-from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
 
 log = logging.getLogger("bench.partitioned")
 
@@ -213,7 +213,7 @@ def registry_doc(table: str, lake: Path, partitioned: bool) -> dict[str, Any]:
 
 def submit_command(cfg: TableConfig, plan_path: str) -> list[str]:
     """The spark-submit command line of the table's DAG ``compact`` task (from its SparkSubmitOperator)."""
-    from cdc_compaction.factory import build_dag
+    from cdc_compaction.airflow.factory import build_dag
 
     op = build_dag(cfg).get_task("compact")
     op.application_args = ["--plan", plan_path]
@@ -346,7 +346,7 @@ def run_size(args: argparse.Namespace, rows: int, work: Path, endpoint: Metastor
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from cdc_compaction.devenv import airflow_env
+    from cdc_compaction.devtools.devenv import airflow_env
 
     started = time.monotonic()
     work = Path(args.work).resolve()

@@ -44,16 +44,16 @@ from measure import start_logging, write_result
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from cdc_compaction.engine import SessionEngine, local_session  # noqa: E402
-from cdc_compaction.lake import Lake  # noqa: E402
-from cdc_compaction.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.core.lake import Lake  # noqa: E402
+from cdc_compaction.core.registry import parse_table  # noqa: E402
+from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
+from cdc_compaction.core.sql import table_names  # noqa: E402
+from cdc_compaction.devtools.local_services import LocalMetastore, free_port  # noqa: E402
+from cdc_compaction.integrations.engine import SessionEngine, local_session  # noqa: E402
 from cdc_compaction.pipeline import order  # noqa: E402
 from cdc_compaction.pipeline.plan import plan  # noqa: E402
 from cdc_compaction.pipeline.runtime import Runtime, load_plan  # noqa: E402
 from cdc_compaction.pipeline.tables import ensure_tables  # noqa: E402
-from cdc_compaction.registry import parse_table  # noqa: E402
-from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
-from cdc_compaction.sql import table_names  # noqa: E402
 
 log = logging.getLogger("bench.policy_day")
 

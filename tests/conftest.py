@@ -31,23 +31,23 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _AIRFLOW_HOME = PROJECT_ROOT / ".run" / ("airflow-tests" + (f"-{_WORKER}" if _WORKER else ""))
 if "AIRFLOW_HOME" not in os.environ or os.environ.get("CDC_TESTS_OWN_AIRFLOW_HOME") == "1":
-    from cdc_compaction.devenv import airflow_env
+    from cdc_compaction.devtools.devenv import airflow_env
 
     os.environ.update(airflow_env(_AIRFLOW_HOME, "thrift://127.0.0.1:9083"))
     os.environ["CDC_TESTS_OWN_AIRFLOW_HOME"] = "1"
 
-from cdc_compaction.engine import SessionEngine  # noqa: E402
-from cdc_compaction.exceptions import PreconditionFailedError  # noqa: E402
-from cdc_compaction.lake import Lake  # noqa: E402
-from cdc_compaction.local_services import LocalMetastore, LocalPostgres, free_port  # noqa: E402
+from cdc_compaction.core.exceptions import PreconditionFailedError  # noqa: E402
+from cdc_compaction.core.lake import Lake  # noqa: E402
+from cdc_compaction.core.registry import TableConfig, parse_table  # noqa: E402
+from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
+from cdc_compaction.core.sql import table_names  # noqa: E402
+from cdc_compaction.devtools.local_services import LocalMetastore, LocalPostgres, free_port  # noqa: E402
+from cdc_compaction.integrations.engine import SessionEngine  # noqa: E402
 from cdc_compaction.pipeline.archive import archive  # noqa: E402
 from cdc_compaction.pipeline.plan import plan  # noqa: E402
 from cdc_compaction.pipeline.publish import publish  # noqa: E402
 from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
 from cdc_compaction.pipeline.validate import validate  # noqa: E402
-from cdc_compaction.registry import TableConfig, parse_table  # noqa: E402
-from cdc_compaction.settings import MetastoreEndpoint  # noqa: E402
-from cdc_compaction.sql import table_names  # noqa: E402
 
 SHARED_CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 
@@ -98,7 +98,7 @@ def endpoint(metastore: LocalMetastore) -> MetastoreEndpoint:
 
 @pytest.fixture(scope="session")
 def spark(metastore: LocalMetastore, endpoint: MetastoreEndpoint) -> Iterator[Any]:
-    from cdc_compaction.engine import local_session
+    from cdc_compaction.integrations.engine import local_session
 
     session = local_session(endpoint, str(metastore.home / "warehouse"), app_name="cdc-tests")
     try:
@@ -126,7 +126,7 @@ def airflow_pg_conn(postgres: LocalPostgres, request: pytest.FixtureRequest) -> 
     SQLite's single writer makes them fail with "database is locked".  Pass it to
     ``airflow_env(..., sql_alchemy_conn=...)``; ``ensure_airflow_db`` migrates it.
     """
-    from cdc_compaction.devenv import postgres_metadata_db
+    from cdc_compaction.devtools.devenv import postgres_metadata_db
 
     return postgres_metadata_db(postgres, request.module.__name__.rsplit(".", 1)[-1])
 
@@ -247,7 +247,7 @@ def visible_names(spark: Any, cfg: TableConfig) -> dict[int, str]:
 @pytest.fixture(scope="module")
 def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> Any:
     """Runs scenario compactions in this process: the task functions in the pipeline's order, one SparkSession."""
-    from cdc_compaction import conformance as conf
+    from cdc_compaction.devtools import conformance as conf
 
     return conf.InProcessRunner(spark, endpoint)
 
@@ -257,8 +257,8 @@ def dag_runner(
     spark: Any, endpoint: MetastoreEndpoint, metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
 ) -> Any:
     """Runs scenario compactions as real DAG runs (``airflow dags test``, spark-submit) in a fresh Airflow home."""
-    from cdc_compaction import conformance as conf
-    from cdc_compaction.devenv import airflow_env, ensure_airflow_db
+    from cdc_compaction.devtools import conformance as conf
+    from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db
 
     work = tmp_path_factory.mktemp("dagmode")
     env = airflow_env(

@@ -1,7 +1,7 @@
 """A small lake for the ``status`` command and the UI page, built without Spark.
 
 Commit records, the pointer, archive markers, the lease and the quarantine are written
-through :mod:`cdc_compaction.lake` and :mod:`cdc_compaction.quarantine` -- the very APIs a
+through :mod:`cdc_compaction.core.lake` and :mod:`cdc_compaction.pipeline.quarantine` -- the very APIs a
 run uses -- and change files are landed as the CDC sink would (:func:`conformance.land`).
 The facts it sets are listed in :data:`SAMPLE`, so tests state their expectations from
 them, not from the status code.
@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 from conftest import student_doc
 
-from cdc_compaction.conformance import land
-from cdc_compaction.lake import Commit, Lake, TableLease
-from cdc_compaction.quarantine import Quarantine
-from cdc_compaction.registry import TableConfig, parse_table
+from cdc_compaction.core.lake import Commit, Lake, TableLease
+from cdc_compaction.core.registry import TableConfig, parse_table
+from cdc_compaction.devtools.conformance import land
+from cdc_compaction.pipeline.quarantine import Quarantine
 
 #: "Now" of the sample: four hours after the first increment's hour began.
 NOW = datetime(2026, 11, 22, 4, 0, tzinfo=UTC)
@@ -141,7 +141,7 @@ def add_failing_entries(root: Path, registry: Path) -> None:
 def run_failing_dags(env: dict[str, str]) -> None:
     """Run both DAGs of :data:`FAILING` once with ``airflow dags test`` (real runs, recorded as failed).
 
-    ``env`` is an :func:`cdc_compaction.devenv.airflow_env` whose metastore does not answer, so
+    ``env`` is an :func:`cdc_compaction.devtools.devenv.airflow_env` whose metastore does not answer, so
     the table's first task fails at once.
     """
     import subprocess
@@ -163,8 +163,8 @@ def airflow_with_failed_runs(tmp: Path) -> tuple[Path, dict[str, str]]:
     import subprocess
     import sys
 
-    from cdc_compaction.devenv import airflow_env, ensure_airflow_db
-    from cdc_compaction.local_services import free_port
+    from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db
+    from cdc_compaction.devtools.local_services import free_port
 
     registry = tmp / "registry"
     build_sample_lake(tmp / "lake", registry)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from cdc_compaction.settings import PROJECT_ROOT, registry_dir
+from cdc_compaction.core.settings import PROJECT_ROOT, registry_dir
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

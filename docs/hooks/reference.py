@@ -1,7 +1,7 @@
 """MkDocs hook: the docs site's reference sections, generated from the code at build time.
 
 Written once, in the code: the registry's fields come from its JSON Schema (which
-:mod:`cdc_compaction.registry_schema` generates from the pydantic models), the commands from the
+:mod:`cdc_compaction.core.registry_schema` generates from the pydantic models), the commands from the
 CLI's own argparse parser (:func:`cdc_compaction.__main__.build_parser`).  A page asks for one with
 a marker line, replaced here before the page is rendered:
 
@@ -9,7 +9,7 @@ a marker line, replaced here before the page is rendered:
 * ``<!-- generated: commands -->``: ``cdc-compaction <command> --help`` of every command.
 
 The hook also publishes the benchmark results the benchmarks page shows (``bench/results/``).
-``tests/test_docs.py`` checks the generated text against the schema and the CLI independently.
+``tests/e2e/test_docs.py`` checks the generated text against the schema and the CLI independently.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def commands() -> str:
 
 def _generate(name: str) -> str:
     if name == "registry-fields":
-        from cdc_compaction.registry_schema import registry_schema
+        from cdc_compaction.core.registry_schema import registry_schema
 
         return registry_fields(registry_schema())
     if name == "commands":

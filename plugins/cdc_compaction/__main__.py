@@ -38,23 +38,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cdc_compaction import settings
+from cdc_compaction.core import settings
 from cdc_compaction.pipeline.order import STEP_IDS
 
 
 def _registry_validate(args: argparse.Namespace) -> int:
-    from cdc_compaction.registry import load_registry, registry_files
+    from cdc_compaction.core.registry import load_registry, registry_files
 
     directory = Path(args.dir or settings.registry_dir())
     if not registry_files(directory):
         print(f"no registry files (*.yaml) in {directory}", file=sys.stderr)
         return 1
-    from cdc_compaction.engine import check_jars, spark_hadoop_version
+    from cdc_compaction.integrations.engine import check_jars, spark_hadoop_version
     from cdc_compaction.modes import mode_of
 
     hadoop = spark_hadoop_version()
     bad = 0
-    from cdc_compaction.registry import load_database_defaults
+    from cdc_compaction.core.registry import load_database_defaults
 
     for db, d in sorted(load_database_defaults(directory).items()):
         if d.error is None:
@@ -79,7 +79,7 @@ def _registry_validate(args: argparse.Namespace) -> int:
 
 
 def _registry_schema(args: argparse.Namespace) -> int:
-    from cdc_compaction.registry_schema import schema_text
+    from cdc_compaction.core.registry_schema import schema_text
 
     text = schema_text()
     if args.out:
@@ -91,8 +91,8 @@ def _registry_schema(args: argparse.Namespace) -> int:
 
 
 def _registry_discover(args: argparse.Namespace) -> int:
-    from cdc_compaction.discover import Options, discover, parse_hints
-    from cdc_compaction.exceptions import CdcCompactionError
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.operations.discover import Options, discover, parse_hints
 
     try:
         opts = Options(
@@ -121,7 +121,7 @@ def _registry_discover(args: argparse.Namespace) -> int:
 
 
 def _metastore(args: argparse.Namespace) -> int:
-    from cdc_compaction.local_services import LocalMetastore
+    from cdc_compaction.devtools.local_services import LocalMetastore
 
     ms = LocalMetastore(Path(args.home), port=args.port)
     return _service_action(
@@ -143,11 +143,11 @@ def _service_action(service: Any, action: str, url: str, started: Callable[[int]
 
 
 def _conformance(args: argparse.Namespace) -> int:
-    from cdc_compaction import conformance as conf
-    from cdc_compaction.devenv import airflow_env, ensure_airflow_db
-    from cdc_compaction.engine import local_session
-    from cdc_compaction.local_services import LocalMetastore, free_port
-    from cdc_compaction.settings import MetastoreEndpoint
+    from cdc_compaction.core.settings import MetastoreEndpoint
+    from cdc_compaction.devtools import conformance as conf
+    from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db
+    from cdc_compaction.devtools.local_services import LocalMetastore, free_port
+    from cdc_compaction.integrations.engine import local_session
 
     files = conf.expand(args.scenarios)
     if not files:
@@ -199,24 +199,24 @@ def _conformance(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.source == "postgres":
-        from cdc_compaction.local_services import ServiceError, require_postgres
+        from cdc_compaction.devtools.local_services import ServiceError, require_postgres
 
         try:
             require_postgres()
         except ServiceError as exc:
             print(exc, file=sys.stderr)
             return 1
-        from cdc_compaction.pgdemo import main as pg_demo_main
+        from cdc_compaction.devtools.pgdemo import main as pg_demo_main
 
         return pg_demo_main(args.engine)
-    from cdc_compaction.demo import main as demo_main
+    from cdc_compaction.devtools.demo import main as demo_main
 
     return demo_main(args.engine)
 
 
 def _postgres(args: argparse.Namespace) -> int:
     """``postgres check``: exit 1 with what to install when the server or wal2json is missing."""
-    from cdc_compaction.local_services import ServiceError, require_postgres
+    from cdc_compaction.devtools.local_services import ServiceError, require_postgres
 
     try:
         bin_dir = require_postgres()
@@ -228,7 +228,7 @@ def _postgres(args: argparse.Namespace) -> int:
 
 
 def _connect(args: argparse.Namespace) -> int:
-    from cdc_compaction.devenv import connect_server
+    from cdc_compaction.devtools.devenv import connect_server
 
     server = connect_server(args.metastore, home=Path(args.home), port=args.port)
     return _service_action(
@@ -246,7 +246,7 @@ def _airflow_ui(args: argparse.Namespace) -> int:
 
     The metadata DB is PostgreSQL (SQLite takes one writer at a time: REST triggers failed with
     "Database error" next to the scheduler): the local server of the tests
-    (:class:`~cdc_compaction.local_services.LocalPostgres`, started here if needed) or the
+    (:class:`~cdc_compaction.devtools.local_services.LocalPostgres`, started here if needed) or the
     database ``--sql-alchemy-conn`` names.  The scheduler starts only once the api-server answers
     (its tasks call the api-server's execution API).  No log server listens: the scheduler and
     triggerer run with ``--skip-serve-logs`` (Airflow binds it to every interface) and the
@@ -259,9 +259,9 @@ def _airflow_ui(args: argparse.Namespace) -> int:
     import subprocess
     import time
 
-    from cdc_compaction.devenv import airflow_env, connect_server, ensure_airflow_db, wait_until_answers
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.local_services import LocalMetastore, LocalPostgres, port_open, stop_groups
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.devtools.devenv import airflow_env, connect_server, ensure_airflow_db, wait_until_answers
+    from cdc_compaction.devtools.local_services import LocalMetastore, LocalPostgres, port_open, stop_groups
 
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -405,7 +405,13 @@ def _serve_sql(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    from cdc_compaction.local_services import LocalMetastore, ServiceError, SparkThriftServer, port_open, pyspark_home
+    from cdc_compaction.devtools.local_services import (
+        LocalMetastore,
+        ServiceError,
+        SparkThriftServer,
+        port_open,
+        pyspark_home,
+    )
 
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -444,8 +450,8 @@ def _serve_sql(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> Any:
-    from cdc_compaction.exceptions import RegistryError
-    from cdc_compaction.registry import load_registry
+    from cdc_compaction.core.exceptions import RegistryError
+    from cdc_compaction.core.registry import load_registry
 
     directory = Path(args.registry_dir or settings.registry_dir())
     for e in load_registry(directory):
@@ -460,8 +466,8 @@ def _status(args: argparse.Namespace) -> int:
     """One line (or a JSON object) per table: where it stands, read from its lake and Airflow."""
     from datetime import UTC, datetime
 
-    from cdc_compaction.registry import load_registry, registry_files
-    from cdc_compaction.status import read_airflow, registry_error_status, table_status, to_json
+    from cdc_compaction.core.registry import load_registry, registry_files
+    from cdc_compaction.operations.status import read_airflow, registry_error_status, table_status, to_json
 
     directory = Path(args.registry_dir or settings.registry_dir())
     if not directory.is_dir() or not registry_files(directory):
@@ -503,8 +509,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _quarantine(args: argparse.Namespace) -> int:
-    from cdc_compaction.lake import Lake
-    from cdc_compaction.quarantine import Quarantine
+    from cdc_compaction.core.lake import Lake
+    from cdc_compaction.pipeline.quarantine import Quarantine
 
     q = Quarantine(Lake(_table(args)))
     if args.action == "list":
@@ -523,9 +529,9 @@ def _erase(args: argparse.Namespace) -> int:
     """Erase rows by predicate everywhere the table keeps them (README, "Erasing personal data")."""
     import json
 
-    from cdc_compaction import erase
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.lake import Lake
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.core.lake import Lake
+    from cdc_compaction.operations import erase
 
     cfg = _table(args)
     try:
@@ -555,7 +561,7 @@ def _erase(args: argparse.Namespace) -> int:
 
 
 def _lease(args: argparse.Namespace) -> int:
-    from cdc_compaction.lake import Lake, TableLease
+    from cdc_compaction.core.lake import Lake, TableLease
 
     lease = TableLease(Lake(_table(args)))
     held = lease.current()
@@ -570,9 +576,9 @@ def _lease(args: argparse.Namespace) -> int:
 def _versions(args: argparse.Namespace) -> int:
     import json
 
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.lake import Lake
-    from cdc_compaction.travel import kept_versions
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.core.lake import Lake
+    from cdc_compaction.operations.travel import kept_versions
 
     try:
         versions = kept_versions(Lake(_table(args)))
@@ -592,9 +598,9 @@ def _changes(args: argparse.Namespace) -> int:
     """The net changes between two kept versions, to stdout (table, JSON lines) or a Parquet file."""
     import json
 
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.lake import Lake
-    from cdc_compaction.travel import change_feed, render_table
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.core.lake import Lake
+    from cdc_compaction.operations.travel import change_feed, render_table
 
     if args.format == "parquet" and not args.out:
         print("changes: --format parquet needs --out FILE", file=sys.stderr)
@@ -623,9 +629,9 @@ def _changes(args: argparse.Namespace) -> int:
 
 def _index(args: argparse.Namespace) -> int:
     """``index verify|rebuild DB.TABLE``: the key index of a partitioned table's live version."""
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.keyindex import rebuild_index, verify_index
-    from cdc_compaction.lake import Lake
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.core.keyindex import rebuild_index, verify_index
+    from cdc_compaction.core.lake import Lake
     from cdc_compaction.pipeline.runtime import utcnow
 
     try:
@@ -645,10 +651,10 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.lake import Lake
-    from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
-    from cdc_compaction.travel import kept_commit, rollback
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.core.lake import Lake
+    from cdc_compaction.core.settings import MetastoreEndpoint, metastore_from_env
+    from cdc_compaction.operations.travel import kept_commit, rollback
 
     try:
         cfg = _table(args)
@@ -674,10 +680,10 @@ def _step(args: argparse.Namespace) -> int:
     """One step of a table's run, as its DAG task does it (the compaction in a local SparkSession)."""
     import json
 
-    from cdc_compaction.lake import Lake
+    from cdc_compaction.core.lake import Lake
+    from cdc_compaction.core.settings import MetastoreEndpoint
     from cdc_compaction.pipeline import order
     from cdc_compaction.pipeline.runtime import Runtime
-    from cdc_compaction.settings import MetastoreEndpoint
 
     cfg = _table(args)
     # host:port, thrift://host:port or h1,h2 (see settings.metastore_hosts), as a connection's host is written.
@@ -687,7 +693,7 @@ def _step(args: argparse.Namespace) -> int:
         """Starts Spark only for the steps that need it (a JVM costs 10-15 s)."""
 
         def _engine(self) -> Any:
-            from cdc_compaction.engine import SessionEngine, local_session
+            from cdc_compaction.integrations.engine import SessionEngine, local_session
 
             return SessionEngine(local_session(endpoint, args.warehouse, app_name=f"cdc-step-{args.step}"))
 
@@ -715,12 +721,12 @@ def _step(args: argparse.Namespace) -> int:
 
 def _rebuild(args: argparse.Namespace) -> int:
     """``rebuild DB.TABLE``: replay the archived increments and compare with the live version (README, "Rebuild")."""
-    from cdc_compaction.engine import SessionEngine, local_session
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.lake import Lake
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.core.lake import Lake
+    from cdc_compaction.core.settings import MetastoreEndpoint
+    from cdc_compaction.integrations.engine import SessionEngine, local_session
     from cdc_compaction.pipeline.rebuild import check_rebuildable, rebuild
     from cdc_compaction.pipeline.runtime import Runtime
-    from cdc_compaction.settings import MetastoreEndpoint
 
     try:
         cfg = _table(args)
@@ -740,9 +746,9 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 def _pause(args: argparse.Namespace) -> int:
     """``pause|resume DB.TABLE``: Airflow's own pause flag, as ``airflow dags pause|unpause`` sets it."""
-    from cdc_compaction.exceptions import AirflowSetupError
-    from cdc_compaction.ops import set_paused
-    from cdc_compaction.registry import dag_id_for
+    from cdc_compaction.core.exceptions import AirflowSetupError
+    from cdc_compaction.core.registry import dag_id_for
+    from cdc_compaction.operations.ops import set_paused
 
     paused = args.command == "pause"
     try:
@@ -757,15 +763,15 @@ def _pause(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from cdc_compaction.exceptions import CdcCompactionError
-    from cdc_compaction.ops import (
+    from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.core.settings import MetastoreEndpoint, metastore_from_env
+    from cdc_compaction.operations.ops import (
         delete_table,
         planned_deletion,
         refuse_foreign_data,
         refuse_if_leased,
         registry_file_of,
     )
-    from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
 
     directory = Path(args.registry_dir or settings.registry_dir())
     try:
@@ -794,8 +800,8 @@ def _delete(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     """Print one OK/FAIL line per check; exit 1 on any FAIL."""
-    from cdc_compaction import doctor
-    from cdc_compaction.settings import MetastoreEndpoint, metastore_from_env
+    from cdc_compaction.core.settings import MetastoreEndpoint, metastore_from_env
+    from cdc_compaction.operations import doctor
 
     directory = Path(args.registry_dir or settings.registry_dir())
     endpoint = MetastoreEndpoint.parse(args.metastore) if args.metastore else metastore_from_env()
@@ -811,7 +817,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _job_package(args: argparse.Namespace) -> int:
-    from cdc_compaction.engine import job_package_dir
+    from cdc_compaction.integrations.engine import job_package_dir
     from cdc_compaction.job import bundle
 
     print(bundle.build(args.out or job_package_dir()))

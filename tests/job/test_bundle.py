@@ -2,8 +2,8 @@
 
 Every way the DAG runs Spark gets it: the compact task's spark-submit, the DDL's spark-submit
 (``SparkSubmitEngine``) and the EMR step (``--py-files`` with its S3 URI).  That spark-submit
-really runs the job from it is shown by tests/test_reentrancy.py (the DAG's compact task) and
-tests/test_crash_safety.py (``compact.before_stats`` killed, spark-submit without plugins/).
+really runs the job from it is shown by tests/e2e/test_reentrancy.py (the DAG's compact task) and
+tests/e2e/test_crash_safety.py (``compact.before_stats`` killed, spark-submit without plugins/).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.job import bundle
-from cdc_compaction.registry import TableConfig
-from cdc_compaction.settings import PROJECT_ROOT
 
 EMR = {"job_flow_id": "j-ABC123", "application": "s3://code-bucket/cdc/compact.py"}
 
@@ -146,7 +146,7 @@ def _py_files(cmd: list[str]) -> str:
 def test_the_compact_task_builds_it_when_it_runs_not_when_the_dag_is_parsed(
     make_cfg: Callable[..., TableConfig], package_dir: Path
 ) -> None:
-    from cdc_compaction.factory import build_dag
+    from cdc_compaction.airflow.factory import build_dag
 
     op = build_dag(make_cfg()).get_task("compact")
     assert not package_dir.exists(), "building the DAG must not build (or read) the job package"
@@ -165,8 +165,8 @@ def test_the_ddl_submission_ships_it(
 ) -> None:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    from cdc_compaction.engine import SparkSubmitEngine
-    from cdc_compaction.settings import MetastoreEndpoint
+    from cdc_compaction.core.settings import MetastoreEndpoint
+    from cdc_compaction.integrations.engine import SparkSubmitEngine
 
     commands: list[list[str]] = []
     monkeypatch.setattr(
@@ -182,7 +182,7 @@ def test_the_ddl_submission_ships_it(
 
 # ------------------------------------------------------------------ EMR: --py-files with an S3 URI
 def _emr_step_args(cfg: TableConfig, plan: str = "s3://lake/t/_cdc/plans/p.json") -> tuple[Any, list[str]]:
-    from cdc_compaction.factory import build_dag
+    from cdc_compaction.airflow.factory import build_dag
 
     submit = build_dag(cfg).get_task("compact_submit")
     submit.plan_path = plan  # what rendering the plan task's XCom gives
@@ -192,7 +192,7 @@ def _emr_step_args(cfg: TableConfig, plan: str = "s3://lake/t/_cdc/plans/p.json"
 def test_emr_derives_the_zip_beside_the_application_when_the_task_runs(
     make_cfg: Callable[..., TableConfig], package_dir: Path
 ) -> None:
-    from cdc_compaction.factory import PY_FILES_PLACEHOLDER
+    from cdc_compaction.airflow.factory import PY_FILES_PLACEHOLDER
 
     submit, args = _emr_step_args(make_cfg(spark={"engine": "emr", "emr": EMR}))
     parsed = submit.steps[0]["HadoopJarStep"]["Args"]
@@ -208,18 +208,18 @@ def test_emr_uses_the_registrys_zip_as_written_and_warns_when_it_is_not_this_sou
 ) -> None:
     name = bundle.file_name(bundle.build_bytes())
     current = f"s3://other-bucket/jobs/{name}"
-    with caplog.at_level(logging.WARNING, logger="cdc_compaction.engine"):
+    with caplog.at_level(logging.WARNING, logger="cdc_compaction.integrations.engine"):
         _, args = _emr_step_args(make_cfg(spark={"engine": "emr", "emr": {**EMR, "py_files": current}}))
     assert args[-5:-3] == ["--py-files", current] and not caplog.records
     stale = "s3://other-bucket/jobs/cdc_compaction_job-0000000000000000.zip"
-    with caplog.at_level(logging.WARNING, logger="cdc_compaction.engine"):
+    with caplog.at_level(logging.WARNING, logger="cdc_compaction.integrations.engine"):
         _, args = _emr_step_args(make_cfg(spark={"engine": "emr", "emr": {**EMR, "py_files": stale}}))
     assert args[-5:-3] == ["--py-files", stale]
     assert [r.getMessage() for r in caplog.records if name in r.getMessage() and stale in r.getMessage()]
 
 
 def test_emr_steps_outside_a_dag_name_the_zip_directly(make_cfg: Callable[..., TableConfig]) -> None:
-    from cdc_compaction.engine import emr_steps
+    from cdc_compaction.integrations.engine import emr_steps
 
     (step,) = emr_steps(make_cfg(spark={"engine": "emr", "emr": EMR}), "s3://lake/p.json")
     args = step["HadoopJarStep"]["Args"]

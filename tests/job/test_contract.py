@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cdc_compaction.conformance import land
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.job import contract
 from cdc_compaction.job.contract import ContractError, JobStats, Plan, PlanFile
 from cdc_compaction.pipeline.archive import archive
@@ -52,7 +52,7 @@ def _imports(code: str, package: str) -> list[str]:
                 module = f"{base}.{node.module}" if node.module else base
             else:
                 module = node.module or ""
-            # ``from cdc_compaction import sql`` imports the module cdc_compaction.sql.
+            # ``from cdc_compaction import sql`` imports the module cdc_compaction.core.sql.
             found += [f"{module}.{a.name}" if module == "cdc_compaction" else module for a in node.names]
     return found
 
@@ -100,7 +100,7 @@ def test_the_import_check_sees_what_it_must_refuse() -> None:
     assert got == [
         "airflow.sdk",
         "cdc_compaction.tasks",
-        "cdc_compaction.exceptions",
+        "cdc_compaction.core.exceptions",
         "cdc_compaction.job",
         "cdc_compaction.job",
         "pyspark.sql",
@@ -108,7 +108,7 @@ def test_the_import_check_sees_what_it_must_refuse() -> None:
     assert [m for m in got if not _allowed(m, pyspark=True)] == [
         "airflow.sdk",
         "cdc_compaction.tasks",
-        "cdc_compaction.exceptions",
+        "cdc_compaction.core.exceptions",
     ]
     assert not _allowed("pyspark.sql", pyspark=False), "contract.py may not import pyspark"
 

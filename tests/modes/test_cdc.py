@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from conftest import STUDENT_COLUMNS
 
+from cdc_compaction.core.registry import parse_table
 from cdc_compaction.modes import mode_of
-from cdc_compaction.registry import parse_table
 
 
 def cdc(**overrides: Any) -> Any:
@@ -96,7 +96,7 @@ def test_counts_that_do_not_add_up_are_named(stats: dict[str, int], fragment: st
 
 
 def test_a_nullable_key_column_is_not_refused_when_null() -> None:
-    from cdc_compaction.sql import rule_sql, schema_fingerprint
+    from cdc_compaction.core.sql import rule_sql, schema_fingerprint
 
     plain = cdc(primary_key=["id", "full_name"])
     nullable = cdc(primary_key=["id", "full_name"], nullable_key=["full_name"])
@@ -135,7 +135,7 @@ def test_unchanged_columns_are_checked(unchanged: dict[str, Any], fragment: str)
 
 
 def test_unchanged_columns_reach_the_rule_and_the_docs() -> None:
-    from cdc_compaction.sql import rule_sql
+    from cdc_compaction.core.sql import rule_sql
 
     cfg = cdc(unchanged={"columns": ["full_name", "changed"], "marker": "null"})  # NULL works for any type
     rule = rule_sql(cfg)
@@ -180,7 +180,7 @@ def test_old_key_is_checked(overrides: dict[str, Any], fragment: str) -> None:
 
 
 def test_old_key_reaches_the_rule() -> None:
-    from cdc_compaction.sql import rule_sql
+    from cdc_compaction.core.sql import rule_sql
 
     cfg = _with_old_key()
     rule = rule_sql(cfg)

@@ -10,7 +10,7 @@
 (d) the model itself against examples computed by hand, and its own properties.
 
 Budget: ``make test`` runs a few derandomized examples of (c); ``CDC_FUZZ_EXAMPLES=N`` (the variable
-``make fuzz`` sets for ``tests/test_generative.py``) runs N fresh ones.  Each generative test prints
+``make fuzz`` sets for ``tests/e2e/test_generative.py``) runs N fresh ones.  Each generative test prints
 how many examples it ran and what they exercised.
 """
 
@@ -44,8 +44,8 @@ from models.keyless_model import (
     run_scenario,
 )
 
+from cdc_compaction.core.sql import _env
 from cdc_compaction.job.modes import keyless as job
-from cdc_compaction.sql import _env
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "keyless"
 TEMPLATE = "modes/keyless/_rule.sql.j2"

@@ -1,6 +1,6 @@
 """Every table mode's own scenarios (``tests/scenarios/<mode>/``) through the real pipeline.
 
-As ``tests/test_conformance.py`` runs the shared cdc scenarios: the task functions in order in
+As ``tests/devtools/test_conformance.py`` runs the shared cdc scenarios: the task functions in order in
 this process (one SparkSession), read back by Spark through the metastore and by DuckDB
 through the files and its views; cdc scenarios also on a partitioned table.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cdc_compaction import conformance as conf
+from cdc_compaction.devtools import conformance as conf
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 

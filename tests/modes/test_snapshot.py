@@ -15,7 +15,7 @@
     and exactly the text the contract documents.
 
 Budget: ``make test`` runs a few derandomized examples of (d); ``CDC_FUZZ_EXAMPLES=N`` (as for
-``tests/test_generative.py``, ``make fuzz``) runs N fresh ones.  (d) prints how many it ran.
+``tests/e2e/test_generative.py``, ``make fuzz``) runs N fresh ones.  (d) prints how many it ran.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from models.snapshot_model import (
 )
 from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
 
+from cdc_compaction.core.sql import _env
 from cdc_compaction.job.modes import snapshot as job
-from cdc_compaction.sql import _env
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "snapshot"
 TEMPLATE = "modes/snapshot/_rule.sql.j2"
@@ -622,7 +622,7 @@ def test_history_of_a_key_gives_its_versions() -> None:
 
 # ------------------------------------------------------------- (f) the Airflow side (modes/snapshot.py)
 def _registry_table(**overrides: Any) -> Any:
-    from cdc_compaction.registry import parse_table
+    from cdc_compaction.core.registry import parse_table
 
     doc = {
         "mode": "snapshot",
@@ -638,7 +638,7 @@ def _registry_table(**overrides: Any) -> Any:
 
 def test_the_mode_hands_the_job_the_rule_it_reads() -> None:
     """The plan's rule is what SnapshotRule.from_dict reads, rendered as the Spark tests render it."""
-    from cdc_compaction import sql
+    from cdc_compaction.core import sql
     from cdc_compaction.modes import mode_of
 
     cfg = _registry_table(business_date={"column": "as_of"}, delta=True)
@@ -655,7 +655,7 @@ def test_the_mode_hands_the_job_the_rule_it_reads() -> None:
 
 
 def test_plan_fields_carry_the_business_dates_and_the_last_applied_date() -> None:
-    from cdc_compaction.lake import GENESIS, Commit
+    from cdc_compaction.core.lake import GENESIS, Commit
     from cdc_compaction.modes import mode_of
 
     cfg = _registry_table()
@@ -736,7 +736,7 @@ def test_count_problems_holds_the_job_to_the_contract(change: dict[str, Any], fr
 
 
 def test_the_outputs_and_docs_of_a_snapshot_table() -> None:
-    from cdc_compaction import sql
+    from cdc_compaction.core import sql
     from cdc_compaction.modes import mode_of
 
     cfg = _registry_table(business_date={"column": "as_of"})

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cdc_compaction.lake import Commit
+from cdc_compaction.core.lake import Commit
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.validate import attempts, validate

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import (
+from cdc_compaction.core.exceptions import (
     ArchiveError,
 )
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.pipeline.archive import archive
 from cdc_compaction.pipeline.publish import publish
 from cdc_compaction.pipeline.tables import ensure_tables

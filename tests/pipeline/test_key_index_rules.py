@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cdc_compaction.core.lake import Commit, version_dir_of
 from cdc_compaction.job.compact import key_sources
-from cdc_compaction.lake import Commit, version_dir_of
 from cdc_compaction.pipeline.publish import next_index
 from cdc_compaction.pipeline.retention import decide_versions
 from cdc_compaction.pipeline.validate import index_problems

@@ -10,10 +10,16 @@ import pytest
 import yaml
 from conftest import student_doc
 
-from cdc_compaction.conformance import InProcessRunner
+from cdc_compaction.core.registry import load_registry, parse_table
+from cdc_compaction.core.settings import (
+    ERASE_DAG_ID,
+    PROJECT_ROOT,
+    VIEW_REFRESH_DAG_ID,
+    MetastoreEndpoint,
+    registry_dir,
+)
+from cdc_compaction.devtools.conformance import InProcessRunner
 from cdc_compaction.pipeline import order
-from cdc_compaction.registry import load_registry, parse_table
-from cdc_compaction.settings import ERASE_DAG_ID, PROJECT_ROOT, VIEW_REFRESH_DAG_ID, MetastoreEndpoint, registry_dir
 
 
 def _dagbag(registry: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -64,7 +70,7 @@ def test_an_emr_table_runs_the_compaction_as_two_tasks_in_the_same_place(
 
 def test_the_dags_task_callables_run_the_steps_functions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each Python task calls the function its step names (looked up when it runs, so a replacement is seen)."""
-    from cdc_compaction import factory
+    from cdc_compaction.airflow import factory
 
     called: list[str] = []
 

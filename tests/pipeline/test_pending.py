@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from cdc_compaction.conformance import land
-from cdc_compaction.landing import increment_hour
+from cdc_compaction.core.landing import increment_hour
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.tables import ensure_tables
 

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cdc_compaction.landing import IncrementListing
+from cdc_compaction.core.landing import IncrementListing
+from cdc_compaction.core.registry import Increments
+from cdc_compaction.core.storage import FileInfo
 from cdc_compaction.pipeline.pending import is_stalled, why_waiting
-from cdc_compaction.registry import Increments
-from cdc_compaction.storage import FileInfo
 
 HOUR = datetime(2026, 11, 22, 9, tzinfo=UTC)  # increment_2026112209
 LONG_AFTER = HOUR + timedelta(days=1)

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import compact_once, visible_names
 
-from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import (
+from cdc_compaction.core.exceptions import (
     ConcurrentRunError,
     PlanError,
     SchemaChangeError,
 )
-from cdc_compaction.lake import TableLease
+from cdc_compaction.core.lake import TableLease
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.pipeline.archive import archive
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.publish import publish

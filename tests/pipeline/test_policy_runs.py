@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from cdc_compaction.conformance import land
-from cdc_compaction.lake import TableLease
+from cdc_compaction.core.lake import TableLease
+from cdc_compaction.core.sql import table_names
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.pipeline import order
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.tables import ensure_tables
-from cdc_compaction.sql import table_names
 
 from .helpers import student_rows
 

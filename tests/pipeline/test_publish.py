@@ -13,21 +13,21 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import compact_once, visible_names
 
-from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import (
+from cdc_compaction.core.exceptions import (
     ArchiveError,
     ConcurrentCommitError,
     ConcurrentRunError,
 )
-from cdc_compaction.keyindex import rebuild_index, verify_index
-from cdc_compaction.lake import TableLease
-from cdc_compaction.metastore import connect
+from cdc_compaction.core.keyindex import rebuild_index, verify_index
+from cdc_compaction.core.lake import TableLease
+from cdc_compaction.core.sql import table_names
+from cdc_compaction.devtools.conformance import land
+from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.pipeline.archive import archive
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.publish import publish
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.validate import attempts, validate
-from cdc_compaction.sql import table_names
 
 from .helpers import REGION_COLUMNS, commit_record_only, file_mtimes, region_rows, run_job, staged, student_rows
 
@@ -221,8 +221,8 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
 
 
 def test_next_history_adds_the_dates_a_version_applied_and_never_takes_one_again() -> None:
-    from cdc_compaction.exceptions import PublishValidationError
-    from cdc_compaction.lake import Commit
+    from cdc_compaction.core.exceptions import PublishValidationError
+    from cdc_compaction.core.lake import Commit
     from cdc_compaction.pipeline.publish import next_history
 
     parent = Commit(1, "v1", "a", "r1", 0, [], [], history={"2026-11-22": "/b/v1/history/eff_start_date=2026-11-22"})

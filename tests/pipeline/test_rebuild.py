@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import compact_once, visible_names
 
-from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import RebuildError
+from cdc_compaction.core.exceptions import RebuildError
+from cdc_compaction.core.lake import TableLease
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.job import faults
 from cdc_compaction.job.faults import InjectedFaultError
-from cdc_compaction.lake import TableLease
 from cdc_compaction.pipeline.rebuild import archived_path, rebuild, rebuild_root
 from cdc_compaction.pipeline.tables import ensure_tables
 
@@ -130,7 +130,7 @@ def _fold(batches: list[list[dict]]) -> tuple[dict[int, str], set[int]]:
 
 def test_rebuild_honours_a_rollback(make_cfg, runtime, spark) -> None:
     """Compact x3, roll back to 1, compact once more: the replay continues from its own state as of 1."""
-    from cdc_compaction.travel import rollback
+    from cdc_compaction.operations.travel import rollback
 
     rt = runtime(make_cfg(keep_versions=5))
     ensure_tables(rt)

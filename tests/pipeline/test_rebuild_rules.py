@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc_compaction.exceptions import RebuildError
-from cdc_compaction.lake import Commit, Lake
+from cdc_compaction.core.exceptions import RebuildError
+from cdc_compaction.core.lake import Commit, Lake
 from cdc_compaction.pipeline.rebuild import rolled_back_state
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import compact_once, visible_names
 
-from cdc_compaction.conformance import land
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.pipeline.tables import ensure_tables
 
 from .helpers import student_rows

@@ -12,7 +12,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from cdc_compaction.lake import Commit, Lake
+from cdc_compaction.core.lake import Commit, Lake
 from cdc_compaction.pipeline.rebuild import replay_start
 from cdc_compaction.pipeline.retention import expirable_archives, expire_archives
 from cdc_compaction.pipeline.runtime import Runtime

@@ -8,7 +8,7 @@ Pure: directory names and commit records, by hand.
 
 from __future__ import annotations
 
-from cdc_compaction.lake import EMPTY_VERSION, Commit
+from cdc_compaction.core.lake import EMPTY_VERSION, Commit
 from cdc_compaction.pipeline.retention import decide_versions, kept_seqs
 
 BASE = "/lake/t/base"

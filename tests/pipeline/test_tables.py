@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from conftest import STUDENT_COLUMNS, compact_once
 
-from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import (
+from cdc_compaction.core.exceptions import (
     SchemaChangeError,
 )
-from cdc_compaction.metastore import connect
+from cdc_compaction.core.sql import table_names
+from cdc_compaction.devtools.conformance import land
+from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
-from cdc_compaction.sql import table_names
 
 from .helpers import REGION_COLUMNS, student_rows
 
@@ -130,7 +130,7 @@ def test_unchanged_set_on_a_live_table_adds_its_hidden_columns_and_can_be_remove
     """Setting ``unchanged`` later: the base and tombstones tables get the columns that remember where a
     filled value came from (the views read them; files written before read NULL there), and removing
     it again is no dropped column."""
-    from cdc_compaction.registry import Unchanged
+    from cdc_compaction.core.registry import Unchanged
 
     cfg = make_cfg()
     rt = runtime(cfg)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import visible_names
 
-from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import (
+from cdc_compaction.core.exceptions import (
     PublishValidationError,
 )
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.validate import attempts, validate
@@ -72,7 +72,8 @@ def test_validate_and_publish_succeed_when_the_alert_cannot_be_delivered(make_cf
     """
     from airflow.sdk.observability.stats import Stats
 
-    from cdc_compaction import factory, notifications
+    from cdc_compaction.airflow import factory
+    from cdc_compaction.integrations import notifications
 
     monkeypatch.delenv("AIRFLOW_CONN_SMTP_DEFAULT", raising=False)
     rt = runtime(make_cfg(alerts={"emails": ["owner@example.org"]}, retries=3))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cdc_compaction.core.lake import Commit
 from cdc_compaction.job.contract import LAYOUT
-from cdc_compaction.lake import Commit
 from cdc_compaction.pipeline.validate import count_problems, footer_problems, history_problems
 
 OUT = "/lake/t/base/v00000002-abc-1"

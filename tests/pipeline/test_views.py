@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from conftest import compact_once
 
-from cdc_compaction.conformance import land
-from cdc_compaction.exceptions import (
+from cdc_compaction.core.exceptions import (
     PlanError,
 )
+from cdc_compaction.core.sql import table_names
+from cdc_compaction.devtools.conformance import land
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
-from cdc_compaction.sql import table_names
 
 from .helpers import student_rows
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from cdc_compaction.lake import Commit
-from cdc_compaction.registry import TableConfig
+from cdc_compaction.core.lake import Commit
+from cdc_compaction.core.registry import TableConfig
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class TableMode(ABC):
 
     def common_context(self, cfg: TableConfig, fingerprint: str) -> dict[str, Any]:
         """The :class:`TableContext` fields of ``cfg``, for the mode's own context class."""
-        from cdc_compaction.sql import table_names
+        from cdc_compaction.core.sql import table_names
 
         return {
             "database": cfg.database,
@@ -126,7 +126,7 @@ class TableMode(ABC):
 
     @functools.cached_property
     def _macros(self) -> Any:
-        from cdc_compaction import sql
+        from cdc_compaction.core import sql
 
         return sql.template_module(self.template("_rule.sql.j2"))
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from cdc_compaction.core.lake import Commit
+from cdc_compaction.core.registry import CdcTable, TableConfig
 from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW, PROVENANCE, UNCHANGED_PREFIX
-from cdc_compaction.lake import Commit
 from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
-from cdc_compaction.registry import CdcTable, TableConfig
 
 #: Columns that hold a position in the source's log (Debezium's ``lsn`` of Postgres, ``__lsn`` when
 #: ExtractNewRecordState adds it, MySQL's binlog ``pos``, SQL Server's ``change_lsn`` / ``commit_lsn``).
@@ -123,7 +123,7 @@ class CdcMode(TableMode):
         return doc
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
-        from cdc_compaction import sql
+        from cdc_compaction.core import sql
 
         m, t = self.macros(), sql.context(cfg)
         rule: dict[str, Any] = {

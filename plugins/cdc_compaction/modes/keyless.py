@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from cdc_compaction.core.lake import Commit
+from cdc_compaction.core.registry import KeylessTable, TableConfig
 from cdc_compaction.job.contract import KEYLESS_RELATIONS
-from cdc_compaction.lake import Commit
 from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
-from cdc_compaction.registry import KeylessTable, TableConfig
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class KeylessMode(TableMode):
         return doc
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
-        from cdc_compaction import sql
+        from cdc_compaction.core import sql
 
         m, t, r = self.macros(), sql.context(cfg), KEYLESS_RELATIONS
         # Rendered over the temporary views the job registers (job.modes.keyless), as the views

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any, cast
 
+from cdc_compaction.core.lake import Commit
+from cdc_compaction.core.landing import increment_hour
+from cdc_compaction.core.registry import SnapshotTable, TableConfig
 from cdc_compaction.job.contract import EFF_START_DATE_COLUMN, OPERATION_COLUMN, SNAPSHOT_COLUMNS
-from cdc_compaction.lake import Commit
-from cdc_compaction.landing import increment_hour
 from cdc_compaction.modes.base import TableContext, TableMode
-from cdc_compaction.registry import SnapshotTable, TableConfig
 
 #: The keys of each applied snapshot's counts: inserted, updated, no change, deleted, not supplied.
 OPERATIONS = ("I", "U", "N", "D", "X")
@@ -89,7 +89,7 @@ class SnapshotMode(TableMode):
 
     def rule_sql(self, cfg: TableConfig) -> dict[str, Any]:
         """The rule as the job's ``SnapshotRule.from_dict`` reads it (the table's shape and the rendered macros)."""
-        from cdc_compaction import sql
+        from cdc_compaction.core import sql
 
         c = self._cfg(cfg)
         m, t = self.macros(), sql.context(cfg)

@@ -13,14 +13,14 @@ import posixpath
 from datetime import timedelta
 from typing import Any
 
-from cdc_compaction.exceptions import ArchiveError
+from cdc_compaction.core.exceptions import ArchiveError
+from cdc_compaction.core.lake import Commit, TableLease
+from cdc_compaction.core.landing import is_data, markers
+from cdc_compaction.integrations.metastore import Metastore, connect
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.lake import Commit, TableLease
-from cdc_compaction.landing import is_data, markers
-from cdc_compaction.metastore import Metastore, connect
+from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.retention import sweep_temporaries
 from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting
-from cdc_compaction.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 

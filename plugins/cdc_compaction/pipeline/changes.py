@@ -31,12 +31,12 @@ import posixpath
 import re
 from typing import Any
 
-from cdc_compaction.exceptions import TimeTravelError
-from cdc_compaction.lake import Commit, Lake
-from cdc_compaction.metastore import Metastore
+from cdc_compaction.core.exceptions import TimeTravelError
+from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.integrations.metastore import Metastore
 from cdc_compaction.pipeline.retention import kept_seqs
 from cdc_compaction.pipeline.runtime import Runtime
-from cdc_compaction.registry import TableConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def feed_table(cfg: TableConfig, before: Any, after: Any, seq: int) -> Any:
     """
     import pyarrow as pa
 
-    from cdc_compaction.travel import diff_rows
+    from cdc_compaction.operations.travel import diff_rows
 
     key = list(cfg.primary_key)  # type: ignore[attr-defined]
     types: dict[str, Any] = {}
@@ -123,7 +123,7 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
     """
     import pyarrow.parquet as pq
 
-    from cdc_compaction.travel import version_rows
+    from cdc_compaction.operations.travel import version_rows
 
     path = feed_path(lake, commit.seq)
     if lake.storage.exists(path):

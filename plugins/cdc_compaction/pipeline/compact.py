@@ -2,7 +2,7 @@
 
 In a DAG the step is a Spark job of its own (``spark-submit`` or an EMR step, built by
 ``factory._compact_tasks``); the in-process runner, the CLI and the tests run the same job
-in their SparkSession through :class:`~cdc_compaction.engine.SessionEngine`.
+in their SparkSession through :class:`~cdc_compaction.integrations.engine.SessionEngine`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the landing area holds for a run: the files a plan may take, and everything it does not take yet.
 
-:func:`pending_files` lists every increment (through :mod:`cdc_compaction.landing`, which
+:func:`pending_files` lists every increment (through :mod:`cdc_compaction.core.landing`, which
 classifies the entries) and checks every data file's footer, so that ``plan``, ``publish``
 and the view refreshes agree on which increments are complete, waiting, stalled or held
 back from the views.  :func:`report_landing` records and alerts about what a run does not
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cdc_compaction.inputs import check_file
-from cdc_compaction.lake import PlannedFile
-from cdc_compaction.landing import (
+from cdc_compaction.core.inputs import check_file
+from cdc_compaction.core.lake import PlannedFile
+from cdc_compaction.core.landing import (
     Ignored,
     IncrementListing,
     as_dicts,
@@ -27,9 +27,9 @@ from cdc_compaction.landing import (
     landing_report_path,
     scan_landing,
 )
+from cdc_compaction.core.registry import Increments
+from cdc_compaction.core.schema import dropped_columns
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
-from cdc_compaction.registry import Increments
-from cdc_compaction.schema import dropped_columns
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Pending:
     #: what the views show besides the base.
     view_files: list[PlannedFile] = field(default_factory=list)
     #: What the planned files' columns change (``schema_changes``), in file order: the plan applies
-    #: and records them (:mod:`cdc_compaction.schema`).
+    #: and records them (:mod:`cdc_compaction.core.schema`).
     changes: list[Any] = field(default_factory=list)
 
 

@@ -14,23 +14,23 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from cdc_compaction import metrics, policy, sql
-from cdc_compaction.exceptions import BadInputError, PlanError
+from cdc_compaction.core import policy, sql
+from cdc_compaction.core.exceptions import BadInputError, PlanError
+from cdc_compaction.core.keyindex import live_index
+from cdc_compaction.core.lake import Commit, PlannedFile, TableLease
+from cdc_compaction.core.landing import as_dicts, increment_hour
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.core.schema import Change, effective_config, evolve, load_state, save_state
+from cdc_compaction.core.storage import is_data_file
+from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.keyindex import live_index
-from cdc_compaction.lake import Commit, PlannedFile, TableLease
-from cdc_compaction.landing import as_dicts, increment_hour
-from cdc_compaction.metastore import connect
 from cdc_compaction.modes import mode_of
-from cdc_compaction.pipeline import views
+from cdc_compaction.pipeline import metrics, views
 from cdc_compaction.pipeline.archive import archive_commit
 from cdc_compaction.pipeline.pending import pending_files, report_landing
 from cdc_compaction.pipeline.publish import check_storage_root, sync_base_location
+from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
-from cdc_compaction.quarantine import Quarantine
-from cdc_compaction.registry import TableConfig
-from cdc_compaction.schema import Change, effective_config, evolve, load_state, save_state
-from cdc_compaction.storage import is_data_file
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def plan(
     """
     now = now or utcnow()
     cfg, lake = rt.cfg, rt.lake
-    from cdc_compaction.deployment import register as register_deployment
+    from cdc_compaction.core.deployment import register as register_deployment
 
     owner = lease_owner(run_id)
     # Before anything else: one run per table at a time, across deployments sharing the lake, and

@@ -15,20 +15,20 @@ import posixpath
 from datetime import datetime
 from typing import Any
 
-from cdc_compaction import formats, metrics, slo
-from cdc_compaction.exceptions import (
+from cdc_compaction.core.exceptions import (
     CommitLogError,
     ConcurrentCommitError,
     PublishValidationError,
     StorageRootMismatchError,
 )
+from cdc_compaction.core.keyindex import live_index
+from cdc_compaction.core.lake import Commit, version_dir_of
+from cdc_compaction.integrations.metastore import Metastore, connect
 from cdc_compaction.job.contract import STATS_FILE
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.keyindex import live_index
-from cdc_compaction.lake import Commit, version_dir_of
-from cdc_compaction.metastore import Metastore, connect
-from cdc_compaction.pipeline import changes, views
+from cdc_compaction.pipeline import changes, formats, metrics, slo, views
 from cdc_compaction.pipeline.pending import pending_files
+from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.retention import cleanup_versions
 from cdc_compaction.pipeline.runtime import (
     Runtime,
@@ -39,7 +39,6 @@ from cdc_compaction.pipeline.runtime import (
     utcnow,
     version_seq,
 )
-from cdc_compaction.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +362,7 @@ def next_partitions(parent: Commit, stats: dict[str, Any]) -> tuple[dict[str, st
 def next_index(parent: dict[str, str], stats: dict[str, Any], partitions: dict[str, str]) -> dict[str, str] | None:
     """The new version's key index: rewritten partitions' in its own directory, untouched ones' where they were.
 
-    ``parent`` is the live version's index (:func:`~cdc_compaction.keyindex.live_index`).
+    ``parent`` is the live version's index (:func:`~cdc_compaction.core.keyindex.live_index`).
     Like the data, an untouched partition keeps the index of the version that wrote it. A
     partition without one (the parent's had none) stays without: the job reads its key columns.
     None when the job wrote no index (a job from before the key index).

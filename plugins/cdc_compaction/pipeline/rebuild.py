@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from cdc_compaction import sql
-from cdc_compaction.exceptions import ConcurrentCommitError, RebuildError
+from cdc_compaction.core import sql
+from cdc_compaction.core.exceptions import ConcurrentCommitError, RebuildError
+from cdc_compaction.core.lake import GENESIS, Commit, Lake, TableLease
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import DATA_DIR, LAYOUT, STATS_FILE, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.lake import GENESIS, Commit, Lake, TableLease
-from cdc_compaction.metastore import connect
 from cdc_compaction.modes import mode_of
 from cdc_compaction.pipeline import views
 from cdc_compaction.pipeline.archive import archive_commit
@@ -46,7 +47,6 @@ from cdc_compaction.pipeline.plan import sizing
 from cdc_compaction.pipeline.publish import next_partitions, sync_base_location
 from cdc_compaction.pipeline.retention import cleanup_versions, kept_seqs
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
-from cdc_compaction.registry import TableConfig
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ def rebuild(
     into ``base/`` as versions of the next commit number and, if it equals the live version (or
     ``force``), committed as a new commit on top of the live one (:func:`_publish`).  Raises
     :class:`RebuildError` if a file to replay is gone or a different rebuild is to be published
-    without ``force``, :class:`~cdc_compaction.exceptions.ConcurrentRunError` if a run holds the lease.
+    without ``force``, :class:`~cdc_compaction.core.exceptions.ConcurrentRunError` if a run holds the lease.
     """
     cfg, lake = rt.cfg, rt.lake
     check_rebuildable(cfg)
@@ -506,7 +506,7 @@ def _publish(
         sync_base_location(rt, ms, commit)
         views.sync(rt, ms, pending_files(rt, utcnow(), set()), commit, drop_gone=True)
     report.published_seq = commit.seq
-    from cdc_compaction.formats import sync_formats
+    from cdc_compaction.pipeline.formats import sync_formats
 
     sync_formats(rt, commit.seq)  # derived: logged and counted, never raises
     cleanup_versions(rt, commit.seq)

@@ -17,12 +17,12 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from cdc_compaction.core.keyindex import live_index
+from cdc_compaction.core.lake import EMPTY_VERSION, Commit, version_dir_of
 from cdc_compaction.job.contract import DATA_DIR, HISTORY_DIR, INDEX_DIR, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.keyindex import live_index
-from cdc_compaction.lake import EMPTY_VERSION, Commit, version_dir_of
+from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
-from cdc_compaction.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def decide_versions(entries: list[tuple[str, bool]], kept: list[Commit], live_se
 def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     """Delete base versions beyond ``keep_versions`` and stale uncommitted ones."""
     lake = rt.lake
-    from cdc_compaction.formats import expire_formats
+    from cdc_compaction.pipeline.formats import expire_formats
 
     if not expire_formats(rt, set(kept_seqs(live_seq, rt.cfg.keep_versions))):
         # A Delta/Iceberg reader may still open an old version through the format's metadata: its files

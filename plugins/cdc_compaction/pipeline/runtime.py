@@ -15,14 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
-from cdc_compaction import sql
-from cdc_compaction.deployment import deployment_id
-from cdc_compaction.engine import Engine
-from cdc_compaction.exceptions import PlanError
+from cdc_compaction.core import sql
+from cdc_compaction.core.deployment import deployment_id
+from cdc_compaction.core.exceptions import PlanError
+from cdc_compaction.core.lake import Lake, TableLease, version_dir_of
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.core.settings import MetastoreEndpoint
+from cdc_compaction.integrations.engine import Engine
 from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
-from cdc_compaction.lake import Lake, TableLease, version_dir_of
-from cdc_compaction.registry import TableConfig
-from cdc_compaction.settings import MetastoreEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Runtime:
     def __post_init__(self) -> None:
         # Every step sees the columns the source added or widened (``schema_changes: evolve``), kept in
         # the lake: the registry alone would name fewer columns than the tables have, and refuse them.
-        from cdc_compaction.schema import effective_config
+        from cdc_compaction.core.schema import effective_config
 
         self.cfg = effective_config(self.cfg, self.lake.storage)
 
@@ -71,7 +71,7 @@ def not_compacting(rt: Runtime, p: dict[str, Any], step: str) -> dict[str, Any] 
     The steps from ``compact`` to ``archive`` then do nothing: the increments stay pending and
     the views (``refresh_view``) show them.  Retrying such a step does nothing again.
     """
-    from cdc_compaction.policy import deferred
+    from cdc_compaction.core.policy import deferred
 
     why = deferred(p)
     if why is None:
@@ -100,5 +100,5 @@ def lease_owner(run_id: str) -> str:
 
 
 def take_lease(rt: Runtime, owner: str, now: datetime | None = None) -> None:
-    """Take or renew the table's lease for ``owner`` (see :class:`cdc_compaction.lake.TableLease`)."""
+    """Take or renew the table's lease for ``owner`` (see :class:`cdc_compaction.core.lake.TableLease`)."""
     TableLease(rt.lake).acquire(owner, rt.cfg.lease_timeout, now or utcnow())

@@ -11,13 +11,13 @@ import logging
 from types import SimpleNamespace
 from typing import Any
 
-from cdc_compaction import sql
-from cdc_compaction.exceptions import SchemaChangeError
-from cdc_compaction.hive_types import hive_widening
-from cdc_compaction.identifiers import RESERVED_PREFIX, normalize_hive_type
+from cdc_compaction.core import sql
+from cdc_compaction.core.exceptions import SchemaChangeError
+from cdc_compaction.core.hive_types import hive_widening
+from cdc_compaction.core.identifiers import RESERVED_PREFIX, normalize_hive_type
+from cdc_compaction.core.lake import EMPTY_VERSION
+from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN
-from cdc_compaction.lake import EMPTY_VERSION
-from cdc_compaction.metastore import connect
 from cdc_compaction.modes import mode_of
 from cdc_compaction.modes.snapshot import history_table
 from cdc_compaction.pipeline import views

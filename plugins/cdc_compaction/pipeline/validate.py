@@ -13,8 +13,11 @@ import logging
 import posixpath
 from typing import Any
 
-from cdc_compaction.exceptions import CompactionError, ConcurrentCommitError, PublishValidationError
-from cdc_compaction.inputs import parquet_footer
+from cdc_compaction.core.exceptions import CompactionError, ConcurrentCommitError, PublishValidationError
+from cdc_compaction.core.inputs import parquet_footer
+from cdc_compaction.core.lake import Commit
+from cdc_compaction.core.storage import Storage, is_data_file
+from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import (
     DATA_DIR,
     EFF_START_DATE_COLUMN,
@@ -26,11 +29,8 @@ from cdc_compaction.job.contract import (
     STATS_FILE,
     TOMBSTONES_DIR,
 )
-from cdc_compaction.lake import Commit
-from cdc_compaction.metastore import connect
 from cdc_compaction.modes import mode_named, mode_of
 from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting, partition_dir_value, read_json, utcnow
-from cdc_compaction.storage import Storage, is_data_file
 
 log = logging.getLogger(__name__)
 

@@ -27,16 +27,16 @@ import posixpath
 from datetime import UTC, datetime
 from typing import Any
 
-from cdc_compaction import dialects, duckdb_views
-from cdc_compaction.dialects import ViewDef
+from cdc_compaction.core import dialects, duckdb_views
+from cdc_compaction.core.dialects import ViewDef
+from cdc_compaction.core.lake import Commit, TableLease
+from cdc_compaction.core.landing import view_report_path
+from cdc_compaction.core.sidechannel import count_failure
+from cdc_compaction.core.storage import is_data_file
+from cdc_compaction.integrations.metastore import Metastore, MetastoreView, connect
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.lake import Commit, TableLease
-from cdc_compaction.landing import view_report_path
-from cdc_compaction.metastore import Metastore, MetastoreView, connect
 from cdc_compaction.pipeline.pending import Pending, pending_files
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
-from cdc_compaction.sidechannel import count_failure
-from cdc_compaction.storage import is_data_file
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def refresh_pending(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
         shown["compaction"] = _compaction_due(rt, latest, pending, now)
     # Between runs too: a table whose runs stopped publishing breaches its SLO without a publish to see it.
     if rt.cfg.slo is not None:
-        from cdc_compaction import slo
+        from cdc_compaction.pipeline import slo
 
         shown["slo"] = slo.check_quietly(rt.cfg, rt.lake, now)
     return shown
@@ -284,8 +284,8 @@ def _compaction_due(rt: Runtime, latest: Commit, pending: Pending, now: datetime
     merge until the table's next scheduled run finds out.  It never compacts itself (no Spark,
     no lease): the table's own run does, whenever it starts.
     """
+    from cdc_compaction.core.policy import decide
     from cdc_compaction.pipeline.plan import pending_load
-    from cdc_compaction.policy import decide
 
     decision = decide(rt.cfg.compaction, pending_load(rt.cfg, latest, pending.files), now)
     out = decision.to_dict()

@@ -1,0 +1,186 @@
+"""Checking a landed change file before it may be compacted: readable, and a schema that fits.
+
+The plan task reads every pending file's Parquet footer (never the data) and applies
+the registry's drift policy, so a bad file stops or is set aside *before* Spark runs:
+
+* unreadable (zero bytes, truncated, not Parquet)            -> bad file
+* a registry column missing from the file                     -> accepted, read as NULL
+* a column type the reader widens safely (int -> bigint, float -> double, decimal(5,2) ->
+  decimal(10,2), timestamp in ms/us)                          -> accepted
+* dictionary-encoded columns, INT96 timestamps (Spark reads them) -> accepted
+* any other type (string where the registry says int, INT64 ns timestamps) -> bad file
+* two columns whose names differ only by case                 -> bad file (Spark cannot read it)
+* a partition value too long for a directory name (identity partitioning) -> bad file
+* a column the registry does not list, or a wider type         -> ``schema_changes``: fail | evolve | ignore
+  (:mod:`cdc_compaction.core.schema`)
+
+Bad files are handled per ``on_bad_file``: ``fail`` (default: the run stops before
+anything changes and names every file and reason) or ``quarantine`` (the file is moved
+to the table's quarantine with its reason, the run goes on, the owners are alerted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from cdc_compaction.core.exceptions import StorageError
+from cdc_compaction.core.hive_types import arrow_type, logical_type, physical_types
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.core.storage import LocalStorage, Storage
+from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
+
+
+def arrow_schema(cfg: TableConfig) -> Any:
+    """The registry columns as an Arrow schema."""
+    import pyarrow as pa
+
+    return pa.schema([(c.name, arrow_type(c.type)) for c in cfg.columns])
+
+
+@dataclass
+class FileCheck:
+    """What the footer of one landed file says."""
+
+    rows: int = 0
+    problem: str | None = None
+    ignored_columns: list[str] = field(default_factory=list)
+    missing_columns: list[str] = field(default_factory=list)
+    #: The newest source event time in the file (registry event_time), from the footer's statistics.
+    newest_event: datetime | None = None
+    #: What the file's columns change (``schema_changes``; :func:`cdc_compaction.core.schema.judge`).
+    changes: list[Any] = field(default_factory=list)
+
+
+def parquet_footer(storage: Storage, path: str) -> Any:
+    """The Parquet metadata of one file, read from its end only (ranged reads on S3)."""
+    import pyarrow.parquet as pq
+
+    with storage.open_read(path) as fh:
+        return pq.read_metadata(fh)
+
+
+def check_file(
+    cfg: TableConfig,
+    path: str,
+    storage: Storage | None = None,
+    size: int | None = None,
+    dropped: frozenset[str] = frozenset(),
+) -> FileCheck:
+    """Read one file's footer and judge it against the registry (never raises for bad data).
+
+    ``dropped``: columns the source dropped earlier (``schema_changes: evolve``; :func:`.schema.judge`).
+    """
+    storage = storage or LocalStorage()
+    try:
+        meta = parquet_footer(storage, path)
+        schema = meta.schema.to_arrow_schema()
+    except StorageError:
+        raise  # the store is unreachable or refuses us: that is not the file's fault
+    except Exception as exc:  # noqa: BLE001 - every reader error means the same: the file is unreadable
+        if size is None:
+            size = storage.size(path) if storage.exists(path) else -1
+        reason = "empty file (0 bytes)" if size == 0 else f"not readable as Parquet ({type(exc).__name__}: {exc})"
+        return FileCheck(problem=reason)
+    check = FileCheck(rows=meta.num_rows)
+    # Spark resolves Parquet columns case-insensitively: two columns differing only by case
+    # make every read of the file fail ("Found duplicate field(s)"), deep in the job.
+    by_lower: dict[str, list[str]] = {}
+    for f in schema:
+        by_lower.setdefault(f.name.lower(), []).append(f.name)
+    clashes = sorted(names for names in by_lower.values() if len(names) > 1)
+    if clashes:
+        check.problem = "columns that differ only by case (Spark cannot tell them apart): " + "; ".join(
+            " and ".join(repr(n) for n in names) for names in clashes
+        )
+        return check
+    physical = physical_types(meta)
+    from cdc_compaction.core.schema import judge
+
+    seen = {f.name: logical_type(f.type, physical.get(f.name)) for f in schema}
+    verdict = judge(cfg.schema_policy, [(c.name, c.type) for c in cfg.columns], seen, path, dropped)
+    check.missing_columns, check.ignored_columns, check.changes = verdict.missing, verdict.ignored, verdict.changes
+    check.problem = verdict.problem
+    if check.problem is None:
+        check.problem = _partition_value_problem(cfg, storage, path, found_names={f.name for f in schema})
+    if check.problem is None:
+        check.newest_event = newest_event_time(cfg, meta)
+    return check
+
+
+_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def event_time_value(value: Any, unit: str | None) -> datetime | None:
+    """A footer statistic of the event time column as an aware UTC datetime."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC)
+    if unit is not None and isinstance(value, int):
+        return datetime.fromtimestamp(value / _UNITS[unit], tz=UTC)
+    return None
+
+
+def newest_event_time(cfg: TableConfig, meta: Any) -> datetime | None:
+    """The largest value of the registry's event time column in a file, from the row groups' statistics.
+
+    None when the table has no event time column, or the writer kept no statistics.
+    """
+    spec = cfg.event_time_column
+    if spec is None:
+        return None
+    column, unit = spec
+    names = [meta.schema.column(i).name.lower() for i in range(meta.num_columns)]
+    if column.lower() not in names:
+        return None
+    idx = names.index(column.lower())
+    newest: datetime | None = None
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(idx).statistics
+        if stats is None or not stats.has_min_max:
+            continue
+        value = event_time_value(stats.max, unit)
+        if value is not None and (newest is None or value > newest):
+            newest = value
+    return newest
+
+
+#: The longest file name most file systems (and S3 key components in practice) take.
+MAX_NAME_BYTES = 255
+# Characters Spark escapes (as %XX) in a partition directory name (ExternalCatalogUtils.escapePathName).
+_SPARK_ESCAPED = {chr(c) for c in range(0x01, 0x20)} | set("\"#%'*/:=?\\\x7f{[]^")
+
+
+def partition_dir_name(value: str) -> str:
+    """The directory name Spark's ``partitionBy`` gives a ``_cdc_partition`` value."""
+    return PARTITION_DIR_PREFIX + "".join(f"%{ord(ch):02X}" if ch in _SPARK_ESCAPED else ch for ch in value)
+
+
+def _partition_value_problem(cfg: TableConfig, storage: Storage, path: str, found_names: set[str]) -> str | None:
+    """A row whose partition value cannot be a directory name (only an identity of a string can be that long)."""
+    part = cfg.partition_by
+    if part is None or part.transform != "identity":
+        return None
+    kind = next(c.type for c in cfg.columns if c.name == part.column).lower()
+    column = next((n for n in found_names if n.lower() == part.column.lower()), None)
+    if column is None or not kind.startswith(("string", "varchar", "char")):
+        return None  # numbers, dates and timestamps print short; a missing column is NULL
+    import pyarrow.parquet as pq
+
+    with storage.open_read(path) as fh:
+        values = pq.read_table(fh, columns=[column]).column(0).to_pylist()
+    for row, value in enumerate(values):
+        if value is None:
+            continue
+        size = len(partition_dir_name(str(value)).encode("utf-8"))
+        if size > MAX_NAME_BYTES:
+            return (
+                f"row {row}: the partition value of {part.column!r} ({str(value)[:40]!r}…, {len(str(value))} "
+                f"characters) makes a partition directory name of {size} bytes, over the {MAX_NAME_BYTES} a file "
+                f"name may have. Partition by a shorter column (or a day/month/year of a timestamp), or fix the row"
+            )
+    return None

@@ -1,0 +1,236 @@
+"""The key index of partitioned tables (README, "Key index"): where a version's index is, and its audit.
+
+The compaction job writes, beside every partition it rewrites, that partition's key columns
+sorted by key (``<version>/index/_cdc_partition=<v>/``); the commit record maps each partition
+to its index (``Commit.index``), and an untouched partition keeps the index of the version that
+wrote it, as it keeps its data.  The next compaction reads the index, pruned to the key range
+of its events, instead of every partition's key columns.
+
+``cdc-compaction index verify|rebuild DB.TABLE`` checks and rewrites the live
+version's index with pyarrow, no Spark.  A rebuild never writes anything a commit references:
+it writes a new directory ``<live version>/index-<token>/`` and then, as its one atomic step, the
+side file ``_cdc/index/c<seq>.json`` naming it for that commit.  A crash before the side file
+leaves an unreferenced directory and the old index in use; :func:`live_index` is what every
+reader of the index (plan, publish, retention, rollback) asks.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import posixpath
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cdc_compaction.core.exceptions import KeyIndexError
+from cdc_compaction.core.lake import Commit, Lake, TableLease
+from cdc_compaction.core.storage import is_data_file
+from cdc_compaction.job.contract import INDEX_DIR, PARTITION_COLUMN, PARTITION_DIR_PREFIX
+
+log = logging.getLogger(__name__)
+
+#: Rows per row group of a rebuilt index file (the job's index aims at the same, by bytes).
+REBUILD_ROW_GROUP_ROWS = 32_768
+
+
+def side_path(lake: Lake, seq: int) -> str:
+    """The side file that names a rebuilt index of commit ``seq``."""
+    return posixpath.join(lake.layout.control, INDEX_DIR, f"c{seq:08d}.json")
+
+
+def live_index(lake: Lake, commit: Commit) -> dict[str, str]:
+    """``commit``'s key index {value: index directory}: a rebuilt one if ``index rebuild`` wrote one, else its own.
+
+    Only partitions of the commit's map; a partition missing from the result has no index (its
+    key columns are read instead).
+    """
+    index = commit.index or {}
+    path = side_path(lake, commit.seq)
+    if commit.partitions is not None and lake.storage.exists(path):
+        doc = json.loads(lake.storage.read_text(path))
+        if doc.get("version") == commit.version:  # a side file of another table's history is ignored
+            index = doc.get("index") or {}
+    return {v: index[v] for v in sorted(commit.partitions or {}) if v in index}
+
+
+def _files(lake: Lake, location: str) -> list[str]:
+    if not lake.storage.exists(location):
+        return []
+    return sorted(e.path for e in lake.storage.list_dir(location) if not e.is_dir and is_data_file(e.name))
+
+
+def _read_keys(lake: Lake, files: list[str], pk: list[str]) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for f in files:
+        with lake.storage.open_read(f) as fh:
+            tables.append(pq.read_table(fh, columns=pk))
+    return pa.concat_tables(tables) if tables else None
+
+
+def _sorted(table: Any, pk: list[str]) -> Any:
+    return table.select(pk).sort_by([(c, "ascending") for c in pk])
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """What ``index verify`` found: partitions checked, index rows, and one line per problem."""
+
+    table: str
+    seq: int
+    partitions: int
+    rows: int
+    problems: tuple[str, ...]
+
+    def line(self) -> str:
+        state = "ok" if not self.problems else f"{len(self.problems)} problems"
+        return f"key index of commit {self.seq}: {self.partitions} partitions, {self.rows} keys: {state}"
+
+
+def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
+    """Check the key index of ``commit`` (the live one by default) against its data, every partition.
+
+    Each partition must have an index, its files must exist and hold exactly the keys of the
+    partition's data files, and no key may be in two partitions' indexes (a partition without
+    an index counts with its data's keys). Reads the key columns
+    of every partition: an audit, not something a run does.
+    """
+    cfg = lake.cfg
+    commit = commit or lake.latest_commit()
+    if commit.partitions is None or cfg.partition_by is None:
+        raise KeyIndexError(
+            f"{cfg.qualified_name}: has no partition_by, so it has no key index (commit {commit.seq}). "
+            "Nothing to verify"
+        )
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pk = list(cfg.primary_key)
+    fix = f"run `cdc-compaction index rebuild {cfg.qualified_name}`"
+    index = live_index(lake, commit)
+    problems: list[str] = []
+    tagged = []
+    rows = 0
+
+    def tag(keys: Any, value: str) -> None:
+        tagged.append(keys.append_column(PARTITION_COLUMN, pa.array([value] * keys.num_rows, pa.string())))
+
+    for value, data_loc in sorted(commit.partitions.items()):
+        loc = index.get(value)
+        if loc is None:
+            # Its data's keys stand in for the index: a key must still be in one partition only.
+            data_keys = _read_keys(lake, _files(lake, data_loc), pk)
+            if data_keys is not None:
+                tag(data_keys, value)
+            problems.append(
+                f"{cfg.qualified_name}: partition {value!r} ({data_loc}) has no key index in commit {commit.seq} "
+                f"(written before the key index, or rewritten by erase): compactions scan its keys; {fix}"
+            )
+            continue
+        files = _files(lake, loc)
+        if not files:
+            problems.append(
+                f"{cfg.qualified_name}: partition {value!r}: its key index {loc} holds no Parquet file; {fix}"
+            )
+            continue
+        try:
+            got = _read_keys(lake, files, pk)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is this problem, named
+            problems.append(
+                f"{cfg.qualified_name}: partition {value!r}: key index files {files} are unreadable ({exc}); {fix}"
+            )
+            continue
+        want = _read_keys(lake, _files(lake, data_loc), pk)
+        rows += got.num_rows
+        if want is None or not _sorted(got, pk).equals(_sorted(want.cast(got.schema), pk)):
+            n_want = 0 if want is None else want.num_rows
+            problems.append(
+                f"{cfg.qualified_name}: partition {value!r}: key index {files} holds {got.num_rows} keys that differ "
+                f"from the {n_want} keys of its data {data_loc}; {fix}"
+            )
+        tag(got, value)
+    if tagged:
+        every = pa.concat_tables(tagged)
+        per_key = every.group_by(pk).aggregate([(PARTITION_COLUMN, "count_distinct")])
+        twice = per_key.filter(pc.greater(per_key[f"{PARTITION_COLUMN}_count_distinct"], 1))
+        if twice.num_rows:
+            problems.append(
+                f"{cfg.qualified_name}: {twice.num_rows} keys are in the key index of two partitions, e.g. "
+                f"{twice.select(pk).slice(0, 3).to_pylist()}; {fix} (and check the data: a key lives in one partition)"
+            )
+    return IndexReport(cfg.qualified_name, commit.seq, len(commit.partitions), rows, tuple(problems))
+
+
+@dataclass(frozen=True)
+class RebuildResult:
+    """What ``index rebuild`` wrote: the commit, the new index directory, partitions and keys."""
+
+    seq: int
+    location: str
+    partitions: int
+    rows: int
+
+    def line(self) -> str:
+        return (
+            f"rebuilt the key index of commit {self.seq}: {self.partitions} partitions, "
+            f"{self.rows} keys in {self.location}"
+        )
+
+
+def rebuild_index(lake: Lake, by: str, now: datetime) -> RebuildResult:
+    """Write the live version's key index anew from its data, under the table lease (module docstring).
+
+    Every partition's key columns are read, sorted and written to ``<live version>/index-<token>/``;
+    then the side file names the new index for the live commit (one atomic write). A compaction
+    that commits later builds on it like on any index.
+    """
+    import pyarrow.parquet as pq
+
+    cfg = lake.cfg
+    if cfg.partition_by is None:
+        raise KeyIndexError(f"{cfg.qualified_name}: has no partition_by, so it has no key index. Nothing was changed")
+    token = uuid.uuid4().hex[:8]
+    owner = f"index-rebuild:{by}:{token}"
+    lease = TableLease(lake)
+    lease.acquire(owner, cfg.lease_timeout, now)
+    try:
+        commit = lake.latest_commit()
+        if commit.partitions is None:
+            raise KeyIndexError(
+                f"{cfg.qualified_name}: commit {commit.seq} has no partition map (nothing compacted yet). "
+                "Nothing was changed"
+            )
+        pk = list(cfg.primary_key)
+        where = posixpath.join(lake.layout.version_dir(commit.version), f"{INDEX_DIR}-{token}")
+        index: dict[str, str] = {}
+        rows = 0
+        for value, data_loc in sorted(commit.partitions.items()):
+            name = posixpath.basename(data_loc.rstrip("/"))
+            if not name.startswith(PARTITION_DIR_PREFIX):
+                raise KeyIndexError(
+                    f"{cfg.qualified_name}: partition {value!r} lives at {data_loc}, not in a "
+                    f"{PARTITION_DIR_PREFIX}<value> directory; the key index cannot name it. Nothing was changed"
+                )
+            keys = _read_keys(lake, _files(lake, data_loc), pk)
+            if keys is None:
+                continue  # an empty partition has no keys to index
+            out = posixpath.join(where, name)
+            lake.storage.makedirs(out)
+            buf = io.BytesIO()
+            pq.write_table(_sorted(keys, pk), buf, row_group_size=REBUILD_ROW_GROUP_ROWS, compression="snappy")
+            lake.storage.write_bytes(posixpath.join(out, "part-00000-rebuilt.snappy.parquet"), buf.getvalue())
+            index[value] = out
+            rows += keys.num_rows
+        doc = {"seq": commit.seq, "version": commit.version, "index": index, "rebuilt_at": now.isoformat(), "by": by}
+        # The one step that makes the new index the live one (atomic replace of a small file).
+        lake.storage.makedirs(posixpath.dirname(side_path(lake, commit.seq)))
+        lake.storage.write_text(side_path(lake, commit.seq), json.dumps(doc, indent=1, sort_keys=True))
+        log.info("%s: rebuilt the key index of commit %d in %s", cfg.qualified_name, commit.seq, where)
+        return RebuildResult(commit.seq, where, len(index), rows)
+    finally:
+        lease.release(owner)

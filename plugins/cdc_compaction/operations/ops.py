@@ -1,0 +1,296 @@
+"""Operating a table's pipeline: pause, resume and delete (``cdc-compaction pause|resume|delete``).
+
+Pause and resume flip Airflow's own pause flag (``DagModel.is_paused`` in the metadata
+database, what ``airflow dags pause`` writes): the DAG stays, no new run is scheduled, a
+running one finishes.  The registry's ``enabled: false`` is the lasting, reviewed form of
+the same wish (README, "Pausing, resuming, deleting").
+
+Delete removes a table's pipeline: its registry file is moved aside (so its DAG goes away
+at the next parse and cannot recreate what follows), its tables and views are dropped from
+the metastore (never their files), and its lake is deleted only with ``drop_data``.  It
+refuses while a run holds the table's lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cdc_compaction.core.exceptions import AirflowSetupError, ConcurrentRunError, ForeignDataError, RegistryError
+from cdc_compaction.core.lake import Lake, TableLease
+from cdc_compaction.core.registry import TableConfig, dag_id_for
+from cdc_compaction.core.settings import MetastoreEndpoint
+
+log = logging.getLogger(__name__)
+
+
+def split_table(qualified: str) -> tuple[str, str]:
+    """``db.table`` -> (db, table); a ValueError naming the expected form otherwise."""
+    db, sep, table = qualified.partition(".")
+    if not sep or not db or not table or "." in table:
+        raise ValueError(f"{qualified!r}: name the table as DATABASE.TABLE, as in its registry file's name")
+    return db, table
+
+
+def require_airflow_home(qualified: str) -> str:
+    """The metadata DB of a configured Airflow (its SQLAlchemy URL), or :class:`AirflowSetupError`.
+
+    Checked before Airflow is imported: importing it without a home writes ``~/airflow/airflow.cfg``
+    and a new, empty ``airflow.db`` -- a pause there pauses nothing that runs.  A home is real
+    when its ``airflow.cfg`` exists, and its metadata DB initialised when ``airflow db migrate``
+    left its ``alembic_version`` row there.
+    """
+    import os
+
+    from cdc_compaction.operations.status import metadata_conn, read_metadata
+
+    set_home = os.environ.get("AIRFLOW_HOME", "")
+    home = Path(set_home or "~/airflow").expanduser()
+    how = "AIRFLOW_HOME" if set_home else "AIRFLOW_HOME is not set, and Airflow's default home"
+    if not (home / "airflow.cfg").is_file():
+        raise AirflowSetupError(
+            f"{qualified}: no Airflow here: {home / 'airflow.cfg'} does not exist ({how}); nothing was changed. "
+            "Set AIRFLOW_HOME to the home of the Airflow that runs the DAGs (the directory of its airflow.cfg; "
+            "with its AIRFLOW__DATABASE__SQL_ALCHEMY_CONN if it sets one), then run this again"
+        )
+    conn = metadata_conn()
+    try:
+        rows = read_metadata(conn, "SELECT version_num FROM alembic_version") if conn else None
+    except Exception as exc:  # sqlite3's, the server's: not initialised, or not reachable; the message says which
+        rows = None
+        log.debug("metadata DB %s unreadable", conn, exc_info=True)
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        why = "no alembic_version row" if conn else "no sql_alchemy_conn"
+    if not rows:
+        raise AirflowSetupError(
+            f"{qualified}: the Airflow home {home} has no initialised metadata database ({conn or 'none configured'}: "
+            f"{why}); nothing was changed. Point AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at the Airflow "
+            "that runs the DAGs (`airflow db check`), or initialise this one with `airflow db migrate`"
+        )
+    return conn
+
+
+def set_paused(qualified: str, paused: bool) -> bool | None:
+    """Set Airflow's pause flag of the table's DAG; return what it was (None: already so).
+
+    Raises :class:`AirflowSetupError` without a configured Airflow (:func:`require_airflow_home`),
+    or when the metadata database does not know the DAG (the DAG processor has not parsed it
+    yet, or ``AIRFLOW_HOME`` points elsewhere).
+    """
+    require_airflow_home(qualified)
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    dag_id = dag_id_for(*split_table(qualified))
+    try:
+        with create_session() as session:
+            dag = session.scalar(select(DagModel).where(DagModel.dag_id == dag_id))
+            if dag is None:
+                raise AirflowSetupError(
+                    f"{qualified}: Airflow's metadata database has no DAG {dag_id}: the DAG processor has not "
+                    "parsed its registry file yet, or this shell's AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN "
+                    "name another Airflow. Check `airflow dags list`, then run this again"
+                )
+            was = bool(dag.is_paused)
+            if was == paused:
+                return None
+            dag.is_paused = paused
+    except SQLAlchemyError as exc:
+        raise AirflowSetupError(
+            f"{qualified}: cannot use Airflow's metadata database ({type(exc).__name__}: {exc}); nothing was changed. "
+            "Point AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at your Airflow (`airflow db check`)"
+        ) from exc
+    log.info("%s: DAG %s %s", qualified, dag_id, "paused" if paused else "resumed")
+    return was
+
+
+def metastore_objects(cfg: TableConfig) -> list[str]:
+    """Every table and view this package creates for ``cfg`` in the metastore: views first, then tables."""
+    from cdc_compaction.core.dialects import view_names
+    from cdc_compaction.core.sql import table_names
+    from cdc_compaction.modes.snapshot import history_table
+
+    names = table_names(cfg)
+    views = [n for per_dialect in view_names(cfg).values() for n in per_dialect.values()]
+    tables = [names[r] for r in ("base_table", "tombstones_table", "incremental_table", "compactor_table")]
+    if cfg.mode == "snapshot":
+        tables.append(history_table(cfg))
+    if cfg.mode == "cdc":
+        tables.append(f"{cfg.table}_changes")  # pipeline/changes.py: created by publish
+    return list(dict.fromkeys([*views, *tables]))
+
+
+@dataclass
+class DeleteReport:
+    """What ``delete`` did (or, unconfirmed, would do)."""
+
+    dropped: list[str] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)
+    registry_moved_to: str | None = None
+    data_deleted: str | None = None
+    data_kept: str | None = None
+
+    def lines(self) -> list[str]:
+        out = [f"dropped {n} (its files are untouched)" for n in self.dropped]
+        out += [f"not in the metastore: {n}" for n in self.absent]
+        if self.registry_moved_to:
+            out.append(
+                f"registry file moved to {self.registry_moved_to}: remove the file from your repository too, "
+                "or the next deployment brings the table back"
+            )
+        if self.data_deleted:
+            out.append(f"deleted the table's lake {self.data_deleted}")
+        if self.data_kept:
+            out.append(f"kept the table's lake {self.data_kept} (delete it with --drop-data, or by hand)")
+        return out
+
+
+def refuse_if_leased(cfg: TableConfig, now: datetime | None = None) -> None:
+    """Raise :class:`ConcurrentRunError` if a run holds the table's lease (a dead run's expired lease does not)."""
+    held = TableLease(Lake(cfg)).current()
+    if held is not None and not held.released and not held.expired(now or datetime.now(UTC)):
+        raise ConcurrentRunError(
+            f"{cfg.qualified_name}: refusing to delete while a run holds the table ({held.describe()}); nothing "
+            "was changed. Pause the DAG and let the run finish, or if it is dead break its lease with "
+            f"`cdc-compaction lease break {cfg.qualified_name}`, then delete again"
+        )
+
+
+def foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = None) -> list[str]:
+    """What under the table's storage root belongs to another table, one line each.
+
+    Two sources, because either can be missing: every registry file's ``storage_root`` read from
+    its raw YAML (valid or not: the registry's own overlap check skips invalid entries, and a file
+    with one bad field still describes a table whose data is real; files an earlier ``delete``
+    moved aside too, their lakes were kept on purpose), and every ``_cdc`` control
+    directory under the root other than the table's own (a table whose registry file is gone, or
+    lives in another registry directory).  Raise :class:`ForeignDataError` naming a registry file
+    that cannot be read at all: it may name a root inside this one.
+    """
+    import yaml
+
+    from cdc_compaction.core.registry import (
+        _SAFE_LOADER,
+        _check_yaml_bounds,
+        _read_text,
+        registry_files,
+        storage_root_key,
+    )
+
+    lake = Lake(cfg)
+    root = lake.layout.root
+    own_key = storage_root_key(cfg.storage_root)
+    found: list[str] = []
+    # A file moved aside by an earlier delete that kept its lake: that data is still someone's.
+    aside = sorted(p for p in Path(registry_dir).glob("*.y*ml.deleted-*") if p.is_file())
+    for path in [*registry_files(registry_dir), *aside]:
+        if own_file is not None and path.resolve() == own_file.resolve():
+            continue
+        try:
+            text = _read_text(path)
+            bounds = _check_yaml_bounds(text)
+            if bounds:
+                raise ValueError("; ".join(bounds))
+            data = yaml.load(text, Loader=_SAFE_LOADER)
+        except (OSError, RegistryError, yaml.YAMLError, ValueError) as exc:
+            raise ForeignDataError(
+                f"{cfg.qualified_name}: refusing to delete the lake {root}: the registry file {path} cannot be read "
+                f"({exc}), so whether its table's storage root lies inside {root} is unknown. Nothing was changed: "
+                "fix or remove that file, then delete again"
+            ) from exc
+        other = data.get("storage_root") if isinstance(data, dict) else None
+        if not isinstance(other, str) or not other.strip():
+            continue  # it names no root: no data of its table can be anywhere
+        try:
+            key = storage_root_key(other)
+        except (OSError, ValueError, RuntimeError):
+            continue
+        if key == own_key or key.startswith(own_key.rstrip("/") + "/"):
+            name = f"{data.get('database', '?')}.{data.get('table', '?')}"
+            found.append(f"table {name} (registry file {path}) has its storage root {other!r} there")
+    # Walk the root: another table's control directory is its data's certain sign.
+    pending = [root]
+    while pending:
+        for e in lake.storage.list_dir(pending.pop()):
+            if not e.is_dir or e.path.rstrip("/") == lake.layout.control.rstrip("/"):
+                continue
+            if e.name == "_cdc":
+                found.append(f"{posixpath.dirname(e.path.rstrip('/'))} holds another table's lake (its _cdc {e.path})")
+            else:
+                pending.append(e.path)
+    return found
+
+
+def refuse_foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = None) -> None:
+    """Raise :class:`ForeignDataError` when the table's storage root holds another table's data."""
+    found = foreign_data(cfg, registry_dir, own_file)
+    if found:
+        root = Lake(cfg).layout.root
+        raise ForeignDataError(
+            f"{cfg.qualified_name}: refusing --drop-data: its storage root {root} holds another table's data: "
+            + "; ".join(found)
+            + ". Nothing was changed. Move that table to a root of its own (or delete it first), or delete "
+            f"{cfg.qualified_name} without --drop-data and remove its own directories by hand"
+        )
+
+
+def delete_table(
+    cfg: TableConfig,
+    registry_file: Path,
+    endpoint: MetastoreEndpoint,
+    *,
+    drop_data: bool = False,
+    now: datetime | None = None,
+) -> DeleteReport:
+    """Remove the table's pipeline (see the module docstring); refuse while its lease is held."""
+    from cdc_compaction.integrations.metastore import connect
+
+    now = now or datetime.now(UTC)
+    refuse_if_leased(cfg, now)
+    if drop_data:
+        # Before anything changes: the whole root goes, so nothing in it may be another table's.
+        refuse_foreign_data(cfg, registry_file.parent, registry_file)
+    report = DeleteReport()
+    # The registry file first: while it exists the DAG's next run would recreate the tables.
+    if registry_file.exists():
+        target = registry_file.with_name(f"{registry_file.name}.deleted-{now:%Y%m%dT%H%M%SZ}")
+        registry_file.rename(target)
+        report.registry_moved_to = str(target)
+    with connect(endpoint) as ms:
+        for name in metastore_objects(cfg):
+            (report.dropped if ms.drop_table(cfg.database, name) else report.absent).append(f"{cfg.database}.{name}")
+    lake = Lake(cfg)
+    root = lake.layout.root
+    if drop_data:
+        lake.storage.delete_tree(root)
+        report.data_deleted = root
+    else:
+        report.data_kept = root
+    log.info("%s: deleted (%s)", cfg.qualified_name, "; ".join(report.lines()))
+    return report
+
+
+def planned_deletion(cfg: TableConfig, registry_file: Path, drop_data: bool) -> list[str]:
+    """What :func:`delete_table` would do, for the confirmation."""
+    lay = Lake(cfg).layout
+    return [
+        f"move {registry_file} aside (its DAG {cfg.dag_id} disappears at the next parse)",
+        *[f"drop {cfg.database}.{n} from the metastore (not its files)" for n in metastore_objects(cfg)],
+        f"delete everything under {lay.root}" if drop_data else f"keep the lake {lay.root}",
+    ]
+
+
+def registry_file_of(directory: Path, qualified: str) -> Path:
+    """The registry file of ``db.table`` (``.yaml`` or ``.yml``), as the registry names it."""
+    from cdc_compaction.core.registry import registry_files
+
+    for p in registry_files(directory):
+        if posixpath.splitext(p.name)[0] == qualified:
+            return p
+    return directory / f"{qualified}.yaml"

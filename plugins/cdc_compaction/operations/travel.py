@@ -1,0 +1,411 @@
+"""Time travel over a table's kept versions: list them, diff two of them (the change feed), roll back.
+
+Every commit names a whole version of the table (lake.py), and ``keep_versions`` keeps the
+newest of them on storage, so their visible rows can be read back without Spark (pyarrow).
+
+* :func:`kept_versions` -- the versions a reader may still read, newest last.
+* :func:`change_feed` -- the net changes between two kept versions, by a key-based diff of their
+  visible rows: ``insert`` / ``update_before`` + ``update_after`` / ``delete`` rows, each with the
+  commit (``_commit_version``) that last changed that key in the range.  ``mode: cdc`` tables
+  only: keyless tables have no key to pair rows by, and snapshot tables keep their own history
+  (``<t>_history``).
+* :func:`rollback` -- publish an older kept version's rows as a NEW commit: history only moves
+  forward, no file a commit references is written again (its data files are copied into a new
+  version directory; a partitioned table's partitions are referenced where they are), under the
+  table lease, through the same publish path as a compaction (``sync_base_location``).  The
+  increments compacted after that version stay in ``archive/``: the rollback takes their changes
+  out of the table, and they come back only if re-landed (README, "Time travel and rollback").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import posixpath
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from cdc_compaction.core.exceptions import ConcurrentCommitError, TimeTravelError
+from cdc_compaction.core.keyindex import live_index
+from cdc_compaction.core.lake import Commit, Lake, TableLease
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.core.storage.base import is_data_file
+from cdc_compaction.job.faults import fault_point
+from cdc_compaction.pipeline.retention import kept_seqs
+
+if TYPE_CHECKING:
+    from cdc_compaction.core.settings import MetastoreEndpoint
+
+log = logging.getLogger(__name__)
+
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+#: Change types in the order a key's rows are listed.
+CHANGE_TYPES = ("delete", "update_before", "update_after", "insert")
+#: Columns the job adds to the data files (provenance, partition): not part of a row's value.
+INTERNAL_PREFIX = "_cdc_"
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One kept version: its commit, when it was made, its visible rows and where they are."""
+
+    seq: int
+    version: str
+    committed_at: str
+    rows: int | None
+    location: str
+    live: bool
+    rollback_of: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "commit": self.seq,
+            "version": self.version,
+            "committed_at": self.committed_at,
+            "rows": self.rows,
+            "location": self.location,
+            "live": self.live,
+            "rollback_of": self.rollback_of,
+        }
+
+    def line(self) -> str:
+        rows = "?" if self.rows is None else str(self.rows)
+        note = " (live)" if self.live else ""
+        if self.rollback_of is not None:
+            note += f" (rollback to {self.rollback_of})"
+        return f"{self.seq:>6}  {self.committed_at or '-':<32}  {rows:>10}  {self.version}  {self.location}{note}"
+
+
+def _rows_of(commit: Commit) -> int | None:
+    if commit.partition_rows is not None:
+        return sum(commit.partition_rows.values())
+    n = (commit.stats or {}).get("output_visible_rows")
+    return None if n is None else int(n)
+
+
+def kept_versions(lake: Lake) -> list[VersionInfo]:
+    """The versions ``keep_versions`` keeps (the live one last); commit 0 is the empty table."""
+    latest = lake.latest_commit()
+    out = []
+    for seq in kept_seqs(latest.seq, lake.cfg.keep_versions):
+        commit = lake.read_commit(seq)
+        if commit is None:
+            continue  # a record lost to a restore: nothing to read there
+        location = lake.layout.base if commit.partitions is not None else lake.data_location(commit)
+        out.append(
+            VersionInfo(
+                seq=commit.seq,
+                version=commit.version,
+                committed_at=commit.committed_at,
+                rows=0 if seq == 0 else _rows_of(commit),
+                location=location,
+                live=seq == latest.seq,
+                rollback_of=(commit.rollback or {}).get("to_seq"),
+            )
+        )
+    return out
+
+
+def kept_commit(lake: Lake, seq: int, latest: Commit | None = None) -> Commit:
+    """Commit ``seq`` if its version is kept; otherwise refuse, naming the versions that are."""
+    latest = latest or lake.latest_commit()
+    kept = kept_seqs(latest.seq, lake.cfg.keep_versions)
+    commit = lake.read_commit(seq) if seq in kept else None
+    if commit is None:
+        raise TimeTravelError(
+            f"{lake.cfg.qualified_name}: version {seq} is not kept (kept: {kept.start}..{kept.stop - 1}, "
+            f"keep_versions: {lake.cfg.keep_versions}, live: {latest.seq}); its files may be gone. Pick a kept "
+            "version (`cdc-compaction versions`), or raise keep_versions in the registry for the future"
+        )
+    return commit
+
+
+# ----------------------------------------------------------------------------- reading
+def _data_files(lake: Lake, directory: str) -> list[str]:
+    """Every data file under ``directory`` (partition subdirectories too), sorted."""
+    files = []
+    for e in lake.storage.list_dir(directory):
+        if e.is_dir:
+            files += _data_files(lake, e.path)
+        elif is_data_file(e.name):
+            files.append(e.path)
+    return sorted(files)
+
+
+def version_rows(lake: Lake, commit: Commit) -> Any:
+    """The visible rows of ``commit`` as a pyarrow Table of the table's own columns (no ``_cdc_*``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if commit.seq == 0:
+        return pa.table({})
+    if commit.layout < 2:
+        raise TimeTravelError(
+            f"{lake.cfg.qualified_name}: version {commit.seq} ({commit.version}) has layout 1 (tombstones among "
+            "its rows), which time travel does not read. Diff or roll back to a version written since layout 2"
+        )
+    dirs = list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
+    tables = []
+    for d in dirs:
+        for f in _data_files(lake, d):
+            with lake.storage.open_read(f) as fh:
+                t = pq.read_table(fh)
+            tables.append(t.select([c for c in t.column_names if not c.startswith(INTERNAL_PREFIX)]))
+    if not tables:
+        return pa.table({})
+    return pa.concat_tables(tables, promote_options="default")
+
+
+# ------------------------------------------------------------------------------ the diff
+def _same(a: Any, b: Any) -> bool:
+    # NaN is one value here, as the compaction orders it (README, "NaN"): not a change of a row.
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def _keyed(rows: list[dict[str, Any]], key: list[str], what: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        k = tuple(r.get(c) for c in key)
+        if k in out:
+            raise TimeTravelError(f"{what} holds key {dict(zip(key, k, strict=True))} twice; run `validate` on it")
+        out[k] = r
+    return out
+
+
+def diff_rows(
+    key: list[str], before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The net changes from ``before`` to ``after`` (rows as dicts), paired by ``key``; no I/O.
+
+    A column one side lacks (added by a schema change) is NULL there.  Sorted by key, and
+    within a key ``update_before`` before ``update_after``.
+    """
+    b, a = _keyed(before, key, "the older version"), _keyed(after, key, "the newer version")
+    columns = list(dict.fromkeys([*(c for r in after[:1] for c in r), *(c for r in before[:1] for c in r)]))
+    out: list[tuple[str, dict[str, Any]]] = []
+    for k in sorted(set(b) | set(a), key=_sort_key):
+        old, new = b.get(k), a.get(k)
+        if old is None and new is not None:
+            out.append(("insert", new))
+        elif new is None and old is not None:
+            out.append(("delete", old))
+        elif old is not None and new is not None and not all(_same(old.get(c), new.get(c)) for c in columns):
+            out += [("update_before", old), ("update_after", new)]
+    return out
+
+
+def _sort_key(k: tuple[Any, ...]) -> tuple[Any, ...]:
+    # NULL key parts (nullable_key) first, and values of mixed types still comparable.
+    return tuple((v is not None, str(type(v)), v if v is not None else 0) for v in k)
+
+
+def _key_of(cfg: TableConfig) -> list[str]:
+    if cfg.mode != "cdc":
+        raise TimeTravelError(
+            f"{cfg.qualified_name}: the change feed pairs rows by primary_key, and a mode: {cfg.mode} table has "
+            "none to pair them by. Read whole versions instead (`versions` names their locations)"
+            + ("; a snapshot table's <t>_history holds every change already" if cfg.mode == "snapshot" else "")
+        )
+    return list(cfg.primary_key)  # type: ignore[attr-defined]
+
+
+def change_feed(lake: Lake, from_seq: int, to_seq: int) -> Any:
+    """The net changes from kept version ``from_seq`` to ``to_seq`` as a pyarrow Table.
+
+    Every row of the newer (insert, update_after) or older (delete, update_before) version with
+    ``_change_type`` and ``_commit_version``: the last commit in (from, to] that changed that
+    key.  The kept versions are consecutive, so every commit in between is read too.
+    """
+    import pyarrow as pa
+
+    key = _key_of(lake.cfg)
+    if from_seq > to_seq:
+        raise TimeTravelError(
+            f"{lake.cfg.qualified_name}: --from {from_seq} is after --to {to_seq}; the change feed runs forward "
+            "(swap them for the changes that undo the range)"
+        )
+    latest = lake.latest_commit()
+    commits = [kept_commit(lake, s, latest) for s in range(from_seq, to_seq + 1)]
+    tables = [version_rows(lake, c) for c in commits]
+    rows = [t.to_pylist() for t in tables]
+    # Which commit last changed each key: walk the consecutive pairs.
+    last_change: dict[tuple[Any, ...], int] = {}
+    for i in range(1, len(commits)):
+        for _, r in diff_rows(key, rows[i - 1], rows[i]):
+            last_change[tuple(r.get(c) for c in key)] = commits[i].seq
+    net = diff_rows(key, rows[0], rows[-1])
+    fields: dict[str, Any] = {}
+    for t in (tables[-1], tables[0]):
+        for f in t.schema:
+            fields.setdefault(f.name, f.type)
+    schema = pa.schema(
+        [
+            *[pa.field(n, t) for n, t in fields.items()],
+            pa.field(CHANGE_TYPE, pa.string()),
+            pa.field(COMMIT_VERSION, pa.int64()),
+        ]
+    )
+    out = [{**r, CHANGE_TYPE: kind, COMMIT_VERSION: last_change[tuple(r.get(c) for c in key)]} for kind, r in net]
+    return pa.Table.from_pylist(out, schema=schema)
+
+
+def render_table(table: Any) -> str:
+    """A change feed (or any small Arrow table) as aligned text columns, for the terminal."""
+    names = table.column_names
+    rows = [["NULL" if v is None else str(v) for v in r.values()] for r in table.to_pylist()]
+    widths = [max([len(n), *(len(r[i]) for r in rows)]) for i, n in enumerate(names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# ------------------------------------------------------------------------------ rollback
+@dataclass(frozen=True)
+class RollbackResult:
+    """What a rollback published: the new commit, the version whose rows it holds, files copied."""
+
+    seq: int
+    version: str
+    to_seq: int
+    copied_files: int
+    resumed: bool
+
+    def line(self) -> str:
+        how = "finished the interrupted rollback" if self.resumed else f"copied {self.copied_files} files"
+        return f"commit {self.seq} ({self.version}) publishes version {self.to_seq}'s rows; {how}"
+
+
+class _NoEngine:
+    """A rollback runs no Spark: any attempt to is a bug, said plainly."""
+
+    def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
+        raise TimeTravelError(f"{cfg.qualified_name}: rollback runs no Spark SQL ({statements[:1]})")
+
+
+def _copy_tree(lake: Lake, src: str, dst: str) -> int:
+    n = 0
+    for e in lake.storage.list_dir(src):
+        target = posixpath.join(dst, e.name)
+        if e.is_dir:
+            n += _copy_tree(lake, e.path, target)
+        elif is_data_file(e.name):
+            lake.storage.copy(e.path, target)
+            n += 1
+    return n
+
+
+def _rollback_stats(target: Commit) -> dict[str, Any]:
+    """The new commit's stats: what describes version N's rows (the next plan and validate read its
+    row counts and partitioning), without N's run counts -- the rollback read no increment and
+    refused no row, and N's refused rows stay N's quarantine entry (no second entry for them)."""
+    stats = {k: v for k, v in (target.stats or {}).items() if not k.startswith("rejected")}
+    return {**stats, "increment_rows": 0, "rejected_rows": 0}
+
+
+def rollback(
+    cfg: TableConfig, to_seq: int, metastore: MetastoreEndpoint, by: str, now: datetime | None = None
+) -> RollbackResult:
+    """Publish kept version ``to_seq``'s rows as a new commit, under the table lease (module docstring).
+
+    Crash-safe as a compaction is: before the commit record nothing is visible (a half-copied
+    version directory is an uncommitted attempt, which retention deletes); after it, running the
+    rollback again -- or the table's next run -- finishes the publish (roll forward).
+    """
+    from cdc_compaction.integrations.metastore import connect
+    from cdc_compaction.pipeline import views
+    from cdc_compaction.pipeline.archive import archive_commit
+    from cdc_compaction.pipeline.pending import pending_files
+    from cdc_compaction.pipeline.publish import sync_base_location
+    from cdc_compaction.pipeline.runtime import Runtime, take_lease, utcnow
+
+    if cfg.mode == "snapshot":
+        raise TimeTravelError(
+            f"{cfg.qualified_name}: a mode: snapshot table's <t>_history only grows (a date applied stays "
+            "applied), so its versions are not rolled back. Nothing was changed"
+        )
+    lake = Lake(cfg)
+    rt = Runtime(cfg=cfg, lake=lake, metastore=metastore, engine=_NoEngine())
+    now = now or utcnow()
+    token = uuid.uuid4().hex[:8]
+    owner = f"rollback:{by}:{token}"
+    take_lease(rt, owner, now)
+    try:
+        latest = lake.latest_commit()
+        resumed = bool(latest.rollback and latest.rollback.get("to_seq") == to_seq)
+        copied = 0
+        if resumed:
+            # This very rollback committed before it crashed (or the metastore is behind): finish it.
+            commit = latest
+        else:
+            if to_seq == latest.seq:
+                raise TimeTravelError(
+                    f"{cfg.qualified_name}: version {to_seq} is the live version already. Nothing was changed"
+                )
+            target = kept_commit(lake, to_seq, latest)
+            if to_seq == 0 or target.layout < 2:
+                raise TimeTravelError(
+                    f"{cfg.qualified_name}: version {to_seq} ({target.version}) "
+                    + ("is the empty table" if to_seq == 0 else "has layout 1 (tombstones among its rows)")
+                    + "; rollback publishes a compacted layout-2 version only. Nothing was changed"
+                )
+            if not lake.is_archived(latest.seq):
+                raise TimeTravelError(
+                    f"{cfg.qualified_name}: commit {latest.seq} is not archived yet (its run is unfinished). Nothing "
+                    "was changed: let the table's DAG finish (or run `step archive`), then roll back"
+                )
+            seq = latest.seq + 1
+            version = f"v{seq:08d}-rb{to_seq}-{token}"
+            new_data = lake.layout.data_dir(version, target.layout)
+            if target.partitions is None:
+                copied += _copy_tree(lake, lake.data_location(target), new_data)
+            else:
+                lake.storage.makedirs(new_data)  # the partitions stay where they are, referenced
+            old_tombs = lake.layout.tombstones_dir(target.version, target.layout)
+            new_tombs = lake.layout.tombstones_dir(version, target.layout)
+            if old_tombs and new_tombs:
+                lake.storage.makedirs(new_tombs)
+                copied += _copy_tree(lake, old_tombs, new_tombs)
+            fault_point("rollback.after_copy", cfg.qualified_name)
+            commit = Commit(
+                seq=seq,
+                version=version,
+                plan_id=f"rollback-{token}",
+                run_id=owner,
+                parent_seq=latest.seq,
+                files=[],
+                increments=[],
+                stats=_rollback_stats(target),
+                committed_at=now.isoformat(),
+                layout=target.layout,
+                partitions=target.partitions,
+                partition_rows=target.partition_rows,
+                index=live_index(lake, target) if target.partitions is not None else None,
+                freshness=target.freshness,
+                schema=target.schema,
+                rollback={"to_seq": to_seq, "to_version": target.version, "by": by},
+            )
+            if not lake.try_commit(commit):
+                raise ConcurrentCommitError(
+                    f"{cfg.qualified_name}: commit {seq} was taken by another run while rolling back; nothing of "
+                    f"the rollback was published ({version} is left for retention). Run the rollback again"
+                )
+            log.info("%s: commit %d rolls back to version %d (%s)", cfg.qualified_name, seq, to_seq, version)
+            fault_point("rollback.after_commit_record", cfg.qualified_name)
+        with connect(rt.metastore) as ms:
+            sync_base_location(rt, ms, lake.latest_commit())
+            fault_point("rollback.after_metastore_swap", cfg.qualified_name)
+            # The views show the pending increments over the rolled-back base, as after any publish.
+            views.sync(rt, ms, pending_files(rt, utcnow(), set()), commit, drop_gone=True)
+            archive_commit(rt, ms, commit)  # nothing to move: marks the commit finished for the next plan
+        # A rollback is a new Delta/Iceberg commit too (derived: logged and counted, never raises).
+        from cdc_compaction.pipeline.formats import sync_formats
+
+        sync_formats(rt, commit.seq)
+        return RollbackResult(commit.seq, commit.version, to_seq, copied, resumed)
+    finally:
+        TableLease(lake).release(owner)

@@ -1,0 +1,331 @@
+"""The benchmark's own pieces (``bench/``): deterministic data, the peer engines' rule, the report.
+
+Fast (no Spark): the peer engines are checked against a small hand-computed case of the
+compaction rule, so that the benchmark's checksum compares the compaction with a peer
+that applies the same rule. DuckDB, Polars and matplotlib come from
+``requirements-bench.txt``, which ``make test`` installs; a bare ``pytest`` without them
+skips those tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import datagen  # noqa: E402
+import peer  # noqa: E402
+import report  # noqa: E402
+
+from cdc_compaction.core.registry import parse_table  # noqa: E402
+
+INGESTED = "2026-02-01T00:00:00+00:00"
+BASE_AT = datetime(2026, 1, 20, tzinfo=UTC)
+COLUMNS = [
+    {"name": "id", "type": "bigint"},
+    {"name": "name", "type": "string"},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": "bigint"},
+]
+
+
+def test_datagen_is_deterministic_and_has_every_kind_of_change(tmp_path: Path) -> None:
+    a = datagen.generate(tmp_path / "a", 2000, 0.1, seed=7, reuse=False)
+    b = datagen.generate(tmp_path / "b", 2000, 0.1, seed=7, reuse=False)
+    for part in ("initial", "change"):
+        assert datagen.read_dir(a[part]["directory"]).equals(datagen.read_dir(b[part]["directory"]))
+    other = datagen.generate(tmp_path / "c", 2000, 0.1, seed=8, reuse=False)
+    assert not datagen.read_dir(a["change"]["directory"]).equals(datagen.read_dir(other["change"]["directory"]))
+
+    initial = datagen.read_dir(a["initial"]["directory"]).to_pylist()
+    assert len({r["id"] for r in initial}) == 2000 and a["initial"]["tombstones"] == 10
+    change = datagen.read_dir(a["change"]["directory"])
+    assert change.schema == datagen.SCHEMA and len(change.schema) == 20
+    assert len(a["change"]["files"]) == datagen.CHANGE_FILES
+    rows = change.to_pylist()
+    ops = {r["op"] for r in rows}
+    assert {"u", "d", "c", "x"} <= ops
+    assert any(r["ts_ms"] is not None and r["ts_ms"] < datagen.T0_MS for r in rows), "late events"
+    assert any(r["id"] is None for r in rows) and any(r["ts_ms"] is None for r in rows), "refused rows"
+    assert any(r["id"] is not None and r["id"] > 2000 for r in rows), "inserts"
+    # The registry entry the benchmark uses is a valid one.
+    parse_table(datagen.registry_doc("cdc_t", str(tmp_path / "lake")))
+
+
+def _write(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return str(path)
+
+
+def _case(tmp_path: Path) -> dict[str, Any]:
+    """Base: keys 1-4 (4 a tombstone). Increment: the rule's cases, over two files."""
+    types = {"bigint": pa.int64(), "string": pa.string()}
+    schema = pa.schema([(c["name"], types[c["type"]]) for c in COLUMNS])
+    meta = pa.schema(
+        [
+            *schema,
+            ("_cdc_increment", pa.string()),
+            ("_cdc_file", pa.string()),
+            ("_cdc_pos", pa.int64()),
+            ("_cdc_ingested_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    prov = {"_cdc_increment": "increment_2026011000", "_cdc_file": "part-00000.parquet", "_cdc_ingested_at": BASE_AT}
+    base = [
+        {"id": 1, "name": "one", "op": "r", "ts_ms": 100, "_cdc_pos": 0, **prov},
+        {"id": 2, "name": "two", "op": "r", "ts_ms": 100, "_cdc_pos": 1, **prov},
+        {"id": 3, "name": "three", "op": "r", "ts_ms": 100, "_cdc_pos": 2, **prov},
+        {"id": 4, "name": "four", "op": "d", "ts_ms": 300, "_cdc_pos": 3, **prov},
+    ]
+    _write(tmp_path / "base" / "part-0.parquet", base, meta)
+    inc = tmp_path / "incremental" / "increment_2026013101"
+    f0 = _write(
+        inc / "part-00000.parquet",
+        [
+            {"id": 1, "name": "one-new", "op": "u", "ts_ms": 200},  # newer: wins
+            {"id": 2, "name": "two-late", "op": "u", "ts_ms": 50},  # older than the base: loses
+            {"id": 3, "name": "three-a", "op": "u", "ts_ms": 500},  # tie on ts_ms with the next file...
+            {"id": 4, "name": "four-late", "op": "c", "ts_ms": 200},  # older than the tombstone: loses
+            {"id": None, "name": "no key", "op": "c", "ts_ms": 900},  # refused
+            {"id": 6, "name": "bad op", "op": "x", "ts_ms": 900},  # refused
+        ],
+        schema,
+    )
+    f1 = _write(
+        inc / "part-00001.parquet",
+        [
+            {"id": 3, "name": "three-b", "op": "u", "ts_ms": 500},  # ...the later file wins
+            {"id": 5, "name": "five", "op": "c", "ts_ms": 600},  # insert...
+            {"id": 5, "name": "five-gone", "op": "d", "ts_ms": 600},  # ...deleted at the same ts, later row
+        ],
+        schema,
+    )
+    return {
+        "columns": COLUMNS,
+        "primary_key": ["id"],
+        "order_by": ["ts_ms"],
+        "op_column": "op",
+        "op_codes": {"create": "c", "read": "r", "update": "u", "delete": "d"},
+        "base_location": str(tmp_path / "base"),
+        "files": [f0, f1],
+        "ingested_at": INGESTED,
+        "tombstone_cutoff": "2026-01-01T00:00:00+00:00",
+        "threads": 1,
+        "memory_limit_mb": 256,
+        "target_file_mb": 16,
+    }
+
+
+EXPECTED = {
+    1: ("one-new", "u", "increment_2026013101", "part-00000.parquet", 0),
+    2: ("two", "r", "increment_2026011000", "part-00000.parquet", 1),
+    3: ("three-b", "u", "increment_2026013101", "part-00001.parquet", 0),
+    4: ("four", "d", "increment_2026011000", "part-00000.parquet", 3),
+    5: ("five-gone", "d", "increment_2026013101", "part-00001.parquet", 2),
+}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-dir", "tombstones-apart"])
+@pytest.mark.parametrize("engine", ["duckdb", "polars", "delta"])
+def test_peer_applies_the_compaction_rule(tmp_path: Path, engine: str, split: bool) -> None:
+    """Also with the base's tombstones in a directory of their own, as a version keeps them."""
+    pytest.importorskip({"delta": "deltalake"}.get(engine, engine))
+    spec = _case(tmp_path)
+    if split:
+        table = pq.read_table(str(tmp_path / "base"))
+        dead = pc.equal(table.column("op"), "d")
+        pq.write_table(table.filter(pc.invert(dead)), tmp_path / "base" / "part-0.parquet")
+        _write(tmp_path / "tomb" / "part-0.parquet", table.filter(dead).to_pylist(), table.schema)
+        spec["base_tombstones_location"] = str(tmp_path / "tomb")
+    out = tmp_path / f"out-{engine}"
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    assert peer.main(["--engine", engine, "--spec", str(spec_file), "--out", str(out)]) == 0
+    rows = pq.read_table(str(out)).to_pylist()
+    got = {r["id"]: (r["name"], r["op"], r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows}
+    assert got == EXPECTED
+    ingested = {r["id"]: r["_cdc_ingested_at"].replace(tzinfo=UTC) for r in rows}
+    assert ingested[2] == BASE_AT and ingested[1] == datetime.fromisoformat(INGESTED)
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "polars", "delta"])
+def test_peer_drops_expired_tombstones(tmp_path: Path, engine: str) -> None:
+    """A cutoff after the base's tombstone (key 4) and before the increment's delete (key 5): 4 goes, 5 stays."""
+    pytest.importorskip({"delta": "deltalake"}.get(engine, engine))
+    spec = {**_case(tmp_path), "tombstone_cutoff": "2026-01-25T00:00:00+00:00"}
+    out = tmp_path / "out"
+    peer.ENGINES[engine](spec, str(out))
+    got = {r["id"]: r["name"] for r in pq.read_table(str(out)).to_pylist()}
+    assert got == {k: v[0] for k, v in EXPECTED.items() if k != 4}
+
+
+def test_checksum_ignores_row_order_and_file_layout_but_not_values(tmp_path: Path) -> None:
+    pytest.importorskip("duckdb")
+    spec = _case(tmp_path)
+    peer.run_duckdb(spec, str(tmp_path / "a"))
+    table = pq.read_table(str(tmp_path / "a"))
+    (tmp_path / "b").mkdir()
+    reordered = table.take(list(reversed(range(table.num_rows))))
+    pq.write_table(reordered.slice(0, 2), tmp_path / "b" / "x.parquet")
+    pq.write_table(reordered.slice(2), tmp_path / "b" / "y.parquet")
+    (tmp_path / "c").mkdir()
+    names = table.column("name").to_pylist()
+    changed = table.set_column(1, "name", pa.array(["changed", *names[1:]]))
+    pq.write_table(changed, tmp_path / "c" / "z.parquet")
+    a, b, c = (peer.checksum(str(tmp_path / d), COLUMNS, "op", "d") for d in "abc")
+    assert a == b and a["rows"] == 5 and a["tombstones"] == 2
+    assert c["hash_all"] != a["hash_all"] and c["rows"] == a["rows"]
+
+
+def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    job = {"wall_s": 10.0, "cpu_s": 8.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0}
+    out = {"files": 2, "min_mb": 1.0, "median_mb": 1.5, "max_mb": 2.0, "total_mb": 3.0}
+    check = {"rows": 10, "tombstones": 1, "hash_all": "1", "hash_visible": "2"}
+    dataset = {
+        "dataset": "1k x 1%",
+        "input_rows": 1010,
+        "jobs": {
+            "floor": {**job, "output": out},
+            "ours": {**job, "wall_s": 12.0, "output": out},
+            "delta": {**job, "wall_s": 4.0, "output": out},
+        },
+        "ratios": {"ours/floor": 1.2, "ours/floor (cpu)": 1.0, "ours/delta": 3.0},
+        "steps": {"plan_s": 0.1, "validate_s": 0.2, "ensure_tables_s": 0.0},
+        "checksums": {"ours": check, "duckdb": check},
+        "checksums_match": True,
+    }
+    (tmp_path / "compaction.json").write_text(json.dumps({"datasets": [dataset], "initial_loads": []}))
+    (tmp_path / "parse.json").write_text(json.dumps({"tables": 500, "seconds": 0.8, "runs": [{"n": 1, "s": 0.1}]}))
+    hourly = {"target": "spark_connect plan_to_refresh_view_seconds <= 8", "met": False}
+    hourly["metrics"] = {"spark_connect_plan_to_refresh_view_seconds": 9.5, "connect_server_start_seconds": 7.0}
+    (tmp_path / "hourly_connect.json").write_text(json.dumps(hourly))
+    text = report.write_report(tmp_path).read_text()
+    # The targets first: the compaction's ratio per dataset, then each benchmark's own target with the
+    # metric it names (not the others) and whether it was met.
+    assert text.index("## Targets") < text.index("## Compaction")
+    assert "| compaction 1k x 1% | ours / floor (wall) <= 1.3 | 1.20 (CPU 1.00) | yes |" in text
+    row = "| hourly_connect | spark_connect plan_to_refresh_view_seconds <= 8 | "
+    assert f"{row}spark_connect_plan_to_refresh_view_seconds 9.50 | **no** |" in text
+    assert "| 1k x 1% | 1,010 | **ours** | 12.0 |" in text
+    # delta-rs by its name, with its ratio beside the others' (those not run shown as -).
+    assert "| 1k x 1% | 1,010 | delta-rs | 4.0 |" in text
+    assert "| ours / floor | ours / floor (CPU) | <= 1.3x | ours / duckdb | ours / polars | ours / delta-rs |" in text
+    assert "| 1k x 1% | 1.20 | 1.00 | yes | - | - | 3.00 |" in text
+    assert "## parse" in text and "| tables | 500 |" in text
+    assert (tmp_path / "compaction.png").stat().st_size > 0
+
+
+def _driver_log(job_py: Path, package: Path) -> str:
+    """A driver log as Spark 4 and the job write it: two stages from a script's chained statement,
+    one from the job package's zip, one adaptive stage, a map-stage job and the job's own lines."""
+    zipped = f"{package}/cdc_compaction/job/compact.py"
+    return "\n".join(
+        [
+            "26/11/26 18:51:27 INFO InMemoryFileIndex: It took 13 ms to list leaf files for 1 paths.",
+            f"26/11/26 18:51:28 INFO DAGScheduler: Got job 0 (collect at {zipped}:2) with 1 output partitions",
+            "26/11/26 18:51:28 INFO DAGScheduler: Submitting 1 missing tasks from ResultStage 0 (x) (first 15 ...)",
+            f"26/11/26 18:51:28 INFO DAGScheduler: ResultStage 0 (collect at {zipped}:2) finished in 300 ms",
+            "2026-11-26 18:51:28,500 INFO cdc_compaction.job.compact: compacting bench.t (plan p): 8 files",
+            f"26/11/26 18:51:29 INFO DAGScheduler: Got map stage job 1 (first at {job_py}:4) with 3 output partitions",
+            "26/11/26 18:51:29 INFO DAGScheduler: Submitting 3 missing tasks from ShuffleMapStage 1 (x) (first 15 ...)",
+            f"26/11/26 18:51:29 INFO DAGScheduler: ShuffleMapStage 1 (first at {job_py}:4) finished in 700 ms",
+            f"26/11/26 18:51:30 INFO DAGScheduler: Got job 2 (first at {job_py}:4) with 1 output partitions",
+            "26/11/26 18:51:30 INFO DAGScheduler: Submitting 1 missing tasks from ResultStage 3 (x) (first 15 ...)",
+            f"26/11/26 18:51:30 INFO DAGScheduler: ResultStage 3 (first at {job_py}:4) finished in 50 ms",
+            "26/11/26 18:51:30 INFO InMemoryFileIndex: It took 250 ms to list leaf files for 100 paths.",
+            "26/11/26 18:51:33 INFO DAGScheduler: Got job 3 ($anonfun$withThreadLocalCaptured$1 at "
+            "CompletableFuture.java:1768) with 2 output partitions",
+            "26/11/26 18:51:33 INFO DAGScheduler: Submitting 2 missing tasks from ResultStage 4 (x) (first 15 ...)",
+            "26/11/26 18:51:33 INFO DAGScheduler: ResultStage 4 ($anonfun$withThreadLocalCaptured$1 at "
+            "CompletableFuture.java:1768) finished in 2500 ms",
+            "2026-11-26 18:51:33,000 INFO cdc_compaction.job.compact: compacted bench.t: {}",
+        ]
+    )
+
+
+def test_job_profile_counts_a_driver_log_and_names_its_call_sites(tmp_path: Path) -> None:
+    import zipfile
+
+    import job_profile
+
+    job_py = tmp_path / "job.py"
+    job_py.write_text("def main(df):\n    tally = (\n        df.groupBy('k')\n        .first()\n    )\n")
+    package = tmp_path / "pkg.zip"
+    with zipfile.ZipFile(package, "w") as z:
+        source = "def _read_plan(spark):\n    return spark.read.text('p').collect()\n"
+        z.writestr("cdc_compaction/job/compact.py", source)
+    log_file = tmp_path / "driver.log"
+    log_file.write_text(_driver_log(job_py, package))
+
+    p = job_profile.profile(log_file, top=3)
+    assert p is not None
+    # Jobs by id (a map-stage job too), stages by id, tasks summed over task sets.
+    assert (p["spark_jobs"], p["stages"], p["tasks"]) == (4, 4, 7)
+    assert (p["stage_s"], p["longest_stage_s"], p["listing_s"]) == (3.55, 2.5, 0.263)
+    assert p["own_s"] == 4.5  # 18:51:28.500 -> 18:51:33.000
+    # Longest first; the chained statement shown from its first line, whole and on one line.
+    assert [(t["site"], t["stages"], t["s"], t["longest_s"]) for t in p["top"]] == [
+        ("adaptive query stage (write, join or broadcast)", 1, 2.5, [2.5]),
+        ("job.py:4 main: `tally = (df.groupBy('k') .first())`", 2, 0.75, [0.7, 0.05]),
+        ("compact.py:2 _read_plan: `return spark.read.text('p').collect()`", 1, 0.3, [0.3]),
+    ]
+    assert job_profile.profile(tmp_path / "gone.log") is None
+
+
+def test_report_shows_where_the_time_goes_and_keeps_it_when_the_logs_are_gone(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    results, logs = tmp_path / "results", tmp_path / "logs"
+    results.mkdir()
+    logs.mkdir()
+    job_py = tmp_path / "job.py"
+    job_py.write_text("def main(df):\n    tally = (\n        df.groupBy('k')\n        .first()\n    )\n")
+    (logs / "ours.log").write_text(_driver_log(job_py, tmp_path / "missing.zip"))
+    (logs / "floor.log").write_text(
+        "26/11/26 18:51:22 INFO DAGScheduler: Got job 0 (parquet at NativeMethodAccessorImpl.java:0) with 1 output\n"
+        "26/11/26 18:51:22 INFO DAGScheduler: ResultStage 0 (parquet at NativeMethodAccessorImpl.java:0) "
+        "finished in 9763 ms\n"
+    )
+    (logs / "parted_clustered_1000000_change.log").write_text(_driver_log(job_py, tmp_path / "missing.zip"))
+    job = {"wall_s": 10.0, "cpu_s": 8.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0, "output": {}}
+    check = {"rows": 10, "tombstones": 1}
+    dataset = {
+        "dataset": "1M x 1%",
+        "input_rows": 1010,
+        "jobs": {engine: {**job, "log_file": str(logs / f"{engine}.log")} for engine in ("floor", "ours")},
+        "ratios": {"ours/floor": 1.0},
+        "steps": {},
+        "checksums": {"ours": check},
+        "checksums_match": True,
+    }
+    (results / "compaction.json").write_text(json.dumps({"datasets": [dataset], "initial_loads": []}))
+    sizes = [{"rows": 1000000, "touched_only": {"clustered": {}}}]
+    (results / "partitioned.json").write_text(json.dumps({"sizes": sizes}))
+
+    text = report.write_report(results, logs).read_text()
+    section = text[text.index("## Where the time goes") :]
+    assert "| compaction | 1M x 1% floor | 1 | 1 | 0 | 9.76 | 9.76 | - | - | 0.00 |" in section
+    assert "| compaction | 1M x 1% ours | 4 | 4 | 7 | 3.55 | 2.50 | 4.50 | 0.95 | 0.26 |" in section
+    assert "| partitioned | 1M touched-only (clustered) | 4 | 4 | 7 | 3.55 |" in section
+    # The flat table's log is missing: no row for it, rather than a row of zeros.
+    assert "full rewrite" not in section
+    assert "| 1M x 1% ours | 2 | 0.75 | 0.70, 0.05 | job.py:4 main: `tally = (df.groupBy('k') .first())` |" in section
+    # A call site in a zip that is gone is still named by its file and line.
+    assert "| 1M x 1% ours | 1 | 0.30 | 0.30 | collect at compact.py:2 |" in section
+
+    # The logs live under .run/ and go; the report written again keeps the same section from profile.json.
+    for f in logs.iterdir():
+        f.unlink()
+    again = report.write_report(results, logs).read_text()
+    assert again[again.index("## Where the time goes") :] == section

@@ -1,0 +1,119 @@
+"""The docs site's generated reference sections (docs/hooks/reference.py) against what they document.
+
+Expectations come from the code's public faces, not from the generator: the registry's fields from
+the shipped ``registry.schema.json`` (``tests/core/test_registry_schema.py`` keeps it current), the
+commands from the CLI's own ``--help`` output.  ``make test`` builds the whole site with
+``mkdocs build --strict`` besides (a broken link or anchor fails it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# The hook links the sections the models' descriptions name with Markdown's own anchor rule.
+pytest.importorskip("markdown", reason="the docs tools are not installed: make docs installs requirements-docs.txt")
+
+
+@pytest.fixture(scope="module")
+def reference() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_reference", REPO / "docs" / "hooks" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sections(markdown: str) -> dict[str, str]:
+    """``### heading -> its text`` of a generated section."""
+    parts = re.split(r"^### (.+)$", markdown, flags=re.MULTILINE)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def _marker_pages() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for name in re.findall(r"^<!-- generated: ([a-z-]+) -->$", page.read_text(), flags=re.MULTILINE):
+            found.setdefault(name, []).append(page.name)
+    return found
+
+
+def test_the_pages_ask_for_both_references_once() -> None:
+    assert _marker_pages() == {"registry-fields": ["registry.md"], "commands": ["commands.md"]}
+
+
+def test_the_registry_reference_lists_every_field_of_every_model(reference: ModuleType) -> None:
+    schema = json.loads((REPO / "registry.schema.json").read_text())
+    expected = {name: set(definition.get("properties", {})) for name, definition in schema["$defs"].items()}
+    page = reference.on_page_markdown("<!-- generated: registry-fields -->")
+    listed = {
+        heading: set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE))
+        for heading, text in _sections(page).items()
+    }
+    assert listed == expected
+    # Required fields say so; a field with a default shows it.
+    cdc = _sections(page)["CdcTable"]
+    for field in schema["$defs"]["CdcTable"].get("required", []):
+        assert re.search(rf"^\| `{field}` \| [^|]+ \| required \|", cdc, flags=re.MULTILINE), field
+    assert re.search(r"^\| `owner` \| string \| `data-platform` \|", cdc, flags=re.MULTILINE)
+
+
+def _help(*words: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "plugins"), "COLUMNS": "100"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdc_compaction", *words, "--help"], capture_output=True, text=True, env=env, check=True
+    )
+    return proc.stdout
+
+
+def _subcommands(help_text: str) -> list[str]:
+    """The sub-commands a ``--help`` offers: argparse shows them as ``{a,b,c} ...`` in its usage."""
+    usage = help_text.split("\n\n", 1)[0]
+    match = re.search(r"\{([a-z,-]+)\}\s+\.\.\.", usage)
+    return match.group(1).split(",") if match else []
+
+
+def test_the_commands_reference_has_every_command_and_its_usage(reference: ModuleType) -> None:
+    commands: list[tuple[str, ...]] = []
+    for name in _subcommands(_help()):
+        nested = _subcommands(_help(name))
+        commands += [(name, sub) for sub in nested] or [(name,)]
+    assert len(commands) > 20 and ("registry", "validate") in commands and ("job-package",) in commands
+
+    page = reference.on_page_markdown("<!-- generated: commands -->")
+    sections = _sections(page)
+    assert list(sections) == [" ".join(words) for words in commands]
+    for words in commands:
+        assert f"usage: cdc-compaction {' '.join(words)} " in sections[" ".join(words)], words
+    # The help text itself, as the CLI prints it (here: the one the README's five-minute path uses).
+    status = _help("status").replace("usage: python -m cdc_compaction", "usage: cdc-compaction")
+    assert status.strip() in sections["status"]
+
+
+def test_a_description_naming_a_missing_section_fails_the_build(reference: ModuleType) -> None:
+    with pytest.raises(ValueError, match="no page of docs/ has a heading"):
+        reference._text('See README, "No such section".', reference._headings())
+
+
+def test_every_make_target_the_docs_name_exists() -> None:
+    """``make metastore`` was documented, but the target is ``make metastore-start``."""
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (REPO / "Makefile").read_text(), flags=re.MULTILINE))
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    named = {
+        (page.name, target)
+        for page in pages
+        # In code only (a span or a fenced block): prose says "make" too.
+        for code in re.findall(r"```.*?```|`[^`\n]+`", page.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"(?<![\w-])make ([a-z][a-z-]*[a-z])", code)
+    }
+    assert len(named) > 20
+    assert {(page, target) for page, target in named if target not in targets} == set()

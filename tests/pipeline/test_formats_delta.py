@@ -1,0 +1,474 @@
+"""Every published version as a Delta table (docs/formats.md): ``formats: [delta]``.
+
+The first tests lay versions out by hand (Parquet files and commit records, as publish lays them
+out) and read the Delta log back with real readers -- delta-rs (``deltalake``) and polars -- comparing
+with the rows the test wrote. The pipeline tests run the real steps (Spark, the session metastore):
+a crash between the lake's commit and the Delta commit, an erase, an added column and a rollback.
+Expected rows come from what the tests landed, never from the project's code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.pipeline import formats
+from cdc_compaction.pipeline.formats import delta
+from cdc_compaction.pipeline.retention import cleanup_versions
+from cdc_compaction.pipeline.runtime import Runtime
+
+#: Versions of a student table (id -> full_name), as compactions might leave them.
+STATES: list[dict[int, str]] = [
+    {1: "ann", 2: "bob", 3: "cid", 4: "dan"},
+    {1: "ann", 2: "bobby", 4: "dan", 5: "eve"},
+    {1: "ann", 2: "robert", 3: "cid", 4: "dan", 5: "eve", 6: "fay"},
+    {2: "robert", 6: "fay", 7: "gus"},
+    {2: "rob", 6: "fay", 7: "gus", 8: "hal"},
+]
+
+
+def write_version(lake: Lake, seq: int, names: dict[int, str], partitioned: bool = False) -> Commit:
+    """Lay out version ``seq`` as publish does (``data/``, ``tombstones/``) and commit it."""
+    version = f"v{seq:08d}-p{seq}-a1"
+    data = Path(lake.layout.data_dir(version))
+    ids = sorted(names)
+    table = pa.table(
+        {
+            "id": pa.array(ids, pa.int32()),
+            "full_name": pa.array([names[i] for i in ids]),
+            "op": pa.array(["u"] * len(ids)),
+            "ts_ms": pa.array([seq * 100 + i for i in ids], pa.int64()),
+        }
+    )
+    partitions = None
+    if partitioned:
+        partitions = {}
+        for parity in ("even", "odd"):
+            d = data / f"_cdc_partition={parity}"
+            d.mkdir(parents=True)
+            keep = pa.array([(i % 2 == 0) == (parity == "even") for i in ids])
+            pq.write_table(table.filter(keep), d / "part-0.parquet")
+            partitions[parity] = str(d)
+    else:
+        data.mkdir(parents=True)
+        pq.write_table(table, data / "part-0.parquet")
+    tombs = Path(str(lake.layout.tombstones_dir(version)))
+    tombs.mkdir(parents=True)
+    # A tombstone file: a deleted key's row, which no Delta reader may see.
+    pq.write_table(pa.table({"id": pa.array([99], pa.int32()), "full_name": ["deleted"]}), tombs / "part-0.parquet")
+    commit = Commit(
+        seq=seq,
+        version=version,
+        plan_id=f"p{seq}",
+        run_id="test",
+        parent_seq=seq - 1,
+        files=[],
+        increments=[],
+        stats={"output_visible_rows": len(ids)},
+        committed_at=f"2026-11-2{seq}T10:00:00+00:00",
+        partitions=partitions,
+        partition_rows=None if partitions is None else {p: 0 for p in partitions},
+    )
+    assert lake.try_commit(commit)
+    return commit
+
+
+def rt_of(cfg: TableConfig, lake: Lake) -> Runtime:
+    return formats.runtime_for(cfg, lake)
+
+
+def delta_rows(root: str, version: int | None = None) -> dict[int, str]:
+    """id -> full_name as delta-rs reads the table (at ``version``), each id once."""
+    dt = deltalake.DeltaTable(root, version=version)
+    rows = dt.to_pyarrow_table(columns=["id", "full_name"]).to_pylist()
+    out = {r["id"]: r["full_name"] for r in rows}
+    assert len(out) == len(rows), f"an id twice in {root}@{version}: {rows}"
+    return out
+
+
+def polars_rows(root: str, version: int | None = None) -> dict[int, str]:
+    df = pl.read_delta(root, version=version).select("id", "full_name")
+    out = dict(zip(df["id"].to_list(), df["full_name"].to_list(), strict=True))
+    assert len(out) == df.height
+    return out
+
+
+def sync_up_to(cfg: TableConfig, lake: Lake, live: int) -> dict[str, Any]:
+    return formats.sync_formats(rt_of(cfg, lake), live)
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partitioned"])
+def test_one_delta_version_per_commit_readable_by_delta_rs_and_polars(make_cfg: Any, partitioned: bool) -> None:
+    extra = {"partition_by": {"column": "id", "transform": "identity"}} if partitioned else {}
+    cfg = make_cfg(formats=["delta"], keep_versions=10, **extra)
+    lake = Lake(cfg)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:3], start=1):
+        write_version(lake, seq, names, partitioned)
+        result = sync_up_to(cfg, lake, seq)
+        assert result["failed"] == {}, result
+        assert result["delta"]["written"] == ([0, 1] if seq == 1 else [seq])
+        assert delta_rows(root) == names
+        assert polars_rows(root) == names
+    # Time travel: Delta version N is lake commit N, and its commitInfo says so.
+    for seq, names in enumerate(STATES[:3], start=1):
+        assert delta_rows(root, seq) == names
+        assert polars_rows(root, seq) == names
+    assert delta_rows(root, 0) == {}
+    assert delta.commit_seqs(lake) == {0: 0, 1: 1, 2: 2, 3: 3}
+    history = {h["version"]: h for h in deltalake.DeltaTable(root).history()}
+    assert {v: h["cdc.commit_seq"] for v, h in history.items()} == {0: 0, 1: 1, 2: 2, 3: 3}
+    # Idempotent: a second sync writes nothing.
+    before = sorted(os.listdir(delta.metadata_root(lake)))
+    again = sync_up_to(cfg, lake, 3)
+    assert again["delta"]["written"] == []
+    assert sorted(os.listdir(delta.metadata_root(lake))) == before
+    # Only visible rows: no tombstone file is named, and stats are the footers'.
+    dt = deltalake.DeltaTable(root)
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    assert all("/data/" in a["path"] and "tombstones" not in a["path"] for a in adds)
+    assert sum(a["num_records"] for a in adds) == len(STATES[2])
+    assert min(a["min.id"] for a in adds) == min(STATES[2]) and max(a["max.id"] for a in adds) == max(STATES[2])
+    if partitioned:
+        assert dt.metadata().partition_columns == ["_cdc_partition"]
+        assert {a["partition._cdc_partition"] for a in adds} == {"even", "odd"}
+
+
+def test_missing_entries_are_appended_and_a_late_start_begins_with_a_checkpoint(make_cfg: Any) -> None:
+    """Formats enabled on a table with history (or syncs that failed): the log holds the kept commits only."""
+    cfg = make_cfg(formats=["delta"], keep_versions=2)
+    lake = Lake(cfg)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+    result = sync_up_to(cfg, lake, 4)
+    assert result["delta"]["written"] == [3, 4] and result["delta"]["started_at"] == 3
+    assert delta_rows(root) == STATES[3]
+    assert delta_rows(root, 3) == STATES[2]
+    assert polars_rows(root, 3) == STATES[2]
+    with pytest.raises(Exception, match=r"(?i)version|log segment|not found"):
+        deltalake.DeltaTable(root, version=2)
+
+
+def test_retention_expires_old_versions_from_the_log_before_deleting_their_files(make_cfg: Any) -> None:
+    cfg = make_cfg(formats=["delta"], keep_versions=2)
+    lake = Lake(cfg)
+    root = delta.table_root(lake)
+    rt = rt_of(cfg, lake)
+    for seq, names in enumerate(STATES, start=1):
+        write_version(lake, seq, names)
+        assert sync_up_to(cfg, lake, seq)["failed"] == {}
+        cleanup_versions(rt, seq)
+        # Every version the log still reaches is whole on storage and reads as written.
+        jsons, cps = delta._listing(lake)
+        oldest = min((*jsons, *cps))
+        assert oldest == max(0, seq - 1) or (seq == 1 and oldest == 0)
+        for v in range(max(1, seq - 1), seq + 1):
+            assert delta_rows(root, v) == STATES[v - 1]
+            assert polars_rows(root, v) == STATES[v - 1]
+    assert delta_rows(root) == STATES[-1]
+    for gone in range(1, len(STATES) - 1):
+        assert not Path(lake.layout.version_dir(f"v{gone:08d}-p{gone}-a1")).exists()
+        with pytest.raises(Exception, match=r"(?i)version|log segment|not found"):
+            deltalake.DeltaTable(root, version=gone)
+
+
+def test_a_failed_expiry_keeps_the_old_versions_files(make_cfg: Any) -> None:
+    """If the format cannot stop naming an old version, retention keeps its files this time."""
+    cfg = make_cfg(formats=["delta"], keep_versions=1)
+    lake = Lake(cfg)
+    rt = rt_of(cfg, lake)
+    write_version(lake, 1, STATES[0])
+    sync_up_to(cfg, lake, 1)
+    write_version(lake, 2, STATES[1])
+    sync_up_to(cfg, lake, 2)
+    # A log that cannot be replayed up to the oldest kept version: version 2's entry made unreadable.
+    Path(delta.commit_path(lake, 2)).write_text("{not json\n")
+    before = formats.FAILURES[cfg.qualified_name]
+    assert cleanup_versions(rt, 2) == []
+    assert formats.FAILURES[cfg.qualified_name] == before + 1
+    assert Path(lake.layout.version_dir("v00000001-p1-a1")).exists()
+
+
+def test_regenerate_after_a_file_is_rewritten_keeps_no_old_bound(make_cfg: Any) -> None:
+    """An erase rewrites files in place: the regenerated log has the new sizes and no erased value."""
+    cfg = make_cfg(formats=["delta"], keep_versions=3)
+    lake = Lake(cfg)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:3], start=1):
+        write_version(lake, seq, names)
+    sync_up_to(cfg, lake, 3)
+    # Erase id 6 ("fay") and id 1 ("ann") by hand from every kept version's file, as erase does.
+    for seq in (1, 2, 3):
+        f = Path(lake.layout.data_dir(f"v{seq:08d}-p{seq}-a1")) / "part-0.parquet"
+        t = pq.read_table(f)
+        pq.write_table(t.filter(pa.array([i not in (1, 6) for i in t["id"].to_pylist()])), f)
+    formats.regenerate_formats(rt_of(cfg, lake))
+    for seq in (1, 2, 3):
+        want = {i: n for i, n in STATES[seq - 1].items() if i not in (1, 6)}
+        assert delta_rows(root, seq) == want
+        assert polars_rows(root, seq) == want
+    text = "".join(p.read_text() for p in Path(delta.metadata_root(lake)).glob("*.json"))
+    assert "ann" not in text and "fay" not in text
+    assert json.loads(text.splitlines()[0])  # parsable
+
+
+def test_is_metadata_path_names_the_log_only(make_cfg: Any) -> None:
+    cfg = make_cfg(formats=["delta"])
+    lake = Lake(cfg)
+    assert formats.is_metadata_path(lake, delta.metadata_root(lake))
+    assert formats.is_metadata_path(lake, delta.commit_path(lake, 7))
+    assert not formats.is_metadata_path(lake, lake.layout.data_dir("v00000001-p1-a1") + "/part-0.parquet")
+    assert not formats.is_metadata_path(lake, lake.layout.base + "/_delta_logs/x")
+
+
+def test_a_table_without_formats_writes_no_log(make_cfg: Any) -> None:
+    cfg = make_cfg()
+    lake = Lake(cfg)
+    write_version(lake, 1, STATES[0])
+    assert sync_up_to(cfg, lake, 1) == {"failed": {}}
+    assert not Path(delta.metadata_root(lake)).exists()
+
+
+def test_a_format_taken_out_of_the_registry_leaves_no_stale_log(make_cfg: Any) -> None:
+    """Nothing keeps an unlisted format's log current: it is deleted, not left showing an old version."""
+    cfg = make_cfg(formats=["delta"], keep_versions=5)
+    lake = Lake(cfg)
+    write_version(lake, 1, STATES[0])
+    sync_up_to(cfg, lake, 1)
+    assert delta_rows(delta.table_root(lake)) == STATES[0]
+    plain = cfg.model_copy(update={"formats": []})
+    write_version(lake, 2, STATES[1])
+    assert sync_up_to(plain, lake, 2) == {"failed": {}, "dropped": ["delta"]}
+    assert not Path(delta.metadata_root(lake)).exists()
+    # Listed again: the log starts anew from the kept commits.
+    assert sync_up_to(cfg, lake, 2)["delta"]["written"] == [0, 1, 2]
+    assert delta_rows(delta.table_root(lake)) == STATES[1]
+
+
+def test_a_format_that_fails_is_counted_and_never_raises(make_cfg: Any) -> None:
+    cfg = make_cfg(formats=["delta"])
+    lake = Lake(cfg)
+    write_version(lake, 1, STATES[0])
+    shutil.rmtree(lake.layout.data_dir("v00000001-p1-a1"))  # the version's data is gone
+    before = formats.FAILURES[cfg.qualified_name]
+    result = sync_up_to(cfg, lake, 1)
+    assert "not on storage" in result["failed"]["delta"]
+    assert formats.FAILURES[cfg.qualified_name] == before + 1
+
+
+# ------------------------------------------------------------------------------ the registry
+def test_formats_default_to_none_come_from_the_databases_defaults_and_are_named_once(tmp_path: Path) -> None:
+    import yaml
+    from conftest import student_doc
+
+    from cdc_compaction.core.registry import load_registry
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "_database.yaml").write_text(yaml.safe_dump({"formats": ["delta"]}))
+    docs = {
+        "tests.plain.yaml": student_doc(tmp_path / "lake", "plain"),
+        "tests.own.yaml": student_doc(tmp_path / "lake", "own", formats=["iceberg", "delta"]),
+        "tests.off.yaml": student_doc(tmp_path / "lake", "off", formats=[]),
+        "tests.twice.yaml": student_doc(tmp_path / "lake", "twice", formats=["delta", "delta"]),
+        "tests.bad.yaml": student_doc(tmp_path / "lake", "bad", formats=["hudi"]),
+    }
+    for name, doc in docs.items():
+        (tmp_path / name).write_text(yaml.safe_dump(doc))
+    entries = {e.path.name: e for e in load_registry(tmp_path)}
+    assert entries["tests.plain.yaml"].config.formats == ["delta"]  # the database's default
+    assert entries["tests.own.yaml"].config.formats == ["iceberg", "delta"]
+    assert entries["tests.off.yaml"].config.formats == []
+    assert "delta listed twice" in str(entries["tests.twice.yaml"].error)
+    assert "field 'formats.0': Input should be 'delta' or 'iceberg'" in str(entries["tests.bad.yaml"].error)
+    (tmp_path / "tests" / "_database.yaml").unlink()
+    assert {e.path.name: e.config.formats for e in load_registry(tmp_path) if e.config}["tests.plain.yaml"] == []
+
+
+# ------------------------------------------------------------------------------ through the real steps
+def land_rows(cfg: TableConfig, increment: str, rows: list[dict[str, Any]], types: dict[str, pa.DataType]) -> None:
+    """One change file in ``increment``, as the replicator lands it."""
+    target = Path(Lake(cfg).layout.incremental) / increment
+    target.mkdir(parents=True)
+    cols = {name: pa.array([r.get(name) for r in rows], t) for name, t in types.items()}
+    pq.write_table(pa.table(cols), target / "part-00000.parquet")
+
+
+STUDENT = {"id": pa.int32(), "full_name": pa.string(), "op": pa.string(), "ts_ms": pa.int64()}
+
+
+def rows_of(root: str, version: int | None = None, columns: tuple[str, ...] = ("id", "full_name")) -> list[tuple]:
+    """Both readers must agree; rows as sorted tuples."""
+    a = sorted(
+        tuple(r[c] for c in columns) for r in deltalake.DeltaTable(root, version=version).to_pyarrow_table().to_pylist()
+    )
+    b = sorted(tuple(r[c] for c in columns) for r in pl.read_delta(root, version=version).to_dicts())
+    assert a == b, f"delta-rs and polars disagree at version {version}: {a} != {b}"
+    return a
+
+
+def log_text(lake: Lake) -> str:
+    """Everything the Delta log holds, as text: commit files, and each checkpoint's values."""
+    parts = []
+    for p in sorted(Path(delta.metadata_root(lake)).iterdir()):
+        if p.name.endswith(".parquet"):
+            parts.append(json.dumps(pq.read_table(p).to_pylist(), default=str))
+        else:
+            parts.append(p.read_text())
+    return "\n".join(parts)
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_crash_before_the_delta_commit_then_rollback_erase_and_an_added_column(
+    make_cfg: Any, runtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import compact_once, finish_run
+
+    from cdc_compaction.job.faults import ENV
+    from cdc_compaction.operations.erase import erase
+    from cdc_compaction.operations.travel import rollback
+    from cdc_compaction.pipeline.plan import plan
+    from cdc_compaction.pipeline.publish import publish
+    from cdc_compaction.pipeline.tables import ensure_tables
+
+    cfg = make_cfg(formats=["delta"], keep_versions=3, schema_changes="evolve")
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    lake = rt.lake
+    root = delta.table_root(lake)
+    land_rows(
+        cfg,
+        "increment_2026112200",
+        [
+            {"id": 1, "full_name": "ann", "op": "c", "ts_ms": 1},
+            {"id": 2, "full_name": "bob", "op": "c", "ts_ms": 1},
+            {"id": 3, "full_name": "cid", "op": "c", "ts_ms": 1},
+        ],
+        STUDENT,
+    )
+    compact_once(rt, "r1")
+    assert rows_of(root) == [(1, "ann"), (2, "bob"), (3, "cid")]
+
+    # Crash between the lake's commit and the Delta commit: the publish has happened all the same.
+    land_rows(
+        cfg,
+        "increment_2026112201",
+        [
+            {"id": 2, "full_name": "bobby", "op": "u", "ts_ms": 2},
+            {"id": 3, "full_name": "cid", "op": "d", "ts_ms": 2},
+        ],
+        STUDENT,
+    )
+    path = plan(rt, "r2")
+    rt.engine.compact(json.loads(lake.storage.read_text(path)))
+    from cdc_compaction.pipeline.validate import validate
+
+    validate(rt, path)
+    monkeypatch.setenv(ENV, f"formats.before_delta_commit@{cfg.qualified_name}=raise")
+    before = formats.FAILURES[cfg.qualified_name]
+    published = publish(rt, path)
+    assert published["seq"] == 2 and lake.latest_commit().seq == 2
+    assert "injected fault at formats.before_delta_commit" in published["formats"]["failed"]["delta"]
+    assert formats.FAILURES[cfg.qualified_name] == before + 1
+    assert delta.commit_seqs(lake) == {0: 0, 1: 1}, "no Delta commit 2 yet"
+    assert rows_of(root) == [(1, "ann"), (2, "bob"), (3, "cid")], "readers see commit 1 whole"
+    monkeypatch.delenv(ENV)
+    # A re-run of publish (Airflow's retry) re-derives it, once; another re-run writes nothing.
+    again = publish(rt, path)
+    assert again["formats"] == {"failed": {}, "delta": {"written": [2], "started_at": None, "version": 2}}
+    assert publish(rt, path)["formats"]["delta"]["written"] == []
+    from cdc_compaction.pipeline.archive import archive
+
+    archive(rt, path)
+    assert delta.commit_seqs(lake) == {0: 0, 1: 1, 2: 2}
+    assert rows_of(root) == [(1, "ann"), (2, "bobby")]
+    assert rows_of(root, 1) == [(1, "ann"), (2, "bob"), (3, "cid")]
+
+    # An added column (schema_changes: evolve): a metaData action, readers see the new column.
+    land_rows(
+        cfg,
+        "increment_2026112202",
+        [
+            {"id": 4, "full_name": "dan", "op": "c", "ts_ms": 3, "email": "dan@example.com"},
+        ],
+        {**STUDENT, "email": pa.string()},
+    )
+    compact_once(rt, "r3")
+    schema = deltalake.DeltaTable(root).schema()
+    assert "email" in [f.name for f in schema.fields]
+    assert rows_of(root, columns=("id", "full_name", "email")) == [
+        (1, "ann", None),
+        (2, "bobby", None),
+        (4, "dan", "dan@example.com"),
+    ]
+    assert "email" not in [f.name for f in deltalake.DeltaTable(root, version=2).schema().fields]
+
+    # A rollback is a new Delta commit carrying its own seq.
+    rollback(cfg, 2, rt.metastore, by="test")
+    # Commit 3's publish expired commit 0 (keep_versions: 3); a rollback deletes no version itself.
+    assert delta.commit_seqs(lake) == {1: 1, 2: 2, 3: 3, 4: 4}
+    assert rows_of(root) == [(1, "ann"), (2, "bobby")]
+    assert [h.get("operation") for h in deltalake.DeltaTable(root).history(1)] == ["RESTORE"]
+
+    # Erase: its commit is a Delta commit, and no erased value is left anywhere in the log.
+    land_rows(cfg, "increment_2026112203", [{"id": 5, "full_name": "zelda-erased", "op": "c", "ts_ms": 5}], STUDENT)
+    compact_once(rt, "r5")
+    assert (5, "zelda-erased") in rows_of(root)
+    assert "zelda-erased" in log_text(lake)  # a bound of commit 5's file: the test can see it
+    erase(cfg, "id = 5", actor="test")
+    live = lake.latest_commit()
+    assert live.plan_id.startswith("erase-") and live.seq == 6
+    assert sorted(delta.commit_seqs(lake)) == [4, 5, 6], "the kept commits (keep_versions: 3)"
+    assert "zelda-erased" not in log_text(lake)
+    for v in (5, 6):
+        assert rows_of(root, v) == [(1, "ann"), (2, "bobby")]
+    # The next publish appends after the regenerated log; still one version per commit.
+    land_rows(cfg, "increment_2026112204", [{"id": 6, "full_name": "fay", "op": "c", "ts_ms": 6}], STUDENT)
+    compact_once(rt, "r7")
+    assert delta.commit_seqs(lake) == {v: v for v in (5, 6, 7)}
+    assert rows_of(root) == [(1, "ann"), (2, "bobby"), (6, "fay")]
+    _ = finish_run  # the steps above are finish_run's, split to crash between them
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_the_conformance_delta_readers_see_a_wrong_expectation_now_and_in_time_travel(
+    inprocess: Any, tmp_path: Path
+) -> None:
+    """The Delta readers of the conformance runs can fail: a wrong expectation after commit 1 is a row diff
+    there, and again at every later compaction when they travel back to commit 1."""
+    from cdc_compaction.core.settings import PROJECT_ROOT
+    from cdc_compaction.devtools import conformance as conf
+
+    doc = json.loads((PROJECT_ROOT.parent / "shared" / "conformance" / "late_update_for_deleted_key.json").read_text())
+    first = next(s for s in doc["steps"] if "compact" in s)["compact"]
+    first["expect"][0]["full_name"] = "Mallory"
+    path = tmp_path / "late_update_for_deleted_key.json"
+    path.write_text(json.dumps(doc))
+    readers = [conf.DeltaReader("delta-rs"), conf.DeltaReader("polars")]
+    result = conf.run_scenario(
+        conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_dneg", formats=["delta"]
+    )
+    text = "\n".join(result.failures)
+    assert "step 2 compact (delta/delta-rs): base rows differ" in text
+    assert "step 2 compact (delta/polars): base rows differ" in text
+    # Version 1 read as of itself (step 2: VERSION AS OF the live commit) and from the later compactions.
+    for step in (2, 4, 7):
+        for engine in ("delta-rs", "polars"):
+            assert f"step {step} compact (delta/{engine}): Delta version 1 (commit 1) differs" in text
+    assert text.count("missing:    full_name='Mallory'") == 8
+    # Without formats the Delta readers do not apply: the same run has nothing for them to check.
+    plain = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake2", suffix="_dneg2")
+    assert plain.ok, plain.failures
