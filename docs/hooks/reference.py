@@ -28,8 +28,6 @@ if str(REPO / "plugins") not in sys.path:  # `mkdocs build` from a clone without
     sys.path.insert(0, str(REPO / "plugins"))
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
-#: The table modes' models, in the order the page shows them (``mode`` picks one).
-MODES = {"cdc": "CdcTable", "keyless": "KeylessTable", "snapshot": "SnapshotTable"}
 #: Files of the repository the pages link to or show, published beside the pages.
 PUBLISHED = ("bench/results/RESULTS.md", "bench/results/compaction.png", "bench/results/scaling.png")
 
@@ -37,6 +35,13 @@ PUBLISHED = ("bench/results/RESULTS.md", "bench/results/compaction.png", "bench/
 #: Sections the models' descriptions name that are no heading of their own on the site.
 SECTION_ALIASES = {"Table registry reference": "Registry"}
 SECTION_REF = re.compile(r'(?:docs|README), "([^"]+)"')
+
+
+def _modes() -> dict[str, str]:
+    """The table modes' model names, in the order the page shows them (``mode`` picks one): as the code finds them."""
+    from cdc_compaction.core.registry import mode_models
+
+    return {mode: model.__name__ for mode, model in mode_models().items()}
 
 
 def _headings() -> dict[str, str]:
@@ -133,10 +138,11 @@ def registry_fields(schema: dict[str, Any]) -> str:
         "own). `mode` picks the fields a file takes; the nested settings follow the modes.",
         "",
     ]
-    for mode, name in MODES.items():
+    modes = _modes()
+    for mode, name in modes.items():
         lines += [f"### {name}", "", f"`mode: {mode}`" + (" (or no `mode`)" if mode == "cdc" else "") + ".", ""]
         lines += [*_fields_table(defs[name], headings), ""]
-    for name in sorted(set(defs) - set(MODES.values())):
+    for name in sorted(set(defs) - set(modes.values())):
         definition = defs[name]
         lines += [f"### {name}", ""]
         if definition.get("description"):

@@ -49,8 +49,8 @@ def _registry_validate(args: argparse.Namespace) -> int:
     if not registry_files(directory):
         print(f"no registry files (*.yaml) in {directory}", file=sys.stderr)
         return 1
+    from cdc_compaction.core.mode import mode_of
     from cdc_compaction.integrations.engine import check_jars, spark_hadoop_version
-    from cdc_compaction.modes import mode_of
 
     hadoop = spark_hadoop_version()
     bad = 0

@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from cdc_compaction.core.exceptions import RegistryError
 from cdc_compaction.core.registry import (
     Alerts,
-    CdcTable,
     Column,
     Increments,
     OpCodes,
@@ -35,6 +34,7 @@ from cdc_compaction.core.registry import (
     parse_entry,
     parse_table,
 )
+from cdc_compaction.modes.cdc import CdcTable
 
 SHIPPED_REGISTRY = Path(__file__).resolve().parents[2] / "include" / "registry"
 
@@ -1164,7 +1164,8 @@ def keyless_doc(**overrides: Any) -> Doc:
 
 
 def test_mode_picks_the_table_class() -> None:
-    from cdc_compaction.core.registry import CdcTable, KeylessTable
+    from cdc_compaction.modes.cdc import CdcTable
+    from cdc_compaction.modes.keyless import KeylessTable
 
     assert type(parse_table(good_doc())) is CdcTable  # no mode: cdc, as before modes existed
     assert type(parse_table(good_doc(mode="cdc"))) is CdcTable
@@ -1427,7 +1428,7 @@ def snapshot_doc(**overrides: Any) -> Doc:
 
 
 def test_snapshot_mode_gets_its_class_and_defaults() -> None:
-    from cdc_compaction.core.registry import SnapshotTable
+    from cdc_compaction.modes.snapshot import SnapshotTable
 
     cfg = parse_table(snapshot_doc())
     assert type(cfg) is SnapshotTable

@@ -16,6 +16,7 @@ import pytest
 import sqlglot
 from conftest import STUDENT_COLUMNS
 
+from cdc_compaction.core.dialects import view_statements
 from cdc_compaction.core.exceptions import IdentifierError
 from cdc_compaction.core.identifiers import check_identifier, normalize_hive_type, quote
 from cdc_compaction.core.registry import Column, TableConfig, load_table, parse_table
@@ -28,7 +29,6 @@ from cdc_compaction.core.sql import (
     spark_schema_ddl,
     sql_literal,
     table_names,
-    view_statements,
 )
 
 SHIPPED_REGISTRY = Path(__file__).resolve().parents[2] / "include" / "registry"

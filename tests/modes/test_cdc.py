@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from conftest import STUDENT_COLUMNS
 
+from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import parse_table
-from cdc_compaction.modes import mode_of
 
 
 def cdc(**overrides: Any) -> Any:

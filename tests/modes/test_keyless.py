@@ -44,7 +44,7 @@ from models.keyless_model import (
     run_scenario,
 )
 
-from cdc_compaction.core.sql import _env
+from cdc_compaction.core.templates import _env
 from cdc_compaction.job.modes import keyless as job
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "keyless"

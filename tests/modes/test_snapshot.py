@@ -48,7 +48,7 @@ from models.snapshot_model import (
 )
 from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
 
-from cdc_compaction.core.sql import _env
+from cdc_compaction.core.templates import _env
 from cdc_compaction.job.modes import snapshot as job
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "snapshot"
@@ -639,7 +639,7 @@ def _registry_table(**overrides: Any) -> Any:
 def test_the_mode_hands_the_job_the_rule_it_reads() -> None:
     """The plan's rule is what SnapshotRule.from_dict reads, rendered as the Spark tests render it."""
     from cdc_compaction.core import sql
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     cfg = _registry_table(business_date={"column": "as_of"}, delta=True)
     rule = sql.rule_sql(cfg).to_dict()
@@ -656,7 +656,7 @@ def test_the_mode_hands_the_job_the_rule_it_reads() -> None:
 
 def test_plan_fields_carry_the_business_dates_and_the_last_applied_date() -> None:
     from cdc_compaction.core.lake import GENESIS, Commit
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     cfg = _registry_table()
     mode = mode_of(cfg)
@@ -726,7 +726,7 @@ def _good_stats() -> dict[str, Any]:
     ],
 )
 def test_count_problems_holds_the_job_to_the_contract(change: dict[str, Any], fragment: str | None) -> None:
-    from cdc_compaction.modes import mode_named
+    from cdc_compaction.core.mode import mode_named
 
     problems = mode_named("snapshot").count_problems({**_good_stats(), **change})
     if fragment is None:
@@ -737,7 +737,7 @@ def test_count_problems_holds_the_job_to_the_contract(change: dict[str, Any], fr
 
 def test_the_outputs_and_docs_of_a_snapshot_table() -> None:
     from cdc_compaction.core import sql
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     cfg = _registry_table(business_date={"column": "as_of"})
     mode = mode_of(cfg)

@@ -325,7 +325,6 @@ def test_crash_before_the_iceberg_commit_then_rollback_erase_and_an_added_column
     """Both formats on one table, through publish, rollback and erase (the framework's calls): a crash at the
     Iceberg commit loses nothing and holds Delta back in nothing; re-runs write one snapshot per commit."""
     from conftest import compact_once
-    from pipeline.test_formats_delta import STUDENT, land_rows, log_text, rows_of
 
     from cdc_compaction.job.faults import ENV
     from cdc_compaction.operations.erase import erase
@@ -337,6 +336,7 @@ def test_crash_before_the_iceberg_commit_then_rollback_erase_and_an_added_column
     from cdc_compaction.pipeline.publish import publish
     from cdc_compaction.pipeline.tables import ensure_tables
     from cdc_compaction.pipeline.validate import validate
+    from pipeline.test_formats_delta import STUDENT, land_rows, log_text, rows_of
 
     cfg = make_cfg(formats=["delta", "iceberg"], keep_versions=3, schema_changes="evolve")
     rt = runtime(cfg)

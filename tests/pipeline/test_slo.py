@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 from integrations.test_notifications import _Inbox, smtp  # noqa: F401 - the SMTP server fixture
+from pydantic import ValidationError
 
 from cdc_compaction.core.lake import Commit, Lake
 from cdc_compaction.core.registry import TableConfig

@@ -130,7 +130,7 @@ def test_unchanged_set_on_a_live_table_adds_its_hidden_columns_and_can_be_remove
     """Setting ``unchanged`` later: the base and tombstones tables get the columns that remember where a
     filled value came from (the views read them; files written before read NULL there), and removing
     it again is no dropped column."""
-    from cdc_compaction.core.registry import Unchanged
+    from cdc_compaction.modes.cdc import Unchanged
 
     cfg = make_cfg()
     rt = runtime(cfg)

@@ -368,8 +368,8 @@ def human_duration(d: timedelta) -> str:
 def doc_md(cfg: TableConfig) -> str:
     """The DAG's documentation, generated from its registry entry."""
     from cdc_compaction.core.lake import Layout
+    from cdc_compaction.core.mode import mode_of
     from cdc_compaction.core.sql import table_names
-    from cdc_compaction.modes import mode_of
 
     lay = Layout.for_table(cfg)
     names = {k: f"`{cfg.database}.{v}`" for k, v in table_names(cfg).items()}

@@ -181,7 +181,7 @@ REJECT_COLUMNS = [("_cdc_increment", "string"), ("_cdc_file", "string"), ("_cdc_
 
 def view_columns(cfg: TableConfig, kind: str) -> list[tuple[str, str]]:
     """(name, Hive type) of the view's columns."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     if kind == "view":
         return mode_of(cfg).view_columns(cfg)
@@ -298,3 +298,11 @@ def decode_trino_view_text(text: str) -> dict[str, Any]:
     if not (text.startswith(PRESTO_VIEW_PREFIX) and text.endswith(PRESTO_VIEW_SUFFIX)):
         raise ValueError("not a Presto/Trino view text")
     return json.loads(base64.b64decode(text[len(PRESTO_VIEW_PREFIX) : -len(PRESTO_VIEW_SUFFIX)]))
+
+
+def view_statements(cfg: TableConfig) -> list[str]:
+    """The Spark SQL views (the deduplicating view, then the pending-rejects view) as DDL.
+
+    Rendered from the same rule as every other dialect.
+    """
+    return [spark_statement(cfg, v) for v in metastore_views(cfg) if v.dialect == "spark"]

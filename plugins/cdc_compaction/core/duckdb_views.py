@@ -78,7 +78,7 @@ def _empty(columns: list[tuple[str, str]]) -> str:
 
 def _stored(cfg: TableConfig, files: Sequence[str]) -> str:
     """A live version's rows (written by the job, so in the registry's types): columns and provenance."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     # The mode's own output columns (snapshot: operation, eff_start_date, the hashes) follow the registry's.
     columns = [(c.name, c.type) for c in cfg.columns] + mode_of(cfg).output_columns(cfg) + META
@@ -127,7 +127,7 @@ def sources(cfg: TableConfig, files: Files) -> dict[str, exp.Expression]:
 
 def script(cfg: TableConfig, files: Files, now: datetime | None = None) -> str:
     """The DuckDB statements that (re)create the table's views, as one script."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     names = sql.table_names(cfg)
     db = _q(cfg.database)

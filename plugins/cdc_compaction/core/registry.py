@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -43,6 +43,7 @@ from pydantic import (
 from cdc_compaction.core.credentials import WHERE_CREDENTIALS_BELONG, credential_key
 from cdc_compaction.core.exceptions import IdentifierError, RegistryError
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
+from cdc_compaction.core.names import table_names
 from cdc_compaction.core.registry_errors import Context, Located, explain, load_located, yaml_error
 
 log = logging.getLogger(__name__)
@@ -754,8 +755,6 @@ class TableConfig(_Strict):
         return []
 
     def _check_derived_names(self) -> None:
-        from cdc_compaction.core.sql import table_names  # sql imports this module
-
         derived = list(table_names(self).values())
         # Metastore views of further dialects: <t>_view_<dialect>, <t>_pending_rejects_<dialect>.
         derived += [f"{n}_{d}" for d in self.views.metastore[1:] for n in derived]
@@ -839,35 +838,6 @@ def _check_op_and_order(
             raise ValueError(f"order_by: column {c!r} of type {types[c]} cannot order events")
 
 
-class Unchanged(_Strict):
-    """Columns a change event may leave out (``mode: cdc``): the key's previous value is kept.
-
-    Debezium cannot read a Postgres TOAST column that an update did not change and sends the
-    placeholder ``__debezium_unavailable_value`` instead (``marker: placeholder``); some sources
-    send NULL for a column they did not capture (``marker: "null"``: NULL then always means
-    unchanged, so such a column cannot be set to NULL).
-    """
-
-    #: The columns an event may leave out.
-    columns: list[str] = Field(min_length=1)
-    #: How a left-out value is sent: the placeholder text, or NULL.
-    marker: Literal["placeholder", "null"] = "placeholder"
-    #: The placeholder text (Debezium's for an unavailable TOAST value).
-    placeholder: str = "__debezium_unavailable_value"
-
-    @field_validator("columns")
-    @classmethod
-    def _cols(cls, v: list[str]) -> list[str]:
-        return _check_ident_list(v, "unchanged")
-
-    @field_validator("placeholder")
-    @classmethod
-    def _placeholder(cls, v: str) -> str:
-        if not v or len(v) > 256 or any(ch in v for ch in "\n\r\x00"):
-            raise ValueError("the placeholder is one line of 1-256 characters")
-        return v
-
-
 #: Types a placeholder string can stand in (Debezium writes it into text columns).
 _TEXT_TYPES = ("string", "varchar", "char")
 
@@ -877,7 +847,7 @@ _TEXT_TYPES = ("string", "varchar", "char")
 SOURCES = ("generic", "debezium", "dms", "wal2json")
 
 
-def _source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any]:
+def source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any]:
     """The fields ``source`` fills in where an entry of ``mode`` with ``columns`` leaves them out."""
     found: dict[str, Any] = {}
     if source == "debezium":
@@ -927,16 +897,7 @@ def _source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any
     return found
 
 
-#: Per preset, for ``mode: keyless``: (the columns a delivery position needs one of, the change-LSN
-#: column that is no delivery position, the column telling apart the snapshot rows sharing one LSN).
-#: README of tests/scenarios, "What each source must provide".
-_KEYLESS_SOURCE_NEEDS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "debezium": (("__commit_lsn", "__kafka_offset"), "__lsn", "__row"),
-    "wal2json": (("commit_lsn",), "lsn", "lsn_row"),
-}
-
-
-class _EventTable(TableConfig):
+class EventTable(TableConfig):
     """The fields of the modes whose change files are events: an op code and the source log's order."""
 
     mode: str
@@ -957,7 +918,7 @@ class _EventTable(TableConfig):
             return data  # pydantic reports a wrong source or document itself
         columns = data.get("columns")
         names = {c.get("name") for c in columns if isinstance(c, dict)} if isinstance(columns, list) else set()
-        defaults = _source_defaults(data.get("source", "generic"), str(data.get("mode", "cdc")), names)
+        defaults = source_defaults(data.get("source", "generic"), str(data.get("mode", "cdc")), names)
         merged = {**defaults, **data}
         if isinstance(defaults.get("op_codes"), dict) and isinstance(data.get("op_codes"), dict):
             merged["op_codes"] = {**defaults["op_codes"], **data["op_codes"]}  # override one code, keep the rest
@@ -988,291 +949,6 @@ class _EventTable(TableConfig):
         return list(self.order_by)
 
 
-class CdcTable(_EventTable):
-    """``mode: cdc``: change events of a keyed table; the latest event per key wins.
-
-    The contract is ``../shared/conformance/README.md``: ordering columns, then increment, file
-    and row break ties; a delete's winner is kept as a tombstone.
-    """
-
-    mode: Literal["cdc"] = "cdc"
-    #: The key columns: the latest event per key wins.
-    primary_key: list[str] = Field(min_length=1)
-    #: Key columns that may be NULL (a unique key over nullable columns, Debezium's
-    #: ``message.key.columns`` on a table without a primary key): NULL then equals NULL as a key value.
-    nullable_key: list[str] = Field(default_factory=list)
-    #: Columns a change event may leave out (partial rows): the key's previous value is kept.
-    unchanged: Unchanged | None = None
-    #: Columns holding the key before the change, one per primary_key column (seed 002's
-    #: oldKeyValues, wal2json's oldkeys, Debezium's before-image of the key): an update whose old
-    #: key differs retires the old key; a delete names the key it deletes there.
-    old_key: list[str] = Field(default_factory=list)
-    #: A column that marks a delete (Debezium's ``__deleted`` under ``delete.handling.mode=rewrite``):
-    #: ``true`` makes the event a delete, whatever its op code says.
-    deleted_column: str | None = None
-    #: A NULL op: refused (``null_op``), or a full-load row (``read``: AWS DMS writes its full-load
-    #: files without ``Op``); such a row may also have NULL ``order_by`` values: it orders before every event.
-    missing_op: Literal["refuse", "read"] = "refuse"
-    #: How an ``order_by`` column compares when not as its values: ``binlog_file`` compares a MySQL
-    #: binlog file name by the number it ends in.
-    order_as: dict[str, Literal["binlog_file"]] = Field(default_factory=dict)
-
-    @field_validator("primary_key", "nullable_key", "old_key")
-    @classmethod
-    def _ident_list(cls, v: list[str], info: Any) -> list[str]:
-        return _check_ident_list(v, str(info.field_name))
-
-    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
-        _check_op_and_order(names, types, self.op_column, self.order_by, self.primary_key)
-        self._check_source(types)
-        outside = [c for c in self.nullable_key if c not in self.primary_key]
-        if outside:
-            raise ValueError(f"nullable_key: {outside} are not primary_key columns {self.primary_key}")
-        if self.old_key:
-            if len(self.old_key) != len(self.primary_key):
-                raise ValueError(
-                    f"old_key: {self.old_key} must name one column per primary_key column {self.primary_key}, in order"
-                )
-            for old, key in zip(self.old_key, self.primary_key, strict=True):
-                if old not in types:
-                    raise ValueError(f"old_key: column {old!r} is not among the columns {names}")
-                if old in self.primary_key or old in self.order_by or old == self.op_column:
-                    raise ValueError(f"old_key: column {old!r} is a key, ordering or op column itself")
-                if types[old] != types[key]:
-                    raise ValueError(f"old_key: column {old!r} has type {types[old]} but {key!r} has {types[key]}")
-        if self.deleted_column is not None:
-            d = self.deleted_column
-            if d not in types:
-                raise ValueError(f"deleted_column: column {d!r} is not among the columns {names}")
-            if d in self.primary_key or d in self.order_by or d == self.op_column or d in self.old_key:
-                raise ValueError(f"deleted_column: column {d!r} is a key, ordering, op or old-key column itself")
-            if types[d] not in ("string", "boolean"):
-                raise ValueError(
-                    f"deleted_column: column {d!r} has type {types[d]}; it needs string ('true') or boolean"
-                )
-        for c, how in self.order_as.items():
-            if c not in self.order_by:
-                raise ValueError(f"order_as: {c!r} is not an order_by column {self.order_by}")
-            if types[c] not in _TEXT_TYPES and not types[c].startswith(_TEXT_TYPES):
-                raise ValueError(f"order_as: {how} compares a text column, but {c!r} has type {types[c]}")
-        if self.unchanged is not None:
-            for c in self.unchanged.columns:
-                if c not in types:
-                    raise ValueError(f"unchanged: column {c!r} is not among the columns {names}")
-                if c in self.primary_key or c in self.order_by or c == self.op_column:
-                    raise ValueError(f"unchanged: column {c!r} is a key, ordering or op column: never left out")
-                if self.unchanged.marker == "placeholder" and not types[c].startswith(_TEXT_TYPES):
-                    raise ValueError(
-                        f"unchanged: column {c!r} has type {types[c]}, which cannot hold the placeholder "
-                        f"{self.unchanged.placeholder!r}; use marker: null for it, or list only text columns"
-                    )
-
-    @property
-    def control_columns(self) -> list[str]:
-        return [self.op_column, *self.old_key, *([self.deleted_column] if self.deleted_column else [])]
-
-    @property
-    def required_key(self) -> list[str]:
-        """The key columns a change event must not leave NULL (the others are ``nullable_key``)."""
-        return [c for c in self.primary_key if c not in self.nullable_key]
-
-    @property
-    def value_columns(self) -> list[str]:
-        return [c.name for c in self.columns if c.name not in self.primary_key]
-
-
-class KeylessTable(_EventTable):
-    """``mode: keyless``: change events of a table without a key; its rows are a multiset.
-
-    Inserts add a copy of the row, updates and deletes carry the full before-image (columns
-    ``<before_prefix><column>``) and change exactly one copy equal to it. ``order_by`` is the
-    source log's sequence: events apply in its order, and events at or below the last commit's
-    watermark are replays (docs, "Table modes").
-    """
-
-    mode: Literal["keyless"]
-    #: Prefix of the columns holding a row's values before an update or delete.
-    before_prefix: str = "_before_"
-    #: Columns telling apart the events that share one ``order_by`` value (the change LSN and the row
-    #: ordinal among a snapshot's rows, which share one LSN), compared after ``order_by`` and rising in
-    #: delivery order among them. ``order_by`` + ``event_id`` identify one event: equal values are one
-    #: event delivered again. Empty: ``order_by`` alone is unique per event. Source presets fill it in.
-    event_id: list[str] = Field(default_factory=list)
-
-    @field_validator("event_id")
-    @classmethod
-    def _event_id(cls, v: list[str], info: Any) -> list[str]:
-        return _check_ident_list(v, str(info.field_name))
-
-    @property
-    def ordering_columns(self) -> list[str]:
-        return self.position
-
-    @property
-    def position(self) -> list[str]:
-        """``order_by`` then ``event_id``: an event's identity and its delivery position, compared left to right."""
-        return [*self.order_by, *self.event_id]
-
-    def _check_keyless_source(self) -> None:
-        """Refuse a preset's ordering that would lose rows: a change LSN as delivery order, or no snapshot ordinal."""
-        needs = _KEYLESS_SOURCE_NEEDS.get(self.source)
-        if needs is None:
-            return  # generic and dms: order_by + event_id are the entry's promise (unique, in delivery order)
-        delivery, change_lsn, ordinal = needs
-        where = f"keyless table {self.database}.{self.table} (source: {self.source})"
-        if self.order_by[0] == change_lsn:
-            raise ValueError(
-                f"order_by: {self.order_by} starts with {change_lsn!r}, each change's own LSN, but PostgreSQL "
-                f"delivers changes in commit order: a transaction committed after a compaction would have its "
-                f"changes dropped as replays ({where}). Land the transaction's commit position as "
-                f"{' or '.join(repr(c) for c in delivery)} and order by it, with event_id: [{change_lsn}, {ordinal}]"
-            )
-        if ordinal not in self.position and "__kafka_offset" not in self.position:
-            raise ValueError(
-                f"event_id: {self.event_id} has no {ordinal!r}, but {self.source} stamps every snapshot row with one "
-                f"LSN: the snapshot's rows would be taken for one row delivered again ({where}). Land each event's "
-                f"ordinal among the events at its LSN as {ordinal!r} (the snapshot's row number, 0 for a change) and "
-                f"add it to event_id"
-            )
-
-    @field_validator("before_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$", v):
-            raise ValueError(f"{v!r} must be 1-32 letters, digits or '_', not starting with a digit")
-        if v.lower().startswith(RESERVED_PREFIX):
-            raise ValueError(f"must not start with {RESERVED_PREFIX!r} (reserved for the package)")
-        return v
-
-    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
-        missing = [c for c in self.event_id if c not in types]
-        if missing:
-            raise ValueError(f"event_id: {missing} not among the columns {names}")
-        _check_op_and_order(names, types, self.op_column, self.position, [])
-        self._check_source(types)
-        both = [c for c in self.event_id if c in self.order_by]
-        if both or len(set(self.event_id)) != len(self.event_id):
-            raise ValueError(f"event_id: {self.event_id} repeats a column or an order_by column {self.order_by}")
-        self._check_keyless_source()
-        if self.partition_by is not None:
-            raise ValueError("partition_by: keyless tables are not partitioned (yet); remove partition_by")
-        data = self.data_columns
-        if not data:
-            raise ValueError(f"columns: a keyless table needs data columns besides {self.control_columns}")
-        lower = {n.lower(): n for n in names}
-        for col in data:
-            before = f"{self.before_prefix}{col}"
-            found = lower.get(before.lower())
-            if found is None:
-                raise ValueError(
-                    f"columns: {col!r} has no before-image column {before!r} (updates and deletes of a keyless "
-                    "table carry the whole old row; name the columns with before_prefix). If it describes the "
-                    "event rather than the row (a commit time, an LSN), declare it as event_time or put it in "
-                    "order_by or event_id"
-                )
-            if types[found] != types[col]:
-                raise ValueError(f"columns: {found!r} has type {types[found]} but {col!r} has {types[col]}")
-
-    @property
-    def before_columns(self) -> list[str]:
-        """The before-image column of each data column, in the data columns' order."""
-        by_lower = {c.name.lower(): c.name for c in self.columns}
-        return [by_lower[f"{self.before_prefix}{c}".lower()] for c in self.data_columns]
-
-    @property
-    def data_columns(self) -> list[str]:
-        """The row's own columns: what the table holds (no op, sequence, event time or before-image columns)."""
-        skip = {self.op_column.lower(), *(c.lower() for c in self.position)}
-        if self.event_time is not None:
-            skip.add(self.event_time.column.lower())
-        prefix = self.before_prefix.lower()
-        return [c.name for c in self.columns if c.name.lower() not in skip and not c.name.lower().startswith(prefix)]
-
-    @property
-    def control_columns(self) -> list[str]:
-        prefix = self.before_prefix.lower()
-        return [self.op_column, *(c.name for c in self.columns if c.name.lower().startswith(prefix))]
-
-
-class BusinessDate(_Strict):
-    """Where a snapshot's business date comes from when not from its increment's name (``mode: snapshot``)."""
-
-    #: The date column holding an export's business date.
-    column: str
-
-    @field_validator("column")
-    @classmethod
-    def _column(cls, v: str) -> str:
-        return check_identifier(v, "business_date column")
-
-
-#: The columns a snapshot table's outputs add after the registry's (job.contract.SNAPSHOT_COLUMNS):
-#: a registry column of that name would clash with them.
-_SNAPSHOT_OUTPUT_COLUMNS = ("operation", "eff_start_date")
-
-
-class SnapshotTable(TableConfig):
-    """``mode: snapshot``: every increment is one export of the table (or of its changed rows).
-
-    Comparing each export with the current table by hashes finds each key's operation (I, U, N,
-    D, X); the outputs are the current table and a history of net changes, one partition per
-    business date (the contract: ``tests/scenarios/snapshot/README.md``). No ``order_by``, no op
-    column: exports apply in the order of their business dates.
-    """
-
-    mode: Literal["snapshot"]
-    #: The key columns the exports are compared by.
-    primary_key: list[str] = Field(min_length=1)
-    #: False: every increment is a full export (a key it lacks is deleted). True: the changed rows only.
-    delta: bool = False
-    #: None: the business date of an increment is the UTC date of its name's hour.
-    business_date: BusinessDate | None = None
-
-    @field_validator("primary_key")
-    @classmethod
-    def _key(cls, v: list[str], info: Any) -> list[str]:
-        return _check_ident_list(v, str(info.field_name))
-
-    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
-        lower = {n.lower(): n for n in names}
-        for own in _SNAPSHOT_OUTPUT_COLUMNS:
-            if own in lower:
-                raise ValueError(
-                    f"columns: {lower[own]!r} is reserved for the package: a snapshot table's outputs add the "
-                    f"columns {list(_SNAPSHOT_OUTPUT_COLUMNS)}; rename the column"
-                )
-        missing = [c for c in self.primary_key if c not in types]
-        if missing:
-            raise ValueError(f"primary_key: {missing} not among the columns {names}")
-        if self.partition_by is not None:
-            raise ValueError("partition_by: snapshot tables are not partitioned (yet); remove partition_by")
-        if self.compaction.policy != "always":
-            raise ValueError(
-                "compaction.policy: a snapshot table compacts every export (its history is made by the "
-                "compaction); remove compaction or set policy: always"
-            )
-        if self.business_date is not None:
-            col = self.business_date.column
-            if col not in types:
-                raise ValueError(f"business_date: column {col!r} is not among the columns {names}")
-            if types[col] != "date":
-                raise ValueError(f"business_date: column {col!r} has type {types[col]}; it must have type date")
-            if col in self.primary_key:
-                raise ValueError(
-                    f"business_date: column {col!r} is a primary_key column; the business date is not part of a key"
-                )
-
-    @property
-    def business_date_column(self) -> str | None:
-        return self.business_date.column if self.business_date is not None else None
-
-    @property
-    def value_columns(self) -> list[str]:
-        """The compared columns, in registry order: neither key columns nor the business-date column."""
-        skip = {*self.primary_key, *([self.business_date_column] if self.business_date_column else [])}
-        return [c.name for c in self.columns if c.name not in skip]
-
-
 def _mode_of(value: Any) -> str:
     """The ``mode`` tag of a registry document (``cdc`` when absent) or of a validated table."""
     if isinstance(value, dict):
@@ -1281,24 +957,37 @@ def _mode_of(value: Any) -> str:
     return str(getattr(value, "mode", "cdc"))
 
 
-#: Every table mode, chosen by the entry's ``mode`` field (``cdc`` when the field is absent).
-TableSpec = Annotated[
-    Annotated[CdcTable, Tag("cdc")]
-    | Annotated[KeylessTable, Tag("keyless")]
-    | Annotated[SnapshotTable, Tag("snapshot")],
-    Discriminator(
-        _mode_of,
-        custom_error_type="unknown_mode",
-        custom_error_message="mode: must be one of 'cdc', 'keyless', 'snapshot'",
-        custom_error_context={"discriminator": "mode"},
-    ),
-]
-MODES = ("cdc", "keyless", "snapshot")
+def mode_models() -> dict[str, type[TableConfig]]:
+    """Every table mode's registry model, by its ``mode`` value (``cdc`` first: the default).
+
+    Each mode owns its model (``cdc_compaction.modes.<mode>``); :mod:`cdc_compaction.core.mode`
+    finds them, so a new mode is a new module and this registry does not name any.
+    """
+    from cdc_compaction.core.mode import table_modes
+
+    return {name: mode.model for name, mode in table_modes().items()}
+
+
+def mode_names() -> tuple[str, ...]:
+    """The registry's ``mode`` values."""
+    return tuple(mode_models())
 
 
 @functools.cache
 def _table_adapter() -> TypeAdapter[Any]:
-    return TypeAdapter(TableSpec)
+    models = mode_models()
+    names = ", ".join(repr(n) for n in models)
+    members = tuple(Annotated[model, Tag(name)] for name, model in models.items())
+    spec = Annotated[
+        Union[members],  # noqa: UP007 - a union built from the modes found at run time
+        Discriminator(
+            _mode_of,
+            custom_error_type="unknown_mode",
+            custom_error_message=f"mode: must be one of {names}",
+            custom_error_context={"discriminator": "mode"},
+        ),
+    ]
+    return TypeAdapter(spec)
 
 
 def parse_table(data: Any) -> TableConfig:
@@ -1339,7 +1028,11 @@ class RegistryEntry:
 
 
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
-_ALL_FIELDS = frozenset({*CdcTable.model_fields, *KeylessTable.model_fields, *SnapshotTable.model_fields})
+
+
+@functools.cache
+def _all_fields() -> frozenset[str]:
+    return frozenset(name for model in mode_models().values() for name in model.model_fields)
 
 
 def _format_pydantic(err: ValidationError) -> list[str]:
@@ -1347,7 +1040,7 @@ def _format_pydantic(err: ValidationError) -> list[str]:
     for e in err.errors():
         parts = list(e["loc"])
         # A mode's own errors are located under its tag (('cdc', 'primary_key')): the file has no such level.
-        if parts and parts[0] in MODES:
+        if parts and parts[0] in mode_models():
             parts = parts[1:]
         loc = ".".join(str(p) for p in parts)
         msg = e["msg"]
@@ -1355,7 +1048,7 @@ def _format_pydantic(err: ValidationError) -> list[str]:
             msg = msg[len("Value error, ") :]
         # Cross-field checks have no location of their own: their message starts with the field.
         m = _FIELD_PREFIX.match(msg) if not loc else None
-        if m and m.group(1) in _ALL_FIELDS:
+        if m and m.group(1) in _all_fields():
             loc, msg = m.group(1), m.group(2)
         problems.append(f"field '{loc or '(entry)'}': {msg}")
     return problems
@@ -1443,7 +1136,6 @@ PER_TABLE_FIELDS = frozenset(
         "business_date",
     }
 )
-_MODE_CLASSES: dict[str, type[TableConfig]] = {"cdc": CdcTable, "keyless": KeylessTable, "snapshot": SnapshotTable}
 
 
 @functools.cache
@@ -1452,8 +1144,8 @@ def _defaults_model() -> type[BaseModel]:
     there (pydantic ``extra="forbid"``: an unknown key is refused), each optional."""
     from pydantic import create_model
 
-    fields: dict[str, Any] = {"mode": (Literal["cdc", "keyless", "snapshot"] | None, None)}
-    for cls in _MODE_CLASSES.values():
+    fields: dict[str, Any] = {"mode": (Literal[mode_names()] | None, None)}
+    for cls in mode_models().values():
         for name, info in cls.model_fields.items():
             if name in PER_TABLE_FIELDS or name in fields:
                 continue
@@ -1594,7 +1286,7 @@ def merge_defaults(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, 
     A default the table's mode has no field for (``delta`` for a cdc table) is left out.
     """
     mode = data.get("mode", defaults.get("mode", "cdc"))
-    cls = _MODE_CLASSES.get(mode) if isinstance(mode, str) else None
+    cls = mode_models().get(mode) if isinstance(mode, str) else None
     if cls is None:
         return _deep_merge(defaults, data)  # the unknown mode is reported by parse_table
     return _deep_merge({k: v for k, v in defaults.items() if k in cls.model_fields}, data)
@@ -1660,7 +1352,7 @@ def parse_entry(path: Path, text: str, defaults: dict[str, DatabaseDefaults] | N
             assert db_defaults is not None
             problems = [_blame_defaults(p, from_defaults, db_defaults.path) for p in problems]
         mode = data.get("mode", "cdc")
-        model = _MODE_CLASSES.get(mode) if isinstance(mode, str) else None
+        model = mode_models().get(mode) if isinstance(mode, str) else None
         context = _error_context(located, model, data, db_defaults.located if db_defaults else None)
         problems, locations = explain(exc, problems, context)
         raise RegistryError(file, table, problems, locations) from exc
@@ -1693,18 +1385,18 @@ def _error_context(
     if data and isinstance(source, str) and source in SOURCES:
         columns = data.get("columns")
         names = {c.get("name") for c in columns if isinstance(c, dict)} if isinstance(columns, list) else set()
-        found = _source_defaults(source, str(data.get("mode", "cdc")), names)
+        found = source_defaults(source, str(data.get("mode", "cdc")), names)
         preset = {k: v for k, v in found.items() if k not in data}
     return Context(
         doc=doc,
         model=model,
-        other_models=_MODE_CLASSES,
+        other_models=mode_models(),
         defaults=defaults,
         preset=preset,
         source=source if isinstance(source, str) else None,
         hive_types=(*sorted(_PRIMITIVE_TYPES - {"integer"}), "decimal(p,s)", "varchar(n)", "char(n)"),
         schedule_presets=tuple(sorted(_PRESETS)),
-        modes=MODES,
+        modes=mode_names(),
     )
 
 

@@ -21,6 +21,7 @@ import ast
 import functools
 import inspect
 import json
+import sys
 import textwrap
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
 from cdc_compaction.core import registry
+from cdc_compaction.core.mode import table_modes
 
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60))
 
@@ -51,12 +53,19 @@ class _RegistrySchema(GenerateJsonSchema):
         return super().encode_default(dft)
 
 
+def _model_modules() -> set[str]:
+    """The modules defining registry models: the registry's and every mode's."""
+    return {registry.__name__, *(model.__module__ for model in registry.mode_models().values())}
+
+
 def _models() -> dict[str, type[BaseModel]]:
     """The registry's models by class name (the ``$defs`` keys pydantic writes)."""
+    modules = _model_modules()
     return {
         name: obj
-        for name, obj in vars(registry).items()
-        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == registry.__name__
+        for module in modules
+        for name, obj in vars(sys.modules[module]).items()
+        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ in modules
     }
 
 
@@ -96,7 +105,7 @@ def _field_docs(model: type[BaseModel]) -> dict[str, str]:
     """Descriptions of ``model``'s fields, inherited ones included (the nearest class that documents one wins)."""
     docs: dict[str, str] = {}
     for cls in reversed(model.__mro__):
-        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == registry.__name__:
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ in _model_modules():
             docs.update(_source_docs(cls))
     return docs
 
@@ -122,8 +131,12 @@ def registry_schema() -> dict[str, Any]:
     generated = registry._table_adapter().json_schema(schema_generator=_RegistrySchema)
     defs = generated["$defs"]
     _describe(defs)
-    mode_classes = {"cdc": "CdcTable", "keyless": "KeylessTable", "snapshot": "SnapshotTable"}
-    assert set(mode_classes) == set(registry.MODES), "a new table mode: add it to mode_classes"
+    models = registry.mode_models()
+    default = next(iter(models))
+    choice: dict[str, Any] = {"$ref": f"#/$defs/{models[default].__name__}"}
+    for mode in reversed([m for m in models if m != default]):
+        choice = {"if": _mode_is(mode), "then": {"$ref": f"#/$defs/{models[mode].__name__}"}, "else": choice}
+    kinds = ", ".join(f"{mode} ({table_modes()[mode].summary})" for mode in models)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "cdc-compaction registry entry",
@@ -132,19 +145,12 @@ def registry_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {
             "mode": {
-                "enum": list(registry.MODES),
-                "default": "cdc",
-                "description": 'The table mode (docs, "Table modes"): cdc (keyed change events), keyless '
-                "(change events without a key), snapshot (full extracts).",
+                "enum": list(models),
+                "default": default,
+                "description": f'The table mode (docs, "Table modes"): {kinds}.',
             }
         },
-        "if": _mode_is("keyless"),
-        "then": {"$ref": f"#/$defs/{mode_classes['keyless']}"},
-        "else": {
-            "if": _mode_is("snapshot"),
-            "then": {"$ref": f"#/$defs/{mode_classes['snapshot']}"},
-            "else": {"$ref": f"#/$defs/{mode_classes['cdc']}"},
-        },
+        **choice,
         "$defs": defs,
     }
 

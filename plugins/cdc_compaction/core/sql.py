@@ -9,49 +9,22 @@ so the job and the views share one definition.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-import jinja2
-
-from cdc_compaction.core import settings
 from cdc_compaction.core.identifiers import quote
+from cdc_compaction.core.names import table_names as table_names  # callers use sql.table_names
 from cdc_compaction.core.registry import TableConfig
-
-
-def sql_literal(value: object) -> str:
-    """A single-quoted SQL string literal with backslashes and quotes escaped."""
-    s = str(value)
-    if "\x00" in s:
-        raise ValueError("NUL bytes cannot appear in SQL literals")
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-@functools.lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(settings.SQL_DIR)),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,  # SQL, not HTML: every value goes through q or lit instead
-        trim_blocks=False,
-        keep_trailing_newline=False,
-    )
-    env.filters["q"] = quote
-    env.filters["lit"] = sql_literal
-    return env
-
-
-def template_module(name: str) -> Any:
-    """The macros of template ``name`` (below ``include/sql``), callable from Python."""
-    return _env().get_template(name).make_module({})
+from cdc_compaction.core.templates import _env as _env  # callers use sql._env, sql.sql_literal
+from cdc_compaction.core.templates import sql_literal as sql_literal
+from cdc_compaction.core.templates import template_module as template_module
 
 
 def schema_fingerprint(cfg: TableConfig) -> str:
     """A short hash of everything that shapes the tables and views of ``cfg``."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     doc = {
         "columns": [[c.name, c.type, c.comment] for c in cfg.columns],
@@ -68,22 +41,9 @@ def schema_fingerprint(cfg: TableConfig) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def table_names(cfg: TableConfig) -> dict[str, str]:
-    """Names of the Hive objects of one registry table."""
-    t = cfg.table
-    return {
-        "base_table": f"{t}_base",
-        "tombstones_table": f"{t}_tombstones",
-        "incremental_table": f"{t}_incremental",
-        "compactor_table": f"{t}_compactor",
-        "view_name": f"{t}_view",
-        "rejects_view": f"{t}_pending_rejects",
-    }
-
-
 def context(cfg: TableConfig) -> Any:
     """What the templates see as ``t``: the table's mode builds it (:meth:`TableMode.rule_context`)."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     return mode_of(cfg).rule_context(cfg, schema_fingerprint(cfg))
 
@@ -95,7 +55,7 @@ def render(template: str, cfg: TableConfig, **extra: Any) -> str:
 
 def render_mode(template: str, cfg: TableConfig, **extra: Any) -> str:
     """Render the table mode's own template ``template`` (``include/sql/modes/<mode>/<template>``)."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     return render(mode_of(cfg).template(template), cfg, **extra)
 
@@ -119,7 +79,7 @@ class RuleSql(dict[str, str]):
 
 def rule_sql(cfg: TableConfig) -> RuleSql:
     """Render the rule macros of the table mode's ``_rule.sql.j2`` into expressions."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     return RuleSql(mode_of(cfg).rule_sql(cfg))
 
@@ -186,13 +146,3 @@ def add_columns_statement(cfg: TableConfig, table: str, columns: list[Any]) -> s
 
 def set_fingerprint_statement(cfg: TableConfig, table: str, kind: str = "TABLE") -> str:
     return render("set_fingerprint.sql.j2", cfg, table=table, kind=kind)
-
-
-def view_statements(cfg: TableConfig) -> list[str]:
-    """The Spark SQL views (the deduplicating view, then the pending-rejects view) as DDL.
-
-    Rendered by :mod:`cdc_compaction.core.dialects` from the same rule as every other dialect.
-    """
-    from cdc_compaction.core import dialects  # it renders through this module
-
-    return [dialects.spark_statement(cfg, v) for v in dialects.metastore_views(cfg) if v.dialect == "spark"]

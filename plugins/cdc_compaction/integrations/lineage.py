@@ -159,7 +159,7 @@ def _schema(columns: list[tuple[str, str, str]]) -> schema_dataset.SchemaDataset
 
 def output_columns(cfg: TableConfig) -> list[tuple[str, str, str]]:
     """(name, type, comment) of the base table's columns: the registry's, the mode's, the metadata, the partition."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     cols = [(c.name, c.type, c.comment) for c in cfg.columns]
     cols += [(n, t, "") for n, t in mode_of(cfg).output_columns(cfg)]
@@ -283,7 +283,7 @@ def output_dataset(
 
 def history_columns(cfg: TableConfig) -> list[tuple[str, str, str]]:
     """(name, type, comment) of a snapshot table's ``<t>_history`` (``include/sql/create_history.sql.j2``)."""
-    from cdc_compaction.modes import mode_of
+    from cdc_compaction.core.mode import mode_of
 
     cols = [(c.name, c.type, c.comment) for c in cfg.columns]
     cols += [(n, t, "") for n, t in mode_of(cfg).output_columns(cfg) if n != "eff_start_date"]

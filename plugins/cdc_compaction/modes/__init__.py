@@ -1,26 +1,7 @@
-"""Table modes: one module per mode on the Airflow side (``cdc`` …), chosen by the registry's ``mode``.
+"""Table modes: one module per mode (``cdc``, ``keyless``, ``snapshot`` ...), each its registry model and Airflow side.
 
-Adding a mode means: its registry class in :mod:`cdc_compaction.core.registry` (a member of
-``TableSpec``), a :class:`~cdc_compaction.modes.base.TableMode` here, its job module in
-:mod:`cdc_compaction.job.modes`, its templates in ``include/sql/modes/<mode>/`` and its tests.
+A module here that defines ``MODE`` (a :class:`~cdc_compaction.core.mode.TableMode`) is a mode:
+:func:`cdc_compaction.core.mode.table_modes` finds it. Beside it, a mode owns its job module
+(``cdc_compaction.job.modes.<mode>``), its templates (``include/sql/modes/<mode>/``), its
+contract and scenarios (``tests/scenarios/<mode>/``) and its tests (``tests/modes/``).
 """
-
-from __future__ import annotations
-
-from cdc_compaction.core.registry import TableConfig
-from cdc_compaction.modes.base import TableMode
-from cdc_compaction.modes.cdc import CdcMode
-from cdc_compaction.modes.keyless import KeylessMode
-from cdc_compaction.modes.snapshot import SnapshotMode
-
-MODES: dict[str, TableMode] = {m.name: m for m in (CdcMode(), KeylessMode(), SnapshotMode())}
-
-
-def mode_of(cfg: TableConfig) -> TableMode:
-    """The mode of a validated registry table."""
-    return MODES[cfg.mode]
-
-
-def mode_named(name: str | None) -> TableMode:
-    """The mode a plan or commit names (``None``: made before modes existed, so ``cdc``)."""
-    return MODES[name or "cdc"]

@@ -9,18 +9,150 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
+
+from pydantic import Field, field_validator
 
 from cdc_compaction.core.lake import Commit
-from cdc_compaction.core.registry import CdcTable, TableConfig
+from cdc_compaction.core.mode import TableContext, TableMode
+from cdc_compaction.core.registry import (
+    _TEXT_TYPES,
+    EventTable,
+    TableConfig,
+    _check_ident_list,
+    _check_op_and_order,
+    _Strict,
+)
 from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW, PROVENANCE, UNCHANGED_PREFIX
-from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
+from cdc_compaction.modes.base import nan_columns
 
 #: Columns that hold a position in the source's log (Debezium's ``lsn`` of Postgres, ``__lsn`` when
 #: ExtractNewRecordState adds it, MySQL's binlog ``pos``, SQL Server's ``change_lsn`` / ``commit_lsn``).
 _LOG_POSITION = re.compile(r"^(?:__)?(?:source_)?(?:lsn|change_lsn|commit_lsn|pos|scn|commit_scn)$", re.IGNORECASE)
 #: Columns that hold a time: Debezium's ``ts_ms`` (and ``__source_ts_ms`` …), or any timestamp.
 _TIME_NAME = re.compile(r"(?:^|_)ts(?:_ms|_us|_ns)?$", re.IGNORECASE)
+
+
+class Unchanged(_Strict):
+    """Columns a change event may leave out (``mode: cdc``): the key's previous value is kept.
+
+    Debezium cannot read a Postgres TOAST column that an update did not change and sends the
+    placeholder ``__debezium_unavailable_value`` instead (``marker: placeholder``); some sources
+    send NULL for a column they did not capture (``marker: "null"``: NULL then always means
+    unchanged, so such a column cannot be set to NULL).
+    """
+
+    #: The columns an event may leave out.
+    columns: list[str] = Field(min_length=1)
+    #: How a left-out value is sent: the placeholder text, or NULL.
+    marker: Literal["placeholder", "null"] = "placeholder"
+    #: The placeholder text (Debezium's for an unavailable TOAST value).
+    placeholder: str = "__debezium_unavailable_value"
+
+    @field_validator("columns")
+    @classmethod
+    def _cols(cls, v: list[str]) -> list[str]:
+        return _check_ident_list(v, "unchanged")
+
+    @field_validator("placeholder")
+    @classmethod
+    def _placeholder(cls, v: str) -> str:
+        if not v or len(v) > 256 or any(ch in v for ch in "\n\r\x00"):
+            raise ValueError("the placeholder is one line of 1-256 characters")
+        return v
+
+
+class CdcTable(EventTable):
+    """``mode: cdc``: change events of a keyed table; the latest event per key wins.
+
+    The contract is ``../shared/conformance/README.md``: ordering columns, then increment, file
+    and row break ties; a delete's winner is kept as a tombstone.
+    """
+
+    mode: Literal["cdc"] = "cdc"
+    #: The key columns: the latest event per key wins.
+    primary_key: list[str] = Field(min_length=1)
+    #: Key columns that may be NULL (a unique key over nullable columns, Debezium's
+    #: ``message.key.columns`` on a table without a primary key): NULL then equals NULL as a key value.
+    nullable_key: list[str] = Field(default_factory=list)
+    #: Columns a change event may leave out (partial rows): the key's previous value is kept.
+    unchanged: Unchanged | None = None
+    #: Columns holding the key before the change, one per primary_key column (seed 002's
+    #: oldKeyValues, wal2json's oldkeys, Debezium's before-image of the key): an update whose old
+    #: key differs retires the old key; a delete names the key it deletes there.
+    old_key: list[str] = Field(default_factory=list)
+    #: A column that marks a delete (Debezium's ``__deleted`` under ``delete.handling.mode=rewrite``):
+    #: ``true`` makes the event a delete, whatever its op code says.
+    deleted_column: str | None = None
+    #: A NULL op: refused (``null_op``), or a full-load row (``read``: AWS DMS writes its full-load
+    #: files without ``Op``); such a row may also have NULL ``order_by`` values: it orders before every event.
+    missing_op: Literal["refuse", "read"] = "refuse"
+    #: How an ``order_by`` column compares when not as its values: ``binlog_file`` compares a MySQL
+    #: binlog file name by the number it ends in.
+    order_as: dict[str, Literal["binlog_file"]] = Field(default_factory=dict)
+
+    @field_validator("primary_key", "nullable_key", "old_key")
+    @classmethod
+    def _ident_list(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        _check_op_and_order(names, types, self.op_column, self.order_by, self.primary_key)
+        self._check_source(types)
+        outside = [c for c in self.nullable_key if c not in self.primary_key]
+        if outside:
+            raise ValueError(f"nullable_key: {outside} are not primary_key columns {self.primary_key}")
+        if self.old_key:
+            if len(self.old_key) != len(self.primary_key):
+                raise ValueError(
+                    f"old_key: {self.old_key} must name one column per primary_key column {self.primary_key}, in order"
+                )
+            for old, key in zip(self.old_key, self.primary_key, strict=True):
+                if old not in types:
+                    raise ValueError(f"old_key: column {old!r} is not among the columns {names}")
+                if old in self.primary_key or old in self.order_by or old == self.op_column:
+                    raise ValueError(f"old_key: column {old!r} is a key, ordering or op column itself")
+                if types[old] != types[key]:
+                    raise ValueError(f"old_key: column {old!r} has type {types[old]} but {key!r} has {types[key]}")
+        if self.deleted_column is not None:
+            d = self.deleted_column
+            if d not in types:
+                raise ValueError(f"deleted_column: column {d!r} is not among the columns {names}")
+            if d in self.primary_key or d in self.order_by or d == self.op_column or d in self.old_key:
+                raise ValueError(f"deleted_column: column {d!r} is a key, ordering, op or old-key column itself")
+            if types[d] not in ("string", "boolean"):
+                raise ValueError(
+                    f"deleted_column: column {d!r} has type {types[d]}; it needs string ('true') or boolean"
+                )
+        for c, how in self.order_as.items():
+            if c not in self.order_by:
+                raise ValueError(f"order_as: {c!r} is not an order_by column {self.order_by}")
+            if types[c] not in _TEXT_TYPES and not types[c].startswith(_TEXT_TYPES):
+                raise ValueError(f"order_as: {how} compares a text column, but {c!r} has type {types[c]}")
+        if self.unchanged is not None:
+            for c in self.unchanged.columns:
+                if c not in types:
+                    raise ValueError(f"unchanged: column {c!r} is not among the columns {names}")
+                if c in self.primary_key or c in self.order_by or c == self.op_column:
+                    raise ValueError(f"unchanged: column {c!r} is a key, ordering or op column: never left out")
+                if self.unchanged.marker == "placeholder" and not types[c].startswith(_TEXT_TYPES):
+                    raise ValueError(
+                        f"unchanged: column {c!r} has type {types[c]}, which cannot hold the placeholder "
+                        f"{self.unchanged.placeholder!r}; use marker: null for it, or list only text columns"
+                    )
+
+    @property
+    def control_columns(self) -> list[str]:
+        return [self.op_column, *self.old_key, *([self.deleted_column] if self.deleted_column else [])]
+
+    @property
+    def required_key(self) -> list[str]:
+        """The key columns a change event must not leave NULL (the others are ``nullable_key``)."""
+        return [c for c in self.primary_key if c not in self.nullable_key]
+
+    @property
+    def value_columns(self) -> list[str]:
+        return [c.name for c in self.columns if c.name not in self.primary_key]
 
 
 @dataclass(frozen=True)
@@ -62,6 +194,8 @@ class CdcMode(TableMode):
     """The Airflow side of ``mode: cdc``."""
 
     name = "cdc"
+    model = CdcTable
+    summary = "keyed change events"
 
     @staticmethod
     def _cfg(cfg: TableConfig) -> CdcTable:
@@ -307,3 +441,7 @@ def bookkeeping_columns(c: CdcTable) -> list[tuple[str, str, str]]:
         cols.append((book["left"], "boolean", f"true: the event left {col} out; its value is an earlier event's"))
         cols += [(name, types[part], f"{part} of the event {col} was last set by") for part, name in book["parts"]]
     return cols
+
+
+#: This module's mode (found by :func:`cdc_compaction.core.mode.table_modes`).
+MODE = CdcMode()

@@ -10,14 +10,145 @@ the views read to recognise replays. The rule and the job see the position as th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
+from pydantic import Field, field_validator
+
+from cdc_compaction.core.identifiers import RESERVED_PREFIX
 from cdc_compaction.core.lake import Commit
-from cdc_compaction.core.registry import KeylessTable, TableConfig
+from cdc_compaction.core.mode import TableContext, TableMode
+from cdc_compaction.core.registry import (
+    EventTable,
+    TableConfig,
+    _check_ident_list,
+    _check_op_and_order,
+)
 from cdc_compaction.job.contract import KEYLESS_RELATIONS
-from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
+from cdc_compaction.modes.base import nan_columns
+
+#: Per preset, for ``mode: keyless``: (the columns a delivery position needs one of, the change-LSN
+#: column that is no delivery position, the column telling apart the snapshot rows sharing one LSN).
+#: README of tests/scenarios, "What each source must provide".
+_KEYLESS_SOURCE_NEEDS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "debezium": (("__commit_lsn", "__kafka_offset"), "__lsn", "__row"),
+    "wal2json": (("commit_lsn",), "lsn", "lsn_row"),
+}
+
+
+class KeylessTable(EventTable):
+    """``mode: keyless``: change events of a table without a key; its rows are a multiset.
+
+    Inserts add a copy of the row, updates and deletes carry the full before-image (columns
+    ``<before_prefix><column>``) and change exactly one copy equal to it. ``order_by`` is the
+    source log's sequence: events apply in its order, and events at or below the last commit's
+    watermark are replays (docs, "Table modes").
+    """
+
+    mode: Literal["keyless"]
+    #: Prefix of the columns holding a row's values before an update or delete.
+    before_prefix: str = "_before_"
+    #: Columns telling apart the events that share one ``order_by`` value (the change LSN and the row
+    #: ordinal among a snapshot's rows, which share one LSN), compared after ``order_by`` and rising in
+    #: delivery order among them. ``order_by`` + ``event_id`` identify one event: equal values are one
+    #: event delivered again. Empty: ``order_by`` alone is unique per event. Source presets fill it in.
+    event_id: list[str] = Field(default_factory=list)
+
+    @field_validator("event_id")
+    @classmethod
+    def _event_id(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    @property
+    def ordering_columns(self) -> list[str]:
+        return self.position
+
+    @property
+    def position(self) -> list[str]:
+        """``order_by`` then ``event_id``: an event's identity and its delivery position, compared left to right."""
+        return [*self.order_by, *self.event_id]
+
+    def _check_keyless_source(self) -> None:
+        """Refuse a preset's ordering that would lose rows: a change LSN as delivery order, or no snapshot ordinal."""
+        needs = _KEYLESS_SOURCE_NEEDS.get(self.source)
+        if needs is None:
+            return  # generic and dms: order_by + event_id are the entry's promise (unique, in delivery order)
+        delivery, change_lsn, ordinal = needs
+        where = f"keyless table {self.database}.{self.table} (source: {self.source})"
+        if self.order_by[0] == change_lsn:
+            raise ValueError(
+                f"order_by: {self.order_by} starts with {change_lsn!r}, each change's own LSN, but PostgreSQL "
+                f"delivers changes in commit order: a transaction committed after a compaction would have its "
+                f"changes dropped as replays ({where}). Land the transaction's commit position as "
+                f"{' or '.join(repr(c) for c in delivery)} and order by it, with event_id: [{change_lsn}, {ordinal}]"
+            )
+        if ordinal not in self.position and "__kafka_offset" not in self.position:
+            raise ValueError(
+                f"event_id: {self.event_id} has no {ordinal!r}, but {self.source} stamps every snapshot row with one "
+                f"LSN: the snapshot's rows would be taken for one row delivered again ({where}). Land each event's "
+                f"ordinal among the events at its LSN as {ordinal!r} (the snapshot's row number, 0 for a change) and "
+                f"add it to event_id"
+            )
+
+    @field_validator("before_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$", v):
+            raise ValueError(f"{v!r} must be 1-32 letters, digits or '_', not starting with a digit")
+        if v.lower().startswith(RESERVED_PREFIX):
+            raise ValueError(f"must not start with {RESERVED_PREFIX!r} (reserved for the package)")
+        return v
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        missing = [c for c in self.event_id if c not in types]
+        if missing:
+            raise ValueError(f"event_id: {missing} not among the columns {names}")
+        _check_op_and_order(names, types, self.op_column, self.position, [])
+        self._check_source(types)
+        both = [c for c in self.event_id if c in self.order_by]
+        if both or len(set(self.event_id)) != len(self.event_id):
+            raise ValueError(f"event_id: {self.event_id} repeats a column or an order_by column {self.order_by}")
+        self._check_keyless_source()
+        if self.partition_by is not None:
+            raise ValueError("partition_by: keyless tables are not partitioned (yet); remove partition_by")
+        data = self.data_columns
+        if not data:
+            raise ValueError(f"columns: a keyless table needs data columns besides {self.control_columns}")
+        lower = {n.lower(): n for n in names}
+        for col in data:
+            before = f"{self.before_prefix}{col}"
+            found = lower.get(before.lower())
+            if found is None:
+                raise ValueError(
+                    f"columns: {col!r} has no before-image column {before!r} (updates and deletes of a keyless "
+                    "table carry the whole old row; name the columns with before_prefix). If it describes the "
+                    "event rather than the row (a commit time, an LSN), declare it as event_time or put it in "
+                    "order_by or event_id"
+                )
+            if types[found] != types[col]:
+                raise ValueError(f"columns: {found!r} has type {types[found]} but {col!r} has {types[col]}")
+
+    @property
+    def before_columns(self) -> list[str]:
+        """The before-image column of each data column, in the data columns' order."""
+        by_lower = {c.name.lower(): c.name for c in self.columns}
+        return [by_lower[f"{self.before_prefix}{c}".lower()] for c in self.data_columns]
+
+    @property
+    def data_columns(self) -> list[str]:
+        """The row's own columns: what the table holds (no op, sequence, event time or before-image columns)."""
+        skip = {self.op_column.lower(), *(c.lower() for c in self.position)}
+        if self.event_time is not None:
+            skip.add(self.event_time.column.lower())
+        prefix = self.before_prefix.lower()
+        return [c.name for c in self.columns if c.name.lower() not in skip and not c.name.lower().startswith(prefix)]
+
+    @property
+    def control_columns(self) -> list[str]:
+        prefix = self.before_prefix.lower()
+        return [self.op_column, *(c.name for c in self.columns if c.name.lower().startswith(prefix))]
 
 
 @dataclass(frozen=True)
@@ -42,6 +173,8 @@ class KeylessMode(TableMode):
     """The Airflow side of ``mode: keyless``."""
 
     name = "keyless"
+    model = KeylessTable
+    summary = "change events without a key"
 
     @staticmethod
     def _cfg(cfg: TableConfig) -> KeylessTable:
@@ -162,3 +295,7 @@ class KeylessMode(TableMode):
         c = self._cfg(cfg)
         types = {col.name: col.type for col in c.columns}
         return [(name, types[name]) for name in c.data_columns]
+
+
+#: This module's mode (found by :func:`cdc_compaction.core.mode.table_modes`).
+MODE = KeylessMode()

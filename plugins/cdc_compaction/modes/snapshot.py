@@ -14,13 +14,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
-from typing import Any, cast
+from typing import Any, Literal, cast
+
+from pydantic import Field, field_validator
 
 from cdc_compaction.core.lake import Commit
 from cdc_compaction.core.landing import increment_hour
-from cdc_compaction.core.registry import SnapshotTable, TableConfig
+from cdc_compaction.core.mode import TableContext, TableMode
+from cdc_compaction.core.registry import (
+    TableConfig,
+    _check_ident_list,
+    _Strict,
+    check_identifier,
+)
 from cdc_compaction.job.contract import EFF_START_DATE_COLUMN, OPERATION_COLUMN, SNAPSHOT_COLUMNS
-from cdc_compaction.modes.base import TableContext, TableMode
 
 #: The keys of each applied snapshot's counts: inserted, updated, no change, deleted, not supplied.
 OPERATIONS = ("I", "U", "N", "D", "X")
@@ -31,6 +38,85 @@ _COMMENTS = {
     "_cdc_key_hash": "SHA-256 of the key columns (the comparison joins on it)",
     "_cdc_row_hash": "SHA-256 of the compared columns (equal: no change)",
 }
+
+
+class BusinessDate(_Strict):
+    """Where a snapshot's business date comes from when not from its increment's name (``mode: snapshot``)."""
+
+    #: The date column holding an export's business date.
+    column: str
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, v: str) -> str:
+        return check_identifier(v, "business_date column")
+
+
+#: The columns a snapshot table's outputs add after the registry's (job.contract.SNAPSHOT_COLUMNS):
+#: a registry column of that name would clash with them.
+_SNAPSHOT_OUTPUT_COLUMNS = ("operation", "eff_start_date")
+
+
+class SnapshotTable(TableConfig):
+    """``mode: snapshot``: every increment is one export of the table (or of its changed rows).
+
+    Comparing each export with the current table by hashes finds each key's operation (I, U, N,
+    D, X); the outputs are the current table and a history of net changes, one partition per
+    business date (the contract: ``tests/scenarios/snapshot/README.md``). No ``order_by``, no op
+    column: exports apply in the order of their business dates.
+    """
+
+    mode: Literal["snapshot"]
+    #: The key columns the exports are compared by.
+    primary_key: list[str] = Field(min_length=1)
+    #: False: every increment is a full export (a key it lacks is deleted). True: the changed rows only.
+    delta: bool = False
+    #: None: the business date of an increment is the UTC date of its name's hour.
+    business_date: BusinessDate | None = None
+
+    @field_validator("primary_key")
+    @classmethod
+    def _key(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        lower = {n.lower(): n for n in names}
+        for own in _SNAPSHOT_OUTPUT_COLUMNS:
+            if own in lower:
+                raise ValueError(
+                    f"columns: {lower[own]!r} is reserved for the package: a snapshot table's outputs add the "
+                    f"columns {list(_SNAPSHOT_OUTPUT_COLUMNS)}; rename the column"
+                )
+        missing = [c for c in self.primary_key if c not in types]
+        if missing:
+            raise ValueError(f"primary_key: {missing} not among the columns {names}")
+        if self.partition_by is not None:
+            raise ValueError("partition_by: snapshot tables are not partitioned (yet); remove partition_by")
+        if self.compaction.policy != "always":
+            raise ValueError(
+                "compaction.policy: a snapshot table compacts every export (its history is made by the "
+                "compaction); remove compaction or set policy: always"
+            )
+        if self.business_date is not None:
+            col = self.business_date.column
+            if col not in types:
+                raise ValueError(f"business_date: column {col!r} is not among the columns {names}")
+            if types[col] != "date":
+                raise ValueError(f"business_date: column {col!r} has type {types[col]}; it must have type date")
+            if col in self.primary_key:
+                raise ValueError(
+                    f"business_date: column {col!r} is a primary_key column; the business date is not part of a key"
+                )
+
+    @property
+    def business_date_column(self) -> str | None:
+        return self.business_date.column if self.business_date is not None else None
+
+    @property
+    def value_columns(self) -> list[str]:
+        """The compared columns, in registry order: neither key columns nor the business-date column."""
+        skip = {*self.primary_key, *([self.business_date_column] if self.business_date_column else [])}
+        return [c.name for c in self.columns if c.name not in skip]
 
 
 @dataclass(frozen=True)
@@ -65,6 +151,8 @@ class SnapshotMode(TableMode):
     """The Airflow side of ``mode: snapshot``."""
 
     name = "snapshot"
+    model = SnapshotTable
+    summary = "full extracts"
 
     @staticmethod
     def _cfg(cfg: TableConfig) -> SnapshotTable:
@@ -240,3 +328,7 @@ class SnapshotMode(TableMode):
             (OPERATION_COLUMN, types[OPERATION_COLUMN]),
             (EFF_START_DATE_COLUMN, types[EFF_START_DATE_COLUMN]),
         ]
+
+
+#: This module's mode (found by :func:`cdc_compaction.core.mode.table_modes`).
+MODE = SnapshotMode()

@@ -44,9 +44,9 @@ from cdc_compaction.core.registry import (
     REGISTRY_SUFFIXES,
     SOURCES,
     Increments,
-    _source_defaults,
     load_database_defaults,
     parse_entry,
+    source_defaults,
 )
 from cdc_compaction.core.settings import resolve_storage_root
 from cdc_compaction.core.storage import Storage, is_data_file, storage_for
@@ -697,7 +697,7 @@ def discover_table(
         d.source, d.source_origin = recognize_source(names)
         if avro_order is not None and d.source == "generic":
             d.source, d.source_origin = "debezium", "the value schema is a Debezium envelope"
-    preset = _source_defaults(d.source, d.mode, names)
+    preset = source_defaults(d.source, d.mode, names)
     d.preset = preset
     op = preset.get("op_column", "op")
     if op not in names:

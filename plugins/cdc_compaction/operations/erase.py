@@ -72,11 +72,12 @@ from urllib.parse import unquote
 from cdc_compaction.core.exceptions import ConcurrentCommitError, ConcurrentRunError, EraseError, ErasePredicateError
 from cdc_compaction.core.hive_types import arrow_type, decimal_parts
 from cdc_compaction.core.lake import Commit, Lake, TableLease
-from cdc_compaction.core.registry import KeylessTable, TableConfig
+from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage.base import FileInfo
 from cdc_compaction.job.contract import INDEX_DIR, PARTITION_DIR_PREFIX, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.modes.keyless import KeylessTable
 
 log = logging.getLogger(__name__)
 

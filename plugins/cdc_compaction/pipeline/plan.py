@@ -19,12 +19,12 @@ from cdc_compaction.core.exceptions import BadInputError, PlanError
 from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import Commit, PlannedFile, TableLease
 from cdc_compaction.core.landing import as_dicts, increment_hour
+from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.schema import Change, effective_config, evolve, load_state, save_state
 from cdc_compaction.core.storage import is_data_file
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.modes import mode_of
 from cdc_compaction.pipeline import metrics, views
 from cdc_compaction.pipeline.archive import archive_commit
 from cdc_compaction.pipeline.pending import pending_files, report_landing

@@ -35,11 +35,11 @@ from typing import Any
 from cdc_compaction.core import sql
 from cdc_compaction.core.exceptions import ConcurrentCommitError, RebuildError
 from cdc_compaction.core.lake import GENESIS, Commit, Lake, TableLease
+from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import DATA_DIR, LAYOUT, STATS_FILE, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.modes import mode_of
 from cdc_compaction.pipeline import views
 from cdc_compaction.pipeline.archive import archive_commit
 from cdc_compaction.pipeline.pending import pending_files

@@ -16,9 +16,9 @@ from cdc_compaction.core.exceptions import SchemaChangeError
 from cdc_compaction.core.hive_types import hive_widening
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, normalize_hive_type
 from cdc_compaction.core.lake import EMPTY_VERSION
+from cdc_compaction.core.mode import mode_of
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN
-from cdc_compaction.modes import mode_of
 from cdc_compaction.modes.snapshot import history_table
 from cdc_compaction.pipeline import views
 from cdc_compaction.pipeline.publish import check_storage_root

@@ -16,6 +16,7 @@ from typing import Any
 from cdc_compaction.core.exceptions import CompactionError, ConcurrentCommitError, PublishValidationError
 from cdc_compaction.core.inputs import parquet_footer
 from cdc_compaction.core.lake import Commit
+from cdc_compaction.core.mode import mode_named, mode_of
 from cdc_compaction.core.storage import Storage, is_data_file
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import (
@@ -29,7 +30,6 @@ from cdc_compaction.job.contract import (
     STATS_FILE,
     TOMBSTONES_DIR,
 )
-from cdc_compaction.modes import mode_named, mode_of
 from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting, partition_dir_value, read_json, utcnow
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,199 @@
+"""What a table mode supplies, and how the package finds the modes: the seam between the shared steps and the modes.
+
+A *mode* is how a table's change files are turned into the table: ``cdc`` (the latest event
+per key wins), ``keyless`` (a multiset of rows changed one copy at a time), ``snapshot``
+(exports of the whole table, compared with the current table) and ``append`` (every event is a
+row, once). Everything that differs between modes goes through :class:`TableMode`: its registry
+model, the rendering context its SQL templates see (``include/sql/modes/<mode>/``), the rule the
+Spark job applies (the ``rule`` of the plan), what else the plan carries, how ``validate``
+reconciles the job's counts, the extra outputs it owns, and the rows of the DAG's documentation.
+The pipeline's steps, the storage layout, the commit protocol and the metastore handling are the
+same for every mode and know nothing of a mode's rule.
+
+Modes are found, not listed: every module of :mod:`cdc_compaction.modes` that defines ``MODE``
+(a :class:`TableMode`) is one, and so is every ``cdc_compaction.modes`` entry point of an
+installed distribution. The core layer therefore imports no mode: a new mode is new files only
+(docs, "Architecture"). The job side has a module of its own per mode
+(``cdc_compaction.job.modes.<mode>``), which reads what :meth:`TableMode.plan_fields` and
+:meth:`TableMode.rule_sql` put into the plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from cdc_compaction.core.exceptions import CdcCompactionError
+
+if TYPE_CHECKING:
+    from cdc_compaction.core.lake import Commit
+    from cdc_compaction.core.registry import TableConfig
+
+log = logging.getLogger(__name__)
+
+#: The package whose modules are the built-in modes, and the entry-point group of further ones.
+MODES_PACKAGE = "cdc_compaction.modes"
+ENTRY_POINT_GROUP = "cdc_compaction.modes"
+#: The mode of an entry without ``mode:``, and of plans and commits made before modes existed.
+DEFAULT_MODE = "cdc"
+
+
+@dataclass(frozen=True)
+class TableContext:
+    """What every mode's templates see as ``t``; each mode's context adds its rule's parameters."""
+
+    database: str
+    table: str
+    qualified_name: str
+    columns: list[Any]
+    column_names: list[str]
+    base_table: str
+    tombstones_table: str
+    incremental_table: str
+    compactor_table: str
+    view_name: str
+    rejects_view: str
+    fingerprint: str
+    #: The mode's rule macros (``include/sql/modes/<mode>/_rule.sql.j2``), for templates the modes share.
+    rule_template: str
+    partition_by: Any
+
+
+class TableMode(ABC):
+    """One table mode, as the Airflow side sees it. Stateless: one instance per mode."""
+
+    #: The registry's ``mode`` value.
+    name: ClassVar[str]
+    #: The registry model of the mode's entries (a :class:`~cdc_compaction.core.registry.TableConfig`).
+    model: ClassVar[type[TableConfig]]
+    #: What the mode's tables hold, in a few words (the registry schema's description of ``mode``).
+    summary: ClassVar[str]
+    #: Templates this mode must provide under ``include/sql/modes/<name>/``.
+    TEMPLATES: ClassVar[tuple[str, ...]] = ("_rule.sql.j2", "view_query.sql.j2")
+
+    def common_context(self, cfg: TableConfig, fingerprint: str) -> dict[str, Any]:
+        """The :class:`TableContext` fields of ``cfg``, for the mode's own context class."""
+        from cdc_compaction.core.names import table_names
+
+        return {
+            "database": cfg.database,
+            "table": cfg.table,
+            "qualified_name": cfg.qualified_name,
+            "columns": list(cfg.columns),
+            "column_names": cfg.column_names,
+            "fingerprint": fingerprint,
+            "rule_template": self.template("_rule.sql.j2"),
+            "partition_by": cfg.partition_by,
+            **table_names(cfg),
+        }
+
+    def template(self, name: str) -> str:
+        """The path (below ``include/sql``) of this mode's template ``name``."""
+        return f"modes/{self.name}/{name}"
+
+    @abstractmethod
+    def rule_context(self, cfg: TableConfig, fingerprint: str) -> Any:
+        """What the SQL templates see as ``t`` (immutable; names, columns and the rule's parameters)."""
+
+    @abstractmethod
+    def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
+        """Everything of the mode that shapes its tables and views (hashed into ``cdc.fingerprint``)."""
+
+    @abstractmethod
+    def rule_sql(self, cfg: TableConfig) -> dict[str, str]:
+        """The rule as SQL expressions, rendered from the mode's ``_rule.sql.j2``: the plan's ``rule``."""
+
+    @abstractmethod
+    def plan_fields(self, cfg: TableConfig, parent: Commit) -> dict[str, Any]:
+        """The mode's own entries of a plan (its key, ordering, anything carried over from the ``parent`` commit)."""
+
+    def plan_increments(self, cfg: TableConfig, increments: list[str]) -> dict[str, Any]:
+        """The mode's entries of a plan that depend on the increments it takes (none unless the mode says)."""
+        return {}
+
+    @abstractmethod
+    def count_problems(self, stats: Mapping[str, Any]) -> list[str]:
+        """Why the job's counts of one attempt do not add up (empty when they do).
+
+        ``validate`` refuses to publish a version with any problem; the checks every mode
+        shares (rows read against the parent and the planned files, the Parquet footers
+        against the reported rows, the schema) are made by ``validate`` itself.
+        """
+
+    @abstractmethod
+    def column_roles(self, cfg: TableConfig) -> dict[str, list[str]]:
+        """Column name -> its roles in the rule (``key``, ``order 1``, ``op`` …), for the DAG's docs."""
+
+    @abstractmethod
+    def doc_lines(self, cfg: TableConfig) -> list[str]:
+        """The mode's lines of the DAG's documentation (key, order, op codes …), as Markdown list items."""
+
+    def output_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
+        """(name, Hive type) of the columns the mode's outputs add after the registry's (before the metadata)."""
+        return []
+
+    def view_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
+        """(name, Hive type) of the columns ``<t>_view`` shows: every registry column unless the mode says."""
+        return [(c.name, c.type) for c in cfg.columns]
+
+    def warnings(self, cfg: TableConfig) -> list[str]:
+        """Doubts about an entry that validates (``registry validate`` prints them as WARN lines)."""
+        return []
+
+    @functools.cached_property
+    def _macros(self) -> Any:
+        from cdc_compaction.core.templates import template_module
+
+        return template_module(self.template("_rule.sql.j2"))
+
+    def macros(self) -> Any:
+        """The macros of this mode's ``_rule.sql.j2``, callable from Python."""
+        return self._macros
+
+
+class UnknownModeError(CdcCompactionError):
+    """A plan, commit or entry names a mode no installed module provides."""
+
+
+@functools.cache
+def table_modes() -> dict[str, TableMode]:
+    """Every table mode, by name: ``cdc`` first (the default), then the others alphabetically."""
+    found: dict[str, TableMode] = {}
+    package = importlib.import_module(MODES_PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{MODES_PACKAGE}.{info.name}")
+        mode = getattr(module, "MODE", None)
+        if isinstance(mode, TableMode):
+            found[mode.name] = mode
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in found:
+            continue  # a built-in mode of that name wins: an installed plugin cannot replace it
+        mode = ep.load()
+        if not isinstance(mode, TableMode):
+            raise UnknownModeError(f"entry point {ep.value!r} ({ENTRY_POINT_GROUP}) is not a TableMode instance")
+        found[mode.name] = mode
+    order = sorted(found, key=lambda n: (n != DEFAULT_MODE, n))
+    return {n: found[n] for n in order}
+
+
+def mode_named(name: str | None) -> TableMode:
+    """The mode a registry entry, plan or commit names (``None``: made before modes existed, so ``cdc``)."""
+    modes = table_modes()
+    try:
+        return modes[name or DEFAULT_MODE]
+    except KeyError:
+        raise UnknownModeError(
+            f"mode {name!r} is not installed (installed: {', '.join(modes)}); install the package that provides it"
+        ) from None
+
+
+def mode_of(cfg: TableConfig) -> TableMode:
+    """The mode of a validated registry table."""
+    return mode_named(cfg.mode)
