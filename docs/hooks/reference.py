@@ -2,7 +2,7 @@
 
 Written once, in the code: the registry's fields come from its JSON Schema (which
 :mod:`cdc_compaction.core.registry_schema` generates from the pydantic models), the commands from the
-CLI's own argparse parser (:func:`cdc_compaction.__main__.build_parser`).  A page asks for one with
+CLI's own argparse parser (:func:`cdc_compaction.cli.main.build_parser`).  A page asks for one with
 a marker line, replaced here before the page is rendered:
 
 * ``<!-- generated: registry-fields -->``: every field of every table mode and nested setting;
@@ -164,7 +164,7 @@ def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) ->
 
 def commands() -> str:
     """``--help`` of every command, as the CLI prints it (100 columns)."""
-    from cdc_compaction.__main__ import build_parser
+    from cdc_compaction.cli.main import build_parser
 
     os.environ["COLUMNS"] = "100"  # argparse wraps at $COLUMNS: the same text on every machine
     parser = build_parser("cdc-compaction")

@@ -39,7 +39,7 @@ def test_the_wheel_holds_the_package_and_its_run_time_files(wheel: Path) -> None
     assert expected - names == set()
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "cdc-compaction = cdc_compaction.__main__:main" in text
+    assert "cdc-compaction = cdc_compaction.cli.main:main" in text
     assert "cdc_compaction_tables = cdc_compaction.airflow.plugin:CdcTablesPlugin" in text
     assert "provider_info = cdc_compaction.airflow.provider_info:get_provider_info" in text
 

@@ -105,7 +105,7 @@ def test_the_compact_task_skips_before_submitting_a_plan_that_does_not_compact(t
 def test_the_cli_forces_only_the_plan_step(tmp_path: Path, capsys: Any) -> None:
     import yaml
 
-    from cdc_compaction.__main__ import main
+    from cdc_compaction.cli.main import main
 
     registry = tmp_path / "registry"
     registry.mkdir()

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import student_doc
 
-from cdc_compaction.__main__ import main
+from cdc_compaction.cli.main import main
 from cdc_compaction.core.registry import parse_table
 from cdc_compaction.devtools.local_services import free_port
 from cdc_compaction.operations import doctor
@@ -315,7 +315,7 @@ def _doctor_cli(registry: Path, cwd: Path, env: dict[str, str], prelude: str = "
     import sys
 
     plugins = str(Path(__file__).resolve().parents[2] / "plugins")
-    code = f"{prelude}\nimport sys\nfrom cdc_compaction.__main__ import main\nsys.exit(main(sys.argv[1:]))"
+    code = f"{prelude}\nimport sys\nfrom cdc_compaction.cli.main import main\nsys.exit(main(sys.argv[1:]))"
     closed = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "CDC_"))}
     return subprocess.run(

@@ -360,7 +360,7 @@ def test_erase_between_real_compactions(make_cfg: Callable[..., TableConfig], ru
 
 
 def test_cli_preview_erase_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cdc_compaction.__main__ import main
+    from cdc_compaction.cli.main import main
 
     sample = build(tmp_path / "lake")
     registry = tmp_path / "registry"

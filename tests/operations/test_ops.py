@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import student_doc
 
-from cdc_compaction.__main__ import main
+from cdc_compaction.cli.main import main
 from cdc_compaction.core.lake import Lake, TableLease
 from cdc_compaction.core.registry import parse_table
 from cdc_compaction.integrations.metastore import connect

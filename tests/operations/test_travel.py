@@ -26,7 +26,7 @@ import pytest
 import yaml
 from conftest import compact_once, student_doc, visible_names
 
-from cdc_compaction.__main__ import main
+from cdc_compaction.cli.main import main
 from cdc_compaction.core.exceptions import ConcurrentRunError, TimeTravelError
 from cdc_compaction.core.lake import Commit, Lake, TableLease
 from cdc_compaction.core.registry import TableConfig, parse_table

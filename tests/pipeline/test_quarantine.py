@@ -17,7 +17,7 @@ import pytest
 import yaml
 from conftest import PROJECT_ROOT, compact_once, student_doc, visible_names
 
-from cdc_compaction.__main__ import main
+from cdc_compaction.cli.main import main
 from cdc_compaction.core.exceptions import QuarantineError
 from cdc_compaction.core.lake import Lake
 from cdc_compaction.core.registry import parse_table
