@@ -498,3 +498,8 @@ class TableLease:
             stem = e.name.split(".")[0]
             if stem.isdigit() and int(stem) <= n - self.KEEP:
                 self.storage.delete(e.path)
+
+
+def kept_seqs(live_seq: int, keep_versions: int) -> range:
+    """The commits whose versions ``keep_versions`` keeps: the live one and those just before it."""
+    return range(max(0, live_seq - keep_versions + 1), live_seq + 1)

@@ -321,8 +321,7 @@ def compaction_status(cfg: TableConfig, lake: Lake, latest: Commit, now: datetim
         return {"policy": cfg.compaction.policy}
     from cdc_compaction.core.policy import decide
     from cdc_compaction.core.settings import MetastoreEndpoint
-    from cdc_compaction.pipeline.pending import pending_files
-    from cdc_compaction.pipeline.plan import pending_load
+    from cdc_compaction.pipeline.pending import pending_files, pending_load
     from cdc_compaction.pipeline.runtime import Runtime
 
     # Listing and footers only: the runtime's metastore and engine are never used here.

@@ -20,7 +20,6 @@ newest of them on storage, so their visible rows can be read back without Spark 
 from __future__ import annotations
 
 import logging
-import math
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -29,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_compaction.core.exceptions import ConcurrentCommitError, TimeTravelError
 from cdc_compaction.core.keyindex import live_index
-from cdc_compaction.core.lake import Commit, Lake, TableLease
+from cdc_compaction.core.lake import Commit, Lake, TableLease, kept_seqs
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.pipeline.retention import kept_seqs
+from cdc_compaction.pipeline.changes import diff_rows, version_rows
 
 if TYPE_CHECKING:
     from cdc_compaction.core.settings import MetastoreEndpoint
@@ -45,7 +44,6 @@ COMMIT_VERSION = "_commit_version"
 #: Change types in the order a key's rows are listed.
 CHANGE_TYPES = ("delete", "update_before", "update_after", "insert")
 #: Columns the job adds to the data files (provenance, partition): not part of a row's value.
-INTERNAL_PREFIX = "_cdc_"
 
 
 @dataclass(frozen=True)
@@ -121,87 +119,6 @@ def kept_commit(lake: Lake, seq: int, latest: Commit | None = None) -> Commit:
             "version (`cdc-compaction versions`), or raise keep_versions in the registry for the future"
         )
     return commit
-
-
-# ----------------------------------------------------------------------------- reading
-def _data_files(lake: Lake, directory: str) -> list[str]:
-    """Every data file under ``directory`` (partition subdirectories too), sorted."""
-    files = []
-    for e in lake.storage.list_dir(directory):
-        if e.is_dir:
-            files += _data_files(lake, e.path)
-        elif is_data_file(e.name):
-            files.append(e.path)
-    return sorted(files)
-
-
-def version_rows(lake: Lake, commit: Commit) -> Any:
-    """The visible rows of ``commit`` as a pyarrow Table of the table's own columns (no ``_cdc_*``)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if commit.seq == 0:
-        return pa.table({})
-    if commit.layout < 2:
-        raise TimeTravelError(
-            f"{lake.cfg.qualified_name}: version {commit.seq} ({commit.version}) has layout 1 (tombstones among "
-            "its rows), which time travel does not read. Diff or roll back to a version written since layout 2"
-        )
-    dirs = list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
-    tables = []
-    for d in dirs:
-        for f in _data_files(lake, d):
-            with lake.storage.open_read(f) as fh:
-                t = pq.read_table(fh)
-            tables.append(t.select([c for c in t.column_names if not c.startswith(INTERNAL_PREFIX)]))
-    if not tables:
-        return pa.table({})
-    return pa.concat_tables(tables, promote_options="default")
-
-
-# ------------------------------------------------------------------------------ the diff
-def _same(a: Any, b: Any) -> bool:
-    # NaN is one value here, as the compaction orders it (README, "NaN"): not a change of a row.
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)
-
-
-def _keyed(rows: list[dict[str, Any]], key: list[str], what: str) -> dict[tuple[Any, ...], dict[str, Any]]:
-    out: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for r in rows:
-        k = tuple(r.get(c) for c in key)
-        if k in out:
-            raise TimeTravelError(f"{what} holds key {dict(zip(key, k, strict=True))} twice; run `validate` on it")
-        out[k] = r
-    return out
-
-
-def diff_rows(
-    key: list[str], before: list[dict[str, Any]], after: list[dict[str, Any]]
-) -> list[tuple[str, dict[str, Any]]]:
-    """The net changes from ``before`` to ``after`` (rows as dicts), paired by ``key``; no I/O.
-
-    A column one side lacks (added by a schema change) is NULL there.  Sorted by key, and
-    within a key ``update_before`` before ``update_after``.
-    """
-    b, a = _keyed(before, key, "the older version"), _keyed(after, key, "the newer version")
-    columns = list(dict.fromkeys([*(c for r in after[:1] for c in r), *(c for r in before[:1] for c in r)]))
-    out: list[tuple[str, dict[str, Any]]] = []
-    for k in sorted(set(b) | set(a), key=_sort_key):
-        old, new = b.get(k), a.get(k)
-        if old is None and new is not None:
-            out.append(("insert", new))
-        elif new is None and old is not None:
-            out.append(("delete", old))
-        elif old is not None and new is not None and not all(_same(old.get(c), new.get(c)) for c in columns):
-            out += [("update_before", old), ("update_after", new)]
-    return out
-
-
-def _sort_key(k: tuple[Any, ...]) -> tuple[Any, ...]:
-    # NULL key parts (nullable_key) first, and values of mixed types still comparable.
-    return tuple((v is not None, str(type(v)), v if v is not None else 0) for v in k)
 
 
 def _key_of(cfg: TableConfig) -> list[str]:

@@ -27,15 +27,16 @@ from __future__ import annotations
 import collections
 import io
 import logging
+import math
 import posixpath
 import re
 from typing import Any
 
 from cdc_compaction.core.exceptions import TimeTravelError
-from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.lake import Commit, Lake, kept_seqs
 from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.integrations.metastore import Metastore
-from cdc_compaction.pipeline.retention import kept_seqs
 from cdc_compaction.pipeline.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,6 @@ def feed_table(cfg: TableConfig, before: Any, after: Any, seq: int) -> Any:
     """
     import pyarrow as pa
 
-    from cdc_compaction.operations.travel import diff_rows
-
     key = list(cfg.primary_key)  # type: ignore[attr-defined]
     types: dict[str, Any] = {}
     for t in (after, before):
@@ -122,8 +121,6 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
     gone from storage: the change cannot be computed any more.
     """
     import pyarrow.parquet as pq
-
-    from cdc_compaction.operations.travel import version_rows
 
     path = feed_path(lake, commit.seq)
     if lake.storage.exists(path):
@@ -232,3 +229,88 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
         FEED_FAILURES[cfg.qualified_name] += 1
         done["failed"]["table"] = str(exc)
     return done
+
+
+#: The prefix of the package's own columns, which a version's visible rows leave out.
+INTERNAL_PREFIX = "_cdc_"
+
+
+# ----------------------------------------------------------------------------- reading
+def _data_files(lake: Lake, directory: str) -> list[str]:
+    """Every data file under ``directory`` (partition subdirectories too), sorted."""
+    files = []
+    for e in lake.storage.list_dir(directory):
+        if e.is_dir:
+            files += _data_files(lake, e.path)
+        elif is_data_file(e.name):
+            files.append(e.path)
+    return sorted(files)
+
+
+def version_rows(lake: Lake, commit: Commit) -> Any:
+    """The visible rows of ``commit`` as a pyarrow Table of the table's own columns (no ``_cdc_*``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if commit.seq == 0:
+        return pa.table({})
+    if commit.layout < 2:
+        raise TimeTravelError(
+            f"{lake.cfg.qualified_name}: version {commit.seq} ({commit.version}) has layout 1 (tombstones among "
+            "its rows), which time travel does not read. Diff or roll back to a version written since layout 2"
+        )
+    dirs = list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
+    tables = []
+    for d in dirs:
+        for f in _data_files(lake, d):
+            with lake.storage.open_read(f) as fh:
+                t = pq.read_table(fh)
+            tables.append(t.select([c for c in t.column_names if not c.startswith(INTERNAL_PREFIX)]))
+    if not tables:
+        return pa.table({})
+    return pa.concat_tables(tables, promote_options="default")
+
+
+# ------------------------------------------------------------------------------ the diff
+def _same(a: Any, b: Any) -> bool:
+    # NaN is one value here, as the compaction orders it (README, "NaN"): not a change of a row.
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def _keyed(rows: list[dict[str, Any]], key: list[str], what: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        k = tuple(r.get(c) for c in key)
+        if k in out:
+            raise TimeTravelError(f"{what} holds key {dict(zip(key, k, strict=True))} twice; run `validate` on it")
+        out[k] = r
+    return out
+
+
+def diff_rows(
+    key: list[str], before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The net changes from ``before`` to ``after`` (rows as dicts), paired by ``key``; no I/O.
+
+    A column one side lacks (added by a schema change) is NULL there.  Sorted by key, and
+    within a key ``update_before`` before ``update_after``.
+    """
+    b, a = _keyed(before, key, "the older version"), _keyed(after, key, "the newer version")
+    columns = list(dict.fromkeys([*(c for r in after[:1] for c in r), *(c for r in before[:1] for c in r)]))
+    out: list[tuple[str, dict[str, Any]]] = []
+    for k in sorted(set(b) | set(a), key=_sort_key):
+        old, new = b.get(k), a.get(k)
+        if old is None and new is not None:
+            out.append(("insert", new))
+        elif new is None and old is not None:
+            out.append(("delete", old))
+        elif old is not None and new is not None and not all(_same(old.get(c), new.get(c)) for c in columns):
+            out += [("update_before", old), ("update_after", new)]
+    return out
+
+
+def _sort_key(k: tuple[Any, ...]) -> tuple[Any, ...]:
+    # NULL key parts (nullable_key) first, and values of mixed types still comparable.
+    return tuple((v is not None, str(type(v)), v if v is not None else 0) for v in k)

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cdc_compaction.core import policy
 from cdc_compaction.core.inputs import check_file
-from cdc_compaction.core.lake import PlannedFile
+from cdc_compaction.core.lake import Commit, PlannedFile
 from cdc_compaction.core.landing import (
     Ignored,
     IncrementListing,
@@ -27,7 +28,7 @@ from cdc_compaction.core.landing import (
     landing_report_path,
     scan_landing,
 )
-from cdc_compaction.core.registry import Increments
+from cdc_compaction.core.registry import Increments, TableConfig
 from cdc_compaction.core.schema import dropped_columns
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
 
@@ -259,3 +260,15 @@ def report_landing(
         "alerted_stalled": sorted(alerted_stalled),
     }
     st.write_text(path, json.dumps(doc, indent=1, sort_keys=True))
+
+
+def pending_load(cfg: TableConfig, latest: Commit, files: list[PlannedFile]) -> policy.PendingLoad:
+    """What the policy weighs: the live version's rows (its commit record), the pending files' rows
+    (their footers, read by :func:`pending_files`) and the oldest pending increment's hour."""
+    hours = [h for h in (increment_hour(cfg, f.increment) for f in files) if h is not None]
+    return policy.PendingLoad(
+        base_rows=int(latest.stats.get("output_rows", 0)),
+        pending_rows=sum(f.rows for f in files),
+        pending_files=len(files),
+        oldest_pending=min(hours, default=None),
+    )

@@ -18,7 +18,7 @@ from cdc_compaction.core import policy, sql
 from cdc_compaction.core.exceptions import BadInputError, PlanError
 from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import Commit, PlannedFile, TableLease
-from cdc_compaction.core.landing import as_dicts, increment_hour
+from cdc_compaction.core.landing import as_dicts
 from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.schema import Change, effective_config, evolve, load_state, save_state
@@ -27,10 +27,11 @@ from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline import metrics, views
 from cdc_compaction.pipeline.archive import archive_commit
-from cdc_compaction.pipeline.pending import pending_files, report_landing
-from cdc_compaction.pipeline.publish import check_storage_root, sync_base_location
+from cdc_compaction.pipeline.pending import pending_files, pending_load, report_landing
+from cdc_compaction.pipeline.publish import sync_base_location
 from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
+from cdc_compaction.pipeline.tables import check_storage_root
 
 log = logging.getLogger(__name__)
 
@@ -164,18 +165,6 @@ def sizing(size: int, rows: int, target: int) -> dict[str, int]:
     if not rows or not size:
         return {"output_files": 1, "max_records_per_file": 0}
     return {"output_files": max(1, -(-size // target)), "max_records_per_file": max(1, 2 * target * rows // size)}
-
-
-def pending_load(cfg: TableConfig, latest: Commit, files: list[PlannedFile]) -> policy.PendingLoad:
-    """What the policy weighs: the live version's rows (its commit record), the pending files' rows
-    (their footers, read by :func:`pending_files`) and the oldest pending increment's hour."""
-    hours = [h for h in (increment_hour(cfg, f.increment) for f in files) if h is not None]
-    return policy.PendingLoad(
-        base_rows=int(latest.stats.get("output_rows", 0)),
-        pending_rows=sum(f.rows for f in files),
-        pending_files=len(files),
-        oldest_pending=min(hours, default=None),
-    )
 
 
 def plan(

@@ -19,7 +19,6 @@ from cdc_compaction.core.exceptions import (
     CommitLogError,
     ConcurrentCommitError,
     PublishValidationError,
-    StorageRootMismatchError,
 )
 from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import Commit, version_dir_of
@@ -150,35 +149,6 @@ def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
         _sync_tombstones(rt, ms, commit)
     if commit.seq > 0:
         rt.lake.advance_pointer(commit)
-
-
-def check_storage_root(rt: Runtime, ms: Metastore) -> None:
-    """Refuse a ``storage_root`` that changed under a live table without its data moving along.
-
-    The metastore names the live version (the table's location, or its partitions'); if
-    that lies under another root, the registry's root must hold the same commit (the whole
-    tree was copied there).  Otherwise the next run would publish a near-empty base.
-    """
-    cfg, lay = rt.cfg, rt.lake.layout
-    db, base = cfg.database, rt.names["base_table"]
-    location = ms.table_location(db, base)
-    if location is None:
-        return
-    shown = list(ms.partitions(db, base).values()) if cfg.partition_by is not None else [location]
-    for loc in shown:
-        version_dir = version_dir_of(loc)
-        seq = version_seq(version_dir)
-        if not seq or posixpath.dirname(version_dir) == lay.base:
-            continue
-        here = rt.lake.read_commit(seq)
-        if here is not None and here.version == posixpath.basename(version_dir):
-            continue  # the whole tree moved: follow it
-        raise StorageRootMismatchError(
-            f"{cfg.qualified_name}: field 'storage_root' is {cfg.storage_root} ({lay.root}), but the metastore "
-            f"serves {base} from {loc} (commit {seq}), and {lay.commits} has no record of that commit. Nothing "
-            f"was changed. Put storage_root back, or move the data: copy the whole old table root (base/, "
-            f"_cdc/, incremental/, archive/, quarantine/) to {lay.root}, then run again"
-        )
 
 
 def _check_log_reaches(rt: Runtime, seq: int, shown: str) -> None:

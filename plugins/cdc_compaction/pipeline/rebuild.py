@@ -34,7 +34,7 @@ from typing import Any
 
 from cdc_compaction.core import sql
 from cdc_compaction.core.exceptions import ConcurrentCommitError, RebuildError
-from cdc_compaction.core.lake import GENESIS, Commit, Lake, TableLease
+from cdc_compaction.core.lake import GENESIS, Commit, Lake, TableLease, kept_seqs
 from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.integrations.metastore import connect
@@ -45,7 +45,7 @@ from cdc_compaction.pipeline.archive import archive_commit
 from cdc_compaction.pipeline.pending import pending_files
 from cdc_compaction.pipeline.plan import sizing
 from cdc_compaction.pipeline.publish import next_partitions, sync_base_location
-from cdc_compaction.pipeline.retention import cleanup_versions, kept_seqs
+from cdc_compaction.pipeline.retention import cleanup_versions
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
 
 log = logging.getLogger(__name__)

@@ -19,17 +19,13 @@ from datetime import datetime, timedelta
 
 from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import EMPTY_VERSION, Commit, version_dir_of
+from cdc_compaction.core.lake import kept_seqs as kept_seqs  # retention.kept_seqs for callers
 from cdc_compaction.job.contract import DATA_DIR, HISTORY_DIR, INDEX_DIR, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
 
 log = logging.getLogger(__name__)
-
-
-def kept_seqs(live_seq: int, keep_versions: int) -> range:
-    """The commits whose versions ``keep_versions`` keeps: the live one and those just before it."""
-    return range(max(0, live_seq - keep_versions + 1), live_seq + 1)
 
 
 @dataclass(frozen=True)

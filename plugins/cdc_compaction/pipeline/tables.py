@@ -8,21 +8,21 @@ table's properties makes an unchanged registry cost no DDL and no JVM.
 from __future__ import annotations
 
 import logging
+import posixpath
 from types import SimpleNamespace
 from typing import Any
 
 from cdc_compaction.core import sql
-from cdc_compaction.core.exceptions import SchemaChangeError
+from cdc_compaction.core.exceptions import SchemaChangeError, StorageRootMismatchError
 from cdc_compaction.core.hive_types import hive_widening
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, normalize_hive_type
-from cdc_compaction.core.lake import EMPTY_VERSION
+from cdc_compaction.core.lake import EMPTY_VERSION, version_dir_of
 from cdc_compaction.core.mode import mode_of
-from cdc_compaction.integrations.metastore import connect
+from cdc_compaction.integrations.metastore import Metastore, connect
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN
 from cdc_compaction.modes.snapshot import history_table
 from cdc_compaction.pipeline import views
-from cdc_compaction.pipeline.publish import check_storage_root
-from cdc_compaction.pipeline.runtime import Runtime
+from cdc_compaction.pipeline.runtime import Runtime, version_seq
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +150,32 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             ms.drop_partitions(db, inc_table, list(ms.partitions(db, inc_table)))
     # Moving the base table to the live version is left to plan, which holds the lease.
     return {"ddl_statements": len(statements), "live_version": latest.version}
+
+
+def check_storage_root(rt: Runtime, ms: Metastore) -> None:
+    """Refuse a ``storage_root`` that changed under a live table without its data moving along.
+
+    The metastore names the live version (the table's location, or its partitions'); if
+    that lies under another root, the registry's root must hold the same commit (the whole
+    tree was copied there).  Otherwise the next run would publish a near-empty base.
+    """
+    cfg, lay = rt.cfg, rt.lake.layout
+    db, base = cfg.database, rt.names["base_table"]
+    location = ms.table_location(db, base)
+    if location is None:
+        return
+    shown = list(ms.partitions(db, base).values()) if cfg.partition_by is not None else [location]
+    for loc in shown:
+        version_dir = version_dir_of(loc)
+        seq = version_seq(version_dir)
+        if not seq or posixpath.dirname(version_dir) == lay.base:
+            continue
+        here = rt.lake.read_commit(seq)
+        if here is not None and here.version == posixpath.basename(version_dir):
+            continue  # the whole tree moved: follow it
+        raise StorageRootMismatchError(
+            f"{cfg.qualified_name}: field 'storage_root' is {cfg.storage_root} ({lay.root}), but the metastore "
+            f"serves {base} from {loc} (commit {seq}), and {lay.commits} has no record of that commit. Nothing "
+            f"was changed. Put storage_root back, or move the data: copy the whole old table root (base/, "
+            f"_cdc/, incremental/, archive/, quarantine/) to {lay.root}, then run again"
+        )

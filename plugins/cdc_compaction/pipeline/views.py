@@ -285,7 +285,7 @@ def _compaction_due(rt: Runtime, latest: Commit, pending: Pending, now: datetime
     no lease): the table's own run does, whenever it starts.
     """
     from cdc_compaction.core.policy import decide
-    from cdc_compaction.pipeline.plan import pending_load
+    from cdc_compaction.pipeline.pending import pending_load
 
     decision = decide(rt.cfg.compaction, pending_load(rt.cfg, latest, pending.files), now)
     out = decision.to_dict()

@@ -115,7 +115,7 @@ def kept_commits(lake: Lake, live_seq: int, keep_versions: int) -> list[Commit]:
     starts after the gap.  Versions of layout 1 (tombstones among the rows) are no table of
     visible rows: a format starts after the newest of them.
     """
-    from cdc_compaction.pipeline.retention import kept_seqs
+    from cdc_compaction.core.lake import kept_seqs
 
     out: list[Commit] = []
     for seq in kept_seqs(live_seq, keep_versions):
