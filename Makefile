@@ -82,6 +82,7 @@ install: check-java $(STAMP)  ## create .venv, install the pinned requirements a
 test: install check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
 
@@ -98,9 +99,10 @@ fuzz: install  ## many more generated examples of tests/e2e/test_generative.py a
 conformance: install  ## run scenario files: make conformance SCENARIOS='<glob>' MODE=inprocess|dag
 	$(BIN)/cdc-compaction conformance --mode $(MODE) $(SCENARIOS)
 
-lint: install  ## ruff (with Airflow's AIR rules)
+lint: install  ## ruff (with Airflow's AIR rules) and the package's layers (lint-imports)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 lint-registry: install  ## validate every registry file; non-zero exit on any error
 	$(BIN)/cdc-compaction registry validate
