@@ -1267,7 +1267,7 @@ def _write_erase_version(
         ),
         layout=live.layout,
         freshness=live.freshness,
-        history=live.history,
+        outputs=live.outputs,
         schema=live.schema,
     )
 

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from cdc_compaction.job.contract import FRESH_EXTRA_COLUMNS, FRESH_VIEW, PROVENANCE, UNCHANGED_PREFIX
 from cdc_compaction.lake import Commit
-from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
+from cdc_compaction.modes.base import ColumnUse, TableContext, TableMode, nan_columns
 from cdc_compaction.registry import CdcTable, TableConfig
 
 #: Columns that hold a position in the source's log (Debezium's ``lsn`` of Postgres, ``__lsn`` when
@@ -224,6 +224,16 @@ class CdcMode(TableMode):
                 role.append("delete marker")
             roles[col.name] = role
         return roles
+
+    def lineage_influences(self, cfg: TableConfig) -> list[ColumnUse]:
+        c = self._cfg(cfg)
+        return [
+            *(ColumnUse(k, "INDIRECT", "WINDOW", "events ranked per key") for k in c.primary_key),
+            *(ColumnUse(k, "INDIRECT", "SORT", "the event order") for k in c.order_by),
+            ColumnUse(c.op_column, "INDIRECT", "FILTER", "deletes remove rows"),
+            *([ColumnUse(c.deleted_column, "INDIRECT", "FILTER", "delete marker")] if c.deleted_column else []),
+            *(ColumnUse(k, "INDIRECT", "FILTER", "a key change deletes the old key") for k in c.old_key),
+        ]
 
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         c = self._cfg(cfg)

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from cdc_compaction.job.contract import KEYLESS_RELATIONS
 from cdc_compaction.lake import Commit
-from cdc_compaction.modes.base import TableContext, TableMode, nan_columns
+from cdc_compaction.modes.base import ColumnUse, TableContext, TableMode, nan_columns
 from cdc_compaction.registry import KeylessTable, TableConfig
 
 
@@ -141,6 +141,17 @@ class KeylessMode(TableMode):
             roles[data].append("row")
             roles[before].append(f"before-image of {data}")
         return roles
+
+    def lineage_influences(self, cfg: TableConfig) -> list[ColumnUse]:
+        c = self._cfg(cfg)
+        return [
+            *(ColumnUse(k, "INDIRECT", "SORT", "the event order and identity") for k in c.position),
+            ColumnUse(c.op_column, "INDIRECT", "FILTER", "deletes remove rows"),
+            *(
+                ColumnUse(b, "INDIRECT", "FILTER", "an update or delete removes one copy equal to its before-image")
+                for b in c.before_columns
+            ),
+        ]
 
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         c = self._cfg(cfg)
