@@ -229,6 +229,31 @@ class TableMode(ABC):
         """The change-file columns that decide which rows the table holds (``INDIRECT``: key, order, deletes)."""
         return []
 
+    def erase_images(self, cfg: TableConfig) -> dict[str, str]:
+        """Column -> another column of the same row holding an older value of it (keyless: its before-image).
+
+        ``erase`` checks its predicate on those too, where any of them is set: an event that carries
+        an erased person's old row must go as well.
+        """
+        return {}
+
+    def erase_keeps(self, cfg: TableConfig) -> tuple[str, ...]:
+        """Subdirectories of a version whose files hold the mode's bookkeeping, no row of the table.
+
+        ``erase`` never rewrites them (keyless: ``tombstones/``, whose one row is the watermark the
+        next compaction recognises replays by).
+        """
+        return ()
+
+    def changes_kept_in(self, cfg: TableConfig) -> str | None:
+        """Where the mode's own outputs keep every change already (snapshot: its history table), named
+        when the change feed (a diff of versions) is refused; None: they keep none."""
+        return None
+
+    def rollback_refusal(self, cfg: TableConfig) -> str | None:
+        """Why the table's versions cannot be rolled back (its own outputs cannot follow); None: they can."""
+        return None
+
     def extra_rows(self, cfg: TableConfig, commit: Commit) -> dict[str, int]:
         """Rows ``commit``'s version wrote to each of :meth:`extra_tables` (by table name), for lineage."""
         return {}

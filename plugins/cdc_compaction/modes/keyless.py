@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from cdc_compaction.job.contract import KEYLESS_RELATIONS
+from cdc_compaction.job.contract import KEYLESS_RELATIONS, TOMBSTONES_DIR
 from cdc_compaction.lake import Commit
 from cdc_compaction.modes.base import ColumnUse, TableContext, TableMode, nan_columns
 from cdc_compaction.registry import KeylessTable, TableConfig
@@ -168,6 +168,15 @@ class KeylessMode(TableMode):
             f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
             f"update `{codes.update}`, delete `{codes.delete}`",
         ]
+
+    def erase_images(self, cfg: TableConfig) -> dict[str, str]:
+        c = self._cfg(cfg)
+        return dict(zip(c.data_columns, c.before_columns, strict=True))
+
+    def erase_keeps(self, cfg: TableConfig) -> tuple[str, ...]:
+        # A version's tombstones file holds one row: the watermark (the greatest position applied).
+        # Erasing it would let the next compaction apply replays again.
+        return (TOMBSTONES_DIR,)
 
     def view_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
         c = self._cfg(cfg)

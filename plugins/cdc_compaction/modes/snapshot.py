@@ -349,6 +349,13 @@ class SnapshotMode(TableMode):
         # Every commit names all history partitions so far, each in the version that applied its date.
         return list(history_of(commit).values())
 
+    def changes_kept_in(self, cfg: TableConfig) -> str | None:
+        return "a snapshot table's <t>_history"
+
+    def rollback_refusal(self, cfg: TableConfig) -> str | None:
+        # Rolling the current table back would leave history partitions of dates it no longer holds.
+        return "a mode: snapshot table's <t>_history only grows (a date applied stays applied)"
+
     def extra_rows(self, cfg: TableConfig, commit: Commit) -> dict[str, int]:
         written = (commit.stats.get("history") or {}).values()
         return {history_table(cfg): sum(int(d.get("rows", 0)) for d in written)}
