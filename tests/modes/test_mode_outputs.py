@@ -129,3 +129,21 @@ def test_a_record_with_both_forms_keeps_the_new_one(record: str) -> None:
     doc = {"version": "v1", "plan_id": "", "run_id": "", "parent_seq": 0, "files": [], "increments": []}
     commit = Commit.from_json(json.dumps({**json.loads(record), **doc}))
     assert commit.outputs == {"history": {"d": "/x"}}
+
+
+def test_validate_refuses_data_files_in_a_directory_the_tables_mode_does_not_write(tmp_path: Path) -> None:
+    """A history/ in a cdc table's version (or any other unknown directory with data) is refused by name."""
+    from cdc_compaction.pipeline.validate import foreign_outputs
+    from cdc_compaction.storage.local import LocalStorage
+
+    out = tmp_path / "base" / "v00000002-p-a1"
+    for rel in ("data/part-0.parquet", "tombstones/part-0.parquet", "history/eff_start_date=2026-11-22/part-0.parquet"):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(b"PAR1")
+    (out / "_cdc_stats.json").write_text("{}")
+    (out / "empty" / "_SUCCESS").parent.mkdir()
+    (out / "empty" / "_SUCCESS").write_text("")
+    storage = LocalStorage()
+    snapshot = MODES["snapshot"].output_dirs(_snapshot_cfg(tmp_path))
+    assert foreign_outputs(storage, str(out), []) == ["history"]
+    assert foreign_outputs(storage, str(out), snapshot) == []
