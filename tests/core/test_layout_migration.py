@@ -150,3 +150,67 @@ def test_a_layout_1_table_moves_to_layout_2_with_its_next_compaction(
         # Every partition was rewritten once (layout 1 kept tombstones inside them): none is reused.
         assert new.stats["partitions_reused"] == 0
         assert all("/data/_cdc_partition=" in loc for loc in new.partitions.values())
+
+
+def test_a_snapshot_tables_history_named_at_the_top_level_of_its_commit_records_keeps_working(
+    make_snapshot_cfg, runtime, spark
+) -> None:
+    """Records written before ``outputs`` kept a snapshot table's history partitions in a top-level ``history``.
+
+    This release reads them as before: publish registers those partitions, retention keeps the
+    old version that holds one, and the next plan applies only dates after the last one recorded.
+    """
+    from conftest import snapshot_state
+
+    from cdc_compaction.pipeline.publish import sync_base_location
+    from cdc_compaction.pipeline.retention import cleanup_versions
+
+    rt = runtime(make_snapshot_cfg(keep_versions=1))
+    cfg, lake = rt.cfg, rt.lake
+    ensure_tables(rt)
+    land(cfg, "increment_2026112200", [[{"id": 1, "full_name": "Ann"}, {"id": 2, "full_name": "Bob"}]])
+    compact_once(rt, "run-1")
+    land(cfg, "increment_2026112300", [[{"id": 2, "full_name": "Bobby"}, {"id": 3, "full_name": "Cy"}]])
+    compact_once(rt, "run-2")
+    v1 = lake.read_commit(1).version
+    # Both records as the release before outputs wrote them: no outputs, the partitions at the top level.
+    for seq in (1, 2):
+        path = Path(lake.layout.commit_path(seq))
+        doc = json.loads(path.read_text())
+        doc["history"] = doc.pop("outputs")["history"]
+        path.write_text(json.dumps(doc))
+    assert sorted(doc["history"]) == ["2026-11-22", "2026-11-23"]
+    day1 = Path(doc["history"]["2026-11-22"])
+    assert day1.parent.parent == Path(lake.layout.version_dir(v1)), "the first date stays in the version that wrote it"
+    # Retention reads the record's partitions: v1 stays (for its one history partition), with keep_versions 1.
+    cleanup_versions(rt, 2)
+    assert day1.is_dir() and any(day1.glob("*.parquet"))
+    # Publish reads them too: the history's partitions, lost from the metastore, are registered again.
+    history = f"{cfg.table}_history"
+    with connect(rt.metastore) as ms:
+        ms.drop_partitions(cfg.database, history, list(ms.partitions(cfg.database, history)))
+        assert ms.partitions(cfg.database, history) == {}
+        sync_base_location(rt, ms, lake.latest_commit())
+    day2 = {(1, "Ann", "D"), (2, "Bobby", "U"), (3, "Cy", "I")}
+    current, dates = snapshot_state(spark, cfg)
+    assert {d: set(rows) for d, rows in dates.items()} == {
+        "2026-11-22": {(1, "Ann", "I"), (2, "Bob", "I")},
+        "2026-11-23": day2,
+    }
+    # The next plan starts after the last date the old record names: 2026-11-23 again is a replay.
+    land(cfg, "increment_2026112312", [[{"id": 9, "full_name": "Zed"}]])
+    land(cfg, "increment_2026112400", [[{"id": 3, "full_name": "Cyd"}]])
+    plan_doc = json.loads(Path(compact_once(rt, "run-3")).read_text())
+    assert plan_doc["last_applied"] == "2026-11-23"
+    commit = lake.latest_commit()
+    assert commit.seq == 3 and commit.stats["replayed"] == 1
+    # The new record names every partition so far, in its outputs (nothing at the top level any more).
+    doc = json.loads(Path(lake.layout.commit_path(3)).read_text())
+    assert "history" not in doc and sorted(doc["outputs"]["history"]) == ["2026-11-22", "2026-11-23", "2026-11-24"]
+    current, dates = snapshot_state(spark, cfg)
+    assert current == {3: ("Cyd", "U", "2026-11-24")}
+    assert {d: set(rows) for d, rows in dates.items()} == {
+        "2026-11-22": {(1, "Ann", "I"), (2, "Bob", "I")},
+        "2026-11-23": day2,
+        "2026-11-24": {(2, "Bobby", "D"), (3, "Cyd", "U")},
+    }

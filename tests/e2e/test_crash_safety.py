@@ -523,6 +523,7 @@ def test_snapshot_mode_crashes_then_retries(make_snapshot_cfg, runtime, spark, p
     from conftest import compact_once, snapshot_state
 
     from cdc_compaction.core.exceptions import CompactionError
+    from cdc_compaction.modes.snapshot import history_of
 
     rt = runtime(make_snapshot_cfg(keep_versions=1))
     ensure_tables(rt)
@@ -569,7 +570,7 @@ def test_snapshot_mode_crashes_then_retries(make_snapshot_cfg, runtime, spark, p
         order.step(name).call(rt, path, "run-2")
     commit = rt.lake.latest_commit()
     assert commit.seq == 2 and rt.lake.read_commit(3) is None
-    assert sorted(commit.history or {}) == ["2026-11-22", "2026-11-23"]
+    assert sorted(history_of(commit)) == ["2026-11-22", "2026-11-23"]
     assert snapshot_state(spark, rt.cfg) == (
         new_current,
         {"2026-11-22": [(1, "Ann", "I"), (2, "Bob", "I")], "2026-11-23": [(2, "Bobby", "U"), (3, "Cy", "I")]},

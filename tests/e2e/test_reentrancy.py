@@ -224,7 +224,7 @@ def test_a_compaction_that_may_heal_is_left_to_the_retries(make_cfg, runtime, tm
 def test_a_published_snapshot_run_is_reentrant(make_snapshot_cfg, runtime, spark) -> None:
     """mode: snapshot: publishing the same commit again changes nothing, compacting its plan again writes nothing."""
     from cdc_compaction.integrations.metastore import connect
-    from cdc_compaction.modes.snapshot import history_table
+    from cdc_compaction.modes.snapshot import history_of, history_table
 
     rt = runtime(make_snapshot_cfg())
     ensure_tables(rt)
@@ -233,7 +233,7 @@ def test_a_published_snapshot_run_is_reentrant(make_snapshot_cfg, runtime, spark
     land(rt.cfg, "increment_2026112300", [[{"id": 2, "full_name": "Bobby"}, {"id": 3, "full_name": "Cy"}]])
     path = compact_once(rt, "run-2")
     commit = rt.lake.latest_commit()
-    assert sorted(commit.history or {}) == ["2026-11-22", "2026-11-23"]
+    assert sorted(history_of(commit)) == ["2026-11-22", "2026-11-23"]
     doc = json.loads(Path(path).read_text())
     plan = Plan.from_dict(doc)
     assert plan.to_dict() == doc and plan.extra == {}, "the snapshot plan round-trips key for key"
@@ -246,7 +246,7 @@ def test_a_published_snapshot_run_is_reentrant(make_snapshot_cfg, runtime, spark
             "2026-11-23": [(1, "Ann", "D"), (2, "Bobby", "U"), (3, "Cy", "I")],
         },
     )
-    trees = {loc: _tree(loc) for loc in [rt.lake.live_location(), *(commit.history or {}).values()]}
+    trees = {loc: _tree(loc) for loc in [rt.lake.live_location(), *history_of(commit).values()]}
     base = Path(rt.lake.layout.base)
     before = sorted(p.name for p in base.iterdir())
 

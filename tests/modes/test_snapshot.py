@@ -663,7 +663,9 @@ def test_plan_fields_carry_the_business_dates_and_the_last_applied_date() -> Non
     assert mode.plan_fields(cfg, GENESIS) == {"primary_key": ["id"], "delta": False}
     dated = _registry_table(business_date={"column": "as_of"})
     assert mode.plan_fields(dated, GENESIS)["business_date_column"] == "as_of"
-    parent = Commit(2, "v2", "p", "r", 1, [], [], history={"2026-11-22": "/a", "2026-11-24": "/b", "2026-11-23": "/c"})
+    parent = Commit(
+        2, "v2", "p", "r", 1, [], [], outputs={"history": {"2026-11-22": "/a", "2026-11-24": "/b", "2026-11-23": "/c"}}
+    )
     assert mode.plan_fields(cfg, parent)["last_applied"] == "2026-11-24"
     # The UTC date of the increment's hour: every hour of a day is that day.
     assert mode.plan_increments(cfg, ["increment_2026112200", "increment_2026112223", "increment_2026112301"]) == {
@@ -756,6 +758,6 @@ def test_the_outputs_and_docs_of_a_snapshot_table() -> None:
     )[1]
     order = ["`as_of` date", "`operation` string", "`eff_start_date` date", "`_cdc_key_hash`", "`_cdc_increment`"]
     assert [base_ddl.index(c) for c in order] == sorted(base_ddl.index(c) for c in order)
-    history = sql.render("create_history.sql.j2", cfg, location="/lake/tests/accounts/base")
+    history = sql.render_mode("create_history.sql.j2", cfg, location="/lake/tests/accounts/base")
     assert "PARTITIONED BY (`eff_start_date`)" in history and "`eff_start_date` string" in history
     assert "`eff_start_date` date" not in history

@@ -166,6 +166,15 @@ def test_change_feed_refuses_versions_not_kept_a_backward_range_and_keyless_mode
         change_feed(Lake(snap), 0, 0)
 
 
+def test_a_snapshot_tables_versions_are_not_rolled_back(make_snapshot_cfg, endpoint) -> None:
+    """Its <t>_history only grows: the refusal names the table and why, before the lake is touched."""
+    snap = make_snapshot_cfg()
+    with pytest.raises(TimeTravelError, match=r"_history only grows.*not rolled back\. Nothing was changed") as err:
+        rollback(snap, 1, endpoint, by="tester")
+    assert str(err.value).startswith(f"{snap.qualified_name}: ")
+    assert Lake(snap).read_commit(1) is None, "nothing was committed"
+
+
 # ------------------------------------------------------------------- <t>_changes (per commit)
 def _read_feed(lake: Lake, seq: int) -> pa.Table:
     return pq.read_table(Path(lake.layout.root) / "changes" / f"c{seq:08d}.parquet")

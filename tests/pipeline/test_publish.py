@@ -223,9 +223,11 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
 def test_next_history_adds_the_dates_a_version_applied_and_never_takes_one_again() -> None:
     from cdc_compaction.core.exceptions import PublishValidationError
     from cdc_compaction.core.lake import Commit
-    from cdc_compaction.pipeline.publish import next_history
+    from cdc_compaction.modes.snapshot import next_history
 
-    parent = Commit(1, "v1", "a", "r1", 0, [], [], history={"2026-11-22": "/b/v1/history/eff_start_date=2026-11-22"})
+    parent = Commit(
+        1, "v1", "a", "r1", 0, [], [], outputs={"history": {"2026-11-22": "/b/v1/history/eff_start_date=2026-11-22"}}
+    )
     stats = {"history": {"2026-11-23": {"location": "/b/v2/history/eff_start_date=2026-11-23", "rows": 0}}}
     assert next_history(parent, stats) == {
         "2026-11-22": "/b/v1/history/eff_start_date=2026-11-22",
@@ -235,5 +237,5 @@ def test_next_history_adds_the_dates_a_version_applied_and_never_takes_one_again
     again = {"history": {"2026-11-22": {"location": "/b/v2/history/eff_start_date=2026-11-22", "rows": 1}}}
     with pytest.raises(PublishValidationError, match="2026-11-22 exists already"):
         next_history(parent, again)
-    # A record without history (every other mode's) is written as before: no key.
-    assert "history" not in Commit(1, "v1", "a", "r1", 0, [], []).to_json()
+    # A record without mode outputs (every other mode's) is written as before: no key.
+    assert "outputs" not in Commit(1, "v1", "a", "r1", 0, [], []).to_json()

@@ -70,10 +70,8 @@ def test_an_old_snapshot_version_stays_for_its_history_partitions() -> None:
     """Snapshot tables: every commit names all history partitions, each in the version that applied its date."""
     v1, v2 = f"{BASE}/v00000001-a", f"{BASE}/v00000002-b"
     live = Commit(2, "v00000002-b", "b", "run-2", 1, [], [])
-    live.history = {
-        "2026-11-22": f"{v1}/history/eff_start_date=2026-11-22",
-        "2026-11-23": f"{v2}/history/eff_start_date=2026-11-23",
-    }
-    verdict = decide_versions([("v00000001-a", True), ("v00000002-b", True), ("v00000001-x", True)], [live], 2, BASE)
+    history = [f"{v1}/history/eff_start_date=2026-11-22", f"{v2}/history/eff_start_date=2026-11-23"]
+    entries = [("v00000001-a", True), ("v00000002-b", True), ("v00000001-x", True)]
+    verdict = decide_versions(entries, [live], 2, BASE, outputs=history)
     assert verdict.by_reference == {"v00000001-a"} and verdict.delete == {"v00000001-x"}
     assert f"{v1}/history/eff_start_date=2026-11-22" in verdict.referenced, "what stays of it"

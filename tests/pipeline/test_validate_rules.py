@@ -12,7 +12,8 @@ from typing import Any
 
 from cdc_compaction.core.lake import Commit
 from cdc_compaction.job.contract import LAYOUT
-from cdc_compaction.pipeline.validate import count_problems, footer_problems, history_problems
+from cdc_compaction.modes.snapshot import history_problems
+from cdc_compaction.pipeline.validate import count_problems, footer_problems
 
 OUT = "/lake/t/base/v00000002-abc-1"
 

@@ -219,10 +219,10 @@ class Commit:
     layout: int = LAYOUT
     #: The newest increment and source event time the base holds after this commit (README, "Readers").
     freshness: dict[str, str] | None = None
-    #: Snapshot tables only: every history partition so far as {business date: location}, the
-    #: parent's and the ones this version wrote. A partition keeps the location of the version
-    #: that applied its date: nothing a commit references is ever written again.
-    history: dict[str, str] | None = None
+    #: The table mode's own entries (``TableMode.commit_outputs``: what only that mode's outputs need,
+    #: read back by the mode alone); absent for modes without any. Records written before the field
+    #: existed kept them at the top level: :data:`LEGACY_OUTPUT_FIELDS`.
+    outputs: dict[str, Any] | None = None
     #: The columns the version was written with (registry + what the source added or widened,
     #: ``schema_changes: evolve``) and the plan's schema changes (README, "Schema changes").
     schema: dict[str, Any] | None = None
@@ -235,8 +235,8 @@ class Commit:
 
     def to_json(self) -> str:
         doc = asdict(self)
-        # Unpartitioned tables (and tables of other modes than snapshot) keep the record format they always had.
-        for key in ("partitions", "partition_rows", "index", "freshness", "history", "schema", "metrics", "rollback"):
+        # Unpartitioned tables (and those of modes without outputs of their own) keep the record format they had.
+        for key in ("partitions", "partition_rows", "index", "freshness", "outputs", "schema", "metrics", "rollback"):
             if doc[key] is None:
                 del doc[key]
         return json.dumps(doc, indent=1, sort_keys=True)
@@ -247,7 +247,18 @@ class Commit:
         if not isinstance(doc, dict):
             raise ValueError(f"a commit record is a JSON object, not {type(doc).__name__}")
         doc.setdefault("layout", 1)  # a record from before layout 2
+        # A record from before ``outputs``: the mode's entries were top-level fields; read them into it.
+        legacy = {key: doc.pop(key) for key in LEGACY_OUTPUT_FIELDS if key in doc}
+        legacy = {key: value for key, value in legacy.items() if value is not None}
+        if legacy:
+            doc["outputs"] = {**legacy, **(doc.get("outputs") or {})}
         return cls(**doc)
+
+
+#: Top-level fields of commit records written before :attr:`Commit.outputs` existed that belong in it
+#: (read into ``outputs`` under the same key, as the mode that wrote them still reads them). Frozen:
+#: new entries of a mode go into ``outputs`` only. ``history``: the ``snapshot`` mode's partitions.
+LEGACY_OUTPUT_FIELDS: tuple[str, ...] = ("history",)
 
 
 GENESIS = Commit(seq=0, version=EMPTY_VERSION, plan_id="", run_id="", parent_seq=-1, files=[], increments=[])

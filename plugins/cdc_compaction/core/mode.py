@@ -66,6 +66,58 @@ class TableContext:
     partition_by: Any
 
 
+@dataclass(frozen=True)
+class OutputDir:
+    """A subdirectory of a version the mode's job writes besides ``data/`` and ``tombstones/``.
+
+    Its files lie in Hive-style partition directories ``<partition_column>=<value>/``, and hold
+    every column of the version's data files except ``partition_column`` (the directory names it).
+    ``validate`` reads their Parquet footers and hands the rows per value to
+    :meth:`TableMode.validate_outputs`.
+    """
+
+    name: str
+    partition_column: str
+
+    @property
+    def prefix(self) -> str:
+        """The start of its partition directories' names."""
+        return f"{self.partition_column}="
+
+
+@dataclass(frozen=True)
+class ExtraTable:
+    """A metastore table the mode's outputs add besides the base, tombstones, incremental and compactor tables.
+
+    ``ensure_tables`` renders ``template`` (below ``include/sql``, the mode's own directory) with
+    ``location`` = the table's ``base/`` directory and checks its columns and fingerprint as the
+    base table's; ``publish`` registers the partitions the commit's outputs name under
+    ``partitions_key`` (``Commit.outputs[partitions_key]``: {value: location}); ``delete`` drops it.
+    """
+
+    name: str
+    template: str
+    #: (name, Hive type, comment) of every column, the partition column last (lineage reports them).
+    columns: tuple[tuple[str, str, str], ...]
+    #: The key of :attr:`Commit.outputs` holding its partitions; None: publish registers none.
+    partitions_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ColumnUse:
+    """How a change-file column feeds the table, for lineage (an OpenLineage column-lineage transformation).
+
+    ``kind`` ``DIRECT``: an output column's value is computed from ``source``; ``INDIRECT``:
+    ``source`` decides which rows the table holds (the rule's key, order, deletes).
+    """
+
+    source: str
+    kind: str
+    subtype: str
+    description: str | None = None
+    masking: bool = False
+
+
 class TableMode(ABC):
     """One table mode, as the Airflow side sees it. Stateless: one instance per mode."""
 
@@ -146,6 +198,79 @@ class TableMode(ABC):
     def warnings(self, cfg: TableConfig) -> list[str]:
         """Doubts about an entry that validates (``registry validate`` prints them as WARN lines)."""
         return []
+
+    # -- the mode's own outputs (none unless the mode says) ---------------------------------------
+    def extra_tables(self, cfg: TableConfig) -> list[ExtraTable]:
+        """The metastore tables the mode's outputs add (``ensure_tables`` creates them, ``delete`` drops them)."""
+        return []
+
+    def output_dirs(self, cfg: TableConfig) -> list[OutputDir]:
+        """The subdirectories of a version the mode's job writes besides ``data/``, ``tombstones/`` and ``index/``."""
+        return []
+
+    def commit_outputs(self, cfg: TableConfig, parent: Commit, stats: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The mode's own entries of the new commit record (:attr:`Commit.outputs`), from the job's ``stats``.
+
+        ``parent`` is the commit the version was planned on; None: the record has no ``outputs``.
+        Raise :class:`~cdc_compaction.core.exceptions.PublishValidationError` when the stats would make
+        the commit reference something already referenced (nothing is published then).
+        """
+        return None
+
+    def validate_outputs(
+        self, cfg: TableConfig, stats: Mapping[str, Any], out: str, footer_rows: Mapping[str, Mapping[str, int]]
+    ) -> list[str]:
+        """Why the job's report of the mode's own outputs is wrong (empty when it is right).
+
+        ``out`` is the attempt's version directory; ``footer_rows`` is, per :meth:`output_dirs`
+        name, the rows of its Parquet footers per partition value (only values with a file).
+        """
+        return []
+
+    def referenced_locations(self, cfg: TableConfig, commit: Commit) -> list[str]:
+        """Locations in version directories that ``commit``'s own outputs name: retention keeps them.
+
+        Each is a partition directory inside one of :meth:`output_dirs` of some version; that
+        version's directory stays (with only these of its partitions) while a kept commit names one.
+        """
+        return []
+
+    def lineage_columns(self, cfg: TableConfig) -> dict[str, list[ColumnUse]]:
+        """The mode's own output columns (:meth:`output_columns`) -> the change-file columns they are computed from."""
+        return {}
+
+    def lineage_influences(self, cfg: TableConfig) -> list[ColumnUse]:
+        """The change-file columns that decide which rows the table holds (``INDIRECT``: key, order, deletes)."""
+        return []
+
+    def erase_images(self, cfg: TableConfig) -> dict[str, str]:
+        """Column -> another column of the same row holding an older value of it (keyless: its before-image).
+
+        ``erase`` checks its predicate on those too, where any of them is set: an event that carries
+        an erased person's old row must go as well.
+        """
+        return {}
+
+    def erase_keeps(self, cfg: TableConfig) -> tuple[str, ...]:
+        """Subdirectories of a version whose files hold the mode's bookkeeping, no row of the table.
+
+        ``erase`` never rewrites them (keyless: ``tombstones/``, whose one row is the watermark the
+        next compaction recognises replays by).
+        """
+        return ()
+
+    def changes_kept_in(self, cfg: TableConfig) -> str | None:
+        """Where the mode's own outputs keep every change already (snapshot: its history table), named
+        when the change feed (a diff of versions) is refused; None: they keep none."""
+        return None
+
+    def rollback_refusal(self, cfg: TableConfig) -> str | None:
+        """Why the table's versions cannot be rolled back (its own outputs cannot follow); None: they can."""
+        return None
+
+    def extra_rows(self, cfg: TableConfig, commit: Commit) -> dict[str, int]:
+        """Rows ``commit``'s version wrote to each of :meth:`extra_tables` (by table name), for lineage."""
+        return {}
 
     @functools.cached_property
     def _macros(self) -> Any:

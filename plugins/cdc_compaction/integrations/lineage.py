@@ -186,18 +186,14 @@ def column_sources(cfg: TableConfig) -> dict[str, list[tuple[str, column_lineage
     Registry columns are copied (the winning event's value).  The metadata columns come from
     where an event was found and when it was compacted, not from a column: they have no entry.
     """
+    from cdc_compaction.core.mode import mode_of
+
     out: dict[str, list[tuple[str, column_lineage_dataset.Transformation]]] = {
         c.name: [(c.name, _identity())] for c in cfg.columns
     }
-    if cfg.mode == "snapshot":
-        t: Any = cfg  # a SnapshotTable
-        key, values, date = list(t.primary_key), list(t.value_columns), t.business_date_column
-        compared = _t("DIRECT", "TRANSFORMATION", "I/U/N/D/X: the export compared with the current table")
-        out["operation"] = [(c, compared) for c in [*key, *values]]
-        if date:
-            out["eff_start_date"] = [(date, _t("DIRECT", "TRANSFORMATION", "the business date the values start at"))]
-        out["_cdc_key_hash"] = [(c, _t("DIRECT", "TRANSFORMATION", "hash of the key", masking=True)) for c in key]
-        out["_cdc_row_hash"] = [(c, _t("DIRECT", "TRANSFORMATION", "hash of the values", masking=True)) for c in values]
+    # The mode's own output columns (snapshot: operation, eff_start_date, the hashes).
+    for column, uses in mode_of(cfg).lineage_columns(cfg).items():
+        out[column] = [(u.source, _t(u.kind, u.subtype, u.description, u.masking)) for u in uses]
     if cfg.partition_by is not None:
         p = cfg.partition_by
         how = _identity() if p.transform == "identity" else _t("DIRECT", "TRANSFORMATION", f"{p.transform}({p.column})")
@@ -207,29 +203,9 @@ def column_sources(cfg: TableConfig) -> dict[str, list[tuple[str, column_lineage
 
 def dataset_influences(cfg: TableConfig) -> list[tuple[str, column_lineage_dataset.Transformation]]:
     """The change-file columns that decide which rows the table holds (INDIRECT: the rule's key, order, deletes)."""
-    t: Any = cfg  # the mode's own fields (CdcTable, KeylessTable, SnapshotTable)
+    from cdc_compaction.core.mode import mode_of
 
-    def each(columns: list[str], subtype: str, why: str) -> list[tuple[str, column_lineage_dataset.Transformation]]:
-        return [(c, _t("INDIRECT", subtype, why)) for c in columns]
-
-    if cfg.mode == "cdc":
-        return [
-            *each(t.primary_key, "WINDOW", "events ranked per key"),
-            *each(t.order_by, "SORT", "the event order"),
-            *each([t.op_column], "FILTER", "deletes remove rows"),
-            *each([t.deleted_column] if t.deleted_column else [], "FILTER", "delete marker"),
-            *each(t.old_key, "FILTER", "a key change deletes the old key"),
-        ]
-    if cfg.mode == "keyless":
-        return [
-            *each(t.position, "SORT", "the event order and identity"),
-            *each([t.op_column], "FILTER", "deletes remove rows"),
-            *each(t.before_columns, "FILTER", "an update or delete removes one copy equal to its before-image"),
-        ]
-    return [
-        *each(t.primary_key, "JOIN", "exports joined to the current table by key"),
-        *each([t.business_date_column] if t.business_date_column else [], "SORT", "exports apply in date order"),
-    ]
+    return [(u.source, _t(u.kind, u.subtype, u.description, u.masking)) for u in mode_of(cfg).lineage_influences(cfg)]
 
 
 def input_datasets(cfg: TableConfig, commit: Commit) -> list[InputDataset]:
@@ -281,38 +257,36 @@ def output_dataset(
     )
 
 
-def history_columns(cfg: TableConfig) -> list[tuple[str, str, str]]:
-    """(name, type, comment) of a snapshot table's ``<t>_history`` (``include/sql/create_history.sql.j2``)."""
+def extra_datasets(
+    cfg: TableConfig, endpoint: MetastoreEndpoint, commit: Commit, inputs: list[InputDataset], region: str | None = None
+) -> list[OutputDataset]:
+    """The tables the mode's outputs add (``TableMode.extra_tables``; snapshot: ``<t>_history``, the net
+    changes of the applied exports, one partition per date), with the rows the commit wrote to each."""
     from cdc_compaction.core.mode import mode_of
 
-    cols = [(c.name, c.type, c.comment) for c in cfg.columns]
-    cols += [(n, t, "") for n, t in mode_of(cfg).output_columns(cfg) if n != "eff_start_date"]
-    cols += [(n, META_TYPES[n], "") for n in META_COLUMNS]
-    return [*cols, ("eff_start_date", "string", "")]  # its partition column
-
-
-def history_dataset(
-    cfg: TableConfig, endpoint: MetastoreEndpoint, commit: Commit, inputs: list[InputDataset], region: str | None = None
-) -> OutputDataset:
-    """A snapshot table's ``<t>_history``: the net changes of the applied exports, one partition per date."""
-    from cdc_compaction.modes.snapshot import history_table
-
-    ns, name = table_dataset(endpoint, cfg.database, history_table(cfg), region)
-    sources = {k: v for k, v in column_sources(cfg).items() if k != PARTITION_COLUMN}
-    written = (commit.stats.get("history") or {}).values()
-    return OutputDataset(
-        ns,
-        name,
-        facets={
-            "schema": _schema(history_columns(cfg)),
-            "columnLineage": _column_lineage(sources, dataset_influences(cfg), inputs),
-        },
-        outputFacets={
-            "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
-                rowCount=sum(int(d.get("rows", 0)) for d in written)
+    mode = mode_of(cfg)
+    rows = mode.extra_rows(cfg, commit)
+    out = []
+    for x in mode.extra_tables(cfg):
+        ns, name = table_dataset(endpoint, cfg.database, x.name, region)
+        held = {n for n, _, _ in x.columns}
+        sources = {k: v for k, v in column_sources(cfg).items() if k != PARTITION_COLUMN and k in held}
+        out.append(
+            OutputDataset(
+                ns,
+                name,
+                facets={
+                    "schema": _schema(list(x.columns)),
+                    "columnLineage": _column_lineage(sources, dataset_influences(cfg), inputs),
+                },
+                outputFacets={
+                    "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+                        rowCount=rows.get(x.name, 0)
+                    )
+                },
             )
-        },
-    )
+        )
+    return out
 
 
 def _column_lineage(
@@ -366,8 +340,7 @@ def operator_lineage(
     inputs = input_datasets(cfg, commit)
     facets: dict[str, BaseFacet] = {RUN_FACET: run_facet(commit)}
     outputs = [output_dataset(cfg, endpoint, commit, inputs, output_files, region)]
-    if cfg.mode == "snapshot":
-        outputs.append(history_dataset(cfg, endpoint, commit, inputs, region))
+    outputs += extra_datasets(cfg, endpoint, commit, inputs, region)
     return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=facets)
 
 

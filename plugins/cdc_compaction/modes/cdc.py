@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 from pydantic import Field, field_validator
 
 from cdc_compaction.core.lake import Commit
-from cdc_compaction.core.mode import TableContext, TableMode
+from cdc_compaction.core.mode import ColumnUse, TableContext, TableMode
 from cdc_compaction.core.registry import (
     _TEXT_TYPES,
     EventTable,
@@ -358,6 +358,16 @@ class CdcMode(TableMode):
                 role.append("delete marker")
             roles[col.name] = role
         return roles
+
+    def lineage_influences(self, cfg: TableConfig) -> list[ColumnUse]:
+        c = self._cfg(cfg)
+        return [
+            *(ColumnUse(k, "INDIRECT", "WINDOW", "events ranked per key") for k in c.primary_key),
+            *(ColumnUse(k, "INDIRECT", "SORT", "the event order") for k in c.order_by),
+            ColumnUse(c.op_column, "INDIRECT", "FILTER", "deletes remove rows"),
+            *([ColumnUse(c.deleted_column, "INDIRECT", "FILTER", "delete marker")] if c.deleted_column else []),
+            *(ColumnUse(k, "INDIRECT", "FILTER", "a key change deletes the old key") for k in c.old_key),
+        ]
 
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         c = self._cfg(cfg)

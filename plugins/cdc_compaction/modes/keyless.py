@@ -19,14 +19,14 @@ from pydantic import Field, field_validator
 
 from cdc_compaction.core.identifiers import RESERVED_PREFIX
 from cdc_compaction.core.lake import Commit
-from cdc_compaction.core.mode import TableContext, TableMode
+from cdc_compaction.core.mode import ColumnUse, TableContext, TableMode
 from cdc_compaction.core.registry import (
     EventTable,
     TableConfig,
     _check_ident_list,
     _check_op_and_order,
 )
-from cdc_compaction.job.contract import KEYLESS_RELATIONS
+from cdc_compaction.job.contract import KEYLESS_RELATIONS, TOMBSTONES_DIR
 from cdc_compaction.modes.base import nan_columns
 
 #: Per preset, for ``mode: keyless``: (the columns a delivery position needs one of, the change-LSN
@@ -275,6 +275,17 @@ class KeylessMode(TableMode):
             roles[before].append(f"before-image of {data}")
         return roles
 
+    def lineage_influences(self, cfg: TableConfig) -> list[ColumnUse]:
+        c = self._cfg(cfg)
+        return [
+            *(ColumnUse(k, "INDIRECT", "SORT", "the event order and identity") for k in c.position),
+            ColumnUse(c.op_column, "INDIRECT", "FILTER", "deletes remove rows"),
+            *(
+                ColumnUse(b, "INDIRECT", "FILTER", "an update or delete removes one copy equal to its before-image")
+                for b in c.before_columns
+            ),
+        ]
+
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         c = self._cfg(cfg)
         codes = c.op_codes
@@ -290,6 +301,15 @@ class KeylessMode(TableMode):
             f"* **Op codes:** create `{codes.create}`, read `{codes.read}`, "
             f"update `{codes.update}`, delete `{codes.delete}`",
         ]
+
+    def erase_images(self, cfg: TableConfig) -> dict[str, str]:
+        c = self._cfg(cfg)
+        return dict(zip(c.data_columns, c.before_columns, strict=True))
+
+    def erase_keeps(self, cfg: TableConfig) -> tuple[str, ...]:
+        # A version's tombstones file holds one row: the watermark (the greatest position applied).
+        # Erasing it would let the next compaction apply replays again.
+        return (TOMBSTONES_DIR,)
 
     def view_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
         c = self._cfg(cfg)

@@ -5,12 +5,14 @@ The contract is ``tests/scenarios/snapshot/README.md``; the rule is
 the job (``cdc_compaction.job.modes.snapshot``). A version's ``data/`` is the current table (every
 key's latest row with its ``operation`` and ``eff_start_date``: the base table), and every
 business date it applied gets a history partition, ``history/eff_start_date=<date>/``, which the
-commit records and ``<t>_history`` registers. There is no view over pending snapshots yet:
-``<t>_view`` shows the current table as published.
+commit records (``outputs.history``; records from before ``outputs``: top-level ``history``) and
+``<t>_history`` registers: the mode's extra table (:meth:`SnapshotMode.extra_tables`). There is no
+view over pending snapshots yet: ``<t>_view`` shows the current table as published.
 """
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
@@ -18,16 +20,24 @@ from typing import Any, Literal, cast
 
 from pydantic import Field, field_validator
 
+from cdc_compaction.core.exceptions import PublishValidationError
 from cdc_compaction.core.lake import Commit
 from cdc_compaction.core.landing import increment_hour
-from cdc_compaction.core.mode import TableContext, TableMode
+from cdc_compaction.core.mode import ColumnUse, ExtraTable, OutputDir, TableContext, TableMode
 from cdc_compaction.core.registry import (
     TableConfig,
     _check_ident_list,
     _Strict,
     check_identifier,
 )
-from cdc_compaction.job.contract import EFF_START_DATE_COLUMN, OPERATION_COLUMN, SNAPSHOT_COLUMNS
+from cdc_compaction.job.contract import (
+    EFF_START_DATE_COLUMN,
+    HISTORY_DIR,
+    HISTORY_DIR_PREFIX,
+    META_COLUMNS,
+    OPERATION_COLUMN,
+    SNAPSHOT_COLUMNS,
+)
 
 #: The keys of each applied snapshot's counts: inserted, updated, no change, deleted, not supplied.
 OPERATIONS = ("I", "U", "N", "D", "X")
@@ -142,9 +152,59 @@ def history_table(cfg: TableConfig) -> str:
     return f"{cfg.table}_history"
 
 
+#: The key of the commit's outputs (``Commit.outputs``) holding the history partitions.
+HISTORY_KEY = "history"
+#: The types of the metadata columns every output file ends with (``include/sql/modes/snapshot/create_history.sql.j2``).
+_META_TYPES = {"_cdc_increment": "string", "_cdc_file": "string", "_cdc_pos": "bigint", "_cdc_ingested_at": "timestamp"}
+
+
+def history_of(commit: Commit) -> dict[str, str]:
+    """Every history partition a commit names, {business date: location} (empty before the first)."""
+    return dict((commit.outputs or {}).get(HISTORY_KEY) or {})
+
+
 def last_applied(parent: Commit) -> str | None:
     """The greatest business date applied so far (ISO): the parent commit's greatest history partition."""
-    return max(parent.history or {}, default=None)
+    return max(history_of(parent), default=None)
+
+
+def next_history(parent: Commit, stats: Mapping[str, Any]) -> dict[str, str]:
+    """The new commit's history partitions: the parent's, plus the dates this version applied.
+
+    A date the parent has is never taken again (the job applies only dates after the last one,
+    and validate holds it to that): a partition a commit references is never written again.
+    """
+    parts = history_of(parent)
+    for day, written in (stats.get("history") or {}).items():
+        if day in parts:
+            raise PublishValidationError(
+                f"{parent.seq}: history partition {day} exists already at {parts[day]}; the new version wrote "
+                f"{written['location']} again. Nothing was published"
+            )
+        parts[day] = written["location"]
+    return dict(sorted(parts.items()))
+
+
+def history_problems(stats: Mapping[str, Any], out: str, footer_rows_by_date: Mapping[str, int]) -> list[str]:
+    """A snapshot compaction's history partitions: in this attempt's ``history/``, holding the rows reported."""
+    problems = []
+    reported = stats.get("history") or {}
+    where = posixpath.join(out.rstrip("/"), HISTORY_DIR)
+    outside = sorted(
+        d for d, h in reported.items() if h.get("location", "").rstrip("/") != f"{where}/{HISTORY_DIR_PREFIX}{d}"
+    )
+    if outside:
+        problems.append(f"history partitions {outside} were reported outside the new version's {where}")
+    rows = {d: int(h.get("rows", -1)) for d, h in reported.items()}
+    if rows != {d: footer_rows_by_date.get(d, 0) for d in rows} or not set(footer_rows_by_date) <= set(rows):
+        problems.append(
+            f"rows per history partition in the Parquet footers {dict(footer_rows_by_date)} differ from the job's "
+            f"report {rows}"
+        )
+    missing = sorted(d for d in rows if d not in footer_rows_by_date)
+    if missing:
+        problems.append(f"history partitions {missing} have no Parquet file (an applied date has one, maybe empty)")
+    return problems
 
 
 class SnapshotMode(TableMode):
@@ -296,6 +356,32 @@ class SnapshotMode(TableMode):
             roles[col].append("compared")
         return roles
 
+    def lineage_columns(self, cfg: TableConfig) -> dict[str, list[ColumnUse]]:
+        c = self._cfg(cfg)
+        key, values, day = list(c.primary_key), list(c.value_columns), c.business_date_column
+        compared = "I/U/N/D/X: the export compared with the current table"
+        out = {OPERATION_COLUMN: [ColumnUse(col, "DIRECT", "TRANSFORMATION", compared) for col in [*key, *values]]}
+        if day:
+            out[EFF_START_DATE_COLUMN] = [
+                ColumnUse(day, "DIRECT", "TRANSFORMATION", "the business date the values start at")
+            ]
+        out["_cdc_key_hash"] = [ColumnUse(k, "DIRECT", "TRANSFORMATION", "hash of the key", masking=True) for k in key]
+        out["_cdc_row_hash"] = [
+            ColumnUse(v, "DIRECT", "TRANSFORMATION", "hash of the values", masking=True) for v in values
+        ]
+        return out
+
+    def lineage_influences(self, cfg: TableConfig) -> list[ColumnUse]:
+        c = self._cfg(cfg)
+        return [
+            *(ColumnUse(k, "INDIRECT", "JOIN", "exports joined to the current table by key") for k in c.primary_key),
+            *(
+                [ColumnUse(c.business_date_column, "INDIRECT", "SORT", "exports apply in date order")]
+                if c.business_date_column
+                else []
+            ),
+        ]
+
     def doc_lines(self, cfg: TableConfig) -> list[str]:
         c = self._cfg(cfg)
         dated = (
@@ -320,6 +406,47 @@ class SnapshotMode(TableMode):
 
     def output_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
         return list(SNAPSHOT_COLUMNS)
+
+    # -- the history: <version>/history/eff_start_date=<date>/, the commit's outputs, <t>_history ------------
+    def extra_tables(self, cfg: TableConfig) -> list[ExtraTable]:
+        columns = [(c.name, c.type, c.comment) for c in cfg.columns]
+        columns += [(n, t, "") for n, t in SNAPSHOT_COLUMNS if n != EFF_START_DATE_COLUMN]
+        columns += [(n, _META_TYPES[n], "") for n in META_COLUMNS]
+        columns.append((EFF_START_DATE_COLUMN, "string", ""))  # its partition column, a string
+        return [
+            ExtraTable(
+                name=history_table(cfg),
+                template=self.template("create_history.sql.j2"),
+                columns=tuple(columns),
+                partitions_key=HISTORY_KEY,
+            )
+        ]
+
+    def output_dirs(self, cfg: TableConfig) -> list[OutputDir]:
+        return [OutputDir(HISTORY_DIR, EFF_START_DATE_COLUMN)]
+
+    def commit_outputs(self, cfg: TableConfig, parent: Commit, stats: Mapping[str, Any]) -> dict[str, Any] | None:
+        return {HISTORY_KEY: next_history(parent, stats)}
+
+    def validate_outputs(
+        self, cfg: TableConfig, stats: Mapping[str, Any], out: str, footer_rows: Mapping[str, Mapping[str, int]]
+    ) -> list[str]:
+        return history_problems(stats, out, footer_rows.get(HISTORY_DIR, {}))
+
+    def referenced_locations(self, cfg: TableConfig, commit: Commit) -> list[str]:
+        # Every commit names all history partitions so far, each in the version that applied its date.
+        return list(history_of(commit).values())
+
+    def changes_kept_in(self, cfg: TableConfig) -> str | None:
+        return "a snapshot table's <t>_history"
+
+    def rollback_refusal(self, cfg: TableConfig) -> str | None:
+        # Rolling the current table back would leave history partitions of dates it no longer holds.
+        return "a mode: snapshot table's <t>_history only grows (a date applied stays applied)"
+
+    def extra_rows(self, cfg: TableConfig, commit: Commit) -> dict[str, int]:
+        written = (commit.stats.get("history") or {}).values()
+        return {history_table(cfg): sum(int(d.get("rows", 0)) for d in written)}
 
     def view_columns(self, cfg: TableConfig) -> list[tuple[str, str]]:
         types = dict(SNAPSHOT_COLUMNS)

@@ -49,8 +49,9 @@ The protocol, serialized with compactions by the table lease (:class:`lake.Table
    literals (:func:`identifying_literals`).  The journal keeps the predicate (and the dropped values)
    until the erase finished; it is deleted then.
 
-Keyless tables: the predicate also matches an event's before-image, and a version's watermark
-(its tombstones file) is never rewritten.
+A table mode may add columns the predicate is checked on too (``TableMode.erase_images``; keyless
+tables: an event's before-image) and version subdirectories never rewritten (``TableMode.erase_keeps``;
+keyless tables: a version's watermark, its tombstones file).
 """
 
 from __future__ import annotations
@@ -72,12 +73,12 @@ from urllib.parse import unquote
 from cdc_compaction.core.exceptions import ConcurrentCommitError, ConcurrentRunError, EraseError, ErasePredicateError
 from cdc_compaction.core.hive_types import arrow_type, decimal_parts
 from cdc_compaction.core.lake import Commit, Lake, TableLease
+from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage.base import FileInfo
-from cdc_compaction.job.contract import INDEX_DIR, PARTITION_DIR_PREFIX, TOMBSTONES_DIR
+from cdc_compaction.job.contract import INDEX_DIR, PARTITION_DIR_PREFIX
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.modes.keyless import KeylessTable
 
 log = logging.getLogger(__name__)
 
@@ -504,20 +505,22 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
     expression = build(tree)
     if not used:
         raise refuse("it names no column")
-    if isinstance(cfg, KeylessTable):
+    images = mode_of(cfg).erase_images(cfg)
+    if images:
         # A keyless event carries the row's old values in its before-image columns: an update from
         # the erased person's row holds their data there, so the predicate is checked on both images.
         names = {c.name: c for c in cfg.columns}
-        swap.update({d: names[b] for d, b in zip(cfg.data_columns, cfg.before_columns, strict=True)})
+        swap.update({d: names[b] for d, b in images.items()})
         import pyarrow.compute as pc
 
         # Only where there is a before-image (updates, deletes): copies and inserts leave it empty,
         # and "x IS NULL" must not match every one of them through it.
-        has_before = pc.field(cfg.before_columns[0]).is_valid()
-        for b in cfg.before_columns[1:]:
+        before = list(images.values())
+        has_before = pc.field(before[0]).is_valid()
+        for b in before[1:]:
             has_before = has_before | pc.field(b).is_valid()
         expression = expression | (has_before & build(tree))
-        used.extend(cfg.before_columns)  # read as NULL from files without them (a version's copies)
+        used.extend(before)  # read as NULL from files without them (a version's copies)
     return Predicate(text=text, columns=tuple(dict.fromkeys(used)), expression=expression)
 
 
@@ -728,20 +731,22 @@ def _with_columns(cfg: TableConfig, table: Any, columns: tuple[str, ...]) -> Any
     return table
 
 
-def is_watermark_file(lake: Lake, path: str) -> bool:
-    """A keyless version's tombstones file: its one row is the watermark (the greatest sequence
-    applied), no row of the table. Erasing it would let the next compaction apply replays again."""
+def is_bookkeeping_file(lake: Lake, path: str) -> bool:
+    """A file of a version's subdirectory the table's mode keeps its bookkeeping in, no row of the table
+    (``TableMode.erase_keeps``; keyless: the tombstones file, whose one row is the watermark). Erasing
+    it would break the next compaction (keyless: replays applied again)."""
+    keeps = mode_of(lake.cfg).erase_keeps(lake.cfg)
     return (
-        isinstance(lake.cfg, KeylessTable)
+        bool(keeps)
         and path.startswith(lake.layout.base.rstrip("/") + "/")
-        and TOMBSTONES_DIR in posixpath.relpath(path, lake.layout.base).split("/")[1:-1]
+        and any(d in keeps for d in posixpath.relpath(path, lake.layout.base).split("/")[1:-1])
     )
 
 
 def _filter(lake: Lake, pred: Predicate, path: str, table: Any) -> tuple[Any, int] | None:
     """The rows of the file ``path`` to keep and how many it holds that match; None when its
     columns cannot be compared with the predicate (logged; the caller names the file)."""
-    if is_watermark_file(lake, path):
+    if is_bookkeeping_file(lake, path):
         return table, 0
     try:
         return _split(lake.cfg, pred, table)
@@ -1268,7 +1273,7 @@ def _write_erase_version(
         ),
         layout=live.layout,
         freshness=live.freshness,
-        history=live.history,
+        outputs=live.outputs,
         schema=live.schema,
     )
 

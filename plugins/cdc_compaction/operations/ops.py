@@ -113,14 +113,13 @@ def set_paused(qualified: str, paused: bool) -> bool | None:
 def metastore_objects(cfg: TableConfig) -> list[str]:
     """Every table and view this package creates for ``cfg`` in the metastore: views first, then tables."""
     from cdc_compaction.core.dialects import view_names
+    from cdc_compaction.core.mode import mode_of
     from cdc_compaction.core.sql import table_names
-    from cdc_compaction.modes.snapshot import history_table
 
     names = table_names(cfg)
     views = [n for per_dialect in view_names(cfg).values() for n in per_dialect.values()]
     tables = [names[r] for r in ("base_table", "tombstones_table", "incremental_table", "compactor_table")]
-    if cfg.mode == "snapshot":
-        tables.append(history_table(cfg))
+    tables += [x.name for x in mode_of(cfg).extra_tables(cfg)]  # the mode's own (snapshot: <t>_history)
     if cfg.mode == "cdc":
         tables.append(f"{cfg.table}_changes")  # pipeline/changes.py: created by publish
     return list(dict.fromkeys([*views, *tables]))

@@ -123,10 +123,13 @@ def kept_commit(lake: Lake, seq: int, latest: Commit | None = None) -> Commit:
 
 def _key_of(cfg: TableConfig) -> list[str]:
     if cfg.mode != "cdc":
+        from cdc_compaction.core.mode import mode_of
+
+        kept_in = mode_of(cfg).changes_kept_in(cfg)
         raise TimeTravelError(
             f"{cfg.qualified_name}: the change feed pairs rows by primary_key, and a mode: {cfg.mode} table has "
             "none to pair them by. Read whole versions instead (`versions` names their locations)"
-            + ("; a snapshot table's <t>_history holds every change already" if cfg.mode == "snapshot" else "")
+            + (f"; {kept_in} holds every change already" if kept_in else "")
         )
     return list(cfg.primary_key)  # type: ignore[attr-defined]
 
@@ -233,6 +236,7 @@ def rollback(
     version directory is an uncommitted attempt, which retention deletes); after it, running the
     rollback again -- or the table's next run -- finishes the publish (roll forward).
     """
+    from cdc_compaction.core.mode import mode_of
     from cdc_compaction.integrations.metastore import connect
     from cdc_compaction.pipeline import views
     from cdc_compaction.pipeline.archive import archive_commit
@@ -240,10 +244,10 @@ def rollback(
     from cdc_compaction.pipeline.publish import sync_base_location
     from cdc_compaction.pipeline.runtime import Runtime, take_lease, utcnow
 
-    if cfg.mode == "snapshot":
+    refusal = mode_of(cfg).rollback_refusal(cfg)
+    if refusal:
         raise TimeTravelError(
-            f"{cfg.qualified_name}: a mode: snapshot table's <t>_history only grows (a date applied stays "
-            "applied), so its versions are not rolled back. Nothing was changed"
+            f"{cfg.qualified_name}: {refusal}, so its versions are not rolled back. Nothing was changed"
         )
     lake = Lake(cfg)
     rt = Runtime(cfg=cfg, lake=lake, metastore=metastore, engine=_NoEngine())

@@ -1,8 +1,9 @@
 """The ``publish`` step: commit the validated version, then make it live.
 
 The commit record is the one atomic decision (create-if-absent); after it the metastore
-location (or partition map) of the base table, then the tombstones table, then (snapshot
-tables) the history's partitions, then the pointer roll forward to the newest commit --
+location (or partition map) of the base table, then the tombstones table, then the partitions
+of the mode's own tables (``TableMode.extra_tables``: a snapshot table's history), then the
+pointer roll forward to the newest commit --
 idempotent, never backwards, so a retry or the next run's ``plan`` finishes what a crash
 left (README, "Crash safety").
 :func:`check_storage_root` refuses a storage root that moved without its data.
@@ -22,6 +23,7 @@ from cdc_compaction.core.exceptions import (
 )
 from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import Commit, version_dir_of
+from cdc_compaction.core.mode import mode_named, mode_of
 from cdc_compaction.integrations.metastore import Metastore, connect
 from cdc_compaction.job.contract import STATS_FILE
 from cdc_compaction.job.faults import fault_point
@@ -62,8 +64,8 @@ def sync_base_location(rt: Runtime, ms: Metastore, commit: Commit) -> None:
             ms.set_location(db, base, target)
             fault_point("publish.after_metastore_swap", rt.cfg.qualified_name)
             _sync_tombstones(rt, ms, commit)
-    # After the base: a reader of the history never sees a date the current table does not hold yet.
-    _sync_history(rt, ms, commit)
+    # After the base: a reader of a mode's table (the history) never sees what the current table does not hold yet.
+    _sync_extra_tables(rt, ms, commit)
     # No pointer is needed before the first commit; after it, it only ever moves forward.
     if commit.seq > 0:
         rt.lake.advance_pointer(commit)
@@ -86,40 +88,23 @@ def _sync_tombstones(rt: Runtime, ms: Metastore, commit: Commit) -> None:
     ms.set_location(db, tomb, rt.lake.tombstones_location(commit))
 
 
-def _sync_history(rt: Runtime, ms: Metastore, commit: Commit) -> None:
-    """Register ``commit``'s history partitions in ``<t>_history`` (snapshot tables; idempotent).
+def _sync_extra_tables(rt: Runtime, ms: Metastore, commit: Commit) -> None:
+    """Register the partitions ``commit``'s outputs name in the mode's own tables (idempotent).
 
-    Partitions are added (or moved, when the storage root moved), never dropped: a date's
-    partition stays where the version that applied it wrote it, and every later commit names it
-    at that same location, so a slow retry of an older commit registers nothing a newer one lacks.
+    A snapshot table's ``<t>_history``: partitions are added (or moved, when the storage root
+    moved), never dropped: a date's partition stays where the version that applied it wrote it,
+    and every later commit names it at that same location, so a slow retry of an older commit
+    registers nothing a newer one lacks.
     """
-    if rt.cfg.mode != "snapshot" or not commit.history:
-        return
-    from cdc_compaction.modes.snapshot import history_table
-
-    db, name = rt.cfg.database, history_table(rt.cfg)
-    if ms.get_table(db, name) is None:
-        return  # created by ensure_tables; the next publish or plan registers the partitions
-    changed = ms.set_partitions(db, name, commit.history)
-    if changed["added"] or changed["moved"]:
-        log.info("%s: history partitions %s", rt.cfg.qualified_name, changed)
-
-
-def next_history(parent: Commit, stats: dict[str, Any]) -> dict[str, str]:
-    """The new commit's history partitions: the parent's, plus the dates this version applied.
-
-    A date the parent has is never taken again (the job applies only dates after the last one,
-    and validate holds it to that): a partition a commit references is never written again.
-    """
-    parts = dict(parent.history or {})
-    for day, written in (stats.get("history") or {}).items():
-        if day in parts:
-            raise PublishValidationError(
-                f"{parent.seq}: history partition {day} exists already at {parts[day]}; the new version wrote "
-                f"{written['location']} again. Nothing was published"
-            )
-        parts[day] = written["location"]
-    return dict(sorted(parts.items()))
+    for x in mode_of(rt.cfg).extra_tables(rt.cfg):
+        partitions = (commit.outputs or {}).get(x.partitions_key) if x.partitions_key else None
+        if not partitions:
+            continue
+        if ms.get_table(rt.cfg.database, x.name) is None:
+            continue  # created by ensure_tables; the next publish or plan registers the partitions
+        changed = ms.set_partitions(rt.cfg.database, x.name, partitions)
+        if changed["added"] or changed["moved"]:
+            log.info("%s: %s partitions %s", rt.cfg.qualified_name, x.name, changed)
 
 
 def _sync_base_partitions(rt: Runtime, ms: Metastore, commit: Commit) -> None:
@@ -210,8 +195,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         if p.get("partition_by"):
             commit.partitions, commit.partition_rows = next_partitions(latest, stats)
             commit.index = next_index(live_index(lake, latest), stats, commit.partitions)
-        if p.get("mode") == "snapshot":
-            commit.history = next_history(latest, stats)
+        # The mode's own entries (snapshot: its history partitions so far), from the job's stats.
+        commit.outputs = mode_named(p.get("mode")).commit_outputs(cfg, latest, stats)
         commit.metrics = _commit_metrics(rt, commit, p, marker)
         # The one atomic decision: create-if-absent of the commit record.
         if lake.try_commit(commit):

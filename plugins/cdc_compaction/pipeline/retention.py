@@ -14,13 +14,15 @@ import dataclasses
 import logging
 import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import EMPTY_VERSION, Commit, version_dir_of
 from cdc_compaction.core.lake import kept_seqs as kept_seqs  # retention.kept_seqs for callers
-from cdc_compaction.job.contract import DATA_DIR, HISTORY_DIR, INDEX_DIR, TOMBSTONES_DIR
+from cdc_compaction.core.mode import mode_of
+from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
@@ -34,16 +36,20 @@ class VersionVerdict:
 
     #: Version directories deleted whole.
     delete: frozenset[str]
-    #: Older version directories that stay only for partitions (base or history) a kept commit names
+    #: Older version directories that stay only for partitions (base, or a mode's output) a kept commit names
     #: (the rest of each goes).
     by_reference: frozenset[str]
     #: The partition locations the kept commits name: what stays of a ``by_reference`` directory.
     referenced: frozenset[str]
 
 
-def decide_versions(entries: list[tuple[str, bool]], kept: list[Commit], live_seq: int, base: str) -> VersionVerdict:
+def decide_versions(
+    entries: list[tuple[str, bool]], kept: list[Commit], live_seq: int, base: str, outputs: Iterable[str] = ()
+) -> VersionVerdict:
     """Which of ``base/``'s entries (name, is a directory) go, with the commits ``kept`` and ``live_seq`` live.
 
+    ``outputs``: the locations the kept commits' mode outputs name (``TableMode.referenced_locations``:
+    partition directories ``<version>/<output dir>/<partition>``).
     No I/O.  Deleted: version directories of a commit number up to the live one that no kept
     commit names -- older versions, and attempts or versions of plans that never committed.
     """
@@ -57,14 +63,14 @@ def decide_versions(entries: list[tuple[str, bool]], kept: list[Commit], live_se
     by_reference = {
         posixpath.basename(version_dir_of(loc)) for loc in referenced if posixpath.dirname(version_dir_of(loc)) == base
     } - keep
-    # Snapshot tables: every commit names all history partitions so far (base/<v>/history/eff_start_date=d),
-    # each in the version that applied its date, which stays for them.
-    history = {loc.rstrip("/") for c in kept for loc in (c.history or {}).values()}
-    for loc in history:
+    # A mode's own outputs (snapshot: every history partition so far, base/<v>/history/eff_start_date=d),
+    # each in the version that wrote it, which stays for them.
+    named = {loc.rstrip("/") for loc in outputs}
+    for loc in named:
         version_dir = posixpath.dirname(posixpath.dirname(loc))
         if posixpath.dirname(version_dir) == base and posixpath.basename(version_dir) not in keep:
             by_reference.add(posixpath.basename(version_dir))
-    referenced |= history
+    referenced |= named
     delete = set()
     for name, is_dir in entries:
         m = VERSION_NAME.match(name)
@@ -91,13 +97,15 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
     # Each with the key index it has now: a rebuilt one names other directories (keyindex.live_index).
     kept = [dataclasses.replace(c, index=live_index(lake, c)) if c.partitions is not None else c for c in kept]
     entries = lake.storage.list_dir(lake.layout.base)
-    verdict = decide_versions([(e.name, e.is_dir) for e in entries], kept, live_seq, lake.layout.base)
+    mode = mode_of(rt.cfg)
+    outputs = [loc for c in kept for loc in mode.referenced_locations(rt.cfg, c)]
+    verdict = decide_versions([(e.name, e.is_dir) for e in entries], kept, live_seq, lake.layout.base, outputs)
     referenced, by_reference = verdict.referenced, verdict.by_reference
     removed = []
     for e in entries:
         if e.is_dir and e.name in by_reference:
             version_dir = lake.layout.version_dir(e.name)
-            removed += _keep_only_history(rt, version_dir, referenced)
+            removed += _keep_only_outputs(rt, version_dir, referenced, [d.name for d in mode.output_dirs(rt.cfg)])
             # Only the referenced partitions stay; its tombstones belong to no kept commit.
             indexes = [
                 posixpath.join(version_dir, sub.name)
@@ -193,21 +201,26 @@ def expire_archives(rt: Runtime, live_seq: int, now: datetime | None = None) -> 
 ARCHIVE_NAME = re.compile(r"^c(\d{8})$")
 
 
-def _keep_only_history(rt: Runtime, version_dir: str, referenced: frozenset[str]) -> list[str]:
-    """Of an old snapshot version kept for its history partitions: drop the others and its current table.
+def _keep_only_outputs(rt: Runtime, version_dir: str, referenced: frozenset[str], dirs: list[str]) -> list[str]:
+    """Of an old version kept for partitions of the mode's output ``dirs`` (snapshot: its history partitions):
+    drop their other partitions, and its current table unless a kept commit names part of it.
 
-    A version directory without ``history/`` (any other mode's) is left to the caller as it was.
+    A version directory without any of ``dirs`` (every version of a mode without outputs of its
+    own) is left to the caller as it was.
     """
     storage = rt.lake.storage
-    history = posixpath.join(version_dir, HISTORY_DIR)
-    if not storage.exists(history) and not any(e.name == HISTORY_DIR for e in storage.list_dir(version_dir)):
+    listed = {e.name for e in storage.list_dir(version_dir)} if dirs else set()
+    present = [d for d in dirs if d in listed or storage.exists(posixpath.join(version_dir, d))]
+    if not present:
         return []
     removed = []
-    for sub in storage.list_dir(history):
-        path = posixpath.join(history, sub.name)
-        if sub.is_dir and path not in referenced:
-            storage.delete_tree(path)
-            removed.append(f"{posixpath.basename(version_dir)}/{HISTORY_DIR}/{sub.name}")
+    for name in present:
+        out_dir = posixpath.join(version_dir, name)
+        for sub in storage.list_dir(out_dir):
+            path = posixpath.join(out_dir, sub.name)
+            if sub.is_dir and path not in referenced:
+                storage.delete_tree(path)
+                removed.append(f"{posixpath.basename(version_dir)}/{name}/{sub.name}")
     data = posixpath.join(version_dir, DATA_DIR)
     if not any(loc == data or loc.startswith(data + "/") for loc in referenced):
         for sub in storage.list_dir(version_dir):

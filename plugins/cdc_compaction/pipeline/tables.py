@@ -20,7 +20,6 @@ from cdc_compaction.core.lake import EMPTY_VERSION, version_dir_of
 from cdc_compaction.core.mode import mode_of
 from cdc_compaction.integrations.metastore import Metastore, connect
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN
-from cdc_compaction.modes.snapshot import history_table
 from cdc_compaction.pipeline import views
 from cdc_compaction.pipeline.runtime import Runtime, version_seq
 
@@ -64,7 +63,7 @@ def _check_columns(rt: Runtime, table: str, existing: list[Any], extra: list[str
 
 
 def ensure_tables(rt: Runtime) -> dict[str, Any]:
-    """Create the database and the base / incremental / compactor (snapshot: history) tables; add new columns."""
+    """Create the database and the base / incremental / compactor tables (and the mode's own); add new columns."""
     cfg, lay, st = rt.cfg, rt.lake.layout, rt.lake.storage
     db, names = cfg.database, rt.names
     fingerprint = sql.schema_fingerprint(cfg)
@@ -79,11 +78,10 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
             names[role]: ms.get_table(db, names[role])
             for role in ("base_table", "tombstones_table", "incremental_table", "compactor_table")
         }
-        # snapshot tables: their outputs add the mode's columns, and the history is a table of its own.
+        # A mode's outputs may add columns to the tables, and tables of their own (TableMode.extra_tables).
         mode = mode_of(cfg)
         own = [name.lower() for name, _ in mode.output_columns(cfg)]
-        history = history_table(cfg) if cfg.mode == "snapshot" else None
-        history_t = ms.get_table(db, history) if history else None
+        extra_tables = {x.name: (x, ms.get_table(db, x.name)) for x in mode.extra_tables(cfg)}
         widened: dict[str, dict[str, str]] = {}
         base_t = tables[names["base_table"]]
         want_keys = [PARTITION_COLUMN] if cfg.partition_by is not None else []
@@ -103,12 +101,12 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
                 incremental_location=lay.incremental,
                 compactor_location=lay.staging,
             )
-        if history and history_t is None:
-            # Its partitions point into the version directories, as a partitioned base table's do.
-            statements.append(sql.render("create_history.sql.j2", cfg, location=lay.base))
+        for x, t in extra_tables.values():
+            if t is None:
+                # Its partitions point into the version directories, as a partitioned base table's do.
+                statements.append(sql.render(x.template, cfg, location=lay.base))
         checked = dict(tables)
-        if history:
-            checked[history] = history_t
+        checked.update({name: t for name, (_, t) in extra_tables.items()})
         for name, t in checked.items():
             if t is None or (t.parameters or {}).get("cdc.fingerprint") == fingerprint:
                 continue

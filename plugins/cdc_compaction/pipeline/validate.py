@@ -11,19 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 from cdc_compaction.core.exceptions import CompactionError, ConcurrentCommitError, PublishValidationError
 from cdc_compaction.core.inputs import parquet_footer
 from cdc_compaction.core.lake import Commit
-from cdc_compaction.core.mode import mode_named, mode_of
+from cdc_compaction.core.mode import OutputDir, mode_named, mode_of
 from cdc_compaction.core.storage import Storage, is_data_file
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import (
     DATA_DIR,
-    EFF_START_DATE_COLUMN,
-    HISTORY_DIR,
-    HISTORY_DIR_PREFIX,
     INDEX_DIR,
     LAYOUT,
     PARTITION_COLUMN,
@@ -65,12 +63,13 @@ def _footer(storage: Storage, path: str) -> tuple[int, Any]:
     return meta.num_rows, meta.schema.to_arrow_schema()
 
 
-def _output_files(storage: Storage, out: str) -> tuple[dict[str, int], list[str]]:
+def _output_files(storage: Storage, out: str, mode_dirs: Sequence[OutputDir] = ()) -> tuple[dict[str, int], list[str]]:
     """A layout-2 version directory's files: (data files by ``data/…``/``tombstones/…`` name, anything else).
 
     Partition directories' files are named ``data/<dir>/<file>``.  Anything else inside
     ``data/`` or ``tombstones/`` (a ``_SUCCESS`` marker, ``.crc`` checksums, a stray
     directory) is returned apart: a reader's glob of the location would pick it up.
+    ``mode_dirs``: the table mode's own output directories (``TableMode.output_dirs``), read alike.
     """
     files: dict[str, int] = {}
     other: list[str] = []
@@ -91,31 +90,24 @@ def _output_files(storage: Storage, out: str) -> tuple[dict[str, int], list[str]
     walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
     # Partitioned tables: the key index, index/_cdc_partition=<v>/ (README, "Key index").
     walk(posixpath.join(out, INDEX_DIR), INDEX_DIR, True)
-    # snapshot tables: history/eff_start_date=<date>/ (no such directory in other modes' versions).
-    walk(posixpath.join(out, HISTORY_DIR), HISTORY_DIR, False, HISTORY_DIR_PREFIX)
+    # The mode's own outputs (snapshot: history/eff_start_date=<date>/).
+    for d in mode_dirs:
+        walk(posixpath.join(out, d.name), d.name, False, d.prefix)
     return files, other
 
 
-def history_problems(stats: dict[str, Any], out: str, footer_rows_by_date: dict[str, int]) -> list[str]:
-    """A snapshot compaction's history partitions: in this attempt's ``history/``, holding the rows reported."""
-    problems = []
-    reported = stats.get("history") or {}
-    where = posixpath.join(out.rstrip("/"), HISTORY_DIR)
-    outside = sorted(
-        d for d, h in reported.items() if h.get("location", "").rstrip("/") != f"{where}/{HISTORY_DIR_PREFIX}{d}"
-    )
-    if outside:
-        problems.append(f"history partitions {outside} were reported outside the new version's {where}")
-    rows = {d: int(h.get("rows", -1)) for d, h in reported.items()}
-    if rows != {d: footer_rows_by_date.get(d, 0) for d in rows} or not set(footer_rows_by_date) <= set(rows):
-        problems.append(
-            f"rows per history partition in the Parquet footers {footer_rows_by_date} differ from the job's "
-            f"report {rows}"
-        )
-    missing = sorted(d for d in rows if d not in footer_rows_by_date)
-    if missing:
-        problems.append(f"history partitions {missing} have no Parquet file (an applied date has one, maybe empty)")
-    return problems
+def foreign_outputs(storage: Storage, out: str, mode_dirs: Sequence[OutputDir]) -> list[str]:
+    """Subdirectories of a version directory holding data files that the table's mode does not write.
+
+    (Another mode's output directory, a history/ in a cdc table's version.) Everything the
+    table's mode writes lies in ``data/``, ``tombstones/``, ``index/`` or one of ``mode_dirs``.
+    """
+    known = {DATA_DIR, TOMBSTONES_DIR, INDEX_DIR, *(d.name for d in mode_dirs)}
+
+    def holds_data(path: str) -> bool:
+        return any((e.is_dir and holds_data(e.path)) or is_data_file(e.name) for e in storage.list_dir(path))
+
+    return sorted(e.name for e in storage.list_dir(out) if e.is_dir and e.name not in known and holds_data(e.path))
 
 
 def _partition_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | None, out: str) -> list[str]:
@@ -327,7 +319,9 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     problems = count_problems(p, stats, lake.read_commit(p["parent_seq"]), out)
     # What is on storage must be what the job reported, with the expected schema, and nothing else
     # where readers glob: the data and tombstones directories hold Parquet data files only.
-    on_disk, other = _output_files(lake.storage, out)
+    mode = mode_named(p.get("mode"))
+    mode_dirs = {d.name: d for d in mode.output_dirs(cfg)}
+    on_disk, other = _output_files(lake.storage, out, list(mode_dirs.values()))
     if other:
         problems.append(f"{out} holds files that are not data files where readers read: {sorted(other)}")
     reported = {f["name"]: f["size"] for f in stats["output_files"]}
@@ -335,9 +329,10 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         problems.append(
             f"output files differ from the job's report: on storage {sorted(on_disk)}, reported {sorted(reported)}"
         )
-    footer_rows = {DATA_DIR: 0, TOMBSTONES_DIR: 0, HISTORY_DIR: 0}
+    footer_rows = {DATA_DIR: 0, TOMBSTONES_DIR: 0, **dict.fromkeys(mode_dirs, 0)}
     footer_rows_by_partition: dict[str, int] = {}
-    footer_rows_by_date: dict[str, int] = {}
+    # The rows of each mode output directory's partitions (snapshot: history rows by date).
+    footer_rows_by_output: dict[str, dict[str, int]] = {name: {} for name in mode_dirs}
     # The mode's own output columns (snapshot: operation, eff_start_date, the hashes) follow the registry's.
     # The columns the plan read with (registry + evolved, schema_changes: evolve); older plans: the registry's.
     planned = p.get("columns") or [{"name": c.name, "type": c.type} for c in cfg.columns]
@@ -354,7 +349,8 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     )
     # Tombstones keep their partition as a column; data files have it in their directory name.
     want_tomb = want + ([(PARTITION_COLUMN, "string")] if p.get("partition_by") else [])
-    want_history = [c for c in want if c[0] != EFF_START_DATE_COLUMN]
+    # A mode output directory's partition column is its directory's name, not a column of its files.
+    want_output = {name: [c for c in want if c[0] != d.partition_column] for name, d in mode_dirs.items()}
     # The key index holds the key columns, in key order (its partition is its directory).
     types = dict(columns)
     want_index = [(k, types.get(k, "?")) for k in p.get("primary_key") or []]
@@ -375,11 +371,11 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         if kind == DATA_DIR and "/" in rest:
             value = partition_dir_value(rest.split("/", 1)[0]) or ""
             footer_rows_by_partition[value] = footer_rows_by_partition.get(value, 0) + rows
-        if kind == HISTORY_DIR:
-            day = rest.split("/", 1)[0].removeprefix(HISTORY_DIR_PREFIX)
-            footer_rows_by_date[day] = footer_rows_by_date.get(day, 0) + rows
-        # A history partition's date is its directory, not a column.
-        expect = want_tomb if kind == TOMBSTONES_DIR else want_history if kind == HISTORY_DIR else want
+        if kind in mode_dirs:
+            value = rest.split("/", 1)[0].removeprefix(mode_dirs[kind].prefix)
+            by_value = footer_rows_by_output[kind]
+            by_value[value] = by_value.get(value, 0) + rows
+        expect = want_tomb if kind == TOMBSTONES_DIR else want_output.get(kind, want)
         got = [(f.name, str(f.type)) for f in schema]
         if [n for n, _ in got] != [n for n, _ in expect] or not all(
             _arrow_type_ok(h, a) for (_, h), (_, a) in zip(expect, got, strict=True)
@@ -391,10 +387,13 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         problems += index_problems(stats, out, index_files)
     elif index_files:
         problems.append(f"{out} holds key index files {sorted(index_files)}, but the table is not partitioned")
-    if p.get("mode") == "snapshot":
-        problems += history_problems(stats, out, footer_rows_by_date)
-    elif footer_rows[HISTORY_DIR]:
-        problems.append(f"{out} holds history files, but the table is not a snapshot table")
+    problems += mode.validate_outputs(cfg, stats, out, footer_rows_by_output)
+    foreign = foreign_outputs(lake.storage, out, list(mode_dirs.values()))
+    if foreign:
+        problems.append(
+            f"{out} holds data files in {[f'{name}/' for name in foreign]}, which a mode: {mode.name} "
+            "compaction does not write"
+        )
     if problems:
         raise PublishValidationError(
             f"{cfg.qualified_name}: version {version} failed validation and was not published: "
