@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import itertools
 import json
 import os
 import re
@@ -174,14 +175,100 @@ def commands() -> str:
     return "\n".join(lines)
 
 
+def _layers() -> list[str]:
+    """The package's layers, top first, as the import-linter contract in pyproject.toml declares them."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    found = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    if len(found) != 1:
+        raise ValueError("pyproject.toml: expected one import-linter contract of type layers")
+    return list(found[0])
+
+
+def _summary(path: Path) -> str:
+    """The first line of a module's (or a package's ``__init__``) docstring."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return doc.strip().split("\n")[0]
+
+
+def _modules(package_dir: Path) -> list[tuple[str, str]]:
+    """``(path below the package, summary)`` of every module and subpackage under ``package_dir``, sorted."""
+    out: list[tuple[str, str]] = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir)
+        if "__pycache__" in rel.parts:
+            continue
+        if path.name == "__init__.py":
+            if rel.parent != Path("."):
+                out.append((f"{rel.parent.as_posix()}/", _summary(path)))
+        else:
+            out.append((rel.as_posix(), _summary(path)))
+    return out
+
+
+def contracts() -> str:
+    """The import contracts ``lint-imports`` checks in ``make test``, by name, as pyproject.toml declares them."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return "\n".join(f"- {c['name']} (`{c['type']}`)" for c in config["contracts"])
+
+
+def layers_diagram() -> str:
+    """A mermaid picture of the layers (top imports down, never up), with each layer's modules."""
+    lines = ["```mermaid", "flowchart TB"]
+    names = [layer.rsplit(".", 1)[-1] for layer in _layers()]
+    package = REPO / "plugins" / "cdc_compaction"
+    for name in names:
+        modules = [p for p, _ in _modules(package / name) if "/" not in p.rstrip("/")]
+        shown = ", ".join(m.removesuffix(".py").rstrip("/") for m in modules)
+        lines.append(f'    {name}["<b>{name}/</b><br/>{html.escape(shown)}"]')
+    lines += [f"    {a} --> {b}" for a, b in itertools.pairwise(names)]
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def package_map() -> str:
+    """Every module of the package, by layer, with the first line of its docstring."""
+    package = REPO / "plugins" / "cdc_compaction"
+    lines: list[str] = []
+    for layer in _layers():
+        name = layer.rsplit(".", 1)[-1]
+        lines += [
+            f"### {name}/",
+            "",
+            f"*{_summary(package / name / '__init__.py')}*",
+            "",
+            "| module | what it is |",
+            "|---|---|",
+        ]
+        for rel, summary in _modules(package / name):
+            cell = summary.replace("|", "\\|")
+            lines.append(f"| `{name}/{rel}` | {cell} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _generate(name: str) -> str:
+    if name == "layers":
+        return layers_diagram()
+    if name == "package-map":
+        return package_map()
+    if name == "contracts":
+        return contracts()
     if name == "registry-fields":
         from cdc_compaction.core.registry_schema import registry_schema
 
         return registry_fields(registry_schema())
     if name == "commands":
         return commands()
-    raise ValueError(f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands)")
+    raise ValueError(
+        f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands, layers, "
+        "contracts, package-map)"
+    )
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:

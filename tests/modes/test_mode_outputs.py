@@ -15,14 +15,24 @@ from pathlib import Path
 import pytest
 
 from cdc_compaction.core.lake import Commit
-from cdc_compaction.core.mode import MODES, mode_of
+from cdc_compaction.core.mode import mode_of, table_modes
 from cdc_compaction.core.registry import TableConfig, parse_table
 
 PACKAGE = Path(__file__).resolve().parents[2] / "plugins" / "cdc_compaction"
 #: The shared steps and modules that used to name the snapshot or keyless mode for their outputs.
 SHARED = [
     *sorted((PACKAGE / "pipeline").glob("*.py")),
-    *(PACKAGE / name for name in ("lake.py", "lineage.py", "ops.py", "erase.py", "travel.py", "sql.py")),
+    *(
+        PACKAGE / name
+        for name in (
+            "core/lake.py",
+            "core/sql.py",
+            "integrations/lineage.py",
+            "operations/ops.py",
+            "operations/erase.py",
+            "operations/travel.py",
+        )
+    ),
 ]
 OUTPUT_MODES = ("snapshot", "keyless")
 
@@ -79,7 +89,7 @@ def test_the_snapshot_mode_declares_its_history_and_the_others_declare_nothing(t
     assert "PARTITIONED BY (`eff_start_date`)" in ddl and table.columns[-1][:2] == ("eff_start_date", "string")
     (out_dir,) = mode.output_dirs(cfg)
     assert (out_dir.name, out_dir.prefix) == ("history", "eff_start_date=")
-    for name, other in MODES.items():
+    for name, other in table_modes().items():
         if name in ("snapshot",):
             continue
         assert other.output_dirs(cfg) == [] and other.extra_tables(cfg) == [], name
@@ -144,6 +154,6 @@ def test_validate_refuses_data_files_in_a_directory_the_tables_mode_does_not_wri
     (out / "empty" / "_SUCCESS").parent.mkdir()
     (out / "empty" / "_SUCCESS").write_text("")
     storage = LocalStorage()
-    snapshot = MODES["snapshot"].output_dirs(_snapshot_cfg(tmp_path))
+    snapshot = table_modes()["snapshot"].output_dirs(_snapshot_cfg(tmp_path))
     assert foreign_outputs(storage, str(out), []) == ["history"]
     assert foreign_outputs(storage, str(out), snapshot) == []
