@@ -467,4 +467,9 @@ def test_a_terminated_bench_leaves_no_server_or_job_behind(tmp_path: Path) -> No
             proc.kill()
             proc.wait()
     assert rc == 128 + signal.SIGTERM, log_path.read_text()[-6000:]
+    # The job was stopped, not left to run to its end (SIGTERM came as its JVM started, long before
+    # it could finish): an orphan would write its "compacted" line.
+    psutil.wait_procs([job], timeout=300)
+    job_log = (work / "logs" / "cdc_2k_initial.log").read_text(errors="replace")
+    assert "compacted bench.cdc_2k" not in job_log, job_log[-3000:]
     assert _none_left_behind(work) == [], log_path.read_text()[-6000:]
