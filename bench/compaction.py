@@ -491,7 +491,8 @@ def connect_server(args: argparse.Namespace, work: Path, ms: LocalMetastore) -> 
     """The warm engine's server: on 127.0.0.1, a free port, this run's metastore and warehouse.
 
     Same driver memory and master as the spark-submit jobs (the connection's ``local[*]``), so
-    warm and cold differ in the JVM start only. A server an earlier, killed run left behind in
+    warm and cold differ in the JVM and session start (and Spark Connect's client round trips).
+    A server an earlier, killed run left behind in
     this home is stopped first (by its PID, after checking the process is that server).
     """
     home = work / "connect"
