@@ -21,6 +21,9 @@ BROWSER_PACKAGES ?= chromium
 # make bench: base sizes of the compaction benchmark (comma-separated rows), e.g. BENCH_SIZES=100000 for a quick run.
 BENCH_SIZES ?= 1000000,5000000
 export BENCH_SIZES
+# make bench: measured warm runs (one Spark Connect server) of floor and ours per dataset, after a warm-up; 0: cold only.
+BENCH_WARM_REPEATS ?= 3
+export BENCH_WARM_REPEATS
 BENCH_STAMP := $(VENV)/.bench-installed
 # make docs: the docs site's tools (requirements-docs.txt); the site is written to .run/site.
 DOCS_STAMP := $(VENV)/.docs-installed
@@ -139,8 +142,8 @@ docs: install $(DOCS_STAMP)  ## the docs site (docs/, MkDocs Material; reference
 	$(BIN)/mkdocs build --strict
 	@echo "open .run/site/index.html (or: $(BIN)/mkdocs serve -a 127.0.0.1:8000)"
 
-bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars, partitions, DAG parsing, an hourly run, a day under each compaction policy; results in bench/results/
-	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --out bench/results/compaction.json --no-report
+bench: install $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars/delta-rs (cold and warm), partitions, DAG parsing, an hourly run, a day under each compaction policy; results in bench/results/
+	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --warm-repeats $(BENCH_WARM_REPEATS) --out bench/results/compaction.json --no-report
 	$(BIN)/python bench/partitioned.py --out bench/results/partitioned.json
 	$(BIN)/python bench/parse_dags.py --out bench/results/parse.json
 	$(BIN)/python bench/hourly_run.py --out bench/results/hourly_run.json

@@ -13,15 +13,25 @@ one increment, runs ``ensure_tables`` and ``plan``, and measures on the planned 
 * ``duckdb``, ``polars`` and ``delta`` (delta-rs): the same rule in a peer engine (``bench/peer.py``);
   delta-rs MERGEs into a Delta table of the base that ``peer.prepare_delta`` writes before its timed run.
 
+Then the same floor and ours run warm (``--warm-repeats``, default 3; 0 skips them): in a
+session of one Spark Connect server that the run starts once (on 127.0.0.1, a free port, the
+bench's metastore and warehouse, the same driver memory and master as spark-submit's) and stops
+by its PID at the end, failed or not. Ours runs as the ``spark_connect`` engine runs it
+(``ConnectEngine.compact``, a fresh server session per run), the floor as ``floor_job.floor`` in
+such a session. Per dataset one untimed warm-up of each, then ``--warm-repeats`` rounds of floor
+then ours; the median run counts (``jobs.floor_warm``, ``jobs.ours_warm``, every run kept) and
+gives ``ours/floor (warm)`` and ``ours/<peer> (warm)`` beside the cold ``ours/floor``.
+
 Each job's wall time, CPU time and peak RSS of its whole process tree are recorded, with
-the output files' count and sizes. Ours and every peer must produce the same rows (an
+the output files' count and sizes (warm: the call's wall time, client + server CPU, the server's
+peak RSS). Ours and every peer must produce the same rows (an
 order-independent hash over all columns, tombstones included): a mismatch fails the run.
 The version is then discarded (not published), so every fraction starts from the same base.
 
 Results go to ``bench/results/compaction.json``; ``bench/report.py`` turns them (and the
 other benchmarks' JSON files) into ``RESULTS.md`` and ``compaction.png``.
 
-    python bench/compaction.py [--sizes 1000000,5000000] [--fractions 0.01,0.1] [--out FILE]
+    python bench/compaction.py [--sizes 1000000,5000000] [--fractions 0.01,0.1] [--warm-repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,20 +53,18 @@ from pathlib import Path
 from typing import Any
 
 import datagen
+import floor_job
 import peer as peer_mod
 import report
-from measure import JobResult, Stopwatch, run_measured, start_logging, write_result
+from measure import JobResult, Stopwatch, run_in_server, run_measured, start_logging, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
 from cdc_compaction.core.lake import Lake, TableLease  # noqa: E402
-from cdc_compaction.core.registry import TableConfig, parse_table  # noqa: E402
-from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
-from cdc_compaction.core.storage import is_data_file  # noqa: E402
-from cdc_compaction.devtools.local_services import LocalMetastore, free_port  # noqa: E402
-from cdc_compaction.integrations.engine import SparkSubmitEngine, compaction_conf  # noqa: E402
+from cdc_compaction.devtools.local_services import LocalMetastore, SparkConnectServer, free_port  # noqa: E402
+from cdc_compaction.integrations.engine import ConnectEngine, SparkSubmitEngine, compaction_conf  # noqa: E402
 from cdc_compaction.integrations.metastore import connect  # noqa: E402
 from cdc_compaction.pipeline import order  # noqa: E402
 from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
@@ -68,6 +77,8 @@ DEFAULT_SIZES = "1000000,5000000"
 DEFAULT_FRACTIONS = "0.01,0.1"
 #: The issue's target: the compaction costs at most this much more than reading and writing the data.
 TARGET_OURS_OVER_FLOOR = 1.1
+#: Measured warm runs of floor and ours per dataset (after one untimed warm-up each); the median counts.
+DEFAULT_WARM_REPEATS = 3
 
 
 def label(n: int) -> str:
@@ -163,6 +174,19 @@ def _job_entry(job: JobResult, rows: int, out_dir: str | None) -> dict[str, Any]
     return entry
 
 
+def _warm_entry(runs: list[JobResult], rows: int, out_dir: str) -> dict[str, Any]:
+    """The median run of a warm engine (by wall time), with every run's wall and CPU time."""
+    ordered = sorted(runs, key=lambda r: r.wall_s)
+    median = ordered[(len(ordered) - 1) // 2]  # the lower median: a run that happened, not an average
+    entry = _job_entry(median, rows, out_dir)
+    entry["engine"] = "spark_connect"
+    entry["repeats"] = len(runs)
+    entry["runs_wall_s"] = [round(r.wall_s, 3) for r in runs]
+    entry["runs_cpu_s"] = [round(r.cpu_s, 3) for r in runs]
+    entry["peak_rss_mb"] = round(max(r.peak_rss_mb for r in runs), 3)
+    return entry
+
+
 # ---------------------------------------------------------------------- the runner
 def ensure_and_plan(rt: Runtime, run_id: str, steps: dict[str, float]) -> str:
     """The run's steps up to plan (ensure_tables, plan), each timed into ``steps``; return the plan's path."""
@@ -179,8 +203,12 @@ def ensure_and_plan(rt: Runtime, run_id: str, steps: dict[str, float]) -> str:
 class Bench:
     """One benchmark run: a metastore, a work directory, the tables it compacts."""
 
-    def __init__(self, args: argparse.Namespace, endpoint: MetastoreEndpoint) -> None:
+    def __init__(
+        self, args: argparse.Namespace, endpoint: MetastoreEndpoint, server: SparkConnectServer | None = None
+    ) -> None:
         self.args = args
+        #: The warm engine's Spark Connect server (None: no warm runs).
+        self.server = server
         self.work = Path(args.work).resolve()
         self.endpoint = endpoint
         self.warehouse = str(self.work / "warehouse")
@@ -311,6 +339,9 @@ class Bench:
                 check_job(job)
                 outputs[peer] = peer_out
                 jobs[peer] = _job_entry(job, rows, peer_out)
+            if self.server is not None:
+                warm_ours_out = self.warm(cfg, plan, rows, out, jobs, steps)
+                outputs["ours_warm"] = warm_ours_out
             with Stopwatch() as sw:
                 checks = {
                     k: peer_mod.checksum(v, [c.model_dump() for c in cfg.columns], cfg.op_column, cfg.op_codes.delete)
@@ -318,6 +349,10 @@ class Bench:
                 }
             steps["checksums_s"] = sw.seconds
             floor_rows = peer_mod.checksum(floor_out, [c.model_dump() for c in cfg.columns], "op", "d")["rows"]
+            if "floor_warm" in jobs:
+                warm_floor = str(out / "floor_warm")
+                cols = [c.model_dump() for c in cfg.columns]
+                jobs["floor_warm"]["rows_written"] = peer_mod.checksum(warm_floor, cols, "op", "d")["rows"]
         finally:
             self.discard(rt, plan, landed)
         same = all(c == checks["ours"] for c in checks.values())
@@ -326,6 +361,15 @@ class Bench:
             if other in jobs:
                 ratios[f"ours/{other}"] = round(jobs["ours"]["wall_s"] / jobs[other]["wall_s"], 3)
                 ratios[f"ours/{other} (cpu)"] = round(jobs["ours"]["cpu_s"] / max(jobs[other]["cpu_s"], 1e-9), 3)
+        if "ours_warm" in jobs:
+            warm = jobs["ours_warm"]
+            # Both in the warm server: the price of the rule when no JVM starts.
+            ratios["ours/floor (warm)"] = round(warm["wall_s"] / jobs["floor_warm"]["wall_s"], 3)
+            ratios["ours/floor (warm, cpu)"] = round(warm["cpu_s"] / max(jobs["floor_warm"]["cpu_s"], 1e-9), 3)
+            # Warm ours against the peers' own runs (they start no JVM either).
+            for other in self.peers:
+                if other in jobs:
+                    ratios[f"ours/{other} (warm)"] = round(warm["wall_s"] / jobs[other]["wall_s"], 3)
         result = {
             "dataset": name,
             "base_rows": base_rows,
@@ -344,10 +388,69 @@ class Bench:
             "checksums": checks,
             "checksums_match": same,
         }
-        if floor_rows != rows:
-            log.warning("%s: the floor wrote %d rows, expected %d", name, floor_rows, rows)
+        for key, written in (("floor", floor_rows), ("floor_warm", jobs.get("floor_warm", {}).get("rows_written"))):
+            if written is not None and written != rows:
+                log.warning("%s: the %s wrote %d rows, expected %d", name, key, written, rows)
         log.info("%s: %s; checksums %s", name, ratios, "match" if same else "DIFFER")
         return result
+
+    def warm(
+        self,
+        cfg: TableConfig,
+        plan: dict[str, Any],
+        rows: int,
+        out: Path,
+        jobs: dict[str, dict[str, Any]],
+        steps: dict[str, float],
+    ) -> str:
+        """Floor and ours in the warm Spark Connect server: a warm-up each, then the measured rounds.
+
+        Adds ``floor_warm`` and ``ours_warm`` to ``jobs`` (the median run, every run kept) and the
+        warm-up's time to ``steps``; returns the directory of ours' last measured output (its rows
+        are checksummed with the others'). Earlier warm attempts of ours are removed as they go.
+        """
+        server = self.server
+        server_pid = server.pid() if server is not None else None
+        if server is None or server_pid is None:
+            where = f"see {server.log_file}:\n{server.log_tail()}" if server else "none was started (--warm-repeats 0)"
+            raise RuntimeError(f"{cfg.qualified_name}: no Spark Connect server for the warm runs; {where}")
+        engine = ConnectEngine(server.url, cfg)
+        floor_out = str(out / "floor_warm")
+        server_log = str(server.log_file)
+
+        def floor_call() -> None:
+            with engine.session(cfg) as spark:
+                floor_job.floor(spark, plan, floor_out)
+
+        def ours_call() -> str:
+            stats = engine.compact(plan)
+            return f"{plan['output_location'].rstrip('/')}-{stats['attempt']}"
+
+        def drop(attempt_dir: str) -> None:
+            # ``<version>-<attempt>`` and its quarantine twin: only the last measured one is kept.
+            suffix = attempt_dir[len(plan["output_location"].rstrip("/")) :]
+            for d in (attempt_dir, plan["quarantine_location"].rstrip("/") + suffix):
+                shutil.rmtree(d, ignore_errors=True)
+
+        with Stopwatch() as sw:
+            # The warm-up: the server's first run of these files and plans (JIT, metadata), not timed.
+            floor_call()
+            drop(ours_call())
+        steps["warm_warmup_s"] = sw.seconds
+        runs: dict[str, list[JobResult]] = {"floor_warm": [], "ours_warm": []}
+        last = ""
+        for i in range(self.args.warm_repeats):
+            # Rounds of floor then ours: a slow spell of the machine hits both alike.
+            floor, _ = run_in_server(f"floor_warm #{i + 1}", floor_call, server_pid, server_log)
+            runs["floor_warm"].append(floor)
+            ours, attempt_dir = run_in_server(f"ours_warm #{i + 1}", ours_call, server_pid, server_log)
+            runs["ours_warm"].append(ours)
+            if last:
+                drop(last)
+            last = attempt_dir
+        jobs["floor_warm"] = _warm_entry(runs["floor_warm"], rows, floor_out)
+        jobs["ours_warm"] = _warm_entry(runs["ours_warm"], rows, last)
+        return last
 
     def discard(self, rt: Runtime, plan: dict[str, Any], landed: str) -> None:
         """Forget a measured run without publishing it: the next fraction starts from the same base."""
@@ -381,6 +484,43 @@ def _git_commit() -> str:
     return proc.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
+def connect_server(args: argparse.Namespace, work: Path, ms: LocalMetastore) -> SparkConnectServer:
+    """The warm engine's server: on 127.0.0.1, a free port, this run's metastore and warehouse.
+
+    Same driver memory and master as the spark-submit jobs (the connection's ``local[*]``), so
+    warm and cold differ in the JVM and session start (and Spark Connect's client round trips).
+    A server an earlier, killed run left behind in
+    this home is stopped first (by its PID, after checking the process is that server).
+    """
+    home = work / "connect"
+    extra: dict[str, str] = {}
+    if args.event_log:
+        # A session cannot turn the event log on: the server's own conf, as spark-submit's jobs get it.
+        extra = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log}
+    server = SparkConnectServer(
+        home=home,
+        metastore_uri=ms.uri,
+        warehouse_dir=str(work / "warehouse"),
+        port=free_port(),
+        master="local[*]",
+        driver_memory=args.driver_memory,
+        extra_conf=extra,
+    )
+    stale = server.pid()
+    if stale is not None:
+        import psutil
+
+        try:
+            ours = str(home) in " ".join(psutil.Process(stale).cmdline())
+        except psutil.Error:
+            ours = False
+        if ours:
+            log.warning("stopping the Spark Connect server (pid %d) an earlier bench run left in %s", stale, home)
+            server.stop()
+    shutil.rmtree(home, ignore_errors=True)
+    return server
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from cdc_compaction.devtools.devenv import airflow_env
 
@@ -404,13 +544,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "initial_loads": [],
         "datasets": [],
     }
+    server = connect_server(args, work, ms) if args.warm_repeats > 0 else None
     with Stopwatch() as sw:
         ms.start()
     result["metastore_start_s"] = round(sw.seconds, 1)
     try:
         # The DAG's operator reads the spark_default connection from this environment.
         os.environ.update(airflow_env(work / "airflow", ms.uri, warehouse_dir=work / "warehouse"))
-        bench = Bench(args, MetastoreEndpoint(ms.host, ms.port))
+        if server is not None:
+            # Started once for the whole run (its start is reported, not counted: the server is long-lived).
+            with Stopwatch() as sw:
+                server_pid = server.start()
+            result["connect_server"] = {
+                "start_s": round(sw.seconds, 1),
+                "pid": server_pid,
+                "url": server.url,
+                "master": server.master,
+                "driver_memory": server.driver_memory,
+                "log": str(server.log_file),
+            }
+        bench = Bench(args, MetastoreEndpoint(ms.host, ms.port), server)
         for size in sizes:
             cfg = bench.config(size)
             with Stopwatch() as sw:
@@ -429,14 +582,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "driver_memory": args.driver_memory,
             "target_file_mb": args.target_file_mb,
             "peers": bench.peers,
+            "warm_repeats": args.warm_repeats,
             "spark_conf": compaction_conf(bench.config(sizes[0])) if sizes else {},
             "spark_submit": submit_command(bench.config(sizes[0]), ["--plan", "<plan>"]) if sizes else [],
         }
     finally:
-        ms.stop()
+        try:
+            if server is not None:
+                server.stop()
+        finally:
+            ms.stop()
     result["host"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["total_s"] = round(time.monotonic() - started, 1)
     return result
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,10 +622,21 @@ def main(argv: list[str] | None = None) -> int:
         help="compact the initial loads again even if an earlier run cached them",
     )
     parser.add_argument("--event-log", help="profile: write Spark event logs of every job to this directory")
+    parser.add_argument(
+        "--warm-repeats",
+        type=int,
+        default=int(os.environ.get("BENCH_WARM_REPEATS") or DEFAULT_WARM_REPEATS),
+        help="measured warm runs (Spark Connect) of floor and ours per dataset, after a warm-up; 0: cold only",
+    )
     parser.add_argument("--no-report", action="store_true", help="do not rewrite RESULTS.md and the chart")
     args = parser.parse_args(argv)
     start_logging()
-    result = run(args)
+    # A SIGTERM (a timeout, a stopped CI job) unwinds like Ctrl-C: the finally blocks stop the servers.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        result = run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     out = write_result(args.out, result)
     log.info("wrote %s (%.0f s in all)", out, result["total_s"])
     if not args.no_report:

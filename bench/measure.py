@@ -1,7 +1,8 @@
 """Measuring one job: wall time, CPU time and peak memory of its whole process tree.
 
 A job is a child process (``spark-submit`` and the JVM and Python processes it starts,
-or a peer engine's script). While it runs, a thread sums the resident set size of the
+or a peer engine's script), or a call this process makes into a long-lived server (the
+warm Spark Connect runs: ``run_in_server``). While it runs, a thread sums the resident set size of the
 process and all its descendants every 100 ms and keeps the maximum. CPU time comes from
 ``getrusage(RUSAGE_CHILDREN)`` around the wait, which covers every descendant its parent
 waited for (the JVM waits for the Python driver).
@@ -9,6 +10,7 @@ waited for (the JVM waits for the Python driver).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,13 +19,16 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -99,6 +104,19 @@ def run_measured(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, or a SIGTERM the benchmark turns into SystemExit): the job runs in a
+            # session of its own, which neither signal reaches, so stop its process group here.
+            log.error("%s interrupted; stopping process group %d", name, proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise
         finally:
             sampler.stop()
     wall = time.monotonic() - start
@@ -107,6 +125,49 @@ def run_measured(
     result = JobResult(name, wall, cpu, sampler.peak / 2**20, rc, str(log_file))
     log.info("%s: %.1f s wall, %.1f s CPU, peak %.0f MB, exit %d", name, wall, cpu, result.peak_rss_mb, rc)
     return result
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process and its live descendants (0 if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue  # exited between the listing and the reading
+        total += t.user + t.system
+    return total
+
+
+def run_in_server(name: str, call: Callable[[], T], server_pid: int, log_file: str) -> tuple[JobResult, T]:
+    """Run ``call`` (a job this process drives in a long-lived server, e.g. over Spark Connect), measuring it.
+
+    Wall time is the call's. CPU time is this process's (the client) plus the server's process
+    tree's during the call; peak memory is the server tree's largest RSS during the call (the
+    whole server's, heap held from earlier jobs included: not comparable with a spark-submit
+    job's). An exception propagates: a failed job fails the benchmark, as a non-zero exit does.
+    """
+    before_self = resource.getrusage(resource.RUSAGE_SELF)
+    before_server = tree_cpu_s(server_pid)
+    sampler = TreeSampler(server_pid)
+    sampler.start()
+    start = time.monotonic()
+    try:
+        value = call()
+    finally:
+        wall = time.monotonic() - start
+        sampler.stop()
+    after_self = resource.getrusage(resource.RUSAGE_SELF)
+    client = (after_self.ru_utime - before_self.ru_utime) + (after_self.ru_stime - before_self.ru_stime)
+    cpu = client + max(0.0, tree_cpu_s(server_pid) - before_server)
+    result = JobResult(name, wall, cpu, sampler.peak / 2**20, 0, log_file)
+    log.info("%s: %.1f s wall, %.1f s CPU (client + server), server peak %.0f MB", name, wall, cpu, result.peak_rss_mb)
+    return result, value
 
 
 class Stopwatch:

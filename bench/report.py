@@ -23,9 +23,12 @@ import job_profile
 log = logging.getLogger("bench.report")
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ENGINES = ("floor", "ours", "duckdb", "polars", "delta")
+ENGINES = ("floor", "ours", "floor_warm", "ours_warm", "duckdb", "polars", "delta")
 #: How an engine is named in the report where its id is not its name.
-LABELS = {"delta": "delta-rs"}
+LABELS = {"delta": "delta-rs", "floor_warm": "floor (warm)", "ours_warm": "ours (warm)"}
+#: Ours' runs (bold in the tables) and the ratio each other engine's row shows (default ``ours/<engine>``).
+OURS = ("ours", "ours_warm")
+RATIO_OF = {"floor_warm": "ours/floor (warm)"}
 #: The engines ours is compared with in the ratio table, in this order.
 PEERS = ("duckdb", "polars", "delta")
 #: Other benchmarks' sections come in this order when present; any other JSON file after them.
@@ -62,12 +65,13 @@ def compaction_table(data: dict[str, Any]) -> str:
             if j is None:
                 continue
             out = j.get("output", {})
-            ratio = d["ratios"].get(f"ours/{engine}") if engine != "ours" else None
+            ratio = d["ratios"].get(RATIO_OF.get(engine, f"ours/{engine}")) if engine not in OURS else None
+            name = LABELS.get(engine, engine)
             rows.append(
                 [
                     d["dataset"],
                     f"{d['input_rows']:,}",
-                    f"**{engine}**" if engine == "ours" else LABELS.get(engine, engine),
+                    f"**{name}**" if engine in OURS else name,
                     _num(j["wall_s"]),
                     _num(j["rows_per_s"]),
                     _num(j["cpu_s"]),
@@ -121,6 +125,66 @@ def ratio_table(data: dict[str, Any]) -> str:
     return _table(header, rows)
 
 
+def has_warm(data: dict[str, Any]) -> bool:
+    """True if the run measured floor and ours warm too (in a Spark Connect server)."""
+    return any("ours_warm" in d["jobs"] for d in data.get("datasets", []))
+
+
+def warm_table(data: dict[str, Any]) -> str:
+    """One row per dataset: ours / floor cold and warm side by side, warm ours against the peers, the warm runs."""
+    rows = []
+    for d in data["datasets"]:
+        r, jobs = d["ratios"], d["jobs"]
+        floor, ours = jobs.get("floor_warm") or {}, jobs.get("ours_warm") or {}
+        rows.append(
+            [
+                d["dataset"],
+                _num(r.get("ours/floor"), 2),
+                _num(r.get("ours/floor (warm)"), 2),
+                _num(r.get("ours/floor (warm, cpu)"), 2),
+                *[_num(r.get(f"ours/{p} (warm)"), 2) for p in PEERS],
+                _num(floor.get("wall_s")),
+                _num(ours.get("wall_s")),
+                ", ".join(_num(x) for x in floor.get("runs_wall_s", [])) or "-",
+                ", ".join(_num(x) for x in ours.get("runs_wall_s", [])) or "-",
+                _num(d["steps"].get("warm_warmup_s")),
+            ]
+        )
+    header = [
+        "dataset",
+        "ours / floor (cold)",
+        "ours / floor (warm)",
+        "ours / floor (warm, CPU)",
+        *[f"ours (warm) / {LABELS.get(p, p)}" for p in PEERS],
+        "floor warm s",
+        "ours warm s",
+        "floor warm runs s",
+        "ours warm runs s",
+        "warm-up s (floor + ours)",
+    ]
+    return _table(header, rows)
+
+
+def warm_markdown(data: dict[str, Any]) -> list[str]:
+    """The warm section's text and table (nothing if the run measured cold only)."""
+    if not has_warm(data):
+        return []
+    server = data.get("connect_server", {})
+    repeats = data.get("settings", {}).get("warm_repeats")
+    return [
+        "",
+        "Cold and warm side by side: cold is spark-submit (a JVM per job, its start included); warm runs the "
+        f"same floor and ours in one Spark Connect server ({server.get('url', '?')}, master "
+        f"{server.get('master', '?')}, driver memory {server.get('driver_memory', '?')}; started once for the "
+        f"run in {server.get('start_s', '?')} s, not counted), ours as the `spark_connect` engine runs it "
+        "(a fresh server session per run), the floor in such a session. Per dataset one untimed warm-up of each, "
+        f"then {repeats} rounds of floor then ours; the median run counts (its wall time: session opened to "
+        "closed; its CPU: client + server). The peers' times are their own runs above (no JVM either).",
+        "",
+        warm_table(data),
+    ]
+
+
 def steps_table(data: dict[str, Any]) -> str:
     """The pipeline's other steps (not in the ratios), and the initial loads."""
     rows = []
@@ -164,13 +228,15 @@ def compaction_markdown(data: dict[str, Any]) -> str:
         f"target file size {settings.get('target_file_mb')} MB; {data.get('total_s')} s in all.",
         "",
         "Wall time is the whole job (spark-submit: JVM start included), rows/s is input rows (base + increment "
-        "events) per wall second, peak MB the largest RSS of the job's process tree (sampled every 100 ms). "
+        "events) per wall second, peak MB the largest RSS of the job's process tree (sampled every 100 ms; for a "
+        "warm run the Spark Connect server's, which holds its heap between runs). "
         "delta-rs MERGEs the increment into a Delta table holding the base (written before its timed run, as a "
         "table that exists already), deletes the expired tombstones and vacuums the replaced files.",
         "",
         compaction_table(data),
         "",
         ratio_table(data),
+        *warm_markdown(data),
         "",
         "The pipeline's other steps (not part of the ratios):",
         "",
@@ -233,6 +299,17 @@ def targets_table(results: Path) -> str:
                     "yes" if met else "**no**",
                 ]
             )
+            warm = d["ratios"].get("ours/floor (warm)")
+            if warm is not None:
+                # The same target with no JVM start on either side (a Spark Connect server).
+                rows.append(
+                    [
+                        f"compaction {d['dataset']} warm",
+                        f"ours / floor (wall, warm Spark Connect) <= {target}",
+                        f"{_num(warm, 2)} (CPU {_num(d['ratios'].get('ours/floor (warm, cpu)'), 2)})",
+                        "yes" if warm <= target else "**no**",
+                    ]
+                )
     for p in sorted(results.glob("*.json")):
         if p.name == "compaction.json":
             continue

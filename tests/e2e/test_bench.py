@@ -5,16 +5,26 @@ compaction rule, so that the benchmark's checksum compares the compaction with a
 that applies the same rule. DuckDB, Polars and matplotlib come from
 ``requirements-bench.txt``, which ``make test`` installs; a bare ``pytest`` without them
 skips those tests.
+
+Two slower ones run ``bench/compaction.py`` itself at a tiny size (2,000 rows), with real
+spark-submit jobs, a real metastore and a real Spark Connect server: the warm measurement
+lands in ``compaction.json`` and ``RESULTS.md``, and a terminated run leaves no process behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -329,3 +339,137 @@ def test_report_shows_where_the_time_goes_and_keeps_it_when_the_logs_are_gone(tm
         f.unlink()
     again = report.write_report(results, logs).read_text()
     assert again[again.index("## Where the time goes") :] == section
+
+
+# ---------------------------------------------------------------------- bench/compaction.py, tiny
+def _bench_cmd(work: Path, results: Path, *extra: str) -> list[str]:
+    """bench/compaction.py at 2,000 rows and one change fraction (the tiny size of the smoke tests)."""
+    return [
+        sys.executable,
+        str(BENCH / "compaction.py"),
+        "--sizes",
+        "2000",
+        "--fractions",
+        "0.1",
+        "--work",
+        str(work),
+        "--out",
+        str(results / "compaction.json"),
+        "--no-report",
+        *extra,
+    ]
+
+
+def _bench_env() -> dict[str, str]:
+    """The environment ``make bench`` gives the benchmark (loopback Spark, this venv's Python first)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("BENCH_SIZES", "BENCH_WARM_REPEATS")}
+    env["PYTHONPATH"] = str(BENCH.parent / "plugins")
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _left_behind(work: Path) -> list[str]:
+    """Processes whose command line names the run's work directory (its servers and jobs all do)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(work) in cmd:
+            found.append(f"{p.info['pid']}: {cmd[:300]}")
+    return found
+
+
+def _none_left_behind(work: Path, wait_s: float = 60) -> list[str]:
+    """``_left_behind`` once the stopped processes had time to exit (a JVM takes a moment)."""
+    deadline = time.monotonic() + wait_s
+    while (left := _left_behind(work)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_bench_measures_ours_and_the_floor_warm_beside_cold(tmp_path: Path) -> None:
+    """A tiny run: floor and ours cold (spark-submit) and warm (Spark Connect), and delta-rs; the report has both."""
+    pytest.importorskip("deltalake")
+    pytest.importorskip("matplotlib")
+    work, results = tmp_path / "work", tmp_path / "results"
+    proc = subprocess.run(
+        _bench_cmd(work, results, "--peers", "delta", "--warm-repeats", "2"),
+        env=_bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    data = json.loads((results / "compaction.json").read_text())
+
+    # One server for the run, on loopback, gone at the end with everything else the run started.
+    assert data["connect_server"]["url"].startswith("sc://127.0.0.1:")
+    assert data["settings"]["warm_repeats"] == 2
+    assert _none_left_behind(work) == []
+
+    (d,) = data["datasets"]
+    for key in ("ours/floor", "ours/floor (warm)", "ours/floor (warm, cpu)", "ours/delta (warm)"):
+        assert isinstance(d["ratios"][key], float) and d["ratios"][key] > 0, (key, d["ratios"])
+    for engine in ("floor_warm", "ours_warm"):
+        job = d["jobs"][engine]
+        assert job["engine"] == "spark_connect" and job["repeats"] == 2
+        assert len(job["runs_wall_s"]) == 2 and all(w > 0 for w in job["runs_wall_s"])
+        assert job["wall_s"] in job["runs_wall_s"]
+    # Warm ours wrote the rows cold ours and delta-rs wrote; the warm floor every row it read.
+    assert d["checksums"]["ours_warm"] == d["checksums"]["ours"] == d["checksums"]["delta"]
+    assert d["checksums_match"] is True
+    assert d["jobs"]["floor_warm"]["rows_written"] == d["input_rows"]
+
+    text = report.write_report(results, tmp_path / "no-logs").read_text()
+    assert "| compaction 2k x 10% | ours / floor (wall) <= 1.1 |" in text
+    assert "| compaction 2k x 10% warm | ours / floor (wall, warm Spark Connect) <= 1.1 |" in text
+    header = "| dataset | ours / floor (cold) | ours / floor (warm) | ours / floor (warm, CPU) | ours (warm) / duckdb |"
+    assert header in text
+    assert f"| 2k x 10% | {d['input_rows']:,} | **ours (warm)** |" in text
+    assert f"| 2k x 10% | {d['input_rows']:,} | floor (warm) |" in text
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_a_terminated_bench_leaves_no_server_or_job_behind(tmp_path: Path) -> None:
+    """SIGTERM while the first spark-submit job runs: the job, the Spark Connect server and the metastore stop."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    log_path = tmp_path / "bench.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            _bench_cmd(work, results, "--peers", "", "--warm-repeats", "1"),
+            env=_bench_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        # The server is up before the initial load: wait for that load's spark-submit job to run.
+        deadline = time.monotonic() + 900
+        job = None
+        while job is None:
+            assert proc.poll() is None, log_path.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no compaction job started: " + log_path.read_text()[-6000:]
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    if any(a.endswith("compact.py") for a in child.cmdline()):
+                        job = child
+            time.sleep(0.5)
+        server_pid = int((work / "connect" / "connect.pid").read_text())
+        assert psutil.pid_exists(server_pid)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 128 + signal.SIGTERM, log_path.read_text()[-6000:]
+    # The job was stopped, not left to run to its end (SIGTERM came as its JVM started, long before
+    # it could finish): an orphan would write its "compacted" line.
+    psutil.wait_procs([job], timeout=300)
+    job_log = (work / "logs" / "cdc_2k_initial.log").read_text(errors="replace")
+    assert "compacted bench.cdc_2k" not in job_log, job_log[-3000:]
+    assert _none_left_behind(work) == [], log_path.read_text()[-6000:]

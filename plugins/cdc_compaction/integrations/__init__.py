@@ -1,4 +1,4 @@
-"""The systems the package talks to: the metastore (Hive Thrift, Glue), Spark engines, alert channels, OpenLineage, PostgreSQL's catalog.
+"""The systems the package talks to: the metastore, Spark engines, alert channels, OpenLineage, PostgreSQL's catalog.
 
 Each wraps one outside system behind the few calls the pipeline needs; none decides data.
 """

@@ -1,4 +1,4 @@
-"""What operators do to a table besides its runs: erase, time travel and rollback, discover, doctor, status, pause/resume/delete.
+"""What operators do to a table besides its runs: erase, time travel, rollback, discover, doctor, status, pause, delete.
 
 Operations use the pipeline's steps and the core; the pipeline never imports an operation.
 """
