@@ -63,6 +63,9 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
 from cdc_compaction.core.lake import Lake, TableLease  # noqa: E402
+from cdc_compaction.core.registry import TableConfig, parse_table  # noqa: E402
+from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
+from cdc_compaction.core.storage import is_data_file  # noqa: E402
 from cdc_compaction.devtools.local_services import LocalMetastore, SparkConnectServer, free_port  # noqa: E402
 from cdc_compaction.integrations.engine import ConnectEngine, SparkSubmitEngine, compaction_conf  # noqa: E402
 from cdc_compaction.integrations.metastore import connect  # noqa: E402
