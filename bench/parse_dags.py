@@ -8,6 +8,16 @@ time of the fill, the DAG count and import errors, and a second fill in the same
 process, which shows the registry cache (``_load_cached.cache_info()``: parsed once per
 process). It also runs a 1-table baseline.
 
+The measured process is set up as Airflow's DAG processor sets up the one it forks for a parse:
+Airflow imported, the airflow modules the DAG file names imported (``parsing_pre_import_modules``:
+the processor does it before it forks, so they are not part of the parse; ``pre_import_seconds``),
+and ``gc.freeze()`` before that (``DagFileProcessorManager.before_run``), so the collector does not
+walk Airflow's own objects during the parse.  The main case is measured in
+two fresh processes: the first right after the registry was written (``parse_seconds``: the
+registry parse cache, ``$CDC_PARSE_CACHE_DIR``, is empty, as after every registry change), the
+second with that cache filled by the first (``cached_parse_seconds``: every later parse of an
+unchanged registry, i.e. what the DAG processor does every 30 s).
+
     python bench/parse_dags.py --out bench/results/parse.json [--tables 500] [--profile FILE]
 
 Target (issue 5): 500 tables parse in at most 1 s (the ``dagbag_stats`` duration).
@@ -16,6 +26,7 @@ Target (issue 5): 500 tables parse in at most 1 s (the ``dagbag_stats`` duration
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -175,6 +186,15 @@ def measure(dag_file: Path, profile: str | None) -> dict[str, Any]:
     from airflow.dag_processing.dagbag import DagBag
 
     import_airflow = time.perf_counter() - t0
+    # As the DAG processor's manager does: freeze its heap for the collector once, when it starts
+    # (airflow.dag_processing.manager), then, before it forks the process that parses the file, import
+    # the airflow modules the DAG file names ([dag_processor] parsing_pre_import_modules, .processor).
+    from airflow.dag_processing.processor import _pre_import_airflow_modules
+
+    gc.freeze()
+    t0 = time.perf_counter()
+    _pre_import_airflow_modules(str(dag_file), log)
+    pre_import = time.perf_counter() - t0
 
     def fill() -> tuple[Any, float, float]:
         start, cpu = time.perf_counter(), time.process_time()
@@ -201,6 +221,7 @@ def measure(dag_file: Path, profile: str | None) -> dict[str, Any]:
     stats2 = bag2.dagbag_stats
     return {
         "import_airflow_seconds": round(import_airflow, 3),
+        "pre_import_seconds": round(pre_import, 3),
         "dagbag_stats_seconds": round(sum(s.duration.total_seconds() for s in stats), 3),
         "dagbag_fill_wall_seconds": round(wall, 3),
         "dagbag_fill_cpu_seconds": round(cpu, 3),
@@ -223,7 +244,8 @@ def run_case(tables: int, work: Path, profile: str | None = None, project: Path 
     """Write a registry of ``tables`` tables under ``work`` and measure it in a fresh interpreter.
 
     ``project`` is the checkout whose DAG file and package are measured (another one, e.g. an
-    export of an older commit, gives a before/after comparison on the same registry).
+    export of an older commit, gives a before/after comparison on the same registry).  The
+    registry parse cache is ``work``'s own: empty for a new registry, filled by its first run.
     """
     sys.path.insert(0, str(ROOT / "plugins"))
     from cdc_compaction.devtools.devenv import airflow_env
@@ -238,6 +260,7 @@ def run_case(tables: int, work: Path, profile: str | None = None, project: Path 
             "PYTHONPATH": str(project / "plugins"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(project / "plugins"),
+            "CDC_PARSE_CACHE_DIR": str(work / f"parse-cache-{tables}"),
         }
     )
     dag_file = project / DAG_FILE.relative_to(ROOT)
@@ -269,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         baseline = run_case(args.baseline, work, project=args.project) if args.baseline else None
         main_case = run_case(args.tables, work, args.profile, project=args.project)
+        # The same registry again in a fresh process: the parse cache the first run filled is used.
+        cached_case = run_case(args.tables, work, project=args.project)
     parse_s = main_case["dagbag_stats_seconds"]
     ok = main_case["dags"] == args.tables and main_case["import_errors"] == 0
     cached = (
@@ -286,15 +311,22 @@ def main(argv: list[str] | None = None) -> int:
             "dagbag_fill_wall_seconds": main_case["dagbag_fill_wall_seconds"],
             "dagbag_fill_cpu_seconds": main_case["dagbag_fill_cpu_seconds"],
             "second_parse_seconds": main_case["second_parse_dagbag_stats_seconds"],
+            "cached_parse_seconds": cached_case["dagbag_stats_seconds"],
+            "cached_parse_dags": cached_case["dags"],
             "registry_parsed_once_per_process": cached,
             "baseline_tables": args.baseline or None,
             "baseline_parse_seconds": baseline["dagbag_stats_seconds"] if baseline else None,
             "baseline_second_parse_seconds": baseline["second_parse_dagbag_stats_seconds"] if baseline else None,
             "import_airflow_seconds": main_case["import_airflow_seconds"],
+            "pre_import_seconds": main_case["pre_import_seconds"],
         },
         "target": f"parse_seconds <= {TARGET_SECONDS} (Airflow's dagbag_stats duration), {args.tables} DAGs, 0 errors",
         "met": bool(ok and parse_s <= TARGET_SECONDS),
-        "runs": {"main": main_case, "baseline": baseline},
+        "cached_target": f"cached_parse_seconds <= {TARGET_SECONDS} (the parse of an unchanged registry)",
+        "cached_met": bool(
+            ok and cached_case["dags"] == args.tables and cached_case["dagbag_stats_seconds"] <= TARGET_SECONDS
+        ),
+        "runs": {"main": main_case, "cached": cached_case, "baseline": baseline},
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "command": "python bench/parse_dags.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }

@@ -5,7 +5,15 @@ environment has the ``cdc_compaction`` package (``pip install cdc-compaction``; 
 file as ``cdc_compaction/resources/dags/``). :func:`cdc_compaction.airflow.factory.load_dags` reads and
 validates the registry once per process and builds every DAG (a bad registry file becomes a failing
 DAG of its own, never an import error of this file).
+
+The two ``airflow`` imports are the modules the factory builds the DAGs with. Airflow's DAG processor
+imports the airflow modules a DAG file names once, in its own process, before it forks each parse
+(``[dag_processor] parsing_pre_import_modules``): named here, they are not imported again by every
+parse (the Spark provider, with the OpenLineage client it loads, was about a quarter of one).
 """
+
+import airflow.providers.apache.spark.operators.spark_submit
+import airflow.providers.standard.operators.python  # noqa: F401
 
 from cdc_compaction.airflow.factory import load_dags
 

@@ -9,6 +9,7 @@ the views, in ``_cdc/freshness.json``, and in the publish task's result.
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -183,24 +184,59 @@ def test_the_refresher_follows_the_compaction_policy(make_cfg: Any, runtime: Any
     assert first["compaction"]["compact"] is False and first["compaction"]["reason"] == "nothing pending"
 
     land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", _ms(T0)))])
-    one = refresh_pending(rt, now=now)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cdc_compaction"):
+        one = refresh_pending(rt, now=now)
     # The contract (docs, "Compaction policy"): compact once pending_files (2) complete files wait; one does not.
     assert one["partitions_added"] == ["increment_2026112210"]
     assert one["compaction"]["compact"] is False
     assert one["compaction"]["thresholds"] == [
         {"threshold": "pending_files", "value": 1, "limit": 2, "reached": False, "progress": 0.5}
     ]
-    land(rt.cfg, "increment_2026112211", [_rows((2, "Bob", "c", _ms(T0)))])
+    # Not due yet: the refresh is quiet (nothing at WARNING or above).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    land(rt.cfg, "increment_2026112211", [_rows((2, "Bob", "c", _ms(T0)), (3, "Cy", "c", _ms(T0)))])
     caplog.clear()
-    two = refresh_pending(rt, now=now)
+    with caplog.at_level(logging.INFO, logger="cdc_compaction"):
+        two = refresh_pending(rt, now=now)
     assert two["compaction"]["compact"] is True
     assert two["compaction"]["thresholds"][0]["reached"] is True
-    due = [r.getMessage() for r in caplog.records if "compaction is due" in r.getMessage()]
-    assert due and rt.cfg.dag_id in due[0] and rt.cfg.qualified_name in due[0], caplog.text
+    due = [r for r in caplog.records if "compaction is due" in r.getMessage()]
+    assert len(due) == 1 and due[0].levelno == logging.WARNING, caplog.text
+    message = due[0].getMessage()
+    # It names the table, what is pending (2 files in the 2 increments landed above, 3 rows) and who compacts it:
+    # the table's DAG at its next scheduled run; the refresher starts no run.
+    assert message.startswith(f"{rt.cfg.qualified_name}: compaction is due"), message
+    assert "2 pending files in 2 increments (increment_2026112210 ... increment_2026112211), 3 rows" in message
+    assert f"the next scheduled run of DAG {rt.cfg.dag_id} (@hourly) compacts them" in message, message
+    assert "this refresh starts no run" in message, message
+    assert rt.lake.latest_commit().seq == 0 and TableLease(rt.lake).current() is None, "the refresher compacts nothing"
 
     # The plan of the table's next run decides the same (it compacts what the refresher said was due).
     path = plan(rt, run_id="due", now=now)
     assert json.loads(Path(path).read_text())["compaction"]["compact"] is True
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [({"schedule": None}, "its registry schedule is null"), ({"retired": True}, "the table is retired")],
+)
+def test_the_refresher_says_an_unscheduled_table_must_be_triggered(
+    make_cfg: Any, runtime: Any, caplog: Any, overrides: dict[str, Any], why: str
+) -> None:
+    """A table whose DAG has no schedule has no next scheduled run: the warning says to trigger it instead."""
+    policy = {"policy": "threshold", "pending_files": 1, "pending_rows_ratio": None, "pending_age": None}
+    rt = runtime(make_cfg(compaction=policy, **overrides))
+    ensure_tables(rt)
+    land(rt.cfg, "increment_2026112210", [_rows((1, "Ann", "c", _ms(T0)))])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cdc_compaction"):
+        assert refresh_pending(rt, now=T0 + timedelta(minutes=30))["compaction"]["compact"] is True
+    due = [r.getMessage() for r in caplog.records if "compaction is due" in r.getMessage()]
+    assert len(due) == 1, caplog.text
+    assert f"DAG {rt.cfg.dag_id} has no schedule ({why})" in due[0], due[0]
+    assert f"trigger DAG {rt.cfg.dag_id} to compact them" in due[0], due[0]
+    assert "next scheduled run" not in due[0], due[0]
 
 
 def test_the_refresher_of_an_always_table_reports_no_policy(make_cfg: Any, runtime: Any) -> None:

@@ -29,8 +29,9 @@ from typing import Any
 
 from cdc_compaction.core import dialects, duckdb_views
 from cdc_compaction.core.dialects import ViewDef
-from cdc_compaction.core.lake import Commit, TableLease
+from cdc_compaction.core.lake import Commit, PlannedFile, TableLease
 from cdc_compaction.core.landing import view_report_path
+from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.sidechannel import count_failure
 from cdc_compaction.core.storage import is_data_file
 from cdc_compaction.integrations.metastore import Metastore, MetastoreView, connect
@@ -280,9 +281,10 @@ def _compaction_due(rt: Runtime, latest: Commit, pending: Pending, now: datetime
     Under ``threshold`` the views carry the pending increments until a threshold is reached; the
     refresher sees them grow every few minutes, so it measures them as ``plan`` does (the same
     files, footers and live version) and says when the table's compaction is due: in its result
-    and in a warning that names the DAG to trigger, instead of leaving readers to pay the growing
-    merge until the table's next scheduled run finds out.  It never compacts itself (no Spark,
-    no lease): the table's own run does, whenever it starts.
+    and in a warning that names the table, what is pending and the run that compacts it (the DAG's
+    next scheduled one; a DAG without a schedule must be triggered), instead of leaving readers to
+    pay the growing merge unannounced.  It never compacts itself (no Spark, no lease, no run
+    started): the table's own run does, whenever it starts.  Not due: nothing is logged.
     """
     from cdc_compaction.core.policy import decide
     from cdc_compaction.pipeline.pending import pending_load
@@ -293,13 +295,41 @@ def _compaction_due(rt: Runtime, latest: Commit, pending: Pending, now: datetime
         out.update(compact=False, reason="nothing pending")
     elif decision.compact:
         log.warning(
-            "%s: compaction is due (%s); the next run of DAG %s compacts every pending increment, "
-            "or trigger it now to compact at once",
+            "%s: compaction is due (%s): %s; %s",
             rt.cfg.qualified_name,
             decision.reason,
-            rt.cfg.dag_id,
+            pending_summary(pending.files),
+            who_compacts(rt.cfg),
         )
     return out
+
+
+def pending_summary(files: list[PlannedFile]) -> str:
+    """What waits to be compacted, for people: ``2 pending files in 2 increments (first ... last), 3 rows``."""
+    increments = sorted({f.increment for f in files})
+    span = increments[0] if len(increments) == 1 else f"{increments[0]} ... {increments[-1]}"
+    return (
+        f"{len(files)} pending file{'s' if len(files) != 1 else ''} in {len(increments)} "
+        f"increment{'s' if len(increments) != 1 else ''} ({span}), {sum(f.rows for f in files)} rows"
+    )
+
+
+def who_compacts(cfg: TableConfig) -> str:
+    """Which run compacts a due table: the DAG's next scheduled one, or (no schedule) one somebody triggers.
+
+    The refresher never starts a run itself (no Spark, no lease, no Airflow API): it only says so.
+    """
+    # The same test as the DAG's own schedule (factory.build_dag); a disabled table is not refreshed at all.
+    if cfg.retired or cfg.schedule is None:
+        why = "the table is retired" if cfg.retired else "its registry schedule is null"
+        return (
+            f"DAG {cfg.dag_id} has no schedule ({why}), so no run compacts them on its own: "
+            f"trigger DAG {cfg.dag_id} to compact them (this refresh starts no run)"
+        )
+    return (
+        f"the next scheduled run of DAG {cfg.dag_id} ({cfg.schedule}) compacts them (this refresh starts no run; "
+        "trigger the DAG to compact at once)"
+    )
 
 
 def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
