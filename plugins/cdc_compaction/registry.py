@@ -1273,6 +1273,68 @@ class SnapshotTable(TableConfig):
         return [c.name for c in self.columns if c.name not in skip]
 
 
+#: Types an append table's event_id may not have: no stable equality (NaN, rounding) or no grouping.
+_APPEND_EVENT_ID_REFUSED = ("float", "double", "binary")
+
+
+class AppendTable(TableConfig):
+    """``mode: append``: an insert-only event or log table; every event becomes one row, once.
+
+    Re-deliveries are recognised by the event id (``event_id``): an event whose id is already in the
+    table, or repeated among the pending increments, is kept once (the first copy compacted) and
+    counted. No tombstones, no deletes; an op column is optional, and when declared only its insert
+    codes are taken (the contract: ``tests/scenarios/README.md``, "The append mode"). Kept here,
+    not in ``cdc_compaction.modes.append``: that package imports this module, so the union below
+    could not import it back.
+    """
+
+    mode: Literal["append"]
+    #: The columns identifying one event (a message id, a Kafka topic/partition/offset, a log line's
+    #: file and offset): equal values are one event delivered again. Never NULL (a NULL id is refused).
+    event_id: list[str] = Field(min_length=1)
+    #: The op column, if the source sends one: only its create and read codes are taken, an update or
+    #: delete is refused (an append table has no row to change). Unset: every event is an insert.
+    op_column: str | None = None
+    #: The op column's codes (Debezium's c r u d by default).
+    op_codes: OpCodes = Field(default_factory=OpCodes)
+
+    @field_validator("event_id")
+    @classmethod
+    def _append_event_id(cls, v: list[str], info: Any) -> list[str]:
+        return _check_ident_list(v, str(info.field_name))
+
+    @field_validator("op_column")
+    @classmethod
+    def _append_op(cls, v: str | None, info: Any) -> str | None:
+        return v if v is None else check_identifier(v, info.field_name)
+
+    def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
+        where = f"append table {self.database}.{self.table}"
+        missing = [c for c in self.event_id if c not in types]
+        if missing:
+            raise ValueError(f"event_id: {missing} not among the columns {names} ({where})")
+        for c in self.event_id:
+            kind = types[c]
+            if kind in _APPEND_EVENT_ID_REFUSED or kind.startswith(("array", "map", "struct")):
+                raise ValueError(
+                    f"event_id: column {c!r} has type {kind}, which cannot identify an event ({where}); "
+                    "use integer, string, decimal, date or timestamp columns"
+                )
+        if self.op_column is not None:
+            if self.op_column not in types:
+                raise ValueError(f"op_column: {self.op_column!r} is not among the columns {names} ({where})")
+            if self.op_column in self.event_id:
+                raise ValueError(f"op_column: {self.op_column!r} must not be part of event_id ({where})")
+            if types[self.op_column] != "string":
+                raise ValueError(f"op_column: column {self.op_column!r} must have type string ({where})")
+        if self.partition_by is not None:
+            raise ValueError(f"partition_by: append tables are not partitioned (yet); remove partition_by ({where})")
+
+    @property
+    def control_columns(self) -> list[str]:
+        return [self.op_column] if self.op_column else []
+
+
 def _mode_of(value: Any) -> str:
     """The ``mode`` tag of a registry document (``cdc`` when absent) or of a validated table."""
     if isinstance(value, dict):
@@ -1285,15 +1347,16 @@ def _mode_of(value: Any) -> str:
 TableSpec = Annotated[
     Annotated[CdcTable, Tag("cdc")]
     | Annotated[KeylessTable, Tag("keyless")]
-    | Annotated[SnapshotTable, Tag("snapshot")],
+    | Annotated[SnapshotTable, Tag("snapshot")]
+    | Annotated[AppendTable, Tag("append")],
     Discriminator(
         _mode_of,
         custom_error_type="unknown_mode",
-        custom_error_message="mode: must be one of 'cdc', 'keyless', 'snapshot'",
+        custom_error_message="mode: must be one of 'cdc', 'keyless', 'snapshot', 'append'",
         custom_error_context={"discriminator": "mode"},
     ),
 ]
-MODES = ("cdc", "keyless", "snapshot")
+MODES = ("cdc", "keyless", "snapshot", "append")
 
 
 @functools.cache
@@ -1339,7 +1402,9 @@ class RegistryEntry:
 
 
 _FIELD_PREFIX = re.compile(r"^(\w+): (.*)$", re.DOTALL)
-_ALL_FIELDS = frozenset({*CdcTable.model_fields, *KeylessTable.model_fields, *SnapshotTable.model_fields})
+_ALL_FIELDS = frozenset(
+    {*CdcTable.model_fields, *KeylessTable.model_fields, *SnapshotTable.model_fields, *AppendTable.model_fields}
+)
 
 
 def _format_pydantic(err: ValidationError) -> list[str]:
@@ -1443,7 +1508,12 @@ PER_TABLE_FIELDS = frozenset(
         "business_date",
     }
 )
-_MODE_CLASSES: dict[str, type[TableConfig]] = {"cdc": CdcTable, "keyless": KeylessTable, "snapshot": SnapshotTable}
+_MODE_CLASSES: dict[str, type[TableConfig]] = {
+    "cdc": CdcTable,
+    "keyless": KeylessTable,
+    "snapshot": SnapshotTable,
+    "append": AppendTable,
+}
 
 
 @functools.cache
@@ -1452,7 +1522,7 @@ def _defaults_model() -> type[BaseModel]:
     there (pydantic ``extra="forbid"``: an unknown key is refused), each optional."""
     from pydantic import create_model
 
-    fields: dict[str, Any] = {"mode": (Literal["cdc", "keyless", "snapshot"] | None, None)}
+    fields: dict[str, Any] = {"mode": (Literal["cdc", "keyless", "snapshot", "append"] | None, None)}
     for cls in _MODE_CLASSES.values():
         for name, info in cls.model_fields.items():
             if name in PER_TABLE_FIELDS or name in fields:

@@ -122,7 +122,7 @@ def registry_schema() -> dict[str, Any]:
     generated = registry._table_adapter().json_schema(schema_generator=_RegistrySchema)
     defs = generated["$defs"]
     _describe(defs)
-    mode_classes = {"cdc": "CdcTable", "keyless": "KeylessTable", "snapshot": "SnapshotTable"}
+    mode_classes = {"cdc": "CdcTable", "keyless": "KeylessTable", "snapshot": "SnapshotTable", "append": "AppendTable"}
     assert set(mode_classes) == set(registry.MODES), "a new table mode: add it to mode_classes"
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -135,7 +135,8 @@ def registry_schema() -> dict[str, Any]:
                 "enum": list(registry.MODES),
                 "default": "cdc",
                 "description": 'The table mode (docs, "Table modes"): cdc (keyed change events), keyless '
-                "(change events without a key), snapshot (full extracts).",
+                "(change events without a key), snapshot (full extracts), append (insert-only events, once each "
+                "by event_id).",
             }
         },
         "if": _mode_is("keyless"),
@@ -143,7 +144,11 @@ def registry_schema() -> dict[str, Any]:
         "else": {
             "if": _mode_is("snapshot"),
             "then": {"$ref": f"#/$defs/{mode_classes['snapshot']}"},
-            "else": {"$ref": f"#/$defs/{mode_classes['cdc']}"},
+            "else": {
+                "if": _mode_is("append"),
+                "then": {"$ref": f"#/$defs/{mode_classes['append']}"},
+                "else": {"$ref": f"#/$defs/{mode_classes['cdc']}"},
+            },
         },
         "$defs": defs,
     }

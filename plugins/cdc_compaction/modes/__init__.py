@@ -7,13 +7,14 @@ Adding a mode means: its registry class in :mod:`cdc_compaction.registry` (a mem
 
 from __future__ import annotations
 
+from cdc_compaction.modes.append import AppendMode
 from cdc_compaction.modes.base import TableMode
 from cdc_compaction.modes.cdc import CdcMode
 from cdc_compaction.modes.keyless import KeylessMode
 from cdc_compaction.modes.snapshot import SnapshotMode
 from cdc_compaction.registry import TableConfig
 
-MODES: dict[str, TableMode] = {m.name: m for m in (CdcMode(), KeylessMode(), SnapshotMode())}
+MODES: dict[str, TableMode] = {m.name: m for m in (CdcMode(), KeylessMode(), SnapshotMode(), AppendMode())}
 
 
 def mode_of(cfg: TableConfig) -> TableMode:
