@@ -226,6 +226,11 @@ def dataset_influences(cfg: TableConfig) -> list[tuple[str, column_lineage_datas
             *each([t.op_column], "FILTER", "deletes remove rows"),
             *each(t.before_columns, "FILTER", "an update or delete removes one copy equal to its before-image"),
         ]
+    if cfg.mode == "append":
+        return [
+            *each(t.event_id, "WINDOW", "re-deliveries of one event id are kept once"),
+            *each([t.op_column] if t.op_column else [], "FILTER", "only inserts are taken"),
+        ]
     return [
         *each(t.primary_key, "JOIN", "exports joined to the current table by key"),
         *each([t.business_date_column] if t.business_date_column else [], "SORT", "exports apply in date order"),

@@ -522,3 +522,13 @@ def test_model_by_hand() -> None:
     assert (out.rows, out.replayed, out.appended) == ([(1, "x", "c"), (2, None, "c")], 1, 1)
     with pytest.raises(ValueError, match="cannot identify"):
         AppendTable((("id", "double"),), ("id",))
+
+
+def test_lineage_names_the_event_id_as_what_decides_the_rows() -> None:
+    """OpenLineage's column lineage: the event id and the op column decide which events become rows."""
+    from cdc_compaction import lineage
+
+    cfg = parse_table(_doc(op_column="op"))
+    influences = {col: t.subtype for col, t in lineage.dataset_influences(cfg)}
+    assert influences == {"id": "WINDOW", "op": "FILTER"}
+    assert {col for col, _ in lineage.dataset_influences(parse_table(_doc()))} == {"id"}
