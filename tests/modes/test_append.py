@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -532,3 +533,17 @@ def test_lineage_names_the_event_id_as_what_decides_the_rows() -> None:
     influences = {col: t.subtype for col, t in lineage.dataset_influences(cfg)}
     assert influences == {"id": "WINDOW", "op": "FILTER"}
     assert {col for col, _ in lineage.dataset_influences(parse_table(_doc()))} == {"id"}
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+@pytest.mark.parametrize(("dialect", "kind"), [(d, k) for d in ("hive", "trino") for k in ("view", "rejects")])
+def test_renderings_are_pinned(dialect: str, kind: str) -> None:
+    """What cannot run here (Hive, Trino) is pinned: a change to it must be looked at (CDC_UPDATE_GOLDEN=1 rewrites)."""
+    cfg = registry_table(SHAPES["composite_op"], Path("/lake/append-golden"))
+    text = dialects.query(cfg, kind, dialect, dialects.metastore_sources(cfg)) + "\n"
+    path = GOLDEN / f"append.events.{kind}.{dialect}.sql"
+    if os.environ.get("CDC_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs from the rendering; CDC_UPDATE_GOLDEN=1 to accept it"
