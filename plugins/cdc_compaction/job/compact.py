@@ -742,6 +742,10 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         from cdc_compaction.job.modes.snapshot import run_snapshot  # a mode of its own: job/modes/snapshot.py
 
         return run_snapshot(spark, plan, attempt)
+    if plan.table_mode == "append":
+        from cdc_compaction.job.modes.append import run_append  # a mode of its own: job/modes/append.py
+
+        return run_append(spark, plan, attempt)
     # Lists, not the plan's tuples: PySpark's join takes a list of key columns.
     columns = list(plan.column_names)
     rule = plan.cdc_rule
