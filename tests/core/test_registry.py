@@ -1186,8 +1186,8 @@ def test_mode_picks_the_table_class() -> None:
 @pytest.mark.parametrize(
     ("doc", "field", "fragment"),
     [
-        (good_doc(mode="snapshots"), "mode", "must be one of 'cdc', 'keyless', 'snapshot'"),
-        (good_doc(mode=3), "mode", "must be one of 'cdc', 'keyless', 'snapshot'"),
+        (good_doc(mode="snapshots"), "mode", "must be one of 'cdc', 'append', 'keyless', 'snapshot'"),
+        (good_doc(mode=3), "mode", "must be one of 'cdc', 'append', 'keyless', 'snapshot'"),
         # A cdc field in a keyless entry (and the other way round) is refused, not ignored.
         (keyless_doc(primary_key=["name"]), "primary_key", "Extra inputs are not permitted"),
         (good_doc(before_prefix="_old_"), "before_prefix", "Extra inputs are not permitted"),

@@ -47,8 +47,40 @@ def _marker_pages() -> dict[str, list[str]]:
     return found
 
 
-def test_the_pages_ask_for_both_references_once() -> None:
-    assert _marker_pages() == {"registry-fields": ["registry.md"], "commands": ["commands.md"]}
+def test_the_pages_ask_for_each_generated_section_once() -> None:
+    assert _marker_pages() == {
+        "registry-fields": ["registry.md"],
+        "commands": ["commands.md"],
+        "layers": ["architecture.md"],
+        "contracts": ["architecture.md"],
+        "package-map": ["architecture.md"],
+    }
+
+
+def test_the_architecture_page_shows_every_layer_and_module(reference: ModuleType) -> None:
+    """Every subpackage the layers contract declares is drawn, and every module of the package is listed."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c["layers"] for c in config["contracts"] if c["type"] == "layers")
+    package = REPO / "plugins" / "cdc_compaction"
+    subpackages = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
+    # Every subpackage is in a layer: a new one cannot escape the rules.
+    assert sorted(layer.removeprefix("cdc_compaction.") for layer in layers) == subpackages
+    diagram, table = reference.layers_diagram(), reference.package_map()
+    for name in subpackages:
+        assert f"{name}/" in diagram
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package)
+        if len(rel.parts) == 1 or "__pycache__" in rel.parts:
+            continue  # __init__ and __main__ of the package itself
+        if rel.name == "__init__.py" and len(rel.parts) == 2:
+            assert f"### {rel.parts[0]}/" in table  # a layer: its own heading, its docstring under it
+            continue
+        shown = f"{rel.parent.as_posix()}/" if path.name == "__init__.py" else rel.as_posix()
+        assert f"`{shown}`" in table, f"{shown} is missing from the Architecture page's module map"
+    for contract in config["contracts"]:
+        assert contract["name"] in reference.contracts()
 
 
 def test_the_registry_reference_lists_every_field_of_every_model(reference: ModuleType) -> None:
