@@ -1,4 +1,4 @@
-"""Reference model of the ``append`` table mode, from ``tests/scenarios/README.md`` ("The append mode") alone.
+"""Reference model of the ``append`` table mode, from ``tests/scenarios/append/README.md`` alone.
 
 The table is a list of rows (every column), at most one per event id.  A compaction refuses
 the invalid events, then walks the valid pending events in (increment, file, row) order: an

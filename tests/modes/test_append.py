@@ -547,3 +547,33 @@ def test_renderings_are_pinned(dialect: str, kind: str) -> None:
     if os.environ.get("CDC_UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert text == path.read_text(), f"{path} differs from the rendering; CDC_UPDATE_GOLDEN=1 to accept it"
+
+
+# ------------------------------------------------------------------ the real pipeline and a real DAG run
+SCENARIO_FILES = sorted(SCENARIO_DIR.glob("*.json"))
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=[p.stem for p in SCENARIO_FILES])
+def test_append_scenario(path: Path, inprocess: Any, readers: Any, tmp_path: Path) -> None:
+    """Every append scenario through the pipeline's task functions, read by Spark (metastore) and DuckDB."""
+    from cdc_compaction.devtools import conformance as conf
+
+    result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_a")
+    assert result.ok, "\n".join(result.failures)
+
+
+@pytest.mark.dag
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_an_append_table_through_a_real_dag_run(dag_runner: Any, readers: Any) -> None:
+    """A re-delivery after a compaction, as real Airflow DAG runs (spark-submit with the job package)."""
+    from cdc_compaction.devtools import conformance as conf
+
+    work: Path = dag_runner.work
+    scn = conf.Scenario.load(SCENARIO_DIR / "redelivery_after_compaction.json")
+    result = conf.run_scenario(scn, dag_runner, readers, work / "lake", registry_dir=work / "registry", suffix="_dag")
+    assert result.ok, "\n".join(result.failures)
+    runs = [t for t in dag_runner.timings if t["dag_id"].endswith(scn.table_name + "_dag")]
+    assert runs and all(t["state"] == "success" for t in runs)

@@ -46,8 +46,6 @@ KEYLESS_PIPELINE = [
 #: and by DuckDB from the pointer's location), every history partition (<t>_history, through the
 #: metastore) and the mode's counts.
 SNAPSHOT = sorted((SCENARIO_DIR / "snapshot").glob("*.json"))
-#: Every append scenario, through the pipeline (tests/modes/test_append.py holds the model to them).
-APPEND = sorted((SCENARIO_DIR / "append").glob("*.json"))
 
 
 def test_the_mode_scenarios_are_there() -> None:
@@ -68,12 +66,6 @@ def test_the_mode_scenarios_are_there() -> None:
     }
     assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 8 and len(CDC_PARTITIONED) == 3
     assert len(SNAPSHOT) >= 12
-    assert len(APPEND) >= 7
-
-
-@pytest.fixture(scope="module")
-def readers(spark: Any) -> list[conf.Reader | conf.DuckDBReader]:
-    return [conf.Reader(spark), conf.DuckDBReader()]
 
 
 @pytest.mark.parametrize("path", CDC, ids=[p.stem for p in CDC])
@@ -104,12 +96,6 @@ def test_snapshot_scenario(path: Path, inprocess: conf.InProcessRunner, readers:
     assert result.ok, "\n".join(result.failures)
 
 
-@pytest.mark.parametrize("path", APPEND, ids=[p.stem for p in APPEND])
-def test_append_scenario(path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path) -> None:
-    result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_a")
-    assert result.ok, "\n".join(result.failures)
-
-
 #: Every cdc option on one table (its rule statements travel in the plan file), a keyless table and a
 #: snapshot table (its history published by the DAG's tasks) as real DAG runs (spark-submit with the
 #: job package); the rest run in-process above, through the same task functions.
@@ -117,7 +103,6 @@ DAG_SCENARIOS = [
     SCENARIO_DIR / "cdc" / "options_combined.json",
     SCENARIO_DIR / "keyless" / "seed_003_alice_alice_bob.json",
     SCENARIO_DIR / "snapshot" / "update_nochange_delete_insert.json",
-    SCENARIO_DIR / "append" / "redelivery_after_compaction.json",
 ]
 
 

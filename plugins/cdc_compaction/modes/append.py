@@ -1,6 +1,6 @@
 """``mode: append``: an insert-only event or log table; every event becomes one row, once.
 
-The contract is ``tests/scenarios/README.md`` ("The append mode"); the rule is
+The contract is ``tests/scenarios/append/README.md``; the rule is
 ``include/sql/modes/append/_rule.sql.j2``, applied by the job (``cdc_compaction.job.modes.append``)
 and by every view. An event is known by its event id (registry ``event_id``): one whose id the table
 holds already (``replayed``) or that repeats an earlier pending copy (``superseded``) is not appended
@@ -33,7 +33,7 @@ class AppendTable(TableConfig):
     Re-deliveries are recognised by the event id (``event_id``): an event whose id is already in the
     table, or repeated among the pending increments, is kept once (the first copy compacted) and
     counted. No tombstones, no deletes; an op column is optional, and when declared only its insert
-    codes are taken (the contract: ``tests/scenarios/README.md``, "The append mode").
+    codes are taken (the contract: ``tests/scenarios/append/README.md``).
     """
 
     mode: Literal["append"]
