@@ -654,6 +654,23 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
     assert json.loads((out2 / job.STATS_FILE).read_text(encoding="utf-8")) == stats2
 
 
+def test_a_mode_without_a_module_is_refused_by_name_and_nothing_is_written(
+    spark: Any, make_cfg: MakeCfg, tmp_path: Path
+) -> None:
+    """The entry point imports ``job/modes/<mode>.py`` by the plan's mode, checked against the modules there."""
+    cfg = make_cfg(columns=STUDENT_COLUMNS)
+    files = [write_parquet(tmp_path / "in", cfg, INC0, F0, [{"id": 1, "full_name": "a", "op": "c", "ts_ms": 1}])]
+    (tmp_path / "v0").mkdir()
+    plan = make_plan(
+        cfg, "p1", base=tmp_path / "v0", files=files, out=tmp_path / "v1", quarantine=tmp_path / "q", ingested_at=T0
+    )
+    for mode in ("nosuch", "common", "__init__"):
+        with pytest.raises(job.PermanentJobError, match=rf"table mode '{mode}'.*no module job/modes/{mode}.py") as err:
+            job.run(spark, {**plan, "mode": mode})
+        assert cfg.qualified_name in str(err.value) and "cdc, keyless, snapshot" in str(err.value)
+    assert not (tmp_path / "v1").exists()
+
+
 def test_run_drops_a_tombstone_once_its_retention_has_passed(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
     cfg = make_cfg()
     landing, versions = tmp_path / "incremental", tmp_path / "base"
@@ -772,7 +789,7 @@ def test_partition_value_sql_names_the_partition_of_each_row(spark: Any, make_cf
         c = cfg.model_copy(
             update={"partition_by": cfg.partition_by.model_copy(update={"column": column, "transform": transform})}
         )
-        got[(column, transform)] = [r[0] for r in df.select(job.F.expr(partition_sql(c).value)).collect()]
+        got[(column, transform)] = [r[0] for r in df.select(expr(partition_sql(c).value)).collect()]
     assert got == {
         ("at", "day"): ["2026-11-22", "__null__"],  # UTC, whatever the driver's zone
         ("at", "month"): ["2026-11", "__null__"],
