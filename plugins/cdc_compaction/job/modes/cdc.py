@@ -15,7 +15,9 @@ import itertools
 import json
 import logging
 import operator
+import os
 import posixpath
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -27,16 +29,19 @@ from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
 from cdc_compaction.job import files
 from cdc_compaction.job.common import (
+    PermanentJobError,
     as_plan,
     attempt_locations,
     data_files,
     observed,
     parse_ts,
     rejected,
+    set_job_description,
     with_provenance,
     write_text,
 )
 from cdc_compaction.job.contract import (
+    BROADCAST_MERGE_MAX_EVENTS,
     DATA_DIR,
     DEFAULT_COMPRESSION,
     FRESH_VIEW,
@@ -44,6 +49,7 @@ from cdc_compaction.job.contract import (
     INDEX_ROW_GROUP_BYTES,
     KEY_LOOKUP_MAX_EVENTS,
     LAYOUT,
+    MERGE_PATHS,
     META_COLUMNS,
     META_DDL,
     PARTITION_COLUMN,
@@ -209,6 +215,204 @@ def winning_events(
         return fresh.join(w, cond, "left_semi")
     filled = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
     return fresh.join(w, cond, "inner").select(*[filled.get(c, F.col(f"`{c}`")) for c in fresh.columns])
+
+
+# ------------------------------------------------------------- the broadcast merge
+#: ``ORDER BY`` items of the rule's rank: ``<expression> ASC|DESC [NULLS FIRST|LAST]``.
+_ORDER_ITEM = re.compile(r"^(?P<expr>.+?)\s+(?P<dir>ASC|DESC)(?:\s+NULLS\s+(?P<nulls>FIRST|LAST))?$", re.I | re.S)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """``text`` cut at its commas outside parentheses, quotes and backticks."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'`\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]]
+
+
+def order_items(rank_sql: str) -> list[tuple[str, bool, bool]] | None:
+    """The rule's order as its rank (:func:`ranked`) sorts: (expression, descending, NULLs first) per item.
+
+    Parsed from the rank's own ``ORDER BY`` so that the pairwise comparison of the broadcast
+    merge (:func:`sorts_before`) is the rank's order by construction, every part of it: the
+    ``order_by`` values as compared (``order_as``), where NULLs sort, then increment, file and
+    row position.  None when the rank is not ``row_number() OVER (... ORDER BY ...)`` as
+    expected: the job then takes the window path, which evaluates the rank as it is.
+    """
+    at = rank_sql.upper().rfind("ORDER BY")
+    end = rank_sql.rstrip().rfind(")")
+    if at < 0 or end < at:
+        return None
+    items = []
+    for part in _split_top_level(rank_sql[at + len("ORDER BY") : end]):
+        m = _ORDER_ITEM.match(part.strip())
+        if m is None:
+            return None
+        desc = m["dir"].upper() == "DESC"
+        # Spark's default: NULLs first ascending, last descending.
+        nulls_first = (m["nulls"] or ("LAST" if desc else "FIRST")).upper() == "FIRST"
+        items.append((m["expr"].strip(), desc, nulls_first))
+    return items or None
+
+
+def sorts_before(a: list[Column], b: list[Column], items: list[tuple[str, bool, bool]]) -> Column:
+    """True where the row whose order values are ``a`` ranks before (wins over) the one with ``b``.
+
+    ``a[i]``, ``b[i]``: item ``i`` of :func:`order_items` evaluated on each row. Lexicographic,
+    each item descending or ascending with its NULLs first or last, exactly as the rank sorts;
+    never NULL (equal rows: False).
+    """
+    result: Column = F.lit(False)
+    for (_, desc, nulls_first), x, y in reversed(list(zip(items, a, b, strict=True))):
+        by_null = (x.isNull() & y.isNotNull()) if nulls_first else (x.isNotNull() & y.isNull())
+        by_value = (x > y) if desc else (x < y)
+        before = by_null | F.coalesce(by_value, F.lit(False))
+        result = before | (x.eqNullSafe(y) & result)
+    return result
+
+
+def broadcast_decisions(
+    base: DataFrame,
+    fresh: DataFrame,
+    pk: list[str],
+    order_by: list[str],
+    rank_sql: str,
+    items: list[tuple[str, bool, bool]],
+) -> DataFrame:
+    """One row per key of ``fresh``: its winning event, whether that beats the key's stored row, and counts.
+
+    The events are ranked alone (a shuffle of the events, not of the base).  The stored rows of
+    their keys are found by streaming ``base`` (visible rows and tombstones) past the events'
+    keys, broadcast, reading only the key, order and provenance columns; they are one per key at
+    most, so they are broadcast back to the ranked events.  Every event is compared with its
+    key's stored row by :func:`sorts_before` -- the rank's own order -- which gives what ranking
+    both together gives (:func:`rank_touched_keys`, :func:`with_rank_flags`):
+
+    * ``_cdc_wins``: the winning event beats the stored row (or there is none): the stored row
+      is superseded and the event written; else the stored row stays and every event is late;
+    * ``_cdc_events``, ``_cdc_late_n``: the key's events, and those ranking below its stored row;
+    * ``_cdc_tied_n`` 1 when the key's runner-up has the winner's ``order_by`` values (file and
+      row order decided): the second event, or the stored row when it ranks first or second.
+
+    Columns: the key (as named in ``pk``), the winning event's provenance (:data:`PROVENANCE`),
+    ``_cdc_has_base``, ``_cdc_wins`` and the counts.
+    """
+    keys = _keys(pk)
+    ev = ranked(
+        fresh.select(*keys, *[F.col(f"`{c}`") for c in dict.fromkeys([*order_by, *PROVENANCE]) if c not in pk]),
+        rank_sql,
+    )
+    ev = ev.select(
+        *keys,
+        F.col("_cdc_rank"),
+        *[F.col(c) for c in PROVENANCE],
+        *[F.expr(e).alias(f"_cdc_o{i}") for i, (e, _, _) in enumerate(items)],
+        *[F.col(f"`{c}`").alias(f"_cdc_v{j}") for j, c in enumerate(order_by)],
+    )
+    narrow = base.select(*[F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE])])
+    stored = key_join(narrow, fresh.select(*keys).distinct(), pk, "left_semi", broadcast=True).select(
+        *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)],
+        *[F.expr(e).alias(f"_cdc_b{i}") for i, (e, _, _) in enumerate(items)],
+        *[F.col(f"`{c}`").alias(f"_cdc_bv{j}") for j, c in enumerate(order_by)],
+        F.lit(True).alias("_cdc_has_base"),
+    )
+    cond = functools.reduce(operator.and_, [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)])
+    both = ev.join(F.broadcast(stored), cond, "left")
+    has_base = F.col("_cdc_has_base").isNotNull()
+    before = sorts_before(
+        [F.col(f"_cdc_o{i}") for i in range(len(items))], [F.col(f"_cdc_b{i}") for i in range(len(items))], items
+    )
+    both = both.withColumn("_cdc_before", ~has_base | before)
+    first, second = F.col("_cdc_rank") == 1, F.col("_cdc_rank") == 2
+    per_key = both.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("_cdc_events"),
+        F.max(has_base).alias("_cdc_has_base"),
+        F.sum(F.when(has_base & F.col("_cdc_before"), 1).otherwise(0)).alias("_cdc_before_n"),
+        F.sum(F.when(has_base & ~F.col("_cdc_before"), 1).otherwise(0)).alias("_cdc_late_n"),
+        F.max(F.col("_cdc_rank")).alias("_cdc_max_rank"),
+        *[F.max(F.when(first, F.col(c))).alias(c) for c in PROVENANCE],
+        *[F.max(F.when(first, F.col(f"_cdc_v{j}"))).alias(f"_cdc_w1_{j}") for j in range(len(order_by))],
+        *[F.max(F.when(second, F.col(f"_cdc_v{j}"))).alias(f"_cdc_w2_{j}") for j in range(len(order_by))],
+        *[F.max(F.col(f"_cdc_bv{j}")).alias(f"_cdc_bv{j}") for j in range(len(order_by))],
+    )
+
+    def same(x: str, y: str) -> Column:
+        return functools.reduce(
+            operator.and_, [F.col(f"{x}{j}").eqNullSafe(F.col(f"{y}{j}")) for j in range(len(order_by))], F.lit(True)
+        )
+
+    # The events ranking before the stored row are the key's first ones (one order), so the winner
+    # beats it when any does; the stored row then ranks (events before it) + 1.
+    wins = ~F.col("_cdc_has_base") | (F.col("_cdc_before_n") >= 1)
+    runner_up_is_event = ~F.col("_cdc_has_base") | (F.col("_cdc_before_n") >= 2)
+    tied = F.when(runner_up_is_event, (F.col("_cdc_max_rank") >= 2) & same("_cdc_w1_", "_cdc_w2_")).otherwise(
+        same("_cdc_w1_", "_cdc_bv")
+    )
+    return per_key.select(
+        *keys,
+        *[F.col(c) for c in PROVENANCE],
+        F.coalesce(F.col("_cdc_has_base"), F.lit(False)).alias("_cdc_has_base"),
+        wins.alias("_cdc_wins"),
+        F.col("_cdc_events"),
+        F.col("_cdc_late_n"),
+        F.when(tied, 1).otherwise(0).alias("_cdc_tied_n"),
+    )
+
+
+#: A test hook: the merge path (one of :data:`MERGE_PATHS`) for every compaction this process runs
+#: whose plan names none -- the conformance suites run their scenarios down each path.
+MERGE_PATH_ENV = "CDC_COMPACTION_MERGE_PATH"
+
+
+def choose_merge_path(plan: Plan, events: int) -> str:
+    """``broadcast`` or ``window``: how :func:`run_cdc` merges ``events`` accepted events into the base.
+
+    Broadcast (:func:`broadcast_decisions`) when the events are few -- at most the plan's
+    ``broadcast_merge_max_events`` (default :data:`BROADCAST_MERGE_MAX_EVENTS`) and at most the
+    base's rows -- or when forced (the plan's ``merge_path``, else :data:`MERGE_PATH_ENV`).  Never,
+    even forced, for what a pairwise comparison with one stored row cannot do cheaply:
+
+    * left-out columns (registry ``unchanged``): a value is filled by a window over every event of
+      its key, the stored row's replayed sources included, and a late event may fill a stored row
+      anew -- the ranking of whole rows does that (:func:`rank_touched_keys`);
+    * partitioned tables: a key-only delete goes to the partition its key is in, which the window
+      over the key's rows of every touched partition finds (:func:`assign_partitions`); and only
+      the touched partitions are read and rewritten there anyway;
+    * a rank that is not ``row_number() OVER (... ORDER BY ...)`` (:func:`order_items`).
+
+    Key changes (registry ``old_key``) can: the rule keys them first (:func:`keyed_events`), and
+    the retirement of an old key is one more event under that key.
+    """
+    forced = plan.merge_path or os.environ.get(MERGE_PATH_ENV) or None
+    if forced is not None and forced not in MERGE_PATHS:
+        source = "its merge_path" if plan.merge_path else f"${MERGE_PATH_ENV}"
+        raise PermanentJobError(
+            f"{plan.table}: plan {plan.plan_id} asks for merge path {forced!r} ({source}), which is none of "
+            f"{', '.join(MERGE_PATHS)}; nothing was written. Unset it or name one of those"
+        )
+    rule = plan.cdc_rule
+    if plan.partition_by is not None or rule.fills or rule.unchanged or order_items(rule.rank) is None:
+        return "window"
+    if forced is not None:
+        return forced
+    most = BROADCAST_MERGE_MAX_EVENTS if plan.broadcast_merge_max_events is None else plan.broadcast_merge_max_events
+    base_rows = most if plan.base_rows is None else plan.base_rows
+    return "broadcast" if events <= min(int(most), int(base_rows)) else "window"
+
+
+def describe(spark: SparkSession, plan: Plan, phase: str) -> None:
+    """Name the Spark jobs of a phase of the compaction (the UI and a profile show it per stage)."""
+    set_job_description(spark, f"cdc compaction of {plan.table}: {phase}")
 
 
 def keyed_events(spark: SparkSession, fresh: DataFrame, keyed_sql: str) -> DataFrame:
@@ -669,6 +873,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
     rank_tallies: dict[str, int] = {}
     try:
         # One pass over the events counts them all and the refused ones by reason and file (NULL: accepted).
+        describe(spark, plan, "read and classify the events")
         counts = classified.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
         increment_rows = sum(int(r["count"]) for r in counts)
         reasons: dict[str, int] = {}
@@ -681,6 +886,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             by_file[where] = by_file.get(where, 0) + int(r["count"])
         rejected_rows = sum(reasons.values())
         if rejected_rows:
+            describe(spark, plan, "quarantine the refused events")
             rejected(classified, plan.plan_id).write.mode(mode).parquet(quarantine)
         fresh = accepted(classified, ingested_at)
         retired_keys = 0
@@ -689,6 +895,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             # once more as a delete of its old key -- the rule's keyed_events, as the views apply it.
             fresh = keyed_events(spark, fresh, rule.keyed_events)
             # The rows keying added (one per key change): ranked like events, so counted like them.
+            describe(spark, plan, "key the events (old_key)")
             retired_keys = fresh.count() - (increment_rows - rejected_rows)
         fills = rule.fills
         if book:
@@ -700,10 +907,48 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         lookup_max = int(KEY_LOOKUP_MAX_EVENTS if plan.key_lookup_max_events is None else plan.key_lookup_max_events)
         base_rows = lookup_max if plan.base_rows is None else plan.base_rows
         lookup = part is None and increment_rows - rejected_rows <= min(lookup_max, base_rows)
+        merge_path = choose_merge_path(plan, increment_rows - rejected_rows + retired_keys)
+        lookup = lookup or merge_path == "broadcast"
         lookup_superseded = 0
         base_read: int | None = None
-        if lookup:
-            order_by = list(plan.order_by or columns)
+        order_by = list(plan.order_by or columns)
+        if merge_path == "broadcast":
+            # Events ranked alone, the base streamed past their winners (broadcast_decisions): no base row is
+            # shuffled. No fills here (choose_merge_path), so the winners are the events as they came.
+            describe(spark, plan, "merge (broadcast): rank the events, compare with their keys' stored rows")
+            decisions = broadcast_decisions(
+                base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, order_items(rule.rank) or []
+            ).persist()
+            cached.append(decisions)
+            wins, has_base = F.col("_cdc_wins"), F.col("_cdc_has_base")
+            tally = decisions.agg(
+                # Superseded: every event but a winning one, and each stored row a winner beat.
+                F.coalesce(
+                    F.sum(
+                        F.col("_cdc_events") - F.when(wins, 1).otherwise(0) + F.when(wins & has_base, 1).otherwise(0)
+                    ),
+                    F.lit(0),
+                ).alias("s"),
+                F.coalesce(F.sum("_cdc_tied_n"), F.lit(0)).alias("tied_winners"),
+                F.coalesce(F.sum("_cdc_late_n"), F.lit(0)).alias("late_events"),
+            ).first()
+            lookup_superseded = int(tally["s"])
+            touched_keys = decisions.select(*_keys(pk))
+            rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
+            losers = decisions.filter(wins & has_base).select(*_keys(pk))
+            fresh_winners = winning_events(fresh, decisions.filter(wins), pk).persist()
+            cached.append(fresh_winners)
+            describe(spark, plan, "merge (broadcast): write the base and tombstones")
+            visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
+                fresh_winners.filter(~is_delete)
+            )
+            deleted = key_join(base_tomb, losers, pk, "left_anti", broadcast=True).unionByName(
+                fresh_winners.filter(is_delete)
+            )
+            visible = visible.withColumn("_cdc_rank", F.lit(1))
+            deleted = deleted.withColumn("_cdc_rank", F.lit(1))
+        elif lookup:
+            describe(spark, plan, "merge (window, touched keys): rank the events with their keys' stored rows")
             touched_ranks = rank_touched_keys(
                 base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills, unchanged
             )
@@ -763,6 +1008,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                     base_keys = base_keys.filter(key_filter)
                     key_lookup["key_range"] = True
                 known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
+                describe(spark, plan, "find the touched partitions")
                 found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known, few).collect()
                 touched = sorted({r[PARTITION_COLUMN] for r in found})
                 if old_layout:
@@ -781,6 +1027,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             # the parent version's rows): a scan of the files' row counts, no data. Partitioned: counted
             # as the ranking reads them (every row passes the window before the winners are kept), which
             # saves a Spark job of its own on the touched-only path.
+            describe(spark, plan, "merge (window, every key): count the base rows")
             base_read = base_all.count() if part is None else None
             base_tally = [F.count_if(F.col("_cdc_src") == 0).alias("base_read")] if part is not None else []
             # How the keys' rankings went: counted as the winners are first computed (no pass of its own).
@@ -817,10 +1064,12 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             writer = writer.option("maxRecordsPerFile", int(plan.max_records_per_file))
         if part is not None:
             writer = writer.partitionBy(PARTITION_COLUMN)
+        describe(spark, plan, f"merge ({merge_path}) and write the base")
         writer.parquet(data_out)
         fault_point("compact.after_data", plan.table)
         # Tombstones stay one small unpartitioned set (with their partition as a column).
         deleted = deleted.coalesce(1).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
+        describe(spark, plan, f"merge ({merge_path}) and write the tombstones")
         deleted.write.mode(mode).option("compression", compression).parquet(tomb_out)
         expired_count = observed(obs_tomb, "expired_tombstones")
         if not lookup:
@@ -838,6 +1087,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         written = spark.read.schema(out_schema).parquet(data_out)
         all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
         if part is None:
+            describe(spark, plan, "check the written keys")
             dup_keys = duplicate_keys(all_keys, pk, touched_keys)
     finally:
         for df in cached:
@@ -857,11 +1107,13 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                 reused_keys = reused_keys.filter(written_range)
             in_both = key_join(reused_keys, all_keys, pk, "left_semi").select(*_keys(pk))
             found_twice = found_twice.unionByName(in_both)
+        describe(spark, plan, "check the written keys")
         dup_keys = found_twice.count()
         written_map = _written_partitions(output_files, data_out)
         index_out = f"{out}/{INDEX_DIR}"
         # Also the rows per written partition (the index check reads the data's keys anyway):
         # validate holds these against the Parquet footers of each partition directory.
+        describe(spark, plan, "write and check the key index")
         partitioned.update(write_index(spark, written, pk, index_out, mode, compression))
         output_files += data_files(spark, index_out, INDEX_DIR)
         partitioned["index"] = _written_partitions(output_files, index_out, INDEX_DIR)
@@ -912,10 +1164,13 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         **partitioned,
         tied_winners=rank_tallies.get("tied_winners"),
         late_events=rank_tallies.get("late_events"),
+        merge_path=merge_path,
         # Only when there were any, so that stats of tables without old_key read as before.
         extra={"retired_keys": retired_keys} if retired_keys else {},
     ).to_dict()
     fault_point("compact.before_stats", plan.table)
+    describe(spark, plan, "write the stats")
     write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
+    set_job_description(spark, None)
     log.info("compacted %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
     return stats
