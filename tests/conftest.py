@@ -244,6 +244,25 @@ def visible_names(spark: Any, cfg: TableConfig) -> dict[int, str]:
     return {r["id"]: r["full_name"] for r in rows}
 
 
+@pytest.fixture(params=["broadcast", "window"])
+def merge_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every cdc compaction of the test merges down this path where the table allows it (the job's test hook)."""
+    from cdc_compaction.job.modes.cdc import MERGE_PATH_ENV
+
+    monkeypatch.setenv(MERGE_PATH_ENV, request.param)
+    return request.param
+
+
+def merge_paths_taken(root: Path) -> list[str]:
+    """The merge path of every cdc compaction whose stats file is under ``root`` (as its commit records it)."""
+    import json
+
+    from cdc_compaction.job.contract import STATS_FILE
+
+    docs = [json.loads(p.read_text()) for p in sorted(root.rglob(STATS_FILE))]
+    return [d["merge_path"] for d in docs if "merge_path" in d]
+
+
 @pytest.fixture(scope="module")
 def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> Any:
     """Runs scenario compactions in this process: the task functions in the pipeline's order, one SparkSession."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import merge_paths_taken
 
 from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.devtools import conformance as conf
@@ -82,11 +83,15 @@ BOTH_FORMATS = ["delta", "iceberg"]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_scenario_inprocess(path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path) -> None:
-    result = conf.run_scenario(
-        conf.Scenario.load(path), inprocess, reader, tmp_path / "lake", suffix="_ip", formats=BOTH_FORMATS
-    )
+def test_scenario_inprocess(
+    path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path, merge_path: str
+) -> None:
+    """Down each merge path of the job (the broadcast of the events' winners, the window over base and events)."""
+    scn = conf.Scenario.load(path)
+    result = conf.run_scenario(scn, inprocess, reader, tmp_path / "lake", suffix="_ip", formats=BOTH_FORMATS)
     assert result.ok, "\n".join(result.failures)
+    taken = merge_paths_taken(tmp_path / "lake")
+    assert taken and set(taken) == {"window" if scn.table.get("unchanged") else merge_path}, taken
 
 
 def partition_column(scn: conf.Scenario) -> str:

@@ -669,9 +669,16 @@ def check_scenario(spark: Any, endpoint: MetastoreEndpoint, root: Path, scn: Sce
 
 
 def test_events_match_the_model(
-    spark: Any, endpoint: MetastoreEndpoint, tmp_path: Path, request: pytest.FixtureRequest, capsys: Any
+    spark: Any,
+    endpoint: MetastoreEndpoint,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: Any,
+    merge_path: str,
 ) -> None:
-    """Random tables and event streams, compacted at random points; base, view and rejects follow the model."""
+    """Random tables and event streams, compacted at random points; base, view and rejects follow the model.
+
+    Down each merge path of the job (``merge_path``: forced where the table allows it)."""
     counts = {"examples": 0, "crashes": 0}
 
     @fuzz_settings(test_examples=8)
@@ -683,9 +690,14 @@ def test_events_match_the_model(
 
 
 def test_crash_and_recovery_match_the_model(
-    spark: Any, endpoint: MetastoreEndpoint, tmp_path: Path, request: pytest.FixtureRequest, capsys: Any
+    spark: Any,
+    endpoint: MetastoreEndpoint,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: Any,
+    merge_path: str,
 ) -> None:
-    """The same, with one run crashed at a fault point and recovered by a task retry or a new run."""
+    """The same, with one run crashed at a fault point and recovered by a task retry or a new run (each merge path)."""
     counts = {"examples": 0, "crashes": 0}
 
     @fuzz_settings(test_examples=6)

@@ -99,7 +99,7 @@ def test_the_zip_alone_carries_the_job(tmp_path: Path) -> None:
         "import json, sys\n"
         "import cdc_compaction.job.compact as c, cdc_compaction.job.run_sql as r\n"
         "print(json.dumps({'compact': c.__file__, 'run_sql': r.__file__, 'main': callable(c.main),"
-        " 'plugins': [p for p in sys.path if p.rstrip('/').endswith('plugins')]}))\n"
+        " 'modes': c.mode_names(), 'plugins': [p for p in sys.path if p.rstrip('/').endswith('plugins')]}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(path)
@@ -111,6 +111,8 @@ def test_the_zip_alone_carries_the_job(tmp_path: Path) -> None:
     assert got["compact"] == f"{path}/cdc_compaction/job/compact.py"
     assert got["run_sql"] == f"{path}/cdc_compaction/job/run_sql.py"
     assert got["main"] is True and got["plugins"] == []
+    # The entry point finds the modes it dispatches to inside the zip as in a directory.
+    assert got["modes"] == ["cdc", "keyless", "snapshot"]
     # ... and nothing else of the package is in it: the Airflow side stays behind.
     probe = subprocess.run(
         [sys.executable, "-c", "import cdc_compaction.tasks"],

@@ -568,6 +568,8 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         # No key's winner tied with its runner-up on ts_ms; no base row to be late for.
         "tied_winners": 0,
         "late_events": 0,
+        # Few events (the plan gives no base_rows): ranked alone, the base streamed past their winners.
+        "merge_path": "broadcast",
     }
     assert_reconciles(stats1)
 
@@ -652,6 +654,23 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
     }
     assert stats2["output_files"] == data_files_on_disk(out2)
     assert json.loads((out2 / job.STATS_FILE).read_text(encoding="utf-8")) == stats2
+
+
+def test_a_mode_without_a_module_is_refused_by_name_and_nothing_is_written(
+    spark: Any, make_cfg: MakeCfg, tmp_path: Path
+) -> None:
+    """The entry point imports ``job/modes/<mode>.py`` by the plan's mode, checked against the modules there."""
+    cfg = make_cfg(columns=STUDENT_COLUMNS)
+    files = [write_parquet(tmp_path / "in", cfg, INC0, F0, [{"id": 1, "full_name": "a", "op": "c", "ts_ms": 1}])]
+    (tmp_path / "v0").mkdir()
+    plan = make_plan(
+        cfg, "p1", base=tmp_path / "v0", files=files, out=tmp_path / "v1", quarantine=tmp_path / "q", ingested_at=T0
+    )
+    for mode in ("nosuch", "common", "__init__"):
+        with pytest.raises(job.PermanentJobError, match=rf"table mode '{mode}'.*no module job/modes/{mode}.py") as err:
+            job.run(spark, {**plan, "mode": mode})
+        assert cfg.qualified_name in str(err.value) and "cdc, keyless, snapshot" in str(err.value)
+    assert not (tmp_path / "v1").exists()
 
 
 def test_run_drops_a_tombstone_once_its_retention_has_passed(spark: Any, make_cfg: MakeCfg, tmp_path: Path) -> None:
@@ -772,7 +791,7 @@ def test_partition_value_sql_names_the_partition_of_each_row(spark: Any, make_cf
         c = cfg.model_copy(
             update={"partition_by": cfg.partition_by.model_copy(update={"column": column, "transform": transform})}
         )
-        got[(column, transform)] = [r[0] for r in df.select(job.F.expr(partition_sql(c).value)).collect()]
+        got[(column, transform)] = [r[0] for r in df.select(expr(partition_sql(c).value)).collect()]
     assert got == {
         ("at", "day"): ["2026-11-22", "__null__"],  # UTC, whatever the driver's zone
         ("at", "month"): ["2026-11", "__null__"],
@@ -1050,11 +1069,16 @@ def test_key_lookup_and_full_ranking_write_the_same_version(spark: Any, make_cfg
     kw = {"quarantine": tmp_path / "q2", "ingested_at": at1 + timedelta(hours=1)}
     plan = make_plan(cfg, "p2", base=versions / "v1", files=files2, out=versions / "lookup", **kw)
     plan["order_by"] = cfg.order_by  # as the plan task writes it
-    lookup = job.run(spark, plan)
-    full = job.run(spark, {**plan, "output_location": str(versions / "full"), "key_lookup_max_events": 0})
+    lookup = job.run(spark, {**plan, "merge_path": "window"})
+    full = job.run(
+        spark, {**plan, "output_location": str(versions / "full"), "key_lookup_max_events": 0, "merge_path": "window"}
+    )
+    # The events ranked alone, the base streamed past their winners: the few events' default path.
+    broadcast = job.run(spark, {**plan, "output_location": str(versions / "broadcast")})
+    assert (lookup["merge_path"], full["merge_path"], broadcast["merge_path"]) == ("window", "window", "broadcast")
 
     rows = read_rows(versions / "lookup")
-    assert rows == read_rows(versions / "full")
+    assert rows == read_rows(versions / "full") == read_rows(versions / "broadcast")
     assert [(r["id"], r["full_name"], r["op"]) for r in rows] == [
         (1, "newer", "u"),
         (2, "n2", "r"),
@@ -1064,18 +1088,75 @@ def test_key_lookup_and_full_ranking_write_the_same_version(spark: Any, make_cfg
         (6, None, "d"),
         (7, None, "d"),
     ]
-    ignore = ("output_files", "finished_at")
+    ignore = ("output_files", "finished_at", "merge_path")
     assert {k: v for k, v in lookup.items() if k not in ignore} == {k: v for k, v in full.items() if k not in ignore}
+    assert {k: v for k, v in lookup.items() if k not in ignore} == {
+        k: v for k, v in broadcast.items() if k not in ignore
+    }
     assert (lookup["base_rows"], lookup["superseded_rows"], lookup["rejected_rows"]) == (6, 7, 1)
     # Ties on (ts_ms, lsn) that file or row order decided: id 3 (two files), id 7 (insert and delete in
     # one file). Late, ranked below their key's base row: id 2 (ts 5 < 10) and id 6 (15 < its delete's 20).
     assert (lookup["tied_winners"], lookup["late_events"]) == (2, 2)
     assert_reconciles(lookup)
     # The counts observed as the outputs were written are the rows on storage (read here with pyarrow).
-    for stats, out in ((lookup, "lookup"), (full, "full")):
+    for stats, out in ((lookup, "lookup"), (full, "full"), (broadcast, "broadcast")):
         data, tomb = (pq.read_table(str(versions / out / d)).num_rows for d in ("data", "tombstones"))
         assert (stats["output_visible_rows"], stats["output_tombstones"]) == (data, tomb) == (5, 2)
         assert stats["misplaced_rows"] == 0
+
+
+# ------------------------------------------------------------ the broadcast merge's pairwise order
+def test_the_rank_order_is_read_item_by_item_from_the_rule(make_cfg: MakeCfg) -> None:
+    """The broadcast merge compares two rows by the rank's own ORDER BY: every item, its direction, its NULLs."""
+    plain = job.order_items(rule_sql(lsn_cfg(make_cfg)).rank)
+    provenance = [("`_cdc_increment`", True, False), ("`_cdc_file`", True, False), ("`_cdc_pos`", True, False)]
+    # Descending, Spark's NULLs last (the rule refuses a NULL order value of an event anyway).
+    assert plain == [("`ts_ms`", True, False), ("`lsn`", True, False), *provenance]
+    binlog = make_cfg(
+        columns=[*STUDENT_COLUMNS, {"name": "file", "type": "string"}],
+        order_by=["file", "ts_ms"],
+        order_as={"file": "binlog_file"},
+        missing_op="read",
+    )
+    got = job.order_items(rule_sql(binlog).rank)
+    assert got is not None and len(got) == 5 and got[2:] == provenance
+    # A binlog file compares by the number it ends in (a comma inside the call, a parenthesis inside a quote).
+    assert "regexp_extract(`file`" in got[0][0] and got[0][1:] == (True, False)
+    assert got[1] == ("`ts_ms`", True, False)
+    assert job.order_items("rank() OVER (PARTITION BY `id`)") is None
+
+
+def test_sorts_before_is_the_order_a_sort_gives(spark: Any) -> None:
+    """Every pair of rows of a grid (NULLs, ties on each item): a ranks before b exactly when a sort puts it first.
+
+    The order is written here from the contract: greatest ``ts_ms``, then ``lsn`` (NULLs first, as
+    full-load rows sort), then the later increment, file and row.
+    """
+    items = [
+        ("`ts_ms`", True, False),
+        ("`lsn`", True, True),
+        ("`_cdc_increment`", True, False),
+        ("`_cdc_file`", True, False),
+        ("`_cdc_pos`", True, False),
+    ]
+    values = [None, 1, 2]
+    grid = [
+        (t, lsn, inc, f, pos) for t in values for lsn in values for inc in (INC0, INC1) for f in (F0,) for pos in (0, 1)
+    ]
+    rows = spark.createDataFrame(
+        grid, "ts_ms bigint, lsn bigint, _cdc_increment string, _cdc_file string, _cdc_pos bigint"
+    )
+    order = "ts_ms DESC NULLS LAST, lsn DESC NULLS FIRST, _cdc_increment DESC, _cdc_file DESC, _cdc_pos DESC"
+    placed = rows.withColumn("place", expr(f"row_number() OVER (ORDER BY {order})"))
+    a = placed.select(*[placed[c].alias(f"a{i}") for i, c in enumerate(placed.columns)])
+    b = placed.select(*[placed[c].alias(f"b{i}") for i, c in enumerate(placed.columns)])
+    pairs = a.crossJoin(b)
+    got = pairs.select(
+        (pairs["a5"] < pairs["b5"]).alias("want"),
+        job.sorts_before([pairs[f"a{i}"] for i in range(5)], [pairs[f"b{i}"] for i in range(5)], items).alias("got"),
+    ).collect()
+    assert len(got) == len(grid) ** 2
+    assert [r for r in got if r["want"] != r["got"]] == []
 
 
 # ------------------------------------------------------------ checks of the written output

@@ -113,6 +113,38 @@ def test_the_import_check_sees_what_it_must_refuse() -> None:
     assert not _allowed("pyspark.sql", pyspark=False), "contract.py may not import pyspark"
 
 
+def _job_modules_imported(path: Path) -> set[str]:
+    """The job modules ``path`` imports anywhere, ``from cdc_compaction.job import compact`` as ``...job.compact``."""
+    package = _package_of(path)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = (f"{base}.{node.module}" if node.module else base) if node.level else node.module or ""
+            found |= {module, *(f"{module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m.startswith("cdc_compaction.job.")}
+
+
+def test_no_job_module_imports_the_entry_point_and_no_mode_imports_another() -> None:
+    """``compact.py`` dispatches to ``job/modes/<mode>.py``; a mode imports the shared modules, never the
+    entry point (late imports count: they were an import cycle) and never another mode."""
+    entry = "cdc_compaction.job.compact"
+    modes = {p.stem for p in (JOB_DIR / "modes").glob("*.py") if p.stem != "__init__"}
+    assert {"cdc", "keyless", "snapshot"} <= modes
+    bad = {}
+    for p in sorted(JOB_DIR.rglob("*.py")):
+        if p.name == "compact.py" and p.parent == JOB_DIR:
+            continue
+        got = _job_modules_imported(p)
+        a_mode = p.parent.name == "modes"
+        wrong = sorted(m for m in got if m == entry or (a_mode and m.startswith("cdc_compaction.job.modes.")))
+        if wrong:
+            bad[str(p.relative_to(JOB_DIR))] = wrong
+    assert bad == {}
+
+
 def test_the_contract_loads_without_pyspark() -> None:
     """What the DAG file imports at parse time: the contract must not pull in Spark."""
     code = "import sys, cdc_compaction.job.contract; print(sorted(m for m in sys.modules if m.startswith('pyspark')))"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import merge_paths_taken
 
 from cdc_compaction.devtools import conformance as conf
 
@@ -69,9 +70,15 @@ def test_the_mode_scenarios_are_there() -> None:
 
 
 @pytest.mark.parametrize("path", CDC, ids=[p.stem for p in CDC])
-def test_cdc_scenario(path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path) -> None:
-    result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_m")
+def test_cdc_scenario(
+    path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path, merge_path: str
+) -> None:
+    """Down each merge path of the job; partial rows (registry unchanged) always take the window."""
+    scn = conf.Scenario.load(path)
+    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix="_m")
     assert result.ok, "\n".join(result.failures)
+    taken = merge_paths_taken(tmp_path / "lake")
+    assert taken and set(taken) == {"window" if scn.table.get("unchanged") else merge_path}, taken
 
 
 @pytest.mark.parametrize("path", CDC_PARTITIONED, ids=[p.stem for p in CDC_PARTITIONED])

@@ -9,6 +9,8 @@ cluster needs (``spark-submit --py-files``).
   (pure standard library: the DAG's modules import it at parse time);
 * :mod:`.faults` -- the named fault points of the crash tests, for both sides;
 * :mod:`.compact`, :mod:`.run_sql` -- the jobs (``include/spark_jobs`` holds their entry scripts);
+  ``compact`` dispatches by the plan's mode to ``modes/<mode>.py`` (``run_<mode>``);
+* :mod:`.common` -- what every mode's compaction shares (the modes never import ``compact``);
 * :mod:`.bundle` -- builds the zip that ships them (the job package).
 """
 

@@ -1,4 +1,4 @@
-"""PySpark compaction job: base + planned increments -> a new base version.
+"""PySpark compaction job's entry point: base + planned increments -> a new base version.
 
 Part of the job package (``cdc_compaction.job``), which spark-submit ships to the cluster:
 it imports nothing of the Airflow side.  Everything it needs arrives in the plan file
@@ -9,669 +9,184 @@ same macros the view uses.  ``include/spark_jobs/compact.py`` is its entry scrip
     spark-submit --py-files cdc_compaction_job-<hash>.zip include/spark_jobs/compact.py \\
         --plan /lake/t/_cdc/plans/<id>.json
 
-The functions above ``run`` are pure ``DataFrame -> DataFrame`` transformations.
+This module holds what every table mode shares -- reading the plan, the already-committed and
+skip checks, the permanent-error record -- and dispatches by the plan's mode to
+``job/modes/<mode>.py``'s ``run_<mode>`` (found by name: a new mode's module needs no edit
+here).  The modes import :mod:`.common` and :mod:`.contract`, never this module.  The cdc
+mode's transformations are re-exported below for the callers that import them from here.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import itertools
+import importlib
 import json
 import logging
-import operator
-import posixpath
-import uuid
-from collections.abc import Mapping
-from datetime import UTC, datetime
+import pkgutil
+from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import unquote
 
-from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+from pyspark.sql import SparkSession
 
-from cdc_compaction.job import files
+from cdc_compaction.job import modes as job_modes
+from cdc_compaction.job.common import (
+    PermanentJobError,
+    as_plan,
+    attempt_locations,
+    new_attempt,
+    no_bookkeeping_files,
+    read_small,
+    rejected,
+    set_job_description,
+    with_provenance,
+    write_text,
+)
+from cdc_compaction.job.common import observed as _observed
 from cdc_compaction.job.contract import (
-    DATA_DIR,
-    DEFAULT_COMPRESSION,
-    FRESH_VIEW,
-    INDEX_DIR,
-    INDEX_ROW_GROUP_BYTES,
-    KEY_LOOKUP_MAX_EVENTS,
-    LAYOUT,
     META_COLUMNS,
     META_DDL,
-    PARTITION_COLUMN,
     PARTITION_DDL,
-    PARTITION_DIR_PREFIX,
     PERMANENT_EXIT_CODE,
-    PROVENANCE,
     STATS_FILE,
-    TOMBSTONES_DIR,
-    JobStats,
-    OutputFile,
     PermanentErrorRecord,
     Plan,
     permanent_error_path,
 )
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.job.modes.cdc import (
+    KEY_RANGE_SPLIT_MAX,
+    MAX_KEY_RANGES,
+    accepted,
+    assign_partitions,
+    broadcast_decisions,
+    choose_merge_path,
+    classify,
+    duplicate_key_groups,
+    duplicate_keys,
+    event_partitions,
+    expired_tombstone,
+    fill_and_rank,
+    index_frame,
+    key_join,
+    key_range_filter,
+    key_ranges,
+    key_sources,
+    keyed_events,
+    new_base,
+    order_items,
+    partition_dir_value,
+    partitions_of_keys,
+    ranges_between,
+    rank_tally_columns,
+    rank_touched_keys,
+    ranked,
+    read_base,
+    read_partitions,
+    sorts_before,
+    stored_events,
+    touched_partitions,
+    winning_events,
+    with_fills,
+    with_rank_flags,
+    write_index,
+    written_tally_columns,
+)
+
+#: What callers (tests, the local engine, rebuild) import from here: the shared pieces and the
+#: cdc mode's transformations, which live in :mod:`.common` and :mod:`.modes.cdc`.
+__all__ = [
+    "KEY_RANGE_SPLIT_MAX",
+    "MAX_KEY_RANGES",
+    "META_COLUMNS",
+    "META_DDL",
+    "PARTITION_DDL",
+    "STATS_FILE",
+    "PermanentJobError",
+    "_observed",
+    "accepted",
+    "as_plan",
+    "assign_partitions",
+    "attempt_locations",
+    "broadcast_decisions",
+    "choose_merge_path",
+    "classify",
+    "committed_already",
+    "duplicate_key_groups",
+    "duplicate_keys",
+    "event_partitions",
+    "expired_tombstone",
+    "fault_point",
+    "fill_and_rank",
+    "index_frame",
+    "key_join",
+    "key_range_filter",
+    "key_ranges",
+    "key_sources",
+    "keyed_events",
+    "main",
+    "mode_names",
+    "mode_runner",
+    "new_attempt",
+    "new_base",
+    "order_items",
+    "partition_dir_value",
+    "partitions_of_keys",
+    "ranges_between",
+    "rank_tally_columns",
+    "rank_touched_keys",
+    "ranked",
+    "read_base",
+    "read_partitions",
+    "rejected",
+    "run",
+    "sorts_before",
+    "stored_events",
+    "touched_partitions",
+    "winning_events",
+    "with_fills",
+    "with_provenance",
+    "with_rank_flags",
+    "write_index",
+    "written_tally_columns",
+]
 
 log = logging.getLogger(__name__)
 
+#: The function each mode module defines: ``run_<mode>(spark, plan, attempt) -> stats``.
+RUNNER_PREFIX = "run_"
 
-class PermanentJobError(Exception):
-    """An error no re-run of the job can heal (a stale plan): ``main`` exits with :data:`PERMANENT_EXIT_CODE`.
 
-    It is also recorded beside the plan (:func:`~cdc_compaction.job.contract.permanent_error_path`)
-    for engines whose exit status does not reach Airflow (EMR steps, cluster deploy mode).
+def mode_names() -> list[str]:
+    """The table modes this job package compacts: one module each, ``job/modes/<mode>.py``.
+
+    Listed from the package itself (a directory or the job package's zip alike), so a mode is
+    added by adding its module.
     """
+    return sorted(m.name for m in pkgutil.iter_modules(job_modes.__path__) if not m.name.startswith("_"))
 
 
-def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
-    """``plan`` as a :class:`Plan`: the plan file's JSON object is checked for the keys the contract requires."""
-    return plan if isinstance(plan, Plan) else Plan.from_dict(plan)
+def mode_runner(plan: Plan) -> Callable[[SparkSession, Plan, str | None], dict[str, Any]]:
+    """``run_<mode>`` of the plan's table mode, imported by name from ``job/modes/<mode>.py``.
 
-
-def with_provenance(raw: DataFrame, columns: list[str]) -> DataFrame:
-    """Registry columns plus where each event came from: increment, file name, row position.
-
-    ``raw`` must expose Spark's hidden ``_metadata`` column (a file-based read).
+    The name is checked against the modules there first, so that a plan's mode never imports
+    anything else; a mode this job package lacks is an error no re-run heals.
     """
-    return raw.select(
-        *[F.col(f"`{c}`") for c in columns],
-        F.element_at(F.split(F.col("_metadata.file_path"), "/"), -2).alias("_cdc_increment"),
-        F.col("_metadata.file_name").alias("_cdc_file"),
-        F.col("_metadata.row_index").alias("_cdc_pos"),
-    )
-
-
-def classify(events: DataFrame, reject_reason_sql: str) -> DataFrame:
-    """Add ``_cdc_reject_reason``: NULL for a valid event, else why it is refused."""
-    return events.withColumn("_cdc_reject_reason", F.expr(reject_reason_sql))
-
-
-def accepted(classified: DataFrame, ingested_at: datetime) -> DataFrame:
-    """The valid events, stamped with the time they were first compacted."""
-    return (
-        classified.filter(F.col("_cdc_reject_reason").isNull())
-        .drop("_cdc_reject_reason")
-        .withColumn("_cdc_ingested_at", F.lit(ingested_at).cast("timestamp"))
-    )
-
-
-def rejected(classified: DataFrame, plan_id: str) -> DataFrame:
-    """The refused events with their reason, as they go to quarantine."""
-    return classified.filter(F.col("_cdc_reject_reason").isNotNull()).withColumn("_cdc_plan_id", F.lit(plan_id))
-
-
-def ranked(events: DataFrame, rank_sql: str) -> DataFrame:
-    """Rank every event of a key; rank 1 is the winner under the compaction rule."""
-    return events.withColumn("_cdc_rank", F.expr(rank_sql))
-
-
-def expired_tombstone(is_delete_sql: str, cutoff: datetime | None) -> Column:
-    """True for a delete winner older than the tombstone retention."""
-    if cutoff is None:
-        return F.lit(False)
-    return F.expr(is_delete_sql) & (F.col("_cdc_ingested_at") < F.lit(cutoff).cast("timestamp"))
-
-
-def new_base(ranked_events: DataFrame, is_delete_sql: str, cutoff: datetime | None) -> DataFrame:
-    """Keep each key's winner (tombstones too, until they expire)."""
-    return ranked_events.filter((F.col("_cdc_rank") == 1) & ~expired_tombstone(is_delete_sql, cutoff)).drop("_cdc_rank")
-
-
-def key_join(left: DataFrame, right: DataFrame, pk: list[str], how: str, broadcast: bool = False) -> DataFrame:
-    """``left`` semi- or anti-joined with ``right`` on the key, NULL equal to NULL.
-
-    A key column may hold NULL as a value (registry ``nullable_key``); an equi-join would never
-    match it. Where the rule refuses NULL keys this is the plain key join.
-    """
-    keys = right.select(*[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)])
-    cond = functools.reduce(operator.and_, [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)])
-    return left.join(F.broadcast(keys) if broadcast else keys, cond, how)
-
-
-def with_fills(
-    events: DataFrame, fills: Mapping[str, str], unchanged: Mapping[str, Mapping[str, Any]] | None = None
-) -> DataFrame:
-    """Each left-out column (registry ``unchanged``) replaced by its value at that event: the rule's window.
-
-    With ``unchanged`` (the rule's bookkeeping, :attr:`~cdc_compaction.job.contract.Rule.unchanged`)
-    first the values key changes carry over from their old key, then, from the values as the
-    events sent them, the hidden columns saying whether each was left out and where its value
-    came from; the fills last (they replace the values the others read).
-    """
-    unchanged = unchanged or {}
-    for column, spec in unchanged.items():
-        if "carried" in spec:
-            events = events.withColumn(column, F.expr(spec["carried"]))
-    for spec in unchanged.values():
-        left, is_left = spec["left"]
-        events = events.withColumn(left, F.expr(is_left))
-        for name, expression in spec["book"].items():
-            events = events.withColumn(name, F.expr(expression))
-    for column, expression in fills.items():
-        events = events.withColumn(column, F.expr(expression))
-    return events
-
-
-def stored_events(base: DataFrame, unchanged: Mapping[str, Mapping[str, Any]]) -> DataFrame:
-    """Stored rows (``_cdc_src`` 0) as the events they were, with the events their filled values came from.
-
-    A value filled from an earlier event is left out again (the rule's ``as_event``) and that
-    event is replayed (``_cdc_src`` 2) at its place in the order, carrying that one value: a
-    late event between the two fills the row anew, as one compaction of every event would. The
-    replayed events take part in the fills only (:func:`fill_and_rank`); they never win.
-    """
-    rows = base.withColumn("_cdc_src", F.lit(0))
-    if not unchanged:
-        return rows
-    sources = []
-    for spec in unchanged.values():
-        replayed = {c: F.expr(e).alias(c) for c, e in spec["source"].items()}
-        sources.append(
-            rows.where(F.expr(spec["source_where"]))
-            .select(*[replayed.get(c, F.col(f"`{c}`")) for c in rows.columns])
-            .withColumn("_cdc_src", F.lit(2))
+    mode = plan.table_mode
+    known = mode_names()
+    if mode not in known:
+        raise PermanentJobError(
+            f"{plan.table}: plan {plan.plan_id} names table mode {mode!r}, but this job package has no module "
+            f"job/modes/{mode}.py (it knows {', '.join(known)}). Deploy a job package that has the mode "
+            "(cdc-compaction job-package), or fix the table's mode in the registry and plan again"
         )
-    for column, spec in unchanged.items():
-        rows = rows.withColumn(column, F.expr(spec["as_event"]))
-    for replay in sources:
-        rows = rows.unionByName(replay)
-    return rows
-
-
-def fill_and_rank(
-    events: DataFrame, rank_sql: str, fills: Mapping[str, str], unchanged: Mapping[str, Mapping[str, Any]]
-) -> DataFrame:
-    """Fill the left-out columns over every event (replayed ones included), then rank the real ones."""
-    return ranked(with_fills(events, fills, unchanged).filter(F.col("_cdc_src") < 2), rank_sql)
-
-
-def rank_touched_keys(
-    base: DataFrame,
-    fresh: DataFrame,
-    pk: list[str],
-    order_by: list[str],
-    rank_sql: str,
-    fills: Mapping[str, str] | None = None,
-    unchanged: Mapping[str, Mapping[str, Any]] | None = None,
-) -> DataFrame:
-    """``ranked`` over the events of the keys ``fresh`` touches only: their base rows and every event.
-
-    Narrow on purpose (keys, ordering columns, provenance, the left-out columns to fill, and
-    ``_cdc_src``: 0 for a base row, 1 for an event): only these rows are shuffled and sorted,
-    not the whole table.  With the bookkeeping of left-out columns (``unchanged``) whole rows:
-    a base row that still wins may be filled anew, and is written from here.
-    """
-    fills, unchanged = fills or {}, unchanged or {}
-    names = list(base.columns) if unchanged else [*pk, *order_by, *PROVENANCE, *fills]
-    cols = [F.col(f"`{c}`") for c in dict.fromkeys(names)]
-    keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
-    touched = stored_events(key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True), unchanged)
-    events = touched.unionByName(fresh.select(*cols).withColumn("_cdc_src", F.lit(1)))
-    return fill_and_rank(events, rank_sql, fills, unchanged)
-
-
-def winning_events(
-    fresh: DataFrame, won: DataFrame, pk: list[str], fills: Mapping[str, str] | None = None
-) -> DataFrame:
-    """The events of ``fresh`` that ``won`` (winners of ``rank_touched_keys``) names, left-out columns filled.
-
-    An event is named by its provenance and key: a key change (registry ``old_key``) is two
-    rows of one event, its old key's retirement and its new key's upsert.
-    """
-    fills = dict(fills or {})
-    w = won.select(
-        *[F.col(c).alias(f"_cdc_w{c}") for c in PROVENANCE],
-        *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)],
-        *[F.col(f"`{c}`").alias(f"_cdc_f{i}") for i, c in enumerate(fills)],
-    )
-    cond = functools.reduce(
-        operator.and_,
-        [F.col(c) == F.col(f"_cdc_w{c}") for c in PROVENANCE]
-        + [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)],
-    )
-    if not fills:
-        return fresh.join(w, cond, "left_semi")
-    filled = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
-    return fresh.join(w, cond, "inner").select(*[filled.get(c, F.col(f"`{c}`")) for c in fresh.columns])
-
-
-def keyed_events(spark: SparkSession, fresh: DataFrame, keyed_sql: str) -> DataFrame:
-    """The accepted events keyed as the rule ranks them (registry ``old_key``): the rule's ``keyed_events``.
-
-    A delete by old key moves to that key; a key change adds a delete of its old key. The
-    statement is the one every view applies, over a temporary view of the events.
-    """
-    fresh.createOrReplaceTempView(FRESH_VIEW)
-    if files.is_connect(spark):
-        # Over Spark Connect the statement is its SQL text, analysed again each time it runs: the view
-        # stays with the job's own session (the engine opens one per attempt and closes it, views and all).
-        return spark.sql(keyed_sql)
-    try:
-        return spark.sql(keyed_sql)
-    finally:
-        # A classic session's plan keeps what it read: the view can go once Spark has analysed the statement.
-        spark.catalog.dropTempView(FRESH_VIEW)
-
-
-# ------------------------------------------------------------- partitioned tables
-def _keys(pk: list[str]) -> list[Column]:
-    return [F.col(f"`{c}`") for c in pk]
-
-
-def event_partitions(events: DataFrame, partition_column: str, partition_sql: str) -> DataFrame:
-    """The partitions (``_cdc_partition``) that events with a partition value of their own go to."""
-    return (
-        events.filter(F.col(f"`{partition_column}`").isNotNull())
-        .select(F.expr(partition_sql).alias(PARTITION_COLUMN))
-        .distinct()
-    )
-
-
-def partitions_of_keys(base_keys: DataFrame, events: DataFrame, pk: list[str], broadcast: bool = False) -> DataFrame:
-    """The partitions of base rows whose key is among ``events``' keys.
-
-    ``base_keys`` needs only the key columns and ``_cdc_partition``.  This is how an event that
-    does not carry the partition column (a key-only delete), or whose key moves to another
-    partition, finds the partition its key lives in now. ``broadcast``: the events are few
-    (as the key lookup's): their keys go to every task, the base keys are not shuffled.
-    """
-    keys = events.select(*_keys(pk)).distinct()
-    return key_join(base_keys, keys, pk, "left_semi", broadcast=broadcast).select(PARTITION_COLUMN).distinct()
-
-
-def touched_partitions(
-    base_keys: DataFrame,
-    events: DataFrame,
-    pk: list[str],
-    partition_column: str,
-    partition_sql: str,
-    known_keys: DataFrame | None = None,
-    broadcast: bool = False,
-) -> DataFrame:
-    """Every data partition a compaction of ``events`` may change: where they go, and where their keys are.
-
-    An event without a partition value whose key is not known (``known_keys``: the base's
-    keys, tombstones included; ``base_keys`` when not given) goes to the NULL sentinel
-    partition, so that one is touched too. ``broadcast``: see :func:`partitions_of_keys`.
-    """
-    known = base_keys if known_keys is None else known_keys
-    orphans = events.filter(F.col(f"`{partition_column}`").isNull())
-    # The orphans' known keys first (the index on the streamed side, the orphans' keys built), then the
-    # orphans without one: the whole index is never a join's build side. Anti-joined with the index
-    # directly, adaptive execution broadcast the index's keys by their compressed shuffle size and
-    # ran out of memory building them (20M scattered keys, bench/partitioned.py).
-    found = key_join(known.select(*_keys(pk)), orphans.select(*_keys(pk)).distinct(), pk, "left_semi", broadcast)
-    unplaced = key_join(orphans, found, pk, "left_anti", broadcast).select(
-        F.expr(partition_sql).alias(PARTITION_COLUMN)
-    )
-    return (
-        event_partitions(events, partition_column, partition_sql)
-        .unionByName(partitions_of_keys(base_keys, events, pk, broadcast))
-        .unionByName(unplaced)
-        .distinct()
-    )
-
-
-def assign_partitions(ranked_events: DataFrame, pk: list[str], partition_column: str, partition_sql: str) -> DataFrame:
-    """Set ``_cdc_partition`` of every event to the partition it is written to if it wins.
-
-    Base rows carry their partition, increment events carry NULL.  An event with a partition
-    value goes to that partition; one without (a key-only delete) stays where its key was in
-    the base, so that a delete does not move its key; a key never seen goes to the NULL
-    sentinel ``partition_sql`` yields.
-    """
-    in_base = F.max(F.col(PARTITION_COLUMN)).over(Window.partitionBy(*_keys(pk)))
-    missing = F.col(f"`{partition_column}`").isNull() & in_base.isNotNull()
-    return ranked_events.withColumn(PARTITION_COLUMN, F.when(missing, in_base).otherwise(F.expr(partition_sql)))
-
-
-def partition_dir_value(name: str) -> str | None:
-    """The partition value of a directory Spark's ``partitionBy`` wrote, e.g. ``_cdc_partition=a%3Ab``."""
-    prefix = PARTITION_DIR_PREFIX
-    return unquote(name[len(prefix) :]) if name.startswith(prefix) else None
-
-
-def read_partitions(spark: SparkSession, schema_ddl: str, partitions: dict[str, str]) -> DataFrame:
-    """The rows of the given partitions ({value: location}), with ``_cdc_partition``.
-
-    Partitions live in the version directory that last rewrote them, so they are read in one
-    scan per version directory, and Spark's partition discovery supplies ``_cdc_partition``
-    (it un-escapes the directory names; the schema keeps the values strings).
-    """
-    schema = f"{schema_ddl}, {PARTITION_DDL}"
-    if not partitions:
-        return spark.createDataFrame([], schema)
-    by_parent: dict[str, list[str]] = {}
-    odd: dict[str, str] = {}
-    for value, location in sorted(partitions.items()):
-        loc = location.rstrip("/")
-        if partition_dir_value(posixpath.basename(loc)) == value:
-            by_parent.setdefault(posixpath.dirname(loc), []).append(loc)
-        else:
-            odd[value] = loc  # registered somewhere else (by hand): read it on its own
-    frames = [spark.read.schema(schema).option("basePath", parent).parquet(*locs) for parent, locs in by_parent.items()]
-    frames += [
-        spark.read.schema(schema_ddl).parquet(loc).withColumn(PARTITION_COLUMN, F.lit(value))
-        for value, loc in odd.items()
-    ]
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
-    return out
-
-
-#: Key types whose min/max round-trip exactly through a Python literal, so a key-range filter on them
-#: is safe to push down (floats are left out: NaN orders last in Spark; timestamps: driver time zones).
-_RANGE_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.StringType, T.DateType)
-
-
-#: Up to this many events, the key-range filter is cut into up to :data:`MAX_KEY_RANGES` ranges at the widest
-#: gaps between their keys (updates of old ids and inserts of new ones are two narrow ranges, not one wide one).
-KEY_RANGE_SPLIT_MAX = 2_000_000
-MAX_KEY_RANGES = 16
-
-
-def ranges_between(lo: Any, hi: Any, gaps: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-    """``[lo, hi]`` without the open gaps ``(a, b)`` between neighbouring keys: the ranges left."""
-    out, start = [], lo
-    for a, b in sorted(gaps):
-        out.append((start, a))
-        start = b
-    return [*out, (start, hi)]
-
-
-def key_ranges(keys: list[Any], max_ranges: int = MAX_KEY_RANGES) -> list[tuple[Any, Any]]:
-    """Sorted, distinct ``keys`` (integers or dates) as at most ``max_ranges`` ranges covering them all.
-
-    Cut at the ``max_ranges - 1`` widest gaps between neighbours: of all ways to cover the keys
-    with that many ranges, the one that covers the fewest values in between. (The job computes the
-    same gaps in Spark: :func:`key_range_filter`.)
-    """
-    if not keys:
-        return []
-    pairs = sorted(itertools.pairwise(keys), key=lambda p: p[1] - p[0], reverse=True)
-    return ranges_between(keys[0], keys[-1], pairs[: max_ranges - 1])
-
-
-def key_range_filter(events: DataFrame, pk: list[str], rows: int | None = None) -> Column | None:
-    """A filter on the first key column that every base key equal to one of ``events``' keys passes.
-
-    ``lo <= k <= hi`` over the events' first key column -- for integer and date keys of up to
-    :data:`KEY_RANGE_SPLIT_MAX` events, cut at the widest gaps into up to :data:`MAX_KEY_RANGES`
-    ranges (:func:`key_ranges`) -- ``OR k IS NULL`` if an event has a NULL there (registry
-    ``nullable_key``). Pushed down to Parquet, it skips the row groups of the sorted key index
-    (README, "Key index") whose min/max lie outside: changed keys that cluster (ids growing with
-    time) read a few row groups, scattered ones read the whole, narrow, index. Spark applies the
-    filter to the rows too, so it is exact whatever the pruning. None: no filter (a key type
-    whose literal may not round-trip, or no events).
-
-    ``rows``: the number of ``events`` if the caller knows it already (counted as they were
-    written or read); when it allows a split, the range and the gaps are one Spark job, not two.
-    """
-    first = pk[0]
-    kind = events.schema[first].dataType
-    if not isinstance(kind, _RANGE_TYPES):
-        return None
-    col = F.col(f"`{first}`")
-    if rows == 0:
-        return None
-    summary = events.agg(
-        F.min(col).alias("lo"), F.max(col).alias("hi"), F.count(F.lit(1)).alias("n"), F.count(col).alias("c")
-    )
-    splits = not isinstance(kind, T.StringType)
-    top: list[Any] | None = None
-    if splits and rows is not None and rows <= KEY_RANGE_SPLIT_MAX:
-        # Known to be few: the summary and the gaps in one job (a row each, told apart by _cdc_gap NULL).
-        both = _widest_gaps(events, col, kind).unionByName(
-            summary.select(
-                F.col("lo").alias("_cdc_a"),
-                F.col("hi").alias("_cdc_b"),
-                F.lit(None).cast("long").alias("_cdc_gap"),
-                "n",
-                "c",
-            ),
-            allowMissingColumns=True,
+    module = importlib.import_module(f"{job_modes.__name__}.{mode}")
+    runner = getattr(module, f"{RUNNER_PREFIX}{mode}", None)
+    if not callable(runner):
+        raise PermanentJobError(
+            f"{plan.table}: job/modes/{mode}.py defines no {RUNNER_PREFIX}{mode}(spark, plan, attempt), "
+            f"so plan {plan.plan_id} cannot be compacted. Add that function to the mode's module"
         )
-        got = both.collect()
-        row = next((r for r in got if r["_cdc_gap"] is None), None)
-        top = [r for r in got if r["_cdc_gap"] is not None]
-        if row is not None:
-            row = {"lo": row["_cdc_a"], "hi": row["_cdc_b"], "n": row["n"], "c": row["c"]}
-    else:
-        row = summary.first()
-    if row is None or int(row["n"]) == 0:
-        return None
-    ranges = [(row["lo"], row["hi"])] if row["lo"] is not None else []
-    if ranges and splits and int(row["n"]) <= KEY_RANGE_SPLIT_MAX:
-        if top is None:
-            top = _widest_gaps(events, col, kind).collect()
-        ranges = ranges_between(row["lo"], row["hi"], [(r["_cdc_a"], r["_cdc_b"]) for r in top])
-    conds = [col.between(F.lit(lo), F.lit(hi)) for lo, hi in ranges]
-    if int(row["c"]) < int(row["n"]):
-        conds.append(col.isNull())
-    return functools.reduce(operator.or_, conds)
-
-
-def _widest_gaps(events: DataFrame, col: Column, kind: T.DataType) -> DataFrame:
-    """The :data:`MAX_KEY_RANGES` - 1 widest gaps (``_cdc_a``, ``_cdc_b``, ``_cdc_gap``) between neighbouring
-    distinct non-NULL values of ``col``, computed where the keys are (one sort)."""
-    keys = events.select(col.alias("_cdc_b")).where(F.col("_cdc_b").isNotNull()).distinct()
-    keys = keys.withColumn("_cdc_a", F.lag("_cdc_b").over(Window.orderBy("_cdc_b"))).where(F.col("_cdc_a").isNotNull())
-    gap = F.datediff("_cdc_b", "_cdc_a") if isinstance(kind, T.DateType) else F.col("_cdc_b") - F.col("_cdc_a")
-    return (
-        keys.withColumn("_cdc_gap", gap.cast("long"))
-        .orderBy(F.desc("_cdc_gap"))
-        .limit(MAX_KEY_RANGES - 1)
-        .select("_cdc_a", "_cdc_b", "_cdc_gap")
-    )
-
-
-def key_sources(base_map: Mapping[str, str], index: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Where to read each base partition's keys: its index if it has one, else its data; and those without.
-
-    A partition without an index (a version written before the index existed, or one an erase
-    rewrote) is read as before -- its key columns -- so a missing index is slower, never wrong.
-    """
-    sources = {v: index.get(v) or loc for v, loc in base_map.items()}
-    return sources, sorted(v for v in base_map if not index.get(v))
-
-
-def index_frame(written: DataFrame, pk: list[str]) -> DataFrame:
-    """The key index of written partitions: key columns and ``_cdc_partition``, sorted by key per partition.
-
-    One task per partition value (a file per partition); the sort within partitions is by
-    ``_cdc_partition`` first, which is the order ``partitionBy`` needs, so the write keeps it.
-    """
-    return (
-        written.select(*_keys(pk), F.col(PARTITION_COLUMN))
-        .repartition(F.col(PARTITION_COLUMN))
-        .sortWithinPartitions(F.col(PARTITION_COLUMN), *_keys(pk))
-    )
-
-
-def written_tally_columns(is_delete: Column, tombstones: bool) -> list[Column]:
-    """Rows and misplaced rows of one output, as aggregates to observe (``DataFrame.observe``) as it is written.
-
-    ``misplaced`` counts deletes among the visible rows (``tombstones`` False) or upserts among the
-    tombstones (True); a NULL ``is_delete`` is neither.  Observed on the DataFrame the writer
-    consumes, the counts are of exactly the rows written, without reading the output back.
-    """
-    wrong = ~is_delete if tombstones else is_delete
-    return [
-        F.count(F.lit(1)).alias("rows"),
-        F.coalesce(F.sum(F.when(wrong, 1).otherwise(0)), F.lit(0)).alias("misplaced"),
-    ]
-
-
-def duplicate_keys(written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None) -> int:
-    """Keys found more than once in ``written_keys`` (the key columns of the visible rows and tombstones).
-
-    With ``touched_keys`` only those keys are checked (a broadcast semi-join first, so only they
-    are grouped): the keys this compaction ranked.  That is enough by induction: the parent
-    version's keys were unique (checked when it was committed), its untouched rows are copied as
-    they are, and a copied row read twice would not reconcile with the parent's row count
-    (validate holds ``base_rows`` against it).  NULL key parts equal NULL, as in the rule.
-    """
-    return duplicate_key_groups(written_keys, pk, touched_keys).count()
-
-
-def duplicate_key_groups(written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None) -> DataFrame:
-    """The keys :func:`duplicate_keys` counts, one row each, to count together with other checks in one job."""
-    keys = written_keys.select(*_keys(pk))
-    if touched_keys is not None:
-        keys = key_join(keys, touched_keys, pk, "left_semi", broadcast=True)
-    return keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).select(*_keys(pk))
-
-
-def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]) -> DataFrame:
-    """Flag how each key's ranking went, for the stats (``tied_winners``, ``late_events``).
-
-    ``_cdc_tied`` is 1 on a key's runner-up (rank 2) when its ``order_by`` values equal the
-    winner's: the rule's last resort, file and row order, decided the winner.  ``_cdc_late``
-    is 1 on an event (``_cdc_src`` 1) ranked below its key's base row: it arrived after a newer
-    change of its key had been compacted already.  Needs ``_cdc_src`` and ``_cdc_rank``.
-    """
-    by_key = Window.partitionBy(*_keys(pk))
-    in_order = by_key.orderBy(F.col("_cdc_rank"))
-    same = functools.reduce(
-        operator.and_, [F.col(f"`{c}`").eqNullSafe(F.lag(F.col(f"`{c}`")).over(in_order)) for c in order_by]
-    )
-    base_rank = F.min(F.when(F.col("_cdc_src") == 0, F.col("_cdc_rank"))).over(by_key)
-    return ranked_events.withColumn("_cdc_tied", F.when((F.col("_cdc_rank") == 2) & same, 1).otherwise(0)).withColumn(
-        "_cdc_late", F.when((F.col("_cdc_src") == 1) & (F.col("_cdc_rank") > base_rank), 1).otherwise(0)
-    )
-
-
-def _sourced(base: DataFrame, events: DataFrame, unchanged: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:
-    """Base rows (``_cdc_src`` 0) and events (1) together, as :func:`with_rank_flags` needs them.
-
-    With ``unchanged``, base rows as :func:`stored_events` gives them (replayed events: 2).
-    """
-    return stored_events(base, unchanged or {}).unionByName(events.withColumn("_cdc_src", F.lit(1)))
-
-
-def rank_tally_columns() -> list[Column]:
-    """The sums of :func:`with_rank_flags`' flags, as the stats name them."""
-    return [
-        F.coalesce(F.sum("_cdc_tied"), F.lit(0)).alias("tied_winners"),
-        F.coalesce(F.sum("_cdc_late"), F.lit(0)).alias("late_events"),
-    ]
-
-
-def _observed(obs: Observation, name: str) -> int:
-    """An observed metric, or 0 when Spark reported none: adaptive execution drops the whole plan,
-    observation included, when its input turned out empty (nothing observed means nothing counted)."""
-    try:
-        return int(obs.get[name])
-    except Exception:  # noqa: BLE001 - Py4J's error for "no metrics" is a plain assertion
-        log.info("no %s metrics reported (empty input); counted as 0", name)
-        return 0
-
-
-def _ts(value: str | None) -> datetime | None:
-    # Keep the time zone: PySpark reads a naive datetime literal as driver-local time.
-    return datetime.fromisoformat(value).astimezone(UTC) if value else None
-
-
-def _write_text(spark: SparkSession, path: str, text: str) -> None:
-    """Write a small file (Hadoop's FileSystem in a classic session, pyarrow over Spark Connect)."""
-    files.for_session(spark).write_text(path, text)
-
-
-def _is_data_name(name: str) -> bool:
-    return files.is_data_name(name)
-
-
-def _data_files(spark: SparkSession, path: str, rel: str) -> list[dict[str, Any]]:
-    """Data files under ``path`` as ``<rel>/<file>`` (partition directories as ``<rel>/<dir>/<file>``).
-
-    Anything else there -- Spark's ``_SUCCESS``, a local file system's ``.crc`` checksums, a
-    committer's markers -- is deleted: the directory is this attempt's own, not yet committed,
-    and a reader's glob over it must find Parquet data files and nothing else.
-    """
-    return files.for_session(spark).data_files(path, rel)
-
-
-def _written_partitions(files: list[dict[str, Any]], data_dir: str, rel: str = DATA_DIR) -> dict[str, str]:
-    """Partition value -> directory of every partition the job wrote under ``data_dir`` (files named ``<rel>/…``)."""
-    dirs = {f["name"].split("/")[1] for f in files if f["name"].startswith(f"{rel}/") and f["name"].count("/") > 1}
-    return {value: f"{data_dir.rstrip('/')}/{d}" for d in sorted(dirs) if (value := partition_dir_value(d)) is not None}
-
-
-def write_index(
-    spark: SparkSession, written: DataFrame, pk: list[str], index_out: str, mode: str, compression: str
-) -> dict[str, Any]:
-    """Write the key index of the partitions in ``written`` (as re-read from storage) and check it.
-
-    Returns ``index_rows`` (rows per partition, read back), ``partition_rows`` (the data's rows per
-    partition, read back: counted by the same Spark job) and ``index_mismatches``: keys (with
-    their partition) not once in the index and once in the data (must be 0).
-    """
-    (
-        index_frame(written, pk)
-        .write.mode(mode)
-        .option("compression", compression)
-        .option("parquet.block.size", INDEX_ROW_GROUP_BYTES)
-        .partitionBy(PARTITION_COLUMN)
-        .parquet(index_out)
-    )
-    key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in written.schema if f.name in pk)
-    back = spark.read.schema(f"{key_ddl}, {PARTITION_DDL}").parquet(index_out)
-    # One Spark job: per key and partition, how often it is in the index and in the data (1 and 1).
-    where = [*_keys(pk), F.col(PARTITION_COLUMN)]
-    both = back.select(*where, F.lit(1).alias("_cdc_i"), F.lit(0).alias("_cdc_d")).unionByName(
-        written.select(*where, F.lit(0).alias("_cdc_i"), F.lit(1).alias("_cdc_d"))
-    )
-    per_key = both.groupBy(*where).agg(F.sum("_cdc_i").alias("_cdc_i"), F.sum("_cdc_d").alias("_cdc_d"))
-    per_partition = (
-        per_key.groupBy(PARTITION_COLUMN)
-        .agg(
-            F.sum("_cdc_i").alias("rows"),
-            F.sum("_cdc_d").alias("data_rows"),
-            F.sum(F.when(F.col("_cdc_i") != F.col("_cdc_d"), 1).otherwise(0)).alias("bad"),
-        )
-        .collect()
-    )
-    rows = {r[PARTITION_COLUMN]: int(r["rows"]) for r in sorted(per_partition) if int(r["rows"])}
-    data_rows = {r[PARTITION_COLUMN]: int(r["data_rows"]) for r in sorted(per_partition) if int(r["data_rows"])}
-    mismatches = sum(int(r["bad"]) for r in per_partition)
-    return {"index_rows": rows, "partition_rows": data_rows, "index_mismatches": int(mismatches)}
-
-
-def _no_bookkeeping_files(spark: SparkSession) -> None:
-    """Write only data files: no ``_SUCCESS`` marker, no summary files, no ``.crc`` beside local files.
-
-    Readers that glob a location (DuckDB's ``read_parquet('<dir>/*')``) would pick them up.
-    What a cluster (or a Spark Connect server) still writes is removed by :func:`_data_files`.
-    """
-    files.for_session(spark).quiet_writes()
-
-
-def new_attempt() -> str:
-    """A fresh, unique attempt token: every run of the job writes a directory of its own."""
-    return "a" + uuid.uuid4().hex[:10]
-
-
-def attempt_locations(plan: Plan | Mapping[str, Any], attempt: str | None) -> tuple[str, str]:
-    """(output, quarantine) directories of one attempt at ``plan``: ``<version>-<attempt>``.
-
-    A re-run of the compaction (a cleared task, a retry, a second deployment) never writes
-    into a directory another attempt wrote, least of all the one a commit made live.
-    Without an attempt (tests driving ``run`` directly) the plan's locations are used as-is.
-    """
-    p = as_plan(plan)
-    out, quarantine = p.output_location.rstrip("/"), p.quarantine_location.rstrip("/")
-    return (f"{out}-{attempt}", f"{quarantine}-{attempt}") if attempt else (out, quarantine)
-
-
-def _read_small(spark: SparkSession, path: str) -> str | None:
-    """A small file's text, or None if it does not exist."""
-    return files.for_session(spark).read_text(path)
+    return runner
 
 
 def committed_already(spark: SparkSession, plan: Plan | Mapping[str, Any]) -> bool:
@@ -681,7 +196,7 @@ def committed_already(spark: SparkSession, plan: Plan | Mapping[str, Any]) -> bo
     """
     p = as_plan(plan)
     path = p.commit_path
-    text = _read_small(spark, path) if path else None
+    text = read_small(spark, path) if path else None
     if text is None:
         return False
     owner = json.loads(text).get("plan_id")
@@ -691,24 +206,6 @@ def committed_already(spark: SparkSession, plan: Plan | Mapping[str, Any]) -> bo
             "nothing was written. Clear the run's plan task to plan again"
         )
     return True
-
-
-def read_base(
-    spark: SparkSession, plan: Plan, schema: str, columns: list[str], is_delete_sql: str
-) -> tuple[DataFrame, DataFrame]:
-    """(visible rows, tombstones) of the live version of an unpartitioned table.
-
-    A version of layout 1 (written before tombstones moved out of the data directory)
-    holds both in one directory: they are told apart by the rule's ``is_delete``.
-    ``columns``: the registry's and the mode's hidden ones (a version written before these
-    existed reads NULL there).
-    """
-    cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS]]
-    data = spark.read.schema(schema).parquet(plan.base_location).select(*cols)
-    tomb_loc = plan.base_tombstones_location
-    if tomb_loc:
-        return data, spark.read.schema(schema).parquet(tomb_loc).select(*cols)
-    return data.filter(~F.expr(is_delete_sql)), data.filter(F.expr(is_delete_sql))
 
 
 def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None = None) -> dict[str, Any]:
@@ -733,332 +230,8 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
     if committed_already(spark, plan):
         log.info("%s: plan %s is committed already; nothing to do", plan.table, plan.plan_id)
         return {"plan_id": plan.plan_id, "table": plan.table, "already_committed": True}
-    _no_bookkeeping_files(spark)
-    if plan.table_mode == "keyless":
-        from cdc_compaction.job.modes.keyless import run_keyless  # a mode of its own: job/modes/keyless.py
-
-        return run_keyless(spark, plan, attempt)
-    if plan.table_mode == "snapshot":
-        from cdc_compaction.job.modes.snapshot import run_snapshot  # a mode of its own: job/modes/snapshot.py
-
-        return run_snapshot(spark, plan, attempt)
-    if plan.table_mode == "append":
-        from cdc_compaction.job.modes.append import run_append  # a mode of its own: job/modes/append.py
-
-        return run_append(spark, plan, attempt)
-    # Lists, not the plan's tuples: PySpark's join takes a list of key columns.
-    columns = list(plan.column_names)
-    rule = plan.cdc_rule
-    is_delete = F.expr(rule.is_delete)
-    pk = list(plan.primary_key)
-    ingested_at = _ts(plan.ingested_at)
-    cutoff = _ts(plan.tombstone_cutoff)
-    out, quarantine = attempt_locations(plan, attempt)
-    data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
-    mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
-    # Partitioned tables (registry partition_by): only the data partitions the increments touch
-    # are read and rewritten; the plan lists the live version's partitions as {value: location}.
-    part = plan.partition_by
-    base_map: dict[str, str] = plan.base_partitions or {}
-    # Hidden bookkeeping of left-out columns (registry unchanged) after the registry's columns.
-    book = rule.bookkeeping
-    stored = [*columns, *(n for n, _ in book)]
-    book_ddl = "".join(f", `{n}` {kind}" for n, kind in book)
-    base_schema = f"{plan.schema_ddl}{book_ddl}, {META_DDL}"
-    unchanged = rule.unchanged
-    # A live version of layout 1 keeps its tombstones inside its data (partitions): read it all once.
-    old_layout = int(plan.base_layout) < LAYOUT
-    touched: list[str] = []
-    log.info("compacting %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
-
-    if part is None:
-        base_data, base_tomb = read_base(spark, plan, base_schema, stored, rule.is_delete)
-    else:
-        # Key columns only: finding the keys' partitions must not read whole rows. From the key index
-        # where the live version has one (README, "Key index"), else from the partitions' key columns.
-        key_map, unindexed = key_sources(base_map, plan.base_index or {})
-        base_keys = read_partitions(spark, base_schema, key_map).select(*_keys(pk), F.col(PARTITION_COLUMN))
-        every_base_key = base_keys
-        key_lookup: dict[str, Any] = {
-            "indexed_partitions": len(base_map) - len(unindexed),
-            "scanned_partitions": len(unindexed),
-            "key_range": False,
-        }
-        tomb_loc = plan.base_tombstones_location
-        tomb_cols = [F.col(f"`{c}`") for c in [*stored, *META_COLUMNS, PARTITION_COLUMN]]
-        if tomb_loc and not old_layout:
-            base_tomb = spark.read.schema(f"{base_schema}, {PARTITION_DDL}").parquet(tomb_loc).select(*tomb_cols)
-        else:
-            base_tomb = spark.createDataFrame([], f"{base_schema}, {PARTITION_DDL}")
-
-    paths = [f.path for f in plan.files]
-    raw = spark.read.schema(plan.schema_ddl).parquet(*paths)
-    # Not cached: re-reading the planned files (only the columns each use needs) is cheaper than
-    # building an in-memory copy of every event, which a large increment spills anyway.
-    classified = classify(with_provenance(raw, columns), rule.reject_reason)
-    cached: list[DataFrame] = []
-    # Counts the tombstones that expire as they are written.
-    obs_tomb = Observation("cdc_compaction_tombstones")
-    # Counts ties and late events as the full ranking runs (the key lookup counts them on its cache).
-    obs_ranks = Observation("cdc_compaction_ranks")
-    # Count the rows written and the misplaced ones as they are written: no re-read of the output.
-    obs_data = Observation("cdc_compaction_written_data")
-    obs_written_tomb = Observation("cdc_compaction_written_tombstones")
-    # The keys the key lookup ranked: the only ones that can occur twice (see duplicate_keys).
-    touched_keys: DataFrame | None = None
-    rank_tallies: dict[str, int] = {}
-    try:
-        # One pass over the events counts them all and the refused ones by reason and file (NULL: accepted).
-        counts = classified.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect()
-        increment_rows = sum(int(r["count"]) for r in counts)
-        reasons: dict[str, int] = {}
-        by_file: dict[str, int] = {}
-        for r in counts:
-            if r["_cdc_reject_reason"] is None:
-                continue
-            reasons[r["_cdc_reject_reason"]] = reasons.get(r["_cdc_reject_reason"], 0) + int(r["count"])
-            where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
-            by_file[where] = by_file.get(where, 0) + int(r["count"])
-        rejected_rows = sum(reasons.values())
-        if rejected_rows:
-            rejected(classified, plan.plan_id).write.mode(mode).parquet(quarantine)
-        fresh = accepted(classified, ingested_at)
-        retired_keys = 0
-        if rule.keyed_events:
-            # Key changes (registry old_key): deletes by old key under that key, and each key change
-            # once more as a delete of its old key -- the rule's keyed_events, as the views apply it.
-            fresh = keyed_events(spark, fresh, rule.keyed_events)
-            # The rows keying added (one per key change): ranked like events, so counted like them.
-            retired_keys = fresh.count() - (increment_rows - rejected_rows)
-        fills = rule.fills
-        if book:
-            # Events carry no bookkeeping of their own: the fills compute it (with_fills).
-            fresh = fresh.select("*", *[F.lit(None).cast(kind).alias(n) for n, kind in book])
-
-        # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
-        # Not when the events outnumber the base (a first load): one ranking of every row is cheaper then.
-        lookup_max = int(KEY_LOOKUP_MAX_EVENTS if plan.key_lookup_max_events is None else plan.key_lookup_max_events)
-        base_rows = lookup_max if plan.base_rows is None else plan.base_rows
-        lookup = part is None and increment_rows - rejected_rows <= min(lookup_max, base_rows)
-        lookup_superseded = 0
-        base_read: int | None = None
-        if lookup:
-            order_by = list(plan.order_by or columns)
-            touched_ranks = rank_touched_keys(
-                base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills, unchanged
-            )
-            touched_ranks = touched_ranks.persist()
-            cached.append(touched_ranks)
-            # One pass over the cached ranking: the losers, and how the keys' rankings went.
-            tally = (
-                with_rank_flags(touched_ranks, pk, order_by)
-                .agg(F.coalesce(F.sum(F.when(F.col("_cdc_rank") > 1, 1)), F.lit(0)).alias("s"), *rank_tally_columns())
-                .first()
-            )
-            lookup_superseded = int(tally["s"])
-            touched_keys = touched_ranks.select(*_keys(pk)).distinct()
-            rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
-            src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
-            if unchanged:
-                # Whole rows were ranked: a base row that still wins is written from the ranking too,
-                # if a value of it was filled (a late event may have filled it anew).
-                lefts = [F.coalesce(F.col(f"`{spec['left'][0]}`"), F.lit(False)) for spec in unchanged.values()]
-                refilled = functools.reduce(operator.or_, lefts)
-                rewritten = (src == 1) | refilled
-                losers = touched_ranks.filter((src == 0) & ((rank > 1) | refilled)).select(*_keys(pk))
-                fresh_winners = touched_ranks.filter((rank == 1) & rewritten).select(*base_data.columns).persist()
-            else:
-                losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
-                won = touched_ranks.filter((src == 1) & (rank == 1))
-                # Kept: both outputs take their share (one join back to the events, not one per output).
-                fresh_winners = winning_events(fresh, won, pk, fills).persist()
-            cached.append(fresh_winners)
-            # The base is read once per output and never shuffled: untouched keys pass as they are.
-            visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
-                fresh_winners.filter(~is_delete)
-            )
-            deleted = key_join(base_tomb, losers, pk, "left_anti", broadcast=True).unionByName(
-                fresh_winners.filter(is_delete)
-            )
-            # Everything the ranking did not count is a winner: counted on the writes below.
-            visible = visible.withColumn("_cdc_rank", F.lit(1))
-            deleted = deleted.withColumn("_cdc_rank", F.lit(1))
-        else:
-            if part is None:
-                base_all = base_data.unionByName(base_tomb)
-                ranked_events = fill_and_rank(_sourced(base_all, fresh, unchanged), rule.rank, fills, unchanged)
-            else:
-                fresh_rows = increment_rows - rejected_rows + retired_keys
-                # As few events as the key lookup takes: their keys are broadcast, the index is not shuffled.
-                few = fresh_rows <= lookup_max
-                if few:
-                    # Read five times before the writes (key ranges, three queries of touched_partitions, the
-                    # ranking): few events are cached on the first, rather than read and classified each time.
-                    fresh = fresh.persist()
-                    cached.append(fresh)
-                fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
-                # Only base keys in the events' key range can be theirs: the sorted index skips the rest.
-                key_filter = key_range_filter(fresh, pk, fresh_rows) if base_map else None
-                if key_filter is not None:
-                    base_keys = base_keys.filter(key_filter)
-                    key_lookup["key_range"] = True
-                known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
-                found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known, few).collect()
-                touched = sorted({r[PARTITION_COLUMN] for r in found})
-                if old_layout:
-                    # Layout 1 keeps tombstones inside the partitions: rewrite every one once, tombstones out.
-                    touched = sorted(set(touched) | set(base_map))
-                base = read_partitions(spark, base_schema, {v: base_map[v] for v in touched if v in base_map})
-                base = base.select(*[F.col(f"`{c}`") for c in [*stored, *META_COLUMNS, PARTITION_COLUMN]])
-                base_all = base.unionByName(base_tomb)
-                ranked_events = assign_partitions(
-                    fill_and_rank(_sourced(base_all, fresh_p, unchanged), rule.rank, fills, unchanged),
-                    pk,
-                    part.column,
-                    part.value,
-                )
-            # The base rows this compaction ranks, counted on their own (validate holds them against
-            # the parent version's rows): a scan of the files' row counts, no data. Partitioned: counted
-            # as the ranking reads them (every row passes the window before the winners are kept), which
-            # saves a Spark job of its own on the touched-only path.
-            base_read = base_all.count() if part is None else None
-            base_tally = [F.count_if(F.col("_cdc_src") == 0).alias("base_read")] if part is not None else []
-            # How the keys' rankings went: counted as the winners are first computed (no pass of its own).
-            ranked_events = with_rank_flags(ranked_events, pk, list(plan.order_by or columns)).observe(
-                obs_ranks, *rank_tally_columns(), *base_tally
-            )
-            # Both outputs come from one ranking: keep the winners rather than rank every row twice.
-            winners = ranked_events.filter(F.col("_cdc_rank") == 1).persist()
-            cached.append(winners)
-            visible, deleted = winners.filter(~is_delete), winners.filter(is_delete)
-
-        # Always the registry's column order: joins put the key columns first, and validate (and
-        # every reader of the base table) expects the registry's order.
-        out_columns = [*stored, *META_COLUMNS, *([PARTITION_COLUMN] if part is not None else [])]
-        visible = visible.select(*[F.col(f"`{c}`") for c in out_columns])
-        expired = expired_tombstone(rule.is_delete, cutoff)
-        deleted = deleted.observe(
-            obs_tomb, F.coalesce(F.sum(F.when(expired, 1).otherwise(0)), F.lit(0)).alias("expired_tombstones")
-        )
-        deleted = deleted.filter(~expired).select(*[F.col(f"`{c}`") for c in out_columns])
-        if part is not None:
-            # One task per partition value, so one file per partition (split at max_records_per_file)
-            # rather than one per task and partition; output_files is sized for a whole-table rewrite.
-            visible = visible.repartition(F.col(PARTITION_COLUMN))
-        elif plan.output_files:
-            # Files of about the registry's target size (see pipeline.plan.output_sizing): merge, never shuffle.
-            visible = visible.coalesce(int(plan.output_files))
-        # Observed last, in the stage that writes (an action): each task's count is taken once.
-        visible = visible.observe(obs_data, *written_tally_columns(is_delete, tombstones=False))
-        # errorifexists: an attempt's directory is new; finding one there means something is wrong.
-        compression = DEFAULT_COMPRESSION if plan.compression is None else plan.compression
-        writer = visible.write.mode(mode).option("compression", compression)
-        if plan.max_records_per_file:
-            writer = writer.option("maxRecordsPerFile", int(plan.max_records_per_file))
-        if part is not None:
-            writer = writer.partitionBy(PARTITION_COLUMN)
-        writer.parquet(data_out)
-        fault_point("compact.after_data", plan.table)
-        # Tombstones stay one small unpartitioned set (with their partition as a column).
-        deleted = deleted.coalesce(1).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
-        deleted.write.mode(mode).option("compression", compression).parquet(tomb_out)
-        expired_count = _observed(obs_tomb, "expired_tombstones")
-        if not lookup:
-            rank_tallies = {k: _observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
-            if part is not None:
-                base_read = _observed(obs_ranks, "base_read")
-        data_rows, data_misplaced = _observed(obs_data, "rows"), _observed(obs_data, "misplaced")
-        tomb_rows, tomb_misplaced = _observed(obs_written_tomb, "rows"), _observed(obs_written_tomb, "misplaced")
-
-        # Keys found twice gate publishing (see validate): checked on what landed on storage, key
-        # columns only, and with the key lookup only the keys it ranked (before its cache goes).
-        partitioned: dict[str, Any] = {}
-        out_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
-        written_tomb = spark.read.schema(out_schema).parquet(tomb_out)
-        written = spark.read.schema(out_schema).parquet(data_out)
-        all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
-        if part is None:
-            dup_keys = duplicate_keys(all_keys, pk, touched_keys)
-    finally:
-        for df in cached:
-            df.unpersist()
-
-    output_files = _data_files(spark, data_out, DATA_DIR) + _data_files(spark, tomb_out, TOMBSTONES_DIR)
-    if part is not None:
-        # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
-        # Only reused keys in the written keys' range can be such a key: the index skips the rest. Counted
-        # in one Spark job with the keys found twice among the written ones (a semi-join, not a grouping,
-        # for the reused keys: scattered keys put the whole index in range).
-        found_twice = duplicate_key_groups(all_keys, pk)
-        if set(base_map) - set(touched):
-            reused_keys = every_base_key.filter(~F.col(PARTITION_COLUMN).isin(touched))
-            written_range = key_range_filter(all_keys, pk, data_rows + tomb_rows)
-            if written_range is not None:
-                reused_keys = reused_keys.filter(written_range)
-            in_both = key_join(reused_keys, all_keys, pk, "left_semi").select(*_keys(pk))
-            found_twice = found_twice.unionByName(in_both)
-        dup_keys = found_twice.count()
-        written_map = _written_partitions(output_files, data_out)
-        index_out = f"{out}/{INDEX_DIR}"
-        # Also the rows per written partition (the index check reads the data's keys anyway):
-        # validate holds these against the Parquet footers of each partition directory.
-        partitioned.update(write_index(spark, written, pk, index_out, mode, compression))
-        output_files += _data_files(spark, index_out, INDEX_DIR)
-        partitioned["index"] = _written_partitions(output_files, index_out, INDEX_DIR)
-        partitioned["key_lookup"] = key_lookup
-        if sorted(written_map) != sorted(partitioned["partition_rows"]):
-            raise RuntimeError(
-                f"{plan.table}: partition directories {sorted(written_map)} in {data_out} do not match the "
-                f"partitions of the rows read back {sorted(partitioned['partition_rows'])}"
-            )
-        partitioned.update(
-            {
-                "partition_by": {"column": part.column, "transform": part.transform},
-                "partitions": written_map,
-                "partitions_touched": tuple(touched),
-                "partitions_rewritten": len(written_map),
-                "partitions_reused": len(set(base_map) - set(touched)),
-            }
-        )
-    output_rows = data_rows + tomb_rows
-    # The events ranked: the accepted ones, and the old keys that key changes retire (registry old_key).
-    accepted_rows = increment_rows - rejected_rows + retired_keys
-    # Every ranked event is a winner (written, or an expired tombstone) or superseded; the key lookup
-    # counted its losers while ranking, the full ranking counted the base rows it read. validate
-    # holds base_rows against the parent version's rows and increment_rows against the planned files.
-    winners_count = output_rows + expired_count
-    superseded = lookup_superseded if lookup else int(base_read or 0) + accepted_rows - winners_count
-    events_total = winners_count + superseded
-    stats = JobStats(
-        plan_id=plan.plan_id,
-        table=plan.table,
-        attempt=attempt or "",
-        layout=LAYOUT,
-        base_rows=base_read if base_read is not None else events_total - accepted_rows,
-        increment_rows=increment_rows,
-        rejected_rows=rejected_rows,
-        rejected_by_reason=reasons,
-        rejected_by_file=by_file,
-        superseded_rows=superseded,
-        expired_tombstones=expired_count,
-        output_rows=output_rows,
-        output_tombstones=tomb_rows,
-        output_visible_rows=data_rows,
-        # Deletes among the visible rows, or upserts among the tombstones: must be 0.
-        misplaced_rows=data_misplaced + tomb_misplaced,
-        duplicate_keys=int(dup_keys),
-        output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
-        finished_at=datetime.now(UTC).isoformat(),
-        **partitioned,
-        tied_winners=rank_tallies.get("tied_winners"),
-        late_events=rank_tallies.get("late_events"),
-        # Only when there were any, so that stats of tables without old_key read as before.
-        extra={"retired_keys": retired_keys} if retired_keys else {},
-    ).to_dict()
-    fault_point("compact.before_stats", plan.table)
-    _write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
-    log.info("compacted %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
-    return stats
+    no_bookkeeping_files(spark)
+    return mode_runner(plan)(spark, plan, attempt)
 
 
 def _read_plan(spark: SparkSession, path: str) -> dict[str, Any]:
@@ -1076,13 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSession.builder.getOrCreate()
     try:
         plan = Plan.from_dict(_read_plan(spark, args.plan))
-        spark.sparkContext.setJobDescription(f"cdc compaction of {plan.table} ({plan.plan_id})")
+        set_job_description(spark, f"cdc compaction of {plan.table} ({plan.plan_id})")
         stats = run(spark, plan, attempt=new_attempt())
         print(json.dumps({"cdc_compaction_stats": {k: v for k, v in stats.items() if k != "output_files"}}))
     except PermanentJobError as exc:
         log.error("permanent error, retrying cannot help: %s", exc)
         marker = PermanentErrorRecord(plan_id=plan.plan_id, seq=plan.seq, table=plan.table, error=str(exc))
-        _write_text(spark, permanent_error_path(args.plan), json.dumps(marker.to_dict()))
+        write_text(spark, permanent_error_path(args.plan), json.dumps(marker.to_dict()))
         return PERMANENT_EXIT_CODE
     finally:
         spark.stop()

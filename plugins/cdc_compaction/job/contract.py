@@ -59,6 +59,16 @@ INDEX_ROW_GROUP_BYTES = 256 * 1024
 #: other keys are copied as they are (no shuffle of the base); above it, every row is ranked.
 #: A plan's ``key_lookup_max_events`` overrides it.
 KEY_LOOKUP_MAX_EVENTS = 2_000_000
+#: Up to this many accepted events (and no more than the base's rows), the cdc merge ranks the events
+#: alone and streams the base past their winners, broadcast (``merge_path`` ``broadcast``): no
+#: shuffle of base rows.  Each event's keys, ordering values and provenance go to every task, so
+#: this bounds the broadcast (about 100 bytes an event).  A plan's ``broadcast_merge_max_events``
+#: overrides it.
+BROADCAST_MERGE_MAX_EVENTS = 500_000
+#: How the cdc job merged the events into the base (the stats' ``merge_path``): ``broadcast``
+#: (events ranked alone, the base streamed past their winners) or ``window`` (base rows and events
+#: ranked together, of the touched keys or of every key).
+MERGE_PATHS = ("broadcast", "window")
 #: The Parquet codec of the job's output unless the plan names another (``compression``).
 DEFAULT_COMPRESSION = "snappy"
 
@@ -375,6 +385,10 @@ class Plan:
     #: Overrides of the job's defaults (:data:`KEY_LOOKUP_MAX_EVENTS`, :data:`DEFAULT_COMPRESSION`);
     #: the plan task does not write them.
     key_lookup_max_events: int | None = field(default=None, metadata=_meta())
+    #: Overrides :data:`BROADCAST_MERGE_MAX_EVENTS`; and forces a merge path (one of :data:`MERGE_PATHS`)
+    #: where the table allows it (tests; the job's ``CDC_COMPACTION_MERGE_PATH`` is the same for a run).
+    broadcast_merge_max_events: int | None = field(default=None, metadata=_meta())
+    merge_path: str | None = field(default=None, metadata=_meta())
     compression: str | None = field(default=None, metadata=_meta())
     #: Whether the run compacts (``compaction.policy``; README, "Compaction policy"): ``compact``,
     #: ``policy``, ``reason``, ``forced``, ``thresholds``. ``compact: false``: the job writes nothing.
@@ -471,6 +485,9 @@ class JobStats:
     #: decided), and events ranked below their key's base row (late); absent from older jobs' stats.
     tied_winners: int | None = field(default=None, metadata=_meta())
     late_events: int | None = field(default=None, metadata=_meta())
+    #: cdc tables: how the events were merged into the base (one of :data:`MERGE_PATHS`); absent
+    #: from older jobs' stats.
+    merge_path: str | None = field(default=None, metadata=_meta())
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

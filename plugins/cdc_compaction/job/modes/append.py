@@ -1,4 +1,4 @@
-"""The ``append`` table mode's compaction, Spark side (the contract: ``tests/scenarios/README.md``).
+"""The ``append`` table mode's compaction, Spark side (the contract: ``tests/scenarios/append/README.md``).
 
 An append table is an insert-only event or log table.  Every compaction adds the pending valid
 events to the base, once per event id: an event whose id the base holds already is ``replayed``,
@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
+from cdc_compaction.job import common
 from cdc_compaction.job.contract import (
     DATA_DIR,
     LAYOUT,
@@ -121,19 +122,18 @@ def duplicate_ids(rows: DataFrame, event_id: Sequence[str]) -> int:
 
 
 def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str, Any]:
-    """The append compaction of ``plan`` into the attempt's own directory (called by ``compact.run``).
+    """The append compaction of ``plan`` into the attempt's own directory (``compact.run`` finds it by the plan's mode).
 
     ``data/`` gets the base's rows as they were (with their provenance and compaction time) and
     the appended events (with theirs, stamped now); ``tombstones/`` an empty file.  Like the other
     modes it re-reads what it wrote and counts it for ``validate``, and writes the stats file last.
     """
-    from cdc_compaction.job import compact as job  # the shared driver pieces; it imports this module lazily
 
     columns = list(plan.column_names)
     rule = plan.rule
     event_id = event_id_of(rule)
-    ingested_at = job._ts(plan.ingested_at)
-    out, quarantine = job.attempt_locations(plan, attempt)
+    ingested_at = common.parse_ts(plan.ingested_at)
+    out, quarantine = common.attempt_locations(plan, attempt)
     data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
     write_mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
     schema = f"{plan.schema_ddl}, {META_DDL}"
@@ -141,8 +141,8 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
 
     base = spark.read.schema(schema).parquet(plan.base_location)
     raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
-    events = job.with_provenance(raw, columns)
-    bad = job.rejected(classify(events, rule["reject_reason"]), plan.plan_id)
+    events = common.with_provenance(raw, columns)
+    bad = common.rejected(classify(events, rule["reject_reason"]), plan.plan_id)
     by_file = {
         f"{r['_cdc_increment']}/{r['_cdc_file']}": int(r["count"])
         for r in bad.groupBy("_cdc_increment", "_cdc_file").count().collect()
@@ -170,7 +170,7 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
     data_rows = written.count()
     tomb_rows = spark.read.schema(schema).parquet(tomb_out).count()
     dupes = duplicate_ids(written, event_id)
-    output_files = job._data_files(spark, data_out, DATA_DIR) + job._data_files(spark, tomb_out, TOMBSTONES_DIR)
+    output_files = common.data_files(spark, data_out, DATA_DIR) + common.data_files(spark, tomb_out, TOMBSTONES_DIR)
     stats = JobStats(
         plan_id=plan.plan_id,
         table=plan.table,
@@ -198,6 +198,6 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
         },
     ).to_dict()
     fault_point("compact.before_stats", plan.table)
-    job._write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
+    common.write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
     log.info("compacted append %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
     return stats

@@ -38,6 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.types import StructField, StructType
 
+from cdc_compaction.job import common
 from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import (
     DATA_DIR,
@@ -199,14 +200,13 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     watermark in its order_by columns (none before anything was applied). Like the cdc job it
     re-reads what it wrote and counts it for ``validate``, and writes the stats file last.
     """
-    from cdc_compaction.job import compact as job  # the shared driver pieces; it imports this module lazily
 
     columns = list(plan.column_names)
     order_by = list(plan.order_by or ())
     data_cols = list(plan.data_columns or ())
     rule = plan.rule
-    ingested_at = job._ts(plan.ingested_at)
-    out, quarantine = job.attempt_locations(plan, attempt)
+    ingested_at = common.parse_ts(plan.ingested_at)
+    out, quarantine = common.attempt_locations(plan, attempt)
     data_out, tomb_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}"
     write_mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
     schema = f"{plan.schema_ddl}, {META_DDL}"
@@ -221,9 +221,9 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     watermark = [mark_rows[0][c] for c in order_by] if mark_rows else None
 
     raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
-    events = job.with_provenance(raw, columns)
+    events = common.with_provenance(raw, columns)
     classified = classify(events, rule["reject_reason"])
-    bad = job.rejected(classified, plan.plan_id)
+    bad = common.rejected(classified, plan.plan_id)
     by_file = {
         f"{r['_cdc_increment']}/{r['_cdc_file']}": int(r["count"])
         for r in bad.groupBy("_cdc_increment", "_cdc_file").count().collect()
@@ -271,7 +271,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     # Re-read what landed on storage: these counts gate publishing (validate).
     data_rows = spark.read.schema(schema).parquet(data_out).count()
     tomb_rows = spark.read.schema(schema).parquet(tomb_out).count()
-    output_files = job._data_files(spark, data_out, DATA_DIR) + job._data_files(spark, tomb_out, TOMBSTONES_DIR)
+    output_files = common.data_files(spark, data_out, DATA_DIR) + common.data_files(spark, tomb_out, TOMBSTONES_DIR)
     stats = JobStats(
         plan_id=plan.plan_id,
         table=plan.table,
@@ -305,6 +305,6 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         },
     ).to_dict()
     fault_point("compact.before_stats", plan.table)
-    job._write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
+    common.write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
     log.info("compacted keyless %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
     return stats

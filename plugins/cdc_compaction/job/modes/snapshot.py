@@ -32,6 +32,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
 
+from cdc_compaction.job import common
 from cdc_compaction.job.contract import (
     DATA_DIR,
     EFF_START_DATE_COLUMN,
@@ -501,14 +502,13 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     the tombstones table of every version points there) and the refused rows to the quarantine.
     Then it re-reads what it wrote and writes the stats file last, as the other modes do.
     """
-    from cdc_compaction.job import compact as job  # the shared driver pieces; it imports this module lazily
 
     columns = list(plan.column_names)
     # _cdc_ingested_at travels with each row as if it were a column of the table (the hashes and
     # the comparison never read it): a row that keeps its values (N, X) keeps when they were compacted.
     rule = dataclasses.replace(SnapshotRule.from_dict(plan.rule), columns=[*columns, INGESTED_AT])
-    ingested_at = job._ts(plan.ingested_at)
-    out, quarantine = job.attempt_locations(plan, attempt)
+    ingested_at = common.parse_ts(plan.ingested_at)
+    out, quarantine = common.attempt_locations(plan, attempt)
     data_out, tomb_out, hist_out = f"{out}/{DATA_DIR}", f"{out}/{TOMBSTONES_DIR}", f"{out}/{HISTORY_DIR}"
     write_mode = "error" if attempt else "overwrite"  # "error": errorifexists, the spelling Spark Connect knows too
     compression = plan.compression or "snappy"
@@ -524,7 +524,7 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
     increment_rows = raw.count()
     stamp = F.lit(ingested_at).cast("timestamp")
-    rows = hashed(job.with_provenance(raw, columns).withColumn(INGESTED_AT, stamp), rule)
+    rows = hashed(common.with_provenance(raw, columns).withColumn(INGESTED_AT, stamp), rule)
     names = plan.business_dates or {}
     increments = {i: date.fromisoformat(names[i]) if names.get(i) else None for i in plan.increments}
     before = date.fromisoformat(plan.last_applied) if plan.last_applied else None
@@ -585,9 +585,9 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
         d: {"location": loc, "rows": spark.read.schema(hist_schema).parquet(loc).count()}
         for d, loc in written_dates.items()
     }
-    output_files = job._data_files(spark, data_out, DATA_DIR) + job._data_files(spark, tomb_out, TOMBSTONES_DIR)
+    output_files = common.data_files(spark, data_out, DATA_DIR) + common.data_files(spark, tomb_out, TOMBSTONES_DIR)
     for d, loc in written_dates.items():
-        output_files += job._data_files(spark, loc, f"{HISTORY_DIR}/{HISTORY_DIR_PREFIX}{d}")
+        output_files += common.data_files(spark, loc, f"{HISTORY_DIR}/{HISTORY_DIR_PREFIX}{d}")
     after = comp.last_applied(before)
     stats = JobStats(
         plan_id=plan.plan_id,
@@ -623,6 +623,6 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
         },
     ).to_dict()
     fault_point("compact.before_stats", plan.table)
-    job._write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
+    common.write_text(spark, f"{out.rstrip('/')}/{STATS_FILE}", json.dumps(stats, indent=1, sort_keys=True))
     log.info("compacted snapshot %s: %s", plan.table, {k: v for k, v in stats.items() if k != "output_files"})
     return stats
