@@ -100,7 +100,7 @@ def test_the_import_check_sees_what_it_must_refuse() -> None:
     assert got == [
         "airflow.sdk",
         "cdc_compaction.tasks",
-        "cdc_compaction.core.exceptions",
+        "cdc_compaction.exceptions",
         "cdc_compaction.job",
         "cdc_compaction.job",
         "pyspark.sql",
@@ -108,7 +108,7 @@ def test_the_import_check_sees_what_it_must_refuse() -> None:
     assert [m for m in got if not _allowed(m, pyspark=True)] == [
         "airflow.sdk",
         "cdc_compaction.tasks",
-        "cdc_compaction.core.exceptions",
+        "cdc_compaction.exceptions",
     ]
     assert not _allowed("pyspark.sql", pyspark=False), "contract.py may not import pyspark"
 

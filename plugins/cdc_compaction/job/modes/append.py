@@ -29,6 +29,7 @@ from cdc_compaction.job.contract import (
     DATA_DIR,
     LAYOUT,
     META_DDL,
+    PROVENANCE,
     STATS_FILE,
     TOMBSTONES_DIR,
     JobStats,
@@ -44,7 +45,6 @@ RULE_KEYS = ("reject_reason", "event_fates", "event_counts", "appended", "event_
 RELATION_KEYS = ("base", "events", "fates")
 RELATION_PREFIX = "relation:"
 REJECT_REASON = "_cdc_reject_reason"
-PROVENANCE = ("_cdc_increment", "_cdc_file", "_cdc_pos")
 
 
 def relations(rule: Mapping[str, Any]) -> dict[str, str]:
