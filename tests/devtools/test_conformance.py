@@ -88,7 +88,10 @@ def test_scenario_inprocess(
 ) -> None:
     """Down each merge path of the job (the broadcast of the events' winners, the window over base and events)."""
     scn = conf.Scenario.load(path)
-    result = conf.run_scenario(scn, inprocess, reader, tmp_path / "lake", suffix="_ip", formats=BOTH_FORMATS)
+    # One table per merge path: the metastore outlives the test, and the other path's table is live there.
+    result = conf.run_scenario(
+        scn, inprocess, reader, tmp_path / "lake", suffix=f"_ip_{merge_path[0]}", formats=BOTH_FORMATS
+    )
     assert result.ok, "\n".join(result.failures)
     taken = merge_paths_taken(tmp_path / "lake")
     assert taken and set(taken) == {"window" if scn.table.get("unchanged") else merge_path}, taken

@@ -75,7 +75,7 @@ def test_cdc_scenario(
 ) -> None:
     """Down each merge path of the job; partial rows (registry unchanged) always take the window."""
     scn = conf.Scenario.load(path)
-    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix="_m")
+    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix=f"_m_{merge_path[0]}")
     assert result.ok, "\n".join(result.failures)
     taken = merge_paths_taken(tmp_path / "lake")
     assert taken and set(taken) == {"window" if scn.table.get("unchanged") else merge_path}, taken
