@@ -19,7 +19,6 @@ fresh ones.  Each generative test prints how many examples it ran and what they 
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from collections import Counter
@@ -42,6 +41,8 @@ from pydantic import ValidationError
 from cdc_compaction.core import dialects, duckdb_views, sql
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.job.modes import append as job
+
+from . import streams as streams_base
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "append"
 PROVENANCE_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint"
@@ -259,29 +260,11 @@ SHAPES: dict[str, AppendTable] = {
 PAYLOADS = ("a", "b", None)
 
 
-@dataclass
-class Stream:
-    """A shape and its actions: ("land", increment, files), ("view",), ("compact",)."""
+class Stream(streams_base.Stream):
+    """A shape and its actions, its files named as the model names them."""
 
-    shape: str
-    actions: list[tuple[Any, ...]]
-
-    def __repr__(self) -> str:  # hypothesis prints this for a failing example
-        lines = [f"shape {self.shape}"]
-        for a in self.actions:
-            if a[0] == "land":
-                lines.append(f"land {a[1]}:")
-                lines += [f"  {file_name(i)}: {rows}" for i, rows in enumerate(a[2])]
-            else:
-                lines.append(a[0])
-        return "\n".join(lines)
-
-
-def _cuts(draw: st.DrawFn, items: list[Any], most: int) -> list[list[Any]]:
-    """``items`` cut into at most ``most`` consecutive (possibly empty) pieces."""
-    cuts = sorted(draw(st.lists(st.integers(0, len(items)), max_size=most - 1)))
-    bounds = [0, *cuts, len(items)]
-    return [items[a:b] for a, b in itertools.pairwise(bounds)]
+    def file_name(self, i: int) -> str:
+        return file_name(i)
 
 
 @st.composite
@@ -303,7 +286,7 @@ def streams(draw: st.DrawFn, max_events: int = 14) -> Stream:
             row[draw(st.sampled_from(table.event_id))] = None  # a NULL event id: refused
         events.append(row)
 
-    increments = [inc for inc in _cuts(draw, events, 4) if inc]
+    increments = [inc for inc in streams_base.cuts(draw, events, 4) if inc]
     actions: list[tuple[Any, ...]] = []
     landed: list[list[list[dict[str, Any]]]] = []
 
@@ -314,7 +297,7 @@ def streams(draw: st.DrawFn, max_events: int = 14) -> Stream:
     pending = False
     for inc in increments:
         # Files in any order, rows in a file in any order.
-        land(_cuts(draw, draw(st.permutations(inc)), 3))
+        land(streams_base.cuts(draw, draw(st.permutations(inc)), 3))
         pending = True
         if draw(st.integers(0, 3)) == 0:
             actions.append(("view",))

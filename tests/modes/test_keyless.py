@@ -17,13 +17,11 @@ how many examples it ran and what they exercised.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import math
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +44,8 @@ from models.keyless_model import (
 
 from cdc_compaction.core.templates import _env
 from cdc_compaction.job.modes import keyless as job
+
+from . import streams as streams_base
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "keyless"
 TEMPLATE = "modes/keyless/_rule.sql.j2"
@@ -266,29 +266,14 @@ def shape_table(shape: str) -> KeylessTable:
     return KeylessTable(cols, "op", tuple(c for c, _ in ob))
 
 
-@dataclass
-class Stream:
-    """A shape and its actions: ("land", increment, files), ("view",), ("compact",)."""
+class Stream(streams_base.Stream):
+    """A shape and its actions, its files named as the model names them."""
 
-    shape: str
-    actions: list[tuple[Any, ...]]
+    def file_name(self, i: int) -> str:
+        return file_name(i)
 
-    def __repr__(self) -> str:  # hypothesis prints this for a failing example
-        lines = [f"shape {self.shape}: order_by {shape_table(self.shape).order_by}"]
-        for a in self.actions:
-            if a[0] == "land":
-                lines.append(f"land {a[1]}:")
-                lines += [f"  {file_name(i)}: {rows}" for i, rows in enumerate(a[2])]
-            else:
-                lines.append(a[0])
-        return "\n".join(lines)
-
-
-def _cuts(draw: st.DrawFn, items: list[Any], most: int) -> list[list[Any]]:
-    """``items`` cut into at most ``most`` consecutive (possibly empty) pieces."""
-    cuts = sorted(draw(st.lists(st.integers(0, len(items)), max_size=most - 1)))
-    bounds = [0, *cuts, len(items)]
-    return [items[a:b] for a, b in itertools.pairwise(bounds)]
+    def header(self) -> str:
+        return f"shape {self.shape}: order_by {shape_table(self.shape).order_by}"
 
 
 @st.composite
@@ -332,7 +317,7 @@ def streams(draw: st.DrawFn, collisions: bool = True, defects: bool = True, max_
                 source.append(after)
         events.append(row)
 
-    increments = [inc for inc in _cuts(draw, events, 4) if inc]
+    increments = [inc for inc in streams_base.cuts(draw, events, 4) if inc]
     actions: list[tuple[Any, ...]] = []
     landed: list[list[list[dict[str, Any]]]] = []
     pending = False
@@ -345,7 +330,7 @@ def streams(draw: st.DrawFn, collisions: bool = True, defects: bool = True, max_
 
     for inc in increments:
         # Files in any order, rows in a file in any order: only order_by may decide.
-        land(_cuts(draw, draw(st.permutations(inc)), 3))
+        land(streams_base.cuts(draw, draw(st.permutations(inc)), 3))
         if draw(st.integers(0, 3)) == 0:
             actions.append(("view",))
         if draw(st.booleans()):
