@@ -1247,8 +1247,9 @@ def test_key_index_is_written_sorted_and_the_next_compaction_finds_keys_through_
     files2 = [land(INC1, change)]
     indexed = compact("p2", "v1", files2, "v2i", stats1["partitions"], stats1["index"])
     scanned = compact("p2", "v1", files2, "v2s", stats1["partitions"], None)
-    assert indexed["key_lookup"] == {"indexed_partitions": 3, "scanned_partitions": 0, "key_range": True}
-    assert scanned["key_lookup"] == {"indexed_partitions": 0, "scanned_partitions": 3, "key_range": True}
+    on_driver = {"key_range": True, "listed_on_driver": True}  # local storage: no listing job
+    assert indexed["key_lookup"] == {"indexed_partitions": 3, "scanned_partitions": 0, **on_driver}
+    assert scanned["key_lookup"] == {"indexed_partitions": 0, "scanned_partitions": 3, **on_driver}
     # Expected, from the events themselves: 3 deleted (its tombstone in EU), 12 moved, 31 new; APAC untouched.
     expected = {(r["id"], r["region"]) for r in initial if r["id"] not in (3, 12)} | {(12, "LATAM"), (31, "LATAM")}
     for stats, out in ((indexed, "v2i"), (scanned, "v2s")):
@@ -1299,6 +1300,58 @@ def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any, known
     assert job.key_range_filter(floats, ["id"]) is None
 
 
+def test_event_key_summary_cuts_ranges_on_the_driver_and_names_the_events_partitions(spark: Any) -> None:
+    """Few events: one job gives the key ranges (cut on the driver) and the partitions the events name.
+
+    The ranges keep what :func:`key_range_filter` keeps; more than ``DRIVER_RANGES_MAX`` events, or a
+    key type whose literal may not round-trip, is left to the Spark path (None).
+    """
+    base = spark.createDataFrame([(k,) for k in [None, 1, 5, 6, 9, 12, 400]], "id int")
+    value = "coalesce(region, '__null__')"
+
+    def summary(rows: list[tuple[Any, ...]], kind: str = "id int, region string") -> Any:
+        events = spark.createDataFrame(rows, kind)
+        return job.event_key_summary(events, ["id"], "region", value, len(rows))
+
+    cond, own = summary([(9, "EU"), (5, None), (6, "US"), (5, "EU")])
+    assert own == ["EU", "US"]  # the events' own partitions; a key-only event names none
+    assert sorted(r["id"] for r in base.filter(cond).collect()) == [5, 6, 9]
+    cond, own = summary([(None, "EU"), (400, None)])
+    assert own == ["EU"] and sorted((r["id"] for r in base.filter(cond).collect()), key=str) == [400, None]
+    # Strings: one range [min, max]; dates cut at the gap in days.
+    words = spark.createDataFrame([(w,) for w in ["ant", "bee", "cat", "dog"]], "id string")
+    cond, _ = summary([("dog", "x"), ("bee", "x")], "id string, region string")
+    assert sorted(r["id"] for r in words.filter(cond).collect()) == ["bee", "cat", "dog"]
+    days = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 3, 1)]
+    cond, _ = summary([(days[0], "x"), (days[2], "x")], "id date, region string")
+    calendar = spark.createDataFrame([(d,) for d in days], "id date")
+    assert sorted(r["id"] for r in calendar.filter(cond).collect()) == [days[0], days[2]]
+    # Left to the Spark path: floats, an unknown or too large count.
+    assert summary([(1.5, "x")], "id double, region string") is None
+    events = spark.createDataFrame([(1, "x")], "id int, region string")
+    assert job.event_key_summary(events, ["id"], "region", value, None) is None
+    assert job.event_key_summary(events, ["id"], "region", value, job.DRIVER_RANGES_MAX + 1) is None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    events=st.lists(st.one_of(st.none(), st.integers(-50, 50)), min_size=1, max_size=40),
+    stored=st.lists(st.one_of(st.none(), st.integers(-60, 60)), max_size=40),
+)
+def test_event_key_summary_never_filters_out_a_stored_key_an_event_has(
+    spark: Any, events: list[int | None], stored: list[int | None]
+) -> None:
+    """Whatever the keys: every stored key equal to an event's key (NULL equal to NULL) passes the filter."""
+    frame = spark.createDataFrame([(k, None) for k in events], "id int, region string")
+    got = job.event_key_summary(frame, ["id"], "region", "coalesce(region, 'none')", len(events))
+    assert got is not None and got[1] == []
+    cond = got[0]
+    kept = [r["id"] for r in spark.createDataFrame([(k,) for k in stored], "id int").filter(cond).collect()]
+    # From the contract: a stored key any event has must be kept (a superset is allowed, never fewer).
+    must = [k for k in stored if k in events]
+    assert Counter(must) - Counter(kept) == Counter()
+
+
 _key_lists = st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3)), max_size=14)
 
 
@@ -1317,3 +1370,20 @@ def test_duplicate_keys_are_found_among_all_keys_or_the_touched_ones(spark: Any,
     ranked_keys = set(touched)
     got = job.duplicate_keys(frame, pk, spark.createDataFrame(touched, ddl))
     assert got == sum(1 for k, n in counts.items() if n > 1 and k in ranked_keys)
+
+
+def test_list_on_driver_only_where_the_storage_allows(spark: Any) -> None:
+    """Local and HDFS directories are listed by the driver (no listing job); object stores keep Spark's."""
+    from cdc_compaction.job.common import DRIVER_LISTING_MAX, PARALLEL_LISTING_CONF, list_on_driver
+
+    before = spark.conf.get(PARALLEL_LISTING_CONF)
+    try:
+        spark.conf.set(PARALLEL_LISTING_CONF, "32")
+        assert not list_on_driver(spark, ["s3a://lake/t/index/_cdc_partition=a", "/lake/t/index/_cdc_partition=b"])
+        assert not list_on_driver(spark, [f"/lake/{i}" for i in range(DRIVER_LISTING_MAX + 1)])
+        assert not list_on_driver(spark, [])
+        assert spark.conf.get(PARALLEL_LISTING_CONF) == "32"
+        assert list_on_driver(spark, ["/lake/a", "file:///lake/b", "hdfs://nn/lake/c"])
+        assert spark.conf.get(PARALLEL_LISTING_CONF) == str(DRIVER_LISTING_MAX)
+    finally:
+        spark.conf.set(PARALLEL_LISTING_CONF, before)

@@ -179,7 +179,12 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
         "APAC": c1.index["APAC"],
         **{p: f"{v2}/index/_cdc_partition={p}" for p in ("EU", "LATAM", "US")},
     }
-    assert c2.stats["key_lookup"] == {"indexed_partitions": 3, "scanned_partitions": 0, "key_range": True}
+    assert c2.stats["key_lookup"] == {
+        "indexed_partitions": 3,
+        "scanned_partitions": 0,
+        "key_range": True,
+        "listed_on_driver": True,
+    }
 
     # The last US key moves to EU: US is touched, ends empty and disappears from the table.
     land(cfg, "increment_2026112202", [region_rows((4, "EU", "Di", "u", 3))])

@@ -116,6 +116,32 @@ def read_small(spark: SparkSession, path: str) -> str | None:
     return files.for_session(spark).read_text(path)
 
 
+#: Storage whose directories the driver lists faster than a Spark job would (no round trip per request to
+#: amortise over executors): a local or mounted file system, HDFS. Object stores keep Spark's parallel listing.
+DRIVER_LISTED_SCHEMES = frozenset({"", "file", "hdfs", "viewfs"})
+
+#: Up to this many directories in one read, the driver lists them itself (README, "Key index").
+DRIVER_LISTING_MAX = 10_000
+
+#: Spark's setting: from this many paths on, a read lists them in a Spark job of its own (default 32).
+PARALLEL_LISTING_CONF = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+
+
+def list_on_driver(spark: SparkSession, locations: list[str]) -> bool:
+    """Let the driver list ``locations`` itself when the storage allows it; True if it will.
+
+    Spark lists more than 32 paths of one read in a Spark job of its own (a stage of one task
+    per path). A partitioned table's key index is a directory per partition, so reading 100 of
+    them cost a job before any key was read. On storage in :data:`DRIVER_LISTED_SCHEMES` the
+    driver lists up to :data:`DRIVER_LISTING_MAX` directories faster than that job starts.
+    """
+    schemes = {loc.split("://", 1)[0].lower() if "://" in loc else "" for loc in locations}
+    if not locations or len(locations) > DRIVER_LISTING_MAX or not schemes <= DRIVER_LISTED_SCHEMES:
+        return False
+    spark.conf.set(PARALLEL_LISTING_CONF, str(DRIVER_LISTING_MAX))
+    return True
+
+
 def set_job_description(spark: SparkSession, text: str | None) -> None:
     """Name the Spark jobs that follow (the UI's and a profile's description of each stage); None clears it.
 

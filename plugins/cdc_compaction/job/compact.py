@@ -54,6 +54,7 @@ from cdc_compaction.job.contract import (
 )
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.job.modes.cdc import (
+    DRIVER_RANGES_MAX,
     KEY_RANGE_SPLIT_MAX,
     MAX_KEY_RANGES,
     accepted,
@@ -63,6 +64,7 @@ from cdc_compaction.job.modes.cdc import (
     classify,
     duplicate_key_groups,
     duplicate_keys,
+    event_key_summary,
     event_partitions,
     expired_tombstone,
     fill_and_rank,
@@ -95,6 +97,7 @@ from cdc_compaction.job.modes.cdc import (
 #: What callers (tests, the local engine, rebuild) import from here: the shared pieces and the
 #: cdc mode's transformations, which live in :mod:`.common` and :mod:`.modes.cdc`.
 __all__ = [
+    "DRIVER_RANGES_MAX",
     "KEY_RANGE_SPLIT_MAX",
     "MAX_KEY_RANGES",
     "META_COLUMNS",
@@ -113,6 +116,7 @@ __all__ = [
     "committed_already",
     "duplicate_key_groups",
     "duplicate_keys",
+    "event_key_summary",
     "event_partitions",
     "expired_tombstone",
     "fault_point",

@@ -33,6 +33,7 @@ from cdc_compaction.job.common import (
     as_plan,
     attempt_locations,
     data_files,
+    list_on_driver,
     observed,
     parse_ts,
     rejected,
@@ -467,12 +468,15 @@ def touched_partitions(
     partition_sql: str,
     known_keys: DataFrame | None = None,
     broadcast: bool = False,
+    own_partitions: bool = True,
 ) -> DataFrame:
     """Every data partition a compaction of ``events`` may change: where they go, and where their keys are.
 
     An event without a partition value whose key is not known (``known_keys``: the base's
     keys, tombstones included; ``base_keys`` when not given) goes to the NULL sentinel
     partition, so that one is touched too. ``broadcast``: see :func:`partitions_of_keys`.
+    ``own_partitions`` False: leave out the partitions the events name themselves
+    (:func:`event_partitions`), because the caller has them already (:func:`event_key_summary`).
     """
     known = base_keys if known_keys is None else known_keys
     orphans = events.filter(F.col(f"`{partition_column}`").isNull())
@@ -484,12 +488,48 @@ def touched_partitions(
     unplaced = key_join(orphans, found, pk, "left_anti", broadcast).select(
         F.expr(partition_sql).alias(PARTITION_COLUMN)
     )
-    return (
-        event_partitions(events, partition_column, partition_sql)
-        .unionByName(partitions_of_keys(base_keys, events, pk, broadcast))
-        .unionByName(unplaced)
-        .distinct()
+    found_parts = partitions_of_keys(base_keys, events, pk, broadcast).unionByName(unplaced)
+    if own_partitions:
+        found_parts = event_partitions(events, partition_column, partition_sql).unionByName(found_parts)
+    return found_parts.distinct()
+
+
+#: Up to this many events, their distinct first-key values go to the driver, which cuts the key ranges
+#: itself (:func:`event_key_summary`): one small Spark job that also finds the events' own partitions.
+DRIVER_RANGES_MAX = 200_000
+
+
+def event_key_summary(
+    events: DataFrame, pk: list[str], partition_column: str, partition_sql: str, rows: int | None
+) -> tuple[Column | None, list[str]] | None:
+    """The key-range filter of :func:`key_range_filter` and the events' own partitions, in one Spark job.
+
+    For up to :data:`DRIVER_RANGES_MAX` events (``rows``) with a first key column of a type in
+    ``_RANGE_TYPES``: the distinct first-key values and the partitions the events name
+    (:func:`event_partitions`) are collected together, and the driver cuts the values into
+    ranges at the widest gaps (:func:`key_ranges`; strings: one range). None when that does
+    not apply: the caller computes both in Spark as before.
+    """
+    first = pk[0]
+    kind = events.schema[first].dataType
+    if rows is None or rows > DRIVER_RANGES_MAX or not isinstance(kind, _RANGE_TYPES):
+        return None
+    col = F.col(f"`{first}`")
+    keys = events.select(F.lit(0).alias("_cdc_what"), col.alias("_cdc_k"), F.lit(None).cast("string").alias("_cdc_p"))
+    parts = event_partitions(events, partition_column, partition_sql).select(
+        F.lit(1).alias("_cdc_what"), F.lit(None).cast(kind).alias("_cdc_k"), F.col(PARTITION_COLUMN).alias("_cdc_p")
     )
+    got = keys.unionByName(parts).distinct().collect()
+    values = sorted(r["_cdc_k"] for r in got if r["_cdc_what"] == 0 and r["_cdc_k"] is not None)
+    own = sorted({r["_cdc_p"] for r in got if r["_cdc_what"] == 1})
+    null_key = any(r["_cdc_what"] == 0 and r["_cdc_k"] is None for r in got)
+    # Strings have no width between them to cut at: one range, [min, max], as key_range_filter does.
+    span = [(values[0], values[-1])] if values else []
+    ranges = span if isinstance(kind, T.StringType) else key_ranges(values)
+    conds = [col.between(F.lit(lo), F.lit(hi)) for lo, hi in ranges]
+    if null_key:
+        conds.append(col.isNull())
+    return (functools.reduce(operator.or_, conds) if conds else None), own
 
 
 def assign_partitions(ranked_events: DataFrame, pk: list[str], partition_column: str, partition_sql: str) -> DataFrame:
@@ -841,12 +881,15 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         # Key columns only: finding the keys' partitions must not read whole rows. From the key index
         # where the live version has one (README, "Key index"), else from the partitions' key columns.
         key_map, unindexed = key_sources(base_map, plan.base_index or {})
+        # A directory per partition: listed by the driver where the storage allows (no listing job).
+        listed = list_on_driver(spark, [*key_map.values(), *base_map.values()])
         base_keys = read_partitions(spark, base_schema, key_map).select(*_keys(pk), F.col(PARTITION_COLUMN))
         every_base_key = base_keys
         key_lookup: dict[str, Any] = {
             "indexed_partitions": len(base_map) - len(unindexed),
             "scanned_partitions": len(unindexed),
             "key_range": False,
+            "listed_on_driver": listed,
         }
         tomb_loc = plan.base_tombstones_location
         tomb_cols = [F.col(f"`{c}`") for c in [*stored, *META_COLUMNS, PARTITION_COLUMN]]
@@ -1003,14 +1046,23 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                     cached.append(fresh)
                 fresh_p = fresh.withColumn(PARTITION_COLUMN, F.lit(None).cast("string"))
                 # Only base keys in the events' key range can be theirs: the sorted index skips the rest.
-                key_filter = key_range_filter(fresh, pk, fresh_rows) if base_map else None
+                # Few events: the ranges and the partitions they name in one small job, cut on the driver.
+                describe(spark, plan, "find the events' key ranges and partitions")
+                summary = event_key_summary(fresh, pk, part.column, part.value, fresh_rows) if base_map else None
+                own: list[str] | None = None
+                if summary is not None:
+                    key_filter, own = summary
+                else:
+                    key_filter = key_range_filter(fresh, pk, fresh_rows) if base_map else None
                 if key_filter is not None:
                     base_keys = base_keys.filter(key_filter)
                     key_lookup["key_range"] = True
                 known = base_keys.unionByName(base_tomb.select(*_keys(pk), F.col(PARTITION_COLUMN)))
                 describe(spark, plan, "find the touched partitions")
-                found = touched_partitions(base_keys, fresh, pk, part.column, part.value, known, few).collect()
-                touched = sorted({r[PARTITION_COLUMN] for r in found})
+                found = touched_partitions(
+                    base_keys, fresh, pk, part.column, part.value, known, few, own_partitions=own is None
+                ).collect()
+                touched = sorted({r[PARTITION_COLUMN] for r in found} | set(own or ()))
                 if old_layout:
                     # Layout 1 keeps tombstones inside the partitions: rewrite every one once, tombstones out.
                     touched = sorted(set(touched) | set(base_map))
