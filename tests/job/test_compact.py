@@ -1263,18 +1263,20 @@ def test_key_index_is_written_sorted_and_the_next_compaction_finds_keys_through_
         assert stats["index_rows"] == stats["partition_rows"] == {"EU": 9, "LATAM": 2, "US": 9}
 
 
-@pytest.mark.parametrize("known_rows", [False, True], ids=["counted", "known"])
-def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any, known_rows: bool) -> None:
+@pytest.mark.parametrize("known_rows", [False, True, "many"], ids=["counted", "known", "known-many"])
+def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any, known_rows: bool | str) -> None:
     """The filter on the index is the events' [min, max] of the first key column, NULL kept when an event has it.
 
-    The same whether the filter counts the events itself or is told their number (one Spark job then).
+    The same whether the filter counts the events itself or is told their number: few (ranges cut
+    on the driver) or more than ``DRIVER_RANGES_MAX`` (cut in Spark, one job).
     """
+    extra = job.DRIVER_RANGES_MAX if known_rows == "many" else 0
     base = spark.createDataFrame([(k, "x") for k in [None, 1, 5, 6, 9, 12]], "id int, t string")
     ids = lambda df: sorted((r["id"] for r in df.collect()), key=lambda k: (k is not None, k))  # noqa: E731
 
     def kept(event_ids: list[int | None]) -> list[int | None]:
         events = spark.createDataFrame([(k, "e") for k in event_ids], "id int, t string")
-        cond = job.key_range_filter(events, ["id", "t"], len(event_ids) if known_rows else None)
+        cond = job.key_range_filter(events, ["id", "t"], len(event_ids) + extra if known_rows else None)
         assert cond is not None
         return ids(base.filter(cond))
 
@@ -1284,15 +1286,15 @@ def test_key_range_filter_keeps_every_base_key_an_event_may_be(spark: Any, known
     assert kept([6, None]) == [None, 6]  # nullable_key: a NULL key is a key
     assert kept([None]) == [None]
     empty = spark.createDataFrame([], "id int, t string")
-    assert job.key_range_filter(empty, ["id"], 0 if known_rows else None) is None
+    assert job.key_range_filter(empty, ["id"], 0 if known_rows is True else None) is None
     # Date keys: cut at the gap in days between them, like integers.
     days = [date(2026, 1, 1), date(2026, 1, 2), date(2026, 3, 1)]
     calendar = spark.createDataFrame([(d,) for d in days], "id date")
-    cond = job.key_range_filter(calendar.filter("id != DATE'2026-01-02'"), ["id"], 2 if known_rows else None)
+    cond = job.key_range_filter(calendar.filter("id != DATE'2026-01-02'"), ["id"], 2 + extra if known_rows else None)
     assert sorted(r["id"] for r in calendar.filter(cond).collect()) == [days[0], days[2]]
     # String keys: one range, [min, max]; the join afterwards is exact.
     words = spark.createDataFrame([(w,) for w in ["ant", "bee", "cat", "dog"]], "id string")
-    two = 2 if known_rows else None
+    two = 2 + extra if known_rows else None
     cond = job.key_range_filter(spark.createDataFrame([("dog",), ("bee",)], "id string"), ["id"], two)
     assert sorted(r["id"] for r in words.filter(cond).collect()) == ["bee", "cat", "dog"]
     # Float keys are not range-filtered (NaN orders last in Spark): the whole, narrow, index is read.
@@ -1345,11 +1347,13 @@ def test_event_key_summary_never_filters_out_a_stored_key_an_event_has(
     frame = spark.createDataFrame([(k, None) for k in events], "id int, region string")
     got = job.event_key_summary(frame, ["id"], "region", "coalesce(region, 'none')", len(events))
     assert got is not None and got[1] == []
-    cond = got[0]
-    kept = [r["id"] for r in spark.createDataFrame([(k,) for k in stored], "id int").filter(cond).collect()]
+    # The same filter cut in Spark (more events than the driver cuts for): a superset too.
+    spark_cut = job.key_range_filter(frame, ["id"], len(events) + job.DRIVER_RANGES_MAX)
     # From the contract: a stored key any event has must be kept (a superset is allowed, never fewer).
     must = [k for k in stored if k in events]
-    assert Counter(must) - Counter(kept) == Counter()
+    for cond in (got[0], spark_cut):
+        kept = [r["id"] for r in spark.createDataFrame([(k,) for k in stored], "id int").filter(cond).collect()]
+        assert Counter(must) - Counter(kept) == Counter()
 
 
 _key_lists = st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3)), max_size=14)

@@ -520,16 +520,20 @@ def event_key_summary(
         F.lit(1).alias("_cdc_what"), F.lit(None).cast(kind).alias("_cdc_k"), F.col(PARTITION_COLUMN).alias("_cdc_p")
     )
     got = keys.unionByName(parts).distinct().collect()
-    values = sorted(r["_cdc_k"] for r in got if r["_cdc_what"] == 0 and r["_cdc_k"] is not None)
     own = sorted({r["_cdc_p"] for r in got if r["_cdc_what"] == 1})
-    null_key = any(r["_cdc_what"] == 0 and r["_cdc_k"] is None for r in got)
+    return _cut_on_driver(col, kind, [r["_cdc_k"] for r in got if r["_cdc_what"] == 0]), own
+
+
+def _cut_on_driver(col: Column, kind: T.DataType, keys: list[Any]) -> Column | None:
+    """The key-range filter over the distinct first-key values ``keys`` (None among them: a NULL key), cut here."""
+    values = sorted(k for k in keys if k is not None)
     # Strings have no width between them to cut at: one range, [min, max], as key_range_filter does.
     span = [(values[0], values[-1])] if values else []
     ranges = span if isinstance(kind, T.StringType) else key_ranges(values)
     conds = [col.between(F.lit(lo), F.lit(hi)) for lo, hi in ranges]
-    if null_key:
+    if any(k is None for k in keys):
         conds.append(col.isNull())
-    return (functools.reduce(operator.or_, conds) if conds else None), own
+    return functools.reduce(operator.or_, conds) if conds else None
 
 
 def assign_partitions(ranked_events: DataFrame, pk: list[str], partition_column: str, partition_sql: str) -> DataFrame:
@@ -626,7 +630,9 @@ def key_range_filter(events: DataFrame, pk: list[str], rows: int | None = None) 
     whose literal may not round-trip, or no events).
 
     ``rows``: the number of ``events`` if the caller knows it already (counted as they were
-    written or read); when it allows a split, the range and the gaps are one Spark job, not two.
+    written or read). Up to :data:`DRIVER_RANGES_MAX`, their distinct values are collected and
+    the ranges cut on the driver; above, when it allows a split, the range and the gaps are one
+    Spark job, not two.
     """
     first = pk[0]
     kind = events.schema[first].dataType
@@ -635,6 +641,9 @@ def key_range_filter(events: DataFrame, pk: list[str], rows: int | None = None) 
     col = F.col(f"`{first}`")
     if rows == 0:
         return None
+    if rows is not None and rows <= DRIVER_RANGES_MAX:
+        # Known to be few: their distinct values in one small job (two stages), the ranges cut here.
+        return _cut_on_driver(col, kind, [r[0] for r in events.select(col).distinct().collect()])
     summary = events.agg(
         F.min(col).alias("lo"), F.max(col).alias("hi"), F.count(F.lit(1)).alias("n"), F.count(col).alias("c")
     )
