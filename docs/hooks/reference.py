@@ -6,7 +6,9 @@ CLI's own argparse parser (:func:`cdc_compaction.cli.main.build_parser`).  A pag
 a marker line, replaced here before the page is rendered:
 
 * ``<!-- generated: registry-fields -->``: every field of every table mode and nested setting;
-* ``<!-- generated: commands -->``: ``cdc-compaction <command> --help`` of every command.
+* ``<!-- generated: commands -->``: ``cdc-compaction <command> --help`` of every command;
+* ``<!-- generated: bench-targets -->``: the targets table of the last ``make bench`` run
+  (``bench/results/RESULTS.md``, which ``bench/report.py`` writes), with the run's provenance.
 
 The hook also publishes the benchmark results the benchmarks page shows (``bench/results/``).
 ``tests/e2e/test_docs.py`` checks the generated text against the schema and the CLI independently.
@@ -252,6 +254,22 @@ def package_map() -> str:
     return "\n".join(lines)
 
 
+def bench_targets(results: Path = REPO / "bench" / "results" / "RESULTS.md") -> str:
+    """The **Targets** section of the last benchmark run's report, and when, where and at which commit it ran.
+
+    Copied from the report ``make bench`` wrote rather than written again on the page, so that the
+    page never quotes numbers of an older run than the report's. Image lines are left out: the page
+    shows the images itself (their paths in the report are relative to ``bench/results/``).
+    """
+    text = results.read_text()
+    sections = dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL))
+    if "Targets" not in sections:
+        raise ValueError(f"{results} has no '## Targets' section: run make bench (bench/report.py writes it)")
+    runs = [line for line in text.splitlines() if line.startswith("Run ")]
+    body = [line for line in sections["Targets"].strip().splitlines() if not line.startswith("![")]
+    return "\n".join([*(runs[:1] and [f"From the compaction benchmark's run: {runs[0][4:]}", ""]), *body, ""])
+
+
 def _generate(name: str) -> str:
     if name == "layers":
         return layers_diagram()
@@ -265,9 +283,11 @@ def _generate(name: str) -> str:
         return registry_fields(registry_schema())
     if name == "commands":
         return commands()
+    if name == "bench-targets":
+        return bench_targets()
     raise ValueError(
         f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands, layers, "
-        "contracts, package-map)"
+        "contracts, package-map, bench-targets)"
     )
 
 

@@ -9,6 +9,7 @@ commands from the CLI's own ``--help`` output.  ``make test`` builds the whole s
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -54,7 +55,30 @@ def test_the_pages_ask_for_each_generated_section_once() -> None:
         "layers": ["architecture.md"],
         "contracts": ["architecture.md"],
         "package-map": ["architecture.md"],
+        "bench-targets": ["benchmarks.md"],
     }
+
+
+def test_the_benchmarks_page_shows_the_last_runs_targets_as_the_report_has_them(
+    reference: ModuleType, tmp_path: Path
+) -> None:
+    """Every row of the report's Targets table, the run's provenance line, no image (its path is the report's)."""
+    report = REPO / "bench" / "results" / "RESULTS.md"
+    lines = report.read_text().splitlines()
+    start = lines.index("## Targets")
+    rows = [
+        ln for ln in itertools.takewhile(lambda ln: not ln.startswith("## "), lines[start + 1 :]) if ln.startswith("|")
+    ]
+    page = reference.on_page_markdown("<!-- generated: bench-targets -->")
+    assert len(rows) >= 3 and all(row in page.splitlines() for row in rows)
+    assert "![" not in page
+    run = next(ln for ln in lines if ln.startswith("Run "))
+    assert run[4:] in page
+    # A report without the section is refused with what to do.
+    bare = tmp_path / "RESULTS.md"
+    bare.write_text("# Benchmark results\n\n## Compaction\n\nnothing\n")
+    with pytest.raises(ValueError, match="make bench"):
+        reference.bench_targets(bare)
 
 
 def test_the_architecture_page_shows_every_layer_and_module(reference: ModuleType) -> None:
