@@ -115,6 +115,13 @@ def _holds_model(annotation: Any) -> bool:
     return any(_holds_model(a) for a in get_args(annotation))
 
 
+@functools.cache
+def _field_holds_model(model: type[BaseModel], name: str) -> bool:
+    """True if ``model``'s field ``name`` is (or holds) a model (or is unknown: ``extra`` refuses it)."""
+    field = model.model_fields.get(name)
+    return field is None or _holds_model(field.annotation)
+
+
 def _strings(value: Any, where: str = "") -> list[tuple[str, str]]:
     """(where inside the field, text) of every string ``value`` holds (a dict's keys name its values)."""
     if isinstance(value, str):
@@ -134,8 +141,7 @@ class _Strict(BaseModel):
     def _no_credentials(cls, v: Any, info: ValidationInfo) -> Any:
         # Any value may carry one under a key that names none: a JDBC URL's password=, a URI's
         # user:password@, -D...secret...= in Java options. The value itself is never repeated.
-        field = cls.model_fields.get(info.field_name or "")
-        if field is None or _holds_model(field.annotation):
+        if _field_holds_model(cls, info.field_name or ""):
             return v
         for where, text in _strings(v):
             found = credential_in_value(text)
