@@ -260,6 +260,8 @@ def test_status_escapes_terminal_controls_from_the_registry(tmp_path: Path) -> N
     (bad,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("tests.bad.yaml")]
     assert "ERROR invalid registry entry" in bad and "owner" in bad, bad
     assert _unsafe_in(proc.stdout) == [], repr(proc.stdout)
+    proc = _cli("status", "--json", "--registry-dir", str(registry), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""})
+    assert _unsafe_in(proc.stdout) == [] and "owner" in proc.stdout, "JSON escapes them as JSON does"
     proc = _cli(
         "status", "tests.\x1b[2Jx", "--registry-dir", str(registry), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""}
     )
