@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -867,6 +868,136 @@ def test_an_unreachable_postgres_is_a_clear_error(tmp_path: Path) -> None:
     proc = _run_cli(str(landing), "--database", DB, "--out", str(tmp_path / "registry"), "--postgres-dsn", dsn)
     assert proc.returncode == 2
     assert "cannot connect to PostgreSQL through the DSN" in proc.stderr and "hunter2" not in proc.stderr
+
+
+def _run_cli_env(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins"), **env}
+    cmd = [sys.executable, "-m", "cdc_compaction", "registry", "discover", *args]
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_connection_errors_never_show_a_password(tmp_path: Path, postgres: Any) -> None:
+    """A real PostgreSQL refuses the login, or nothing listens, or the DSN does not parse: the error names
+    the DSN without its password, in the URI form and in the key-value form, and never PGPASSWORD."""
+    from cdc_compaction.devtools.local_services import free_port
+
+    landing = _pg_landing(tmp_path / "landing")
+    pg, dead = f"127.0.0.1:{postgres.port}", f"127.0.0.1:{free_port()}"
+    cases = {
+        # The server answers and refuses: no such role (the fixture's server trusts every known one).
+        f"postgresql://nobody:URIPASSWORD1@{pg}/postgres": ["URIPASSWORD1"],
+        f"host=127.0.0.1 port={postgres.port} user=nobody password='KV PASSWORD2' dbname=postgres": [
+            "KV",
+            "PASSWORD2",
+        ],
+        # Nothing listens.
+        f"postgresql://nobody:URIPASSWORD3@{dead}/x?connect_timeout=2": ["URIPASSWORD3"],
+        f"host=127.0.0.1 port={dead.split(':')[1]} user=u password=KVPASSWORD4 connect_timeout=2": ["KVPASSWORD4"],
+        # libpq cannot read the DSN and quotes from it: an unquoted password with a space.
+        f"host=127.0.0.1 port={postgres.port} password=SPACED5 PASSWORD6 dbname=x": ["SPACED5", "PASSWORD6"],
+        f"postgresql://u:URI%40PASSWORD7@{pg}/x?sslmode=bogus": ["URI%40PASSWORD7", "URI@PASSWORD7", "PASSWORD7"],
+    }
+    for dsn, secrets in cases.items():
+        out = tmp_path / "registry"
+        proc = _run_cli_env(
+            str(landing), "--database", DB, "--out", str(out), "--postgres-dsn", dsn, PGPASSWORD="ENVPASSWORD8"
+        )
+        shown = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "cannot connect to PostgreSQL through the DSN" in proc.stderr, shown
+        for secret in [*secrets, "ENVPASSWORD8"]:
+            assert secret not in shown, (dsn, shown)
+        if dsn.startswith("postgresql://"):
+            assert "postgresql://" in proc.stderr and ":******@127.0.0.1" in proc.stderr, shown
+        assert not out.exists() or not list(out.iterdir()), "nothing is written when the catalog is unreadable"
+
+
+#: Type names a source may hold: a newline then a YAML key, a comment mark, quotes, a line separator.
+EVIL_ENUM = "mood\ninjected_enum: true"
+EVIL_DOMAIN = "code # d'\"\ninjected_domain: {a: 1}\u2028injected_ls: 2"
+
+
+@pytest.fixture
+def pg_evil(postgres: Any) -> Any:
+    """A database whose tables use an enum and a domain named to inject YAML keys."""
+    import random
+
+    from psycopg2 import sql as pgsql
+
+    name = f"discover_evil_{random.randrange(10**9)}"
+    postgres.create_database(name)
+    conn = postgres.connect(name)
+    enum, domain = pgsql.Identifier(EVIL_ENUM), pgsql.Identifier(EVIL_DOMAIN)
+    with conn.cursor() as cur:
+        cur.execute(pgsql.SQL("CREATE TYPE {} AS ENUM ('ok', 'sad')").format(enum))
+        cur.execute(pgsql.SQL("CREATE DOMAIN {} AS text").format(domain))
+        for table in ("landed", "unlanded"):
+            cur.execute(
+                pgsql.SQL("CREATE TABLE {} (id int PRIMARY KEY, m {}, c {}, note text)").format(
+                    pgsql.Identifier(table), enum, domain
+                )
+            )
+    conn.commit()
+    conn.close()
+    try:
+        yield postgres.dsn(name)
+    finally:
+        admin = postgres.connect()
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute(pgsql.SQL("DROP DATABASE {}").format(pgsql.Identifier(name)))
+        admin.close()
+
+
+def test_source_type_names_never_inject_yaml(tmp_path: Path, pg_evil: str) -> None:
+    """Enum and domain names with newlines, '#', ':' and quotes reach the comments and a placeholder
+    value: the written file is still exactly the keys discover writes, one per line."""
+    landing = tmp_path / "landing"
+    schema = pa.schema(
+        [("id", pa.int32()), ("m", pa.string()), ("c", pa.string()), ("note", pa.string()), ("op", pa.string()),
+         ("ts_ms", pa.int64()), ("lsn", pa.int64())]
+    )  # fmt: skip
+    row = {"id": [1], "m": ["ok"], "c": ["x"], "note": ["n"], "op": ["c"], "ts_ms": [1], "lsn": [1]}
+    _write(landing, "landed", "increment_2026112200", "p.parquet", row, schema)
+    # Nothing landed yet but an empty value schema: the columns (and their types) come from the catalog.
+    _avsc(landing / "unlanded" / "unlanded-value.avsc", {"type": "record", "name": "v", "fields": []})
+    out = tmp_path / "registry"
+    args = [str(landing), "--database", DB, "--out", str(out), "--postgres-dsn", pg_evil]
+    proc = _run_cli(*args, "--order-by", "landed=lsn", "--order-by", "unlanded=lsn")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The unlanded table has no op column landed: discover writes its placeholder.
+    for table, keys in (("landed", EXPECTED_KEYS), ("unlanded", EXPECTED_KEYS | {"op_column"})):
+        text = (out / f"{DB}.{table}.yaml").read_text()
+        assert "injected" in text, "the names are shown (escaped), not dropped"
+        for line in text.splitlines():  # every line a comment or a key of the entry, never a name's piece
+            assert line.startswith(("#", "  - ")) or line.split(":", 1)[0] in keys, (table, line)
+        doc = yaml.safe_load(text)
+        assert set(doc) == keys, (table, sorted(doc))
+        assert [c["name"] for c in doc["columns"]][:4] == ["id", "m", "c", "note"]
+    landed = load_table(out, f"{DB}.landed")  # the files' strings are kept: it validates
+    assert _columns(landed)[:4] == [("id", "int"), ("m", "string"), ("c", "string"), ("note", "string")]
+    # The catalog's types have no Hive type: refused, naming the file, the field and the type as written.
+    val = subprocess.run(
+        [sys.executable, "-m", "cdc_compaction", "registry", "validate", "--dir", str(out)],
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "plugins")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert val.returncode == 1, val.stdout + val.stderr
+    assert f"OK    {DB}.landed.yaml" in val.stdout, val.stdout
+    lines = val.stdout.splitlines()
+    at = lines.index(f"ERROR {DB}.unlanded.yaml:")
+    problems = lines[at + 1 : at + 3]  # one line per problem, the type names escaped in them
+    assert lines[at + 3].startswith("1 invalid of 2"), val.stdout
+    for field, problem in zip(("columns.1.type", "columns.2.type"), problems, strict=True):
+        assert re.match(rf"^ {{8}}\S*{DB}\.unlanded\.yaml:\d+:\d+: field '{field}': unknown Hive type", problem), (
+            problem
+        )
+        assert "UNSUPPORTED" in problem and "injected" in problem, problem
+        assert not any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029" for ch in problem), problem
+
+
+EXPECTED_KEYS = {"database", "table", "storage_root", "source", "primary_key", "order_by", "columns"}
 
 
 # -- one discovered table compacts ------------------------------------------------------

@@ -86,7 +86,7 @@ def family(name: str) -> str:
 
 INT_RANGE = {"ti": 7, "si": 15, "i": 31, "bi": 63}
 SAFE_TEXT = st.characters(exclude_categories=("Cs", "Cc"))
-POOL_TEXT = ["", "a", "A", "Alice", "Bob", "é", "日本", " a", "a ", "ab", "Zz", "\u00a0"]
+POOL_TEXT = ["", "a", "A", "Alice", "Bob", "é", "日本", " a", "a ", "ab", "Zz", "\u00a0", "O'Brien", "'", "''", "a'"]
 
 
 def ints(name: str) -> st.SearchStrategy[int]:
@@ -158,26 +158,32 @@ def rows(draw: st.DrawFn, min_size: int = 1, max_size: int = 12) -> pa.Table:
 # ------------------------------------------------------------------------- predicates
 @dataclass(frozen=True)
 class Sql:
-    """One predicate rendered for the project (Hive/Spark SQL string escapes) and for DuckDB."""
+    """One predicate rendered for Spark SQL (Hive's backslash string escapes), for DuckDB (SQL's
+    ``''``) and as the project is given it (either: each string literal picks one)."""
 
     hive: str
     duck: str
+    project: str
 
 
 def both(text: str) -> Sql:
-    return Sql(text, text)
+    return Sql(text, text, text)
 
 
 def join(*parts: Sql | str) -> Sql:
-    return Sql(
-        "".join(p if isinstance(p, str) else p.hive for p in parts),
-        "".join(p if isinstance(p, str) else p.duck for p in parts),
-    )
+    def render(form: str) -> str:
+        return "".join(p if isinstance(p, str) else getattr(p, form) for p in parts)
+
+    return Sql(render("hive"), render("duck"), render("project"))
 
 
-def string_lit(text: str) -> Sql:
+def string_lit(text: str, sql_escape: bool = False) -> Sql:
+    """``text`` quoted for Spark SQL (backslash escapes) and for DuckDB (``''``); the project gets
+    the Spark SQL form, or (``sql_escape``) the very text DuckDB reads. A backslash is an escape in
+    Spark SQL and Hive, plain text in DuckDB: a text holding one goes to the project Spark's way."""
     hive = "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return Sql(hive, "'" + text.replace("'", "''") + "'")
+    sql = "'" + text.replace("'", "''") + "'"
+    return Sql(hive, sql, sql if sql_escape and "\\" not in text else hive)
 
 
 def number_text(v: Any, form: str) -> str:
@@ -225,7 +231,7 @@ def literal(draw: st.DrawFn, name: str, in_list: bool = False) -> Sql:
     text = draw(TEXTS)
     if fam == "char" and draw(st.booleans()):
         text = text.rstrip(" ")  # the unpadded spelling a user writes
-    return string_lit(text)
+    return string_lit(text, sql_escape=draw(st.booleans()))
 
 
 #: Pairs of columns SQL compares without a type question the project refuses.
@@ -341,14 +347,14 @@ NON_CHAR = [n for n, _, _ in TYPES if n != "c"]
 def test_erase_selects_what_duckdb_selects(table: pa.Table, where: Sql) -> None:
     cfg = typed_cfg(Path("/nonexistent-lake"))
     expected = duck_keeps(duck(), where.duck, table)
-    got = project_keeps(cfg, where.hive, table)
+    got = project_keeps(cfg, where.project, table)
     if expected is None:
         # DuckDB rejects it (a value that is not of the column's type): the project must refuse too.
         assert got is None, f"DuckDB rejects {where.duck!r}, the project evaluated it"
         return
     if got is not None:
         event("evaluated")
-        assert got == expected, f"{where.hive!r}: erase keeps rows {got}, SQL keeps {expected}\n{table.to_pylist()}"
+        assert got == expected, f"{where.project!r}: erase keeps rows {got}, SQL keeps {expected}\n{table.to_pylist()}"
 
 
 # ------------------------------------------------------------------------- CHAR against Spark SQL
@@ -517,3 +523,74 @@ def test_nan_orders_as_the_sql_engines_order_it(tmp_path: Path) -> None:
     table = pa.table({"__rn": [0, 1, 2, 3], "d": [math.nan, -0.0, 1e308, None]})
     for where in ("d = 'NaN'", "d > 1e308", "d >= 0", "d = 0", "d <> d", "d IN (0.0, 1.0)", "NOT d < 'NaN'"):
         assert project_keeps(cfg, where, table) == duck_keeps(duck(), where, table), where
+
+
+# ------------------------------------------------------------------------- SQL's '' escape
+#: Names a doubled quote can be read as: O'Brien (SQL, DuckDB), OBrien (Spark SQL's adjacent literals).
+QUOTED = ["O'Brien", "OBrien", "O", "Brien", "'", "''", "O''Brien", "it's", "", None]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "s = 'O''Brien'",
+        "s <> 'O''Brien'",
+        "s IN ('O''Brien', '''')",
+        "s NOT IN ('it''s', '''''')",
+        "s = ''''''",
+        "s = ''",
+        "s >= 'O''' AND s < 'O'''''",
+        "NOT s = 'it''s' OR s = 'O''Brien'",
+        "s BETWEEN '''' AND 'O''Brien'",
+    ],
+)
+def test_sql_doubled_quotes_select_what_duckdb_selects(where: str) -> None:
+    """SQL's own escape, which DuckDB accepts: the project reads 'O''Brien' as O'Brien, as DuckDB does."""
+    cfg = typed_cfg(Path("/nonexistent-lake"))
+    table = pa.table({"__rn": pa.array(range(len(QUOTED)), pa.int64()), "s": pa.array(QUOTED, pa.string())})
+    expected = duck_keeps(duck(), where, table)
+    assert expected is not None, f"DuckDB rejects {where!r}"
+    assert project_keeps(cfg, where, table) == expected, where
+
+
+QUOTY_TEXT = st.text(st.sampled_from("'''ab \"é;-") | SAFE_TEXT.filter(lambda c: c != "\\"), max_size=8)
+
+
+@fuzz_settings(test_examples=150)
+@given(texts=st.lists(QUOTY_TEXT, min_size=1, max_size=6), picks=st.lists(st.integers(0, 5), min_size=1, max_size=3))
+def test_random_strings_with_doubled_quotes_select_what_duckdb_selects(texts: list[str], picks: list[int]) -> None:
+    """Random strings with quotes, written with SQL's '' escape, select exactly DuckDB's rows."""
+    cfg = typed_cfg(Path("/nonexistent-lake"))
+    values = [*texts, None]
+    table = pa.table({"__rn": pa.array(range(len(values)), pa.int64()), "s": pa.array(values, pa.string())})
+    wanted = [texts[i % len(texts)] for i in picks]
+    quoted = ["'" + t.replace("'", "''") + "'" for t in wanted]
+    for where in (f"s = {quoted[0]}", f"s IN ({', '.join(quoted)})", f"s <> {quoted[-1]}", f"s < {quoted[0]}"):
+        expected = duck_keeps(duck(), where, table)
+        assert expected is not None, f"DuckDB rejects {where!r}"
+        # Built from the inputs too: '=' keeps exactly the rows whose text is not the one written.
+        if where.startswith("s = "):
+            assert expected == [i for i, v in enumerate(values) if v is None or v != wanted[0]]
+        assert project_keeps(cfg, where, table) == expected, where
+
+
+def test_erase_with_a_doubled_quote_erases_o_brien(tmp_path: Path) -> None:
+    rows_ = [
+        *ROWS,
+        {"id": 4, "name": "O'Brien", "op": "c", "ts_ms": 4},
+        {"id": 5, "name": "OBrien", "op": "c", "ts_ms": 5},
+    ]
+    where = "name = 'O''Brien'"
+    assert duck_ids_kept(where, rows_) == [1, 2, 3, 5], "the expectation is what DuckDB keeps"
+    cfg, files = small_lake(tmp_path / "lake", "string", rows_)
+    audit = erase(cfg, where, actor="dpo")
+    assert audit["rows_removed"]["live"] == 1 and not audit["verified"]["matching_files"]
+    assert ids_left(cfg, files) == {"base": [1, 2, 3, 5], "archive": [1, 2, 3, 5], "incremental": [1, 2, 3, 5]}
+
+
+def test_an_unterminated_string_is_refused_naming_the_predicate(tmp_path: Path) -> None:
+    cfg = typed_cfg(tmp_path / "lake")
+    for where in ("s = 'O''Brien", "s = 'abc"):
+        with pytest.raises(ErasePredicateError) as err:
+            parse_predicate(cfg, where)
+        assert "does not parse" in str(err.value) and cfg.qualified_name in str(err.value), str(err.value)

@@ -223,3 +223,76 @@ def test_pause_without_an_airflow_home_refuses_and_creates_nothing(tmp_path: Pat
     proc = subprocess.run(cmd, env={**base_env, "AIRFLOW_HOME": str(bare)}, **run)  # type: ignore[call-overload]
     assert proc.returncode == 1 and "airflow db migrate" in proc.stderr, proc.stdout + proc.stderr
     assert sorted(p.name for p in bare.iterdir()) == ["airflow.cfg"], "pause created a database"
+
+
+#: What a terminal obeys rather than shows: an OSC that retitles the window (ended by BEL), a CSI
+#: that clears the screen, a C1 CSI, a bidi override that reverses what follows, a carriage return.
+EVIL = "\x1b]0;evil\x07 boom \x1b[2J \x9b31m \u202eredro \r over"
+#: Characters no line of ``status`` may hold: C0 (no newline inside a line, no tab), DEL, C1, bidi controls.
+UNSAFE = [chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]] + ["\u061c", "\u200e", "\u200f"]
+UNSAFE += [chr(c) for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]]
+
+
+def _unsafe_in(text: str) -> list[str]:
+    return sorted({c for line in text.splitlines() for c in line if c in UNSAFE})
+
+
+def test_a_task_logs_error_line_is_printed_without_terminal_controls(tmp_path: Path) -> None:
+    from cdc_compaction.operations.status import first_error_line
+
+    log = tmp_path / "attempt=1.log"
+    record = {"level": "error", "event": "Task failed with exception"}
+    record["error_detail"] = [{"exc_type": "RuntimeError", "exc_value": f"{EVIL}\nsecond line"}]
+    log.write_text(json.dumps({"level": "info", "event": "start"}) + "\n" + json.dumps(record) + "\n")
+    line = first_error_line(log)
+    assert _unsafe_in(line) == [] and "\n" not in line, repr(line)
+    assert line.startswith("RuntimeError: ") and "evil" in line and "boom" in line and "over" in line, line
+    assert "\\x1b" in line and "\\u202e" in line, "an escape is shown as text, not dropped silently"
+
+
+def test_status_escapes_terminal_controls_from_the_registry(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    build_sample_lake(tmp_path / "lake", registry)
+    # YAML's double-quoted escapes: \e is ESC, \a is BEL; the value comes back in the error line.
+    (registry / "tests.bad.yaml").write_text('database: tests\ntable: bad\nowner: "\\e]0;evil\\a\\e[2J\\u202e x"\n')
+    proc = _cli("status", "--registry-dir", str(registry), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (bad,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("tests.bad.yaml")]
+    assert "ERROR invalid registry entry" in bad and "owner" in bad, bad
+    assert _unsafe_in(proc.stdout) == [], repr(proc.stdout)
+    proc = _cli("status", "--json", "--registry-dir", str(registry), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""})
+    assert _unsafe_in(proc.stdout) == [] and "owner" in proc.stdout, "JSON escapes them as JSON does"
+    proc = _cli(
+        "status", "tests.\x1b[2Jx", "--registry-dir", str(registry), env={"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": ""}
+    )
+    assert proc.returncode == 2 and "no registry entry" in proc.stderr and _unsafe_in(proc.stderr) == [], proc.stderr
+
+
+def test_a_failed_runs_error_with_terminal_controls_is_printed_escaped(
+    failed_runs: tuple[Path, dict[str, str]],
+) -> None:
+    """The failed try's real task log gets an error line with escape sequences: status shows them as text."""
+    registry, env = failed_runs
+    af = {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+        "AIRFLOW_HOME": env["AIRFLOW_HOME"],
+    }
+    # `airflow dags test` logs to its stdout: the try's log file is written where Airflow's default
+    # log_filename_template puts it (dag_id=/run_id=/task_id=/attempt=N.log under $AIRFLOW_HOME/logs).
+    db = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
+    with sqlite3.connect(db) as con:
+        (run_id,) = con.execute("SELECT run_id FROM dag_run WHERE dag_id = ?", (FAILING["dag_id"],)).fetchone()
+    log = Path(env["AIRFLOW_HOME"], "logs", f"dag_id={FAILING['dag_id']}", f"run_id={run_id}")
+    log = log / f"task_id={FAILING['first_task']}" / "attempt=1.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    original = log.read_text() if log.exists() else ""
+    record = {"level": "error", "event": "Task failed with exception"}
+    record["error_detail"] = [{"exc_type": "RuntimeError", "exc_value": EVIL}]
+    try:
+        log.write_text(original + json.dumps(record) + "\n")
+        proc = _cli("status", FAILING["table"], "--registry-dir", str(registry), env=af)
+    finally:
+        log.unlink() if not original else log.write_text(original)
+    (line,) = proc.stdout.splitlines()
+    assert f"{FAILING['first_task']} try 1: RuntimeError: " in line and "evil" in line, line
+    assert _unsafe_in(proc.stdout) == [], repr(proc.stdout)

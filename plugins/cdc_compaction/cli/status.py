@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 
 from cdc_compaction.core import settings
+from cdc_compaction.core.printable import printable
+
+
+def _say(text: str, err: bool = False) -> None:
+    """Print one line of ``status``: its registry names, paths and errors are shown, never obeyed by the terminal."""
+    print(printable(text), file=sys.stderr if err else sys.stdout)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -20,10 +26,10 @@ def _status(args: argparse.Namespace) -> int:
     if not directory.is_dir() or not registry_files(directory):
         # Nothing to show is not a healthy "all fine": say where it looked and how to point it elsewhere.
         where = "does not exist" if not directory.exists() else "holds no registry files (*.yaml)"
-        print(
+        _say(
             f"status: the registry directory {directory.resolve()} {where}; point at your registry with "
             "--registry-dir DIR or $CDC_REGISTRY_DIR (default: include/registry of the project)",
-            file=sys.stderr,
+            err=True,
         )
         return 2
     entries = load_registry(directory)
@@ -32,10 +38,10 @@ def _status(args: argparse.Namespace) -> int:
     broken = [e for e in entries if e.error is not None and (not wanted or e.path.stem in wanted)]
     unknown = sorted(wanted - {c.qualified_name for c in configs} - {e.path.stem for e in broken})
     if unknown:
-        print(
+        _say(
             f"no registry entry for {', '.join(unknown)} in {directory}: name tables as DATABASE.TABLE "
             "(`registry validate` lists them)",
-            file=sys.stderr,
+            err=True,
         )
         return 2
     now = datetime.now(UTC)
@@ -46,9 +52,9 @@ def _status(args: argparse.Namespace) -> int:
         print(to_json(result + bad))
     else:
         for st in result:
-            print(st.line())
+            _say(st.line())
         for st in bad:
-            print(
+            _say(
                 f"{st.table:<28} ERROR {st.error} (fix the file; `registry validate`)  "
                 f"last run {st.last_run_text}  {st.paused_text}"
             )

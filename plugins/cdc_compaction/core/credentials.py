@@ -4,7 +4,9 @@ Registry files are plain data in git, shown in DAG details, and copied into ever
 command line, which Airflow logs. So a ``spark.conf`` / ``spark.hadoop_conf`` key that names a
 credential (``fs.s3a.secret.key``, ``fs.s3a.session.token``, ``fs.azure.account.key.<acct>...``,
 ``spark.executorEnv.AWS_SECRET_ACCESS_KEY``...) is refused when the registry is loaded
-(:func:`credential_key`), and every command this package logs is masked (:func:`mask_credentials`)
+(:func:`credential_key`), and so is any registry value that carries one under a key that names none
+(:func:`credential_in_value`: ``thrift://user:pw@host``, a JDBC URL's ``password=``, ``-D...secret...=``
+in Java options); every command this package logs is masked (:func:`mask_credentials`)
 as a safety net for what reaches it by another way (a Spark connection's extras, a provider default).
 """
 
@@ -50,13 +52,44 @@ def credential_key(key: str) -> bool:
 
 
 # The key of a key=value: scanning resumes right after its '=', so an assignment inside another
-# value (-Dfs.s3a.secret.key=... in spark.driver.extraJavaOptions) is found too.
-_KEY = re.compile(r"[^\s=\"']+(?==)")
+# value (-Dfs.s3a.secret.key=... in spark.driver.extraJavaOptions, password=... in a JDBC URL's query
+# or its ';' options) is found too. A key stops at what separates URL parameters and options.
+_KEY = re.compile(r"[^\s=\"'&;?,()]+(?==)")
 _VALUE = re.compile(r"'[^']*'|\"[^\"]*\"|\S*")
+# A URI's user info: scheme://user:password@host. The authority runs to the first '/', '?', '#' or
+# space, and its user info to the last '@' in it (a password may hold an unencoded '@').
+_URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#]*)@")
+
+
+def _mask_userinfo(m: re.Match[str]) -> str:
+    user, colon, _password = m.group("userinfo").partition(":")
+    return f"{m.group('scheme')}{user}{colon}{'******' if colon else ''}@"
+
+
+def credential_in_value(value: str) -> str | None:
+    """What credential ``value`` (a registry value: a Spark setting, a URI, Java options) holds, or None.
+
+    The answer names the kind and the key, never the secret: user info in a URI (``s3a://KEY:SECRET@bucket``,
+    ``thrift://user:pw@host``, ``jdbc:postgresql://u:pw@h/db``) or an assignment to a credential key inside
+    it (``?password=`` of a JDBC URL, ``-Dfs.s3a.secret.key=`` of Java options).
+    """
+    if (m := _URI_USERINFO.search(value)) is not None:
+        return f"user info in the URI {m.group('scheme')}...@ (a user name and password)"
+    for m in _KEY.finditer(value):
+        if credential_key(m.group(0)):
+            return f"an assignment {m.group(0)}=... (a credential)"
+    return None
 
 
 def mask_credentials(text: str) -> str:
-    """``text`` (a command line, a log line) with the value of every credential ``key=value`` replaced by ******."""
+    """``text`` (a command line, a log line, an error) with every credential in it replaced by ******.
+
+    The password of a URI's user info (``scheme://user:******@host``), and the value of every
+    ``key=value`` whose key names a credential: a ``--conf`` setting, a ``-D`` option inside Java
+    options, a ``password=`` parameter of a URL or a libpq connection string. A value in quotes is
+    masked to its closing quote, an unquoted one to the next space.
+    """
+    text = _URI_USERINFO.sub(_mask_userinfo, text)
     out: list[str] = []
     copied = pos = 0
     while (m := _KEY.search(text, pos)) is not None:
@@ -66,9 +99,10 @@ def mask_credentials(text: str) -> str:
             continue
         value = _VALUE.match(text, start)
         end = value.end() if value else start
-        quoted = end - start > 1 and text[start] in "'\"" and text[end - 1] == text[start]
-        quote = text[start] if quoted else ""
-        out.append(f"{text[copied:start]}{quote}******{quote}")
+        quote = text[start] if end - start > 1 and text[start] in "'\"" and text[end - 1] == text[start] else ""
+        # An unquoted value inside a quoted string ("-Dx.secret=abc") keeps that string's closing quote.
+        closing = "" if quote else text[start:end][len(text[start:end].rstrip("'\"")) :]
+        out.append(f"{text[copied:start]}{quote}******{quote}{closing}")
         copied = pos = max(end, start)
     out.append(text[copied:])
     return "".join(out)

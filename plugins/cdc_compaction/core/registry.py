@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from pydantic import (
@@ -35,12 +35,13 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from cdc_compaction.core.credentials import WHERE_CREDENTIALS_BELONG, credential_key
+from cdc_compaction.core.credentials import WHERE_CREDENTIALS_BELONG, credential_in_value, credential_key
 from cdc_compaction.core.exceptions import IdentifierError, RegistryError
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
 from cdc_compaction.core.names import table_names
@@ -107,8 +108,48 @@ Duration = Annotated[
 ]
 
 
+def _holds_model(annotation: Any) -> bool:
+    """True if a field of ``annotation`` is (or holds) a registry model: that model checks its own values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_model(a) for a in get_args(annotation))
+
+
+@functools.cache
+def _field_holds_model(model: type[BaseModel], name: str) -> bool:
+    """True if ``model``'s field ``name`` is (or holds) a model (or is unknown: ``extra`` refuses it)."""
+    field = model.model_fields.get(name)
+    return field is None or _holds_model(field.annotation)
+
+
+def _strings(value: Any, where: str = "") -> list[tuple[str, str]]:
+    """(where inside the field, text) of every string ``value`` holds (a dict's keys name its values)."""
+    if isinstance(value, str):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [hit for k, v in value.items() for hit in _strings(v, f"the value of {k!r}")]
+    if isinstance(value, list | tuple):
+        return [hit for i, v in enumerate(value) for hit in _strings(v, where or f"item {i + 1}")]
+    return []
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_credentials(cls, v: Any, info: ValidationInfo) -> Any:
+        # Any value may carry one under a key that names none: a JDBC URL's password=, a URI's
+        # user:password@, -D...secret...= in Java options. The value itself is never repeated.
+        if _field_holds_model(cls, info.field_name or ""):
+            return v
+        for where, text in _strings(v):
+            found = credential_in_value(text)
+            if found is not None:
+                raise ValueError(
+                    f"{where or 'the value'} holds a credential ({found}); remove it: {WHERE_CREDENTIALS_BELONG}"
+                )
+        return v
 
 
 class Column(_Strict):

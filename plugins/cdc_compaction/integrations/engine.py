@@ -365,7 +365,10 @@ class ConnectEngine:
                 if connect_lost(exc):
                     raise
                 shown = mask_credentials(f"{k}={v}")  # a server default or extra may still carry a credential
-                log.warning("Spark Connect session: %s not set (%s); set it on the server", shown, exc)
+                # Spark's message may repeat the value: masked as well.
+                log.warning(
+                    "Spark Connect session: %s not set (%s); set it on the server", shown, mask_credentials(str(exc))
+                )
 
     @staticmethod
     def _close(spark: Any) -> None:

@@ -10,10 +10,13 @@ driver) from a libpq DSN or an Airflow connection; nothing is written.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_compaction.core.credentials import mask_credentials
 from cdc_compaction.core.exceptions import CdcCompactionError
 
 #: pg_class.relreplident: what the WAL carries of a row before an update or delete.
@@ -108,9 +111,15 @@ def hive_type_of_pg(pg_type: str) -> tuple[str | None, str]:
 
 
 def connect(dsn: str | None = None, conn_id: str | None = None) -> Any:
-    """A psycopg2 connection from a libpq ``dsn`` or the Airflow connection ``conn_id`` (read only)."""
+    """A psycopg2 connection from a libpq ``dsn`` or the Airflow connection ``conn_id`` (read only).
+
+    A connection error names the DSN (or the connection) and libpq's reason, never a password: not
+    the DSN's (``postgresql://u:pw@h/db``, ``password=pw``, ``?password=pw``), not the connection's,
+    not ``$PGPASSWORD``'s, even where libpq quotes a piece of a DSN it cannot read.
+    """
     import psycopg2
 
+    secrets = _passwords(dsn or "")
     try:
         if dsn is not None:
             conn = psycopg2.connect(dsn)
@@ -118,20 +127,50 @@ def connect(dsn: str | None = None, conn_id: str | None = None) -> Any:
             from airflow.sdk import BaseHook
 
             c = BaseHook.get_connection(conn_id)
+            secrets += [c.password] if c.password else []
             conn = psycopg2.connect(
                 host=c.host, port=c.port or 5432, user=c.login, password=c.password, dbname=c.schema or "postgres"
             )
         else:
             raise CatalogError("give a PostgreSQL DSN (--postgres-dsn) or an Airflow connection (--postgres-conn-id)")
     except psycopg2.Error as exc:
-        where = f"the DSN {_without_password(dsn)!r}" if dsn is not None else f"the Airflow connection {conn_id!r}"
-        raise CatalogError(f"cannot connect to PostgreSQL through {where}: {str(exc).strip()}") from exc
+        where = f"the DSN {_hidden(dsn, secrets)!r}" if dsn is not None else f"the Airflow connection {conn_id!r}"
+        reason = _hidden(str(exc).strip(), secrets)
+        raise CatalogError(f"cannot connect to PostgreSQL through {where}: {reason}") from None
     conn.set_session(readonly=True, autocommit=True)
     return conn
 
 
-def _without_password(dsn: str | None) -> str:
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn or "")
+def _passwords(dsn: str) -> list[str]:
+    """Every password ``dsn`` (and ``$PGPASSWORD``) may hold, as written and as libpq reads it.
+
+    As written too: a DSN libpq cannot parse is not parsed here either, and its error may quote a
+    piece of it (``missing "=" after "cret"`` of ``password=se cret``), so the text after ``password=``
+    up to the next ``key=`` counts, word by word.
+    """
+    from urllib.parse import unquote
+
+    import psycopg2
+    from psycopg2.extensions import parse_dsn
+
+    found = [os.environ.get("PGPASSWORD", "")]
+    with contextlib.suppress(psycopg2.Error):  # unparsable: the raw forms below
+        found.append(parse_dsn(dsn).get("password", "") if dsn else "")
+    for m in re.finditer(r"password\s*=\s*(.*?)(?=\s+\w+\s*=|&|$)", dsn, flags=re.IGNORECASE):
+        raw = m.group(1).strip()
+        found += [raw, raw.strip("'\""), *raw.strip("'\"").split()]
+    for m in re.finditer(r"://[^:/?#\s]*:([^\s/?#]*)@", dsn):
+        found += [m.group(1), unquote(m.group(1))]
+    # Long enough not to mask ordinary words of the message; shorter ones are masked by their place.
+    return [f for f in found if len(f) >= 3]
+
+
+def _hidden(text: str | None, secrets: list[str]) -> str:
+    """``text`` with every credential masked: by its place (:func:`mask_credentials`), then every password known."""
+    out = mask_credentials(text or "")
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        out = out.replace(secret, "******")
+    return out
 
 
 _COLUMNS = """

@@ -40,6 +40,7 @@ from cdc_compaction.core.exceptions import IdentifierError, RegistryError
 from cdc_compaction.core.hive_types import decimal_parts, hive_widening, logical_type, physical_types, readable_as
 from cdc_compaction.core.identifiers import check_identifier
 from cdc_compaction.core.landing import is_in_progress
+from cdc_compaction.core.printable import printable
 from cdc_compaction.core.registry import (
     REGISTRY_SUFFIXES,
     SOURCES,
@@ -728,9 +729,25 @@ def discover_table(
 
 
 def _flow(value: Any) -> str:
-    """``value`` as one line of YAML (quoted where YAML needs it)."""
+    """``value`` as one line of YAML (quoted where YAML needs it).
+
+    A string with a line break (a source's type name, a problem naming it) would be written as a
+    quoted scalar over several lines: valid, but no longer one line per key. Double quotes escape it
+    (``\\n``) instead.
+    """
     text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000).strip()
-    return text.removesuffix("\n...")  # a plain scalar's document-end marker
+    text = text.removesuffix("\n...")  # a plain scalar's document-end marker
+    if "\n" in text:
+        text = yaml.safe_dump(value, default_flow_style=True, default_style='"', sort_keys=False, width=10_000)
+        text = text.strip().removesuffix("\n...")
+    return text
+
+
+def _comment(line: str) -> str:
+    """``line`` as one comment line: what it quotes from the source (a type, a column, a path) may hold
+    line breaks (YAML's include U+0085, U+2028 and U+2029) or other control characters, escaped here
+    so that no piece of it becomes a key of the file."""
+    return printable(line)
 
 
 def render(d: Discovered, database: str, when: datetime) -> str:
@@ -751,7 +768,7 @@ def render(d: Discovered, database: str, when: datetime) -> str:
         f"storage_root: {_flow(d.storage_root)}",
         f"# source: {d.source_origin}.",
     ]
-    lines.append(f"# source: {d.source}" if d.source_origin == DEFAULTS_SOURCE else f"source: {d.source}")
+    lines.append(f"# source: {d.source}" if d.source_origin == DEFAULTS_SOURCE else f"source: {_flow(d.source)}")
     filled = {k: v for k, v in d.preset.items() if not (k == "order_by" and d.order_by is not None)}
     if filled:
         shown = ", ".join(f"{k}: {_flow(v)}" for k, v in filled.items())
@@ -785,7 +802,9 @@ def render(d: Discovered, database: str, when: datetime) -> str:
         spec: dict[str, Any] = {"name": c.name, "type": c.type or f"{placeholder}: {c.problem}"}
         if c.comment:
             spec["comment"] = c.comment
-        lines.append(f"  - {_flow(spec)}  # {' '.join(c.origin.split())}")
+        lines.append(f"  - {_flow(spec)}  # {_comment(' '.join(c.origin.split()))}")
+    # Every comment is built from source names: one line each, whatever they hold.
+    lines = [_comment(line) if line.startswith("#") else line for line in lines]
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,7 @@ keyless tables: a version's watermark, its tombstones file).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import io
@@ -108,6 +109,34 @@ _FLIPPED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "l
 _NUMBER = re.compile(r"^(?:\d+\.?\d*|\.\d+)(?P<exp>[eE][+-]?\d+)?$")
 _INT_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
 _CHAR = re.compile(r"^char\((\d+)\)$")
+
+
+@functools.cache
+def _predicate_dialect() -> Any:
+    """The dialect erase predicates are read in: Hive's (backslash escapes, as Spark SQL), plus
+    SQL's own escape of a quote, a doubled ``''`` inside a string, read as DuckDB reads it.
+
+    Plain Hive and Spark SQL read ``'O''Brien'`` as two adjacent literals, ``'O'`` and ``'Brien'``
+    (OBrien); SQL and DuckDB read one, O'Brien, which is what a person who writes it means.
+    """
+    from sqlglot.dialects.hive import Hive
+
+    class ErasePredicate(Hive):
+        class Tokenizer(Hive.Tokenizer):
+            STRING_ESCAPES = ["\\", "'"]
+
+    return ErasePredicate
+
+
+def _parse_predicate_sql(text: str) -> list[Any]:
+    """``text`` parsed as the erase predicate's SQL (raises sqlglot's ParseError, also for what does
+    not even tokenize, such as an unterminated string)."""
+    import sqlglot
+
+    try:
+        return sqlglot.parse(text, read=_predicate_dialect())
+    except sqlglot.errors.TokenError as exc:
+        raise sqlglot.errors.ParseError(str(exc).replace("Error tokenizing", "cannot read", 1)) from exc
 
 
 @dataclass(frozen=True)
@@ -199,7 +228,7 @@ def parse_predicate(cfg: TableConfig, text: str) -> Predicate:
     if not text.strip():
         raise refuse("the predicate is empty (to erase a whole table, delete it)")
     try:
-        statements = sqlglot.parse(text, read="hive")
+        statements = _parse_predicate_sql(text)
     except sqlglot.errors.ParseError as exc:
         raise refuse(f"it does not parse ({str(exc).splitlines()[0]})") from exc
     if len(statements) != 1 or statements[0] is None:
@@ -893,8 +922,8 @@ def identifying(text: str) -> frozenset[tuple[str, str]]:
     from sqlglot import exp
 
     try:
-        tree = sqlglot.parse_one(text, read="hive")
-    except sqlglot.errors.ParseError:
+        (tree,) = _parse_predicate_sql(text)
+    except (sqlglot.errors.ParseError, ValueError):
         return frozenset()
     out: set[tuple[str, str]] = set()
 
@@ -925,8 +954,10 @@ def redacted(text: str) -> str:
     from sqlglot import exp
 
     try:
-        tree = sqlglot.parse_one(text, read="hive")
-    except sqlglot.errors.ParseError:
+        (tree,) = _parse_predicate_sql(text)
+    except (sqlglot.errors.ParseError, ValueError):
+        return "<redacted>"
+    if tree is None:
         return "<redacted>"
     return str(tree.transform(lambda n: exp.Placeholder() if isinstance(n, exp.Literal) else n).sql(dialect="hive"))
 

@@ -28,6 +28,7 @@ from cdc_compaction.core import settings
 from cdc_compaction.core.exceptions import CdcCompactionError
 from cdc_compaction.core.lake import Commit, Lake, TableLease
 from cdc_compaction.core.landing import increment_hour, scan_landing
+from cdc_compaction.core.printable import printable
 from cdc_compaction.core.registry import RegistryEntry, TableConfig
 from cdc_compaction.pipeline.quarantine import Quarantine
 
@@ -209,6 +210,11 @@ class TableStatus:
         return text
 
     def line(self) -> str:
+        """The table's line of ``status``; what it holds from logs, the lake or the registry is shown, never
+        obeyed by the terminal (control characters escaped)."""
+        return printable(self._line())
+
+    def _line(self) -> str:
         if self.error:
             return f"{self.table:<28} ERROR {self.error}  last run {self.last_run_text}"
         c = self.last_commit
@@ -516,7 +522,8 @@ def task_log_path(folder: str, dag_id: str, run_id: str, task_id: str, map_index
 
 
 def first_error_line(path: Path) -> str:
-    """The first line of the exception a task log records (Airflow 3's JSON log lines), "" if none is there.
+    """The first line of the exception a task log records (Airflow 3's JSON log lines), "" if none is there,
+    with its control characters escaped (:func:`~cdc_compaction.core.printable.printable`).
 
     The task runner logs "Task failed with exception" with ``error_detail``, a list of the
     exception chain (``exc_type``, ``exc_value``; structlog's, the raised one first); an error line without it
@@ -537,11 +544,13 @@ def first_error_line(path: Path) -> str:
         detail = rec.get("error_detail")
         if isinstance(detail, list) and detail and isinstance(detail[0], dict):
             exc = detail[0]
-            value = str(exc.get("exc_value", "")).strip().splitlines()
-            found = f"{exc.get('exc_type', 'Error')}: {value[0] if value else ''}".rstrip(": ")
+            # Split at newlines only: a carriage return inside the first line is shown (escaped), not a cut.
+            value = str(exc.get("exc_value", "")).strip().split("\n", 1)[0].rstrip("\r")
+            found = f"{exc.get('exc_type', 'Error')}: {value}".rstrip(": ")
         elif not found:
-            found = str(rec.get("event", "")).strip().split("\n", 1)[0]
-    return found
+            found = str(rec.get("event", "")).strip().split("\n", 1)[0].rstrip("\r")
+    # Whatever raised wrote it: shown as text, never obeyed by the terminal status prints it on.
+    return printable(found)
 
 
 def registry_error_status(entry: RegistryEntry, view: AirflowView | None) -> TableStatus:
