@@ -25,12 +25,14 @@ import json
 import logging
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdc_compaction.core.exceptions import CommitLogError, StorageError
 from cdc_compaction.core.lake import EMPTY_VERSION, Lake
 from cdc_compaction.core.landing import increment_hour
 from cdc_compaction.core.mode import mode_of
+from cdc_compaction.core.ownership import Removal, remove_files
 from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, TOMBSTONES_DIR
 from cdc_compaction.pipeline.runtime import VERSION_NAME
 
@@ -197,3 +199,56 @@ class OwnedFiles:
             # The landing layout: files directly in an increment directory are the table's landed data.
             return increment_hour(self.lake.cfg, increment) is not None and "/" not in name and (is_dir != bool(name))
         return False
+
+
+def remove_version_files(lake: Lake, path: str) -> Removal:
+    """Delete what the job wrote at ``path``: a version directory of ``base/`` or a directory inside one
+    (a partition, ``data``). Files of other names, links and other tables' roots stay (core/ownership.py)."""
+    rel = _under(path, lake.layout.base) or ""
+    version_dir = posixpath.join(lake.layout.base, rel.split("/")[0])
+
+    def accept(p: str) -> bool:
+        inside = _under(p, version_dir)
+        return inside is not None and is_version_part(lake, inside + ("/" if p.endswith("/") else ""))
+
+    return _logged(lake, remove_files(lake, path, accept))
+
+
+def remove_named_files(lake: Lake, path: str, named: set[str], extra: Callable[[str], bool] | None = None) -> Removal:
+    """Delete the files under ``path`` that a record names (``named``: full paths; ``extra``: a rule for the
+    rest, e.g. the job's files of a quarantined-rows directory), and the directories that empties."""
+
+    def accept(p: str) -> bool:
+        return p.endswith("/") or p in named or (extra is not None and extra(p))
+
+    return _logged(lake, remove_files(lake, path, accept))
+
+
+def remove_quarantine_entry(lake: Lake, path: str) -> Removal:
+    """Delete a quarantine entry's own files: its manifest, the files it names (``files/``), the job's
+    files (``rows/``)."""
+    manifest = posixpath.join(path, "_manifest.json")
+    named = {manifest}
+    try:
+        doc = json.loads(lake.storage.read_text(manifest)) if lake.storage.exists(manifest) else {}
+        named |= {posixpath.join(path, f["increment"], f["name"]) for f in doc.get("files", [])}
+    except (ValueError, TypeError, KeyError, StorageError):
+        log.warning("%s: %s is unreadable: only the job's files of %s go", lake.cfg.qualified_name, manifest, path)
+    return remove_named_files(lake, path, named, lambda p: is_job_file(posixpath.basename(p)))
+
+
+def _logged(lake: Lake, removal: Removal) -> Removal:
+    if removal.kept:
+        log.warning("%s: left what its records do not name: %s", lake.cfg.qualified_name, "; ".join(removal.kept[:20]))
+    return removal
+
+
+def remove_job_files(lake: Lake, path: str) -> Removal:
+    """Delete the files the job writes (:func:`is_job_file`) under ``path`` (a rebuild's or an erase's
+    directory outside ``base/``), and the directories that empties."""
+    return remove_named_files(lake, path, set(), lambda p: is_job_file(posixpath.basename(p)))
+
+
+def remove_format_metadata(lake: Lake, path: str) -> Removal:
+    """Delete a table format's metadata files under ``path`` (its metadata root), nothing else there."""
+    return _logged(lake, remove_files(lake, path, lambda p: is_format_file(lake, p)))
