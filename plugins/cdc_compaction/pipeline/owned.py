@@ -11,7 +11,7 @@ archive expiry and the formats' metadata clean-up use its parts: a path is the t
 * its plans name it: quarantined rows of its versions (``quarantine/rows/<version>``), whole files a
   plan refused (``quarantine/files/<plan>``, as its manifest lists them);
 * the landing layout names it: files directly in an increment directory (``core/landing.py``);
-* it is a control file (``_cdc/``: ``*.json``, ``*.archived``, ``*.released``, the writers' hidden
+* it is a control file (``_cdc/``: ``*.json``, ``*.archived``, ``*.released``, ``*.committed``, the writers' hidden
   locks and temporaries) or a table format's metadata file (``base/_delta_log``, ``iceberg/``).
 
 Anything else -- a file of another name, a symbolic link, a FIFO, a directory holding another
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _JOB_FILE = re.compile(r"^(part-.+|_SUCCESS|_cdc_stats\.json)$")
 #: Hidden files of this package's writers: checksums beside a file, atomic-write temporaries, lock files.
 _HIDDEN = re.compile(r"^\..+\.(crc|tmp|copying|lock)$")
-_CONTROL_FILE = re.compile(r"^[^.].*\.(json|archived|released)$")
+_CONTROL_FILE = re.compile(r"^[^.].*\.(json|archived|released|committed)$")
 _DELTA_FILE = re.compile(r"^(\d{20}\.(json|checkpoint\.parquet)|_last_checkpoint)$")
 _ICEBERG_FILE = re.compile(r"^[^.].*\.(json|avro|text)$")
 DELTA_LOG = "_delta_log"
