@@ -78,6 +78,13 @@ def test_a_system_directory_as_storage_root_keeps_every_file_the_table_never_wro
     cfg = register(registry, student_doc(tmp_path, t, storage_root=str(system)))
     run_table(runtime, cfg, hours=2)
     assert len(files_under(system) - theirs) > 5, "the table wrote its lake there"
+    ours = files_under(system)
+
+    asked = ["delete", f"tests.{t}", "--registry-dir", str(registry), "--metastore", endpoint.uri, "--drop-data"]
+    assert main(asked) == 1, "without --yes (and no terminal) the plan is shown, nothing changes"
+    plan = capsys.readouterr().out
+    assert f"leave {system / 'bash' / 'README'} (not named by the table's records)" in plan
+    assert files_under(system) == ours
 
     assert delete(registry, f"tests.{t}", endpoint) == 0
     out = capsys.readouterr().out

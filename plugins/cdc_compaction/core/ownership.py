@@ -124,11 +124,12 @@ def ancestors(root: str) -> list[str]:
         top, parts = f"{scheme}://{bucket}", [p for p in key.split("/") if p]
         return [posixpath.join(top, *parts[:i]) if i else top for i in range(len(parts) - 1, -1, -1)]
     out, d = [], posixpath.dirname(root)
-    while True:
+    while d:  # a relative path ends in "" (nothing above it to ask)
         out.append(d)
-        if d in ("/", ""):
-            return out
+        if d == "/":
+            break
         d = posixpath.dirname(d)
+    return out
 
 
 def owner_above(storage: Storage, root: str) -> Owner | None:
@@ -177,6 +178,14 @@ def foreign_owner(storage: Storage, directory: str, table: str) -> Owner | None:
     return owner if owner is not None and owner.table != table else None
 
 
+def _marked(storage: Storage, directory: str, entries: list[Entry], table: str) -> Owner | None:
+    """Another table's marker at ``directory`` (whose listing is ``entries``): looked for only where a
+    ``_cdc`` directory is, so a walk costs no extra request per directory on S3."""
+    if not any(e.kind == "dir" and posixpath.basename(e.path) == CONTROL_DIR for e in entries):
+        return None
+    return foreign_owner(storage, directory, table)
+
+
 def walk(storage: Storage, top: str, table: str) -> Iterator[tuple[Entry, Owner | None]]:
     """Every entry under ``top``, links not followed; a directory holding another table's marker is
     yielded with that marker and not entered."""
@@ -184,7 +193,7 @@ def walk(storage: Storage, top: str, table: str) -> Iterator[tuple[Entry, Owner 
     while pending:
         for e in _list(storage, pending.pop()):
             if e.kind == "dir":
-                theirs = foreign_owner(storage, e.path, table)
+                theirs = _marked(storage, e.path, _list(storage, e.path), table)
                 yield e, theirs
                 if theirs is None:
                     pending.append(e.path)
@@ -299,7 +308,7 @@ def remove_files(lake: Lake, top: str, accept: Callable[[str], bool], *, dry_run
     :attr:`Removal.kept`, as are the files ``accept`` does not name. Directories emptied here are
     removed (only those: an empty directory found empty stays). ``dry_run``: only say what would go.
     """
-    storage, table = lake.storage, lake.cfg.qualified_name
+    storage = lake.storage
     out = Removal()
     # ``accept`` is asked about files, and about directories found empty (path + "/"; removed only if it names them).
     top = top.rstrip("/")
@@ -313,9 +322,6 @@ def remove_files(lake: Lake, top: str, accept: Callable[[str], bool], *, dry_run
             out.removed.append(top)
         else:
             out.kept.append(f"{top} ({_why(kind)})")
-        return out
-    if foreign_owner(storage, top, table) is not None:
-        out.kept.append(f"{top} (the root of table {foreign_owner(storage, top, table).table})")  # type: ignore[union-attr]
         return out
     _remove_in(lake, top, accept, out, dry_run)
     return out
@@ -331,16 +337,17 @@ def _remove_in(lake: Lake, d: str, accept: Callable[[str], bool], out: Removal, 
     """Remove what is the table's in ``d``; True if ``d`` was emptied here (and removed)."""
     storage, table = lake.storage, lake.cfg.qualified_name
     entries = _list(storage, d)
+    theirs = _marked(storage, d, entries, table) if d != lake.layout.root.rstrip("/") else None
+    if theirs is not None:
+        out.kept.append(f"{d} (the root of table {theirs.table})")
+        return False
     if not entries:
         # An empty directory stays unless the rule names it (the layout's own, e.g. the empty genesis version).
         return accept(d + "/") and (dry_run or storage.remove_dir_if_empty(d))
     gone = 0
     for e in entries:
         if e.kind == "dir":
-            theirs = foreign_owner(storage, e.path, table)
-            if theirs is not None:
-                out.kept.append(f"{e.path} (the root of table {theirs.table})")
-            elif _remove_in(lake, e.path, accept, out, dry_run):
+            if _remove_in(lake, e.path, accept, out, dry_run):
                 gone += 1
         elif e.kind == "file" and accept(e.path):
             if not dry_run:
