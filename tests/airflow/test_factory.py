@@ -23,6 +23,7 @@ PERMANENT = [
     exc.CommitLogError("t: record 3 missing"),
     exc.StorageRootMismatchError("t: storage_root moved"),
     exc.DeploymentConflictError("t: deployment id 'blue' is already used by another Airflow deployment"),
+    exc.OwnershipError("t: its storage_root /lake/t belongs to table other.t"),
 ]
 TRANSIENT = [
     exc.StorageError("t: S3 answered 503"),

@@ -34,9 +34,9 @@ def _delete(args: argparse.Namespace) -> int:
     from cdc_compaction.operations.ops import (
         delete_table,
         planned_deletion,
-        refuse_foreign_data,
         refuse_if_leased,
         registry_file_of,
+        require_owned_root,
     )
 
     directory = Path(args.registry_dir or settings.registry_dir())
@@ -45,7 +45,7 @@ def _delete(args: argparse.Namespace) -> int:
         registry_file = registry_file_of(directory, args.table)
         refuse_if_leased(cfg)
         if args.drop_data:
-            refuse_foreign_data(cfg, directory, registry_file)  # before asking: the answer would not matter
+            require_owned_root(cfg)  # before asking: the answer would not matter
         if not args.yes:
             print(f"delete {args.table} would:")
             for line in planned_deletion(cfg, registry_file, args.drop_data):
@@ -91,7 +91,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     de = sub.add_parser("delete", help="remove a table's pipeline (registry file aside, metastore objects dropped)")
     add_table_args(de)
-    de.add_argument("--drop-data", action="store_true", help="also delete the table's lake (its storage_root)")
+    de.add_argument(
+        "--drop-data",
+        action="store_true",
+        help="also delete the table's files: only those its records name, in a root it owns (its "
+        "_cdc/owner.json); anything else under storage_root stays and is listed",
+    )
     de.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     de.add_argument("--metastore", help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI)")
     de.set_defaults(func=_delete)

@@ -48,9 +48,9 @@ class PreconditionFailedError(StorageError):
     """A conditional write lost: the object exists already or changed meanwhile."""
 
 
-class ForeignDataError(StorageError):
-    """A table's storage root holds another table's data (or a registry file that may say so is
-    unreadable): deleting the root would delete that data too."""
+class OwnershipError(CdcCompactionError):
+    """A table does not own its storage root (no ownership marker, another table's marker, or a root
+    nested in another table's): nothing may be created or destroyed there until a person decides."""
 
 
 class MetastoreError(CdcCompactionError):
@@ -152,7 +152,8 @@ def is_permanent(exc: BaseException) -> bool:
         | CommitLogError
         | CompactionError
         | DeploymentConflictError
-        | ErasePredicateError,
+        | ErasePredicateError
+        | OwnershipError,
     )
 
 

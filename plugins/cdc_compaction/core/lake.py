@@ -24,6 +24,7 @@ Layout under a table's storage root::
     _cdc/plans/<plan>.validated.json             the attempt of that plan that passed validation
     _cdc/commits/00000007.json                   commit records: the source of truth
     _cdc/commits/00000007.archived               archive of that commit finished
+    _cdc/owner.json                              the table owning this root (core/ownership.py)
     _cdc/pointer.json                            live version, for readers without a metastore
                                                  (compare-and-swap, only ever moves forward)
     _cdc/lease/00000042.json                     who compacts the table right now, until when
@@ -108,6 +109,11 @@ class Layout:
     @property
     def pointer(self) -> str:
         return posixpath.join(self.control, "pointer.json")
+
+    @property
+    def owner(self) -> str:
+        """The ownership marker: which table owns this root (core/ownership.py)."""
+        return posixpath.join(self.control, "owner.json")
 
     @property
     def staging(self) -> str:

@@ -80,6 +80,7 @@ from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage.base import FileInfo
 from cdc_compaction.job.contract import INDEX_DIR, PARTITION_DIR_PREFIX
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.pipeline.owned import remove_job_files, remove_version_files
 
 log = logging.getLogger(__name__)
 
@@ -1346,7 +1347,11 @@ def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpo
                 lake.storage.write_bytes(e["path"], _parquet_bytes(kept, _write_options(lake, e["path"])))
         rewritten.append(e["path"])
     for d in journal.get("drop_dirs", []):
-        lake.storage.delete_tree(d)
+        # File by file, what the job wrote there: anything else put in such a directory stays.
+        if d.startswith(lake.layout.base.rstrip("/") + "/"):
+            remove_version_files(lake, d)
+        else:
+            remove_job_files(lake, d)
     if values:
         _scrub_records(lake, values)
     # Files were rewritten in place: a table format's metadata (sizes, column bounds) is derived, so it is
@@ -1427,7 +1432,7 @@ def finish_unfinished(lake: Lake, metastore: MetastoreEndpoint | None = None) ->
                 if lake.storage.exists(e["temp"]):
                     lake.storage.delete(e["temp"])
             if journal.get("version"):
-                lake.storage.delete_tree(lake.layout.version_dir(journal["version"]))
+                remove_version_files(lake, lake.layout.version_dir(journal["version"]))
             lake.storage.delete(f.path)
         done.append(journal["erase_id"])
     return done

@@ -7,8 +7,9 @@ the same wish (README, "Pausing, resuming, deleting").
 
 Delete removes a table's pipeline: its registry file is moved aside (so its DAG goes away
 at the next parse and cannot recreate what follows), its tables and views are dropped from
-the metastore (never their files), and its lake is deleted only with ``drop_data``.  It
-refuses while a run holds the table's lease.
+the metastore (never their files), and its lake is deleted only with ``drop_data``: only in a
+root the table owns (its marker, core/ownership.py), and only the files its records name
+(pipeline/owned.py), never the root as a whole.  It refuses while a run holds the table's lease.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cdc_compaction.core.exceptions import AirflowSetupError, ConcurrentRunError, ForeignDataError, RegistryError
+from cdc_compaction.core.exceptions import AirflowSetupError, ConcurrentRunError
 from cdc_compaction.core.lake import Lake, TableLease
+from cdc_compaction.core.ownership import Removal, remove_files, require_owner
 from cdc_compaction.core.registry import TableConfig, dag_id_for
 from cdc_compaction.core.settings import MetastoreEndpoint
+from cdc_compaction.pipeline.owned import OwnedFiles
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +136,9 @@ class DeleteReport:
     absent: list[str] = field(default_factory=list)
     registry_moved_to: str | None = None
     data_deleted: str | None = None
+    #: How many files ``--drop-data`` deleted, and what under the root it left (not the table's), with why.
+    files_deleted: int = 0
+    data_left: list[str] = field(default_factory=list)
     data_kept: str | None = None
 
     def lines(self) -> list[str]:
@@ -144,7 +150,10 @@ class DeleteReport:
                 "or the next deployment brings the table back"
             )
         if self.data_deleted:
-            out.append(f"deleted the table's lake {self.data_deleted}")
+            out.append(
+                f"deleted the {self.files_deleted} files of the table's lake {self.data_deleted} that its records name"
+            )
+            out += [f"left {x}: delete it by hand if it may go" for x in self.data_left]
         if self.data_kept:
             out.append(f"kept the table's lake {self.data_kept} (delete it with --drop-data, or by hand)")
         return out
@@ -161,82 +170,30 @@ def refuse_if_leased(cfg: TableConfig, now: datetime | None = None) -> None:
         )
 
 
-def foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = None) -> list[str]:
-    """What under the table's storage root belongs to another table, one line each.
+def require_owned_root(cfg: TableConfig) -> None:
+    """Raise :class:`OwnershipError` unless the table owns its storage root (its marker, no other table's above it)."""
+    require_owner(Lake(cfg), "--drop-data")
 
-    Two sources, because either can be missing: every registry file's ``storage_root`` read from
-    its raw YAML (valid or not: the registry's own overlap check skips invalid entries, and a file
-    with one bad field still describes a table whose data is real; files an earlier ``delete``
-    moved aside too, their lakes were kept on purpose), and every ``_cdc`` control
-    directory under the root other than the table's own (a table whose registry file is gone, or
-    lives in another registry directory).  Raise :class:`ForeignDataError` naming a registry file
-    that cannot be read at all: it may name a root inside this one.
+
+def drop_lake(cfg: TableConfig, *, dry_run: bool = False) -> Removal:
+    """Delete exactly what the table's records name (pipeline/owned.py), file by file, the marker last.
+
+    Never the root as a whole: what the records do not name -- another table's files, a link, a FIFO,
+    a directory holding another table's marker, anything put there by hand -- stays, in ``kept``.
     """
-    import yaml
-
-    from cdc_compaction.core.registry import (
-        _SAFE_LOADER,
-        _check_yaml_bounds,
-        _read_text,
-        registry_files,
-        storage_root_key,
-    )
-
     lake = Lake(cfg)
-    root = lake.layout.root
-    own_key = storage_root_key(cfg.storage_root)
-    found: list[str] = []
-    # A file moved aside by an earlier delete that kept its lake: that data is still someone's.
-    aside = sorted(p for p in Path(registry_dir).glob("*.y*ml.deleted-*") if p.is_file())
-    for path in [*registry_files(registry_dir), *aside]:
-        if own_file is not None and path.resolve() == own_file.resolve():
-            continue
-        try:
-            text = _read_text(path)
-            bounds = _check_yaml_bounds(text)
-            if bounds:
-                raise ValueError("; ".join(bounds))
-            data = yaml.load(text, Loader=_SAFE_LOADER)
-        except (OSError, RegistryError, yaml.YAMLError, ValueError) as exc:
-            raise ForeignDataError(
-                f"{cfg.qualified_name}: refusing to delete the lake {root}: the registry file {path} cannot be read "
-                f"({exc}), so whether its table's storage root lies inside {root} is unknown. Nothing was changed: "
-                "fix or remove that file, then delete again"
-            ) from exc
-        other = data.get("storage_root") if isinstance(data, dict) else None
-        if not isinstance(other, str) or not other.strip():
-            continue  # it names no root: no data of its table can be anywhere
-        try:
-            key = storage_root_key(other)
-        except (OSError, ValueError, RuntimeError):
-            continue
-        if key == own_key or key.startswith(own_key.rstrip("/") + "/"):
-            name = f"{data.get('database', '?')}.{data.get('table', '?')}"
-            found.append(f"table {name} (registry file {path}) has its storage root {other!r} there")
-    # Walk the root: another table's control directory is its data's certain sign.
-    pending = [root]
-    while pending:
-        for e in lake.storage.list_dir(pending.pop()):
-            if not e.is_dir or e.path.rstrip("/") == lake.layout.control.rstrip("/"):
-                continue
-            if e.name == "_cdc":
-                found.append(f"{posixpath.dirname(e.path.rstrip('/'))} holds another table's lake (its _cdc {e.path})")
-            else:
-                pending.append(e.path)
-    return found
-
-
-def refuse_foreign_data(cfg: TableConfig, registry_dir: Path, own_file: Path | None = None) -> None:
-    """Raise :class:`ForeignDataError` when the table's storage root holds another table's data."""
-    found = foreign_data(cfg, registry_dir, own_file)
-    if found:
-        root = Lake(cfg).layout.root
-        raise ForeignDataError(
-            f"{cfg.qualified_name}: refusing --drop-data: its storage root {root} holds another table's data: "
-            + "; ".join(found)
-            + ". Nothing was changed. Move that table to a root of its own (or delete it first), or delete "
-            f"{cfg.qualified_name} without --drop-data and remove its own directories by hand"
-        )
+    lay, st = lake.layout, lake.storage
+    owned = OwnedFiles.read(lake)
+    removal = remove_files(lake, lay.root, owned, dry_run=dry_run)
+    removal.kept = [x for x in removal.kept if not x.startswith(f"{lay.owner} ")]  # the marker: deleted below
+    removal.kept += [f"{what}: what it names stays" for what in owned.unread]
+    if not dry_run:
+        # The marker last: a delete that stops half-way can be run again (the root is still the table's).
+        st.delete(lay.owner)
+        for d in (lay.control, lay.root):
+            st.remove_dir_if_empty(d)
+    removal.removed.append(lay.owner)
+    return removal
 
 
 def delete_table(
@@ -253,8 +210,8 @@ def delete_table(
     now = now or datetime.now(UTC)
     refuse_if_leased(cfg, now)
     if drop_data:
-        # Before anything changes: the whole root goes, so nothing in it may be another table's.
-        refuse_foreign_data(cfg, registry_file.parent, registry_file)
+        # Before anything changes: only a root the table owns is touched, and only what its records name.
+        require_owned_root(cfg)
     report = DeleteReport()
     # The registry file first: while it exists the DAG's next run would recreate the tables.
     if registry_file.exists():
@@ -264,11 +221,12 @@ def delete_table(
     with connect(endpoint) as ms:
         for name in metastore_objects(cfg):
             (report.dropped if ms.drop_table(cfg.database, name) else report.absent).append(f"{cfg.database}.{name}")
-    lake = Lake(cfg)
-    root = lake.layout.root
+    root = Lake(cfg).layout.root
     if drop_data:
-        lake.storage.delete_tree(root)
+        removal = drop_lake(cfg)
         report.data_deleted = root
+        report.files_deleted = len(removal.removed)
+        report.data_left = removal.kept
     else:
         report.data_kept = root
     log.info("%s: deleted (%s)", cfg.qualified_name, "; ".join(report.lines()))
@@ -278,10 +236,17 @@ def delete_table(
 def planned_deletion(cfg: TableConfig, registry_file: Path, drop_data: bool) -> list[str]:
     """What :func:`delete_table` would do, for the confirmation."""
     lay = Lake(cfg).layout
-    return [
+    lines = [
         f"move {registry_file} aside (its DAG {cfg.dag_id} disappears at the next parse)",
         *[f"drop {cfg.database}.{n} from the metastore (not its files)" for n in metastore_objects(cfg)],
-        f"delete everything under {lay.root}" if drop_data else f"keep the lake {lay.root}",
+    ]
+    if not drop_data:
+        return [*lines, f"keep the lake {lay.root}"]
+    removal = drop_lake(cfg, dry_run=True)
+    return [
+        *lines,
+        f"delete the {len(removal.removed)} files under {lay.root} that the table's records name (its marker last)",
+        *[f"leave {x}" for x in removal.kept],
     ]
 
 

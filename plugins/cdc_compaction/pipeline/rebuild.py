@@ -42,6 +42,7 @@ from cdc_compaction.job.contract import DATA_DIR, LAYOUT, STATS_FILE, TOMBSTONES
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline import views
 from cdc_compaction.pipeline.archive import archive_commit
+from cdc_compaction.pipeline.owned import remove_job_files
 from cdc_compaction.pipeline.pending import pending_files
 from cdc_compaction.pipeline.plan import sizing
 from cdc_compaction.pipeline.publish import next_partitions, sync_base_location
@@ -306,7 +307,7 @@ def rebuild(
     try:
         # Whatever an earlier (crashed) rebuild left is debris: nothing refers to it.
         for e in lake.storage.list_dir(rebuild_root(lake)):
-            lake.storage.delete_tree(e.path)
+            remove_job_files(lake, e.path)  # the job's files only: anything else put there stays
         live = lake.latest_commit()
         if live.seq == 0:
             raise RebuildError(f"{cfg.qualified_name}: nothing was committed yet, so there is nothing to rebuild")

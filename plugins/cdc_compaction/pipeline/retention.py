@@ -24,6 +24,7 @@ from cdc_compaction.core.lake import kept_seqs as kept_seqs  # retention.kept_se
 from cdc_compaction.core.mode import mode_of
 from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, TOMBSTONES_DIR
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.pipeline.owned import remove_named_files, remove_quarantine_entry, remove_version_files
 from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
 
@@ -117,11 +118,12 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
                     path = posixpath.join(parent, sub.name)
                     unreferenced = partition_dir_value(sub.name) is not None and path not in referenced
                     if sub.is_dir and (unreferenced or (parent == version_dir and sub.name == TOMBSTONES_DIR)):
-                        lake.storage.delete_tree(path)
+                        remove_version_files(lake, path)
                         removed.append(f"{e.name}/{path[len(version_dir) + 1 :]}")
             continue
         if e.is_dir and e.name in verdict.delete:
-            lake.storage.delete_tree(e.path)
+            # File by file, what the job writes there: anything else put in it stays (core/ownership.py).
+            remove_version_files(lake, e.path)
             removed.append(e.name)
             fault_point("cleanup.after_first_delete", rt.cfg.qualified_name)
     # Quarantined rows of a committed version are kept until re-ingested; those of a
@@ -131,7 +133,7 @@ def cleanup_versions(rt: Runtime, live_seq: int) -> list[str]:
         if e.is_dir and m is not None and int(m.group(1)) <= live_seq:
             commit = lake.read_commit(int(m.group(1)))
             if commit is None or commit.version != e.name:
-                lake.storage.delete_tree(e.path)
+                remove_quarantine_entry(lake, e.path)
     sweep_temporaries(rt, [lake.layout.control, lake.layout.plans, lake.layout.commits])
     removed += expire_archives(rt, live_seq)
     for e in lake.storage.list_dir(lake.layout.plans):
@@ -183,14 +185,19 @@ def expire_archives(rt: Runtime, live_seq: int, now: datetime | None = None) -> 
             archived.append((int(m.group(1)), commit.committed_at if commit else ""))
     removed = []
     for seq in expirable_archives(archived, oldest_kept, retention, now):
-        lake.storage.delete_tree(posixpath.join(lake.layout.archive, f"c{seq:08d}"))
+        # Exactly the archived copies its commit record names (and the directories that empties).
+        commit = lake.read_commit(seq)
+        d = posixpath.join(lake.layout.archive, f"c{seq:08d}")
+        remove_named_files(
+            lake, d, {posixpath.join(d, f["increment"], f["name"]) for f in (commit.files if commit else [])}
+        )
         removed.append(f"archive/c{seq:08d}")
     # A re-ingested entry's events were landed again (and are compacted and archived from there):
     # its copy is an archive like the others. One still waiting is the only copy: it stays.
     cutoff = now - retention
     for entry in Quarantine(lake).entries():
         if entry.reingested_at and datetime.fromisoformat(entry.reingested_at) < cutoff:
-            lake.storage.delete_tree(entry.path)
+            remove_quarantine_entry(lake, entry.path)
             removed.append(f"quarantine/{entry.id}")
     if removed:
         log.info("%s: past archive_retention (%s): removed %s", cfg.qualified_name, retention, removed)
@@ -219,13 +226,13 @@ def _keep_only_outputs(rt: Runtime, version_dir: str, referenced: frozenset[str]
         for sub in storage.list_dir(out_dir):
             path = posixpath.join(out_dir, sub.name)
             if sub.is_dir and path not in referenced:
-                storage.delete_tree(path)
+                remove_version_files(rt.lake, path)
                 removed.append(f"{posixpath.basename(version_dir)}/{name}/{sub.name}")
     data = posixpath.join(version_dir, DATA_DIR)
     if not any(loc == data or loc.startswith(data + "/") for loc in referenced):
         for sub in storage.list_dir(version_dir):
             if sub.is_dir and sub.name == DATA_DIR:
-                storage.delete_tree(data)
+                remove_version_files(rt.lake, data)
                 removed.append(f"{posixpath.basename(version_dir)}/{DATA_DIR}")
     return removed
 

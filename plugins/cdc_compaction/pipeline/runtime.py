@@ -19,6 +19,7 @@ from cdc_compaction.core import sql
 from cdc_compaction.core.deployment import deployment_id
 from cdc_compaction.core.exceptions import PlanError
 from cdc_compaction.core.lake import Lake, TableLease, version_dir_of
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.integrations.engine import Engine
@@ -100,5 +101,10 @@ def lease_owner(run_id: str) -> str:
 
 
 def take_lease(rt: Runtime, owner: str, now: datetime | None = None) -> None:
-    """Take or renew the table's lease for ``owner`` (see :class:`cdc_compaction.core.lake.TableLease`)."""
+    """Take or renew the table's lease for ``owner`` (see :class:`cdc_compaction.core.lake.TableLease`).
+
+    First the root must be the table's (core/ownership.py): every task that writes the lake takes the
+    lease, so a lake made before the ownership marker is adopted by whichever writes first.
+    """
+    claim(rt.lake)
     TableLease(rt.lake).acquire(owner, rt.cfg.lease_timeout, now or utcnow())

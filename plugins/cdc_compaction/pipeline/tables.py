@@ -18,6 +18,7 @@ from cdc_compaction.core.hive_types import hive_widening
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, normalize_hive_type
 from cdc_compaction.core.lake import EMPTY_VERSION, version_dir_of
 from cdc_compaction.core.mode import mode_of
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.integrations.metastore import Metastore, connect
 from cdc_compaction.job.contract import META_COLUMNS, PARTITION_COLUMN
 from cdc_compaction.pipeline import views
@@ -67,6 +68,8 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
     cfg, lay, st = rt.cfg, rt.lake.layout, rt.lake.storage
     db, names = cfg.database, rt.names
     fingerprint = sql.schema_fingerprint(cfg)
+    # Before anything is written: the root must be (or become) this table's alone (core/ownership.py).
+    claim(rt.lake)
     for d in (lay.data_dir(EMPTY_VERSION), str(lay.tombstones_dir(EMPTY_VERSION)), lay.incremental, lay.staging):
         st.makedirs(d)
     statements: list[str] = []

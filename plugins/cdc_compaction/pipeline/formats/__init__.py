@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from cdc_compaction.core.exceptions import FormatError
 from cdc_compaction.core.sidechannel import count_failure
 from cdc_compaction.job.contract import LAYOUT
+from cdc_compaction.pipeline.owned import remove_format_metadata
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -174,7 +175,7 @@ def _drop_unlisted(rt: Runtime, done: dict[str, Any]) -> None:
         try:
             fmt = _loadable(name)
             if fmt is not None and rt.lake.storage.exists(fmt.metadata_root(rt.lake)):
-                rt.lake.storage.delete_tree(fmt.metadata_root(rt.lake))
+                remove_format_metadata(rt.lake, fmt.metadata_root(rt.lake))
                 log.info("%s: %s is no longer in formats: its metadata was deleted", rt.cfg.qualified_name, name)
                 done.setdefault("dropped", []).append(name)
         except Exception as exc:
@@ -231,7 +232,7 @@ def regenerate_formats(rt: Runtime) -> dict[str, Any]:
                 fmt.regenerate(rt, lake, kept)
                 done["regenerated"].append(name)
             elif lake.storage.exists(fmt.metadata_root(lake)):
-                lake.storage.delete_tree(fmt.metadata_root(lake))
+                remove_format_metadata(lake, fmt.metadata_root(lake))
                 done["deleted"].append(name)
         except Exception as exc:
             log.exception(

@@ -60,6 +60,7 @@ from cdc_compaction.core.exceptions import FormatError, PreconditionFailedError
 from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.job.contract import PARTITION_COLUMN
 from cdc_compaction.job.faults import fault_point
+from cdc_compaction.pipeline.owned import remove_format_metadata
 
 if TYPE_CHECKING:
     from cdc_compaction.core.lake import Commit, Lake
@@ -667,7 +668,7 @@ def expire(rt: Runtime, lake: Lake, keep_seqs: set[int]) -> None:
         return
     if max((*jsons, *cps), default=-1) < oldest:
         # The log names only versions about to go (its syncs failed since): drop it; the next sync starts it anew.
-        lake.storage.delete_tree(metadata_root(lake))
+        remove_format_metadata(lake, metadata_root(lake))
         return
     if oldest not in cps:
         state = read_log(lake, upto=oldest)
@@ -683,7 +684,7 @@ def regenerate(rt: Runtime, lake: Lake, kept: list[Commit]) -> None:
     """Write the log anew from the kept commits (after an erase rewrote files), then drop every other entry."""
     if not kept:
         if lake.storage.exists(metadata_root(lake)):
-            lake.storage.delete_tree(metadata_root(lake))
+            remove_format_metadata(lake, metadata_root(lake))
         return
     state = _start(rt, lake, kept[0], overwrite=True)
     for commit in kept[1:]:
