@@ -246,6 +246,28 @@ def test_the_pointer_of_a_copied_lake_follows_its_root(tmp_path: Path) -> None:
     assert not moved.advance_pointer(live), "in place already: nothing to do"
 
 
+def test_a_plan_made_under_the_old_root_is_refused_on_the_copy_until_committed(tmp_path: Path) -> None:
+    from cdc_compaction.core.exceptions import PlanError
+    from cdc_compaction.pipeline.runtime import load_plan
+
+    cfg = cfg_at(tmp_path / "first", "pl", **PARTITIONED)
+    lake = Lake(cfg)
+    write_version(lake, 1, STATES[0])
+    plan = {"plan_id": "p2", "seq": 2, "output_location": lake.layout.version_dir("v00000002-p2")}
+    Path(lake.layout.plans).mkdir(parents=True)
+    Path(lake.layout.plan_path("p2")).write_text(json.dumps(plan))
+    copied, moved = copy_of(tmp_path, cfg)
+    rt = formats.runtime_for(copied, moved)
+    with pytest.raises(PlanError) as err:
+        load_plan(rt, moved.layout.plan_path("p2"))
+    assert copied.qualified_name in str(err.value) and lake.layout.root in str(err.value)
+    assert "clear the run's plan task" in str(err.value)
+    # Under its own root it is read as it is; once committed, the steps after publish read it on the copy too.
+    assert load_plan(formats.runtime_for(cfg, lake), lake.layout.plan_path("p2"))["seq"] == 2
+    write_version(moved, 2, STATES[1])
+    assert load_plan(rt, moved.layout.plan_path("p2"))["plan_id"] == "p2"
+
+
 # ------------------------------------------------------------------------- a copied lake, both formats
 @pytest.mark.parametrize("absolute_upto", [0, 3], ids=["relative-records", "old-absolute-records"])
 def test_erase_verify_and_time_travel_on_a_copy_with_both_formats(tmp_path: Path, absolute_upto: int) -> None:
@@ -354,3 +376,93 @@ def test_a_copys_stale_iceberg_metadata_is_written_anew_for_its_root(tmp_path: P
         assert rows == expected(seq, erased=False)
         assert all(f.startswith(f"file://{moved.layout.root}/") for f in files), files
     assert tree_digest(Path(lake.layout.root)) == before
+
+
+# ------------------------------------------------------------------------- the real pipeline on a copy
+REGIONAL = {"id": pa.int32(), "full_name": pa.string(), "op": pa.string(), "ts_ms": pa.int64(), "region": pa.string()}
+
+
+def _land(cfg: TableConfig, increment: str, rows: list[tuple[int, str, str, int, str]]) -> None:
+    target = Path(Lake(cfg).layout.incremental) / increment
+    target.mkdir(parents=True)
+    cols = {name: pa.array([r[i] for r in rows], t) for i, (name, t) in enumerate(REGIONAL.items())}
+    pq.write_table(pa.table(cols), target / "part-00000.parquet")
+
+
+def _version_pairs(commit: Commit) -> list[tuple[int, str]]:
+    """A kept version's visible rows, read from the files its record names (as `versions` tells a reader)."""
+    out = []
+    for loc in (commit.partitions or {}).values():
+        for f in sorted(Path(loc).glob("*.parquet")):
+            out += [(r["id"], r["full_name"]) for r in pq.read_table(f, columns=["id", "full_name"]).to_pylist()]
+    return sorted(out)
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+def test_a_copied_lake_compacts_erases_and_travels_as_itself_through_the_real_steps(
+    tmp_path: Path, runtime: Any, spark: Any
+) -> None:
+    """Compact on the original, ``cp -a`` the root, point the registry at the copy, compact a new increment
+    there, erase a person there, verify, travel to every kept version (delta-rs, pyiceberg, the records):
+    the copy holds the value nowhere, and the original root is untouched."""
+    from conftest import compact_once, visible_names
+
+    from cdc_compaction.operations.travel import kept_commit
+    from cdc_compaction.pipeline.formats import delta
+    from cdc_compaction.pipeline.tables import ensure_tables
+
+    table = f"reloc_{os.getpid()}"
+    extra = {"formats": ["delta", "iceberg"], "keep_versions": 4, **PARTITIONED}
+    cfg = cfg_at(tmp_path / "first", table, **extra)
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    _land(
+        cfg,
+        "increment_2026112200",
+        [(1, "ann", "c", 1, "north"), (2, "bob", "c", 1, "south"), (7, MARK, "c", 1, "west")],
+    )
+    compact_once(rt, "r1")
+    _land(cfg, "increment_2026112201", [(2, "bobby", "u", 2, "south"), (3, "cid", "c", 2, "north")])
+    compact_once(rt, "r2")
+    original = Path(rt.lake.layout.root)
+    before = tree_digest(original)
+
+    shutil.copytree(original, tmp_path / "copy" / table, symlinks=True)
+    copied = cfg_at(tmp_path / "copy", table, **extra)
+    crt = runtime(copied)
+    lake = crt.lake
+    root = Path(lake.layout.root)
+    ensure_tables(crt)  # check_storage_root follows the moved tree; the metastore is moved on by the plan
+    _land(copied, "increment_2026112202", [(4, "dan", "c", 3, "north"), (1, "ann", "d", 3, "north")])
+    compact_once(crt, "r3")
+    live = lake.latest_commit()
+    assert live.seq == 3
+    assert all(loc.startswith(f"{root}/") for loc in live.partitions.values()), live.partitions
+    assert visible_names(spark, copied) == {2: "bobby", 3: "cid", 4: "dan", 7: MARK}
+    doc = json.loads(Path(lake.layout.commit_path(3)).read_text())
+    assert all(not p.startswith("/") for p in doc["partitions"].values()), doc["partitions"]
+
+    erase(copied, WHERE, actor="test", metastore=crt.metastore)
+    found = verify(lake, parse_predicate(copied, WHERE))
+    assert found["matching"] == {} and found["naming"] == [], found
+    assert search(root, MARK) == [] and avro_hits(root, MARK) == []
+    # The erased person's partition is gone from the metastore too (the next plan moves the base on).
+    assert visible_names(spark, copied) == {2: "bobby", 3: "cid", 4: "dan"}
+
+    # Every kept version on the copy, by its record, by delta-rs and by pyiceberg: without the erased row.
+    want = {
+        1: [(1, "ann"), (2, "bob")],
+        2: [(1, "ann"), (2, "bobby"), (3, "cid")],
+        3: [(2, "bobby"), (3, "cid"), (4, "dan")],
+        4: [(2, "bobby"), (3, "cid"), (4, "dan")],
+    }
+    assert lake.latest_commit().seq == 4
+    itable = iceberg_table(copied, lake)
+    for seq, rows in want.items():
+        commit = kept_commit(lake, seq)
+        assert _version_pairs(commit) == rows, seq
+        assert delta_pairs(delta.table_root(lake), seq) == rows, seq
+        got, files = iceberg_pairs(itable, seq)
+        assert got == rows and all(f.startswith(f"file://{root}/") for f in files), (seq, files)
+    assert tree_digest(original) == before, "the original root changed"
