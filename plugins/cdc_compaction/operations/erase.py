@@ -1144,9 +1144,18 @@ def erase(
     }
     lake.storage.write_text(audit_path(lake, erase_id), json.dumps(audit, indent=1, sort_keys=True))
     if problems["naming"]:
+        from cdc_compaction.pipeline import formats
+
+        held = [p for p in problems["naming"] if formats.is_metadata_path(lake, p)]
+        by_format = (
+            f" ({len(held)} of them table-format metadata, {cfg.formats or 'no formats listed'}: {held[:5]}; it is "
+            "derived, so deleting that format's directory is safe: the next publish writes it anew)"
+            if held
+            else ""
+        )
         raise EraseError(
             f"{cfg.qualified_name}: erase {erase_id} finished, but {len(problems['naming'])} path names or records "
-            f"under {lake.layout.root} still name an erased value: {problems['naming'][:10]} (audit "
+            f"under {lake.layout.root} still name an erased value: {problems['naming'][:10]}{by_format} (audit "
             f"{audit_path(lake, erase_id)}). Run the erase again; if they remain, remove or rename them by hand"
         )
     if problems["matching"]:
