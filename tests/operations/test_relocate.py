@@ -328,6 +328,30 @@ def test_a_failed_format_rebuild_fails_the_erase_and_the_next_erase_finishes_it(
     assert delta_pairs(delta.table_root(lake), lake.latest_commit().seq) == expected(3, erased=True)
 
 
+def test_an_erase_that_crashed_before_the_copy_finishes_on_the_copy_and_never_touches_the_original(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cdc_compaction.job.faults import ENV, InjectedFaultError
+
+    cfg, lake = make_lake(tmp_path, "jr")
+    monkeypatch.setenv(ENV, f"erase.after_commit_record@{cfg.qualified_name}=raise")
+    with pytest.raises(InjectedFaultError):
+        erase(cfg, WHERE, actor="test")
+    monkeypatch.delenv(ENV)
+    journals = list(Path(lake.layout.root, "_cdc", "erase").glob("e*.json"))
+    assert journals and str(lake.layout.root) in journals[0].read_text(), "the journal names the original's files"
+    before = tree_digest(Path(lake.layout.root))
+    # The lease of the crashed erase went with its process: released here as `lease break` would.
+    copied, moved = copy_of(tmp_path, cfg)
+    from cdc_compaction.core.lake import TableLease
+
+    TableLease(moved).break_("test")
+    erase(copied, WHERE, actor="test")
+    root = Path(moved.layout.root)
+    assert search(root, MARK) == [] and avro_hits(root, MARK) == []
+    assert tree_digest(Path(lake.layout.root)) == before, "the copy's roll-forward touched the original"
+
+
 def test_a_crashed_delta_temporary_holding_the_value_is_removed_and_verify_reads_format_files(
     tmp_path: Path,
 ) -> None:

@@ -1393,9 +1393,21 @@ def _write_erase_version(
     )
 
 
+def _journal_here(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
+    """``journal`` with its paths under this root: a journal copied with the lake from another root (an
+    erase that crashed before the copy) must finish on the copy's files, never touch the original's."""
+    to = lake.layout.abs
+    return {
+        **journal,
+        "entries": [{**e, "path": to(e["path"]), "temp": to(e["temp"])} for e in journal.get("entries", [])],
+        "drop_dirs": [to(d) for d in journal.get("drop_dirs", [])],
+    }
+
+
 def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpoint | None = None) -> dict[str, Any]:
     """After the decision: publish the pointer, replace each original by its rewrite, drop the emptied
     partitions (metastore, directories, records), write the audit. Every step may be redone."""
+    journal = _journal_here(lake, journal)
     table = lake.cfg.qualified_name
     seq = journal.get("commit_seq")
     if seq is not None:
@@ -1531,7 +1543,7 @@ def finish_unfinished(lake: Lake, metastore: MetastoreEndpoint | None = None) ->
     for f in lake.storage.list_dir(erase_dir(lake)):
         if not f.name.endswith(".json") or f.name.endswith(".audit.json"):
             continue
-        journal = json.loads(lake.storage.read_text(f.path))
+        journal = _journal_here(lake, json.loads(lake.storage.read_text(f.path)))
         if _is_committed(lake, journal):
             log.warning("%s: finishing erase %s a crash interrupted", lake.cfg.qualified_name, journal["erase_id"])
             _roll_forward(lake, journal, metastore)
