@@ -53,7 +53,8 @@ def live_index(lake: Lake, commit: Commit) -> dict[str, str]:
         doc = json.loads(lake.storage.read_text(path))
         if doc.get("version") == commit.version:  # a side file of another table's history is ignored
             index = doc.get("index") or {}
-    return {v: index[v] for v in sorted(commit.partitions or {}) if v in index}
+    # Side files name directories relative to the root (older ones absolutely): resolved here, like records.
+    return {v: lake.layout.abs(index[v]) for v in sorted(commit.partitions or {}) if v in index}
 
 
 def _files(lake: Lake, location: str) -> list[str]:
@@ -226,7 +227,14 @@ def rebuild_index(lake: Lake, by: str, now: datetime) -> RebuildResult:
             lake.storage.write_bytes(posixpath.join(out, "part-00000-rebuilt.snappy.parquet"), buf.getvalue())
             index[value] = out
             rows += keys.num_rows
-        doc = {"seq": commit.seq, "version": commit.version, "index": index, "rebuilt_at": now.isoformat(), "by": by}
+        doc = {
+            "seq": commit.seq,
+            "version": commit.version,
+            # Relative to the root, as commit records name files: a copied lake reads its own index.
+            "index": {v: lake.layout.rel(d) for v, d in index.items()},
+            "rebuilt_at": now.isoformat(),
+            "by": by,
+        }
         # The one step that makes the new index the live one (atomic replace of a small file).
         lake.storage.makedirs(posixpath.dirname(side_path(lake, commit.seq)))
         lake.storage.write_text(side_path(lake, commit.seq), json.dumps(doc, indent=1, sort_keys=True))

@@ -46,7 +46,8 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -72,6 +73,43 @@ def version_dir_of(location: str) -> str:
     if name in (DATA_DIR, TOMBSTONES_DIR, INDEX_DIR) or name.startswith(f"{INDEX_DIR}-"):
         loc = posixpath.dirname(loc)
     return loc
+
+
+#: The top-level areas of a table's root besides its landing directory (``increments.directory``):
+#: what a path of a record is recognised by when the root it names is not this one (:meth:`Layout.abs`).
+_ROOT_AREAS: tuple[str, ...] = ("base", "archive", "quarantine", "_cdc", "changes", "rebuild", "iceberg")
+
+
+def _is_absolute(path: str) -> bool:
+    return path.startswith("/") or "://" in path
+
+
+def _lake_relative(path: str, areas: tuple[str, ...]) -> str | None:
+    """The part of an absolute ``path`` from the lake area it lies in (``base/v.../data``), or None.
+
+    The rightmost area wins: the old root may itself contain a directory called ``base`` or
+    ``archive``, while nothing below an area is named like an area (version directories are
+    ``v<seq>-...``, partitions ``_cdc_partition=<escaped value>``).  A ``base`` match must be the
+    base itself or followed by a version directory (``v`` and digits), to skip a root's own ``base``.
+    """
+    best: tuple[int, str] | None = None
+    for area in areas:
+        probe = "/" + area.strip("/")
+        start = len(path)
+        while (at := path.rfind(probe, 0, start)) >= 0:
+            start = at
+            rest = path[at + 1 :]
+            end = at + len(probe)
+            if end != len(path) and path[end] != "/":
+                continue  # a longer name that starts like the area
+            if area == "base" and end != len(path):
+                following = path[end + 1 :].split("/", 1)[0]
+                if not (following.startswith("v") and following[1:9].isdigit()) and not following.startswith("_"):
+                    continue
+            if best is None or at > best[0]:
+                best = (at, rest)
+            break
+    return best[1] if best is not None else None
 
 
 @dataclass(frozen=True)
@@ -161,6 +199,47 @@ class Layout:
 
     def lease_released(self, n: int) -> str:
         return posixpath.join(self.leases, f"{n:08d}.released")
+
+    # -- relocation: records name files relative to the root (docs/data.md, "Copying or restoring a lake")
+    @property
+    def areas(self) -> tuple[str, ...]:
+        """The top-level areas of the root, relative (``base``, the landing directory, ``archive`` ...):
+        how a path of a record written under another root is recognised (:meth:`abs`)."""
+        landing = posixpath.relpath(self.incremental, self.root)
+        return (landing, *_ROOT_AREAS)
+
+    def rel(self, path: str) -> str:
+        """``path`` as records name it: relative to the root when it lies under the root, else as is.
+
+        A path of a record written under another root (a copied or moved lake) is first mapped to
+        this root (:meth:`abs`), so a rewritten record never keeps the old root."""
+        path = self.abs(path)
+        root = self.root.rstrip("/")
+        if path == root:
+            return "."
+        if path.startswith(root + "/"):
+            return path[len(root) + 1 :]
+        return path
+
+    def abs(self, path: str) -> str:
+        """The absolute path of a path a record names, under *this* root.
+
+        * relative (what records written since relocation name): joined onto the root;
+        * absolute under this root: as it is;
+        * absolute under another root (a record written before the lake was copied, restored or
+          moved, when records named absolute paths): the part from the lake area it lies in
+          (``base/...``, ``incremental/...``, ``archive/...``) is taken under this root;
+        * anything else (no lake area in it): as it is.
+        """
+        if not path:
+            return path
+        root = self.root.rstrip("/")
+        if not _is_absolute(path):
+            return root if path == "." else posixpath.join(root, path)
+        if path == root or path.startswith(root + "/"):
+            return path
+        rel = _lake_relative(path, self.areas)
+        return posixpath.join(root, rel) if rel is not None else path
 
 
 @dataclass(frozen=True)
@@ -267,6 +346,47 @@ class Commit:
 LEGACY_OUTPUT_FIELDS: tuple[str, ...] = ("history",)
 
 
+def _map_paths(commit: Commit, to: Callable[[str], str], layout: Layout) -> Commit:
+    """``commit`` with every path it names passed through ``to`` (:meth:`Layout.abs` or :meth:`Layout.rel`):
+    the partition map, the key index, the taken files' paths and the mode's output locations."""
+
+    def paths(doc: dict[str, str] | None) -> dict[str, str] | None:
+        return None if doc is None else {k: to(v) if isinstance(v, str) else v for k, v in doc.items()}
+
+    def output(value: Any) -> Any:
+        # A mode's {value: location} map (snapshot: its history partitions); other entries are not paths.
+        if (
+            isinstance(value, dict)
+            and value
+            and all(isinstance(v, str) and _is_path(v, layout) for v in value.values())
+        ):
+            return {k: to(v) for k, v in value.items()}
+        return value
+
+    return replace(
+        commit,
+        partitions=paths(commit.partitions),
+        index=paths(commit.index),
+        files=[{**f, "path": to(f["path"])} if isinstance(f.get("path"), str) else f for f in commit.files],
+        outputs=None if commit.outputs is None else {k: output(v) for k, v in commit.outputs.items()},
+    )
+
+
+def _is_path(value: str, layout: Layout) -> bool:
+    """A location a record names: absolute, or relative starting with one of the root's areas."""
+    return _is_absolute(value) or any(value == a or value.startswith(a + "/") for a in layout.areas)
+
+
+def resolved(layout: Layout, commit: Commit) -> Commit:
+    """``commit`` with every path absolute under ``layout``'s root (what every reader of a record uses)."""
+    return _map_paths(commit, layout.abs, layout)
+
+
+def portable(layout: Layout, commit: Commit) -> Commit:
+    """``commit`` with every path relative to the root (what a record on storage names)."""
+    return _map_paths(commit, layout.rel, layout)
+
+
 GENESIS = Commit(seq=0, version=EMPTY_VERSION, plan_id="", run_id="", parent_seq=-1, files=[], increments=[])
 
 
@@ -290,6 +410,8 @@ class Lake:
             commit = Commit.from_json(text)
             if commit.seq != seq:
                 raise ValueError(f"it names commit {commit.seq!r}")
+            # Records name files relative to the root (older ones absolutely, maybe under another root).
+            commit = resolved(self.layout, commit)
         except (ValueError, TypeError) as exc:
             # Permanent: retrying reads the same bytes. A person must restore the record.
             raise CommitLogError(
@@ -353,7 +475,8 @@ class Lake:
     def try_commit(self, commit: Commit) -> bool:
         """Create the commit record; False if a record with that seq exists already."""
         try:
-            self.storage.create_exclusive(self.layout.commit_path(commit.seq), commit.to_json())
+            # Relative paths: a copied or restored lake reads its own files (docs/data.md).
+            self.storage.create_exclusive(self.layout.commit_path(commit.seq), portable(self.layout, commit).to_json())
             return True
         except PreconditionFailedError:
             return False
@@ -386,7 +509,11 @@ class Lake:
             doc["partitions"] = commit.partitions
         while True:
             text, token = self.storage.read_versioned(self.layout.pointer)
-            if text is not None and _pointer_seq(text) >= commit.seq:
+            if text is not None and _pointer_seq(text) > commit.seq:
+                return False
+            if text is not None and _pointer_seq(text) == commit.seq and _pointer_location(text) == doc["location"]:
+                # Same commit, same place. (A pointer copied from another root names that root's files:
+                # rewritten for this one, same commit.)
                 return False
             try:
                 self.storage.write_if_match(self.layout.pointer, json.dumps(doc, indent=1, sort_keys=True), token)
@@ -400,6 +527,13 @@ class Lake:
     def live_location(self) -> str:
         """The live version's visible rows (what the base table reads)."""
         return self.data_location(self.latest_commit())
+
+
+def _pointer_location(text: str) -> str | None:
+    try:
+        return str(json.loads(text)["location"])
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def _pointer_seq(text: str) -> int:

@@ -66,7 +66,8 @@ import os
 import posixpath
 import re
 import uuid
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
@@ -600,6 +601,10 @@ class Inventory:
     unhandled: list[Located]
     #: Every directory (its path names are searched too).
     dirs: list[str]
+    #: The table formats' metadata files (``base/_delta_log``, ``iceberg/``), their crashed writes'
+    #: temporaries included: listed only for the verification (``hidden``), which searches their
+    #: decoded bytes; an erase regenerates them rather than filtering them.
+    metadata: list[Located] = field(default_factory=list)
 
 
 def _location(lake: Lake, path: str, live: list[str]) -> str:
@@ -674,7 +679,12 @@ def inventory(lake: Lake, commit: Commit, hidden: bool = False) -> Inventory:
         for e in sorted(lake.storage.list_dir(d), key=lambda e: e.name):
             if e.is_dir:
                 if formats.is_metadata_path(lake, e.path):
-                    continue  # a table format's metadata (base/_delta_log): derived, regenerated after the commit
+                    # A table format's metadata (base/_delta_log, iceberg/): derived, regenerated after the
+                    # commit; the verification (hidden) still reads every file of it.
+                    if hidden:
+                        out.dirs.append(e.path)
+                        out.metadata += _all_files(lake, e.path)
+                    continue
                 out.dirs.append(e.path)
                 visit(e.path)
                 continue
@@ -700,6 +710,17 @@ def inventory(lake: Lake, commit: Commit, hidden: bool = False) -> Inventory:
                 out.unhandled.append(item)
 
     visit(lake.layout.root)
+    return out
+
+
+def _all_files(lake: Lake, directory: str) -> list[Located]:
+    """Every file under ``directory``, hidden ones included (a format's metadata, for the verification)."""
+    out = []
+    for e in sorted(lake.storage.list_dir(directory), key=lambda e: e.name):
+        if e.is_dir:
+            out += _all_files(lake, e.path)
+        else:
+            out.append(Located("formats", e.path, e.size))
     return out
 
 
@@ -823,7 +844,7 @@ def scan(lake: Lake, pred: Predicate, hidden: bool = False) -> dict[str, Any]:
             rows[f.location] += n
             matching[f.path] = n
     return {
-        "files_checked": len(files) + len(found.records) + len(found.unhandled),
+        "files_checked": len(files) + len(found.records) + len(found.unhandled) + len(found.metadata),
         "rows": rows,
         "matching": matching,
         "unreadable": unreadable,
@@ -968,7 +989,7 @@ def _records_naming(lake: Lake, found: Inventory, tokens: frozenset[str]) -> lis
     (unreadable, unhandled) whose raw bytes hold one."""
     hits: list[str] = []
     root = lake.layout.root.rstrip("/") + "/"
-    for path in [*found.dirs, *(f.path for f in (*found.rows, *found.records, *found.unhandled))]:
+    for path in [*found.dirs, *(f.path for f in (*found.rows, *found.records, *found.unhandled, *found.metadata))]:
         if _names_any(path[len(root) :] if path.startswith(root) else path, tokens):
             hits.append(path)
     for f in found.records:
@@ -983,7 +1004,92 @@ def _records_naming(lake: Lake, found: Inventory, tokens: frozenset[str]) -> lis
             data = fh.read()
         if any(t in data for t in raw):
             hits.append(f.path)
+    for f in found.metadata:
+        if f.path not in hits and f.size and _metadata_names(lake, f.path, tokens):
+            hits.append(f.path)
     return sorted(hits)
+
+
+#: Iceberg truncates string bounds in its manifests to this many characters (pyiceberg's default metrics).
+_ICEBERG_BOUND_CHARS = 16
+
+
+def _metadata_names(lake: Lake, path: str, tokens: frozenset[str]) -> bool:
+    """Whether a format's metadata file holds an erased value, searched in what its bytes decode to:
+    an Avro manifest's blocks decompressed, a Parquet checkpoint's rows, JSON lines with their
+    escapes undone, and the raw bytes (a temporary, the SQL catalog).  An Avro bound is truncated
+    (:data:`_ICEBERG_BOUND_CHARS`): a longer value is searched for by that prefix there."""
+    with lake.storage.open_read(path) as fh:
+        data = bytes(fh.read())
+    blobs = [data]
+    prefixes = False
+    if data[:4] == b"Obj\x01":
+        try:
+            blobs.append(avro_payload(data))
+            prefixes = True
+        except (ValueError, IndexError, zlib.error):
+            pass  # not a readable container: its raw bytes are searched
+    elif data[:4] == PARQUET_MAGIC:
+        table = _try_read(lake, path)
+        if table is not None:
+            blobs.append(json.dumps(table.to_pylist(), ensure_ascii=False, default=str).encode("utf-8"))
+    else:
+        text = data.decode("utf-8", errors="replace")
+        for line in text.splitlines():
+            try:
+                blobs.append(json.dumps(json.loads(line), ensure_ascii=False).encode("utf-8"))
+            except ValueError:
+                continue
+    for token in tokens:
+        probes = [token.encode("utf-8")]
+        if prefixes and len(token) > _ICEBERG_BOUND_CHARS:
+            probes.append(token[:_ICEBERG_BOUND_CHARS].encode("utf-8"))
+        if any(p in blob for p in probes for blob in blobs):
+            return True
+    return False
+
+
+def avro_payload(data: bytes) -> bytes:
+    """An Avro object container file's header and records, every block decompressed (``null`` and
+    ``deflate``, what pyiceberg writes): the bytes a search for a value must see.  ValueError otherwise."""
+    buf = io.BytesIO(data)
+
+    def long() -> int:
+        shift = result = 0
+        while True:
+            byte = buf.read(1)
+            if not byte:
+                raise ValueError("truncated Avro file")
+            result |= (byte[0] & 0x7F) << shift
+            shift += 7
+            if not byte[0] & 0x80:
+                return (result >> 1) ^ -(result & 1)
+
+    def raw() -> bytes:
+        return buf.read(long())
+
+    if buf.read(4) != b"Obj\x01":
+        raise ValueError("not an Avro container file")
+    meta: dict[str, bytes] = {}
+    while (n := long()) != 0:
+        if n < 0:
+            n, _ = -n, long()
+        for _ in range(n):
+            key = raw().decode("utf-8", errors="replace")
+            meta[key] = raw()
+    codec = meta.get("avro.codec", b"null").decode("utf-8", errors="replace")
+    buf.read(16)
+    out = [data[: buf.tell()]]
+    while buf.tell() < len(data):
+        long()  # the block's record count
+        block = raw()
+        if codec == "deflate":
+            block = zlib.decompress(block, -15)
+        elif codec != "null":
+            raise ValueError(f"Avro codec {codec} is not decoded here")
+        out.append(block)
+        buf.read(16)
+    return b"".join(out)
 
 
 def _json_names(doc: Any, tokens: frozenset[str]) -> bool:
@@ -1070,9 +1176,18 @@ def erase(
     }
     lake.storage.write_text(audit_path(lake, erase_id), json.dumps(audit, indent=1, sort_keys=True))
     if problems["naming"]:
+        from cdc_compaction.pipeline import formats
+
+        held = [p for p in problems["naming"] if formats.is_metadata_path(lake, p)]
+        by_format = (
+            f" ({len(held)} of them table-format metadata, {cfg.formats or 'no formats listed'}: {held[:5]}; it is "
+            "derived, so deleting that format's directory is safe: the next publish writes it anew)"
+            if held
+            else ""
+        )
         raise EraseError(
             f"{cfg.qualified_name}: erase {erase_id} finished, but {len(problems['naming'])} path names or records "
-            f"under {lake.layout.root} still name an erased value: {problems['naming'][:10]} (audit "
+            f"under {lake.layout.root} still name an erased value: {problems['naming'][:10]}{by_format} (audit "
             f"{audit_path(lake, erase_id)}). Run the erase again; if they remain, remove or rename them by hand"
         )
     if problems["matching"]:
@@ -1310,9 +1425,21 @@ def _write_erase_version(
     )
 
 
+def _journal_here(lake: Lake, journal: dict[str, Any]) -> dict[str, Any]:
+    """``journal`` with its paths under this root: a journal copied with the lake from another root (an
+    erase that crashed before the copy) must finish on the copy's files, never touch the original's."""
+    to = lake.layout.abs
+    return {
+        **journal,
+        "entries": [{**e, "path": to(e["path"]), "temp": to(e["temp"])} for e in journal.get("entries", [])],
+        "drop_dirs": [to(d) for d in journal.get("drop_dirs", [])],
+    }
+
+
 def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpoint | None = None) -> dict[str, Any]:
     """After the decision: publish the pointer, replace each original by its rewrite, drop the emptied
     partitions (metastore, directories, records), write the audit. Every step may be redone."""
+    journal = _journal_here(lake, journal)
     table = lake.cfg.qualified_name
     seq = journal.get("commit_seq")
     if seq is not None:
@@ -1356,9 +1483,7 @@ def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpo
         _scrub_records(lake, values)
     # Files were rewritten in place: a table format's metadata (sizes, column bounds) is derived, so it is
     # written anew from the kept commits rather than filtered (formats.is_metadata_path). Never raises.
-    from cdc_compaction.pipeline import formats
-
-    formats.regenerate_formats(formats.runtime_for(lake.cfg, lake))
+    _regenerate_formats_or_fail(lake, journal["erase_id"])
     fault_point("erase.before_audit", table)
     audit = {
         "erase_id": journal["erase_id"],
@@ -1381,6 +1506,40 @@ def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpo
     lake.storage.write_text(audit_path(lake, journal["erase_id"]), json.dumps(audit, indent=1, sort_keys=True))
     lake.storage.delete(_journal_path(lake, journal["erase_id"]))
     return audit
+
+
+def _regenerate_formats_or_fail(lake: Lake, erase_id: str) -> None:
+    """Regenerate the table formats' metadata; raise :class:`EraseError` if any format could not be.
+
+    A format whose regeneration failed may still hold an erased value (a column bound, a checkpoint's
+    statistics), so its metadata is deleted (derived data: the next publish writes it anew from the kept
+    commits) and the erase fails, naming the table, the format, the metadata and what to do.  The
+    journal stays: running the erase again redoes this step (the roll-forward).
+    """
+    from cdc_compaction.pipeline import formats
+
+    done = formats.regenerate_formats(formats.runtime_for(lake.cfg, lake))
+    failed = dict(done.get("failed") or {})
+    if not failed:
+        return
+    problems = []
+    for name, reason in sorted(failed.items()):
+        fmt = formats.load(name) if name in formats.FORMATS else None
+        where = fmt.metadata_root(lake) if fmt is not None else lake.layout.commits
+        removed = ""
+        if fmt is not None:
+            try:
+                if lake.storage.exists(where):
+                    lake.storage.delete_tree(where)
+                removed = " (deleted, so it holds no erased value; the next publish writes it anew)"
+            except Exception as exc:  # noqa: BLE001 - reported with the failure below
+                removed = f" (could not be deleted either: {exc}; it may still hold the erased value)"
+        problems.append(f"{name} metadata {where}{removed}: {reason}")
+    raise EraseError(
+        f"{lake.cfg.qualified_name}: erase {erase_id} rewrote the data, but the table formats' metadata could "
+        f"not be regenerated: {'; '.join(problems)}. The erase is not finished: fix the cause and run the same "
+        "erase again (it finishes this step), then `erase --verify`"
+    )
 
 
 def _drop_metastore_partitions(lake: Lake, values: frozenset[str], metastore: MetastoreEndpoint | None) -> None:
@@ -1420,7 +1579,7 @@ def finish_unfinished(lake: Lake, metastore: MetastoreEndpoint | None = None) ->
     for f in lake.storage.list_dir(erase_dir(lake)):
         if not f.name.endswith(".json") or f.name.endswith(".audit.json"):
             continue
-        journal = json.loads(lake.storage.read_text(f.path))
+        journal = _journal_here(lake, json.loads(lake.storage.read_text(f.path)))
         if _is_committed(lake, journal):
             log.warning("%s: finishing erase %s a crash interrupted", lake.cfg.qualified_name, journal["erase_id"])
             _roll_forward(lake, journal, metastore)

@@ -63,7 +63,18 @@ def read_json(rt: Runtime, path: str) -> dict[str, Any]:
 def load_plan(rt: Runtime, plan_path: str) -> dict[str, Any]:
     if not plan_path or not rt.lake.storage.exists(plan_path):
         raise PlanError(f"{rt.cfg.qualified_name}: plan file {plan_path!r} does not exist; clear the run's plan task")
-    return read_json(rt, plan_path)
+    p = read_json(rt, plan_path)
+    root = rt.lake.layout.root.rstrip("/") + "/"
+    output = str(p.get("output_location") or root)
+    if not output.startswith(root) and "seq" in p and rt.lake.read_commit(int(p["seq"])) is None:
+        # A plan made before the lake was copied or moved names the old root's files: its job would write there.
+        # (Once committed, the steps after publish read the commit record, whose paths follow the root.)
+        raise PlanError(
+            f"{rt.cfg.qualified_name}: plan file {plan_path} was made under another storage root (it writes to "
+            f"{output}, not under {rt.lake.layout.root}): the lake was copied or moved while this run was in "
+            "flight. Nothing was changed; clear the run's plan task, so that a new plan is made under this root"
+        )
+    return p
 
 
 def not_compacting(rt: Runtime, p: dict[str, Any], step: str) -> dict[str, Any] | None:

@@ -50,6 +50,7 @@ import io
 import json
 import logging
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -98,6 +99,9 @@ _META_COLUMNS = (
     ("_cdc_ingested_at", "timestamp"),
 )
 _HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+#: A crashed write's hidden temporary of one of the log's own files (the storage writes
+#: ``.<name>.<random>.tmp`` beside ``<name>`` and renames it): ``.00000000000000000003.json.abcd.tmp``.
+_TEMPORARY = re.compile(r"^\.(\d{20}\.json|\d{20}\.checkpoint\.parquet|_last_checkpoint)\..*\.tmp$")
 
 
 # ------------------------------------------------------------------------------ where
@@ -680,8 +684,31 @@ def expire(rt: Runtime, lake: Lake, keep_seqs: set[int]) -> None:
     log.info("%s: Delta log entries of expired versions removed: %s", lake.cfg.qualified_name, gone)
 
 
+def is_temporary(name: str) -> bool:
+    """A crashed write's hidden temporary of a log file (:data:`_TEMPORARY`): the log's own, never read by readers."""
+    return bool(_TEMPORARY.match(name))
+
+
+def delete_temporaries(lake: Lake) -> list[str]:
+    """Delete the crashed writes' temporaries in ``_delta_log`` (they may hold an erased value in their stats).
+
+    Only the log's own files by their naming pattern (:func:`is_temporary`), only in this table's log."""
+    if not lake.storage.exists(metadata_root(lake)):
+        return []
+    gone = []
+    for e in lake.storage.list_dir(metadata_root(lake)):
+        if not e.is_dir and is_temporary(e.name):
+            lake.storage.delete(e.path)
+            gone.append(e.name)
+    if gone:
+        log.info("%s: deleted crashed Delta log temporaries %s", lake.cfg.qualified_name, gone)
+    return gone
+
+
 def regenerate(rt: Runtime, lake: Lake, kept: list[Commit]) -> None:
-    """Write the log anew from the kept commits (after an erase rewrote files), then drop every other entry."""
+    """Write the log anew from the kept commits (after an erase rewrote files), then drop every other entry
+    and every crashed write's temporary (:func:`delete_temporaries`)."""
+    delete_temporaries(lake)
     if not kept:
         if lake.storage.exists(metadata_root(lake)):
             remove_format_metadata(lake, metadata_root(lake))

@@ -162,6 +162,46 @@ def _load(catalog: Any, cfg: TableConfig) -> Any | None:
         return None
 
 
+def is_stale(lake: Lake, table: Any) -> bool:
+    """Does the catalog's table describe another root (the lake was copied, restored or moved)?
+
+    Iceberg metadata names every file by absolute URI, so metadata written under the old root
+    names the old root's files (and its catalog entry the old root's metadata): read on the copy,
+    it would show the old root's rows.  It is stale when its location or its metadata file is not
+    under this table's ``<root>/iceberg``."""
+    here = _strip(table_root(lake)).rstrip("/")
+    location = _strip(str(table.location())).rstrip("/")
+    metadata = _strip(str(table.metadata_location))
+    return location != here or not metadata.startswith(here + "/")
+
+
+def _load_current(rt: Runtime, catalog: Any, lake: Lake) -> Any | None:
+    """The Iceberg table if it describes this root; a stale one (:func:`is_stale`) is dropped from the catalog
+    and its copied metadata deleted here (never the other root's files), so the caller writes it anew."""
+    table = _load(catalog, rt.cfg)
+    if table is None or not is_stale(lake, table):
+        return table
+    log.warning(
+        "%s: the Iceberg table %s describes %s, not %s (the lake was copied or moved): it is written anew",
+        rt.cfg.qualified_name,
+        ".".join(identifier(rt.cfg)),
+        table.location(),
+        table_root(lake),
+    )
+    catalog.drop_table(identifier(rt.cfg))  # the catalog entry only: no file of the other root is touched
+    _delete_metadata_files(lake)
+    return None
+
+
+def _delete_metadata_files(lake: Lake) -> None:
+    """Every file under ``metadata/`` but the SQL catalog (metadata.json, manifests, manifest lists)."""
+    if not lake.storage.exists(metadata_dir(lake)):
+        return
+    for e in lake.storage.list_dir(metadata_dir(lake)):
+        if not e.is_dir and not e.name.startswith(SQLITE_FILE):
+            lake.storage.delete(e.path)
+
+
 # ------------------------------------------------------------------ snapshots and commits
 def snapshot_seq(snapshot: Any) -> int | None:
     """The lake commit a snapshot describes (its summary's ``cdc.commit_seq``), None for another writer's."""
@@ -386,7 +426,7 @@ def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
     cfg = rt.cfg
     commits = sorted((c for c in kept if c.seq > 0), key=lambda c: c.seq)
     catalog = _catalog(rt, lake)
-    table = _load(catalog, cfg)
+    table = _load_current(rt, catalog, lake)
     done = synced_seqs(table) if table is not None else []
     top = done[-1] if done else 0
     synced = []
@@ -410,7 +450,7 @@ def expire(rt: Runtime, lake: Lake, keep_seqs: set[int]) -> None:
     """Drop the snapshots of commits not in ``keep_seqs`` (before retention deletes their files),
     then the manifests and manifest lists no remaining snapshot needs."""
     catalog = _catalog(rt, lake)
-    table = _load(catalog, rt.cfg)
+    table = _load_current(rt, catalog, lake)
     if table is None:
         return
     current = table.current_snapshot()
@@ -454,7 +494,5 @@ def regenerate(rt: Runtime, lake: Lake, kept: list[Commit]) -> None:
     catalog = _catalog(rt, lake)
     if _load(catalog, rt.cfg) is not None:
         catalog.drop_table(identifier(rt.cfg))
-    for e in lake.storage.list_dir(metadata_dir(lake)):
-        if not e.is_dir and not e.name.startswith(SQLITE_FILE):
-            lake.storage.delete(e.path)
+    _delete_metadata_files(lake)
     sync(rt, lake, kept)
