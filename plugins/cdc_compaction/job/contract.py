@@ -280,10 +280,12 @@ class PlanFile:
     missing_columns: tuple[str, ...] = field(default=(), metadata=_meta(load=_strs))
     #: The newest source event time in the file (ISO, from its footer's statistics), or "".
     newest_event: str = ""
+    #: Which landing of the file the plan took (the Airflow side's ``FileInfo.token``), or "".
+    landed: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         doc = _dump(self)
-        for key in ("ignored_columns", "missing_columns", "newest_event"):
+        for key in ("ignored_columns", "missing_columns", "newest_event", "landed"):
             if not doc[key]:
                 del doc[key]
         return doc
