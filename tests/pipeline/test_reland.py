@@ -21,8 +21,10 @@ import pytest
 from conftest import compact_once, finish_run
 
 from cdc_compaction.devtools.conformance import DuckDBReader, Reader, land
+from cdc_compaction.pipeline.pending import pending_files, taken
 from cdc_compaction.pipeline.plan import plan
 from cdc_compaction.pipeline.publish import publish
+from cdc_compaction.pipeline.runtime import utcnow
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.validate import validate
 from cdc_compaction.pipeline.views import refresh_view
@@ -118,11 +120,36 @@ def test_a_committed_file_still_in_place_is_not_taken_twice(make_cfg, runtime, s
     refresh_view(rt)
     duck = DuckDBReader().view(cfg)
     assert _rows(duck) == {1: ("Ada", 10)}
-    from cdc_compaction.pipeline.pending import pending_files, taken
-    from cdc_compaction.pipeline.runtime import utcnow
-
     assert pending_files(rt, utcnow(), taken(rt.lake.latest_commit().files)).files == []
     # The next plan (once the stopped run's lease expired) finishes the archive first, then finds nothing.
     assert plan(rt, "run-2", now=utcnow() + timedelta(days=1)) == ""
     assert not Path(rt.lake.layout.incremental, INC).exists()
     assert _base(spark, cfg) == {1: ("Ada", 10)}
+
+
+def test_a_file_landed_again_before_its_archive_is_not_archived_in_its_place(
+    make_cfg, runtime, spark, tmp_path
+) -> None:
+    """Archive moves only the landing a commit took: new content under its name waits for the next run."""
+    rt = runtime(_cfg(make_cfg, tmp_path))
+    cfg = rt.cfg
+    ensure_tables(rt)
+    land(cfg, INC, [student_rows((1, "Ada", "c", 10), (2, "Bob", "c", 10))])
+    path = plan(rt, "run-1")
+    run_job(rt, path)
+    validate(rt, path)
+    publish(rt, path)  # the run stops before its archive
+    land(cfg, INC, [student_rows((2, "Bob B.", "u", 30), (3, "Cy", "c", 30))])  # replaced in place
+    refresh_view(rt)
+    expected = {1: ("Ada", 10), 2: ("Bob B.", 30), 3: ("Cy", 30)}
+    assert _views(spark, cfg) == (expected, expected)
+    later = utcnow() + timedelta(days=1)  # the stopped run's lease has expired
+    path = plan(rt, "run-2", now=later)
+    assert path, "the replacement is the next run's input, not archived as commit 1's file"
+    marker = json.loads(Path(rt.lake.layout.archived_marker(1)).read_text())
+    assert [Path(p).name for p in marker["landed_again"]] == ["part-00000.parquet"]
+    assert not _archived(rt, 1).joinpath("part-00000.parquet").exists()
+    finish_run(rt, path, now=later)
+    assert _base(spark, cfg) == expected
+    assert _archived(rt, 2).joinpath("part-00000.parquet").exists()
+    assert _views(spark, cfg) == (expected, expected)
