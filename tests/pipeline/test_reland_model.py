@@ -78,16 +78,15 @@ def streams(draw: st.DrawFn) -> list[tuple[Any, ...]]:
     archived: set[str] = set()  # taken and archived (gone from the landing area)
     unarchived = False
     n = 0
-    for _ in range(draw(st.integers(3, 7))):
-        kinds = ["land", "compact"]
-        if archived:
-            kinds.append("reland_same")
-        if archived or compacted:
-            kinds.append("reland_new")
-        if unarchived:
-            kinds.append("archive")
-        kinds.append("view")
-        kind = draw(st.sampled_from(kinds))
+    # Every stream starts with a compacted increment, so that re-landing is possible from the first step.
+    first = ["land", "compact"]
+    for step in range(draw(st.integers(4, 8)) + len(first)):
+        kinds = ["land", "compact", "compact", "view"]
+        # Twice as likely as the others: re-landing is what this test is about.
+        kinds += ["reland_same"] * 2 if archived else []
+        kinds += ["reland_new"] * 2 if archived or compacted else []
+        kinds += ["archive"] if unarchived else []
+        kind = first[step] if step < len(first) else draw(st.sampled_from(kinds))
         if kind == "land":
             inc = f"increment_{2026112200 + n}"
             n += 1
@@ -179,7 +178,7 @@ def test_random_relandings_follow_the_contract(make_cfg, runtime, spark, tmp_pat
     counts: Counter[str] = Counter()
     duck = DuckDBReader()
 
-    @fuzz_settings(test_examples=5)
+    @fuzz_settings(test_examples=6)
     @given(actions=streams())
     def body(actions: list[tuple[Any, ...]]) -> None:
         counts["examples"] += 1
