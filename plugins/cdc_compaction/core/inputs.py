@@ -29,7 +29,7 @@ from cdc_compaction.core.exceptions import StorageError
 from cdc_compaction.core.hive_types import arrow_type, logical_type, physical_types
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage import LocalStorage, Storage
-from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
+from cdc_compaction.job.contract import PARTITION_DIR_PREFIX, partition_value
 
 
 def arrow_schema(cfg: TableConfig) -> Any:
@@ -176,7 +176,7 @@ def _partition_value_problem(cfg: TableConfig, storage: Storage, path: str, foun
     for row, value in enumerate(values):
         if value is None:
             continue
-        size = len(partition_dir_name(str(value)).encode("utf-8"))
+        size = len(partition_dir_name(partition_value(str(value))).encode("utf-8"))
         if size > MAX_NAME_BYTES:
             return (
                 f"row {row}: the partition value of {part.column!r} ({str(value)[:40]!r}…, {len(str(value))} "

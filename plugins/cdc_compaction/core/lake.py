@@ -255,6 +255,9 @@ class PlannedFile:
     missing_columns: tuple[str, ...] = ()
     #: The newest source event time in the file (ISO, from its footer's statistics), or "".
     newest_event: str = ""
+    #: Which landing of the file this is (``FileInfo.token``): a file landed again under the same name
+    #: is another input (docs, "Re-landing increments"); "" in records written before it existed.
+    landed: str = ""
 
     @property
     def rel(self) -> str:
@@ -274,6 +277,8 @@ class PlannedFile:
             doc["missing_columns"] = list(self.missing_columns)
         if self.newest_event:
             doc["newest_event"] = self.newest_event
+        if self.landed:
+            doc["landed"] = self.landed
         return doc
 
 

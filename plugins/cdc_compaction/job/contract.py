@@ -20,6 +20,7 @@ Pure standard library, no pyspark: the DAG's modules import it at parse time.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -36,6 +37,49 @@ PROVENANCE_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint
 PARTITION_COLUMN = "_cdc_partition"
 PARTITION_DDL = f"`{PARTITION_COLUMN}` string"
 PARTITION_DIR_PREFIX = f"{PARTITION_COLUMN}="
+#: The NULL (and empty string) partition of ``partition_by``: Hive's default partition reads back as NULL.
+NULL_PARTITION = "__null__"
+
+
+def _plain(value: str) -> bool:
+    """Printable ASCII without ``~``, no space at either end: kept as it is (capitals marked)."""
+    return all(" " <= ch <= "}" for ch in value) and value[0] != " " and value[-1] != " "
+
+
+def partition_value(value: str | None) -> str:
+    """The ``_cdc_partition`` value of an identity partition (``include/sql/_partition.sql.j2`` in Python).
+
+    Printable ASCII without ``~`` and without a space at either end keeps its capitals, each run of
+    small letters is written in capitals between two ``~`` (``'EU'`` -> ``EU``, ``'vip'`` -> ``~VIP~``);
+    anything else is ``~~`` and the hex of its UTF-8 bytes (``'vip '`` -> ``~~76697020``).  No two
+    values give names that a store comparing loosely (case, trailing spaces, Unicode normalization)
+    takes for one (docs/partitioned.md, "Partition directory names"); :func:`partition_value_text`
+    reads a name back exactly.
+    """
+    if value is None or value == "":
+        return NULL_PARTITION
+    if _plain(value) and value.upper() != NULL_PARTITION.upper():  # a value spelt like the sentinel: hex
+        return re.sub("([a-z]+)", r"~\1~", value).upper()
+    return "~~" + value.encode("utf-8").hex().upper()
+
+
+def partition_value_text(encoded: str) -> str:
+    """The value an identity partition's ``_cdc_partition`` stands for (the inverse of :func:`partition_value`).
+
+    A partition written before the encoding existed has its value as it was: one without ``~`` (or
+    not of the encoding's form) reads back as it is.  ``__null__`` is returned as is.
+    """
+    if encoded.startswith("~~"):
+        try:
+            return bytes.fromhex(encoded[2:]).decode("utf-8")
+        except ValueError:
+            return encoded
+    parts = encoded.split("~")
+    if len(parts) % 2 == 0 or any(p != p.upper() for p in parts):
+        return encoded
+    # Between two ~ the run of small letters, outside them the value as it is.
+    return "".join(p.lower() if i % 2 else p for i, p in enumerate(parts))
+
 
 # ------------------------------------------------------------------ version directories
 #: A version directory holds ``data/`` (the visible rows: the base table's location, Parquet data
@@ -280,10 +324,12 @@ class PlanFile:
     missing_columns: tuple[str, ...] = field(default=(), metadata=_meta(load=_strs))
     #: The newest source event time in the file (ISO, from its footer's statistics), or "".
     newest_event: str = ""
+    #: Which landing of the file the plan took (the Airflow side's ``FileInfo.token``), or "".
+    landed: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         doc = _dump(self)
-        for key in ("ignored_columns", "missing_columns", "newest_event"):
+        for key in ("ignored_columns", "missing_columns", "newest_event", "landed"):
             if not doc[key]:
                 del doc[key]
         return doc

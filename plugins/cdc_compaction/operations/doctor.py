@@ -309,12 +309,12 @@ def check_landed(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
     """The pending files' footers against the registry: what ``plan`` would refuse, found before it runs."""
     from datetime import UTC, datetime
 
-    from cdc_compaction.pipeline.pending import pending_files
+    from cdc_compaction.pipeline.pending import pending_files, taken
     from cdc_compaction.pipeline.runtime import Runtime
 
     lake = Lake(cfg)
     try:
-        committed = {f"{f['increment']}/{f['name']}" for f in lake.latest_commit().files}
+        committed = taken(lake.latest_commit().files)
         rt = Runtime(cfg=cfg, lake=lake, metastore=endpoint, engine=None)  # type: ignore[arg-type]
         pending = pending_files(rt, datetime.now(UTC), committed)
     except Exception as exc:  # noqa: BLE001 - the finding itself

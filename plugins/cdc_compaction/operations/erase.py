@@ -79,7 +79,7 @@ from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage.base import FileInfo
-from cdc_compaction.job.contract import INDEX_DIR, PARTITION_DIR_PREFIX
+from cdc_compaction.job.contract import INDEX_DIR, PARTITION_DIR_PREFIX, partition_value
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline.owned import remove_job_files, remove_version_files
 
@@ -1273,8 +1273,14 @@ def _erase(
     if partitioning is not None and partitioning.transform == "identity":
         # A value the predicate names for the partition column, with no row left anywhere, must not stay
         # in records either -- also when its directories are gone already (retention, an earlier erase).
+        # Its partition's name is the value encoded (job.contract.partition_value), or the value itself in
+        # partitions written before the encoding (docs/partitioned.md, "Partition directory names").
         dropped |= {
-            lit for col, lit in identifying(pred.text) if col == partitioning.column.lower() and not part_kept.get(lit)
+            name
+            for col, lit in identifying(pred.text)
+            if col == partitioning.column.lower()
+            for name in (lit, partition_value(lit))
+            if not part_kept.get(name)
         }
     # Every directory named by such a value (data, tombstones, key index; kept versions, rebuilds) goes
     # whole: its files hold no row any more, and its name is the erased value.

@@ -35,9 +35,24 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
     Quarantine(lake).record_rows(commit.version, commit.seq, commit.stats)
     moved = 0
     table = cfg.qualified_name
+    replaced = []
+    listings: dict[str, dict[str, Any]] = {}
     for f in commit.files:
         src = f["path"]
         dst = posixpath.join(lake.layout.archive, f"c{commit.seq:08d}", f["increment"], f["name"])
+        if _landed_again(st, listings, f):
+            # Not the file the commit took: one landed again under its name (docs, "Re-landing increments").
+            # It is the next run's input; only the commit's own landing of a file is archived and deleted.
+            replaced.append(src)
+            log.warning(
+                "%s: %s was landed again after commit %d took it; the new landing stays pending (the next run "
+                "compacts it)%s",
+                table,
+                src,
+                commit.seq,
+                "" if st.exists(dst) else f"; the committed bytes were replaced before {dst} was archived",
+            )
+            continue
         if st.exists(src):
             if not (st.exists(dst) and st.size(dst) == f["size"]):
                 st.copy(src, dst)
@@ -65,11 +80,29 @@ def archive_commit(rt: Runtime, ms: Metastore, commit: Commit) -> dict[str, Any]
         older_than=timedelta(0),
     )
     fault_point("archive.before_marker", table)
-    st.write_text(lake.layout.archived_marker(commit.seq), json.dumps({"seq": commit.seq, "files": len(commit.files)}))
+    marker: dict[str, Any] = {"seq": commit.seq, "files": len(commit.files)}
+    if replaced:
+        marker["landed_again"] = replaced
+    st.write_text(lake.layout.archived_marker(commit.seq), json.dumps(marker))
     log.info(
         "%s: archived %d files of commit %d; dropped partitions %s", cfg.qualified_name, moved, commit.seq, emptied
     )
     return {"archived_files": moved, "dropped_partitions": emptied}
+
+
+def _landed_again(st: Any, listings: dict[str, dict[str, Any]], f: dict[str, Any]) -> bool:
+    """Whether the landing area holds another landing of commit file ``f`` than the one it took.
+
+    Told by the storage's token (``landed`` in the record; records without it cannot tell: False).
+    ``listings`` caches one listing per increment directory.
+    """
+    if not f.get("landed"):
+        return False
+    d = posixpath.dirname(f["path"])
+    if d not in listings:
+        listings[d] = {e.name: e for e in st.list_dir(d) if not e.is_dir}
+    e = listings[d].get(posixpath.basename(f["path"]))
+    return e is not None and bool(e.token) and (e.token, e.size) != (f["landed"], int(f["size"]))
 
 
 def _clear_increment(rt: Runtime, commit: Commit, inc: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -71,8 +71,33 @@ class Pending:
     changes: list[Any] = field(default_factory=list)
 
 
+def landing_key(increment: str, name: str, size: int, token: str) -> str:
+    """One landing of one file: its increment, name, size and the storage's token (``FileInfo.token``)."""
+    return f"{increment}/{name}@{size}@{token}"
+
+
+def taken(files: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The landed files a commit took (its ``files``), as :func:`pending_files` excludes them.
+
+    A file is the one a commit took only if it is still that landing of it: same name, size and
+    storage token (``landed``).  A file landed again under that name -- copied back from the archive
+    as docs/data.md says, or new content -- is another input, which the next plan takes and the
+    views show.  Records written before ``landed`` existed name files by ``increment/name`` alone.
+    """
+    out = set()
+    for f in files:
+        if f.get("landed"):
+            out.add(landing_key(f["increment"], f["name"], int(f["size"]), f["landed"]))
+        else:
+            out.add(f"{f['increment']}/{f['name']}")
+    return out
+
+
 def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
     """Complete increments' files not yet compacted, split into good and bad (with the reason).
+
+    ``exclude`` holds the landed files compacted already (:func:`taken` of the live commit's files):
+    such a file, still in place because its archive is not done, is neither planned nor shown again.
 
     Every data file of every increment is checked with :func:`check_file` (footers only),
     waiting increments included: an increment holding a file the plan would refuse is kept
@@ -107,7 +132,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
         refused = list(listing.unplanned_but_readable())
         shown: list[PlannedFile] = []
         for e in data:
-            if f"{name}/{e.name}" in exclude:
+            if f"{name}/{e.name}" in exclude or landing_key(name, e.name, e.size, e.token) in exclude:
                 continue
             check = check_file(cfg, e.path, rt.lake.storage, e.size, dropped)
             f = PlannedFile(
@@ -119,6 +144,7 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
                 ignored_columns=tuple(check.ignored_columns),
                 missing_columns=tuple(check.missing_columns),
                 newest_event=check.newest_event.isoformat() if check.newest_event else "",
+                landed=e.token,
             )
             if check.problem is not None:
                 refused.append((e.path, check.problem))

@@ -50,6 +50,10 @@ class FileInfo:
     is_dir: bool
     size: int
     mtime: float
+    #: What the storage says cheaply about this landing of the file besides its name and size: a token
+    #: that changes whenever the file is written, copied or moved there again, even with the same bytes
+    #: and mtime (local: inode, ctime and mtime; S3: ETag and LastModified).  "" where none is known.
+    token: str = ""
 
 
 class Storage(Protocol):

@@ -54,7 +54,13 @@ class LocalStorage:
                         # file), or a dangling link: it is not a file to read, so skip it alone.
                         log.warning("%s vanished or is a dangling link; skipped", e.path)
                         continue
-                    out.append(FileInfo(e.path, e.name, e.is_dir(), 0 if e.is_dir() else st.st_size, st.st_mtime))
+                    if e.is_dir():
+                        out.append(FileInfo(e.path, e.name, True, 0, st.st_mtime))
+                        continue
+                    # The inode and its change time are new for every copy, and a rename sets the ctime:
+                    # a file landed again (even by `cp -p`, same bytes and mtime) gets another token.
+                    token = f"{st.st_ino}:{st.st_ctime_ns}:{st.st_mtime_ns}"
+                    out.append(FileInfo(e.path, e.name, False, st.st_size, st.st_mtime, token))
         except FileNotFoundError:
             return []
         except OSError as exc:

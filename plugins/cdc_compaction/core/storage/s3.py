@@ -220,7 +220,15 @@ class S3Storage:
                     if not name:
                         continue  # a zero-byte "directory marker" object named like the prefix itself
                     out.append(
-                        FileInfo(f"{base}/{name}", name, False, int(obj["Size"]), obj["LastModified"].timestamp())
+                        FileInfo(
+                            f"{base}/{name}",
+                            name,
+                            False,
+                            int(obj["Size"]),
+                            obj["LastModified"].timestamp(),
+                            # Every PUT or copy sets LastModified anew: a re-landed object gets another token.
+                            f"{str(obj.get('ETag', '')).strip(chr(34))}@{obj['LastModified'].isoformat()}",
+                        )
                     )
                 for cp in page.get("CommonPrefixes", []):
                     name = cp["Prefix"][len(prefix) :].rstrip("/")
