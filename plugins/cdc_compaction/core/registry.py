@@ -1847,6 +1847,11 @@ def _parse_cache_key(
     """
     h = hashlib.sha256()
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("CDC_") and k != PARSE_CACHE_ENV)
+    # Where a storage root may not be depends on these too (core/roots.py).
+    env += [
+        (k, os.environ.get(k, ""))
+        for k in ("HOME", "AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER")
+    ]
     head = [_PARSE_CACHE_FORMAT, _code_signature(), directory, lake_base, os.getcwd(), env]
     h.update(repr(head).encode())
     # The other registry directories' files too: a table there may now overlap one here.
@@ -1971,7 +1976,7 @@ def _validate_all(
             by_name.setdefault(e.config.qualified_name.lower(), []).append(i)
     for name, idxs in by_name.items():
         if len(idxs) > 1:
-            others = [entries[i].path.name for i in idxs]
+            files = [entries[i].path.name for i in idxs]
             for i in idxs:
                 e = entries[i]
                 entries[i] = RegistryEntry(
@@ -1980,7 +1985,7 @@ def _validate_all(
                     RegistryError(
                         str(e.path),
                         name,
-                        [f"field 'table': {name} is defined by several files {others}; keep one of them"],
+                        [f"field 'table': {name} is defined by several files {files}; keep one of them"],
                         [_where_in(e.path, "table")],
                     ),
                 )

@@ -67,21 +67,49 @@ _HINT = (
 )
 
 
-def _forms(place: str | Path) -> set[str]:
+@functools.lru_cache(maxsize=512)
+def _forms(place: str | Path) -> frozenset[str]:
     """``place`` as written (made absolute) and with its symbolic links resolved."""
     p = os.path.abspath(os.fspath(place))
-    return {p, os.path.realpath(p)}
+    return frozenset({p, os.path.realpath(p)})
 
 
 def _under(path: str, place: str) -> bool:
     return place == "/" or path.startswith(place.rstrip("/") + "/")
 
 
+#: The environment the places below are read from: the cache of :func:`_places` is keyed on it.
+_PLACE_ENV = (
+    "HOME",
+    "AIRFLOW_HOME",
+    "AIRFLOW__CORE__DAGS_FOLDER",
+    "AIRFLOW__CORE__PLUGINS_FOLDER",
+    "CDC_REGISTRY_DIR",
+    settings.OTHER_REGISTRY_DIRS_ENV,
+)
+#: One place: every spelling of it, what it is called, and whether what is inside it is refused too.
+Place = tuple[frozenset[str], str, bool]
+
+
 @functools.lru_cache(maxsize=8)
-def _homes(home_env: str | None) -> frozenset[str]:
+def _places(
+    env: tuple[str | None, ...], project_root: str
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Place, ...]]:
+    """Homes, project-root spellings and the Airflow and registry places, worked out once per environment
+    (the password database and ``realpath`` cost ~0.4 ms a root, 500 roots at every DAG file parse)."""
+    del env, project_root  # the cache key: what the places below are read from
     homes = {p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith("/")}
-    homes |= {h for h in (home_env, os.path.expanduser("~")) if h and h.startswith("/")}
-    return frozenset(f for h in homes for f in _forms(h))
+    homes |= {h for h in (os.environ.get("HOME"), os.path.expanduser("~")) if h and h.startswith("/")}
+    places: list[Place] = []
+    for name, where in settings.airflow_places().items():
+        places.append((_forms(where), name, name != "the Airflow home"))  # a lake may live there
+    for where in [settings.registry_dir(), *settings.other_registry_dirs()]:
+        places.append((_forms(where), "a registry directory", True))
+    return (
+        tuple(sorted(f for h in homes for f in _forms(h))),
+        tuple(sorted(_forms(settings.PROJECT_ROOT))),
+        tuple(places),
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,21 +137,17 @@ def refusal(resolved: str, registry_dirs: Iterable[str | Path] = ()) -> str | No
         if path == form:
             what = "the file system root" if place == "/" else f"{place} itself ({SYSTEM_DIRS[place]})"
             return f"is {what}; {_HINT}"
-    for home in sorted(_homes(os.environ.get("HOME"))):
+    homes, project, places = _places(tuple(os.environ.get(k) for k in _PLACE_ENV), str(settings.PROJECT_ROOT))
+    for home in homes:
         if path == home or _under(home, path):
             what = "a home directory" if path == home else f"an ancestor of the home directory {home}"
             return f"is {path}, {what}; a home holds a user's files, never only a table's: {_HINT}"
-    project = _forms(settings.PROJECT_ROOT)
     if any(path == p or _under(p, path) for p in project):
         what = "the project root" if path in project else f"an ancestor of the project root {settings.PROJECT_ROOT}"
         return f"is {path}, {what}; put the table below it (e.g. ./.lake/<database>/<table>)"
-    places: list[tuple[str, str | Path, bool]] = []
-    for name, where in settings.airflow_places().items():
-        places.append((name, where, name != "the Airflow home"))  # a lake may live in the Airflow home
-    for where in [settings.registry_dir(), *settings.other_registry_dirs(), *registry_dirs]:
-        places.append(("a registry directory", where, True))
-    for name, where, inside in places:
-        for form in _forms(where):
+    extra = [(_forms(d), "a registry directory", True) for d in registry_dirs]
+    for forms, name, inside in (*places, *extra):
+        for form in sorted(forms):
             if path == form or _under(form, path) or (inside and _under(path, form)):
                 relation = "is" if path == form else "is inside" if _under(path, form) else "is an ancestor of"
                 return (
