@@ -166,11 +166,12 @@ def test_a_bad_database_defaults_file_breaks_only_its_databases_dags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``<registry>/<db>/_database.yaml`` with an unknown key: that database's tables get error DAGs, no other."""
-    _write(tmp_path, "tests.student.yaml", student_doc(tmp_path / "lake", "student"))
-    _write(tmp_path, "school.student.yaml", {**student_doc(tmp_path / "lake2", "student"), "database": "school"})
-    _write(tmp_path / "tests", "_database.yaml", {"owner": "tests-team", "retires": 2})
-    _write(tmp_path / "school", "_database.yaml", {"owner": "school-team"})
-    bag = _dagbag(tmp_path, monkeypatch)
+    reg = tmp_path / "registry"  # the lakes beside it: a root inside a registry directory is refused
+    _write(reg, "tests.student.yaml", student_doc(tmp_path / "lake", "student"))
+    _write(reg, "school.student.yaml", {**student_doc(tmp_path / "lake2", "student"), "database": "school"})
+    _write(reg / "tests", "_database.yaml", {"owner": "tests-team", "retires": 2})
+    _write(reg / "school", "_database.yaml", {"owner": "school-team"})
+    bag = _dagbag(reg, monkeypatch)
     assert bag.import_errors == {}
     assert sorted(bag.dag_ids) == sorted(["cdc__school__student", "cdc__tests__student", REFRESHER, ERASER])
     broken, good = bag.dags["cdc__tests__student"], bag.dags["cdc__school__student"]
@@ -201,12 +202,12 @@ def test_a_task_process_parse_of_an_overlapping_table_gets_the_error_dag(
     """A task's process parses the DAG file for its own DAG only: it must still refuse an overlapping root."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    _write(tmp_path, "tests.inner.yaml", student_doc(tmp_path / "lake" / "outer", "inner"))
-    _write(tmp_path, "tests.outer.yaml", student_doc(tmp_path / "lake", "outer"))
-    _write(tmp_path, "tests.other.yaml", student_doc(tmp_path / "lake", "other"))
+    _write(tmp_path / "registry", "tests.inner.yaml", student_doc(tmp_path / "lake" / "outer", "inner"))
+    _write(tmp_path / "registry", "tests.outer.yaml", student_doc(tmp_path / "lake", "outer"))
+    _write(tmp_path / "registry", "tests.other.yaml", student_doc(tmp_path / "lake", "other"))
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "cdc__tests__inner")
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "plan")
-    bag = _dagbag(tmp_path, monkeypatch)
+    bag = _dagbag(tmp_path / "registry", monkeypatch)
     assert bag.import_errors == {}
     assert sorted(bag.dag_ids) == ["cdc__tests__inner"], "only the task's own DAG is built"
     dag = bag.dags["cdc__tests__inner"]
@@ -574,11 +575,11 @@ def test_a_task_process_of_the_erase_dag_builds_it_over_every_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An erase task's parse (parsing context cdc__erase) builds the erase DAG only, over the whole registry."""
-    _write(tmp_path, "tests.one.yaml", student_doc(tmp_path / "lake", "one"))
-    _write(tmp_path, "tests.two.yaml", student_doc(tmp_path / "lake2", "two"))
+    _write(tmp_path / "registry", "tests.one.yaml", student_doc(tmp_path / "lake", "one"))
+    _write(tmp_path / "registry", "tests.two.yaml", student_doc(tmp_path / "lake2", "two"))
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", ERASER)
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "erase")
-    bag = _dagbag(tmp_path, monkeypatch)
+    bag = _dagbag(tmp_path / "registry", monkeypatch)
     assert bag.import_errors == {}
     assert bag.dag_ids == [ERASER], "the table DAGs are not built for an erase task"
     assert bag.dags[ERASER].params.get_param("table").schema["enum"] == ["tests.one", "tests.two"]

@@ -776,7 +776,10 @@ def test_load_registry_isolates_a_bad_file(tmp_path: Path) -> None:
 
     entries = load_registry(tmp_path)
 
-    assert [e.path.name for e in entries] == ["alpha.users.yaml", "mid.broken.yaml", "zeta.events.yaml"]
+    # A directory named like an entry is an error of its own (issue 35), not a table that vanishes unseen.
+    assert [e.path.name for e in entries] == ["alpha.users.yaml", "mid.broken.yaml", "subdir.yaml", "zeta.events.yaml"]
+    odd = entries.pop(2)
+    assert odd.config is None and odd.error is not None and "is a directory" in str(odd.error)
     good = {e.path.name: e for e in entries if e.error is None}
     assert set(good) == {"alpha.users.yaml", "zeta.events.yaml"}
     assert good["alpha.users.yaml"].config is not None

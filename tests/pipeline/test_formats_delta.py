@@ -275,25 +275,27 @@ def test_formats_default_to_none_come_from_the_databases_defaults_and_are_named_
 
     from cdc_compaction.core.registry import load_registry
 
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "_database.yaml").write_text(yaml.safe_dump({"formats": ["delta"]}))
+    lake, registry = tmp_path / "lake", tmp_path / "registry"  # the lake beside the registry, never inside it
+    registry.mkdir()
+    (registry / "tests").mkdir()
+    (registry / "tests" / "_database.yaml").write_text(yaml.safe_dump({"formats": ["delta"]}))
     docs = {
-        "tests.plain.yaml": student_doc(tmp_path / "lake", "plain"),
-        "tests.own.yaml": student_doc(tmp_path / "lake", "own", formats=["iceberg", "delta"]),
-        "tests.off.yaml": student_doc(tmp_path / "lake", "off", formats=[]),
-        "tests.twice.yaml": student_doc(tmp_path / "lake", "twice", formats=["delta", "delta"]),
-        "tests.bad.yaml": student_doc(tmp_path / "lake", "bad", formats=["hudi"]),
+        "tests.plain.yaml": student_doc(lake, "plain"),
+        "tests.own.yaml": student_doc(lake, "own", formats=["iceberg", "delta"]),
+        "tests.off.yaml": student_doc(lake, "off", formats=[]),
+        "tests.twice.yaml": student_doc(lake, "twice", formats=["delta", "delta"]),
+        "tests.bad.yaml": student_doc(lake, "bad", formats=["hudi"]),
     }
     for name, doc in docs.items():
-        (tmp_path / name).write_text(yaml.safe_dump(doc))
-    entries = {e.path.name: e for e in load_registry(tmp_path)}
+        (registry / name).write_text(yaml.safe_dump(doc))
+    entries = {e.path.name: e for e in load_registry(registry)}
     assert entries["tests.plain.yaml"].config.formats == ["delta"]  # the database's default
     assert entries["tests.own.yaml"].config.formats == ["iceberg", "delta"]
     assert entries["tests.off.yaml"].config.formats == []
     assert "delta listed twice" in str(entries["tests.twice.yaml"].error)
     assert "field 'formats.0': Input should be 'delta' or 'iceberg'" in str(entries["tests.bad.yaml"].error)
-    (tmp_path / "tests" / "_database.yaml").unlink()
-    assert {e.path.name: e.config.formats for e in load_registry(tmp_path) if e.config}["tests.plain.yaml"] == []
+    (registry / "tests" / "_database.yaml").unlink()
+    assert {e.path.name: e.config.formats for e in load_registry(registry) if e.config}["tests.plain.yaml"] == []
 
 
 # ------------------------------------------------------------------------------ through the real steps

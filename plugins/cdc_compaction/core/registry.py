@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -700,6 +701,18 @@ class TableConfig(_Strict):
                 f"{v!r}: supported storage roots are local paths, file://, s3:// and s3a:// "
                 "(mount HDFS and other file systems, or use S3)"
             )
+        # Where the root really is (relative roots under $CDC_LAKE_BASE, symbolic links followed): a
+        # system, home, Airflow, project or registry directory is refused, since the table's files would
+        # mix with what is there, and deleting the table's data would delete that (core/roots.py).
+        from cdc_compaction.core import roots
+        from cdc_compaction.core.settings import resolve_storage_root
+
+        try:
+            why = roots.refusal(resolve_storage_root(v))
+        except (OSError, RuntimeError) as exc:  # a symbolic link loop, an unreadable directory
+            raise ValueError(f"{v!r} cannot be resolved ({exc}); point it at a directory of its own") from exc
+        if why is not None:
+            raise ValueError(f"{v!r} {why}")
         return v
 
     @field_validator("tags")
@@ -1217,8 +1230,9 @@ def database_defaults_files(directory: str | os.PathLike[str]) -> list[Path]:
         for sub in d.iterdir()
         if sub.is_dir() and not sub.name.startswith(".")
         for name in DEFAULTS_FILE_NAMES
-        # A dangling link too: it is reported as an error, never skipped (its tables would lose their defaults).
-        if (sub / name).is_file() or (sub / name).is_symlink()
+        # Any kind of path (a dangling link, a FIFO, a directory): an error, never skipped (its tables would
+        # lose their defaults without a word).
+        if os.path.lexists(sub / name)
     ]
     return sorted(found, key=str)
 
@@ -1441,10 +1455,44 @@ def _error_context(
     )
 
 
-def _read_text(path: Path) -> str:
-    """A registry file's text: at most :data:`MAX_FILE_BYTES`, UTF-8; raise :class:`RegistryError`."""
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_a_file(path: Path, mode: int) -> RegistryError:
+    """The error of a registry path that is not a regular file (a FIFO, a directory named ``x.yaml``, ...)."""
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+    if path.is_symlink():
+        problem = (
+            f"is a symbolic link to {os.readlink(path)}, which is {kind}, not a regular file; point the link at "
+            "the table's registry file, or delete the link"
+        )
+    else:
+        problem = (
+            f"is {kind}, not a regular file: a registry entry is a YAML file; replace it with the table's file, "
+            "or move it out of the registry directory (or rename it to end in neither .yaml nor .yml)"
+        )
+    # Skipped, its table's DAG would vanish unseen: it is this path's error, located at the path itself.
+    return RegistryError(str(path), None, [problem], [str(path)])
+
+
+def _open_regular(path: Path) -> Any:
+    """``path`` opened for reading in binary, when it is a regular file (or a link to one); else raise.
+
+    Its type is checked with ``stat`` before it is opened, since opening a FIFO blocks until a writer
+    comes; it is opened non-blocking and checked again on the open file, so a swap in between cannot
+    block either. Raise :class:`RegistryError` for any other kind of file and for a dangling link.
+    """
     try:
-        fh = path.open("rb")
+        st = path.stat()  # follows a link, never opens
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_a_file(path, st.st_mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         if path.is_symlink():
             # A dangling (or looping) link is this file's error: skipped, its table's DAG would vanish unseen.
@@ -1459,7 +1507,20 @@ def _read_text(path: Path) -> str:
                 [str(path)],  # the file itself: the link has no line to point at
             ) from exc
         raise
-    with fh:
+    fh = os.fdopen(fd, "rb")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        fh.close()
+        raise _not_a_file(path, mode)
+    return fh
+
+
+def _read_text(path: Path) -> str:
+    """A registry file's text: at most :data:`MAX_FILE_BYTES`, UTF-8; raise :class:`RegistryError`.
+
+    A path that is not a regular file (or a symbolic link to one) is an error naming it, never opened.
+    """
+    with _open_regular(path) as fh:
         data = fh.read(MAX_FILE_BYTES + 1)  # never more, whatever the file's size
     if len(data) > MAX_FILE_BYTES:
         raise RegistryError(str(path), None, [f"larger than {MAX_FILE_BYTES} bytes; a registry entry is a few KiB"])
@@ -1477,11 +1538,9 @@ def registry_files(directory: str | os.PathLike[str]) -> list[Path]:
     if not d.is_dir():
         return []
     # By name: the same order as sorting the paths (one directory), without pathlib's slow comparisons.
-    # A dangling symlink is kept (is_file() is False for it): loading reports it instead of dropping its table.
-    return sorted(
-        (p for p in d.iterdir() if p.suffix in REGISTRY_SUFFIXES and (p.is_file() or p.is_symlink())),
-        key=lambda p: p.name,
-    )
+    # Every kind of path is kept, not only regular files: a dangling symlink, a FIFO, a directory named
+    # x.yaml are errors when loaded (:func:`_read_text`) instead of tables that vanish without a word.
+    return sorted((p for p in d.iterdir() if p.suffix in REGISTRY_SUFFIXES), key=lambda p: p.name)
 
 
 def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) -> list[RegistryEntry]:
@@ -1500,15 +1559,47 @@ def load_registry(directory: str | os.PathLike[str], dag_id: str | None = None) 
     # Relative storage roots hang off $CDC_LAKE_BASE: it is part of what the entries mean.
     lake_base = os.environ.get("CDC_LAKE_BASE")
     resolved = str(Path(directory).resolve())
+    # The other registry directories sharing the lake: their tables' roots are checked against these.
+    others = _others_signature(resolved)
     if dag_id is not None:
         own = {str(p) for p in files if RegistryEntry(p, None, None).dag_id == dag_id}
         if own:
             related = _related_files(resolved, signature, frozenset(own), lake_base, defaults_sig)
             subset = tuple(s for s in signature if s[0] in related)
-            return [e for e in _load_cached(resolved, subset, lake_base, defaults_sig) if str(e.path) in own]
+            loaded = _load_cached(resolved, subset, lake_base, defaults_sig, others=others)
+            return [e for e in loaded if str(e.path) in own]
     # The whole registry (the DAG processor's parse, every 30 s in a fresh process) is shared across
     # processes; a task's subset is cheap to validate and would only crowd the whole one out.
-    return list(_load_cached(resolved, signature, lake_base, defaults_sig, share=True))
+    return list(_load_cached(resolved, signature, lake_base, defaults_sig, share=True, others=others))
+
+
+Signature = tuple[tuple[str, int, int], ...]
+#: Each other registry directory (resolved) with the signatures of its files and of its defaults files.
+OthersSignature = tuple[tuple[str, Signature, Signature], ...]
+
+
+def _others_signature(directory: str) -> OthersSignature:
+    """``$CDC_OTHER_REGISTRY_DIRS`` (this directory and repeats left out), with what their files are now.
+
+    Listing and ``stat`` only (no file is read): part of every cache key, so a change there is seen.
+    A directory that is missing or cannot be listed has no tables to clash with (a warning says so).
+    """
+    from cdc_compaction.core.settings import other_registry_dirs
+
+    out: list[tuple[str, Signature, Signature]] = []
+    seen = {directory}
+    for d in other_registry_dirs():
+        try:
+            where = str(d.resolve())
+            if where in seen:
+                continue
+            seen.add(where)
+            out.append((where, _signature(registry_files(where)), _signature(database_defaults_files(where))))
+        except (OSError, RuntimeError) as exc:
+            log.warning(
+                "the other registry directory %s cannot be read (%s): its tables' roots are not checked", d, exc
+            )
+    return tuple(out)
 
 
 def _signature(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
@@ -1628,16 +1719,75 @@ def _where_in(path: Path, key: str) -> str | None:
         return None
 
 
-def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
+@functools.lru_cache(maxsize=16)
+def _other_root_keys(others: OthersSignature) -> tuple[tuple[str, str, str], ...]:
+    """The root key of every file of the other registry directories, read cheaply (as :func:`_related_files`
+    does), with the file and its directory's defaults signature: (key, file, directory)."""
+    out = []
+    for directory, signature, defaults_sig in others:
+        defaults = _defaults_cached(defaults_sig)
+        for file, _mtime, _size in signature:
+            path = Path(file)
+            key = _declared_root_key(path)
+            key = _parsed_root_key(path, defaults) if key is None else key
+            if key:
+                out.append((key, file, directory))
+    return tuple(sorted(out))
+
+
+@functools.lru_cache(maxsize=256)
+def _other_entry(file: str, mtime: int, size: int, defaults_sig: Signature) -> TableConfig | None:
+    """The validated entry of another registry directory's file, or None when it is invalid (it takes part
+    in no check, as an invalid file of this directory does)."""
+    del mtime, size  # part of the cache key only
+    try:
+        return parse_entry(Path(file), _read_text(Path(file)), _defaults_cached(defaults_sig))
+    except Exception:  # noqa: BLE001 - another directory's bad file is that directory's error, not ours
+        return None
+
+
+def _foreign_clashes(key: str, others: OthersSignature) -> list[tuple[Path, TableConfig]]:
+    """The valid entries of the other registry directories whose roots are the same as or nested with ``key``."""
+    if not others:
+        return []
+    import bisect
+
+    keys = _other_root_keys(others)
+    parts = key.split("/")
+    ancestors = {"/".join(parts[:n]) for n in range(3, len(parts) + 1)}
+    found = [k for k in keys if k[0] in ancestors]  # the same root or one around it (few: a path's ancestors)
+    at = bisect.bisect_left(keys, (key + "/",))
+    while at < len(keys) and keys[at][0].startswith(key + "/"):  # roots inside it, adjacent once sorted
+        found.append(keys[at])
+        at += 1
+    stats = {f: (m, z) for _d, sig, _ds in others for f, m, z in sig}
+    defaults_of = {d: ds for d, _sig, ds in others}
+    out = []
+    for _key, file, directory in sorted(set(found), key=lambda k: k[1]):
+        cfg = _other_entry(file, *stats[file], defaults_of[directory])
+        if cfg is not None and _roots_overlap(key, storage_root_key(cfg.storage_root)):
+            out.append((Path(file), cfg))
+    return out
+
+
+def _refuse_overlapping_roots(entries: list[RegistryEntry], others: OthersSignature = ()) -> None:
     """Refuse entries whose storage roots are the same or nested: both tables would read each other's files.
 
     Both entries become errors (not only the later one: file-name order says nothing about which
-    table came first), and each error names the other entry's file, table and root.
+    table came first), and each error names the other entry's file, table and root. So does an entry
+    whose root is the same as or nested with a table's of another registry directory sharing the lake
+    (``others``, :func:`~cdc_compaction.core.settings.other_registry_dirs`); that table's error is
+    reported when its own directory is loaded.
     """
     by_key: dict[str, list[int]] = {}
     for i, e in enumerate(entries):
         if e.config is not None:
             by_key.setdefault(storage_root_key(e.config.storage_root), []).append(i)
+    foreign: dict[int, list[tuple[Path, TableConfig]]] = {}
+    for key, idxs in by_key.items() if others else ():
+        found = _foreign_clashes(key, others)
+        for i in idxs if found else ():
+            foreign[i] = found
     clashes: dict[int, list[int]] = {}
     for key, idxs in by_key.items():
         # The same root, or an ancestor of this root (checked at '/' boundaries: /lake/t2 is not under /lake/t).
@@ -1651,15 +1801,22 @@ def _refuse_overlapping_roots(entries: list[RegistryEntry]) -> None:
                     clashes.setdefault(i, []).append(j)
                     clashes.setdefault(j, []).append(i)
     configs = {i: e.config for i, e in enumerate(entries) if e.config is not None}
-    for i, js in sorted(clashes.items()):
+    for i in sorted(set(clashes) | set(foreign)):
         cfg = configs[i]
         problems = []
-        for j in sorted(set(js)):
+        for j in sorted(set(clashes.get(i, []))):
             other = configs[j]
             problems.append(
                 f"field 'storage_root': {cfg.storage_root!r} overlaps storage_root {other.storage_root!r} of "
                 f"{entries[j].path} (table {other.qualified_name}); every table needs its own storage root, "
                 "neither equal to nor inside another table's"
+            )
+        for path, other in foreign.get(i, []):
+            problems.append(
+                f"field 'storage_root': {cfg.storage_root!r} overlaps storage_root {other.storage_root!r} of "
+                f"{path} (table {other.qualified_name}, in the other registry directory {path.parent} of "
+                "$CDC_OTHER_REGISTRY_DIRS, which shares this lake); every table needs its own storage root, "
+                "neither equal to nor inside another table's: move one of them"
             )
         where = [_where_in(entries[i].path, "storage_root")] * len(problems)
         entries[i] = RegistryEntry(
@@ -1707,8 +1864,22 @@ def _code_signature() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def _digest(file: str) -> bytes:
+    """A file's bytes, hashed; a path that is not a regular file is hashed by its kind, never opened
+    (opening a FIFO blocks)."""
+    try:
+        with _open_regular(Path(file)) as fh:
+            return hashlib.sha256(fh.read(MAX_FILE_BYTES + 1)).digest()
+    except RegistryError as exc:
+        return hashlib.sha256(repr(exc.problems).encode("utf-8", "surrogateescape")).digest()
+
+
 def _parse_cache_key(
-    directory: str, files: tuple[str, ...], lake_base: str | None, defaults_files: tuple[str, ...]
+    directory: str,
+    files: tuple[str, ...],
+    lake_base: str | None,
+    defaults_files: tuple[str, ...],
+    others: OthersSignature = (),
 ) -> str:
     """A hash of everything a validated entry depends on: the files' bytes, their names, the code, the environment.
 
@@ -1717,14 +1888,22 @@ def _parse_cache_key(
     """
     h = hashlib.sha256()
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("CDC_") and k != PARSE_CACHE_ENV)
+    # Where a storage root may not be depends on these too (core/roots.py).
+    env += [
+        (k, os.environ.get(k, ""))
+        for k in ("HOME", "AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER")
+    ]
     head = [_PARSE_CACHE_FORMAT, _code_signature(), directory, lake_base, os.getcwd(), env]
     h.update(repr(head).encode())
-    for group in (files, defaults_files):
+    # The other registry directories' files too: a table there may now overlap one here.
+    other_groups = [
+        tuple(f for f, _, _ in sig) for _d, files_sig, defaults_sig in others for sig in (files_sig, defaults_sig)
+    ]
+    for group in (files, defaults_files, *other_groups):
         h.update(b"\0group")
         for f in group:
             h.update(f.encode("utf-8", "surrogateescape") + b"\0")
-            with open(f, "rb") as fh:  # the raw bytes, whatever the file holds
-                h.update(hashlib.sha256(fh.read(MAX_FILE_BYTES + 1)).digest())
+            h.update(_digest(f))  # the raw bytes, whatever the file holds
     return h.hexdigest()
 
 
@@ -1733,6 +1912,7 @@ def _cached_across_processes(
     signature: tuple[tuple[str, int, int], ...],
     lake_base: str | None,
     defaults_sig: tuple[tuple[str, int, int], ...],
+    others: OthersSignature = (),
 ) -> tuple[RegistryEntry, ...]:
     """:func:`_validate_all`, reusing the entries an earlier process validated from the same bytes.
 
@@ -1747,7 +1927,11 @@ def _cached_across_processes(
     if cache is not None:
         try:
             key = _parse_cache_key(
-                directory, tuple(f for f, _, _ in signature), lake_base, tuple(f for f, _, _ in defaults_sig)
+                directory,
+                tuple(f for f, _, _ in signature),
+                lake_base,
+                tuple(f for f, _, _ in defaults_sig),
+                others,
             )
             hit = cache / f"{key}.pickle"
             if hit.is_file():
@@ -1756,7 +1940,7 @@ def _cached_across_processes(
                     return entries
         except Exception:  # a cache problem must not fail the parse
             log.debug("registry parse cache unusable; validating every file", exc_info=True)
-    entries = _validate_all(signature, defaults_sig)
+    entries = _validate_all(signature, defaults_sig, directory, others)
     if cache is not None and key is not None and all(e.error is None for e in entries):
         try:
             tmp = cache / f".{key}.{os.getpid()}.tmp"
@@ -1777,17 +1961,42 @@ def _load_cached(
     lake_base: str | None,
     defaults_sig: tuple[tuple[str, int, int], ...] = (),
     share: bool = False,
+    others: OthersSignature = (),
 ) -> tuple[RegistryEntry, ...]:
     # Once per process here; with ``share`` across processes too (the parse cache, keyed by the files' bytes).
     if share:
-        return _cached_across_processes(directory, signature, lake_base, defaults_sig)
-    return _validate_all(signature, defaults_sig)
+        return _cached_across_processes(directory, signature, lake_base, defaults_sig, others)
+    return _validate_all(signature, defaults_sig, directory, others)
+
+
+def _refuse_roots_in_registry(entries: list[RegistryEntry], directory: str) -> None:
+    """Refuse a local root that is the loaded registry directory, an ancestor of it or inside it.
+
+    The configured ones (``$CDC_REGISTRY_DIR``, ``$CDC_OTHER_REGISTRY_DIRS``) are refused by the entry's own
+    validation (:mod:`~cdc_compaction.core.roots`); this is the one ``registry validate --dir`` names.
+    """
+    from cdc_compaction.core import roots
+
+    for i, e in enumerate(entries):
+        key = storage_root_key(e.config.storage_root) if e.config is not None else ""
+        why = roots.refusal(key[len("file://") :], [directory]) if key.startswith("file://") else None
+        if why is not None:
+            assert e.config is not None
+            problem = f"field 'storage_root': {e.config.storage_root!r} {why}"
+            where = [_where_in(e.path, "storage_root")]
+            entries[i] = RegistryEntry(
+                e.path, None, RegistryError(str(e.path), e.config.qualified_name, [problem], where)
+            )
 
 
 def _validate_all(
-    signature: tuple[tuple[str, int, int], ...], defaults_sig: tuple[tuple[str, int, int], ...]
+    signature: tuple[tuple[str, int, int], ...],
+    defaults_sig: tuple[tuple[str, int, int], ...],
+    directory: str | None = None,
+    others: OthersSignature = (),
 ) -> tuple[RegistryEntry, ...]:
-    """Validate every file of ``signature`` and check them against each other (one table per file, own roots)."""
+    """Validate every file of ``signature`` and check them against each other (one table per file, own roots)
+    and against the tables of the other registry directories sharing the lake (``others``)."""
     entries: list[RegistryEntry] = []
     defaults = _defaults_cached(defaults_sig)
     for file, _mtime, _size in signature:
@@ -1808,7 +2017,7 @@ def _validate_all(
             by_name.setdefault(e.config.qualified_name.lower(), []).append(i)
     for name, idxs in by_name.items():
         if len(idxs) > 1:
-            others = [entries[i].path.name for i in idxs]
+            files = [entries[i].path.name for i in idxs]
             for i in idxs:
                 e = entries[i]
                 entries[i] = RegistryEntry(
@@ -1817,11 +2026,13 @@ def _validate_all(
                     RegistryError(
                         str(e.path),
                         name,
-                        [f"field 'table': {name} is defined by several files {others}; keep one of them"],
+                        [f"field 'table': {name} is defined by several files {files}; keep one of them"],
                         [_where_in(e.path, "table")],
                     ),
                 )
-    _refuse_overlapping_roots(entries)
+    if directory is not None:
+        _refuse_roots_in_registry(entries, directory)
+    _refuse_overlapping_roots(entries, others)
     return tuple(entries)
 
 

@@ -54,10 +54,35 @@ def registry_dir() -> Path:
     return Path(os.environ.get("CDC_REGISTRY_DIR", PROJECT_ROOT / "include" / "registry"))
 
 
+#: Other registry directories whose tables share this deployment's lake (``os.pathsep``-separated): a table
+#: here may not take a storage root overlapping one of theirs (docs/registry.md, ``storage_root``).
+OTHER_REGISTRY_DIRS_ENV = "CDC_OTHER_REGISTRY_DIRS"
+
+
+def other_registry_dirs() -> list[Path]:
+    """``$CDC_OTHER_REGISTRY_DIRS``: the other registry directories sharing the lake, in the order written."""
+    value = os.environ.get(OTHER_REGISTRY_DIRS_ENV, "")
+    return [Path(p) for p in value.split(os.pathsep) if p.strip()]
+
+
+def airflow_places() -> dict[str, Path]:
+    """Airflow's own directories, as this process's environment names them (never Airflow's config: the
+    registry is also read where Airflow is not installed): its home, its dags and its plugins folder."""
+    home = Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
+    return {
+        "the Airflow home": home,
+        "the Airflow dags folder": Path(os.environ.get("AIRFLOW__CORE__DAGS_FOLDER") or home / "dags"),
+        "the Airflow plugins folder": Path(os.environ.get("AIRFLOW__CORE__PLUGINS_FOLDER") or home / "plugins"),
+    }
+
+
 def resolve_storage_root(root: str) -> str:
     """Absolute local path for a registry ``storage_root`` (relative ones hang off the project root).
 
-    S3 roots (``s3://`` or ``s3a://``) are returned as written, without a trailing slash.
+    Symbolic links are resolved and the spelling normalised: ``file://``, ``.`` segments, trailing
+    slashes, and leading ``//`` (POSIX leaves two leading slashes to the implementation, so pathlib
+    keeps them; Linux means ``/``). S3 roots (``s3://`` or ``s3a://``) are returned as written, without
+    a trailing slash.
     """
     if root.startswith(("s3://", "s3a://")):
         return root.rstrip("/")
@@ -66,7 +91,8 @@ def resolve_storage_root(root: str) -> str:
     p = Path(root)
     if not p.is_absolute():
         p = Path(os.environ.get("CDC_LAKE_BASE", PROJECT_ROOT)) / p
-    return str(p.resolve())
+    resolved = str(p.resolve())
+    return "/" + resolved.lstrip("/") if resolved.startswith("//") else resolved
 
 
 def metastore_hosts(
