@@ -23,9 +23,11 @@ def test_index_commands_refuse_a_table_without_partition_by(tmp_path: Path) -> N
         "order_by": ["ts_ms"],
         "storage_root": str(tmp_path / "lake"),
     }
-    (tmp_path / "web.orders.yaml").write_text(yaml.safe_dump(table))
+    registry = tmp_path / "registry"  # beside the lake: a root inside the registry directory is refused
+    registry.mkdir()
+    (registry / "web.orders.yaml").write_text(yaml.safe_dump(table))
     for action in ("verify", "rebuild"):
-        proc = cli("index", action, "web.orders", "--registry-dir", str(tmp_path))
+        proc = cli("index", action, "web.orders", "--registry-dir", str(registry))
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert f"index {action}: web.orders: has no partition_by, so it has no key index" in proc.stderr
     assert not (tmp_path / "lake").exists() or not list((tmp_path / "lake").rglob("*.parquet")), "nothing written"

@@ -26,9 +26,11 @@ def test_rebuild_refuses_before_spark_starts(tmp_path: Path) -> None:
         "order_by": ["lsn"],
         "storage_root": str(tmp_path / "lake"),
     }
-    (tmp_path / "web.visits.yaml").write_text(yaml.safe_dump(keyless))
-    proc = cli("rebuild", "web.visits", "--registry-dir", str(tmp_path))
+    registry = tmp_path / "registry"  # beside the lake: a root inside the registry directory is refused
+    registry.mkdir()
+    (registry / "web.visits.yaml").write_text(yaml.safe_dump(keyless))
+    proc = cli("rebuild", "web.visits", "--registry-dir", str(registry))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "rebuild: web.visits: field 'mode' is 'keyless'; rebuild replays cdc tables only" in proc.stderr
-    proc = cli("rebuild", "web.nope", "--registry-dir", str(tmp_path))
+    proc = cli("rebuild", "web.nope", "--registry-dir", str(registry))
     assert proc.returncode == 1 and "no valid registry entry for table web.nope" in proc.stderr

@@ -73,14 +73,20 @@ def _merge(doc: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _registry_file(tmp_path: Path, name: str) -> Path:
+    """A registry file in a directory of its own, beside the lake (a root inside the registry is refused)."""
+    (tmp_path / "registry").mkdir(exist_ok=True)
+    return tmp_path / "registry" / name
+
+
 @pytest.mark.parametrize(("field", "over", "secret"), REFUSED, ids=[f"{c[0]}-{i}" for i, c in enumerate(REFUSED)])
 def test_credentials_in_any_registry_value_are_refused(
     tmp_path: Path, field: str, over: dict[str, Any], secret: str
 ) -> None:
     """Refused naming the file, its line, the field and where credentials belong; the secret is not repeated."""
     doc = _merge(student_doc(tmp_path / "lake", "creds"), over)
-    (tmp_path / "tests.creds.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    (entry,) = load_registry(tmp_path)
+    _registry_file(tmp_path, "tests.creds.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (entry,) = load_registry(tmp_path / "registry")
     assert isinstance(entry.error, RegistryError), (field, over)
     text = str(entry.error)
     assert re.search(r"tests\.creds\.yaml:\d+:\d+", text), text
@@ -91,12 +97,12 @@ def test_credentials_in_any_registry_value_are_refused(
 
 
 def test_credentials_in_a_database_defaults_file_are_refused(tmp_path: Path) -> None:
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "_database.yaml").write_text(
+    (tmp_path / "registry" / "tests").mkdir(parents=True)
+    (tmp_path / "registry" / "tests" / "_database.yaml").write_text(
         "spark:\n  conf:\n    spark.hadoop.hive.metastore.uris: thrift://u:DEFAULTPW@metastore:9083\n"
     )
-    (tmp_path / "tests.creds.yaml").write_text(yaml.safe_dump(student_doc(tmp_path / "lake", "creds")))
-    (entry,) = load_registry(tmp_path)
+    _registry_file(tmp_path, "tests.creds.yaml").write_text(yaml.safe_dump(student_doc(tmp_path / "lake", "creds")))
+    (entry,) = load_registry(tmp_path / "registry")
     text = str(entry.error)
     assert entry.error is not None and "_database.yaml:3" in text and "credential" in text, text
     assert "DEFAULTPW" not in text
@@ -117,8 +123,8 @@ def test_credentials_in_a_database_defaults_file_are_refused(tmp_path: Path) -> 
 )
 def test_values_without_a_credential_stay_accepted(tmp_path: Path, field: str, value: Any) -> None:
     doc = student_doc(tmp_path / "lake", "fine", spark={field: value})
-    (tmp_path / "tests.fine.yaml").write_text(yaml.safe_dump(doc))
-    (entry,) = load_registry(tmp_path)
+    _registry_file(tmp_path, "tests.fine.yaml").write_text(yaml.safe_dump(doc))
+    (entry,) = load_registry(tmp_path / "registry")
     assert entry.error is None, str(entry.error)
 
 

@@ -118,8 +118,13 @@ def test_a_root_equal_to_the_registry_directory_keeps_the_other_registry_files(
     cfg_a = register(registry, student_doc(tmp_path / "lake", a, storage_root=str(registry)))
     run_table(runtime, cfg_a)
     others = {f"tests.{b}.yaml"}
+    # The first defence: the registry refuses a root equal to its own directory, so the command stops.
+    assert delete(registry, f"tests.{a}", endpoint) == 1
+    assert files_under(registry) >= others | {f"tests.{a}.yaml"}
+    # The second, should an entry get past validation: deletion by ownership touches only the table's files.
+    from cdc_compaction.operations.ops import delete_table
 
-    assert delete(registry, f"tests.{a}", endpoint) == 0
+    delete_table(cfg_a, registry / f"tests.{a}.yaml", endpoint, drop_data=True)
     left = files_under(registry)
     assert others <= left, "the other table's registry file stays"
     assert {p for p in left if not p.startswith(f"tests.{a}.yaml.deleted-")} == others

@@ -46,6 +46,8 @@ _CONTROL_FILE = re.compile(r"^[^.].*\.(json|archived|released|committed)$")
 _DELTA_FILE = re.compile(r"^(\d{20}\.(json|checkpoint\.parquet)|_last_checkpoint)$")
 _ICEBERG_FILE = re.compile(r"^[^.].*\.(json|avro|text)$")
 DELTA_LOG = "_delta_log"
+#: The working directory of Hadoop's FileOutputCommitter inside a directory the job writes.
+_COMMITTER_DIR = "_temporary"
 ICEBERG_DIR = "iceberg"
 
 
@@ -69,6 +71,10 @@ def is_version_part(lake: Lake, rel: str) -> bool:
     outputs = {d.name for d in mode_of(lake.cfg).output_dirs(lake.cfg)}
     *dirs, name = rel.split("/")
     for d in dirs:
+        if d == _COMMITTER_DIR:
+            # Hadoop's output committer works in <output>/_temporary/<attempt>/...: everything in it is the
+            # job's (a killed job leaves it behind, with task-attempt directories of the committer's naming).
+            return True
         if d and d not in (DATA_DIR, TOMBSTONES_DIR, *outputs) and not d.startswith(INDEX_DIR) and "=" not in d:
             return False
     return not name or is_job_file(name)
