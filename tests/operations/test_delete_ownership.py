@@ -191,6 +191,28 @@ def test_a_root_whose_marker_names_another_table_is_refused(
     assert files_under(root) == before and (registry / f"tests.{t}.yaml").exists(), "nothing was changed"
 
 
+def test_erase_refuses_a_root_it_does_not_own_before_anything_changes(
+    tmp_path: Path, runtime: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An erase rewrites and removes files under the root: without the table's marker it changes nothing."""
+    registry = tmp_path / "registry"
+    t = name("erase_nomark")
+    cfg = register(registry, student_doc(tmp_path / "lake", t))
+    run_table(runtime, cfg)
+    root = tmp_path / "lake" / t
+    for marker in ({"table": "other.owner", "registry_file": "/elsewhere/other.owner.yaml"}, None):
+        if marker is None:
+            (root / "_cdc" / "owner.json").unlink()
+        else:
+            (root / "_cdc" / "owner.json").write_text(json.dumps(marker))
+        before = files_under(root)
+        rc = main(["erase", f"tests.{t}", "--registry-dir", str(registry), "--where", "id = 0", "--yes"])
+        err = capsys.readouterr().err
+        assert rc == 1 and f"tests.{t}" in err and "refusing erase" in err, err
+        assert ("belongs to table other.owner" if marker else "has no ownership marker") in err
+        assert files_under(root) == before, "nothing was changed"
+
+
 def test_retention_deletes_only_what_the_job_wrote_in_an_old_version(
     tmp_path: Path, runtime: Any, endpoint: Any
 ) -> None:
@@ -357,6 +379,24 @@ def test_delete_and_retention_touch_nothing_outside_the_tables_own_records(
                     if _inside(rel, tb["root"]) and rel not in foreign and rel not in non_dirs(before)
                 }
                 tb["own"] = (tb["own"] & set(after)) | own_now
+
+        # Erase: rewrites the table's files that hold the row and records what it did; nothing else.
+        for tb in tables:
+            before = snapshot(world)
+            rc = main(["erase", tb["name"], "--registry-dir", str(tb["reg"]), "--where", "id = 10", "--yes"])
+            after = snapshot(world)
+            if not tb["owned"]:
+                assert rc == 1 and after == before, "a root the table does not own: erase changes nothing"
+                continue
+            assert rc == 0, tb["name"]
+            assert {k: after.get(k) for k in foreign} == {k: before.get(k) for k in foreign}, "foreign kept"
+            for rel in set(before) | set(after):
+                if before.get(rel) != after.get(rel) and before.get(rel, ("dir",))[0] != "dir":
+                    assert _inside(rel, tb["root"]) and rel not in foreign, rel
+                    assert not any(r != tb["root"] and _inside(r, tb["root"]) and _inside(rel, r) for r in roots), rel
+            tb["own"] = (tb["own"] & set(after)) | {
+                rel for rel in non_dirs(after) if _inside(rel, tb["root"]) and rel not in non_dirs(before)
+            }
 
         for i in spec["order"]:
             if i >= len(tables):

@@ -28,6 +28,7 @@ from conftest import compact_once, student_doc, visible_names
 
 from cdc_compaction.core.exceptions import ConcurrentRunError, EraseError, ErasePredicateError, is_permanent
 from cdc_compaction.core.lake import Commit, Lake, TableLease
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.devtools.conformance import land
 from cdc_compaction.job.faults import InjectedFaultError
@@ -65,6 +66,7 @@ def _write(path: str, rows: list[dict[str, Any]], schema: pa.Schema = SCHEMA) ->
 def build(root: Path) -> Sample:
     cfg = parse_table(student_doc(root, "people"))
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     files: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     versions = {1: "v00000001-plan1-a", 2: "v00000002-plan2-a"}
     contents = {
@@ -429,6 +431,7 @@ def test_partitioned_version_reusing_an_older_partition(tmp_path: Path) -> None:
     """Commit 2 rewrote partition b and reuses partition a of version 1 by reference: the erase version holds both."""
     cfg = parse_table(student_doc(tmp_path / "lake", "parts", partition_by={"column": "full_name"}))
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     v1, v2 = "v00000001-plan1-a", "v00000002-plan2-a"
 
     def part(version: str, value: str) -> str:
@@ -559,6 +562,7 @@ def test_erase_on_s3(aws_default: str, tmp_path: Path) -> None:
     s3.client.create_bucket(Bucket=bucket)
     cfg = parse_table(student_doc(tmp_path, "people", storage_root=f"s3://{bucket}/lake/people"))
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
 
     def put(path: str, rows: list[dict[str, Any]]) -> str:
         buf = io.BytesIO()
@@ -660,6 +664,7 @@ def visit(name: str | None, before: str | None, op: str | None, lsn: int) -> dic
 def test_keyless_erase_checks_before_images_and_keeps_the_watermark(tmp_path: Path) -> None:
     cfg = keyless_cfg(tmp_path / "lake")
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     version = "v00000001-plan1-a"
     data = posixpath.join(lake.layout.data_dir(version), "part-0.parquet")
     watermark = posixpath.join(lake.layout.tombstones_dir(version) or "", "part-0.parquet")

@@ -23,6 +23,7 @@ import pytest
 from conftest import compact_once, student_doc
 
 from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.devtools.conformance import land
 from cdc_compaction.operations.erase import erase, parse_predicate, verify
@@ -111,6 +112,7 @@ def _committed_lake(root: Path) -> Lake:
     """A table with one (empty) committed, archived version: what an erase needs to run."""
     cfg = parse_table(student_doc(root, "people"))
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     version = "v00000001-plan1-a"
     write(posixpath.join(lake.layout.data_dir(version), "part-0.parquet"), rows((1, "Alice", "c", 1)))
     commit = Commit(1, version, "plan1", "run1", 0, [], ["increment_2026112200"], {"output_visible_rows": 1})
@@ -206,6 +208,7 @@ def test_a_partition_value_whose_rows_are_all_erased_vanishes(tmp_path: Path, en
         )
     )
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     v1, v2 = "v00000001-plan1-a", "v00000002-plan2-a"
 
     def pdir(version: str, value: str, kind: str = "data") -> str:
@@ -275,6 +278,7 @@ def _hostile_landing(cfg: TableConfig, increment: str) -> None:
     a hidden one (the increment waits for it) in another increment, one in a nested directory."""
     land(cfg, increment, [rows((30, MARK, "c", 30))])
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     d = posixpath.join(lake.layout.incremental, increment)
     write(posixpath.join(d, "events.json"), rows((31, MARK, "c", 31), (32, "Dora", "c", 31)))
     write(posixpath.join(d, "nested", "part-0.parquet"), rows((33, MARK, "c", 33)))

@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 
 from cdc_compaction.core.exceptions import ErasePredicateError
 from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.devtools.conformance import land
 from cdc_compaction.operations.erase import _split, erase, parse_predicate, preview
@@ -413,6 +414,7 @@ def small_lake(root: Path, name_type: str, rows_: list[dict[str, Any]]) -> tuple
     ]
     cfg = parse_table(student_doc(root, "people", columns=columns))
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     version = "v00000001-plan1-a"
     files = []
     for path in (
@@ -443,6 +445,7 @@ def small_lake(root: Path, name_type: str, rows_: list[dict[str, Any]]) -> tuple
 def ids_left(cfg: TableConfig, files: list[str]) -> dict[str, list[int]]:
     """The ids every file of the table holds now (the live version's under its current name)."""
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     live = lake.latest_commit()
     out = {}
     for p in files:

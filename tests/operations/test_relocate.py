@@ -30,6 +30,7 @@ from pipeline.test_formats_iceberg import _avro_payload
 
 from cdc_compaction.core.exceptions import EraseError
 from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.operations.erase import erase, parse_predicate, verify
 from cdc_compaction.pipeline import formats
@@ -172,6 +173,7 @@ def make_lake(tmp_path: Path, table: str, absolute_upto: int = 0, **overrides: A
     """A partitioned lake with both formats and every state of :data:`STATES` published and synced."""
     cfg = cfg_at(tmp_path / "first", table, formats=["delta", "iceberg"], keep_versions=5, **PARTITIONED, **overrides)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     for seq, rows in enumerate(STATES, start=1):
         write_version(lake, seq, rows, absolute=seq <= absolute_upto)
         done = formats.sync_formats(formats.runtime_for(cfg, lake), seq)
@@ -195,6 +197,7 @@ def test_records_name_files_relative_and_old_absolute_records_are_read_under_the
 ) -> None:
     cfg = cfg_at(tmp_path / "first", "rec", **PARTITIONED)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     # Commit 1 as the old code wrote it (absolute paths), commit 2 by today's code.
     write_version(lake, 1, STATES[0], absolute=True)
     write_version(lake, 2, STATES[1])
@@ -236,6 +239,7 @@ def test_records_name_files_relative_and_old_absolute_records_are_read_under_the
 def test_the_pointer_of_a_copied_lake_follows_its_root(tmp_path: Path) -> None:
     cfg = cfg_at(tmp_path / "first", "ptr", **PARTITIONED)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     lake.advance_pointer(write_version(lake, 1, STATES[0]))
     _, moved = copy_of(tmp_path, cfg)
     live = moved.latest_commit()
@@ -252,6 +256,7 @@ def test_a_plan_made_under_the_old_root_is_refused_on_the_copy_until_committed(t
 
     cfg = cfg_at(tmp_path / "first", "pl", **PARTITIONED)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     write_version(lake, 1, STATES[0])
     plan = {"plan_id": "p2", "seq": 2, "output_location": lake.layout.version_dir("v00000002-p2")}
     Path(lake.layout.plans).mkdir(parents=True)

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.pipeline import formats
 from cdc_compaction.pipeline.formats import delta
@@ -113,6 +114,7 @@ def test_one_delta_version_per_commit_readable_by_delta_rs_and_polars(make_cfg: 
     extra = {"partition_by": {"column": "id", "transform": "identity"}} if partitioned else {}
     cfg = make_cfg(formats=["delta"], keep_versions=10, **extra)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     root = delta.table_root(lake)
     for seq, names in enumerate(STATES[:3], start=1):
         write_version(lake, seq, names, partitioned)
@@ -149,6 +151,7 @@ def test_missing_entries_are_appended_and_a_late_start_begins_with_a_checkpoint(
     """Formats enabled on a table with history (or syncs that failed): the log holds the kept commits only."""
     cfg = make_cfg(formats=["delta"], keep_versions=2)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     root = delta.table_root(lake)
     for seq, names in enumerate(STATES[:4], start=1):
         write_version(lake, seq, names)
@@ -164,6 +167,7 @@ def test_missing_entries_are_appended_and_a_late_start_begins_with_a_checkpoint(
 def test_retention_expires_old_versions_from_the_log_before_deleting_their_files(make_cfg: Any) -> None:
     cfg = make_cfg(formats=["delta"], keep_versions=2)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     root = delta.table_root(lake)
     rt = rt_of(cfg, lake)
     for seq, names in enumerate(STATES, start=1):
@@ -188,6 +192,7 @@ def test_a_failed_expiry_keeps_the_old_versions_files(make_cfg: Any) -> None:
     """If the format cannot stop naming an old version, retention keeps its files this time."""
     cfg = make_cfg(formats=["delta"], keep_versions=1)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     rt = rt_of(cfg, lake)
     write_version(lake, 1, STATES[0])
     sync_up_to(cfg, lake, 1)
@@ -205,6 +210,7 @@ def test_regenerate_after_a_file_is_rewritten_keeps_no_old_bound(make_cfg: Any) 
     """An erase rewrites files in place: the regenerated log has the new sizes and no erased value."""
     cfg = make_cfg(formats=["delta"], keep_versions=3)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     root = delta.table_root(lake)
     for seq, names in enumerate(STATES[:3], start=1):
         write_version(lake, seq, names)
@@ -227,6 +233,7 @@ def test_regenerate_after_a_file_is_rewritten_keeps_no_old_bound(make_cfg: Any) 
 def test_is_metadata_path_names_the_log_only(make_cfg: Any) -> None:
     cfg = make_cfg(formats=["delta"])
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     assert formats.is_metadata_path(lake, delta.metadata_root(lake))
     assert formats.is_metadata_path(lake, delta.commit_path(lake, 7))
     assert not formats.is_metadata_path(lake, lake.layout.data_dir("v00000001-p1-a1") + "/part-0.parquet")
@@ -236,6 +243,7 @@ def test_is_metadata_path_names_the_log_only(make_cfg: Any) -> None:
 def test_a_table_without_formats_writes_no_log(make_cfg: Any) -> None:
     cfg = make_cfg()
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     write_version(lake, 1, STATES[0])
     assert sync_up_to(cfg, lake, 1) == {"failed": {}}
     assert not Path(delta.metadata_root(lake)).exists()
@@ -245,6 +253,7 @@ def test_a_format_taken_out_of_the_registry_leaves_no_stale_log(make_cfg: Any) -
     """Nothing keeps an unlisted format's log current: it is deleted, not left showing an old version."""
     cfg = make_cfg(formats=["delta"], keep_versions=5)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     write_version(lake, 1, STATES[0])
     sync_up_to(cfg, lake, 1)
     assert delta_rows(delta.table_root(lake)) == STATES[0]
@@ -260,6 +269,7 @@ def test_a_format_taken_out_of_the_registry_leaves_no_stale_log(make_cfg: Any) -
 def test_a_format_that_fails_is_counted_and_never_raises(make_cfg: Any) -> None:
     cfg = make_cfg(formats=["delta"])
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     write_version(lake, 1, STATES[0])
     shutil.rmtree(lake.layout.data_dir("v00000001-p1-a1"))  # the version's data is gone
     before = formats.FAILURES[cfg.qualified_name]

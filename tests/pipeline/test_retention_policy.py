@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.ownership import claim
 from cdc_compaction.pipeline.rebuild import replay_start
 from cdc_compaction.pipeline.retention import expirable_archives, expire_archives
 from cdc_compaction.pipeline.runtime import Runtime
@@ -51,6 +52,7 @@ def _manifest(path: Path, created_at: str, reingested_at: str | None) -> None:
 def test_expire_archives_keeps_what_a_kept_version_waiting_quarantine_or_an_audit_needs(make_cfg) -> None:
     cfg = make_cfg(keep_versions=2, archive_retention="7d")
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     root = Path(lake.layout.root)
     commits = []
     for seq in (1, 2, 3, 4):
@@ -93,6 +95,7 @@ def test_expire_archives_keeps_what_a_kept_version_waiting_quarantine_or_an_audi
 def test_without_archive_retention_nothing_is_deleted(make_cfg) -> None:
     cfg = make_cfg(keep_versions=1)
     lake = Lake(cfg)
+    claim(lake)  # as create-tables does: the table owns its root
     root = Path(lake.layout.root)
     _write(root / "archive" / "c00000001" / "increment_2026112201" / "f.parquet")
     _manifest(root / "quarantine" / "rows" / "v00000001-p1", OLD, OLD)

@@ -76,6 +76,7 @@ from cdc_compaction.core.exceptions import ConcurrentCommitError, ConcurrentRunE
 from cdc_compaction.core.hive_types import arrow_type, decimal_parts
 from cdc_compaction.core.lake import Commit, Lake, TableLease
 from cdc_compaction.core.mode import mode_of
+from cdc_compaction.core.ownership import require_owner
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage.base import FileInfo
@@ -1159,6 +1160,9 @@ def erase(
     now = now or datetime.now(UTC)
     erase_id = f"e{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     owner = f"erase:{actor}:{erase_id}"
+    # Destroy by ownership: an erase rewrites and removes files under the root, so the root must be
+    # the table's (its marker) before anything is read for rewriting or changed.
+    require_owner(lake, "erase")
     lease = TableLease(lake)
     lease.acquire(owner, LEASE_TTL, now)
     try:
