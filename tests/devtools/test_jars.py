@@ -25,8 +25,8 @@ def test_the_lock_parses_into_its_groups() -> None:
     assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark"}
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
-    assert ("connect", "org.apache.kafka:connect-runtime:4.4.0") in coords
-    assert ("connect", "org.apache.kafka:connect-json:4.4.0") in coords
+    assert ("connect", "org.apache.kafka:connect-runtime:4.3.1") in coords
+    assert ("connect", "org.apache.kafka:connect-json:4.3.1") in coords
     assert ("debezium", "io.debezium:debezium-connector-postgres:3.6.1.Final") in coords
     assert ("spark", "org.apache.spark:spark-avro_2.13:4.2.0") in coords
     # One Debezium version throughout; Connect's own classes stay out of the plugin directory.
