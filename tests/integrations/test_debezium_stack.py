@@ -233,3 +233,22 @@ def test_stop_leaves_no_process_running(stack: DebeziumStack) -> None:
     print(f"stack stopped in {time.monotonic() - started:.1f}s")
     assert not [pid for pid in tree if pid_alive(pid)], "every process the stack started, and their children, ended"
     assert stack.pids() == []
+
+
+def test_a_failed_start_raises_with_the_log_and_stops_what_it_started(tmp_path: Path) -> None:
+    import socket
+
+    import psutil
+
+    from cdc_compaction.devtools.local_services import ServiceError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        s = DebeziumStack(tmp_path / "stack", kafka_port=taken.getsockname()[1])
+        ours = {p.pid for p in psutil.Process().children(recursive=True)}
+        with pytest.raises(ServiceError, match=r"(?s)kafka exited during start; the last lines of .*kafka\.log:\n.*"):
+            s.start()
+    assert s.pids() == []
+    assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in ours and p.is_running()]
+    assert "Address already in use" in (tmp_path / "stack" / "kafka" / "kafka.log").read_text()

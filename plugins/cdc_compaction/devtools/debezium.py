@@ -53,6 +53,8 @@ TOPIC_PREFIX = "cdc"
 SLOT = "cdc_debezium"
 PUBLICATION = "cdc_publication"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+#: What ``kafka.Kafka`` logs once its broker and controller serve (KafkaRaftServer).
+KAFKA_STARTED = "Kafka Server started"
 
 #: log4j2 for both JVMs: everything to standard output, which goes to the component's log file.
 _LOG4J2 = """status = warn
@@ -163,6 +165,13 @@ class JavaService:
     def alive(self) -> bool:
         return self.pid is not None and pid_alive(self.pid)
 
+    def logged(self, text: str) -> bool:
+        """True once this service's log holds ``text``."""
+        try:
+            return text in self.log_file.read_text(errors="replace")
+        except OSError:
+            return False
+
     def failed(self, what: str) -> ServiceError:
         """The error of a start that did not come up: what, and the last lines of the log."""
         return ServiceError(f"{self.name} {what}; the last lines of {self.log_file}:\n{tail(self.log_file)}")
@@ -196,6 +205,7 @@ class DebeziumStack:
     pg: LocalPostgres = field(init=False)
     kafka: JavaService = field(init=False)
     connect: JavaService = field(init=False)
+    #: 0: a free port, chosen at start.
     kafka_port: int = 0
     controller_port: int = 0
     rest_port: int = 0
@@ -244,7 +254,8 @@ class DebeziumStack:
     def _start_kafka(self, classpath: str, timeout_s: float) -> None:
         home = self.kafka.home
         home.mkdir(parents=True, exist_ok=True)
-        self.kafka_port, self.controller_port = free_port(), free_port()
+        self.kafka_port = self.kafka_port or free_port()
+        self.controller_port = self.controller_port or free_port()
         config = home / "server.properties"
         config.write_text(
             _properties(
@@ -288,7 +299,9 @@ class DebeziumStack:
             )
         self.kafka.start(classpath, "kafka.Kafka", str(config))
         deadline = time.monotonic() + timeout_s
-        while not port_open(HOST, self.kafka_port):
+        # Ready when our process says so: an open port alone may be another process's (a port taken
+        # between free_port() and the bind), and Kafka logs the bind failure before it shuts down.
+        while not (self.kafka.logged(KAFKA_STARTED) and port_open(HOST, self.kafka_port)):
             if not self.kafka.alive():
                 raise self.kafka.failed("exited during start")
             if time.monotonic() > deadline:
