@@ -329,6 +329,9 @@ class DebeziumStack:
                     "rest.advertised.host.name": HOST,
                     "rest.advertised.port": self.rest_port,
                     "plugin.path": plugins,
+                    # Debezium's and Kafka's jars all carry ServiceLoader manifests (Connect says so under the
+                    # default hybrid_warn): no reflective scan of every class, some 15 s less per start.
+                    "plugin.discovery": "service_load",
                     "key.converter": JSON_CONVERTER,
                     "value.converter": JSON_CONVERTER,
                     # Connect keeps the connectors' configuration, status and source offsets in these topics.
