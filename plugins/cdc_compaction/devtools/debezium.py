@@ -91,7 +91,7 @@ def kafka_cluster_id() -> str:
 
 
 def connector_config(
-    pg: LocalPostgres, database: str, tables: list[str], *, schemas_enable: bool = False
+    pg_host: str, pg_port: int, pg_user: str, database: str, tables: list[str], *, schemas_enable: bool = False
 ) -> dict[str, str]:
     """The Debezium PostgreSQL connector's configuration that :meth:`DebeziumStack.register` sends.
 
@@ -103,9 +103,9 @@ def connector_config(
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": "1",
-        "database.hostname": pg.host,
-        "database.port": str(pg.port),
-        "database.user": pg.user,
+        "database.hostname": pg_host,
+        "database.port": str(pg_port),
+        "database.user": pg_user,
         "database.dbname": database,
         "topic.prefix": TOPIC_PREFIX,
         "plugin.name": "pgoutput",
@@ -120,6 +120,60 @@ def connector_config(
         "key.converter.schemas.enable": schemas,
         "value.converter": JSON_CONVERTER,
         "value.converter.schemas.enable": schemas,
+    }
+
+
+def kafka_server_properties(data_dir: Path | str, kafka_port: int, controller_port: int) -> dict[str, Any]:
+    """``server.properties`` of the one Kafka process: broker and KRaft controller, one replica of everything."""
+    return {
+        "process.roles": "broker,controller",
+        "node.id": 1,
+        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{kafka_port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{kafka_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": data_dir,
+        "num.partitions": 1,
+        # One broker: every internal topic has one replica.
+        "offsets.topic.replication.factor": 1,
+        "offsets.topic.num.partitions": 1,
+        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.min.isr": 1,
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
+        "group.initial.rebalance.delay.ms": 0,
+        "auto.create.topics.enable": "true",
+    }
+
+
+def connect_worker_properties(bootstrap_servers: str, rest_port: int, plugins: Path | str) -> dict[str, Any]:
+    """``worker.properties`` of the distributed Connect worker; ``plugins`` holds Debezium's plugin directory."""
+    return {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": "cdc-connect",
+        "listeners": f"http://{HOST}:{rest_port}",
+        "rest.advertised.host.name": HOST,
+        "rest.advertised.port": rest_port,
+        "plugin.path": plugins,
+        # Debezium's and Kafka's jars all carry ServiceLoader manifests (Connect says so under the
+        # default hybrid_warn): no reflective scan of every class, some 15 s less per start.
+        "plugin.discovery": "service_load",
+        "key.converter": JSON_CONVERTER,
+        "value.converter": JSON_CONVERTER,
+        # Connect keeps the connectors' configuration, status and source offsets in these topics.
+        "config.storage.topic": "cdc-connect-configs",
+        "offset.storage.topic": "cdc-connect-offsets",
+        "status.storage.topic": "cdc-connect-status",
+        "config.storage.replication.factor": 1,
+        "offset.storage.replication.factor": 1,
+        "status.storage.replication.factor": 1,
+        "offset.storage.partitions": 1,
+        "status.storage.partitions": 1,
+        # Source offsets are committed every second: a restart re-delivers at most that much.
+        "offset.flush.interval.ms": 1000,
+        "scheduled.rebalance.max.delay.ms": 0,
     }
 
 
@@ -257,31 +311,7 @@ class DebeziumStack:
         self.kafka_port = self.kafka_port or free_port()
         self.controller_port = self.controller_port or free_port()
         config = home / "server.properties"
-        config.write_text(
-            _properties(
-                {
-                    "process.roles": "broker,controller",
-                    "node.id": 1,
-                    "controller.quorum.voters": f"1@{HOST}:{self.controller_port}",
-                    "listeners": f"PLAINTEXT://{HOST}:{self.kafka_port},CONTROLLER://{HOST}:{self.controller_port}",
-                    "advertised.listeners": f"PLAINTEXT://{HOST}:{self.kafka_port}",
-                    "controller.listener.names": "CONTROLLER",
-                    "inter.broker.listener.name": "PLAINTEXT",
-                    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                    "log.dirs": home / "data",
-                    "num.partitions": 1,
-                    # One broker: every internal topic has one replica.
-                    "offsets.topic.replication.factor": 1,
-                    "offsets.topic.num.partitions": 1,
-                    "transaction.state.log.replication.factor": 1,
-                    "transaction.state.log.min.isr": 1,
-                    "share.coordinator.state.topic.replication.factor": 1,
-                    "share.coordinator.state.topic.min.isr": 1,
-                    "group.initial.rebalance.delay.ms": 0,
-                    "auto.create.topics.enable": "true",
-                }
-            )
-        )
+        config.write_text(_properties(kafka_server_properties(home / "data", self.kafka_port, self.controller_port)))
         fmt = subprocess.run(
             [
                 *("java", *_JVM_OPTIONS, "-cp", classpath, "kafka.tools.StorageTool", "format"),
@@ -320,35 +350,7 @@ class DebeziumStack:
         if not self.rest_port:
             self.rest_port = free_port()
         config = home / "worker.properties"
-        config.write_text(
-            _properties(
-                {
-                    "bootstrap.servers": self.bootstrap_servers,
-                    "group.id": "cdc-connect",
-                    "listeners": f"http://{HOST}:{self.rest_port}",
-                    "rest.advertised.host.name": HOST,
-                    "rest.advertised.port": self.rest_port,
-                    "plugin.path": plugins,
-                    # Debezium's and Kafka's jars all carry ServiceLoader manifests (Connect says so under the
-                    # default hybrid_warn): no reflective scan of every class, some 15 s less per start.
-                    "plugin.discovery": "service_load",
-                    "key.converter": JSON_CONVERTER,
-                    "value.converter": JSON_CONVERTER,
-                    # Connect keeps the connectors' configuration, status and source offsets in these topics.
-                    "config.storage.topic": "cdc-connect-configs",
-                    "offset.storage.topic": "cdc-connect-offsets",
-                    "status.storage.topic": "cdc-connect-status",
-                    "config.storage.replication.factor": 1,
-                    "offset.storage.replication.factor": 1,
-                    "status.storage.replication.factor": 1,
-                    "offset.storage.partitions": 1,
-                    "status.storage.partitions": 1,
-                    # Source offsets are committed every second: a restart re-delivers at most that much.
-                    "offset.flush.interval.ms": 1000,
-                    "scheduled.rebalance.max.delay.ms": 0,
-                }
-            )
-        )
+        config.write_text(_properties(connect_worker_properties(self.bootstrap_servers, self.rest_port, plugins)))
         self.connect.start(classpath, "org.apache.kafka.connect.cli.ConnectDistributed", str(config))
         deadline = time.monotonic() + timeout_s
         while True:
@@ -389,7 +391,9 @@ class DebeziumStack:
                 if cur.fetchone() is None:
                     names = ", ".join(".".join(f'"{p}"' for p in t.split(".", 1)) for t in tables)
                     cur.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {names}")
-        config = connector_config(self.pg, self.database, tables, schemas_enable=self.schemas_enable)
+        config = connector_config(
+            self.pg.host, self.pg.port, self.pg.user, self.database, tables, schemas_enable=self.schemas_enable
+        )
         try:
             self._request("PUT", f"/connectors/{CONNECTOR}/config", config)
         except urllib.error.HTTPError as exc:
