@@ -30,6 +30,6 @@ def test_a_tombstone_is_the_line_null_and_a_value_with_a_line_break_is_refused()
 
 def test_files_appear_whole_under_their_name(tmp_path: Path) -> None:
     path = tmp_path / "increment_2026112210" / kl.file_name("t", 0, 0)
-    kl.write_atomically(path, [b"null", b'{"op":"d"}'])
+    kl.write_atomically(path, kl.write_lines([b"null", b'{"op":"d"}']))
     assert path.read_bytes() == b'null\n{"op":"d"}\n'
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]

@@ -222,6 +222,76 @@ def test_a_new_consumer_resumes_after_the_committed_offsets(
     assert_offsets_contiguous(rows)
 
 
+def avro_landed(landing: Path, topic: str) -> list[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
+    """(first offset, the file's Avro schema, its records) of every landed Avro file, in offset order."""
+    from fastavro import reader
+
+    pattern = re.compile(r"^increment_(\d{10})/" + re.escape(topic) + r"\+0\+(\d{10})\.avro$")
+    out = []
+    for path in sorted(p for p in landing.rglob("*") if p.is_file()):
+        m = pattern.match(path.relative_to(landing).as_posix())
+        assert m, f"{path} is not in the hourly layout increment_<YYYYMMDDHH>/<topic>+0+<offset>.avro"
+        with open(path, "rb") as f:
+            avro = reader(f)
+            out.append((int(m.group(2)), avro.writer_schema, list(avro)))
+    return sorted(out, key=lambda r: r[0])
+
+
+def test_a_connector_with_schemas_lands_avro_files_a_new_schema_a_new_file(
+    stack: DebeziumStack, tmp_path: Path
+) -> None:
+    from decimal import Decimal
+
+    pytest.importorskip("fastavro", reason="fastavro is pinned in requirements.txt (make install)")
+    with stack.pg.connect(stack.database) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, owner, balance FROM accounts ORDER BY id")
+        rows_now = [dict(zip(("id", "owner", "balance"), r, strict=True)) for r in cur.fetchall()]
+    topic = topic_of(TABLE, "cdcavro")
+    stack.register([TABLE], name="cdc-postgres-avro", topic_prefix="cdcavro", slot="cdc_avro", schemas_enable=True)
+    sql(
+        stack,
+        "ALTER TABLE accounts ADD COLUMN price numeric(10, 2)",
+        "UPDATE accounts SET price = 12.34 WHERE id = 4",
+        "DELETE FROM accounts WHERE id = 5",
+    )
+    landing = tmp_path / "incremental"
+    deadline = time.monotonic() + WAIT_S
+    with LandingConsumer(stack.bootstrap_servers, [Route(topic, landing, format="avro")], "cdc-landing-avro") as c:
+        while True:
+            c.land(idle_s=0.5)
+            files = avro_landed(landing, topic)
+            records = [r for _, _, recs in files for r in recs]
+            if any(r["op"] == "d" for r in records):
+                break
+            assert time.monotonic() < deadline, f"not landed within {WAIT_S:.0f}s: {records}"
+        # Every offset, the skipped tombstone's too, was committed: the group has nothing left to land.
+        assert c.land(idle_s=2.0) == []
+
+    # The snapshot: the table as it was when the connector started, one read per row.
+    reads = [r for r in records if r["op"] == "r"]
+    assert sorted((r["after"] for r in reads), key=lambda a: a["id"]) == rows_now
+    assert all(r["source"]["snapshot"] != "false" for r in reads)
+    # The column added at the source: a new schema, so a new file; Connect's Decimal is Avro's decimal.
+    (update,) = [r for r in records if r["op"] == "u"]
+    assert update["after"]["id"] == 4 and update["after"]["price"] == Decimal("12.34")
+    (delete,) = [r for r in records if r["op"] == "d"]
+    assert delete["before"]["id"] == 5 and delete["after"] is None
+    assert len(records) == len(reads) + 2, "the tombstone after the delete is not an Avro record"
+    first_schema, last_schema = files[0][1], files[-1][1]
+    assert len(files) >= 2 and first_schema != last_schema
+    assert first_schema["name"] == "cdcavro.public.accounts.Envelope"
+
+    def value_fields(schema: dict[str, Any]) -> dict[str, Any]:
+        before = next(f for f in schema["fields"] if f["name"] == "before")
+        return {f["name"]: f["type"] for f in before["type"][1]["fields"]}
+
+    assert "price" not in value_fields(first_schema)
+    price = value_fields(last_schema)["price"]
+    assert price[0] == "null" and price[1]["logicalType"] == "decimal"
+    assert (price[1]["precision"], price[1]["scale"]) == (10, 2)
+    assert all(isinstance(r["source"]["lsn"], int) and isinstance(r["ts_ms"], int) for r in records)
+
+
 def test_stop_leaves_no_process_running(stack: DebeziumStack) -> None:
     import psutil
 

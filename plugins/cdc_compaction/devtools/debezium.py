@@ -91,7 +91,15 @@ def kafka_cluster_id() -> str:
 
 
 def connector_config(
-    pg_host: str, pg_port: int, pg_user: str, database: str, tables: list[str], *, schemas_enable: bool = False
+    pg_host: str,
+    pg_port: int,
+    pg_user: str,
+    database: str,
+    tables: list[str],
+    *,
+    schemas_enable: bool = False,
+    topic_prefix: str = TOPIC_PREFIX,
+    slot: str = SLOT,
 ) -> dict[str, str]:
     """The Debezium PostgreSQL connector's configuration that :meth:`DebeziumStack.register` sends.
 
@@ -107,9 +115,9 @@ def connector_config(
         "database.port": str(pg_port),
         "database.user": pg_user,
         "database.dbname": database,
-        "topic.prefix": TOPIC_PREFIX,
+        "topic.prefix": topic_prefix,
         "plugin.name": "pgoutput",
-        "slot.name": SLOT,
+        "slot.name": slot,
         "publication.name": PUBLICATION,
         "publication.autocreate.mode": "disabled",
         "table.include.list": ",".join(tables),
@@ -177,9 +185,9 @@ def connect_worker_properties(bootstrap_servers: str, rest_port: int, plugins: P
     }
 
 
-def topic_of(table: str) -> str:
+def topic_of(table: str, topic_prefix: str = TOPIC_PREFIX) -> str:
     """The topic the connector writes ``schema.table``'s changes to."""
-    return f"{TOPIC_PREFIX}.{table}"
+    return f"{topic_prefix}.{table}"
 
 
 @dataclass
@@ -263,6 +271,8 @@ class DebeziumStack:
     kafka_port: int = 0
     controller_port: int = 0
     rest_port: int = 0
+    #: The connectors :meth:`register` made, by name.
+    connectors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
@@ -379,10 +389,21 @@ class DebeziumStack:
     def _get(self, path: str) -> Any:
         return self._request("GET", path)
 
-    def register(self, tables: list[str], timeout_s: float = 120.0) -> dict[str, str]:
+    def register(
+        self,
+        tables: list[str],
+        timeout_s: float = 120.0,
+        *,
+        name: str = CONNECTOR,
+        topic_prefix: str = TOPIC_PREFIX,
+        slot: str = SLOT,
+        schemas_enable: bool | None = None,
+    ) -> dict[str, str]:
         """Create the publication for ``tables`` (``schema.table``), register the connector, wait until RUNNING.
 
-        Returns the connector's configuration as sent.  The tables must exist.
+        Returns the connector's configuration as sent.  The tables must exist.  A second connector
+        (another ``name``, ``topic_prefix`` and ``slot``) reads the same tables into topics of its own,
+        e.g. with the other ``schemas_enable`` (default: the stack's).
         """
         with contextlib.closing(self.pg.connect(self.database)) as conn:
             conn.autocommit = True
@@ -392,21 +413,30 @@ class DebeziumStack:
                     names = ", ".join(".".join(f'"{p}"' for p in t.split(".", 1)) for t in tables)
                     cur.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {names}")
         config = connector_config(
-            self.pg.host, self.pg.port, self.pg.user, self.database, tables, schemas_enable=self.schemas_enable
+            self.pg.host,
+            self.pg.port,
+            self.pg.user,
+            self.database,
+            tables,
+            schemas_enable=self.schemas_enable if schemas_enable is None else schemas_enable,
+            topic_prefix=topic_prefix,
+            slot=slot,
         )
         try:
-            self._request("PUT", f"/connectors/{CONNECTOR}/config", config)
+            self._request("PUT", f"/connectors/{name}/config", config)
         except urllib.error.HTTPError as exc:
             raise ServiceError(
-                f"Connect refused the connector {CONNECTOR}: {exc.code} {exc.read().decode(errors='replace')}"
+                f"Connect refused the connector {name}: {exc.code} {exc.read().decode(errors='replace')}"
             ) from exc
-        self.wait_running(timeout_s)
+        if name not in self.connectors:
+            self.connectors.append(name)
+        self.wait_running(timeout_s, name)
         return config
 
-    def status(self) -> dict[str, Any]:
-        return dict(self._get(f"/connectors/{CONNECTOR}/status"))
+    def status(self, name: str = CONNECTOR) -> dict[str, Any]:
+        return dict(self._get(f"/connectors/{name}/status"))
 
-    def wait_running(self, timeout_s: float = 120.0) -> None:
+    def wait_running(self, timeout_s: float = 120.0, name: str = CONNECTOR) -> None:
         """Wait until the connector and each of its tasks is RUNNING; a FAILED one raises with its trace."""
         deadline = time.monotonic() + timeout_s
         state: Any = None
@@ -414,25 +444,26 @@ class DebeziumStack:
             if not self.connect.alive():
                 raise self.connect.failed("exited while the connector started")
             try:
-                state = self.status()
+                state = self.status(name)
             except (OSError, ValueError):  # 404 until the worker has read the config topic
                 time.sleep(0.5)
                 continue
             states = [state["connector"]["state"], *(t["state"] for t in state.get("tasks", []))]
             if "FAILED" in states:
                 traces = [state["connector"].get("trace"), *(t.get("trace") for t in state.get("tasks", []))]
-                raise self.connect.failed(f"connector {CONNECTOR} FAILED: {[t for t in traces if t]}")
+                raise self.connect.failed(f"connector {name} FAILED: {[t for t in traces if t]}")
             if state.get("tasks") and all(s == "RUNNING" for s in states):
                 return
             time.sleep(0.5)
-        raise self.connect.failed(f"connector {CONNECTOR} was not RUNNING within {timeout_s:.0f}s: {state}")
+        raise self.connect.failed(f"connector {name} was not RUNNING within {timeout_s:.0f}s: {state}")
 
     def restart_connect(self, timeout_s: float = 180.0) -> None:
         """Stop the Connect worker (a clean shutdown) and start it again; it resumes from its committed offsets."""
         self.connect.stop()
         try:
             self._start_connect(jars.classpath("connect"), jars.group_dir("debezium"), timeout_s)
-            self.wait_running(timeout_s)
+            for name in self.connectors:
+                self.wait_running(timeout_s, name)
         except BaseException:
             self.stop()
             raise

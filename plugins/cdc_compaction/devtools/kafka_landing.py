@@ -9,11 +9,17 @@ such a sink keeps:
 * one directory per table and hour: ``<landing dir>/<prefix><hour>/`` (the registry's
   ``increments``: ``directory``, ``prefix``, ``time_format``); the hour is the record's Kafka
   timestamp in UTC (the S3 sink's ``TimeBasedPartitioner`` with ``timestamp.extractor=Record``);
-* one JSON value per line, the bytes exactly as the ``JsonConverter`` produced them; a Kafka
-  tombstone (a null value, after a delete) is the line ``null``;
-* the Kafka partition and offset in the file name, as the S3 sink names its objects:
-  ``<topic>+<partition>+<first offset, 10 digits>.json``.  The lines of a file are the records of
-  consecutive offsets (a gap starts a new file), so line ``i`` (from 0) holds offset ``first + i``;
+* ``format: json``: one JSON value per line, the bytes exactly as the ``JsonConverter`` produced them;
+  a Kafka tombstone (a null value, after a delete) is the line ``null``.  File names
+  ``<topic>+<partition>+<first offset, 10 digits>.json``, as the S3 sink names its objects; the
+  lines of a file are the records of consecutive offsets (a gap starts a new file), so line ``i``
+  (from 0) holds offset ``first + i``;
+* ``format: avro``: Avro container files (``fastavro``), ``<topic>+<partition>+<first offset>.avro``,
+  from the ``JsonConverter`` with ``schemas.enable=true``: the record's Connect schema becomes the
+  file's Avro schema as Confluent's ``AvroData`` makes it (:mod:`cdc_compaction.devtools.connect_avro`),
+  a new schema starts a new file (the S3 sink rotates so too), and tombstones are skipped and
+  counted (an Avro file has no null record: the S3 sink's ``behavior.on.null.values=ignore``).  The
+  records of a file are in offset order; a skipped tombstone leaves a gap;
 * each file is written under a hidden temporary name (``.<name>.tmp``, which the planner counts as
   a writer's temporary: :mod:`cdc_compaction.core.landing`) and renamed when complete, so a run
   never sees half a file;
@@ -24,14 +30,15 @@ such a sink keeps:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 
 from cdc_compaction.core.exceptions import CdcCompactionError
 from cdc_compaction.core.registry import TableConfig
@@ -55,9 +62,11 @@ class Route:
     landing_dir: Path
     prefix: str = "increment_"
     time_format: str = "%Y%m%d%H"
+    #: json: the converter's values as lines; avro: Avro container files (needs ``schemas.enable=true``).
+    format: Literal["json", "avro"] = "json"
 
     @classmethod
-    def for_table(cls, cfg: TableConfig, topic: str) -> Route:
+    def for_table(cls, cfg: TableConfig, topic: str, format: Literal["json", "avro"] = "json") -> Route:
         """The route of ``topic`` into ``cfg``'s landing area (a local ``storage_root``)."""
         if "://" in cfg.storage_root:
             raise LandingError(
@@ -65,7 +74,7 @@ class Route:
                 "the landing consumer writes local files only"
             )
         inc = cfg.increments
-        return cls(topic, Path(cfg.storage_root) / inc.directory, inc.prefix, inc.time_format)
+        return cls(topic, Path(cfg.storage_root) / inc.directory, inc.prefix, inc.time_format, format)
 
     def increment(self, timestamp_ms: int) -> str:
         """The increment directory name of a record with this Kafka timestamp."""
@@ -73,14 +82,14 @@ class Route:
         return self.prefix + hour.strftime(self.time_format)
 
 
-def file_name(topic: str, partition: int, first_offset: int) -> str:
-    """``<topic>+<partition>+<first offset>.json``: where the file's records come from."""
-    return f"{topic}+{partition}+{first_offset:0{OFFSET_WIDTH}d}.json"
+def file_name(topic: str, partition: int, first_offset: int, extension: str = "json") -> str:
+    """``<topic>+<partition>+<first offset>.<extension>``: where the file's records come from."""
+    return f"{topic}+{partition}+{first_offset:0{OFFSET_WIDTH}d}.{extension}"
 
 
 def parse_file_name(name: str) -> tuple[str, int, int]:
     """(topic, partition, first offset) of a landed file's name."""
-    stem = name.removesuffix(".json")
+    stem = name.rsplit(".", 1)[0]
     topic, partition, offset = stem.rsplit("+", 2)
     return topic, int(partition), int(offset)
 
@@ -91,11 +100,11 @@ class _Batch:
     increment: str
     partition: int
     first: int
-    lines: list[bytes]
-
-    @property
-    def next_offset(self) -> int:
-        return self.first + len(self.lines)
+    #: The next offset a JSON file can take without a gap.
+    next_offset: int
+    #: JSON: the lines; Avro: the payloads of ``schema``.
+    items: list[Any] = field(default_factory=list)
+    schema: dict[str, Any] | None = None
 
 
 def _line(topic: str, partition: int, offset: int, value: bytes | None) -> bytes:
@@ -109,16 +118,48 @@ def _line(topic: str, partition: int, offset: int, value: bytes | None) -> bytes
     return value
 
 
-def write_atomically(path: Path, lines: Iterable[bytes]) -> None:
-    """Write ``lines`` to ``.<name>.tmp`` beside ``path``, flush it to disk, then rename it to ``path``."""
+def _connect_record(topic: str, partition: int, offset: int, value: bytes) -> tuple[dict[str, Any], Any]:
+    """(schema, payload) of a ``schemas.enable=true`` JsonConverter value, or a refusal saying what to set."""
+    doc = json.loads(value)
+    if not isinstance(doc, dict) or set(doc) != {"schema", "payload"}:
+        raise LandingError(
+            f"{topic} partition {partition} offset {offset}: Avro landing needs the Connect schema of each record; "
+            "set the connector's value.converter.schemas.enable=true"
+        )
+    return doc["schema"], doc["payload"]
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write with ``write`` to ``.<name>.tmp`` beside ``path``, flush it to disk, then rename it to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        for line in lines:
-            f.write(line + b"\n")
+        write(f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_lines(lines: list[bytes]) -> Callable[[IO[bytes]], None]:
+    """A JSON file's writer: one value per line."""
+
+    def write(f: IO[bytes]) -> None:
+        for line in lines:
+            f.write(line + b"\n")
+
+    return write
+
+
+def write_avro(schema: dict[str, Any], payloads: list[Any]) -> Callable[[IO[bytes]], None]:
+    """An Avro container file's writer: the Connect schema's Avro form, the payloads as its records."""
+    from fastavro import parse_schema, writer
+
+    from cdc_compaction.devtools.connect_avro import avro_datum, avro_schema
+
+    def write(f: IO[bytes]) -> None:
+        writer(f, parse_schema(avro_schema(schema)), [avro_datum(schema, p) for p in payloads])
+
+    return write
 
 
 class LandingConsumer:
@@ -169,34 +210,58 @@ class LandingConsumer:
         batches: list[_Batch] = []
         current: dict[tuple[str, int, str], _Batch] = {}
         ends: dict[tuple[str, int], int] = {}
+        tombstones: dict[str, int] = defaultdict(int)
         for msg in self._poll(max_records, idle_s):
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            topic, partition, offset, value = msg.topic(), msg.partition(), msg.offset(), msg.value()
+            ends[(topic, partition)] = max(ends.get((topic, partition), -1), offset + 1)
             route = self.routes[topic]
             kind, ts = msg.timestamp()
             if kind == TIMESTAMP_NOT_AVAILABLE:
                 ts = int(datetime.now(UTC).timestamp() * 1000)
             increment = route.increment(ts)
+            schema: dict[str, Any] | None = None
+            if route.format == "json":
+                item: Any = _line(topic, partition, offset, value)
+            elif value is None:
+                tombstones[topic] += 1  # an Avro file has no null record: skipped, and its offset committed
+                continue
+            else:
+                schema, item = _connect_record(topic, partition, offset, value)
             key = (topic, partition, increment)
             batch = current.get(key)
-            if batch is None or batch.next_offset != offset:  # a gap in the offsets starts a new file
-                batch = _Batch(route, increment, partition, offset, [])
+            if (
+                batch is None
+                or (route.format == "json" and batch.next_offset != offset)  # a gap starts a new JSON file
+                or batch.schema != schema  # a new schema starts a new Avro file
+            ):
+                batch = _Batch(route, increment, partition, offset, offset, schema=schema)
                 current[key] = batch
                 batches.append(batch)
-            batch.lines.append(_line(topic, partition, offset, msg.value()))
-            ends[(topic, partition)] = max(ends.get((topic, partition), -1), offset + 1)
+            batch.items.append(item)
+            batch.next_offset = offset + 1
         written = []
         for b in batches:
-            path = b.route.landing_dir / b.increment / file_name(b.route.topic, b.partition, b.first)
-            write_atomically(path, b.lines)
+            name = file_name(b.route.topic, b.partition, b.first, b.route.format)
+            path = b.route.landing_dir / b.increment / name
+            if b.schema is None:
+                write_atomically(path, write_lines(b.items))
+            else:
+                write_atomically(path, write_avro(b.schema, b.items))
             written.append(path)
         if ends:
             counts: dict[str, int] = defaultdict(int)
             for b in batches:
-                counts[b.route.topic] += len(b.lines)
+                counts[b.route.topic] += len(b.items)
             self._consumer.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())], asynchronous=False
             )
-            log.info("landed %s in %d files; committed offsets %s", dict(counts), len(written), ends)
+            log.info(
+                "landed %s in %d files (tombstones skipped: %s); committed offsets %s",
+                dict(counts),
+                len(written),
+                dict(tombstones),
+                ends,
+            )
         return written
 
     def close(self) -> None:
