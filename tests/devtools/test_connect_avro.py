@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +78,43 @@ def test_a_map_with_other_than_string_keys_is_refused_with_its_path() -> None:
     }
     with pytest.raises(ConnectSchemaError, match=r"\$\.m: a map with int32 keys"):
         avro_schema(schema)
+
+
+def test_parquet_columns_are_parquet_avros_and_values_round_trip(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cdc_compaction.devtools.connect_avro import arrow_schema, arrow_value
+
+    logical = {
+        "type": "struct",
+        "name": "x.Value",
+        "fields": [
+            {"type": "int16", "optional": False, "field": "small"},
+            {"type": "int32", "optional": True, "name": "org.apache.kafka.connect.data.Date", "field": "day"},
+            {"type": "int64", "optional": True, "name": "org.apache.kafka.connect.data.Timestamp", "field": "at"},
+            {"type": "array", "optional": True, "items": {"type": "string"}, "field": "tags"},
+        ],
+    }
+    schema = arrow_schema({**ENVELOPE, "fields": [*ENVELOPE["fields"], {**logical, "optional": True, "field": "x"}]})
+    value = schema.field("before").type
+    assert value.field("small").type == pa.int32()  # Avro has no int16: parquet-avro writes INT32
+    assert value.field("price").type == pa.decimal128(10, 2)
+    x = schema.field("x").type
+    assert (x.field("day").type, x.field("at").type) == (pa.date32(), pa.timestamp("ms", tz="UTC"))
+    assert json.loads(schema.metadata[b"parquet.avro.schema"])["name"] == "Envelope"
+
+    connect = {**ENVELOPE, "fields": [*ENVELOPE["fields"], {**logical, "optional": True, "field": "x"}]}
+    payload = {
+        "before": None,
+        "after": {"id": 1, "small": 2, "price": base64.b64encode((-1234).to_bytes(2, "big", signed=True)).decode()},
+        "op": "c",
+        "x": {"small": 3, "day": 19_000, "at": 1_700_000_000_123, "tags": ["a"]},
+    }
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.Table.from_pylist([arrow_value(connect, payload)], schema=schema), path)
+    (row,) = pq.read_table(path).to_pylist()
+    assert row["after"] == {"id": 1, "small": 2, "price": Decimal("-12.34"), "at": None}
+    assert row["x"]["day"] == date(2022, 1, 8)
+    assert row["x"]["at"] == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
+    assert row["x"]["tags"] == ["a"]

@@ -237,7 +237,7 @@ def avro_landed(landing: Path, topic: str) -> list[tuple[int, dict[str, Any], li
     return sorted(out, key=lambda r: r[0])
 
 
-def test_a_connector_with_schemas_lands_avro_files_a_new_schema_a_new_file(
+def test_a_connector_with_schemas_lands_avro_and_parquet_files_a_new_schema_a_new_file(
     stack: DebeziumStack, tmp_path: Path
 ) -> None:
     from decimal import Decimal
@@ -290,6 +290,30 @@ def test_a_connector_with_schemas_lands_avro_files_a_new_schema_a_new_file(
     assert price[0] == "null" and price[1]["logicalType"] == "decimal"
     assert (price[1]["precision"], price[1]["scale"]) == (10, 2)
     assert all(isinstance(r["source"]["lsn"], int) and isinstance(r["ts_ms"], int) for r in records)
+
+    # The same topic as Parquet (another consumer group): the same records, columns as parquet-avro writes them.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet_landing = tmp_path / "parquet" / "incremental"
+    deadline = time.monotonic() + WAIT_S
+    pattern = re.compile(r"^increment_\d{10}/" + re.escape(topic) + r"\+0\+(\d{10})\.parquet$")
+    route = Route(topic, parquet_landing, format="parquet")
+    with LandingConsumer(stack.bootstrap_servers, [route], "cdc-landing-parquet") as c:
+        while True:
+            c.land(idle_s=0.5)
+            paths = sorted(
+                (p for p in parquet_landing.rglob("*") if p.is_file()),
+                key=lambda p: int(pattern.match(p.relative_to(parquet_landing).as_posix()).group(1)),
+            )
+            tables = [pq.read_table(p) for p in paths]
+            if sum(t.num_rows for t in tables) >= len(records):
+                break
+            assert time.monotonic() < deadline, f"not landed as Parquet within {WAIT_S:.0f}s"
+    assert [r for t in tables for r in t.to_pylist()] == records
+    assert len(tables) == len(files) and b"parquet.avro.schema" in tables[0].schema.metadata
+    after = tables[-1].schema.field("after").type
+    assert after.field("price").type == pa.decimal128(10, 2) and after.field("balance").type == pa.int32()
 
 
 def test_stop_leaves_no_process_running(stack: DebeziumStack) -> None:

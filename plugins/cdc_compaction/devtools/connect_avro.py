@@ -1,4 +1,4 @@
-"""Kafka Connect's JSON schemas as Avro schemas, and their JSON values as Avro datums.
+"""Kafka Connect's JSON schemas as Avro (and Parquet) schemas, and their JSON values as Avro datums.
 
 What a Kafka Connect file sink with an Avro format does with a record (Confluent's ``AvroData``,
 which the S3 sink's ``AvroFormat`` uses), for the records the ``JsonConverter`` writes with
@@ -16,6 +16,9 @@ which the S3 sink's ``AvroFormat`` uses), for the records the ``JsonConverter`` 
 * every named schema keeps its name as ``connect.name`` (Debezium's semantic types, such as
   ``io.debezium.time.MicroTimestamp``, are plain ``long``/``int`` with that name), and ``parameters``
   as ``connect.parameters``.
+
+:func:`arrow_schema` and :func:`arrow_value` give the Parquet form the S3 sink's ``ParquetFormat``
+writes, which goes through that Avro schema (parquet-avro).
 
 Values: the JSON converter writes ``bytes`` (and so ``Decimal``) as base64 strings; they become bytes,
 the unscaled two's-complement big-endian integer that Avro's decimal holds too.
@@ -118,6 +121,103 @@ def avro_datum(connect: dict[str, Any], value: Any) -> Any:
         return [avro_datum(connect["items"], v) for v in value]
     if kind == "map":
         return {k: avro_datum(connect["values"], v) for k, v in value.items()}
+    if kind == "bytes":
+        return base64.b64decode(value)
+    return value
+
+
+#: What the S3 sink's ``ParquetFormat`` writes: parquet-avro's file of the record's Avro schema, which it
+#: also keeps in the footer under this key.
+PARQUET_AVRO_SCHEMA = "parquet.avro.schema"
+
+
+def arrow_schema(connect: dict[str, Any]) -> Any:
+    """The Arrow schema of a top-level Connect ``struct``: Parquet's columns as parquet-avro writes them.
+
+    Through Avro, as the S3 sink's ``ParquetFormat`` goes: ``int8``/``int16`` are ``int32`` (Avro
+    ``int``), ``Decimal`` is ``decimal128(precision, scale)``, ``Date``/``Time``/``Timestamp`` are
+    ``date32``/``time32[ms]``/``timestamp[ms, UTC]``.  The Avro schema is kept in the footer's metadata
+    under ``parquet.avro.schema``.
+    """
+    import json
+
+    import pyarrow as pa
+
+    if connect.get("type") != "struct":
+        raise ConnectSchemaError(f"$: a Parquet file's records are structs, not {connect.get('type')!r}")
+    fields = [
+        pa.field(f["field"], _arrow_type(f, f"$.{f['field']}"), nullable=bool(f.get("optional")))
+        for f in connect["fields"]
+    ]
+    return pa.schema(fields, metadata={PARQUET_AVRO_SCHEMA: json.dumps(avro_schema(connect))})
+
+
+def _arrow_type(connect: dict[str, Any], path: str) -> Any:
+    import pyarrow as pa
+
+    kind, name = connect.get("type"), connect.get("name")
+    params = connect.get("parameters") or {}
+    if kind == "struct":
+        return pa.struct(
+            [
+                pa.field(f["field"], _arrow_type(f, f"{path}.{f['field']}"), nullable=bool(f.get("optional")))
+                for f in connect.get("fields", [])
+            ]
+        )
+    if kind == "array":
+        return pa.list_(_arrow_type(connect["items"], f"{path}[]"))
+    if kind == "map":
+        if connect["keys"].get("type") != "string":
+            raise ConnectSchemaError(f"{path}: a map with {connect['keys'].get('type')} keys has no Parquet form here")
+        return pa.map_(pa.string(), _arrow_type(connect["values"], f"{path}{{}}"))
+    if name == _DECIMAL:
+        return pa.decimal128(int(params.get("connect.decimal.precision", 38)), int(params.get("scale", 0)))
+    logical = {
+        "org.apache.kafka.connect.data.Date": pa.date32(),
+        "org.apache.kafka.connect.data.Time": pa.time32("ms"),
+        "org.apache.kafka.connect.data.Timestamp": pa.timestamp("ms", tz="UTC"),
+    }
+    if name in logical:
+        return logical[name]
+    types = {
+        "int8": pa.int32(),
+        "int16": pa.int32(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "float32": pa.float32(),
+        "float64": pa.float64(),
+        "boolean": pa.bool_(),
+        "string": pa.string(),
+        "bytes": pa.binary(),
+    }
+    if kind not in types:
+        raise ConnectSchemaError(f"{path}: the Connect type {kind!r} has no Parquet form here")
+    return types[kind]
+
+
+def arrow_value(connect: dict[str, Any], value: Any) -> Any:
+    """A JSON value of this Connect schema as pyarrow takes it for :func:`arrow_schema`'s types."""
+    from datetime import UTC, date, datetime, timedelta
+    from decimal import Decimal
+
+    if value is None:
+        return None
+    kind, name = connect.get("type"), connect.get("name")
+    if kind == "struct":
+        return {f["field"]: arrow_value(f, value.get(f["field"])) for f in connect.get("fields", [])}
+    if kind == "array":
+        return [arrow_value(connect["items"], v) for v in value]
+    if kind == "map":
+        return [(k, arrow_value(connect["values"], v)) for k, v in value.items()]
+    if name == _DECIMAL:
+        unscaled = int.from_bytes(base64.b64decode(value), "big", signed=True)
+        return Decimal(unscaled).scaleb(-int((connect.get("parameters") or {}).get("scale", 0)))
+    if name == "org.apache.kafka.connect.data.Date":
+        return date(1970, 1, 1) + timedelta(days=value)
+    if name == "org.apache.kafka.connect.data.Time":
+        return (datetime(1970, 1, 1) + timedelta(milliseconds=value)).time()
+    if name == "org.apache.kafka.connect.data.Timestamp":
+        return datetime.fromtimestamp(value / 1000, UTC)
     if kind == "bytes":
         return base64.b64decode(value)
     return value

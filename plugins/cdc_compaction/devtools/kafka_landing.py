@@ -20,6 +20,10 @@ such a sink keeps:
   a new schema starts a new file (the S3 sink rotates so too), and tombstones are skipped and
   counted (an Avro file has no null record: the S3 sink's ``behavior.on.null.values=ignore``).  The
   records of a file are in offset order; a skipped tombstone leaves a gap;
+* ``format: parquet``: Parquet files, ``<topic>+<partition>+<first offset>.parquet``, as the S3 sink's
+  ``ParquetFormat`` writes them (through the same Avro schema, which the footer keeps under
+  ``parquet.avro.schema``: :func:`cdc_compaction.devtools.connect_avro.arrow_schema`); schemas and
+  tombstones as for Avro;
 * each file is written under a hidden temporary name (``.<name>.tmp``, which the planner counts as
   a writer's temporary: :mod:`cdc_compaction.core.landing`) and renamed when complete, so a run
   never sees half a file;
@@ -62,11 +66,11 @@ class Route:
     landing_dir: Path
     prefix: str = "increment_"
     time_format: str = "%Y%m%d%H"
-    #: json: the converter's values as lines; avro: Avro container files (needs ``schemas.enable=true``).
-    format: Literal["json", "avro"] = "json"
+    #: json: the converter's values as lines; avro, parquet: files of the records' schema (``schemas.enable=true``).
+    format: Literal["json", "avro", "parquet"] = "json"
 
     @classmethod
-    def for_table(cls, cfg: TableConfig, topic: str, format: Literal["json", "avro"] = "json") -> Route:
+    def for_table(cls, cfg: TableConfig, topic: str, format: Literal["json", "avro", "parquet"] = "json") -> Route:
         """The route of ``topic`` into ``cfg``'s landing area (a local ``storage_root``)."""
         if "://" in cfg.storage_root:
             raise LandingError(
@@ -162,6 +166,20 @@ def write_avro(schema: dict[str, Any], payloads: list[Any]) -> Callable[[IO[byte
     return write
 
 
+def write_parquet(schema: dict[str, Any], payloads: list[Any]) -> Callable[[IO[bytes]], None]:
+    """A Parquet file's writer: the columns parquet-avro writes for the Connect schema, the payloads as rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cdc_compaction.devtools.connect_avro import arrow_schema, arrow_value
+
+    def write(f: IO[bytes]) -> None:
+        table = pa.Table.from_pylist([arrow_value(schema, p) for p in payloads], schema=arrow_schema(schema))
+        pq.write_table(table, f)
+
+    return write
+
+
 class LandingConsumer:
     """A Kafka consumer (group ``group_id``) that lands ``routes``' topics; :meth:`land` does one round."""
 
@@ -223,7 +241,7 @@ class LandingConsumer:
             if route.format == "json":
                 item: Any = _line(topic, partition, offset, value)
             elif value is None:
-                tombstones[topic] += 1  # an Avro file has no null record: skipped, and its offset committed
+                tombstones[topic] += 1  # an Avro or Parquet file has no null record: skipped, its offset committed
                 continue
             else:
                 schema, item = _connect_record(topic, partition, offset, value)
@@ -232,7 +250,7 @@ class LandingConsumer:
             if (
                 batch is None
                 or (route.format == "json" and batch.next_offset != offset)  # a gap starts a new JSON file
-                or batch.schema != schema  # a new schema starts a new Avro file
+                or batch.schema != schema  # a new schema starts a new Avro or Parquet file
             ):
                 batch = _Batch(route, increment, partition, offset, offset, schema=schema)
                 current[key] = batch
@@ -245,8 +263,10 @@ class LandingConsumer:
             path = b.route.landing_dir / b.increment / name
             if b.schema is None:
                 write_atomically(path, write_lines(b.items))
-            else:
+            elif b.route.format == "avro":
                 write_atomically(path, write_avro(b.schema, b.items))
+            else:
+                write_atomically(path, write_parquet(b.schema, b.items))
             written.append(path)
         if ends:
             counts: dict[str, int] = defaultdict(int)
