@@ -222,6 +222,49 @@ def test_a_new_consumer_resumes_after_the_committed_offsets(
     assert_offsets_contiguous(rows)
 
 
+#: A landing consumer that dies (SIGKILL) after its files are renamed and before its offsets are committed.
+_CRASHING_CONSUMER = """
+import os, signal, sys
+from pathlib import Path
+from cdc_compaction.devtools.kafka_landing import LandingConsumer, Route
+
+def die(paths):
+    if paths:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+consumer = LandingConsumer(sys.argv[1], [Route(sys.argv[2], Path(sys.argv[3]))], sys.argv[4])
+while True:
+    consumer.land(idle_s=0.5, after_rename=die)
+"""
+
+
+def test_a_consumer_killed_before_its_commit_lands_the_same_records_again(stack: DebeziumStack, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    landing = tmp_path / "incremental"
+    args = [stack.bootstrap_servers, TOPIC, str(landing), "cdc-landing-crash"]
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASHING_CONSUMER, *args], timeout=WAIT_S, capture_output=True, text=True
+    )
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    before_crash = {p.relative_to(landing): p.read_bytes() for p in landing.rglob("*.json")}
+    assert before_crash, "the killed consumer had renamed its files"
+    # The killed consumer committed nothing: a new one in its group lands the same records again,
+    # into files of the same names (the first offset names them), and nothing is lost.
+    # The group gives the dead member's partition to the new one after its session timeout (10 s).
+    relanded: set[Path] = set()
+    deadline = time.monotonic() + WAIT_S
+    with LandingConsumer(stack.bootstrap_servers, [Route(TOPIC, landing)], "cdc-landing-crash") as again:
+        while not relanded >= set(before_crash):
+            assert time.monotonic() < deadline, f"not landed again within {WAIT_S:.0f}s: {relanded}"
+            relanded |= {p.relative_to(landing) for p in again.land(idle_s=1.0)}
+    after = {p.relative_to(landing): p.read_bytes() for p in landing.rglob("*.json")}
+    assert all(after[name].startswith(content) for name, content in before_crash.items())
+    assert_offsets_contiguous(landed(landing))
+    assert not [p for p in landing.rglob(".*")]
+
+
 def avro_landed(landing: Path, topic: str) -> list[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
     """(first offset, the file's Avro schema, its records) of every landed Avro file, in offset order."""
     from fastavro import reader

@@ -197,6 +197,10 @@ class LandingConsumer:
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
                 "topic.metadata.refresh.interval.ms": 2000,
+                # A consumer that died leaves its partitions to the group's next member within 10 s
+                # (Kafka's default: 45 s), and what it renamed without committing is landed again then.
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 1_000,
                 "client.id": f"cdc-landing-{os.getpid()}",
             }
         )
@@ -221,8 +225,18 @@ class LandingConsumer:
                     raise LandingError(f"consuming {sorted(self.routes)} failed: {err}")
         return messages
 
-    def land(self, max_records: int = 100_000, idle_s: float = 1.0) -> list[Path]:
-        """Land what the topics hold now; return the files written (renamed into place), then commit."""
+    def land(
+        self,
+        max_records: int = 100_000,
+        idle_s: float = 1.0,
+        after_rename: Callable[[list[Path]], None] | None = None,
+    ) -> list[Path]:
+        """Land what the topics hold now; return the files written (renamed into place), then commit.
+
+        ``after_rename`` is called with the files once they are in place, before the offsets are
+        committed (e.g. to write an increment's completion marker); if it raises, or the process
+        dies there, nothing is committed and the records are landed again.
+        """
         from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, TopicPartition
 
         batches: list[_Batch] = []
@@ -268,6 +282,8 @@ class LandingConsumer:
             else:
                 write_atomically(path, write_parquet(b.schema, b.items))
             written.append(path)
+        if after_rename is not None:
+            after_rename(written)
         if ends:
             counts: dict[str, int] = defaultdict(int)
             for b in batches:
