@@ -27,6 +27,11 @@ export BENCH_WARM_REPEATS
 BENCH_STAMP := $(VENV)/.bench-installed
 # make docs: the docs site's tools (requirements-docs.txt); the site is written to .run/site.
 DOCS_STAMP := $(VENV)/.docs-installed
+# make jars: the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro), fetched with Maven from
+# Maven Central, checked against their sha256 and kept here; nothing is downloaded at run time.
+JARS_DIR ?= $(HOME)/.cache/cdc_compaction/jars
+export CDC_JARS_DIR := $(JARS_DIR)
+JARS_STAMP := $(JARS_DIR)/.lock-sha256
 # make serve-sql: the JDBC port of Spark's Thrift server on 127.0.0.1.
 SQL_PORT ?= 10000
 
@@ -37,7 +42,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build: the docs build's output stays its own.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help install check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
+.PHONY: help install jars check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -47,6 +52,13 @@ check-java:  ## fail early, with a clear message, without Java 17+
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java $$v found; Spark 4 needs Java 17 or newer"; exit 1; fi
 	@command -v javac >/dev/null || { echo "javac is missing: install a full JDK 17+ (the local metastore launcher is compiled once)"; exit 1; }
+
+$(JARS_STAMP): jars.lock plugins/cdc_compaction/devtools/jars.py
+	@command -v mvn >/dev/null || { echo "Maven (mvn) is needed to fetch the jars of jars.lock: install it, e.g. sudo apt-get install maven"; exit 1; }
+	$(PYTHON) -m cdc_compaction.devtools.jars fetch --dir $(JARS_DIR)
+	@touch $(JARS_STAMP)
+
+jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro) with Maven into JARS_DIR, check each sha256
 
 check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs them as root, else a clear message
 	@$(BIN)/cdc-compaction postgres check 2>/dev/null || { \
@@ -82,7 +94,7 @@ $(STAMP): requirements.txt requirements-build.txt pyproject.toml setup.py
 
 install: check-java $(STAMP)  ## create .venv, install the pinned requirements and the project itself (editable: the cdc-compaction command)
 
-test: install check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes, the UI in a browser)
+test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
@@ -93,7 +105,8 @@ test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)
 
 demo: install  ## generate CDC files for two tables and compact them with the real DAGs on a warm Spark Connect server (ENGINE=spark_submit: a JVM per run; SOURCE=postgres: from a real PostgreSQL)
-	@if [ "$(SOURCE)" = postgres ]; then $(MAKE) --no-print-directory check-postgres; fi
+	@if [ "$(SOURCE)" = postgres ] || [ "$(SOURCE)" = debezium ]; then $(MAKE) --no-print-directory check-postgres; fi
+	@if [ "$(SOURCE)" = debezium ]; then $(MAKE) --no-print-directory jars; fi
 	$(BIN)/cdc-compaction demo --source $(SOURCE) --engine $(ENGINE)
 
 fuzz: install  ## many more generated examples of tests/e2e/test_generative.py and tests/operations/test_erase_sql.py: make fuzz CDC_FUZZ_EXAMPLES=1000

@@ -7,6 +7,9 @@ a marker line, replaced here before the page is rendered:
 
 * ``<!-- generated: registry-fields -->``: every field of every table mode and nested setting;
 * ``<!-- generated: commands -->``: ``cdc-compaction <command> --help`` of every command;
+* ``<!-- generated: jars-lock -->``: the jars of ``jars.lock`` (``make jars``), group by group;
+* ``<!-- generated: debezium-config -->``: the Debezium stack's Kafka, Connect and connector
+  configuration, as :mod:`cdc_compaction.devtools.debezium` writes and sends it;
 * ``<!-- generated: bench-targets -->``: the targets table of the last ``make bench`` run
   (``bench/results/RESULTS.md``, which ``bench/report.py`` writes), with the run's provenance.
 
@@ -270,6 +273,50 @@ def bench_targets(results: Path = REPO / "bench" / "results" / "RESULTS.md") -> 
     return "\n".join([*(runs[:1] and [f"From the compaction benchmark's run: {runs[0][4:]}", ""]), *body, ""])
 
 
+def jars_lock(lock: Path = REPO / "jars.lock") -> str:
+    """The pinned jars, one table per group of ``jars.lock``, with the group's comment as its caption."""
+    from cdc_compaction.devtools.jars import read_lock
+
+    captions = dict(re.findall(r"^# \[([a-z0-9_-]+)\] (.*)$", lock.read_text(), flags=re.MULTILINE))
+    out: list[str] = []
+    for purpose, jars in itertools.groupby(read_lock(lock), key=lambda j: j.purpose):
+        listed = list(jars)
+        out += [f"**`{purpose}/`** ({len(listed)} jars): {captions.get(purpose, '')}", ""]
+        out += ["| artifact | version | sha256 |", "|---|---|---|"]
+        out += [f"| `{j.group}:{j.artifact}` | {j.version} | `{j.sha256[:16]}…` |" for j in listed]
+        out.append("")
+    return "\n".join(out)
+
+
+def debezium_config() -> str:
+    """The stack's configuration as the code writes it, with example ports (the stack picks free ones)."""
+    from cdc_compaction.devtools import debezium as dbz
+
+    def props(values: dict[str, Any]) -> str:
+        return "".join(f"{k}={v}\n" for k, v in values.items())
+
+    kafka = dbz.kafka_server_properties("<state>/kafka/data", 9092, 9093)
+    worker = dbz.connect_worker_properties("127.0.0.1:9092", 8083, "<state>/connect/plugins")
+    connector = dbz.connector_config("127.0.0.1", 5432, "postgres", "cdc", ["public.accounts"])
+    return "\n".join(
+        [
+            "Kafka (`server.properties`, one process in KRaft mode, storage formatted with a new cluster id):",
+            "",
+            f"```properties\n{props(kafka)}```",
+            "",
+            "Kafka Connect (`worker.properties`, `org.apache.kafka.connect.cli.ConnectDistributed`):",
+            "",
+            f"```properties\n{props(worker)}```",
+            "",
+            f"The connector, `PUT /connectors/{dbz.CONNECTOR}/config` (`schemas.enable` is `false` here;"
+            " `DebeziumStack(schemas_enable=True)` sends `true`):",
+            "",
+            f"```json\n{json.dumps(connector, indent=2)}\n```",
+            "",
+        ]
+    )
+
+
 def _generate(name: str) -> str:
     if name == "layers":
         return layers_diagram()
@@ -285,9 +332,13 @@ def _generate(name: str) -> str:
         return commands()
     if name == "bench-targets":
         return bench_targets()
+    if name == "jars-lock":
+        return jars_lock()
+    if name == "debezium-config":
+        return debezium_config()
     raise ValueError(
         f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands, layers, "
-        "contracts, package-map, bench-targets)"
+        "contracts, package-map, bench-targets, jars-lock, debezium-config)"
     )
 
 

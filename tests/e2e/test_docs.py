@@ -56,6 +56,8 @@ def test_the_pages_ask_for_each_generated_section_once() -> None:
         "contracts": ["architecture.md"],
         "package-map": ["architecture.md"],
         "bench-targets": ["benchmarks.md"],
+        "jars-lock": ["debezium.md"],
+        "debezium-config": ["debezium.md"],
     }
 
 

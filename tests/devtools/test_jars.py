@@ -1,0 +1,74 @@
+"""The pinned jar cache (``make jars``): Maven fetches, the sha256 of jars.lock decides, a stamp makes it idempotent."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cdc_compaction.devtools import jars
+
+pytestmark = pytest.mark.skipif(shutil.which("mvn") is None, reason="Maven is installed by .ci/run")
+
+#: A small jar of the real lock: the test fetches it for real from Maven Central (or Maven's local repository).
+SMALL = "org.slf4j:slf4j-api:1.7.36"
+
+
+def _small_line() -> str:
+    return next(line for line in jars.LOCK.read_text().splitlines() if line.startswith(SMALL + " "))
+
+
+def test_the_lock_parses_into_its_groups() -> None:
+    listed = jars.read_lock()
+    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark"}
+    coords = {(j.purpose, j.coordinate) for j in listed}
+    assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
+    assert ("connect", "org.apache.kafka:connect-runtime:4.3.1") in coords
+    assert ("connect", "org.apache.kafka:connect-json:4.3.1") in coords
+    assert ("debezium", "io.debezium:debezium-connector-postgres:3.6.1.Final") in coords
+    assert ("spark", "org.apache.spark:spark-avro_2.13:4.2.0") in coords
+    # One Debezium version throughout; Connect's own classes stay out of the plugin directory.
+    assert {j.version for j in listed if j.group == "io.debezium"} == {"3.6.1.Final"}
+    assert not [j for j in listed if j.purpose == "debezium" and j.group == "org.apache.kafka"]
+
+
+def test_fetch_checks_stamps_and_then_does_nothing(tmp_path: Path) -> None:
+    lock = tmp_path / "jars.lock"
+    lock.write_text(f"# [logging] one small jar\n{_small_line()}\n")
+    dest = tmp_path / "cache"
+    jars.fetch(dest, lock)
+    jar = dest / "logging" / "slf4j-api-1.7.36.jar"
+    assert hashlib.sha256(jar.read_bytes()).hexdigest() == _small_line().split()[1]
+    assert jars.group_dir("logging", dest, lock) == dest / "logging"
+    # The stamp matches: a second fetch does not even look for Maven.
+    jars.fetch(dest, lock, mvn="no-such-maven")
+    # A changed lock makes the cache stale: services refuse it rather than download.
+    lock.write_text(lock.read_text() + "# a comment changes the lock's hash\n")
+    with pytest.raises(jars.JarError, match="run `make jars`"):
+        jars.group_dir("logging", dest, lock)
+
+
+def test_a_jar_whose_sha256_differs_is_refused_by_name(tmp_path: Path) -> None:
+    coordinate, _sha = _small_line().split()
+    lock = tmp_path / "jars.lock"
+    lock.write_text(f"# [logging]\n{coordinate} {'0' * 64}\n")
+    with pytest.raises(jars.JarError, match=r"org\.slf4j:slf4j-api:1\.7\.36 .*sha256 [0-9a-f]{64} is not the 0{64}"):
+        jars.fetch(tmp_path / "cache", lock)
+    assert not (tmp_path / "cache" / "logging").exists()
+    assert not jars.is_current(tmp_path / "cache", lock)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("# [x]\norg.slf4j:slf4j-api 123\n", r"jars.lock:2: .* is not 'group:artifact:version"),
+        (f"{SMALL} {'a' * 64}\n", r"jars.lock:1: slf4j-api comes before any '# \[group\]' line"),
+    ],
+)
+def test_a_malformed_lock_names_its_line(tmp_path: Path, text: str, message: str) -> None:
+    lock = tmp_path / "jars.lock"
+    lock.write_text(text)
+    with pytest.raises(jars.JarError, match=message):
+        jars.read_lock(lock)
