@@ -38,6 +38,8 @@ PUBLISHED = ("bench/results/RESULTS.md", "bench/results/compaction.png", "bench/
 #: Sections the models' descriptions name that are no heading of their own on the site.
 SECTION_ALIASES = {"Table registry reference": "Registry"}
 SECTION_REF = re.compile(r'(?:docs|README), "([^"]+)"')
+#: A section cited as messages cite it (``cdc_compaction.core.docs.doc_ref``): ``docs/<page>.md#<anchor>``.
+DOC_REF = re.compile(r"\bdocs/([a-z0-9-]+\.md(?:#[a-z0-9_-]+)?)")
 
 
 def _modes() -> dict[str, str]:
@@ -85,6 +87,7 @@ def _text(value: str, headings: dict[str, str] | None = None) -> str:
             escaped = html.escape(part, quote=False)
             if headings is not None:
                 escaped = SECTION_REF.sub(lambda m: "see " + _section_link(m.group(1), headings), escaped)
+                escaped = DOC_REF.sub(lambda m: f"[{m.group(0)}]({m.group(1)})", escaped)
             out.append(escaped)
     return " ".join("".join(out).split()).replace("|", "\\|")
 

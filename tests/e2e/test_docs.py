@@ -8,6 +8,7 @@ commands from the CLI's own ``--help`` output.  ``make test`` builds the whole s
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import itertools
 import json
@@ -173,3 +174,93 @@ def test_every_make_target_the_docs_name_exists() -> None:
     }
     assert len(named) > 20
     assert {(page, target) for page, target in named if target not in targets} == set()
+
+
+# --- Messages that point somewhere real --------------------------------------------------------------------------
+
+PACKAGE_SOURCES = [*sorted((REPO / "plugins").rglob("*.py")), *sorted((REPO / "dags").glob("*.py"))]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs site as ``mkdocs build`` makes it (its generated pages too), in a directory of its own."""
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "plugins"), "NO_MKDOCS_2_WARNING": "1"}
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(out)], cwd=REPO, env=env, check=True
+    )
+    return out
+
+
+def _site_anchors(site: Path) -> dict[str, set[str]]:
+    """``page -> the ids of its HTML``, read from the built site (``<page>/index.html``; the home is ``index``)."""
+    pages = {"index": site / "index.html"} | {p.parent.name: p for p in site.glob("*/index.html")}
+    return {name: set(re.findall(r'\bid="([^"]+)"', path.read_text())) for name, path in pages.items()}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            found.add(id(first.value))
+    return found
+
+
+def _doc_ref_calls() -> list[tuple[str, int, list[object]]]:
+    """``(file, line, arguments)`` of every ``doc_ref(...)`` call in the package and the DAG file."""
+    calls = []
+    for path in PACKAGE_SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+                if name == "doc_ref":
+                    args = [a.value if isinstance(a, ast.Constant) else a for a in node.args]
+                    calls.append((str(path.relative_to(REPO)), node.lineno, args))
+    return calls
+
+
+def test_every_doc_reference_of_a_message_is_a_page_and_anchor_of_the_site(site: Path) -> None:
+    """A message's ``doc_ref(page, anchor)`` names a page the built site has and an id on that page."""
+    anchors = _site_anchors(site)
+    assert {"index", "data", "operations", "registry"} <= set(anchors)
+    calls = _doc_ref_calls()
+    assert len(calls) >= 10, calls
+    unresolved = []
+    for file, line, args in calls:
+        if not (1 <= len(args) <= 2 and all(isinstance(a, str) for a in args)):
+            unresolved.append(f"{file}:{line}: doc_ref takes a page and an anchor written as literals, got {args}")
+            continue
+        page, anchor = (*args, "")[:2]
+        if page not in anchors:
+            unresolved.append(f"{file}:{line}: no page {page!r} on the site")
+        elif anchor and anchor not in anchors[page]:
+            unresolved.append(f"{file}:{line}: page {page!r} has no anchor {anchor!r}")
+    assert unresolved == []
+
+
+#: How messages cited the docs before doc_ref: a README section, a heading's words, a page's path.
+OTHER_CITATIONS = re.compile(r"\bREADME\b|\bdocs, ['\"]|\bdocs/[\w-]+\.md|\.md#")
+
+
+def test_no_message_cites_the_docs_another_way() -> None:
+    """Every text the package shows (its string literals; docstrings are the code's own) cites with doc_ref."""
+    found = []
+    for path in PACKAGE_SOURCES:
+        tree = ast.parse(path.read_text())
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            text = node.value if isinstance(node, ast.Constant) and id(node) not in docstrings else None
+            if isinstance(text, str) and OTHER_CITATIONS.search(text):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {text.strip()[:100]}")
+    assert found == []
+
+
+def test_the_registry_schema_cites_sections_the_site_has(site: Path) -> None:
+    """The shipped schema's texts (editors show them) cite ``docs/<page>.md#<anchor>`` that resolve."""
+    anchors = _site_anchors(site)
+    text = (REPO / "registry.schema.json").read_text()
+    cited = re.findall(r"docs/([\w-]+)\.md(?:#([\w-]+))?", text)
+    assert cited
+    assert [(p, a) for p, a in cited if p not in anchors or (a and a not in anchors[p])] == []

@@ -23,6 +23,7 @@ from airflow.providers.standard.operators.python import PythonOperator, ShortCir
 from airflow.sdk import DAG, Asset
 
 from cdc_compaction.core import settings
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import CompactionError, RegistryError
 from cdc_compaction.core.registry import RegistryEntry, TableConfig
 from cdc_compaction.integrations.notifications import AlertChannels, CdcAlertNotifier
@@ -737,7 +738,8 @@ def build_dag(cfg: TableConfig) -> DAG:
                 task_id=DOCTOR_TASK_ID,
                 python_callable=skip_if_disabled(cfg, doctor_step),
                 doc_md="Registry `doctor: true`: the metastore answers and the storage root takes a probe "
-                "write/read/delete, else the run stops here (SMTP is only logged). docs, 'Doctor'.",
+                "write/read/delete, else the run stops here (SMTP is only logged). "
+                f"See {doc_ref('operations', 'doctor')}.",
             )
             doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
