@@ -264,3 +264,60 @@ def test_the_registry_schema_cites_sections_the_site_has(site: Path) -> None:
     cited = re.findall(r"docs/([\w-]+)\.md(?:#([\w-]+))?", text)
     assert cited
     assert [(p, a) for p, a in cited if p not in anchors or (a and a not in anchors[p])] == []
+
+
+def _airflow_commands() -> dict[str, list[str]]:
+    """``command -> its subcommands`` (empty for a leaf) of the installed Airflow's own CLI parser."""
+    code = (
+        "import argparse, json\n"
+        "from airflow.cli.cli_parser import get_parser\n"
+        "def subs(p):\n"
+        "    return next((a.choices for a in p._actions if isinstance(a, argparse._SubParsersAction)), {})\n"
+        "print(json.dumps({name: sorted(subs(p)) for name, p in subs(get_parser()).items()}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "plugins")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_airflow_command_the_docs_name_exists() -> None:
+    """``airflow dags reserialize``, ``airflow db migrate``: Airflow 3's commands, as its own parser has them."""
+    commands = _airflow_commands()
+    assert "reserialize" in commands["dags"] and "migrate" in commands["db"]
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    named = {
+        (page.name, words)
+        for page in pages
+        for code in re.findall(r"```.*?```|`[^`\n]+`", page.read_text(), flags=re.DOTALL)
+        for words in re.findall(r"(?<![\w./-])airflow ([a-z][a-z-]*(?: [a-z][a-z-]*)?)", code)
+    }
+    assert len(named) > 5
+    wrong = []
+    for page, words in sorted(named):
+        command, _, sub = words.partition(" ")
+        if command not in commands:
+            wrong.append((page, f"airflow {words}"))
+        elif commands[command] and sub not in commands[command]:
+            wrong.append((page, f"airflow {words}: {command} takes {', '.join(commands[command])}"))
+    assert wrong == []
+
+
+def test_the_deployment_page_gives_the_steps_for_an_existing_airflow_in_order() -> None:
+    """Install, environment, DAG file, ``db migrate``, ``dags reserialize``, check: a numbered list, in that order."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    sections = re.split(r"^#{2,3} ", text, flags=re.MULTILINE)
+    (section,) = [s for s in sections if s.lower().startswith("adding it to an existing airflow")]
+    steps = re.findall(r"^\d+\. (.*?)(?=^\d+\. |\Z)", section, flags=re.MULTILINE | re.DOTALL)
+    wanted = [
+        "pip install",
+        "CDC_REGISTRY_DIR=",
+        "cdc_compaction_dags.py",
+        "`airflow db migrate`",
+        "`airflow dags reserialize`",
+        "`airflow dags list`",
+    ]
+    assert len(steps) == len(wanted), steps
+    for step, words in zip(steps, wanted, strict=True):
+        assert words in step, (words, step)
+    # The last step says what the parse logs, in the words it logs them (tests/airflow/test_dag_file_log.py).
+    assert "registry directory" in steps[-1] and "no registry directory" in steps[-1]
