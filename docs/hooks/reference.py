@@ -7,6 +7,7 @@ a marker line, replaced here before the page is rendered:
 
 * ``<!-- generated: registry-fields -->``: every field of every table mode and nested setting;
 * ``<!-- generated: commands -->``: ``cdc-compaction <command> --help`` of every command;
+* ``<!-- generated: table-modes -->``: every table mode the code has, with its summary;
 * ``<!-- generated: bench-targets -->``: the targets table of the last ``make bench`` run
   (``bench/results/RESULTS.md``, which ``bench/report.py`` writes), with the run's provenance.
 
@@ -157,6 +158,17 @@ def registry_fields(schema: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def table_modes() -> str:
+    """One line per table mode, as the code finds them (``mode_models``), with its summary (``TableMode.summary``)."""
+    from cdc_compaction.core.mode import table_modes as modes
+
+    lines = []
+    for i, mode in enumerate(_modes()):
+        default = " (the default: no `mode`)" if i == 0 else ""
+        lines.append(f"- `mode: {mode}`{default}: {modes()[mode].summary}")
+    return "\n".join(lines)
+
+
 def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
     """``(command words, parser)`` of every leaf command, depth first, in the parser's order."""
     found: list[tuple[tuple[str, ...], Any]] = []
@@ -286,11 +298,13 @@ def _generate(name: str) -> str:
         return registry_fields(registry_schema())
     if name == "commands":
         return commands()
+    if name == "table-modes":
+        return table_modes()
     if name == "bench-targets":
         return bench_targets()
     raise ValueError(
         f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands, layers, "
-        "contracts, package-map, bench-targets)"
+        "contracts, package-map, bench-targets, table-modes)"
     )
 
 

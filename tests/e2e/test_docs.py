@@ -57,6 +57,7 @@ def test_the_pages_ask_for_each_generated_section_once() -> None:
         "contracts": ["architecture.md"],
         "package-map": ["architecture.md"],
         "bench-targets": ["benchmarks.md"],
+        "table-modes": ["index.md"],
     }
 
 
@@ -321,3 +322,65 @@ def test_the_deployment_page_gives_the_steps_for_an_existing_airflow_in_order() 
         assert words in step, (words, step)
     # The last step says what the parse logs, in the words it logs them (tests/airflow/test_dag_file_log.py).
     assert "registry directory" in steps[-1] and "no registry directory" in steps[-1]
+
+
+# --- The docs in step with the code ------------------------------------------------------------------------------
+
+
+def _paragraph(text: str, words: str) -> str:
+    """The paragraph (blank-line separated) of ``text`` that holds ``words``."""
+    (found,) = [p for p in text.split("\n\n") if words in p]
+    return found
+
+
+#: What each of the Makefile's check targets stops for when it is missing.
+CHECKED_REQUIREMENTS = {"check-postgres": "PostgreSQL", "check-browser": "Chromium"}
+
+
+def test_the_requirements_name_every_target_that_checks_for_a_server() -> None:
+    """``make airflow-ui`` needs PostgreSQL's server (its prerequisite check-postgres): the requirements say so."""
+    makefile = (REPO / "Makefile").read_text()
+    needs = {
+        (target, CHECKED_REQUIREMENTS[check])
+        for target, prerequisites in re.findall(r"^([a-z][a-z-]*):([^#\n]*)", makefile, flags=re.MULTILINE)
+        for check in prerequisites.split()
+        if check in CHECKED_REQUIREMENTS
+    }
+    assert ("airflow-ui", "PostgreSQL") in needs and ("test", "Chromium") in needs
+    for page, anchor in [("README.md", "JDK 17+"), ("docs/getting-started.md", "JDK 17+")]:
+        paragraph = _paragraph((REPO / page).read_text(), anchor)
+        for target, what in sorted(needs):
+            assert f"`make {target}`" in paragraph and what in paragraph, (page, target, what, paragraph)
+
+
+def test_the_local_ui_is_described_as_the_project_starts_it() -> None:
+    """``make airflow-ui`` is not ``airflow standalone``: the project starts Airflow's components itself and
+    prints where the admin password is (``simple_auth_manager_passwords.json.generated``)."""
+    for page in ("README.md", "docs/getting-started.md"):
+        paragraph = _paragraph((REPO / page).read_text(), "It starts the local")
+        assert "airflow standalone" not in paragraph, (page, paragraph)
+        for words in ("PostgreSQL", "api-server", "scheduler", "DAG processor", "triggerer", "admin"):
+            assert words in paragraph, (page, words, paragraph)
+        assert "simple_auth_manager_passwords.json.generated" in paragraph, (page, paragraph)
+
+
+def test_the_home_page_and_the_readme_name_every_table_mode(reference: ModuleType) -> None:
+    """Every mode the registry takes (the shipped schema's ``mode`` enum), ``append`` included."""
+    modes = json.loads((REPO / "registry.schema.json").read_text())["properties"]["mode"]["enum"]
+    assert "append" in modes and len(modes) >= 4
+    home = reference.on_page_markdown((REPO / "docs" / "index.md").read_text())
+    readme = (REPO / "README.md").read_text()
+    for mode in modes:
+        assert f"mode: {mode}" in home, (mode, "docs/index.md")
+        assert f"mode: {mode}" in readme, (mode, "README.md")
+
+
+def test_the_readmes_table_of_pages_lists_every_page_of_the_site() -> None:
+    """Every page of docs/ (the Delta and Iceberg page was missing), each once, linked as the site names it."""
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name != "index.md")
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    linked = re.findall(r"\]\(docs/([\w-]+\.md)\)", table)
+    assert sorted(linked) == pages
+    home = (REPO / "docs" / "index.md").read_text().split("## Where to go", 1)[1]
+    assert sorted(set(re.findall(r"\]\(([\w-]+\.md)\)", home))) == pages, "the home page's Where to go"
