@@ -10,6 +10,7 @@ twice, a registry file that is a dangling symlink, a bad value in the database's
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -498,3 +499,37 @@ def test_an_unquoted_comma_inside_a_type_says_to_quote_it(tmp_path: Path, writte
     assert line.startswith(f"{path}:6:25: field 'columns.2.type': "), line
     assert "comma" in line and f"type: '{quoted}'" in line, line
     assert "Extra inputs" not in line and "unknown Hive type" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("old", "written", "meant"),  # the key written is the first word of ``written`` unless it says otherwise
+    [
+        # Hudi, Delta, dbt, Iceberg and the sinks' own words for the registry's fields
+        ("primary_key", "pk", "primary_key"),
+        ("primary_key", "key", "primary_key"),  # not old_key: a different field
+        ("primary_key", "record_key", "primary_key"),
+        ("order_by", "precombine_field", "order_by"),
+        ("order_by", "sequence_by", "order_by"),
+        ("storage_root", "location", "storage_root"),  # not compaction
+        ("storage_root", "path", "storage_root"),
+        ("columns", "schema", "columns"),  # not schema_changes
+        ("columns", "fields", "columns"),
+        ("{name", "{column", "name"),  # not comment
+        ("type: int}", "data_type: int}", "type"),
+        ("type: int}", "type: int, description: the id}", "comment"),
+    ],
+)
+def test_another_systems_field_name_gets_the_registrys(tmp_path: Path, old: str, written: str, meant: str) -> None:
+    path = write(tmp_path, "school.pupil.yaml", GOOD.replace(old, written, 1))
+    key = "description" if "description" in written else re.findall(r"\w+", written)[0]
+    err = refusal(path)
+    # The extra key's line offers the registry's field; a required field it stands for says the same.
+    (extra,) = [ln for ln in err.lines() if re.search(rf"'(\w+\.\d+\.)?{key}': Extra inputs are not permitted", ln)]
+    assert extra.endswith(f"did you mean {meant!r}? rename the key to {meant}"), extra
+    for line in err.lines():
+        assert f"'{meant}': Field required" not in line or f"did you mean {meant}?" in line, line
+
+
+def test_a_schedule_written_as_cron_gets_schedule(tmp_path: Path) -> None:
+    path = write(tmp_path, "school.pupil.yaml", GOOD + "cron: '0 * * * *'\n")
+    assert shows(refusal(path), f"{path}:10:1: field 'cron'", "did you mean 'schedule'? rename the key to schedule")

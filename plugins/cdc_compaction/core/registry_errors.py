@@ -207,6 +207,43 @@ def model_at(root: type[BaseModel] | None, path: Path_) -> type[BaseModel] | Non
     return cls
 
 
+#: Other systems' names of registry fields (Hudi, Delta, Iceberg, dbt, Airflow, the sinks' configs), by the
+#: field they stand for: offered before the nearest spelling, which for these is a different field
+#: (``key`` is not ``old_key``, ``location`` not ``compaction``, ``schema`` not ``schema_changes``).
+_FIELD_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "primary_key": (
+        "pk", "key", "keys", "primary_keys", "key_columns", "primary_key_columns", "record_key", "recordkey",
+        "record_key_field", "unique_key", "merge_key", "id_columns",
+    ),
+    "order_by": (
+        "precombine_field", "precombine", "ordering_field", "ordering_fields", "sequence_by", "sequence_column",
+        "sequence_field", "version_column", "order_column", "sort_by", "sort_key", "ordering",
+    ),
+    "storage_root": (
+        "location", "path", "root", "base_path", "table_path", "lake_path", "s3_path", "storage_path",
+        "storage_location",
+    ),
+    "columns": ("schema", "fields", "cols", "column_list"),
+    "partition_by": (
+        "partitioned_by", "partition", "partitions", "partition_key", "partition_keys", "partition_column",
+        "partition_columns", "partition_field",
+    ),
+    "schedule": ("cron", "schedule_interval", "interval", "timetable"),
+    "database": ("db", "database_name", "schema_name", "namespace"),
+    "table": ("table_name", "tbl"),
+    "name": ("column", "col", "field", "column_name", "field_name"),
+    "type": ("data_type", "datatype", "dtype", "type_name", "column_type", "hive_type"),
+    "comment": ("description", "doc", "comments"),
+}  # fmt: skip
+_FIELD_FOR = {alias: name for name, aliases in _FIELD_SYNONYMS.items() for alias in aliases}
+
+
+def _field_synonym(key: str, fields: list[str] | set[str]) -> str | None:
+    """The field another system's name ``key`` stands for, if the model at hand has that field (and not ``key``)."""
+    meant = _FIELD_FOR.get(key.lower())
+    return meant if meant in fields and key not in fields else None
+
+
 #: Spellings whose meaning depends on the system: the suggestion says which one it assumed.
 _TYPE_NOTES = {"int8": "PostgreSQL's int8 is 8 bytes; for Arrow's 1-byte int8, tinyint is enough"}
 
@@ -396,7 +433,7 @@ def _unknown_field(path: Path_, src: Located, ctx: Context) -> str:
     key, parent = str(path[-1]), path[:-1]
     model = model_at(ctx.model, parent)
     fields = list(model.model_fields) if model is not None else []
-    near = _close(key, fields)
+    near = _field_synonym(key, fields) or _close(key, fields)
     if near is not None:
         return f"did you mean {near!r}? rename the key to {near}"
     if not parent:
@@ -415,7 +452,7 @@ def _missing_field(path: Path_, ctx: Context) -> tuple[str, str | None]:
     model = model_at(ctx.model, parent)
     known = set(model.model_fields) if model is not None else set()
     for key in written:
-        if isinstance(key, str) and key not in known and _close(key, [name]) == name:
+        if isinstance(key, str) and key not in known and name in (_close(key, [name]), _field_synonym(key, known)):
             # Located at the misspelt key: that is the line to change.
             line = doc.keys.get((*parent, key), (0, 0))[0]
             hint = f"line {line} has {key!r}: did you mean {name}? rename the key to {name}"
