@@ -385,3 +385,11 @@ def test_the_readmes_table_of_pages_lists_every_page_of_the_site() -> None:
     assert sorted(linked) == pages
     home = (REPO / "docs" / "index.md").read_text().split("## Where to go", 1)[1]
     assert sorted(set(re.findall(r"\]\(([\w-]+\.md)\)", home))) == pages, "the home page's Where to go"
+
+
+def test_every_link_of_the_readme_into_the_docs_resolves(site: Path) -> None:
+    """The README is not part of the site, so ``mkdocs build --strict`` does not check its links: this does."""
+    anchors = _site_anchors(site)
+    links = re.findall(r"\]\(docs/([\w-]+)\.md(?:#([\w-]+))?\)", (REPO / "README.md").read_text())
+    assert len(links) > 10
+    assert [(p, a) for p, a in links if p not in anchors or (a and a not in anchors[p])] == []

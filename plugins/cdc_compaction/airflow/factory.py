@@ -1131,6 +1131,7 @@ def load_dags(namespace: dict[str, Any]) -> dict[str, DAG]:
     just that one is built (the DAG processor's full parse has no DAG id here and builds every
     table's DAG, plus the view refresher and the erase DAG, which cover every table).  The entry
     gets the full parse's verdict: :func:`load_registry` still checks it against every other file.
+    Every parse logs one line of where it looked and what it found (:func:`registry_found`).
     """
     from airflow.sdk import get_parsing_context
 
