@@ -330,7 +330,7 @@ def check_landed(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
             cfg.qualified_name,
             "landed",
             False,
-            f"{len(refused)} files do not fit: {detail}{more}",
+            f"{len(refused)} landed files would be refused: {detail}{more}",
             _landed_fix([r["reason"] for r in refused]),
         )
     detail = f"{len(pending.files)} pending files of complete increments fit the registry"
