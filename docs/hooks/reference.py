@@ -10,6 +10,7 @@ a marker line, replaced here before the page is rendered:
 * ``<!-- generated: jars-lock -->``: the jars of ``jars.lock`` (``make jars``), group by group;
 * ``<!-- generated: debezium-config -->``: the Debezium stack's Kafka, Connect and connector
   configuration, as :mod:`cdc_compaction.devtools.debezium` writes and sends it;
+* ``<!-- generated: table-modes -->``: every table mode the code has, with its summary;
 * ``<!-- generated: bench-targets -->``: the targets table of the last ``make bench`` run
   (``bench/results/RESULTS.md``, which ``bench/report.py`` writes), with the run's provenance.
 
@@ -41,6 +42,8 @@ PUBLISHED = ("bench/results/RESULTS.md", "bench/results/compaction.png", "bench/
 #: Sections the models' descriptions name that are no heading of their own on the site.
 SECTION_ALIASES = {"Table registry reference": "Registry"}
 SECTION_REF = re.compile(r'(?:docs|README), "([^"]+)"')
+#: A section cited as messages cite it (``cdc_compaction.core.docs.doc_ref``): ``docs/<page>.md#<anchor>``.
+DOC_REF = re.compile(r"\bdocs/([a-z0-9-]+\.md(?:#[a-z0-9_-]+)?)")
 
 
 def _modes() -> dict[str, str]:
@@ -88,6 +91,7 @@ def _text(value: str, headings: dict[str, str] | None = None) -> str:
             escaped = html.escape(part, quote=False)
             if headings is not None:
                 escaped = SECTION_REF.sub(lambda m: "see " + _section_link(m.group(1), headings), escaped)
+                escaped = DOC_REF.sub(lambda m: f"[{m.group(0)}]({m.group(1)})", escaped)
             out.append(escaped)
     return " ".join("".join(out).split()).replace("|", "\\|")
 
@@ -154,6 +158,17 @@ def registry_fields(schema: dict[str, Any]) -> str:
         if definition.get("description"):
             lines += [_text(definition["description"], headings), ""]
         lines += [*_fields_table(definition, headings), ""]
+    return "\n".join(lines)
+
+
+def table_modes() -> str:
+    """One line per table mode, as the code finds them (``mode_models``), with its summary (``TableMode.summary``)."""
+    from cdc_compaction.core.mode import table_modes as modes
+
+    lines = []
+    for i, mode in enumerate(_modes()):
+        default = " (the default: no `mode`)" if i == 0 else ""
+        lines.append(f"- `mode: {mode}`{default}: {modes()[mode].summary}")
     return "\n".join(lines)
 
 
@@ -330,6 +345,8 @@ def _generate(name: str) -> str:
         return registry_fields(registry_schema())
     if name == "commands":
         return commands()
+    if name == "table-modes":
+        return table_modes()
     if name == "bench-targets":
         return bench_targets()
     if name == "jars-lock":
@@ -338,7 +355,7 @@ def _generate(name: str) -> str:
         return debezium_config()
     raise ValueError(
         f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands, layers, "
-        "contracts, package-map, bench-targets, jars-lock, debezium-config)"
+        "contracts, package-map, bench-targets, jars-lock, debezium-config, table-modes)"
     )
 
 

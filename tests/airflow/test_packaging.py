@@ -180,3 +180,28 @@ def test_the_plugins_folder_shim_does_not_register_the_page_twice(installed: Pat
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded["names"].count("cdc_compaction_tables") == 1, loaded
     assert loaded["errors"] == {}, loaded
+
+
+def test_the_installed_dag_file_without_its_environment_says_why_no_dags(installed: Path, tmp_path: Path) -> None:
+    """No CDC_REGISTRY_DIR and no CDC_PROJECT_ROOT: the wheel's DAG file finds no registry and says so, with what
+    to set, in the output of the deployment page's step ``airflow dags reserialize`` (it once made zero DAGs
+    without a word)."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    env = _airflow_env(installed, tmp_path / "airflow", plugins, tmp_path)
+    del env["CDC_REGISTRY_DIR"], env["CDC_PROJECT_ROOT"]
+    _airflow(installed, env, "db", "migrate")
+    proc = subprocess.run(
+        [str(installed / "bin" / "python"), "-m", "airflow", "dags", "reserialize"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=env["AIRFLOW_HOME"],
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "cdc__" not in _airflow(installed, env, "dags", "list"), out
+    (line,) = [ln for ln in out.splitlines() if "no registry directory" in ln]
+    assert str(tmp_path / "airflow" / "include" / "registry") in line, line
+    assert "neither CDC_REGISTRY_DIR nor CDC_PROJECT_ROOT is set" in line and "set CDC_REGISTRY_DIR" in line, line

@@ -10,6 +10,7 @@ twice, a registry file that is a dangling symlink, a bad value in the database's
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -423,3 +424,112 @@ def test_a_key_written_twice_in_the_defaults_file_is_refused(tmp_path: Path) -> 
     )
     (entry,) = load_registry(tmp_path)
     assert entry.config is None and f"{defaults}:4:1: " in str(entry.error)
+
+
+def _type_refusal(tmp_path: Path, written: str) -> tuple[Path, str]:
+    """The one located problem of an entry whose ts_ms column has the type ``written`` (in the file as is)."""
+    path = write(
+        tmp_path, "school.pupil.yaml", GOOD.replace("{name: ts_ms, type: bigint}", f"{{name: ts_ms, type: {written}}}")
+    )
+    err = refusal(path)
+    assert len(err.problems) == 1, str(err)
+    return path, err.lines()[0]
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        # PostgreSQL
+        ('"numeric(12,2)"', "decimal(12,2)"),
+        ('"numeric(12, 2)"', "decimal(12,2)"),
+        ("numeric(12)", "decimal(12,0)"),
+        ("numeric", "decimal(p,s)"),
+        ("int8", "bigint"),  # 8 bytes in PostgreSQL; bigint also holds Arrow's 1-byte int8
+        ("int4", "int"),
+        ("int2", "smallint"),
+        ("serial", "int"),
+        ("bigserial", "bigint"),
+        ("text", "string"),
+        ("double precision", "double"),
+        ("float8", "double"),
+        ("float4", "float"),
+        ("real", "float"),
+        ("timestamptz", "timestamp"),
+        ("timestamp with time zone", "timestamp"),
+        ("timestamp(3) without time zone", "timestamp"),
+        ("bool", "boolean"),
+        ("bytea", "binary"),
+        ("uuid", "string"),
+        ("jsonb", "string"),
+        ("character varying(40)", "varchar(40)"),
+        ("character(2)", "char(2)"),
+        # MySQL, SQL Server, Oracle, Snowflake
+        ("datetime", "timestamp"),
+        ("datetime2", "timestamp"),
+        ("int(11)", "int"),
+        ("tinyint(1)", "tinyint"),  # a display width; the values are -128..127, whatever a driver calls them
+        ("bigint unsigned", "decimal(20,0)"),
+        ("longtext", "string"),
+        ("varbinary(16)", "binary"),
+        ('"number(10,0)"', "decimal(10,0)"),
+        ("nvarchar(100)", "varchar(100)"),
+        ("timestamp_ntz", "timestamp"),
+    ],
+)
+def test_another_systems_type_gets_the_hive_type_that_holds_it(tmp_path: Path, written: str, meant: str) -> None:
+    path, line = _type_refusal(tmp_path, written)
+    shown = written.strip('"')
+    assert line.startswith(f"{path}:6:25: field 'columns.2.type': unknown Hive type {shown!r}: supported are "), line
+    assert f"; did you mean {meant!r}?" in line, line
+
+
+def test_a_valid_parameterized_type_is_accepted_as_written(tmp_path: Path) -> None:
+    text = GOOD.replace("type: bigint}", "type: bigint}\n  - {name: code, type: varchar(20)}")
+    path = write(tmp_path, "school.pupil.yaml", text)
+    assert [c.type for c in parse_entry(path, text).columns][-1] == "varchar(20)"
+
+
+@pytest.mark.parametrize(
+    ("written", "quoted"),
+    [("decimal(12,2)", "decimal(12,2)"), ("decimal(12, 2)", "decimal(12,2)"), ("numeric(12,2)", "decimal(12,2)")],
+)
+def test_an_unquoted_comma_inside_a_type_says_to_quote_it(tmp_path: Path, written: str, quoted: str) -> None:
+    """In ``{name: x, type: decimal(12,2)}`` YAML ends the value at the comma: one problem, at the type, saying so."""
+    path, line = _type_refusal(tmp_path, written)
+    assert line.startswith(f"{path}:6:25: field 'columns.2.type': "), line
+    assert "comma" in line and f"type: '{quoted}'" in line, line
+    assert "Extra inputs" not in line and "unknown Hive type" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("old", "written", "meant"),  # the key written is the first word of ``written`` unless it says otherwise
+    [
+        # Hudi, Delta, dbt, Iceberg and the sinks' own words for the registry's fields
+        ("primary_key", "pk", "primary_key"),
+        ("primary_key", "key", "primary_key"),  # not old_key: a different field
+        ("primary_key", "record_key", "primary_key"),
+        ("order_by", "precombine_field", "order_by"),
+        ("order_by", "sequence_by", "order_by"),
+        ("storage_root", "location", "storage_root"),  # not compaction
+        ("storage_root", "path", "storage_root"),
+        ("columns", "schema", "columns"),  # not schema_changes
+        ("columns", "fields", "columns"),
+        ("{name", "{column", "name"),  # not comment
+        ("type: int}", "data_type: int}", "type"),
+        ("type: int}", "type: int, description: the id}", "comment"),
+    ],
+)
+def test_another_systems_field_name_gets_the_registrys(tmp_path: Path, old: str, written: str, meant: str) -> None:
+    path = write(tmp_path, "school.pupil.yaml", GOOD.replace(old, written, 1))
+    key = "description" if "description" in written else re.findall(r"\w+", written)[0]
+    err = refusal(path)
+    # The extra key's line offers the registry's field; a required field it stands for says the same.
+    (extra,) = [ln for ln in err.lines() if re.search(rf"'(\w+\.\d+\.)?{key}': Extra inputs are not permitted", ln)]
+    assert extra.endswith(f"did you mean {meant!r}? rename the key to {meant}"), extra
+    for line in err.lines():
+        assert f"'{meant}': Field required" not in line or f"did you mean {meant}?" in line, line
+
+
+def test_a_schedule_written_as_cron_gets_schedule(tmp_path: Path) -> None:
+    path = write(tmp_path, "school.pupil.yaml", GOOD + "cron: '0 * * * *'\n")
+    assert shows(refusal(path), f"{path}:10:1: field 'cron'", "did you mean 'schedule'? rename the key to schedule")

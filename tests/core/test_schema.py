@@ -65,7 +65,7 @@ def test_evolve_refuses_a_retype_naming_column_and_both_types(column: str, arrow
     old = dict(COLUMNS)[column]
     assert v.problem is not None and v.problem.startswith("incompatible schema: ")
     assert f"column {column!r} is {arrow} in the file but {old} in the registry" in v.problem
-    assert "Only widenings follow the source" in v.problem and "Changing a schema" in v.problem
+    assert "Only widenings follow the source" in v.problem and "docs/data.md#changing-a-schema" in v.problem
 
 
 def test_evolve_records_a_dropped_column_and_refuses_a_likely_rename() -> None:

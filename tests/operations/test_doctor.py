@@ -380,3 +380,22 @@ def test_doctor_writes_nothing_outside_the_lake_and_leaves_no_probe_folders(tmp_
     assert line.startswith("OK") and str(base / "shop" / "relative" / "_cdc") in line, proc.stdout + proc.stderr
     assert list(cwd.iterdir()) == [], "doctor wrote into the current directory"
     assert list(base.iterdir()) == [], "doctor left the directories it made for its probe"
+
+
+def test_a_file_that_is_not_parquet_is_called_unreadable_not_a_schema_change(tmp_path: Path) -> None:
+    """A CSV landed under a Parquet name: re-land or quarantine it; the registry's columns are not the fault."""
+    cfg = parse_table(student_doc(tmp_path / "lake", "not_parquet"))
+    landed = tmp_path / "lake" / "not_parquet" / "incremental" / "increment_2026112200" / "part-0.parquet"
+    landed.parent.mkdir(parents=True)
+    landed.write_text("id,full_name,op,ts_ms\n1,a,c,1\n")
+    check = doctor.check_landed(cfg, doctor.MetastoreEndpoint())
+    assert not check.ok, check.line()
+    assert "part-0.parquet" in check.detail and "not readable as Parquet" in check.detail, check.line()
+    assert "column" not in check.fix, check.line()
+    for step in ("re-land", "on_bad_file: quarantine", "docs/data.md#bad-input-and-the-quarantine"):
+        assert step in check.fix, (step, check.line())
+
+    # A file that is Parquet but does not fit the columns keeps its schema advice.
+    pq.write_table(pa.table({**GOOD, "full_name": pa.array([7], pa.int64())}), landed)
+    check = doctor.check_landed(cfg, doctor.MetastoreEndpoint())
+    assert not check.ok and "registry's columns" in check.fix and "docs/data.md#changing-a-schema" in check.fix

@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -23,6 +24,7 @@ from airflow.providers.standard.operators.python import PythonOperator, ShortCir
 from airflow.sdk import DAG, Asset
 
 from cdc_compaction.core import settings
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import CompactionError, RegistryError
 from cdc_compaction.core.registry import RegistryEntry, TableConfig
 from cdc_compaction.integrations.notifications import AlertChannels, CdcAlertNotifier
@@ -737,7 +739,8 @@ def build_dag(cfg: TableConfig) -> DAG:
                 task_id=DOCTOR_TASK_ID,
                 python_callable=skip_if_disabled(cfg, doctor_step),
                 doc_md="Registry `doctor: true`: the metastore answers and the storage root takes a probe "
-                "write/read/delete, else the run stops here (SMTP is only logged). docs, 'Doctor'.",
+                "write/read/delete, else the run stops here (SMTP is only logged). "
+                f"See {doc_ref('operations', 'doctor')}.",
             )
             doctor >> made[order.ORDER[0].id][0]
         # Every later task is a direct downstream of plan (see plan's comment above).
@@ -1087,6 +1090,37 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def registry_found(directory: Path, entries: Sequence[RegistryEntry], dag_id: str | None = None) -> tuple[int, str]:
+    """(log level, line) of what one parse of the DAG file found: where it looked (and why there), how
+    many tables and error entries, or that there is no registry and what to set. An Airflow without the
+    environment parses to no DAG at all: this line is then all that tells why."""
+    source = settings.registry_dir_source()
+    if not directory.is_dir():
+        return logging.WARNING, (
+            f"cdc_compaction: no registry directory {directory} ({source}), so no table DAGs: set CDC_REGISTRY_DIR "
+            "to the directory of the <database>.<table>.yaml files (or CDC_PROJECT_ROOT to the project holding "
+            "include/registry) in the environment of the DAG processor, scheduler and workers "
+            f"({doc_ref('deployment', 'installing-the-package')})"
+        )
+    if not entries:
+        return logging.WARNING, (
+            f"cdc_compaction: registry directory {directory} ({source}) has no <database>.<table>.yaml files"
+            + (f" defining DAG {dag_id}" if dag_id else "")
+            + ", so no table DAGs"
+        )
+    bad = sorted(e.path.name for e in entries if e.error is not None)
+    good = len(entries) - len(bad)
+    only = f" (this parse builds DAG {dag_id} only)" if dag_id else ""
+    text = (
+        f"cdc_compaction: registry directory {directory} ({source}): {good} table{'s' * (good != 1)}, "
+        f"{len(bad)} error entr{'ies' if len(bad) != 1 else 'y'}{only}"
+    )
+    if bad:
+        shown = ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        text += f" ({shown}: each a failing DAG of its own; cdc-compaction registry validate --dir {directory})"
+    return (logging.WARNING if bad else logging.INFO), text
+
+
 def load_dags(namespace: dict[str, Any]) -> dict[str, DAG]:
     """Build the registry's DAGs and put them into ``namespace``: a DAG file's whole body is
     ``from cdc_compaction.airflow.factory import load_dags; load_dags(globals())`` (``dags/cdc_compaction_dags.py``).
@@ -1097,6 +1131,7 @@ def load_dags(namespace: dict[str, Any]) -> dict[str, DAG]:
     just that one is built (the DAG processor's full parse has no DAG id here and builds every
     table's DAG, plus the view refresher and the erase DAG, which cover every table).  The entry
     gets the full parse's verdict: :func:`load_registry` still checks it against every other file.
+    Every parse logs one line of where it looked and what it found (:func:`registry_found`).
     """
     from airflow.sdk import get_parsing_context
 
@@ -1104,8 +1139,11 @@ def load_dags(namespace: dict[str, Any]) -> dict[str, DAG]:
 
     wanted = get_parsing_context().dag_id
     whole = wanted in (settings.VIEW_REFRESH_DAG_ID, settings.ERASE_DAG_ID)
+    directory = settings.registry_dir()
     with gc_paused():
-        entries = load_registry(settings.registry_dir(), dag_id=None if whole else wanted)
+        entries = load_registry(directory, dag_id=None if whole else wanted)
+        level, found = registry_found(directory, entries, None if whole else wanted)
+        log.log(level, "%s", found)
         dags = build_dags(
             entries,
             view_refresher=wanted in (None, settings.VIEW_REFRESH_DAG_ID),

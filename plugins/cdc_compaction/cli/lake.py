@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from cdc_compaction.cli.common import add_table_args, table_config
+from cdc_compaction.core.docs import doc_ref
 
 
 def _lease(args: argparse.Namespace) -> int:
@@ -116,7 +117,7 @@ def _rollback(args: argparse.Namespace) -> int:
         if not args.yes:
             print(
                 f"rollback {args.table} would publish version {args.to_seq} ({target.version}) as a new commit; the "
-                "increments compacted after it stay archived (README, 'Time travel and rollback')"
+                f"increments compacted after it stay archived ({doc_ref('data', 'time-travel-and-rollback')})"
             )
             if not sys.stdin.isatty() or input(f"type {args.table} to go on: ").strip() != args.table:
                 print("nothing was changed; add --yes to roll back", file=sys.stderr)

@@ -1,30 +1,7 @@
 """Command line: ``cdc-compaction <command>`` (``make install`` puts it in .venv; or ``python -m cdc_compaction``).
 
-Commands:
-  registry validate [--dir DIR]          check every registry file; exit 1 on any error
-  registry discover ROOT --database DB   write a registry entry per table directory of a landing root
-  registry schema [--out FILE]           the registry's JSON Schema (editors; registry.schema.json)
-  conformance --mode inprocess|dag GLOB  run scenario files through the pipeline
-  metastore start|stop|status            the local Thrift metastore of the embedded default
-  connect start|stop|status              the local Spark Connect server (registry spark.engine: spark_connect)
-  demo [--source files|postgres] [--engine spark_connect|spark_submit]
-                                         the embedded default end to end (make demo [SOURCE=postgres] [ENGINE=...])
-  postgres check                         are PostgreSQL's server and wal2json installed? (make test)
-  airflow-ui                             Airflow with this project's DAGs on 127.0.0.1:8080
-  serve-sql [--port N]                   Spark's Thrift JDBC/ODBC server for BI clients on 127.0.0.1:10000
-  quarantine list|reingest DB.TABLE      refused rows and files: reasons, and putting them back after a fix
-  lease show|break DB.TABLE              who compacts a table right now; give up a dead run's lease
-  versions DB.TABLE [--json]             the kept versions: commit, time, rows, location
-  changes DB.TABLE --from N --to M       net changes between two kept versions (--format table|json|parquet)
-  rollback DB.TABLE --to N [--yes]       publish kept version N's rows as a new commit
-  index verify|rebuild DB.TABLE          check the live key index (partition_by) against the data; write it anew
-  status [DB.TABLE ...] [--json]         each table's live version, last commit, freshness, pending, quarantine
-  step STEP DB.TABLE [--force]           run one step of a table's DAG by hand (outside Airflow; plan --force:
-                                         compact regardless of compaction.policy)
-  pause|resume DB.TABLE                  Airflow's pause flag of the table's DAG (its metadata database)
-  delete DB.TABLE [--drop-data] [--yes]  remove a table's pipeline: registry file aside, metastore objects dropped
-  doctor [DB.TABLE ...]                  check registry, metastore, storage, Spark, SMTP and landed files
-  job-package [--out DIR]                build the Spark job's zip (spark-submit --py-files); print its path
+The list of commands below is made from the parser itself (:func:`commands_overview`): every command
+the CLI has, with its arguments; ``cdc-compaction <command> --help`` shows a command's options.
 """
 
 from __future__ import annotations
@@ -48,14 +25,59 @@ from cdc_compaction.cli import (
     status,
 )
 
-# The docstring above is the top-level --help (description=__doc__): keep its list in step with the commands.
+#: The top-level --help's first line: the module docstring's (the rest of it is about this module).
+HELP_HEAD = __doc__.split("\n\n", 1)[0]
+
+
+#: How the overview names a positional argument whose parser gives it no metavar (argparse would show its dest).
+_SHOWN = {"table": "DB.TABLE", "tables": "DB.TABLE"}
+#: The overview's width: the same on every terminal, as the docs site prints the help at 100 columns.
+_WIDTH = 100
+
+
+def _argument(action: argparse.Action) -> str:
+    if action.choices and not isinstance(action, argparse._SubParsersAction):
+        return "|".join(map(str, action.choices))
+    metavar = action.metavar or _SHOWN.get(action.dest, action.dest.upper())
+    return metavar if isinstance(metavar, str) else " ".join(metavar)
+
+
+def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
+    """``name`` with what it must be given: nested commands as ``a|b|c``, positionals, required options."""
+    words = [name]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            words.append("|".join(action.choices))
+        elif not action.option_strings and action.help != argparse.SUPPRESS:
+            shown = _argument(action)
+            words.append(f"[{shown} ...]" if action.nargs in ("*", "?") else shown)
+        elif action.required and action.option_strings:
+            words.append(action.option_strings[0] + ("" if action.nargs == 0 else f" {_argument(action)}"))
+    return " ".join(words)
+
+
+def commands_overview(sub: argparse._SubParsersAction) -> str:
+    """``Commands:`` and one entry per command (its synopsis, then its help), in the parser's order."""
+    import textwrap
+
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    rows = [(_synopsis(name, parser), helps.get(name, "")) for name, parser in sub.choices.items()]
+    column = 2 + min(max(len(s) for s, _ in rows), 36) + 2
+    lines = ["Commands:"]
+    for synopsis, text in rows:
+        wrapped = textwrap.wrap(text, _WIDTH - column) or [""]
+        head = f"  {synopsis}"
+        if len(head) + 2 > column:
+            lines.append(head)
+        else:
+            lines.append(f"{head:{column}}{wrapped.pop(0)}")
+        lines += [f"{'':{column}}{more}" for more in wrapped]
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def build_parser(prog: str = "cdc-compaction") -> argparse.ArgumentParser:
     """Every command and option: ``main`` parses with it, the docs site's command reference prints its help."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     # argparse lists the commands in the order they are added: this order is the --help's and the docs'.
     registry.add_parser(sub)
@@ -68,6 +90,8 @@ def build_parser(prog: str = "cdc-compaction") -> argparse.ArgumentParser:
     run.add_parser(sub)
     ops.add_parser(sub)
     job_package.add_parser(sub)
+    # Made from the parser after every command is added: a new command cannot be missing from --help.
+    parser.description = f"{HELP_HEAD}\n\n{commands_overview(sub)}"
     return parser
 
 

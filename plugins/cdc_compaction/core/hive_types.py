@@ -132,3 +132,138 @@ def logical_type(arrow: Any, physical: str | None) -> str:
     if physical == "INT96" and pa.types.is_timestamp(arrow):
         return "timestamp[us]"
     return str(arrow)
+
+
+#: Other systems' names of a type (PostgreSQL, MySQL, SQL Server, Oracle, Snowflake, Arrow, Java), with the
+#: Hive type that holds every value of it. Keys are lower case with single spaces.
+_OTHER_SYSTEMS: dict[str, str] = {
+    # integers: the Hive integer at least as wide
+    "int8": "bigint",  # PostgreSQL's 8-byte integer (Arrow's int8 is 1 byte: bigint holds that too)
+    "int4": "int",
+    "int2": "smallint",
+    "int64": "bigint",
+    "int32": "int",
+    "int16": "smallint",
+    "long": "bigint",
+    "short": "smallint",
+    "byte": "tinyint",
+    "serial": "int",
+    "serial4": "int",
+    "smallserial": "smallint",
+    "serial2": "smallint",
+    "bigserial": "bigint",
+    "serial8": "bigint",
+    "mediumint": "int",
+    "tinyint unsigned": "smallint",
+    "smallint unsigned": "int",
+    "mediumint unsigned": "int",
+    "int unsigned": "bigint",
+    "integer unsigned": "bigint",
+    "bigint unsigned": "decimal(20,0)",
+    "hugeint": "decimal(38,0)",
+    # exact numbers: the precision and scale are the source's
+    "numeric": "decimal(p,s)",
+    "number": "decimal(p,s)",
+    "dec": "decimal(p,s)",
+    "money": "decimal(19,4)",
+    "smallmoney": "decimal(10,4)",
+    # floating point
+    "float8": "double",
+    "float64": "double",
+    "double precision": "double",
+    "binary_double": "double",
+    "float4": "float",
+    "float32": "float",
+    "real": "float",
+    "binary_float": "float",
+    # text, and what has no Hive type of its own
+    "text": "string",
+    "str": "string",
+    "varchar": "string",
+    "character varying": "string",
+    "nvarchar": "string",
+    "varchar2": "string",
+    "nvarchar2": "string",
+    "citext": "string",
+    "tinytext": "string",
+    "mediumtext": "string",
+    "longtext": "string",
+    "clob": "string",
+    "nclob": "string",
+    "uuid": "string",
+    "uniqueidentifier": "string",
+    "json": "string",
+    "jsonb": "string",
+    "xml": "string",
+    "enum": "string",
+    "inet": "string",
+    "cidr": "string",
+    "interval": "string",
+    "time": "string",
+    "timetz": "string",
+    "time with time zone": "string",
+    "time without time zone": "string",
+    # truth values
+    "bool": "boolean",
+    "bit": "boolean",
+    # points in time: Spark's timestamp is an instant (UTC), which holds a zoned or a local one
+    "datetime": "timestamp",
+    "datetime2": "timestamp",
+    "smalldatetime": "timestamp",
+    "datetimeoffset": "timestamp",
+    "timestamptz": "timestamp",
+    "timestamp with time zone": "timestamp",
+    "timestamp without time zone": "timestamp",
+    "timestamp with local time zone": "timestamp",
+    "timestamp_tz": "timestamp",
+    "timestamp_ltz": "timestamp",
+    "timestamp_ntz": "timestamp",
+    "instant": "timestamp",
+    # bytes
+    "bytea": "binary",
+    "bytes": "binary",
+    "blob": "binary",
+    "tinyblob": "binary",
+    "mediumblob": "binary",
+    "longblob": "binary",
+    "varbinary": "binary",
+    "image": "binary",
+    "raw": "binary",
+}
+#: ``name(n)`` / ``name(p,s)`` of other systems: the name's family and the Hive type built from the numbers.
+_PARAMETERIZED = re.compile(r"^(?P<name>[a-z_][a-z0-9_ ]*?)\s*\((?P<a>\d+)(?:,(?P<b>\d+))?\)(?P<rest>[a-z ]*)$")
+
+
+def hive_type_for(written: str) -> str | None:
+    """The Hive type that holds every value of what another system calls ``written``, or None if it is none known.
+
+    ``numeric(12,2)`` -> ``decimal(12,2)``, ``int8`` -> ``bigint``, ``character varying(40)`` ->
+    ``varchar(40)``, ``timestamp(3) with time zone`` -> ``timestamp``, ``int(11)`` (a display width) ->
+    ``int``. A suggestion for an author's did-you-mean, never applied silently: the author knows the source.
+    """
+    text = re.sub(r"\s*([(),])\s*", r"\1", re.sub(r"\s+", " ", written.strip().lower()))
+    if text in _OTHER_SYSTEMS:
+        return _OTHER_SYSTEMS[text]
+    m = _PARAMETERIZED.match(text)
+    if m is None:
+        return None
+    name, a, b, rest = m.group("name").strip(), int(m.group("a")), m.group("b"), m.group("rest").strip()
+    family = f"{name} {rest}".strip()
+    if name in ("numeric", "number", "decimal", "dec"):
+        scale = int(b) if b is not None else 0
+        return f"decimal({a},{scale})" if 1 <= a <= 38 and scale <= a else "string"
+    if name in ("character varying", "varchar", "nvarchar", "varchar2", "nvarchar2"):
+        return f"varchar({a})" if 1 <= a <= 65535 else "string"
+    if name in ("character", "char", "nchar", "bpchar"):
+        return f"char({a})" if 1 <= a <= 255 else "string"
+    if name == "float" and b is None:
+        return "float" if a <= 24 else "double"  # the mantissa's bits, as SQL Server and PostgreSQL read it
+    if name == "bit" and a == 1:
+        return "boolean"
+    if name in ("tinyint", "smallint", "int", "integer", "bigint", "mediumint") and b is None:
+        return hive_type_for(family) or ("int" if name == "integer" else name)  # MySQL's display width
+    if name in ("timestamp", "datetime", "datetime2", "datetimeoffset", "time", "timestamptz", "timetz"):
+        return hive_type_for(family) or hive_type_for(name) or "timestamp"  # fractional-second digits
+    if name in ("binary", "varbinary", "raw", "bit varying", "varbit"):
+        return "binary"
+    return None

@@ -53,6 +53,16 @@ class FileCheck:
     changes: list[Any] = field(default_factory=list)
 
 
+#: How the reason of a file that could not be read at all starts (no Parquet footer, empty): its content,
+#: not the registry, is at fault, so the fix is to re-land or quarantine it, never to change the columns.
+UNREADABLE_REASONS = ("empty file (0 bytes)", "not readable as Parquet")
+
+
+def is_unreadable(reason: str) -> bool:
+    """True if ``reason`` (a :class:`FileCheck` problem) says the file is no readable Parquet file."""
+    return reason.startswith(UNREADABLE_REASONS)
+
+
 def parquet_footer(storage: Storage, path: str) -> Any:
     """The Parquet metadata of one file, read from its end only (ranged reads on S3)."""
     import pyarrow.parquet as pq
@@ -81,7 +91,8 @@ def check_file(
     except Exception as exc:  # noqa: BLE001 - every reader error means the same: the file is unreadable
         if size is None:
             size = storage.size(path) if storage.exists(path) else -1
-        reason = "empty file (0 bytes)" if size == 0 else f"not readable as Parquet ({type(exc).__name__}: {exc})"
+        empty, unreadable = UNREADABLE_REASONS
+        reason = empty if size == 0 else f"{unreadable} ({type(exc).__name__}: {exc})"
         return FileCheck(problem=reason)
     check = FileCheck(rows=meta.num_rows)
     # Spark resolves Parquet columns case-insensitively: two columns differing only by case

@@ -447,7 +447,7 @@ class PartitionBy(_Strict):
 
 
 class Views(_Strict):
-    """Which engines' views of the table are published, and where (docs, "Readers")."""
+    """Which engines' views of the table are published, and where (docs/readers.md#readers)."""
 
     #: Dialects of the views created in the metastore; the first gets <t>_view / <t>_pending_rejects,
     #: each further one the same names with _<dialect> appended.
@@ -484,7 +484,7 @@ class Views(_Strict):
 
 
 class EventTime(_Strict):
-    """The column holding when the source made each change (freshness; docs, "Freshness")."""
+    """The column holding when the source made each change (freshness; docs/readers.md#freshness)."""
 
     #: The column holding when the source made each change: timestamp, date or an integer count of unit.
     column: str
@@ -493,7 +493,7 @@ class EventTime(_Strict):
 
 
 class Slo(_Strict):
-    """A freshness objective (docs, "Metrics and SLOs"): the base holds source events no older
+    """A freshness objective (docs/operations.md#metrics-and-slos): the base holds source events no older
     than ``freshness`` for at least ``target`` of the time over the last ``window``."""
 
     #: How old the newest source data the base holds may be (event time, else the newest increment's end).
@@ -516,7 +516,7 @@ class Slo(_Strict):
 
 
 class Compaction(_Strict):
-    """When a run rewrites the base (docs, "Compaction policy").
+    """When a run rewrites the base (docs/operations.md#compaction-policy).
 
     ``always`` (the default) compacts whatever is pending on every run.  ``threshold`` lets runs
     only register new increments in the views (which merge them with the base at read time)
@@ -577,9 +577,10 @@ class TableConfig(_Strict):
     storage_conn_id: str = "aws_default"
     #: How landed increments are named and when one is complete.
     increments: Increments = Field(default_factory=Increments)
-    #: False keeps the table's DAG (visible, unscheduled, every task skips): docs, "Pausing, resuming, deleting".
+    #: False keeps the table's DAG (visible, unscheduled, every task skips):
+    #: docs/operations.md#pausing-resuming-deleting.
     enabled: bool = True
-    #: True adds a ``doctor`` task before the first step: metastore and storage checks (docs, "Doctor").
+    #: True adds a ``doctor`` task before the first step: metastore and storage checks (docs/operations.md#doctor).
     doctor: bool = False
     #: A preset (@hourly, @daily, ...), a cron expression, or null (manual runs only).
     schedule: str | None = "@hourly"
@@ -603,15 +604,16 @@ class TableConfig(_Strict):
     tombstone_retention: Duration = timedelta(days=7)
     #: Base versions kept for rollback, the live one included.
     keep_versions: int = Field(default=3, ge=1, le=1000)
-    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes`` (docs, "Change
-    #: feed"). Off by default: the publish task reads both versions' rows into memory to pair them by key.
+    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes``
+    #: (docs/data.md#change-feed). Off by default: the publish task reads both versions' rows into memory
+    #: to pair them by key.
     change_feed: bool = False
     #: Open table formats every published version is also readable as, over the same Parquet files
-    #: (docs, "Delta and Iceberg"): ``delta`` writes a Delta log at ``base/_delta_log``, ``iceberg`` Iceberg
+    #: (docs/formats.md#delta-and-iceberg): ``delta`` writes a Delta log at ``base/_delta_log``, ``iceberg`` Iceberg
     #: metadata. Derived like the change feed: a failure is logged and counted, never fails a publish.
     formats: list[Literal["delta", "iceberg"]] = Field(default_factory=list)
     #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
-    #: version still needs for a rebuild stay regardless (docs, "Retention").
+    #: version still needs for a rebuild stay regardless (docs/data.md#retention).
     archive_retention: Duration | None = None
     #: How long a run's lease on the table lasts unrenewed: above the longest run with retries.
     lease_timeout: Duration = timedelta(hours=6)
@@ -619,13 +621,13 @@ class TableConfig(_Strict):
     on_bad_file: Literal["fail", "quarantine"] = "fail"
     #: A landed column the registry does not list: fail (a bad file), or ignore the column.
     on_extra_columns: Literal["fail", "ignore"] = "fail"
-    #: How landed files whose columns differ from the table's are taken (docs, "Schema changes"):
+    #: How landed files whose columns differ from the table's are taken (docs/data.md#changing-a-schema):
     #: ``fail`` (default: new columns and other types are bad files), ``evolve`` (follow the source:
     #: add columns, widen types) or ``ignore`` (drop new columns). Unset, ``on_extra_columns: ignore``
     #: means ``ignore`` (the older field).
     schema_changes: Literal["evolve", "fail", "ignore"] = "fail"
     #: The source table was dropped: no scheduled runs any more (a manual run still compacts what
-    #: landed); tables, views and data are kept (docs, "Retiring a table").
+    #: landed); tables, views and data are kept (docs/data.md#retiring-a-table).
     retired: bool = False
     #: How the compaction runs: spark-submit or EMR, conf, jars, memory.
     spark: SparkSettings = Field(default_factory=SparkSettings)
@@ -635,7 +637,8 @@ class TableConfig(_Strict):
     views: Views = Field(default_factory=Views)
     #: The column holding when the source made each change (freshness).
     event_time: EventTime | None = None
-    #: A freshness objective (freshness, target, window), checked after each publish (docs, "Metrics and SLOs").
+    #: A freshness objective (freshness, target, window), checked after each publish
+    #: (docs/operations.md#metrics-and-slos).
     slo: Slo | None = None
     #: When a run rewrites the base: always (default), or only once pending data crosses a threshold.
     compaction: Compaction = Field(default_factory=Compaction)
@@ -896,7 +899,7 @@ def _check_op_and_order(
 _TEXT_TYPES = ("string", "varchar", "char")
 
 
-#: What the change-data tools write, as registry defaults (docs, "Source presets"). Each entry's
+#: What the change-data tools write, as registry defaults (docs/concepts.md#source-presets). Each entry's
 #: own fields win; a default that names a column applies only when the entry declares that column.
 SOURCES = ("generic", "debezium", "dms", "wal2json")
 

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from cdc_compaction.core.exceptions import RegistryError
+from cdc_compaction.core.hive_types import hive_type_for
 
 #: A path into a document, as pydantic's error ``loc`` names it: mapping keys and list indexes.
 Path_ = tuple[Any, ...]
@@ -206,34 +207,45 @@ def model_at(root: type[BaseModel] | None, path: Path_) -> type[BaseModel] | Non
     return cls
 
 
-#: What authors from other systems write for a Hive type.
-_TYPE_SYNONYMS = {
-    "long": "bigint",
-    "int64": "bigint",
-    "int32": "int",
-    "int16": "smallint",
-    "int8": "tinyint",
-    "short": "smallint",
-    "byte": "tinyint",
-    "text": "string",
-    "str": "string",
-    "varchar": "string",
-    "uuid": "string",
-    "json": "string",
-    "bool": "boolean",
-    "datetime": "timestamp",
-    "timestamptz": "timestamp",
-    "timestamp_ntz": "timestamp",
-    "float64": "double",
-    "float32": "float",
-    "real": "float",
-    "double precision": "double",
-    "numeric": "decimal(p,s)",
-    "number": "decimal(p,s)",
-    "bytes": "binary",
-    "blob": "binary",
-    "bytea": "binary",
-}
+#: Other systems' names of registry fields (Hudi, Delta, Iceberg, dbt, Airflow, the sinks' configs), by the
+#: field they stand for: offered before the nearest spelling, which for these is a different field
+#: (``key`` is not ``old_key``, ``location`` not ``compaction``, ``schema`` not ``schema_changes``).
+_FIELD_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "primary_key": (
+        "pk", "key", "keys", "primary_keys", "key_columns", "primary_key_columns", "record_key", "recordkey",
+        "record_key_field", "unique_key", "merge_key", "id_columns",
+    ),
+    "order_by": (
+        "precombine_field", "precombine", "ordering_field", "ordering_fields", "sequence_by", "sequence_column",
+        "sequence_field", "version_column", "order_column", "sort_by", "sort_key", "ordering",
+    ),
+    "storage_root": (
+        "location", "path", "root", "base_path", "table_path", "lake_path", "s3_path", "storage_path",
+        "storage_location",
+    ),
+    "columns": ("schema", "fields", "cols", "column_list"),
+    "partition_by": (
+        "partitioned_by", "partition", "partitions", "partition_key", "partition_keys", "partition_column",
+        "partition_columns", "partition_field",
+    ),
+    "schedule": ("cron", "schedule_interval", "interval", "timetable"),
+    "database": ("db", "database_name", "schema_name", "namespace"),
+    "table": ("table_name", "tbl"),
+    "name": ("column", "col", "field", "column_name", "field_name"),
+    "type": ("data_type", "datatype", "dtype", "type_name", "column_type", "hive_type"),
+    "comment": ("description", "doc", "comments"),
+}  # fmt: skip
+_FIELD_FOR = {alias: name for name, aliases in _FIELD_SYNONYMS.items() for alias in aliases}
+
+
+def _field_synonym(key: str, fields: list[str] | set[str]) -> str | None:
+    """The field another system's name ``key`` stands for, if the model at hand has that field (and not ``key``)."""
+    meant = _FIELD_FOR.get(key.lower())
+    return meant if meant in fields and key not in fields else None
+
+
+#: Spellings whose meaning depends on the system: the suggestion says which one it assumed.
+_TYPE_NOTES = {"int8": "PostgreSQL's int8 is 8 bytes; for Arrow's 1-byte int8, tinyint is enough"}
 
 #: A duration written with a unit word or several parts (5min, 1h30m): what the registry accepts instead.
 _DURATION_PART = re.compile(
@@ -299,7 +311,11 @@ def explain(err: ValidationError, problems: list[str], ctx: Context) -> tuple[li
     and the ``file:line:col`` of each."""
     out: list[str] = []
     locations: list[str | None] = []
-    for e, problem in zip(err.errors(), problems, strict=False):
+    errors = err.errors()
+    cut = _cut_types(errors)
+    for i, (e, problem) in enumerate(zip(errors, problems, strict=False)):
+        if i in cut.values():
+            continue  # the tail of a type cut at its comma: said with the type's own error
         path: Path_ = tuple(e["loc"])
         if path and path[0] in ctx.modes:
             path = path[1:]
@@ -311,12 +327,45 @@ def explain(err: ValidationError, problems: list[str], ctx: Context) -> tuple[li
             path = tuple(int(p) if p.isdigit() else p for p in m.group(1).split("."))
         if (m := _NESTED_FIELD.match(e["msg"].removeprefix("Value error, "))) and path:
             path = (*path, m.group(1))  # a nested model's cross-field check names its own field
+        if i in cut:
+            whole = f"{e['input']},{str(errors[cut[i]]['loc'][-1]).strip()}"
+            better = hive_type_for(whole) or re.sub(r"\s+", "", whole.lower())
+            named_field = named.group(0) if named else ""
+            out.append(
+                f"{named_field}YAML ended the value at the unquoted comma inside {{ }}, leaving {e['input']!r} and a "
+                f"key {errors[cut[i]]['loc'][-1]!r}; quote the type: type: '{better}'"
+            )
+            locations.append(ctx.doc.nearest(path))
+            continue
         hint, location = _hint(e, path, msg, ctx)
         if e["type"] == "time_delta_parsing":  # pydantic's words ("day" identifier ...) say nothing to an author
             problem = problem.replace(e["msg"], f"{e.get('input')!r} is not a duration", 1)
         out.append(f"{problem}; {hint}" if hint else problem)
         locations.append(location)
     return out, locations
+
+
+#: A type YAML cut at an unquoted comma inside ``{ }`` (``type: decimal(12,2)``): ``decimal(12``, and a key ``2)``.
+_CUT_TYPE = re.compile(r"^[a-z_][a-z0-9_ ]*\(\s*\d+\s*$", re.IGNORECASE)
+_CUT_TAIL = re.compile(r"^\s*\d+\s*\)\s*$")
+
+
+def _cut_types(errors: list[Any]) -> dict[int, int]:
+    """``index of a type's error -> index of the extra key error of its tail``, for each type that YAML cut
+    at a comma in a flow mapping: one mistake, which pydantic sees as two unrelated ones."""
+    tails = {
+        tuple(e["loc"]): i
+        for i, e in enumerate(errors)
+        if e["type"] == "extra_forbidden" and e["loc"] and _CUT_TAIL.match(str(e["loc"][-1]))
+    }
+    found: dict[int, int] = {}
+    for i, e in enumerate(errors):
+        loc = tuple(e["loc"])
+        if loc and loc[-1] == "type" and isinstance(e.get("input"), str) and _CUT_TYPE.match(e["input"]):
+            tail = next((j for t, j in tails.items() if t[:-1] == loc[:-1] and j not in found.values()), None)
+            if tail is not None:
+                found[i] = tail
+    return found
 
 
 def _hint(e: Any, path: Path_, msg: str, ctx: Context) -> tuple[str | None, str | None]:
@@ -347,8 +396,9 @@ def _hint(e: Any, path: Path_, msg: str, ctx: Context) -> tuple[str | None, str 
         return (f"did you mean mode: {near}?" if near else "leave mode out for cdc"), doc.nearest(("mode",))
     if "unknown Hive type" in msg:
         typed = str(e.get("input", "")).strip().lower()
-        near = _TYPE_SYNONYMS.get(typed) or _close(typed, list(ctx.hive_types), 0.5)
-        return (f"did you mean {near!r}?" if near else None), location
+        near = hive_type_for(typed) or _close(typed, list(ctx.hive_types), 0.5)
+        note = f" ({_TYPE_NOTES[typed]})" if typed in _TYPE_NOTES else ""
+        return (f"did you mean {near!r}?{note}" if near else None), location
     if "neither a cron expression nor" in msg:
         near = _close(str(e.get("input", "")), list(ctx.schedule_presets), 0.6)
         return (f"did you mean {near!r}?" if near else "write a cron expression such as '0 * * * *'"), location
@@ -383,7 +433,7 @@ def _unknown_field(path: Path_, src: Located, ctx: Context) -> str:
     key, parent = str(path[-1]), path[:-1]
     model = model_at(ctx.model, parent)
     fields = list(model.model_fields) if model is not None else []
-    near = _close(key, fields)
+    near = _field_synonym(key, fields) or _close(key, fields)
     if near is not None:
         return f"did you mean {near!r}? rename the key to {near}"
     if not parent:
@@ -402,7 +452,7 @@ def _missing_field(path: Path_, ctx: Context) -> tuple[str, str | None]:
     model = model_at(ctx.model, parent)
     known = set(model.model_fields) if model is not None else set()
     for key in written:
-        if isinstance(key, str) and key not in known and _close(key, [name]) == name:
+        if isinstance(key, str) and key not in known and name in (_close(key, [name]), _field_synonym(key, known)):
             # Located at the misspelt key: that is the line to change.
             line = doc.keys.get((*parent, key), (0, 0))[0]
             hint = f"line {line} has {key!r}: did you mean {name}? rename the key to {name}"

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
 from cdc_compaction.core import registry
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.mode import table_modes
 
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60))
@@ -140,14 +141,14 @@ def registry_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "cdc-compaction registry entry",
-        "description": "One table of the cdc-compaction registry: <database>.<table>.yaml (docs, "
-        '"Table registry reference"). Its mode picks the fields it takes; cdc when absent.',
+        "description": f"One table of the cdc-compaction registry: <database>.<table>.yaml "
+        f"({doc_ref('registry', 'field-reference')}). Its mode picks the fields it takes; cdc when absent.",
         "type": "object",
         "properties": {
             "mode": {
                 "enum": list(models),
                 "default": default,
-                "description": f'The table mode (docs, "Table modes"): {kinds}.',
+                "description": f"The table mode ({doc_ref('concepts', 'table-modes')}): {kinds}.",
             }
         },
         **choice,

@@ -29,6 +29,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import IdentifierError
 from cdc_compaction.core.hive_types import hive_widening, readable_as
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, check_identifier
@@ -156,7 +157,7 @@ def judge(
             out.problem += (
                 ". Only widenings follow the source (int -> bigint, float -> double, decimal precision up): "
                 "put the source column back, or edit the registry and migrate the table by hand "
-                "(README, 'Changing a schema')"
+                f"({doc_ref('data', 'changing-a-schema')})"
             )
         return out
     if policy == "ignore":
@@ -199,7 +200,7 @@ def judge(
             f"possible rename: column(s) {gone} are missing and {[n for n, _ in extra]} are new: a rename? "
             "Renames do not follow the source. To go on: if it is no rename, add the new column(s) to the "
             "registry's columns (the missing ones then read as NULL); if it is one, migrate the table by hand "
-            "(README, 'Changing a schema')"
+            f"({doc_ref('data', 'changing-a-schema')})"
         )
         return out
     out.changes += [Change("added", n, "", hive_type_of(t) or "", path) for n, t in extra]

@@ -54,6 +54,17 @@ def registry_dir() -> Path:
     return Path(os.environ.get("CDC_REGISTRY_DIR", PROJECT_ROOT / "include" / "registry"))
 
 
+def registry_dir_source() -> str:
+    """How :func:`registry_dir` was chosen, in the words a log line shows (which variable, or none set)."""
+    if "CDC_REGISTRY_DIR" in os.environ:
+        return "$CDC_REGISTRY_DIR"
+    if os.environ.get("CDC_PROJECT_ROOT"):
+        return "include/registry under $CDC_PROJECT_ROOT"
+    if INSTALLED:
+        return "include/registry under the working directory: neither CDC_REGISTRY_DIR nor CDC_PROJECT_ROOT is set"
+    return "include/registry of the clone: CDC_REGISTRY_DIR is not set"
+
+
 #: Other registry directories whose tables share this deployment's lake (``os.pathsep``-separated): a table
 #: here may not take a storage root overlapping one of theirs (docs/registry.md, ``storage_root``).
 OTHER_REGISTRY_DIRS_ENV = "CDC_OTHER_REGISTRY_DIRS"

@@ -33,6 +33,7 @@ from openlineage.client.facet_v2 import (
 )
 
 from cdc_compaction.core import sidechannel
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import LineageError
 from cdc_compaction.core.lake import Commit, Layout
 from cdc_compaction.core.registry import TableConfig
@@ -428,7 +429,8 @@ def publish_lineage(rt: Any, result: Mapping[str, Any] | None) -> Any:
         if commit is None:
             raise LineageError(
                 f"{cfg.qualified_name}: commit record {rt.lake.layout.commit_path(int(result['seq']))} is missing; "
-                "no lineage is reported for this run. Check the commit log (README, 'Crash safety')"
+                "no lineage is reported for this run. Check the commit log "
+                f"({doc_ref('crash-safety', 'recovering-from-a-failed-run')})"
             )
         output_files = _output_files(rt, commit)
         return operator_lineage(cfg, rt.metastore, commit, output_files, _glue_region(rt.metastore))

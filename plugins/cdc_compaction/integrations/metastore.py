@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import MetastoreError
 from cdc_compaction.core.settings import MetastoreEndpoint
 
@@ -141,7 +142,7 @@ class _Catalog(ABC):
         """Create an external Parquet table (``Metastore`` implements it)."""
         raise MetastoreError(
             f"{db}.{name}: {type(self).__name__} cannot create tables through its API yet; "
-            "use a Thrift metastore for this table's <t>_changes (README, 'Change feed')"
+            f"use a Thrift metastore for this table's <t>_changes ({doc_ref('data', 'the-t_changes-table')})"
         )
 
     def table_location(self, db: str, name: str) -> str | None:

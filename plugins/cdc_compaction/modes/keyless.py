@@ -44,7 +44,7 @@ class KeylessTable(EventTable):
     Inserts add a copy of the row, updates and deletes carry the full before-image (columns
     ``<before_prefix><column>``) and change exactly one copy equal to it. ``order_by`` is the
     source log's sequence: events apply in its order, and events at or below the last commit's
-    watermark are replays (docs, "Table modes").
+    watermark are replays (docs/concepts.md#table-modes).
     """
 
     mode: Literal["keyless"]

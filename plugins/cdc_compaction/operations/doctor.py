@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_compaction.core.docs import doc_ref
+from cdc_compaction.core.inputs import is_unreadable
 from cdc_compaction.core.lake import Lake
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
@@ -324,15 +326,35 @@ def check_landed(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
     if refused:
         detail = "; ".join(f"{r['path']}: {r['reason']}" for r in refused[:5])
         more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
-        fix = (
-            "land corrected files in their place, or change the registry's columns if the source changed "
-            "(README, 'Changing a schema'); with on_bad_file: quarantine the run sets them aside"
+        return Check(
+            cfg.qualified_name,
+            "landed",
+            False,
+            f"{len(refused)} landed files would be refused: {detail}{more}",
+            _landed_fix([r["reason"] for r in refused]),
         )
-        return Check(cfg.qualified_name, "landed", False, f"{len(refused)} files do not fit: {detail}{more}", fix)
     detail = f"{len(pending.files)} pending files of complete increments fit the registry"
     if pending.waiting:
         detail += f"; {len(pending.waiting)} increments still landing fit it so far"
     return Check(cfg.qualified_name, "landed", True, detail)
+
+
+def _landed_fix(reasons: list[str]) -> str:
+    """What to do about refused landed files: a file that is no Parquet at all is re-landed or set aside
+    (the registry is not at fault); one whose columns do not fit may also mean the source changed."""
+    fixes = []
+    if not all(is_unreadable(r) for r in reasons):
+        fixes.append(
+            "land corrected files in their place, or change the registry's columns if the source changed "
+            f"({doc_ref('data', 'changing-a-schema')}); with on_bad_file: quarantine the run sets them aside"
+        )
+    if any(is_unreadable(r) for r in reasons):
+        fixes.append(
+            "a file that is empty or not Parquet cannot be read whatever the table's settings: re-land it as a "
+            f"Parquet file ({doc_ref('data', 're-landing-increments')}), or delete it, or set on_bad_file: "
+            f"quarantine so that the next run sets it aside ({doc_ref('data', 'bad-input-and-the-quarantine')})"
+        )
+    return "; ".join(fixes)
 
 
 def preflight(cfg: TableConfig, endpoint: MetastoreEndpoint) -> dict[str, str]:

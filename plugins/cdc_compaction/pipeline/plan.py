@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from cdc_compaction.core import policy, sql
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import BadInputError, PlanError
 from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import Commit, PlannedFile, TableLease
@@ -54,7 +55,7 @@ def _check_partitioning(rt: Runtime, latest: Commit) -> None:
             f"{rt.cfg.qualified_name}: field 'partition_by' is {want} in the registry, but the live version "
             f"{latest.version} (commit {latest.seq}) was written with {had}. Changing partition_by is not "
             "automatic: put partition_by back, or reload the table under a new storage_root and table name "
-            "(see README, 'Partitioned tables')"
+            f"(see {doc_ref('partitioned', 'partitioned-tables')})"
         )
 
 

@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from cdc_compaction.core import sql
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import ConcurrentCommitError, RebuildError
 from cdc_compaction.core.lake import GENESIS, Commit, Lake, TableLease, kept_seqs
 from cdc_compaction.core.mode import mode_of
@@ -66,8 +67,8 @@ def check_rebuildable(cfg: TableConfig) -> None:
     """Refuse a table the replay does not support (before any work: the CLI calls it before Spark starts)."""
     if cfg.mode != "cdc":
         raise RebuildError(
-            f"{cfg.qualified_name}: field 'mode' is {cfg.mode!r}; rebuild replays cdc tables only (README, "
-            "'Rebuild and replay'). Nothing was changed"
+            f"{cfg.qualified_name}: field 'mode' is {cfg.mode!r}; rebuild replays cdc tables only "
+            f"({doc_ref('data', 'rebuild-and-replay')}). Nothing was changed"
         )
 
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from cdc_compaction.core import sql
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import SchemaChangeError, StorageRootMismatchError
 from cdc_compaction.core.hive_types import hive_widening
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, normalize_hive_type
@@ -45,7 +46,7 @@ def _check_columns(rt: Runtime, table: str, existing: list[Any], extra: list[str
         raise SchemaChangeError(
             f"{rt.cfg.qualified_name}: table {table} has columns {gone} that the registry no longer lists. "
             "Dropping or renaming columns is not automatic: add them back to the registry, or migrate the "
-            "table by hand (see README, 'Changing a schema')"
+            f"table by hand (see {doc_ref('data', 'changing-a-schema')})"
         )
     widen: dict[str, str] = {}
     for name, col in have.items():
@@ -57,7 +58,7 @@ def _check_columns(rt: Runtime, table: str, existing: list[Any], extra: list[str
                 f"{rt.cfg.qualified_name}: column {col.name!r} is {old} in table {table}, but the registry says "
                 f"{new}. Changing a live column's type is only widening (int -> bigint, float -> double, "
                 "decimal(p,s) -> a decimal holding every value of it, varchar/char -> string): put the type "
-                "back, or migrate the table by hand (see README, 'Changing a schema')"
+                f"back, or migrate the table by hand (see {doc_ref('data', 'changing-a-schema')})"
             )
         widen[col.name] = new
     return [c for name, c in registry.items() if name not in have], widen
@@ -93,7 +94,7 @@ def ensure_tables(rt: Runtime) -> dict[str, Any]:
                 f"{cfg.qualified_name}: table {names['base_table']} is partitioned by {base_t.partition_keys}, but "
                 f"field 'partition_by' asks for {want_keys or 'no partitions'}. Changing partition_by is not "
                 "automatic: put it back, or reload the table under a new storage_root and table name "
-                "(see README, 'Partitioned tables')"
+                f"(see {doc_ref('partitioned', 'partitioned-tables')})"
             )
         if any(t is None for t in tables.values()):
             # A partitioned base table stays at base/: its partitions point into the version directories.
