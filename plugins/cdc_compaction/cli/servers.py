@@ -29,8 +29,15 @@ def _airflow_ui(args: argparse.Namespace) -> int:
     import time
 
     from cdc_compaction.core.exceptions import CdcCompactionError
-    from cdc_compaction.devtools.devenv import airflow_env, connect_server, ensure_airflow_db, wait_until_answers
+    from cdc_compaction.devtools.devenv import (
+        airflow_env,
+        connect_server,
+        ensure_airflow_db,
+        log_tail,
+        wait_until_answers,
+    )
     from cdc_compaction.devtools.local_services import LocalMetastore, LocalPostgres, port_open, stop_groups
+    from cdc_compaction.operations.airflow_home import record_environment
 
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -57,7 +64,8 @@ def _airflow_ui(args: argparse.Namespace) -> int:
             server.start()
         conn = args.sql_alchemy_conn
         if not conn:
-            pg = LocalPostgres(home / "postgres", port=args.postgres_port)
+            # Persistent: its data (runs, pause flags, the deployment's identity) outlives every stop.
+            pg = LocalPostgres(home / "postgres", port=args.postgres_port, persistent=True)
             if not (pg.pid() is not None and port_open(pg.host, pg.port)):
                 started_pg = pg
             pg.start()
@@ -84,6 +92,9 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         env.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
         ensure_airflow_db(env)
         _record_conn(home, conn)
+        # The connections and metastore of the components, for the operations commands of a shell
+        # (operations/airflow_home.py): doctor then checks what the DAGs' tasks use.
+        record_environment(home, env)
         airflow = str(Path(sys.executable).parent / "airflow")
         logs = home / "components"
         logs.mkdir(parents=True, exist_ok=True)
@@ -100,7 +111,9 @@ def _airflow_ui(args: argparse.Namespace) -> int:
 
         api = start("api-server", "--host", "127.0.0.1", "--port", str(args.port))
         print(f"starting the api-server on {base} (logs in {logs}) ...", flush=True)
-        wait_until_answers(f"{base}/api/v2/monitor/health", api, timeout_s=args.start_timeout)
+        wait_until_answers(
+            f"{base}/api/v2/monitor/health", api, timeout_s=args.start_timeout, log=logs / "api-server.log"
+        )
         for cmd in (["scheduler", "--skip-serve-logs"], ["dag-processor"], ["triggerer", "--skip-serve-logs"]):
             start(*cmd)
         passwords = home / "simple_auth_manager_passwords.json.generated"
@@ -108,7 +121,12 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         while all(p.poll() is None for p in procs):
             time.sleep(1)
         dead = next(p for p in procs if p.poll() is not None)
-        print(f"{' '.join(map(str, dead.args[1:2]))} exited ({dead.returncode}); see {logs}", file=sys.stderr)
+        name = str(dead.args[1])
+        print(
+            f"{name} exited ({dead.returncode}); the last lines of {logs / (name + '.log')}:\n"
+            f"{log_tail(logs / (name + '.log'))}",
+            file=sys.stderr,
+        )
         return 1
     except CdcCompactionError as exc:
         print(exc, file=sys.stderr)
