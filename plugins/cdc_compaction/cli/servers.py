@@ -39,6 +39,8 @@ def _airflow_ui(args: argparse.Namespace) -> int:
     from cdc_compaction.devtools.local_services import LocalMetastore, LocalPostgres, port_open, stop_groups
     from cdc_compaction.operations.airflow_home import record_environment
 
+    if args.reset_database:
+        return _reset_database(Path(args.airflow_home), args.postgres_port)
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started: LocalMetastore | None = None
@@ -145,6 +147,32 @@ def _airflow_ui(args: argparse.Namespace) -> int:
             started_pg.stop()
         if started is not None:
             started.stop()
+
+
+def _reset_database(home: Path, port: int) -> int:
+    """``airflow-ui --reset-database``: delete the local PostgreSQL's data (runs, pause flags, Variables).
+
+    Refused while its server runs (the UI is up); only the data directories this home owns go
+    (:meth:`~cdc_compaction.devtools.local_services.LocalPostgres.destroy`).
+    """
+    from cdc_compaction.devtools.local_services import LocalPostgres
+
+    pg = LocalPostgres(home / "postgres", port=port, persistent=True)
+    pid = pg.pid()
+    if pid is not None:
+        print(
+            f"the local UI's PostgreSQL (pid {pid}, {pg.data_dir()}) is running: stop make airflow-ui first "
+            "(Ctrl-C in its terminal), then reset again; nothing was deleted",
+            file=sys.stderr,
+        )
+        return 1
+    gone = pg.destroy()
+    (home / ".db-migrated").unlink(missing_ok=True)
+    if not gone:
+        print(f"no database of the local UI under {home}: nothing to delete")
+    for path in gone:
+        print(f"deleted {path}")
+    return 0
 
 
 def _record_conn(home: Path, conn: str) -> None:
@@ -254,6 +282,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "PostgreSQL under AIRFLOW_HOME/postgres, started if needed)",
     )
     ui.add_argument("--postgres-port", type=int, default=54329, help="the local PostgreSQL's port (default 54329)")
+    ui.add_argument(
+        "--reset-database",
+        action="store_true",
+        help="delete the local PostgreSQL's data (runs, pause flags, Variables) and exit; the UI must be stopped",
+    )
     ui.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds to wait for the api-server to answer (default 300)"
     )
