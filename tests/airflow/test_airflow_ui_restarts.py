@@ -149,6 +149,9 @@ def test_the_local_ui_keeps_runs_pause_flags_and_identity_across_restarts(tmp_pa
         spark = [line for line in res.stdout.splitlines() if ": spark:" in line]
         assert spark and spark[0].startswith("OK"), res.stdout + res.stderr  # spark_default: the UI's own
         assert "isn't defined" not in res.stdout, res.stdout
+        # ... and its metastore (the UI's --metastore, recorded for shells: here one nothing listens on).
+        metastore = [line for line in res.stdout.splitlines() if ": metastore:" in line]
+        assert metastore and f"127.0.0.1:{metastore_port}" in res.stdout, res.stdout
         ui.stop()
 
         for n in (2, 3):

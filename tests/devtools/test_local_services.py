@@ -122,6 +122,29 @@ def test_persistent_postgres_keeps_its_data_across_stop_and_start(tmp_path: Path
     assert pg.pid() is None
 
 
+def test_a_persistent_postgres_keeps_its_data_in_its_home_when_the_postgres_account_can_enter_it() -> None:
+    """A project directory every account may enter (0755 up to /): the data is ``home/data``, as the docs say."""
+    import shutil
+    import tempfile
+
+    from cdc_compaction.devtools.local_services import free_port
+
+    top = Path(tempfile.mkdtemp(prefix="cdc-pg-home-test-"))  # pytest's own directory is 0700 (as root)
+    try:
+        top.chmod(0o755)
+        pg = LocalPostgres(top / "postgres", port=free_port(), persistent=True)
+        try:
+            pg.start()
+            assert pg.data_dir() == top / "postgres" / "data"
+            pg.stop()
+            assert (top / "postgres" / "data" / "PG_VERSION").exists()
+        finally:
+            pg.destroy()
+        assert not (top / "postgres" / "data").exists()
+    finally:
+        shutil.rmtree(top)
+
+
 def test_a_throwaway_postgres_is_still_thrown_away(tmp_path: Path) -> None:
     """Tests' servers stay throwaway: without persistent=True a second start is an empty cluster as root."""
     from cdc_compaction.devtools.local_services import free_port
