@@ -172,4 +172,6 @@ lock:  ## re-pin requirements.txt from requirements.in in a clean venv
 clean:  ## remove the local lake, Airflow home, metastore and test output (keeps .venv)
 	-$(BIN)/python -m cdc_compaction connect stop 2>/dev/null
 	-$(BIN)/python -m cdc_compaction metastore stop 2>/dev/null
+	@# The local UI's database: as root it may live outside .airflow (/var/lib/cdc-compaction/postgres).
+	-$(BIN)/python -m cdc_compaction airflow-ui --reset-database
 	rm -rf .lake .airflow .metastore .connect .run spark-warehouse metastore_db derby.log

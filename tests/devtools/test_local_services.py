@@ -89,3 +89,71 @@ def test_postgres_stops_by_pid_and_removes_its_data(tmp_path: Path) -> None:
     # As root the data lived in a /tmp directory of the postgres account: nothing else would remove it.
     assert data.is_relative_to(tmp_path) or not data.exists()
     assert pg.stop() is False
+
+
+def test_persistent_postgres_keeps_its_data_across_stop_and_start(tmp_path: Path) -> None:
+    """make airflow-ui's server: its data outlives any number of stops, in a place no stop deletes.
+
+    As root, pytest's directory is closed to the postgres account: the data goes to the shared
+    root-owned place, named by the home; as a normal user, to ``home/data``.
+    """
+    from cdc_compaction.devtools.local_services import free_port
+
+    home = tmp_path / "postgres"
+    pg = LocalPostgres(home, port=free_port(), persistent=True)
+    try:
+        pg.start()
+        data = pg.data_dir()
+        assert data is not None and (data / "PG_VERSION").exists()
+        assert not data.is_relative_to(Path("/tmp")) or data.is_relative_to(home), data
+        with pg.connect() as conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('run 1')")
+        for _ in range(2):
+            assert pg.stop() is True
+            assert (data / "PG_VERSION").exists(), "a stop deleted the persistent data"
+            pg.start()
+            assert pg.data_dir() == data
+            with pg.connect() as conn, conn.cursor() as cur:
+                cur.execute("SELECT v FROM kept")
+                assert cur.fetchall() == [("run 1",)]
+    finally:
+        gone = pg.destroy()
+    assert not data.exists() and (data in gone or data.parent in gone), gone
+    assert pg.pid() is None
+
+
+def test_a_persistent_postgres_keeps_its_data_in_its_home_when_the_postgres_account_can_enter_it() -> None:
+    """A project directory every account may enter (0755 up to /): the data is ``home/data``, as the docs say."""
+    import shutil
+    import tempfile
+
+    from cdc_compaction.devtools.local_services import free_port
+
+    top = Path(tempfile.mkdtemp(prefix="cdc-pg-home-test-"))  # pytest's own directory is 0700 (as root)
+    try:
+        top.chmod(0o755)
+        pg = LocalPostgres(top / "postgres", port=free_port(), persistent=True)
+        try:
+            pg.start()
+            assert pg.data_dir() == top / "postgres" / "data"
+            pg.stop()
+            assert (top / "postgres" / "data" / "PG_VERSION").exists()
+        finally:
+            pg.destroy()
+        assert not (top / "postgres" / "data").exists()
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_throwaway_postgres_is_still_thrown_away(tmp_path: Path) -> None:
+    """Tests' servers stay throwaway: without persistent=True a second start is an empty cluster as root."""
+    from cdc_compaction.devtools.local_services import free_port
+
+    pg = LocalPostgres(tmp_path, port=free_port())
+    pg.start()
+    try:
+        data = pg.data_dir()
+        assert data is not None
+    finally:
+        pg.stop()
+    assert data.is_relative_to(tmp_path) or not data.exists()

@@ -15,7 +15,9 @@ def _erase(args: argparse.Namespace) -> int:
     from cdc_compaction.core.exceptions import CdcCompactionError
     from cdc_compaction.core.lake import Lake
     from cdc_compaction.operations import erase
+    from cdc_compaction.operations.airflow_home import use_airflow
 
+    use_airflow()  # the metastore the Airflow of status and pause uses ($CDC_METASTORE_URI of the local UI)
     cfg = table_config(args)
     try:
         if args.verify:

@@ -30,6 +30,9 @@ def _pause(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     from cdc_compaction.core.exceptions import CdcCompactionError
+    from cdc_compaction.operations.airflow_home import use_airflow
+
+    use_airflow()  # the metastore the Airflow of status and pause uses ($CDC_METASTORE_URI of the local UI)
     from cdc_compaction.core.settings import MetastoreEndpoint, metastore_from_env
     from cdc_compaction.operations.ops import (
         delete_table,
@@ -68,7 +71,11 @@ def _doctor(args: argparse.Namespace) -> int:
     """Print one OK/FAIL line per check; exit 1 on any FAIL."""
     from cdc_compaction.core.settings import MetastoreEndpoint, metastore_from_env
     from cdc_compaction.operations import doctor
+    from cdc_compaction.operations.airflow_home import use_airflow
 
+    # The Airflow of status and pause, with its connections (spark_default, ...): a shell's doctor
+    # checks what the DAGs' tasks use, not Airflow's empty default home.
+    use_airflow()
     directory = Path(args.registry_dir or settings.registry_dir())
     endpoint = MetastoreEndpoint.parse(args.metastore) if args.metastore else metastore_from_env()
     checks = doctor.run(directory, args.tables, endpoint)

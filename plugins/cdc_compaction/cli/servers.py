@@ -29,9 +29,18 @@ def _airflow_ui(args: argparse.Namespace) -> int:
     import time
 
     from cdc_compaction.core.exceptions import CdcCompactionError
-    from cdc_compaction.devtools.devenv import airflow_env, connect_server, ensure_airflow_db, wait_until_answers
+    from cdc_compaction.devtools.devenv import (
+        airflow_env,
+        connect_server,
+        ensure_airflow_db,
+        log_tail,
+        wait_until_answers,
+    )
     from cdc_compaction.devtools.local_services import LocalMetastore, LocalPostgres, port_open, stop_groups
+    from cdc_compaction.operations.airflow_home import record_environment
 
+    if args.reset_database:
+        return _reset_database(Path(args.airflow_home), args.postgres_port)
     # SIGTERM (a closed terminal, a supervisor) ends it like Ctrl-C: the finally below stops the services.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started: LocalMetastore | None = None
@@ -57,7 +66,8 @@ def _airflow_ui(args: argparse.Namespace) -> int:
             server.start()
         conn = args.sql_alchemy_conn
         if not conn:
-            pg = LocalPostgres(home / "postgres", port=args.postgres_port)
+            # Persistent: its data (runs, pause flags, the deployment's identity) outlives every stop.
+            pg = LocalPostgres(home / "postgres", port=args.postgres_port, persistent=True)
             if not (pg.pid() is not None and port_open(pg.host, pg.port)):
                 started_pg = pg
             pg.start()
@@ -84,6 +94,9 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         env.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
         ensure_airflow_db(env)
         _record_conn(home, conn)
+        # The connections and metastore of the components, for the operations commands of a shell
+        # (operations/airflow_home.py): doctor then checks what the DAGs' tasks use.
+        record_environment(home, env)
         airflow = str(Path(sys.executable).parent / "airflow")
         logs = home / "components"
         logs.mkdir(parents=True, exist_ok=True)
@@ -100,7 +113,9 @@ def _airflow_ui(args: argparse.Namespace) -> int:
 
         api = start("api-server", "--host", "127.0.0.1", "--port", str(args.port))
         print(f"starting the api-server on {base} (logs in {logs}) ...", flush=True)
-        wait_until_answers(f"{base}/api/v2/monitor/health", api, timeout_s=args.start_timeout)
+        wait_until_answers(
+            f"{base}/api/v2/monitor/health", api, timeout_s=args.start_timeout, log=logs / "api-server.log"
+        )
         for cmd in (["scheduler", "--skip-serve-logs"], ["dag-processor"], ["triggerer", "--skip-serve-logs"]):
             start(*cmd)
         passwords = home / "simple_auth_manager_passwords.json.generated"
@@ -108,7 +123,12 @@ def _airflow_ui(args: argparse.Namespace) -> int:
         while all(p.poll() is None for p in procs):
             time.sleep(1)
         dead = next(p for p in procs if p.poll() is not None)
-        print(f"{' '.join(map(str, dead.args[1:2]))} exited ({dead.returncode}); see {logs}", file=sys.stderr)
+        name = str(dead.args[1])
+        print(
+            f"{name} exited ({dead.returncode}); the last lines of {logs / (name + '.log')}:\n"
+            f"{log_tail(logs / (name + '.log'))}",
+            file=sys.stderr,
+        )
         return 1
     except CdcCompactionError as exc:
         print(exc, file=sys.stderr)
@@ -127,6 +147,32 @@ def _airflow_ui(args: argparse.Namespace) -> int:
             started_pg.stop()
         if started is not None:
             started.stop()
+
+
+def _reset_database(home: Path, port: int) -> int:
+    """``airflow-ui --reset-database``: delete the local PostgreSQL's data (runs, pause flags, Variables).
+
+    Refused while its server runs (the UI is up); only the data directories this home owns go
+    (:meth:`~cdc_compaction.devtools.local_services.LocalPostgres.destroy`).
+    """
+    from cdc_compaction.devtools.local_services import LocalPostgres
+
+    pg = LocalPostgres(home / "postgres", port=port, persistent=True)
+    pid = pg.pid()
+    if pid is not None:
+        print(
+            f"the local UI's PostgreSQL (pid {pid}, {pg.data_dir()}) is running: stop make airflow-ui first "
+            "(Ctrl-C in its terminal), then reset again; nothing was deleted",
+            file=sys.stderr,
+        )
+        return 1
+    gone = pg.destroy()
+    (home / ".db-migrated").unlink(missing_ok=True)
+    if not gone:
+        print(f"no database of the local UI under {home}: nothing to delete")
+    for path in gone:
+        print(f"deleted {path}")
+    return 0
 
 
 def _record_conn(home: Path, conn: str) -> None:
@@ -236,6 +282,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "PostgreSQL under AIRFLOW_HOME/postgres, started if needed)",
     )
     ui.add_argument("--postgres-port", type=int, default=54329, help="the local PostgreSQL's port (default 54329)")
+    ui.add_argument(
+        "--reset-database",
+        action="store_true",
+        help="delete the local PostgreSQL's data (runs, pause flags, Variables) and exit; the UI must be stopped",
+    )
     ui.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds to wait for the api-server to answer (default 300)"
     )

@@ -123,15 +123,27 @@ def airflow_env(
 
 
 def ensure_airflow_db(env: dict[str, str]) -> None:
-    """Create or migrate the metadata database of ``env`` (SQLite under ``AIRFLOW_HOME``, or PostgreSQL)."""
+    """Create or migrate the metadata database of ``env`` (SQLite under ``AIRFLOW_HOME``, or PostgreSQL).
+
+    ``airflow db migrate`` costs seconds even when there is nothing to do, so it is skipped when
+    ``AIRFLOW_HOME/.db-migrated`` says this very database was migrated by this Airflow version:
+    the marker holds the database's URL, Airflow's version and the schema revision the migration
+    left in the database's ``alembic_version``, and the database is asked for that revision again.
+    A new or recreated database (no such row, or another one) is therefore always migrated.
+    """
     home = Path(env["AIRFLOW_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     conn = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
     marker = home / ".db-migrated"
-    # The marker names the database it was written for: a home pointed at another one migrates again.
-    migrated = marker.exists() and marker.read_text().strip() in (conn, "ok")
-    if migrated and (not conn.startswith("sqlite") or (home / "airflow.db").exists()):
-        return
+    wanted = {"conn": conn, "airflow": _airflow_version()}
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        recorded = None  # none yet, or an older version's plain-text marker: migrate once
+    if isinstance(recorded, dict) and {k: recorded.get(k) for k in wanted} == wanted:
+        revision = schema_revision(conn)
+        if revision is not None and revision == recorded.get("revision"):
+            return
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
         env=env,
@@ -142,11 +154,48 @@ def ensure_airflow_db(env: dict[str, str]) -> None:
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise AirflowSetupError(f"airflow db migrate failed (exit {proc.returncode}):\n{tail}")
-    marker.write_text(conn + "\n")
+    marker.write_text(json.dumps({**wanted, "revision": schema_revision(conn)}) + "\n")
 
 
-def wait_until_answers(url: str, proc: subprocess.Popen[Any], timeout_s: float = 300.0) -> None:
-    """Wait until ``url`` answers over HTTP (any status) while ``proc`` runs; AirflowSetupError otherwise."""
+def _airflow_version() -> str:
+    """The installed Airflow's version, from its package metadata (importing Airflow costs seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("apache-airflow-core")
+    except PackageNotFoundError:
+        return ""
+
+
+def schema_revision(conn: str) -> str | None:
+    """The schema revision ``airflow db migrate`` left in the database (``alembic_version``); None when
+    the database is not there, not reachable, or never migrated (a missing SQLite file is not created)."""
+    if conn.startswith("sqlite:///") and not Path(conn.removeprefix("sqlite:///")).exists():
+        return None
+    try:
+        rows = metadata_rows(conn, "SELECT version_num FROM alembic_version", ())
+    except Exception:  # noqa: BLE001 - sqlite3's or psycopg2's: no such table or database, not reachable
+        return None
+    return str(rows[0][0]) if rows else None
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file, indented, for a message; "" when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(f"    {line}" for line in text.splitlines()[-lines:])
+
+
+def wait_until_answers(
+    url: str, proc: subprocess.Popen[Any], timeout_s: float = 300.0, log: Path | None = None
+) -> None:
+    """Wait until ``url`` answers over HTTP (any status) while ``proc`` runs; AirflowSetupError otherwise,
+    with the last lines of ``proc``'s ``log`` (why it died is there, not in its exit code)."""
     import time
     import urllib.error
     import urllib.request
@@ -154,7 +203,11 @@ def wait_until_answers(url: str, proc: subprocess.Popen[Any], timeout_s: float =
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
-            raise AirflowSetupError(f"{' '.join(map(str, proc.args))} exited ({proc.returncode}) before {url} answered")
+            tail = log_tail(log) if log is not None else ""
+            raise AirflowSetupError(
+                f"{' '.join(map(str, proc.args))} exited ({proc.returncode}) before {url} answered"
+                + (f"; the last lines of {log}:\n{tail}" if tail else "")
+            )
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
@@ -163,7 +216,11 @@ def wait_until_answers(url: str, proc: subprocess.Popen[Any], timeout_s: float =
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise AirflowSetupError(f"{url} did not answer within {timeout_s:.0f}s; see the api-server's log")
+            tail = log_tail(log) if log is not None else ""
+            raise AirflowSetupError(
+                f"{url} did not answer within {timeout_s:.0f}s"
+                + (f"; the last lines of {log}:\n{tail}" if tail else "; see the api-server's log")
+            )
         time.sleep(0.5)
 
 

@@ -739,16 +739,58 @@ def require_postgres(wal2json: bool = True) -> Path:
     return bin_dir
 
 
+def account_groups(account: Any) -> set[int]:
+    """The group ids of a ``pwd`` account: its primary group and every group listing it."""
+    import grp
+
+    return {account.pw_gid} | {g.gr_gid for g in grp.getgrall() if account.pw_name in g.gr_mem}
+
+
+def enterable(path: Path, uid: int, gids: set[int]) -> bool:
+    """Whether the account ``uid`` (in ``gids``) may enter ``path`` and every directory above it (``x``).
+
+    Checked from the modes, as the kernel checks them for that account (root checks nothing).
+    """
+    import stat
+
+    p = path.resolve()
+    for d in [p, *p.parents]:
+        try:
+            st = d.stat()
+        except OSError:
+            return False
+        if st.st_uid == uid:
+            ok = bool(st.st_mode & stat.S_IXUSR)
+        elif st.st_gid in gids:
+            ok = bool(st.st_mode & stat.S_IXGRP)
+        else:
+            ok = bool(st.st_mode & stat.S_IXOTH)
+        if not ok:
+            return False
+    return True
+
+
 @dataclass
 class LocalPostgres:
-    """A throwaway PostgreSQL server on ``host:port``, ready for logical decoding with wal2json.
+    """A PostgreSQL server on ``host:port``, ready for logical decoding with wal2json.
 
     ``initdb`` and ``postgres`` run as the calling user, or -- as root, which PostgreSQL
     refuses -- as ``run_as`` (the ``postgres`` account the distribution's package
-    creates).  That account cannot enter a root-owned test directory, so as root the
-    data directory is a fresh ``/tmp/cdc-pg-*`` owned by it, recorded in ``home`` and
-    removed by :meth:`stop`.  Only TCP on the loopback address is served (no Unix
-    socket), with trust authentication: it is a test fixture, not a database server.
+    creates).  The data directory is recorded in ``home/data-dir``:
+
+    * throwaway (the default: tests, demos): ``home/data``; as root, whose test directories
+      the ``postgres`` account cannot enter, a fresh ``/tmp/cdc-pg-*`` owned by that
+      account, removed by :meth:`stop`;
+    * ``persistent=True`` (``make airflow-ui``'s metadata DB): ``home/data``, kept by
+      :meth:`stop`, so any number of stop/start cycles keep the data.  As root that needs
+      every directory above ``home`` to be enterable by ``run_as``; where one is not, the
+      data lives in ``shared_root/<hash of home>/data`` (``/var/lib/cdc-compaction/postgres``:
+      root-owned parents, never cleaned up behind the server's back), whose ``home`` file
+      names the home it belongs to.  :meth:`destroy` removes it (a reset).  A persistent
+      server keeps PostgreSQL's crash safety (``fsync``) on.
+
+    Only TCP on the loopback address is served (no Unix socket), with trust
+    authentication: a local developer's server, not a production database.
     ``stop`` is a fast shutdown (SIGINT to the postmaster's PID).
     """
 
@@ -758,6 +800,10 @@ class LocalPostgres:
     user: str = "postgres"
     run_as: str = "postgres"
     max_connections: int = 150
+    #: Keep the data across stop/start (see the class docstring); False: a throwaway server.
+    persistent: bool = False
+    #: Where a persistent server's data lives as root when ``run_as`` cannot enter ``home``.
+    shared_root: Path = Path("/var/lib/cdc-compaction/postgres")
 
     @property
     def url(self) -> str:
@@ -802,6 +848,17 @@ class LocalPostgres:
             return {}
         return {"user": self.run_as, "group": self.run_as, "extra_groups": []}
 
+    def _shared_dir(self) -> Path:
+        """This home's directory under :attr:`shared_root` (a persistent server's data, as root, when
+        ``run_as`` cannot enter ``home``): named by a hash of the home's absolute path."""
+        import hashlib
+
+        return self.shared_root / hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:16]
+
+    def _kept_data_dir(self, data: Path) -> bool:
+        """Whether ``data`` is where a persistent server keeps its data (not a throwaway /tmp one)."""
+        return data.is_relative_to(self.home) or data.is_relative_to(self._shared_dir())
+
     def _new_data_dir(self) -> Path:
         if os.geteuid() != 0:
             data = self.home / "data"
@@ -810,7 +867,31 @@ class LocalPostgres:
         import pwd
 
         account = pwd.getpwnam(self.run_as)
-        data = Path(tempfile.mkdtemp(prefix="cdc-pg-"))
+        if not self.persistent:
+            data = Path(tempfile.mkdtemp(prefix="cdc-pg-"))
+            os.chown(data, account.pw_uid, account.pw_gid)
+            return data
+        if enterable(self.home, account.pw_uid, account_groups(account)):
+            data = self.home / "data"
+        else:
+            # A directory above home shuts the postgres account out (a root-owned 0700 home or
+            # /tmp/pytest-of-root): a root-owned place of our own instead, never one stop deletes.
+            shared = self._shared_dir()
+            shared.mkdir(parents=True, exist_ok=True, mode=0o755)
+            (shared / "home").write_text(f"{self.home.resolve()}\n")
+            data = shared / "data"
+            if not enterable(shared, account.pw_uid, account_groups(account)):
+                raise ServiceError(
+                    f"the {self.run_as} account can enter neither {self.home} nor {shared} (a directory above "
+                    f"each is closed to it): make one of them reachable (chmod o+x on the closed directory), "
+                    "or run as a normal user"
+                )
+        if data.exists() and any(data.iterdir()):
+            raise ServiceError(
+                f"{data} is not empty but holds no PostgreSQL cluster (no PG_VERSION): move it aside or remove it, "
+                "then start again"
+            )
+        data.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chown(data, account.pw_uid, account.pw_gid)
         return data
 
@@ -824,6 +905,8 @@ class LocalPostgres:
         bin_dir = require_postgres()
         self.home.mkdir(parents=True, exist_ok=True)
         data = self.data_dir()
+        if self.persistent and data is not None and not self._kept_data_dir(data):
+            data = None  # a throwaway one recorded by an older version (under /tmp): not kept, so not used
         env = {**os.environ, "LC_ALL": "C", "LANG": "C", "TZ": "UTC"}
         if data is None or not (data / "PG_VERSION").exists():
             data = self._new_data_dir()
@@ -853,9 +936,10 @@ class LocalPostgres:
             "max_connections": str(self.max_connections),
             "shared_buffers": "32MB",
             # Durability is worthless for a throwaway cluster: skip the fsyncs on a shared disk.  Not
-            # synchronous_commit=off, though: logical decoding only sees WAL that was flushed.
-            "fsync": "off",
-            "full_page_writes": "off",
+            # synchronous_commit=off, though: logical decoding only sees WAL that was flushed.  A
+            # persistent cluster keeps them: a crash of the machine must not corrupt what it keeps.
+            "fsync": "on" if self.persistent else "off",
+            "full_page_writes": "on" if self.persistent else "off",
             "timezone": "UTC",
             "log_timezone": "UTC",
         }
@@ -916,7 +1000,8 @@ class LocalPostgres:
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Fast shutdown by PID (SIGINT: roll back open transactions, disconnect clients); True if it ran.
 
-        Removes a data directory :meth:`start` put under /tmp (as root): nothing else knows of it.
+        A throwaway server's data directory that :meth:`start` put under /tmp (as root) is removed:
+        nothing else knows of it.  A persistent server's data is kept.
         """
         pid = self.pid()
         if pid is not None:
@@ -924,7 +1009,30 @@ class LocalPostgres:
             log.info("postgres (pid %d) stopped", pid)
         self.pid_file.unlink(missing_ok=True)
         data = self.data_dir()
-        if data is not None and not data.is_relative_to(self.home):
+        if data is not None and not self.persistent and not data.is_relative_to(self.home):
             shutil.rmtree(data, ignore_errors=True)
             self._data_dir_file.unlink(missing_ok=True)
         return pid is not None
+
+    def destroy(self) -> list[Path]:
+        """Stop the server and delete its data (a reset: the next start initdbs an empty cluster).
+
+        Only what this home owns: its ``data`` directory, and its directory under :attr:`shared_root`
+        when that directory's ``home`` file names this home.  Returns what was deleted.
+        """
+        self.stop()
+        gone = []
+        own = self.home / "data"
+        if own.exists():
+            shutil.rmtree(own)
+            gone.append(own)
+        shared = self._shared_dir()
+        try:
+            owner = (shared / "home").read_text().strip()
+        except OSError:
+            owner = ""
+        if owner == str(self.home.resolve()):
+            shutil.rmtree(shared)
+            gone.append(shared)
+        self._data_dir_file.unlink(missing_ok=True)
+        return gone

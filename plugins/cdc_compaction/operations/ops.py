@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from cdc_compaction.core import settings
 from cdc_compaction.core.exceptions import AirflowSetupError, ConcurrentRunError
 from cdc_compaction.core.lake import Lake, TableLease
 from cdc_compaction.core.ownership import Removal, remove_files, require_owner
@@ -41,25 +42,25 @@ def split_table(qualified: str) -> tuple[str, str]:
 def require_airflow_home(qualified: str) -> str:
     """The metadata DB of a configured Airflow (its SQLAlchemy URL), or :class:`AirflowSetupError`.
 
-    Checked before Airflow is imported: importing it without a home writes ``~/airflow/airflow.cfg``
-    and a new, empty ``airflow.db`` -- a pause there pauses nothing that runs.  A home is real
-    when its ``airflow.cfg`` exists, and its metadata DB initialised when ``airflow db migrate``
-    left its ``alembic_version`` row there.
+    The Airflow of :func:`~cdc_compaction.operations.airflow_home.use_airflow` (the one ``status``
+    reads: ``$AIRFLOW_HOME``, ``~/airflow``, else this project's local UI), whose environment is
+    set in this process.  Checked before Airflow is imported: importing it without a home writes
+    ``~/airflow/airflow.cfg`` and a new, empty ``airflow.db`` -- a pause there pauses nothing that
+    runs.  A home is real when its ``airflow.cfg`` exists, and its metadata DB initialised when
+    ``airflow db migrate`` left its ``alembic_version`` row there.
     """
-    import os
+    from cdc_compaction.operations.airflow_home import use_airflow
+    from cdc_compaction.operations.status import read_metadata
 
-    from cdc_compaction.operations.status import metadata_conn, read_metadata
-
-    set_home = os.environ.get("AIRFLOW_HOME", "")
-    home = Path(set_home or "~/airflow").expanduser()
-    how = "AIRFLOW_HOME" if set_home else "AIRFLOW_HOME is not set, and Airflow's default home"
-    if not (home / "airflow.cfg").is_file():
+    place = use_airflow()
+    home, how, conn = place.home, place.how, place.conn
+    if not place.config_file.is_file():
         raise AirflowSetupError(
-            f"{qualified}: no Airflow here: {home / 'airflow.cfg'} does not exist ({how}); nothing was changed. "
-            "Set AIRFLOW_HOME to the home of the Airflow that runs the DAGs (the directory of its airflow.cfg; "
-            "with its AIRFLOW__DATABASE__SQL_ALCHEMY_CONN if it sets one), then run this again"
+            f"{qualified}: no Airflow here: {place.config_file} does not exist ({how}); nothing was changed. "
+            "Start this project's local UI (make airflow-ui), or set AIRFLOW_HOME to the home of the Airflow "
+            "that runs the DAGs (the directory of its airflow.cfg; with its AIRFLOW__DATABASE__SQL_ALCHEMY_CONN "
+            "if it sets one), then run this again"
         )
-    conn = metadata_conn()
     try:
         rows = read_metadata(conn, "SELECT version_num FROM alembic_version") if conn else None
     except Exception as exc:  # sqlite3's, the server's: not initialised, or not reachable; the message says which
@@ -69,10 +70,14 @@ def require_airflow_home(qualified: str) -> str:
     else:
         why = "no alembic_version row" if conn else "no sql_alchemy_conn"
     if not rows:
+        local = ""
+        if home == settings.PROJECT_ROOT / ".airflow":
+            local = " (is this project's local UI running? make airflow-ui starts its database)"
         raise AirflowSetupError(
-            f"{qualified}: the Airflow home {home} has no initialised metadata database ({conn or 'none configured'}: "
-            f"{why}); nothing was changed. Point AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at the Airflow "
-            "that runs the DAGs (`airflow db check`), or initialise this one with `airflow db migrate`"
+            f"{qualified}: the Airflow home {home} ({how}) has no initialised metadata database "
+            f"({conn or 'none configured'}: {why}){local}; nothing was changed. Point AIRFLOW_HOME / "
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at the Airflow that runs the DAGs (`airflow db check`), or "
+            "initialise this one with `airflow db migrate`"
         )
     return conn
 
@@ -84,11 +89,19 @@ def set_paused(qualified: str, paused: bool) -> bool | None:
     or when the metadata database does not know the DAG (the DAG processor has not parsed it
     yet, or ``AIRFLOW_HOME`` points elsewhere).
     """
-    require_airflow_home(qualified)
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-    from sqlalchemy.exc import SQLAlchemyError
+    conn = require_airflow_home(qualified)
+    try:
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+        from sqlalchemy.exc import SQLAlchemyError
+    except ImportError as exc:  # a database driver Airflow's configuration names, or Airflow itself
+        missing = (exc.name or str(exc)).split(".")[0]
+        raise AirflowSetupError(
+            f"{qualified}: cannot use Airflow's metadata database {conn}: the Python module {missing!r} is "
+            "missing; nothing was changed. Run this command with the project's environment (make install; "
+            ".venv/bin/cdc-compaction), or install the driver that database URL names into this one"
+        ) from exc
 
     dag_id = dag_id_for(*split_table(qualified))
     try:

@@ -24,7 +24,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from cdc_compaction.core import settings
 from cdc_compaction.core.exceptions import CdcCompactionError
 from cdc_compaction.core.lake import Commit, Lake, TableLease
 from cdc_compaction.core.landing import increment_hour, scan_landing
@@ -352,39 +351,14 @@ def commit_history(cfg: TableConfig, limit: int = 200) -> list[CommitSummary]:
 
 
 def metadata_conn() -> str:
-    """The SQLAlchemy URL of Airflow's metadata database, found without importing Airflow.
+    """The SQLAlchemy URL of Airflow's metadata database, found without importing Airflow; "" (unknown).
 
-    ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; else ``[database] sql_alchemy_conn`` of
-    ``$AIRFLOW_HOME/airflow.cfg`` (``~/airflow``), or that home's SQLite default; else the
-    embedded default's ``.airflow/airflow.cfg`` (``make airflow-ui`` writes its PostgreSQL
-    database there) or ``.airflow/airflow.db``; else "" (unknown).
-    Importing Airflow's configuration would write an ``airflow.cfg`` where none is: a
-    read-only command must not.
+    The database of :func:`~cdc_compaction.operations.airflow_home.find_airflow`: the one every
+    operations command uses (``$AIRFLOW_HOME``, ``~/airflow``, else this project's local UI).
     """
-    conn = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
-    if conn:
-        return conn
-    home = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
-    cfg_file = home / "airflow.cfg"
-    if cfg_file.exists():
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read(cfg_file)
-        except configparser.Error as exc:
-            log.info("%s is unreadable (%s): paused flags are unknown", cfg_file, exc)
-            return ""
-        return parser.get("database", "sql_alchemy_conn", fallback="") or f"sqlite:///{home}/airflow.db"
-    local = settings.PROJECT_ROOT / ".airflow"
-    if (local / "airflow.cfg").exists():  # make airflow-ui writes its PostgreSQL database there
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read(local / "airflow.cfg")
-            conn = parser.get("database", "sql_alchemy_conn", fallback="")
-        except configparser.Error as exc:
-            log.info("%s is unreadable (%s)", local / "airflow.cfg", exc)
-        if conn:
-            return conn
-    return f"sqlite:///{local / 'airflow.db'}" if (local / "airflow.db").exists() else ""
+    from cdc_compaction.operations.airflow_home import find_airflow
+
+    return find_airflow().conn
 
 
 def airflow_paused(conn: str | None = None) -> dict[str, bool] | None:
@@ -500,11 +474,14 @@ def read_airflow(conn: str | None = None, log_folder: str | None = None) -> Airf
 
 
 def task_log_folder() -> str:
-    """Where task logs are: ``[logging] base_log_folder`` (env, else ``airflow.cfg``), else ``$AIRFLOW_HOME/logs``."""
+    """Where task logs are: ``[logging] base_log_folder`` (env, else ``airflow.cfg``), else the home's ``logs``
+    (the home of :func:`~cdc_compaction.operations.airflow_home.find_airflow`)."""
     folder = os.environ.get("AIRFLOW__LOGGING__BASE_LOG_FOLDER", "")
     if folder:
         return folder
-    home = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
+    from cdc_compaction.operations.airflow_home import find_airflow
+
+    home = find_airflow().home
     parser = configparser.ConfigParser(interpolation=None)
     try:
         parser.read(home / "airflow.cfg")
