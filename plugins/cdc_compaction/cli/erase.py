@@ -18,8 +18,8 @@ def _erase(args: argparse.Namespace) -> int:
     from cdc_compaction.operations.airflow_home import use_airflow
 
     use_airflow()  # the metastore the Airflow of status and pause uses ($CDC_METASTORE_URI of the local UI)
-    cfg = table_config(args)
     try:
+        cfg = table_config(args)  # an invalid registry entry is a refusal with its file and line, not a traceback
         if args.verify:
             found = erase.verify(Lake(cfg), erase.parse_predicate(cfg, args.where))
             print(json.dumps(found, indent=1, sort_keys=True))
