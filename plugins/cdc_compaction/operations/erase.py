@@ -1168,6 +1168,7 @@ def erase(
     try:
         finish_unfinished(lake, metastore)
         audit, dropped = _erase(lake, pred, erase_id, actor, now, owner, metastore)
+        _rewrite_readers(cfg, lake, metastore)
     finally:
         lease.release(owner)
     problems = verify(lake, pred, dropped)
@@ -1201,6 +1202,26 @@ def erase(
             "remain, a writer outside the pipeline is landing them"
         )
     return audit
+
+
+def _rewrite_readers(cfg: TableConfig, lake: Lake, metastore: MetastoreEndpoint | None) -> None:
+    """Write the DuckDB views anew over what the erase left, before it returns.
+
+    They name files, and the erase rewrote or removed some (an erase that empties a partition removes
+    its only file), so the old script would fail ("No files found") until the next publish. The Spark,
+    Hive and Trino views read locations and metastore partitions, which the erase keeps right itself.
+    A failure is logged and counted by :func:`views.write_duckdb`, as after a publish: the erase stands.
+    """
+    if cfg.views.duckdb is None:
+        return
+    from cdc_compaction.core.settings import metastore_from_env
+    from cdc_compaction.pipeline import views
+    from cdc_compaction.pipeline.pending import pending_files
+    from cdc_compaction.pipeline.runtime import Runtime, utcnow
+
+    endpoint = metastore or metastore_from_env()
+    rt = Runtime(cfg=cfg, lake=lake, metastore=endpoint, engine=None)  # type: ignore[arg-type]  # no Spark here
+    views.write_duckdb(rt, lake.latest_commit(), pending_files(rt, utcnow(), set()))
 
 
 def _os_user() -> str:
