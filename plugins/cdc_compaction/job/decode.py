@@ -676,9 +676,20 @@ def read_events(spark: Any, plan: Plan, columns: Sequence[str]) -> Events:
 
 
 def classify(events: Any, reject_reason_sql: str) -> Any:
-    """``_cdc_reject_reason``: the decoder's reason first, else the mode's rule; ``_cdc_decode_reason`` dropped."""
+    """``_cdc_reject_reason``: the decoder's reason first (where ``events`` has one), else the mode's rule.
+
+    ``_cdc_decode_reason`` is dropped: the classified rows have the columns they always had.
+    """
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-    return events.withColumn("_cdc_reject_reason", F.coalesce(F.col(DECODE_REASON), F.expr(reject_reason_sql))).drop(
-        DECODE_REASON
-    )
+    reason = F.expr(reject_reason_sql)
+    if DECODE_REASON not in events.columns:
+        return events.withColumn("_cdc_reject_reason", reason)
+    return events.withColumn("_cdc_reject_reason", F.coalesce(F.col(DECODE_REASON), reason)).drop(DECODE_REASON)
+
+
+def skipped_stats(plan: Plan, skipped: Mapping[str, int]) -> dict[str, Any]:
+    """The stats' ``skipped_records`` and ``skipped_by_kind``; none for flattened Parquet (nothing is skipped)."""
+    if Spec.of_plan(plan, []).spark_reads_it:
+        return {}
+    return {"skipped_records": sum(skipped.values()), "skipped_by_kind": dict(skipped)}

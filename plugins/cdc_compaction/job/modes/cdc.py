@@ -1227,8 +1227,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         tied_winners=rank_tallies.get("tied_winners"),
         late_events=rank_tallies.get("late_events"),
         merge_path=merge_path,
-        skipped_records=sum(skipped.values()) if not decode.Spec.of_plan(plan, []).spark_reads_it else None,
-        skipped_by_kind=skipped if not decode.Spec.of_plan(plan, []).spark_reads_it else None,
+        **decode.skipped_stats(plan, skipped),
         # Only when there were any, so that stats of tables without old_key read as before.
         extra={"retired_keys": retired_keys} if retired_keys else {},
     ).to_dict()
