@@ -470,7 +470,7 @@ def streams(draw: Any) -> list[Event]:
     return events
 
 
-@fuzz_settings(test_examples=3)
+@fuzz_settings(test_examples=2)
 @given(events=streams())
 def test_random_streams_compact_alike_in_three_forms(
     events: list[Event], make_table: Callable[..., Runtime], spark: Any
