@@ -380,3 +380,21 @@ def test_avro_header_problems_are_named() -> None:
     fastavro.writer(buf, fastavro.parse_schema({"type": "record", "name": "r", "fields": []}), [{}], codec="bzip2")
     with pytest.raises(avro_container.AvroError, match="codec 'bzip2' is not read here"):
         avro_container.count_records(buf.getvalue())
+
+
+def test_a_keyless_tables_before_image_columns_come_from_the_envelopes_before() -> None:
+    spec = Spec(
+        format="json",
+        envelope="debezium",
+        columns=(("v", "int"), ("_before_v", "int"), ("__op", "string")),
+        before=(("_before_v", "v"),),
+    )
+    got = decoded(
+        lines(envelope("u", {"v": 1}, {"v": 2}, 5), envelope("c", None, {"v": 3}, 6), envelope("d", {"v": 3}, None, 7)),
+        spec,
+    )
+    assert [d.row for d in got] == [
+        {"v": 2, "_before_v": 1, "__op": "u"},
+        {"v": 3, "_before_v": None, "__op": "c"},
+        {"v": 3, "_before_v": 3, "__op": "d"},
+    ]

@@ -123,6 +123,8 @@ class Spec:
     decimal_handling: str = "precise"
     time_precision: str = "adaptive"
     columns: tuple[tuple[str, str], ...] = ()
+    #: keyless tables: (before-image column, its data column), from the envelope's ``before``.
+    before: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of_plan(cls, plan: Plan, columns: Sequence[tuple[str, str]]) -> Spec:
@@ -132,6 +134,7 @@ class Spec:
             decimal_handling=plan.decimal_handling or "precise",
             time_precision=plan.time_precision or "adaptive",
             columns=tuple(columns),
+            before=tuple(zip(plan.before_columns or (), plan.data_columns or (), strict=False)),
         )
 
     @property
@@ -473,8 +476,15 @@ def record_row(
     else:
         data, env = payload, {}
     row: dict[str, Any] = {}
+    before_of = dict(spec.before) if spec.envelope == "debezium" else {}
+    before = payload.get("before") if before_of else None
     for name, kind in spec.columns:
-        if name in data:
+        if name in before_of:
+            # A keyless table's before-image column: the envelope's before image (REPLICA IDENTITY FULL).
+            source_name = before_of[name]
+            value = before.get(source_name) if isinstance(before, dict) else None
+            sem = semantics.get(source_name, Semantic())
+        elif name in data:
             value, sem = data[name], semantics.get(name, Semantic())
         elif spec.envelope == "debezium" and name.startswith("__"):
             _, value = _meta_value(name, env, kafka, index)
@@ -628,7 +638,7 @@ def _decoder(spec: Spec, arrow_schema: Any) -> Callable[[Iterator[Any]], Iterato
 
 @dataclass
 class Events:
-    """The planned files' records as rows: registry columns, provenance, ``_cdc_decode_reason``.
+    """The planned files' records as rows: registry columns, provenance and (decoded forms) ``_cdc_decode_reason``.
 
     ``skipped()`` counts the records skipped by kind, once an action has read ``frame``.
     """
@@ -654,8 +664,8 @@ def read_events(spark: Any, plan: Plan, columns: Sequence[str]) -> Events:
     paths = [f.path for f in plan.files]
     if spec.spark_reads_it:
         raw = spark.read.schema(plan.schema_ddl).parquet(*paths)
-        frame = with_provenance(raw, list(columns)).withColumn(DECODE_REASON, F.lit(None).cast("string"))
-        return Events(frame, lambda: {})
+        # No _cdc_decode_reason: the rows are exactly what the modes always read (classify takes either).
+        return Events(with_provenance(raw, list(columns)), lambda: {})
     out_ddl = f"{plan.schema_ddl}, `_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, "
     out_ddl += f"`{DECODE_REASON}` string, `{SKIP_COLUMN}` string"
     out_schema = spark.createDataFrame([], out_ddl).schema
