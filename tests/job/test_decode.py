@@ -398,3 +398,22 @@ def test_a_keyless_tables_before_image_columns_come_from_the_envelopes_before() 
         {"v": 3, "_before_v": None, "__op": "c"},
         {"v": 3, "_before_v": 3, "__op": "d"},
     ]
+
+
+def test_mysql_binlog_position_and_truncate_and_message_events() -> None:
+    columns = (("id", "int"), ("__op", "string"), ("__file", "string"), ("__pos", "bigint"), ("__row", "int"))
+    mysql = {
+        "before": None,
+        "after": {"id": 5},
+        "source": {"connector": "mysql", "file": "mysql-bin.000003", "pos": 154, "row": 1, "ts_ms": 1},
+        "op": "c",
+        "ts_ms": 2,
+    }
+    truncate = {"before": None, "after": None, "source": {"connector": "postgresql", "lsn": 9}, "op": "t", "ts_ms": 3}
+    message = {"op": "m", "ts_ms": 4, "source": {}, "message": {"prefix": "p", "content": "aGk="}}
+    got = decoded(lines(mysql, truncate, message), Spec(format="json", envelope="debezium", columns=columns))
+    assert [(d.row, d.skip) for d in got] == [
+        ({"id": 5, "__op": "c", "__file": "mysql-bin.000003", "__pos": 154, "__row": 1}, None),
+        (None, "truncate"),
+        (None, "message"),
+    ]
