@@ -380,11 +380,10 @@ def avro_semantics(record_type: Any, schema: avro_container.Schema) -> dict[str,
 
 
 def _avro_field(record_type: Any, name: str, schema: avro_container.Schema) -> Any:
+    """The type of field ``name`` of an Avro record type (None if it has none)."""
     t = _avro_type(record_type, schema)
-    for f in (t or {}).get("fields") or [] if isinstance(t, dict) else []:
-        if f.get("name") == name:
-            return f.get("type")
-    return None
+    fields = t.get("fields") or [] if isinstance(t, dict) else []
+    return next((f.get("type") for f in fields if f.get("name") == name), None)
 
 
 def _connect_field(schema: Any, name: str) -> Any:
