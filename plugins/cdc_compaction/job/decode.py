@@ -639,7 +639,8 @@ def _decoder(spec: Spec, arrow_schema: Any) -> Callable[[Iterator[Any]], Iterato
 class Events:
     """The planned files' records as rows: registry columns, provenance and (decoded forms) ``_cdc_decode_reason``.
 
-    ``skipped()`` counts the records skipped by kind, once an action has read ``frame``.
+    ``skipped()`` counts the records skipped by kind, observed on the first action over ``frame``: make
+    that one read every record (a grouped count, :func:`rejected_by_file`), not a filtered part of them.
     """
 
     frame: Any
@@ -695,6 +696,20 @@ def classify(events: Any, reject_reason_sql: str) -> Any:
     if DECODE_REASON not in events.columns:
         return events.withColumn("_cdc_reject_reason", reason)
     return events.withColumn("_cdc_reject_reason", F.coalesce(F.col(DECODE_REASON), reason)).drop(DECODE_REASON)
+
+
+def rejected_by_file(classified: Any) -> dict[str, int]:
+    """Refused rows by ``<increment>/<file>``, counted in one pass over every record of ``classified``.
+
+    Every record: :meth:`Events.skipped` is observed on the first action over the events, and an
+    action that reads only some (a filter for the refused rows first) would leave the skipped uncounted.
+    """
+    by_file: dict[str, int] = {}
+    for r in classified.groupBy("_cdc_reject_reason", "_cdc_increment", "_cdc_file").count().collect():
+        if r["_cdc_reject_reason"] is not None:
+            where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
+            by_file[where] = by_file.get(where, 0) + int(r["count"])
+    return by_file
 
 
 def skipped_stats(plan: Plan, skipped: Mapping[str, int]) -> dict[str, Any]:

@@ -143,11 +143,11 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
     # The planned files in whatever form they landed (registry format/envelope; job/decode.py).
     read = decode.read_events(spark, plan, columns)
     events = read.frame
-    bad = common.rejected(classify(events, rule["reject_reason"]), plan.plan_id)
-    by_file = {
-        f"{r['_cdc_increment']}/{r['_cdc_file']}": int(r["count"])
-        for r in bad.groupBy("_cdc_increment", "_cdc_file").count().collect()
-    }
+    classified = classify(events, rule["reject_reason"])
+    # The first pass over the events reads them all: the decoder's skipped records are counted on it.
+    by_file = decode.rejected_by_file(classified)
+    skipped = read.skipped()
+    bad = common.rejected(classified, plan.plan_id)
     if by_file:
         bad.write.mode(write_mode).parquet(quarantine)
 
@@ -191,7 +191,7 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
         duplicate_keys=dupes,
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
-        **decode.skipped_stats(plan, read.skipped()),
+        **decode.skipped_stats(plan, skipped),
         extra={
             "mode": "append",
             "event_id": event_id,

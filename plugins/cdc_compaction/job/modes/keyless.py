@@ -224,11 +224,10 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     read = decode.read_events(spark, plan, columns)
     events = read.frame
     classified = classify(events, rule["reject_reason"])
+    # The first pass over the events reads them all: the decoder's skipped records are counted on it.
+    by_file = decode.rejected_by_file(classified)
+    skipped = read.skipped()
     bad = common.rejected(classified, plan.plan_id)
-    by_file = {
-        f"{r['_cdc_increment']}/{r['_cdc_file']}": int(r["count"])
-        for r in bad.groupBy("_cdc_increment", "_cdc_file").count().collect()
-    }
     if by_file:
         bad.write.mode(write_mode).parquet(quarantine)
 
@@ -292,7 +291,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         duplicate_keys=0,
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
-        **decode.skipped_stats(plan, read.skipped()),
+        **decode.skipped_stats(plan, skipped),
         extra={
             "mode": "keyless",
             "base_copies": base_copies,
