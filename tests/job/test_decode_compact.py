@@ -29,11 +29,13 @@ from conftest import compact_once, fuzz_settings, student_doc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_compaction.core.exceptions import QuarantineError
 from cdc_compaction.core.lake import Lake
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.sql import table_names
 from cdc_compaction.integrations.engine import SessionEngine
+from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 
@@ -457,6 +459,10 @@ def test_a_malformed_line_is_quarantined_and_the_rest_compacts(make_table: Calla
     assert [pos for pos, _ in got] == [4, 6]
     assert got[0][1].startswith("undecodable record: not JSON")
     assert got[1][1] == "undecodable record: column 'id' (int): a str where int was expected"
+    # Re-ingesting those rows would land Parquet in a JSON table: refused, saying what to do instead.
+    entry = next(e for e in Quarantine(rt.lake).entries() if e.kind == "rows")
+    with pytest.raises(QuarantineError, match=r"format json.*fix the records in the landed file"):
+        Quarantine(rt.lake).reingest(entry.id)
 
 
 # ------------------------------------------------------------------ random streams, three forms
