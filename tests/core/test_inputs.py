@@ -291,3 +291,33 @@ def test_a_partition_value_too_long_for_a_directory_name_is_refused_at_plan(make
     msg = str(err.value)
     assert "part-1.parquet" in msg and "row 2:" in msg and "317 bytes" in msg and "over the 255" in msg
     assert "part-0.parquet" not in msg
+
+
+# ------------------------------------------------------------------ JSON Lines and Avro files (issue 36)
+def test_json_and_avro_files_are_checked_cheaply(make_cfg: Callable[..., TableConfig], tmp_path: Path) -> None:
+    import io
+
+    import fastavro
+
+    cfg_json = make_cfg(format="json")
+    good = tmp_path / "t+0+0.json"
+    good.write_text('{"id": 1}\nnull\n\n{"id": 2\n')  # the bad last line is the job's to quarantine, with its line
+    assert (check_file(cfg_json, str(good)).rows, check_file(cfg_json, str(good)).problem) == (3, None)
+    parquet = tmp_path / "x.json"
+    pq.write_table(pa.table({"id": [1]}), parquet)
+    assert check_file(cfg_json, str(parquet)).problem.startswith("not JSON Lines (line 1")
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    assert check_file(cfg_json, str(empty)).problem == "empty file (0 bytes)"
+
+    cfg_avro = make_cfg(format="avro")
+    buf = io.BytesIO()
+    schema = fastavro.parse_schema({"type": "record", "name": "r", "fields": [{"name": "id", "type": "int"}]})
+    fastavro.writer(buf, schema, [{"id": i} for i in range(5)], codec="deflate", sync_interval=16)
+    avro = tmp_path / "t+0+0.avro"
+    avro.write_bytes(buf.getvalue())
+    assert (check_file(cfg_avro, str(avro)).rows, check_file(cfg_avro, str(avro)).problem) == (5, None)
+    truncated = tmp_path / "cut.avro"
+    truncated.write_bytes(buf.getvalue()[:-20])
+    assert "not readable as an Avro container file" in (check_file(cfg_avro, str(truncated)).problem or "")
+    assert "no Obj" in (check_file(cfg_avro, str(good)).problem or "")

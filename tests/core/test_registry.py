@@ -1688,3 +1688,62 @@ def test_a_defaults_file_is_not_a_table_entry(tmp_path: Path) -> None:
 )
 def test_alerts_take_an_sns_topic_of_any_partition(arn: str) -> None:
     assert Alerts(sns_topic_arn=arn, slack_conn_id="slack_alerts").sns_topic_arn == arn
+
+
+# ------------------------------------------------------------------ input formats (issue 36)
+def test_input_format_and_envelope_default_to_flattened_parquet_and_mirror_the_connector() -> None:
+    cfg = parse_table(preset_doc("debezium", DEBEZIUM_PG))
+    assert (cfg.format, cfg.envelope, cfg.decimal_handling, cfg.time_precision) == (
+        "parquet",
+        "flattened",
+        "precise",
+        "adaptive",
+    )
+    cfg = parse_table(
+        preset_doc("debezium", DEBEZIUM_PG, format="avro", envelope="debezium", decimal_handling="string")
+    )
+    assert (cfg.format, cfg.envelope, cfg.decimal_handling, cfg.order_by) == ("avro", "debezium", "string", ["__lsn"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("format", "orc", "Input should be 'parquet', 'json' or 'avro'"),
+        ("envelope", "raw", "Input should be 'flattened' or 'debezium'"),
+        ("decimal_handling", "exact", "Input should be 'precise', 'double' or 'string'"),
+        ("time_precision", "nanos", "Input should be 'adaptive', 'adaptive_time_microseconds' or 'connect'"),
+    ],
+)
+def test_input_fields_take_only_the_connectors_values(field: str, value: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        parse_table(preset_doc("debezium", DEBEZIUM_PG, **{field: value}))
+
+
+def test_the_envelope_needs_the_op_as_an_add_fields_column() -> None:
+    generic = preset_doc("generic", [("name", "string"), ("op", "string"), ("ts", "bigint")], order_by=["ts"])
+    with pytest.raises(ValidationError, match=r"gives each row the envelope.s op as the column __op"):
+        parse_table({**generic, "envelope": "debezium"})
+
+
+def test_a_snapshot_table_reads_flattened_parquet_only() -> None:
+    doc: Doc = {
+        "database": "tests",
+        "table": "snap",
+        "mode": "snapshot",
+        "primary_key": ["id"],
+        "columns": [{"name": "id", "type": "int"}, {"name": "name", "type": "string"}],
+        "storage_root": "/lake/tests/snap",
+        "format": "json",
+    }
+    with pytest.raises(ValidationError, match="is not read in mode snapshot"):
+        parse_table(doc)
+
+
+def test_the_debezium_preset_orders_by_the_kafka_offset_without_a_log_position() -> None:
+    cfg = parse_table(
+        preset_doc("debezium", [("name", "string"), ("__op", "string"), ("__kafka_offset", "bigint")], format="json")
+    )
+    assert cfg.order_by == ["__kafka_offset"]
+    # A log position, where declared, still comes first.
+    both = parse_table(preset_doc("debezium", [*DEBEZIUM_PG, ("__kafka_offset", "bigint")]))
+    assert both.order_by == ["__lsn"]

@@ -83,6 +83,8 @@ def check_file(
     ``dropped``: columns the source dropped earlier (``schema_changes: evolve``; :func:`.schema.judge`).
     """
     storage = storage or LocalStorage()
+    if cfg.format != "parquet":
+        return check_record_file(cfg, path, storage, size)
     try:
         meta = parquet_footer(storage, path)
         schema = meta.schema.to_arrow_schema()
@@ -95,6 +97,8 @@ def check_file(
         reason = empty if size == 0 else f"{unreadable} ({type(exc).__name__}: {exc})"
         return FileCheck(problem=reason)
     check = FileCheck(rows=meta.num_rows)
+    if cfg.envelope != "flattened":
+        return check  # envelope columns (before, after, source, ...): the job maps them to the registry's
     # Spark resolves Parquet columns case-insensitively: two columns differing only by case
     # make every read of the file fail ("Found duplicate field(s)"), deep in the job.
     by_lower: dict[str, list[str]] = {}
@@ -118,6 +122,43 @@ def check_file(
     if check.problem is None:
         check.newest_event = newest_event_time(cfg, meta)
     return check
+
+
+def check_record_file(cfg: TableConfig, path: str, storage: Storage, size: int | None = None) -> FileCheck:
+    """A JSON Lines or Avro file (registry ``format``): readable, and how many records it holds.
+
+    JSON: every non-empty line is a record (the first must be a JSON value; a bad line further on
+    is the job's to quarantine, with its line). Avro: the container header (magic, schema, codec)
+    and the block headers' record counts, no record decoded. A file that fails is a bad file,
+    handled per ``on_bad_file`` like an unreadable Parquet file.
+    """
+    import json
+
+    from cdc_compaction.job import avro_container
+
+    try:
+        with storage.open_read(path) as fh:
+            data = fh.read()
+    except StorageError:
+        raise
+    except OSError as exc:
+        return FileCheck(problem=f"not readable ({type(exc).__name__}: {exc})")
+    if not data:
+        return FileCheck(problem="empty file (0 bytes)")
+    if cfg.format == "avro":
+        try:
+            return FileCheck(rows=avro_container.count_records(data))
+        except avro_container.AvroError as exc:
+            return FileCheck(problem=f"not readable as an Avro container file ({exc})")
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    try:
+        json.loads(lines[0])
+    except (ValueError, IndexError) as exc:
+        return FileCheck(
+            problem=f"not JSON Lines (line 1: {type(exc).__name__}: {str(exc)[:80]}); the table's format is json: "
+            "one Kafka record value per line as Kafka Connect's JsonConverter writes it"
+        )
+    return FileCheck(rows=len(lines))
 
 
 _UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}

@@ -617,6 +617,20 @@ class TableConfig(_Strict):
     archive_retention: Duration | None = None
     #: How long a run's lease on the table lasts unrenewed: above the longest run with retries.
     lease_timeout: Duration = timedelta(hours=6)
+    #: How the landed change files are written (docs, "Input formats"): ``parquet`` (default), ``json``
+    #: (JSON Lines: one Kafka record value per line as Kafka Connect's JsonConverter writes it, with or
+    #: without ``schemas.enable``; a tombstone is the line ``null``) or ``avro`` (Avro container files).
+    format: Literal["parquet", "json", "avro"] = "parquet"
+    #: What each record holds: ``flattened`` (the row, as Debezium's ExtractNewRecordState writes it: the
+    #: source presets' ``__`` columns) or ``debezium`` (the raw envelope: before, after, source, op, ts_ms,
+    #: transaction), which the job maps to the flattened row (``__op``, ``__deleted``, ``__lsn``, ...).
+    envelope: Literal["flattened", "debezium"] = "flattened"
+    #: The connector's ``decimal.handling.mode`` (precise: base64 bytes scaled by the column's decimal(p,s);
+    #: double; string), for files that carry no schema (JSON without schemas.enable); a schema in the file wins.
+    decimal_handling: Literal["precise", "double", "string"] = "precise"
+    #: The connector's ``time.precision.mode``, for files that carry no schema: an integer in a timestamp
+    #: column is microseconds (adaptive, adaptive_time_microseconds) or milliseconds (connect).
+    time_precision: Literal["adaptive", "adaptive_time_microseconds", "connect"] = "adaptive"
     #: An unreadable or unfitting landed file: fail the run, or quarantine the file and go on.
     on_bad_file: Literal["fail", "quarantine"] = "fail"
     #: A landed column the registry does not list: fail (a bad file), or ignore the column.
@@ -751,6 +765,7 @@ class TableConfig(_Strict):
             raise ValueError(f"columns: duplicate column names {dupes} (Hive names are case-insensitive)")
         types = {c.name: c.type for c in self.columns}
         self._check_mode(names, types)
+        self._check_input(names)
         if self.max_retry_delay < self.retry_delay:
             raise ValueError("max_retry_delay: must be at least retry_delay")
         self._check_derived_names()
@@ -796,6 +811,23 @@ class TableConfig(_Strict):
             if types[c] in _DATE_TYPES:
                 return c, None
         return None
+
+    def _check_input(self, names: list[str]) -> None:
+        """What ``format`` and ``envelope`` need of the mode and the columns (docs, "Input formats")."""
+        if self.mode == "snapshot" and (self.format != "parquet" or self.envelope != "flattened"):
+            raise ValueError(
+                f"format/envelope: a snapshot table reads whole-table snapshots as flattened Parquet; "
+                f"format {self.format!r} with envelope {self.envelope!r} is not read in mode snapshot. "
+                "Land the snapshots as Parquet, or use mode cdc for a change stream"
+            )
+        op = getattr(self, "op_column", None)
+        if self.envelope == "debezium" and op is not None and not str(op).startswith("__"):
+            raise ValueError(
+                f"envelope: debezium gives each row the envelope's op as the column __op, but op_column is {op!r}; "
+                "set source: debezium (op_column __op) and declare __op (string) among the columns"
+            )
+        if self.envelope == "debezium" and op is not None and op not in names:
+            raise ValueError(f"envelope: debezium needs the op column {op!r} among the columns (type string)")
 
     def _check_mode(self, names: list[str], types: dict[str, str]) -> None:
         """The mode's own cross-field checks (its key, ordering and change columns)."""
@@ -928,6 +960,11 @@ def source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any]
             found["order_by"] = ["__file", "__pos", *(["__row"] if "__row" in columns else [])]
             if mode == "cdc":
                 found["order_as"] = {"__file": "binlog_file"}
+        elif "__kafka_offset" in columns:
+            # No log position declared: the Kafka offset a sink records in its file names
+            # (<topic>+<partition>+<first offset>; envelope: debezium) orders a key's events, which
+            # one partition holds in the order the connector sent them.
+            found["order_by"] = ["__kafka_offset"]
         if "__source_ts_ms" in columns:
             found["event_time"] = {"column": "__source_ts_ms", "unit": "ms"}
         if mode == "cdc" and "__deleted" in columns:

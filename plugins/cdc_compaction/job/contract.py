@@ -439,6 +439,13 @@ class Plan:
     #: Whether the run compacts (``compaction.policy``; README, "Compaction policy"): ``compact``,
     #: ``policy``, ``reason``, ``forced``, ``thresholds``. ``compact: false``: the job writes nothing.
     compaction: dict[str, Any] | None = field(default=None, metadata=_meta())
+    #: How the landed files are written and what each record holds (registry ``format``, ``envelope``;
+    #: docs, "Input formats"), and how Debezium encoded decimals and times where a file carries no schema
+    #: (``decimal_handling``, ``time_precision``). Absent in plans made before them: flattened Parquet.
+    input_format: str | None = field(default=None, metadata=_meta(omit=True))
+    envelope: str | None = field(default=None, metadata=_meta(omit=True))
+    decimal_handling: str | None = field(default=None, metadata=_meta(omit=True))
+    time_precision: str | None = field(default=None, metadata=_meta(omit=True))
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -534,6 +541,12 @@ class JobStats:
     #: cdc tables: how the events were merged into the base (one of :data:`MERGE_PATHS`); absent
     #: from older jobs' stats.
     merge_path: str | None = field(default=None, metadata=_meta())
+    #: Records read but never compacted as rows -- Kafka tombstones, heartbeats, transaction metadata,
+    #: truncate and message events (``job/decode.py``) -- in all and by kind; absent where none can occur
+    #: (flattened Parquet) and from older jobs' stats. ``validate`` holds increment_rows plus these
+    #: against the planned files' records.
+    skipped_records: int | None = field(default=None, metadata=_meta())
+    skipped_by_kind: dict[str, int] | None = field(default=None, metadata=_meta())
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -152,6 +152,11 @@ def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:
                     out.bad.append((f, check.problem))
                 continue
             shown.append(f)
+            if cfg.format != "parquet" or cfg.envelope != "flattened":
+                # The views read pending increments as flattened Parquet tables; these rows are seen once compacted.
+                refused.append(
+                    (e.path, f"format {cfg.format}, envelope {cfg.envelope}: the views show these rows once compacted")
+                )
             if any(c.change == "widened" for c in check.changes):
                 # A type wider than the tables' (schema_changes: evolve) breaks every read of the view until
                 # a run widens the tables: the increment stays out of the view until then, not out of the plan.

@@ -81,6 +81,19 @@ def set_aside_bad_files(rt: Runtime, plan_id: str, bad: list[tuple[PlannedFile, 
     return out
 
 
+def input_fields(cfg: TableConfig) -> dict[str, str]:
+    """The plan's keys for reading the landed files (registry ``format``, ``envelope`` and the
+    connector's encodings); none for flattened Parquet, so such plans are as they always were."""
+    if cfg.format == "parquet" and cfg.envelope == "flattened":
+        return {}
+    return {
+        "input_format": cfg.format,
+        "envelope": cfg.envelope,
+        "decimal_handling": cfg.decimal_handling,
+        "time_precision": cfg.time_precision,
+    }
+
+
 def summarise(changes: list[Change]) -> list[dict[str, Any]]:
     """One entry per (change, column): the first file showing it and how many files do."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
@@ -308,6 +321,8 @@ def _plan_under_lease(
         **mode_of(cfg).plan_fields(cfg, latest),
         **mode_of(cfg).plan_increments(cfg, sorted({f.increment for f in files})),
         "schema_ddl": sql.spark_schema_ddl(cfg),
+        # How the job decodes the files (docs, "Input formats"); flattened Parquet plans read as before.
+        **input_fields(cfg),
         "rule": rule.to_dict(),
         "planned_at": now.isoformat(),
         **output_sizing(rt, latest, files),

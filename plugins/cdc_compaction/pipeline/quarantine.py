@@ -204,6 +204,15 @@ class Quarantine:
                 "doing it again would land its events twice (harmless for the table, but noisy). "
                 "Pass --force if that is what you want"
             )
+        cfg = self.lake.cfg
+        if entry.kind == "rows" and (cfg.format != "parquet" or cfg.envelope != "flattened"):
+            # Rows go back as flattened Parquet files, which a table reading another form refuses as bad files.
+            raise QuarantineError(
+                f"{entry_id} of {cfg.qualified_name}: its rows would land as flattened Parquet, but the table reads "
+                f"format {cfg.format} with envelope {cfg.envelope} (docs, 'Input formats'); nothing was landed. "
+                "To bring them back, fix the records in the landed file (its name and line are in the quarantined "
+                "rows: _cdc_file, _cdc_pos) and land the fixed file in a new increment"
+            )
         targets = self._rows_targets(entry, source) if entry.kind == "rows" else self._files_targets(doc, source)
         for t in targets:
             self._check_target(entry_id, t)

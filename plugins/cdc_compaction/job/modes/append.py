@@ -24,7 +24,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-from cdc_compaction.job import common
+from cdc_compaction.job import common, decode
 from cdc_compaction.job.contract import (
     DATA_DIR,
     LAYOUT,
@@ -60,8 +60,8 @@ def event_id_of(rule: Mapping[str, Any]) -> list[str]:
 
 
 def classify(events: DataFrame, reject_reason_sql: str) -> DataFrame:
-    """Add ``_cdc_reject_reason``: NULL for a valid event, else why it is refused."""
-    return events.withColumn(REJECT_REASON, F.expr(reject_reason_sql))
+    """Add ``_cdc_reject_reason``: NULL for a valid event, else why it is refused (an undecodable record first)."""
+    return decode.classify(events, reject_reason_sql)
 
 
 def compact_append(
@@ -94,7 +94,7 @@ def compact_append(
         fates.createOrReplaceTempView(names["fates"])
         views[names["fates"]] = fates
         tally = spark.sql(rule["event_counts"]).first()
-        columns = [c for c in events.columns if c not in PROVENANCE]
+        columns = [c for c in events.columns if c not in (*PROVENANCE, decode.DECODE_REASON)]
         rows = fates.filter(F.col("_cdc_fate") == "appended").select(
             *[F.col(f"`{c}`") for c in (*columns, *PROVENANCE)]
         )
@@ -140,13 +140,14 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
     log.info("compacting append %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 
     base = spark.read.schema(schema).parquet(plan.base_location)
-    raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
-    events = common.with_provenance(raw, columns)
-    bad = common.rejected(classify(events, rule["reject_reason"]), plan.plan_id)
-    by_file = {
-        f"{r['_cdc_increment']}/{r['_cdc_file']}": int(r["count"])
-        for r in bad.groupBy("_cdc_increment", "_cdc_file").count().collect()
-    }
+    # The planned files in whatever form they landed (registry format/envelope; job/decode.py).
+    read = decode.read_events(spark, plan, columns)
+    events = read.frame
+    classified = classify(events, rule["reject_reason"])
+    # The first pass over the events reads them all: the decoder's skipped records are counted on it.
+    by_file = decode.rejected_by_file(classified)
+    skipped = read.skipped()
+    bad = common.rejected(classified, plan.plan_id)
     if by_file:
         bad.write.mode(write_mode).parquet(quarantine)
 
@@ -190,6 +191,7 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
         duplicate_keys=dupes,
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
+        **decode.skipped_stats(plan, skipped),
         extra={
             "mode": "append",
             "event_id": event_id,

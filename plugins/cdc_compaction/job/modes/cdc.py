@@ -27,7 +27,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
-from cdc_compaction.job import files
+from cdc_compaction.job import decode, files
 from cdc_compaction.job.common import (
     PermanentJobError,
     as_plan,
@@ -38,7 +38,6 @@ from cdc_compaction.job.common import (
     parse_ts,
     rejected,
     set_job_description,
-    with_provenance,
     write_text,
 )
 from cdc_compaction.job.contract import (
@@ -907,11 +906,11 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         else:
             base_tomb = spark.createDataFrame([], f"{base_schema}, {PARTITION_DDL}")
 
-    paths = [f.path for f in plan.files]
-    raw = spark.read.schema(plan.schema_ddl).parquet(*paths)
+    # The planned files in whatever form they landed (registry format/envelope; job/decode.py).
     # Not cached: re-reading the planned files (only the columns each use needs) is cheaper than
     # building an in-memory copy of every event, which a large increment spills anyway.
-    classified = classify(with_provenance(raw, columns), rule.reject_reason)
+    events = decode.read_events(spark, plan, columns)
+    classified = decode.classify(events.frame, rule.reject_reason)
     cached: list[DataFrame] = []
     # Counts the tombstones that expire as they are written.
     obs_tomb = Observation("cdc_compaction_tombstones")
@@ -937,6 +936,8 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             where = f"{r['_cdc_increment']}/{r['_cdc_file']}"
             by_file[where] = by_file.get(where, 0) + int(r["count"])
         rejected_rows = sum(reasons.values())
+        # Tombstones, heartbeats, transaction records: counted by the read above, never compacted.
+        skipped = events.skipped()
         if rejected_rows:
             describe(spark, plan, "quarantine the refused events")
             rejected(classified, plan.plan_id).write.mode(mode).parquet(quarantine)
@@ -1226,6 +1227,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         tied_winners=rank_tallies.get("tied_winners"),
         late_events=rank_tallies.get("late_events"),
         merge_path=merge_path,
+        **decode.skipped_stats(plan, skipped),
         # Only when there were any, so that stats of tables without old_key read as before.
         extra={"retired_keys": retired_keys} if retired_keys else {},
     ).to_dict()

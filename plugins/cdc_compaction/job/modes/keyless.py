@@ -38,7 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.types import StructField, StructType
 
-from cdc_compaction.job import common
+from cdc_compaction.job import common, decode
 from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import (
     DATA_DIR,
@@ -72,8 +72,8 @@ def rule_arguments() -> dict[str, str]:
 
 
 def classify(events: DataFrame, reject_reason_sql: str) -> DataFrame:
-    """Add ``_cdc_reject_reason``: NULL for a valid event, else why it is refused."""
-    return events.withColumn(REJECT_REASON, F.expr(reject_reason_sql))
+    """Add ``_cdc_reject_reason``: NULL for a valid event, else why it is refused (an undecodable record first)."""
+    return decode.classify(events, reject_reason_sql)
 
 
 def watermark_frame(
@@ -220,14 +220,14 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         raise RuntimeError(f"{plan.table}: {len(mark_rows)} watermark rows in {tomb_loc}; a keyless version holds one")
     watermark = [mark_rows[0][c] for c in order_by] if mark_rows else None
 
-    raw = spark.read.schema(plan.schema_ddl).parquet(*[f.path for f in plan.files])
-    events = common.with_provenance(raw, columns)
+    # The planned files in whatever form they landed (registry format/envelope; job/decode.py).
+    read = decode.read_events(spark, plan, columns)
+    events = read.frame
     classified = classify(events, rule["reject_reason"])
+    # The first pass over the events reads them all: the decoder's skipped records are counted on it.
+    by_file = decode.rejected_by_file(classified)
+    skipped = read.skipped()
     bad = common.rejected(classified, plan.plan_id)
-    by_file = {
-        f"{r['_cdc_increment']}/{r['_cdc_file']}": int(r["count"])
-        for r in bad.groupBy("_cdc_increment", "_cdc_file").count().collect()
-    }
     if by_file:
         bad.write.mode(write_mode).parquet(quarantine)
 
@@ -235,7 +235,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     rows, counts = compact_keyless(spark, base_all, events, rule, order_by, watermark)
     stamp = F.lit(ingested_at).cast("timestamp")
     plain = [c for c in columns if c not in data_cols]
-    types = dict(raw.dtypes)
+    types = dict(events.dtypes)
 
     def typed_null(c: str) -> Any:
         return F.lit(None).cast(types[c]).alias(c)
@@ -258,7 +258,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         # The copies are written: the counts view they read over Spark Connect can go (see compact_keyless).
         spark.catalog.dropTempView(COUNTS_VIEW)
     new_mark = counts["new_watermark"]
-    mark_schema = StructType([StructField(c, raw.schema[c].dataType, True) for c in order_by])
+    mark_schema = StructType([StructField(c, events.schema[c].dataType, True) for c in order_by])
     mark_df = spark.createDataFrame([tuple(new_mark)] if new_mark is not None else [], mark_schema)
     mark_out = mark_df.select(
         *[F.col(f"`{c}`") if c in order_by else typed_null(c) for c in columns],
@@ -291,6 +291,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         duplicate_keys=0,
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
+        **decode.skipped_stats(plan, skipped),
         extra={
             "mode": "keyless",
             "base_copies": base_copies,
