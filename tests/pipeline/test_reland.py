@@ -12,6 +12,7 @@ are written from the contract (/work/shared/conformance/README.md) alone.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -56,9 +57,10 @@ def _archived(rt: Any, seq: int) -> Path:
     return Path(rt.lake.layout.archive, f"c{seq:08d}", INC)
 
 
-@pytest.mark.parametrize("how", ["copy2", "copy"])
+@pytest.mark.parametrize("how", ["copy2", "copy", "move"])
 def test_a_copied_back_increment_is_compacted_by_the_next_run(make_cfg, runtime, spark, tmp_path, how) -> None:
-    """docs/data.md's re-land: copy the archived increment back (mtime kept or not); the next plan takes it."""
+    """docs/data.md's re-land: copy the archived increment back (mtime kept or not), or move it back (inode
+    and mtime kept); the next plan takes it."""
     rt = runtime(_cfg(make_cfg, tmp_path))
     cfg = rt.cfg
     ensure_tables(rt)
@@ -68,9 +70,10 @@ def test_a_copied_back_increment_is_compacted_by_the_next_run(make_cfg, runtime,
     # The user re-lands increment 00 exactly as archived (identical content, same names) right after
     # the commit that took it, and a later increment lands beside it.
     copy = getattr(shutil, how)
+    archived_files = sorted(_archived(rt, 1).iterdir())
     dst = Path(rt.lake.layout.incremental, INC)
     dst.mkdir(parents=True)
-    for f in _archived(rt, 1).iterdir():
+    for f in archived_files:
         copy(f, dst / f.name)
     land(cfg, "increment_2026112201", [student_rows((1, "Ada L.", "u", 20))])
     refresh_view(rt)
@@ -125,6 +128,29 @@ def test_a_committed_file_still_in_place_is_not_taken_twice(make_cfg, runtime, s
     assert plan(rt, "run-2", now=utcnow() + timedelta(days=1)) == ""
     assert not Path(rt.lake.layout.incremental, INC).exists()
     assert _base(spark, cfg) == {1: ("Ada", 10)}
+
+
+@pytest.mark.parametrize("touch", ["chmod", "hard_link"])
+def test_a_committed_file_whose_permissions_or_links_change_is_not_taken_again(
+    make_cfg, runtime, spark, tmp_path, touch
+) -> None:
+    """An operator's chmod, or a backup tool's hard link, of a committed file still in place changes its
+    status-change time only: the same landing, not a new one (a keyless or append table would count
+    its rows twice)."""
+    rt = runtime(_cfg(make_cfg, tmp_path))
+    cfg = rt.cfg
+    ensure_tables(rt)
+    land(cfg, INC, [student_rows((1, "Ada", "c", 10))])
+    path = plan(rt, "run-1")
+    run_job(rt, path)
+    validate(rt, path)
+    publish(rt, path)  # no archive yet: the file is still in the landing area
+    landed = Path(rt.lake.layout.incremental, INC, "part-00000.parquet")
+    if touch == "chmod":
+        landed.chmod(0o600)
+    else:
+        os.link(landed, tmp_path / "backup-link.parquet")
+    assert pending_files(rt, utcnow(), taken(rt.lake.latest_commit().files)).files == []
 
 
 def test_a_file_landed_again_before_its_archive_is_not_archived_in_its_place(

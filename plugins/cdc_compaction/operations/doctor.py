@@ -311,12 +311,12 @@ def check_landed(cfg: TableConfig, endpoint: MetastoreEndpoint) -> Check:
     """The pending files' footers against the registry: what ``plan`` would refuse, found before it runs."""
     from datetime import UTC, datetime
 
-    from cdc_compaction.pipeline.pending import pending_files, taken
+    from cdc_compaction.pipeline.pending import in_place, pending_files
     from cdc_compaction.pipeline.runtime import Runtime
 
     lake = Lake(cfg)
     try:
-        committed = taken(lake.latest_commit().files)
+        committed = in_place(lake, lake.latest_commit())
         rt = Runtime(cfg=cfg, lake=lake, metastore=endpoint, engine=None)  # type: ignore[arg-type]
         pending = pending_files(rt, datetime.now(UTC), committed)
     except Exception as exc:  # noqa: BLE001 - the finding itself

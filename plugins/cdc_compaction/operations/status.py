@@ -326,12 +326,12 @@ def compaction_status(cfg: TableConfig, lake: Lake, latest: Commit, now: datetim
         return {"policy": cfg.compaction.policy}
     from cdc_compaction.core.policy import decide
     from cdc_compaction.core.settings import MetastoreEndpoint
-    from cdc_compaction.pipeline.pending import pending_files, pending_load, taken
+    from cdc_compaction.pipeline.pending import in_place, pending_files, pending_load
     from cdc_compaction.pipeline.runtime import Runtime
 
     # Listing and footers only: the runtime's metastore and engine are never used here.
     rt = Runtime(cfg=cfg, lake=lake, metastore=MetastoreEndpoint(), engine=None)  # type: ignore[arg-type]
-    pending = pending_files(rt, now, taken(latest.files))
+    pending = pending_files(rt, now, in_place(lake, latest))
     decision = decide(rt.cfg.compaction, pending_load(rt.cfg, latest, pending.files), now)
     out = decision.to_dict()
     if not pending.files:

@@ -18,7 +18,7 @@ from typing import Any
 
 from cdc_compaction.core import policy
 from cdc_compaction.core.inputs import check_file
-from cdc_compaction.core.lake import Commit, PlannedFile
+from cdc_compaction.core.lake import Commit, Lake, PlannedFile
 from cdc_compaction.core.landing import (
     Ignored,
     IncrementListing,
@@ -91,6 +91,19 @@ def taken(files: Iterable[Mapping[str, Any]]) -> set[str]:
         else:
             out.add(f"{f['increment']}/{f['name']}")
     return out
+
+
+def in_place(lake: Lake, commit: Commit) -> set[str]:
+    """The landed files ``commit`` took that may still be in the landing area: :func:`taken` of its files
+    until its archive is done, none after.
+
+    The archive moves every file the commit took (and leaves a file landed again in its place), so once
+    its marker is written whatever lies in the landing area was landed since: new input, even a file
+    moved back from the archive (same inode, mtime and size). Before that, a committed file keeps its
+    storage token through a chmod or a hard link (the token holds no status-change time), so an
+    operator's permission fix is not a second delivery.
+    """
+    return set() if lake.is_archived(commit.seq) else taken(commit.files)
 
 
 def pending_files(rt: Runtime, now: datetime, exclude: set[str]) -> Pending:

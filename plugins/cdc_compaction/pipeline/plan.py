@@ -28,7 +28,7 @@ from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline import metrics, views
 from cdc_compaction.pipeline.archive import archive_commit
-from cdc_compaction.pipeline.pending import pending_files, pending_load, report_landing, taken
+from cdc_compaction.pipeline.pending import in_place, pending_files, pending_load, report_landing
 from cdc_compaction.pipeline.publish import sync_base_location
 from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.runtime import Runtime, lease_owner, take_lease, utcnow
@@ -256,7 +256,7 @@ def _plan_under_lease(
                 # The plan compacts nothing: no step after it writes to the lake, so nothing holds the table.
                 TableLease(lake).release(owner)
             return path
-        committed = taken(latest.files)
+        committed = in_place(lake, latest)
         pending = pending_files(rt, now, committed)
         files = pending.files
         # Before a bad file can fail the plan: the view must keep answering without it.

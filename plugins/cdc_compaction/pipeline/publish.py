@@ -28,7 +28,7 @@ from cdc_compaction.integrations.metastore import Metastore, connect
 from cdc_compaction.job.contract import STATS_FILE
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline import changes, formats, metrics, slo, views
-from cdc_compaction.pipeline.pending import pending_files, taken
+from cdc_compaction.pipeline.pending import in_place, pending_files
 from cdc_compaction.pipeline.quarantine import Quarantine
 from cdc_compaction.pipeline.retention import cleanup_versions
 from cdc_compaction.pipeline.runtime import (
@@ -217,7 +217,7 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
         fault_point("publish.after_pointer", cfg.qualified_name)
         # The views stop reading the increments the base now holds (before archive deletes them):
         # every engine, DuckDB too, then reads each event once.
-        committed = taken(live.files)
+        committed = in_place(rt.lake, live)
         shown = views.sync(rt, ms, pending_files(rt, utcnow(), committed), live, drop_gone=True)
         # Before retention deletes the parent's version: the feed is computed from both (never raises).
         feed = changes.sync_changes(rt, ms, live.seq)

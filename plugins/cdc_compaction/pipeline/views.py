@@ -36,7 +36,7 @@ from cdc_compaction.core.sidechannel import count_failure
 from cdc_compaction.core.storage import is_data_file
 from cdc_compaction.integrations.metastore import Metastore, MetastoreView, connect
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.pipeline.pending import Pending, pending_files, taken
+from cdc_compaction.pipeline.pending import Pending, in_place, pending_files
 from cdc_compaction.pipeline.runtime import Runtime, utcnow
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def refresh_pending(rt: Runtime, now: datetime | None = None) -> dict[str, Any]:
         log.info("%s: a run holds the table (%s); it refreshes the views itself", rt.cfg.qualified_name, held.owner)
         return {"skipped": f"a run holds the table: {held.describe()}"}
     latest = rt.lake.latest_commit()
-    committed = taken(latest.files)
+    committed = in_place(rt.lake, latest)
     pending = pending_files(rt, now, committed)
     pending.dirs = {k: v for k, v in pending.dirs.items() if rt.lake.storage.list_dir(v)}
     with connect(rt.metastore) as ms:
@@ -343,7 +343,7 @@ def refresh_view(rt: Runtime, force: bool = False) -> dict[str, Any]:
     """
     cfg = rt.cfg
     latest = rt.lake.latest_commit()
-    committed = taken(latest.files)
+    committed = in_place(rt.lake, latest)
     pending = pending_files(rt, utcnow(), committed)
     # Empty directories (an archived increment being removed) have nothing to show.
     pending.dirs = {k: v for k, v in pending.dirs.items() if rt.lake.storage.list_dir(v)}

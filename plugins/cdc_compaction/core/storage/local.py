@@ -57,9 +57,11 @@ class LocalStorage:
                     if e.is_dir():
                         out.append(FileInfo(e.path, e.name, True, 0, st.st_mtime))
                         continue
-                    # The inode and its change time are new for every copy, and a rename sets the ctime:
-                    # a file landed again (even by `cp -p`, same bytes and mtime) gets another token.
-                    token = f"{st.st_ino}:{st.st_ctime_ns}:{st.st_mtime_ns}"
+                    # The inode is new for every copy, so a file landed again (even by `cp -p`, same bytes
+                    # and mtime) gets another token. Not the status-change time: a chmod or a hard link of a
+                    # committed file is the same landing. A file moved back from the archive keeps inode and
+                    # mtime: it is new input because its commit's archive is done (pending.in_place).
+                    token = f"{st.st_ino}:{st.st_mtime_ns}"
                     out.append(FileInfo(e.path, e.name, False, st.st_size, st.st_mtime, token))
         except FileNotFoundError:
             return []
