@@ -617,7 +617,7 @@ class TableConfig(_Strict):
     archive_retention: Duration | None = None
     #: How long a run's lease on the table lasts unrenewed: above the longest run with retries.
     lease_timeout: Duration = timedelta(hours=6)
-    #: How the landed change files are written (docs, "Input formats"): ``parquet`` (default), ``json``
+    #: How the landed change files are written (docs/concepts.md#input-formats): ``parquet`` (default), ``json``
     #: (JSON Lines: one Kafka record value per line as Kafka Connect's JsonConverter writes it, with or
     #: without ``schemas.enable``; a tombstone is the line ``null``) or ``avro`` (Avro container files).
     format: Literal["parquet", "json", "avro"] = "parquet"
@@ -813,7 +813,7 @@ class TableConfig(_Strict):
         return None
 
     def _check_input(self, names: list[str]) -> None:
-        """What ``format`` and ``envelope`` need of the mode and the columns (docs, "Input formats")."""
+        """What ``format`` and ``envelope`` need of the mode and the columns (docs/concepts.md#input-formats)."""
         if self.mode == "snapshot" and (self.format != "parquet" or self.envelope != "flattened"):
             raise ValueError(
                 f"format/envelope: a snapshot table reads whole-table snapshots as flattened Parquet; "

@@ -440,7 +440,7 @@ class Plan:
     #: ``policy``, ``reason``, ``forced``, ``thresholds``. ``compact: false``: the job writes nothing.
     compaction: dict[str, Any] | None = field(default=None, metadata=_meta())
     #: How the landed files are written and what each record holds (registry ``format``, ``envelope``;
-    #: docs, "Input formats"), and how Debezium encoded decimals and times where a file carries no schema
+    #: docs/concepts.md#input-formats), and how Debezium encoded decimals and times where a file carries no schema
     #: (``decimal_handling``, ``time_precision``). Absent in plans made before them: flattened Parquet.
     input_format: str | None = field(default=None, metadata=_meta(omit=True))
     envelope: str | None = field(default=None, metadata=_meta(omit=True))

@@ -1,4 +1,4 @@
-"""Reading the landed change files, in the forms a Debezium deployment lands them (docs, "Input formats").
+"""Reading the landed change files, in the forms a Debezium deployment lands them (docs/concepts.md#input-formats).
 
 Every table mode reads its increments through :func:`read_events`.  Flattened Parquet (what the
 source presets always took) is read by Spark as before.  The other forms are decoded here, one

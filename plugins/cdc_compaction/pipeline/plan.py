@@ -321,7 +321,7 @@ def _plan_under_lease(
         **mode_of(cfg).plan_fields(cfg, latest),
         **mode_of(cfg).plan_increments(cfg, sorted({f.increment for f in files})),
         "schema_ddl": sql.spark_schema_ddl(cfg),
-        # How the job decodes the files (docs, "Input formats"); flattened Parquet plans read as before.
+        # How the job decodes the files (docs/concepts.md#input-formats); flattened Parquet plans read as before.
         **input_fields(cfg),
         "rule": rule.to_dict(),
         "planned_at": now.isoformat(),

@@ -240,7 +240,8 @@ def publish(rt: Runtime, plan_path: str, now: datetime | None = None) -> dict[st
             "rejected": st.get("rejected_rows"),
             "out": st.get("output_visible_rows"),
             "tombstones_out": st.get("output_tombstones"),
-            # JSON/Avro input: tombstones, heartbeats, transaction records read and skipped (docs, "Input formats").
+            # JSON/Avro input: tombstones, heartbeats, transaction records read and skipped
+            # (docs/concepts.md#input-formats).
             **({"skipped": st["skipped_records"]} if "skipped_records" in st else {}),
         },
         "metrics": existing.metrics or {},

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import QuarantineError
 from cdc_compaction.core.inputs import arrow_schema
 from cdc_compaction.core.lake import Lake
@@ -209,7 +210,8 @@ class Quarantine:
             # Rows go back as flattened Parquet files, which a table reading another form refuses as bad files.
             raise QuarantineError(
                 f"{entry_id} of {cfg.qualified_name}: its rows would land as flattened Parquet, but the table reads "
-                f"format {cfg.format} with envelope {cfg.envelope} (docs, 'Input formats'); nothing was landed. "
+                f"format {cfg.format} with envelope {cfg.envelope} ({doc_ref('concepts', 'input-formats')}); nothing "
+                "was landed. "
                 "To bring them back, fix the records in the landed file (its name and line are in the quarantined "
                 "rows: _cdc_file, _cdc_pos) and land the fixed file in a new increment"
             )

@@ -212,7 +212,7 @@ def count_problems(p: dict[str, Any], stats: dict[str, Any], parent: Commit | No
             )
     # Row counts the plan read from the footers: a file changed after planning shows up here.
     # JSON and Avro files: their records, of which tombstones, heartbeats and transaction records were
-    # skipped (docs, "Input formats"), so the job's rows plus those skipped must make them up.
+    # skipped (docs/concepts.md#input-formats), so the job's rows plus those skipped must make them up.
     planned_rows = sum(int(f["rows"]) for f in p["files"])
     skipped = int(stats.get("skipped_records") or 0)
     if planned_rows != stats["increment_rows"] + skipped:
