@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import compact_once
+from pipeline.helpers import REGION_COLUMNS, region_rows
 
 from cdc_compaction.devtools.conformance import DuckDBReader, Reader, land
 from cdc_compaction.operations.erase import erase
@@ -20,18 +21,6 @@ from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
 
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
-
-REGION_COLUMNS = [
-    {"name": "id", "type": "int"},
-    {"name": "region", "type": "string"},
-    {"name": "full_name", "type": "string"},
-    {"name": "op", "type": "string"},
-    {"name": "ts_ms", "type": "bigint"},
-]
-
-
-def region_rows(*items: tuple[int, str, str, str, int]) -> list[dict[str, Any]]:
-    return [{"id": i, "region": r, "full_name": n, "op": op, "ts_ms": ts} for i, r, n, op, ts in items]
 
 
 def _rows(rows: list[dict[str, Any]]) -> dict[int, tuple[str, str]]:
