@@ -484,3 +484,74 @@ def test_the_conformance_delta_readers_see_a_wrong_expectation_now_and_in_time_t
     # Without formats the Delta readers do not apply: the same run has nothing for them to check.
     plain = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake2", suffix="_dneg2")
     assert plain.ok, plain.failures
+
+
+# ------------------------------------------------------------------------------ erase (hand-laid versions)
+def _erase_table(tmp_path: Path, keep_versions: int = 2) -> tuple[TableConfig, Lake, list[str]]:
+    """A ``formats: [delta]`` table in a registry directory, versions 1-4 of :data:`STATES` archived and
+    synced; the CLI's erase arguments for it.  ``robert`` is the bound (max) of versions 3 and 4, the kept ones."""
+    import yaml
+    from conftest import student_doc
+
+    from cdc_compaction.core.registry import parse_table
+
+    doc = student_doc(tmp_path / "lake", "people", formats=["delta"], keep_versions=keep_versions)
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "tests.people.yaml").write_text(yaml.safe_dump(doc))
+    cfg = parse_table(doc)
+    lake = Lake(cfg)
+    claim(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+        lake.storage.write_text(lake.layout.archived_marker(seq), "")  # its run finished
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}
+    return cfg, lake, ["erase", "tests.people", "--registry-dir", str(registry), "--where", "full_name = 'robert'"]
+
+
+def test_an_erase_whose_delta_rebuild_fails_exits_non_zero_verify_reads_the_log_and_a_rerun_repairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37, defect 1: the reproduction ``CDC_FAULTS='formats.before_delta_commit@<t>=raise' erase``."""
+    from cdc_compaction.cli.main import main
+    from cdc_compaction.job.faults import ENV
+
+    cfg, lake, args = _erase_table(tmp_path)
+    log_dir = Path(delta.metadata_root(lake))
+    saved = tmp_path / "saved_log"
+    shutil.copytree(log_dir, saved)
+    checkpoint = saved / f"{3:020d}.checkpoint.parquet"
+    assert "robert" in json.dumps(pq.read_table(checkpoint).to_pylist()), "a bound there: the test can see it"
+
+    monkeypatch.setenv(ENV, f"formats.before_delta_commit@{cfg.qualified_name}=raise")
+    assert main([*args, "--yes"]) != 0
+    err = capsys.readouterr().err
+    assert cfg.qualified_name in err and "_delta_log" in err and "run the same erase again" in err
+    monkeypatch.delenv(ENV)
+
+    # Whatever is left of the log, --verify searches it: a checkpoint holding the value fails it, and so does
+    # a commit file.
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for p in saved.glob("*.checkpoint.parquet"):
+        shutil.copy(p, log_dir / p.name)
+    assert main([*args, "--verify"]) == 1
+    capsys.readouterr()
+    for p in log_dir.iterdir():
+        p.unlink()
+    shutil.copy(saved / f"{4:020d}.json", log_dir / f"{4:020d}.json")
+    assert main([*args, "--verify"]) == 1
+    capsys.readouterr()
+    shutil.rmtree(log_dir)
+
+    # The same erase run again finishes: the log is rebuilt, readable at every kept version, sizes true.
+    assert main([*args, "--yes"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--verify"]) == 0
+    root = delta.table_root(lake)
+    want = [{i: n for i, n in s.items() if n != "robert"} for s in STATES[:4]]
+    assert lake.commit_seqs() == [1, 2, 3, 4, 5], "the erase is commit 5: versions 4 and 5 are kept"
+    assert delta_rows(root, 4) == want[3] and polars_rows(root, 4) == want[3]
+    assert delta_rows(root, 5) == want[3] and polars_rows(root, 5) == want[3], "the erase's own version"
+    assert "robert" not in log_text(lake)
+    for add in pa.table(deltalake.DeltaTable(root).get_add_actions(flatten=True)).to_pylist():
+        assert add["size_bytes"] == os.path.getsize(os.path.join(root, add["path"])), add["path"]
