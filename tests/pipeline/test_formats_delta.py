@@ -39,19 +39,33 @@ STATES: list[dict[int, str]] = [
 ]
 
 
-def write_version(lake: Lake, seq: int, names: dict[int, str], partitioned: bool = False) -> Commit:
-    """Lay out version ``seq`` as publish does (``data/``, ``tombstones/``) and commit it."""
+def write_version(
+    lake: Lake,
+    seq: int,
+    names: dict[int, str],
+    partitioned: bool = False,
+    email: bool = False,
+    rollback_to: int | None = None,
+) -> Commit:
+    """Lay out version ``seq`` as publish does (``data/``, ``tombstones/``) and commit it.
+
+    ``email``: the version has the column ``email`` (``<name>@x``) that ``schema_changes: evolve`` added;
+    its record names its columns then, as publish writes them.  ``rollback_to``: the record is a rollback's."""
     version = f"v{seq:08d}-p{seq}-a1"
     data = Path(lake.layout.data_dir(version))
     ids = sorted(names)
-    table = pa.table(
-        {
-            "id": pa.array(ids, pa.int32()),
-            "full_name": pa.array([names[i] for i in ids]),
-            "op": pa.array(["u"] * len(ids)),
-            "ts_ms": pa.array([seq * 100 + i for i in ids], pa.int64()),
-        }
-    )
+    cols = {
+        "id": pa.array(ids, pa.int32()),
+        "full_name": pa.array([names[i] for i in ids]),
+        "op": pa.array(["u"] * len(ids)),
+        "ts_ms": pa.array([seq * 100 + i for i in ids], pa.int64()),
+    }
+    schema = None
+    if email:
+        cols["email"] = pa.array([f"{names[i]}@x" for i in ids])
+        types = {"id": "int", "full_name": "string", "op": "string", "ts_ms": "bigint", "email": "string"}
+        schema = {"columns": [{"name": n, "type": t} for n, t in types.items()], "changes": []}
+    table = pa.table(cols)
     partitions = None
     if partitioned:
         partitions = {}
@@ -80,6 +94,8 @@ def write_version(lake: Lake, seq: int, names: dict[int, str], partitioned: bool
         committed_at=f"2026-11-2{seq}T10:00:00+00:00",
         partitions=partitions,
         partition_rows=None if partitions is None else {p: 0 for p in partitions},
+        schema=schema,
+        rollback=None if rollback_to is None else {"to_seq": rollback_to, "by": "test"},
     )
     assert lake.try_commit(commit)
     return commit
@@ -555,3 +571,74 @@ def test_an_erase_whose_delta_rebuild_fails_exits_non_zero_verify_reads_the_log_
     assert "robert" not in log_text(lake)
     for add in pa.table(deltalake.DeltaTable(root).get_add_actions(flatten=True)).to_pylist():
         assert add["size_bytes"] == os.path.getsize(os.path.join(root, add["path"])), add["path"]
+
+
+# ------------------------------------------------------------------------------ time travel by timestamp
+def committed_ms(seq: int) -> int:
+    """When :func:`write_version` says version ``seq`` was committed (its record's ``committed_at``), in ms."""
+    from datetime import UTC, datetime
+
+    return int(datetime(2026, 11, 20 + seq, 10, 0, tzinfo=UTC).timestamp() * 1000)
+
+
+def test_timestamp_travel_finds_each_version_by_its_commit_time_after_a_late_sync_and_a_regenerate(
+    make_cfg: Any,
+) -> None:
+    """Issue 37, defect 2: readers travel by a commit file's time (delta-rs: its modification time, the
+    protocol's timestamp without in-commit timestamps); a sync that comes late, or the rewrite of the whole
+    log after an erase, must not re-stamp a version with the time it was written."""
+    from datetime import UTC, datetime, timedelta
+
+    cfg = make_cfg(formats=["delta"], keep_versions=4)
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}  # late: days after the commits
+
+    def check() -> None:
+        for seq in range(1, 5):
+            at = datetime.fromtimestamp(committed_ms(seq) / 1000, UTC)
+            for when in (at, at + timedelta(hours=12)):
+                dt = deltalake.DeltaTable(root)
+                dt.load_as_version(when)
+                assert dt.version() == seq, f"as of {when}: version {dt.version()}, not {seq}"
+                assert delta_rows(root, dt.version()) == STATES[seq - 1]
+            assert pl.read_delta(root, version=at).select("id", "full_name").height == len(STATES[seq - 1])
+        history = {h["version"]: h["timestamp"] for h in deltalake.DeltaTable(root).history()}
+        assert {v: history[v] for v in range(1, 5)} == {v: committed_ms(v) for v in range(1, 5)}
+
+    check()
+    formats.regenerate_formats(rt_of(cfg, lake))  # what an erase does after rewriting files
+    check()
+
+
+# ------------------------------------------------------------------------------ rollback and the schema
+def test_a_rollback_past_an_added_column_keeps_the_column_in_the_delta_schema(make_cfg: Any) -> None:
+    """Issue 37, defect 3: version 2 added ``email``; version 3 rolls back to version 1's rows (its record has
+    version 1's columns).  The Delta schema keeps ``email`` (null in the rolled-back rows), as the lake's
+    table does: no version's metaData drops a column for the next commit to add back."""
+    cfg = make_cfg(formats=["delta"], keep_versions=5, schema_changes="evolve")
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    write_version(lake, 1, STATES[0])
+    write_version(lake, 2, STATES[1], email=True)
+    assert sync_up_to(cfg, lake, 2)["failed"] == {}
+    write_version(lake, 3, STATES[0], rollback_to=1)
+    assert sync_up_to(cfg, lake, 3)["failed"] == {}
+    write_version(lake, 4, STATES[2], email=True)
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}
+    names = {v: [f.name for f in deltalake.DeltaTable(root, version=v).schema().fields] for v in (1, 2, 3, 4)}
+    assert "email" not in names[1]
+    assert all("email" in names[v] for v in (2, 3, 4)), names
+    assert names[3] == names[2] == names[4], "the rollback neither drops nor moves a column"
+    for engine in ("delta-rs", "polars"):
+        if engine == "delta-rs":
+            rows = deltalake.DeltaTable(root, version=3).to_pyarrow_table(columns=["id", "email"]).to_pylist()
+        else:
+            rows = pl.read_delta(root, version=3).select("id", "email").to_dicts()
+        assert sorted((r["id"], r["email"]) for r in rows) == [(i, None) for i in sorted(STATES[0])], engine
+    rows = deltalake.DeltaTable(root, version=4).to_pyarrow_table(columns=["id", "email"]).to_pylist()
+    assert sorted((r["id"], r["email"]) for r in rows) == [(i, f"{n}@x") for i, n in sorted(STATES[2].items())]

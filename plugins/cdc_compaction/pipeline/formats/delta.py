@@ -545,16 +545,24 @@ def _fix_last_checkpoint(lake: Lake) -> None:
     lake.storage.write_text(last, json.dumps({"version": cps[-1], "size": rows}))
 
 
-def _write(lake: Lake, version: int, text: str, overwrite: bool) -> bool:
-    """Write commit file ``version``; False if it exists already (create-if-absent: never twice)."""
+def _write(lake: Lake, version: int, text: str, overwrite: bool, committed_ms: int) -> bool:
+    """Write commit file ``version``; False if it exists already (create-if-absent: never twice).
+
+    The file gets the lake commit's time as its modification time: without in-commit timestamps that
+    is the version's timestamp for Delta readers (``TIMESTAMP AS OF``, delta-rs ``load_as_version``),
+    so a sync that comes late, or an erase's rewrite of the whole log, must not re-stamp it.  S3 sets
+    an object's time itself (``set_mtime`` returns False there: docs/formats.md)."""
+    path = commit_path(lake, version)
     if overwrite:
-        lake.storage.write_text(commit_path(lake, version), text)
-        return True
-    try:
-        lake.storage.create_exclusive(commit_path(lake, version), text)
-        return True
-    except PreconditionFailedError:
-        return False
+        lake.storage.write_text(path, text)
+    else:
+        try:
+            lake.storage.create_exclusive(path, text)
+        except PreconditionFailedError:
+            return False
+    if committed_ms > 0:
+        lake.storage.set_mtime(path, committed_ms / 1000)
+    return True
 
 
 def _start(rt: Runtime, lake: Lake, commit: Commit, overwrite: bool) -> LogState:
@@ -577,8 +585,33 @@ def _start(rt: Runtime, lake: Lake, commit: Commit, overwrite: bool) -> LogState
         commit.seq,
         _lines([commit_info(commit, _operation(commit)), {"protocol": PROTOCOL}, md, *adds]),
         overwrite,
+        _ms(commit.committed_at),
     )
     return state
+
+
+def _kept_columns(old: str | None, new: str) -> str:
+    """``new``'s schema with every column of ``old`` it lacks put back, each after the column it followed.
+
+    A rollback's record has the columns of the version it restores, which may predate a column
+    ``schema_changes: evolve`` added since; the lake's table keeps that column (null in the restored
+    rows), and so does the Delta schema: a metaData that dropped it would have the next commit add it
+    back, and a reader of the rollback's version would see another table than the lake's."""
+    if not old:
+        return new
+    before, after = json.loads(old)["fields"], json.loads(new)
+    fields = list(after["fields"])
+    names = {f["name"] for f in fields}
+    at = 0
+    for f in before:
+        if f["name"] in names:
+            at = next(i for i, g in enumerate(fields) if g["name"] == f["name"]) + 1
+            continue
+        fields.insert(at, f)
+        names.add(f["name"])
+        at += 1
+    after["fields"] = fields
+    return json.dumps(after, separators=(",", ":"))
 
 
 def _append(rt: Runtime, lake: Lake, commit: Commit, state: LogState, overwrite: bool) -> bool:
@@ -591,6 +624,7 @@ def _append(rt: Runtime, lake: Lake, commit: Commit, state: LogState, overwrite:
     when = _ms(commit.committed_at)
     actions: list[dict[str, Any]] = [commit_info(commit, _operation(commit))]
     md = metadata_action(cfg, commit, state.metadata["id"], state.metadata.get("createdTime") or when)
+    md["metaData"]["schemaString"] = _kept_columns(state.metadata.get("schemaString"), md["metaData"]["schemaString"])
     if (md["metaData"]["schemaString"], md["metaData"]["partitionColumns"]) != (
         state.metadata.get("schemaString"),
         list(state.metadata.get("partitionColumns") or []),
@@ -604,7 +638,7 @@ def _append(rt: Runtime, lake: Lake, commit: Commit, state: LogState, overwrite:
         actions.append(add)
         state.files[path] = add["add"]
     fault_point("formats.before_delta_commit", cfg.qualified_name)
-    written = _write(lake, commit.seq, _lines(actions), overwrite)
+    written = _write(lake, commit.seq, _lines(actions), overwrite, when)
     state.version = commit.seq
     return written
 
