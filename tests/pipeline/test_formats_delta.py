@@ -642,3 +642,26 @@ def test_a_rollback_past_an_added_column_keeps_the_column_in_the_delta_schema(ma
         assert sorted((r["id"], r["email"]) for r in rows) == [(i, None) for i in sorted(STATES[0])], engine
     rows = deltalake.DeltaTable(root, version=4).to_pyarrow_table(columns=["id", "email"]).to_pylist()
     assert sorted((r["id"], r["email"]) for r in rows) == [(i, f"{n}@x") for i, n in sorted(STATES[2].items())]
+
+
+def test_an_expired_version_fails_in_readers_as_the_docs_say(make_cfg: Any) -> None:
+    """Issue 37, defect 4: docs/formats.md quotes what delta-rs and polars say for a version retention expired
+    (the log has no commit file for it any more), and that a version never written says something else."""
+    from cdc_compaction.core.settings import PROJECT_ROOT
+
+    cfg = make_cfg(formats=["delta"], keep_versions=2)
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+    sync_up_to(cfg, lake, 4)
+    docs = " ".join((PROJECT_ROOT / "docs" / "formats.md").read_text().split())
+    with pytest.raises(Exception, match="No files in log segment"):
+        deltalake.DeltaTable(root, version=2)
+    with pytest.raises(Exception, match="No files in log segment"):
+        pl.read_delta(root, version=2)
+    assert '"No files in log segment"' in docs
+    with pytest.raises(Exception, match="LogSegment end version 4 not the same as the specified end version 9"):
+        deltalake.DeltaTable(root, version=9)
+    assert '"LogSegment end version <newest> not the same as the specified end version <N>"' in docs
