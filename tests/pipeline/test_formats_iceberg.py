@@ -464,3 +464,43 @@ def test_the_conformance_iceberg_readers_see_a_wrong_expectation_now_and_in_time
     # Without formats the Iceberg readers do not apply: the same run has nothing for them to check.
     plain = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake2", suffix="_ineg2")
     assert plain.ok, plain.failures
+
+
+# ------------------------------------------------------------------ hand-laid versions (no Spark)
+def test_snapshots_keep_their_commit_time_and_the_version_hint_names_the_current_metadata(
+    make_cfg: Callable[..., TableConfig],
+) -> None:
+    """Issue 37, defects 2 and 4: a snapshot's ``timestamp-ms`` is its lake commit's time, after a late sync
+    and after the regeneration an erase runs; ``metadata/version-hint.text`` lets a reader without the
+    catalog (pyiceberg's StaticTable, DuckDB's ``iceberg_scan``) open the current metadata."""
+    from pyiceberg.table import StaticTable
+
+    from cdc_compaction.core.ownership import claim
+    from cdc_compaction.pipeline import formats
+    from pipeline.test_formats_delta import STATES, committed_ms, write_version
+
+    cfg = make_cfg(formats=["iceberg"], keep_versions=4)
+    lake = Lake(cfg)
+    claim(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+    rt = formats.runtime_for(cfg, lake)
+    assert formats.sync_formats(rt, 4)["failed"] == {}  # late: days after the commits
+
+    def check() -> None:
+        table = StaticTable.from_metadata(str(iceberg.table_root(lake)))  # through version-hint.text
+        by_seq = {int(s.summary[iceberg.SEQ_PROPERTY]): s for s in table.snapshots()}
+        assert {seq: s.timestamp_ms for seq, s in by_seq.items()} == {seq: committed_ms(seq) for seq in range(1, 5)}
+        for seq in range(1, 5):
+            snap = table.snapshot_as_of_timestamp(committed_ms(seq) + 12 * 3600 * 1000)
+            assert snap is not None and snap.snapshot_id == by_seq[seq].snapshot_id
+            rows = table.scan(snapshot_id=snap.snapshot_id).to_arrow().select(["id", "full_name"]).to_pylist()
+            assert {r["id"]: r["full_name"] for r in rows} == STATES[seq - 1]
+        assert table.current_snapshot().snapshot_id == by_seq[4].snapshot_id
+        # Java readers refuse metadata whose logs run backward (by more than a minute): they run forward.
+        times = [e.timestamp_ms for e in table.metadata.metadata_log] + [table.metadata.last_updated_ms]
+        assert times == sorted(times)
+
+    check()
+    formats.regenerate_formats(rt)  # what an erase does after rewriting files
+    check()
