@@ -665,3 +665,39 @@ def test_an_expired_version_fails_in_readers_as_the_docs_say(make_cfg: Any) -> N
     with pytest.raises(Exception, match="LogSegment end version 4 not the same as the specified end version 9"):
         deltalake.DeltaTable(root, version=9)
     assert '"LogSegment end version <newest> not the same as the specified end version <N>"' in docs
+
+
+def test_a_regeneration_that_crashed_midway_is_finished_by_the_next_sync(
+    make_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37, defect 1: an erase's log rewrite that dies after its first file (a kill: nothing deletes the
+    log) leaves commit files with the old sizes and bounds; the next publish's sync must write the log anew,
+    not append to it (a stale size reads as "Parquet magic bytes not found in footer")."""
+    from cdc_compaction.job.faults import ENV, InjectedFaultError
+
+    cfg = make_cfg(formats=["delta"], keep_versions=3)
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:3], start=1):
+        write_version(lake, seq, names)
+    sync_up_to(cfg, lake, 3)
+    # Erase id 2 ("bob", "bobby", "robert") by hand from every version's file, as erase does in place.
+    for seq in (1, 2, 3):
+        f = Path(lake.layout.data_dir(f"v{seq:08d}-p{seq}-a1")) / "part-0.parquet"
+        t = pq.read_table(f)
+        pq.write_table(t.filter(pa.array([i != 2 for i in t["id"].to_pylist()])), f)
+    kept = formats.kept_commits(lake, 3, cfg.keep_versions)
+    monkeypatch.setenv(ENV, f"formats.before_delta_commit@{cfg.qualified_name}=raise")
+    with pytest.raises(InjectedFaultError):
+        delta.regenerate(rt_of(cfg, lake), lake, kept)  # dies where a kill would: nothing cleans up after it
+    monkeypatch.delenv(ENV)
+    write_version(lake, 4, {i: n for i, n in STATES[3].items() if i != 2})  # the next compaction
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}
+    for seq in (2, 3, 4):  # the kept versions (keep_versions: 3)
+        want = {i: n for i, n in STATES[seq - 1].items() if i != 2}
+        assert delta_rows(root, seq) == want
+        assert polars_rows(root, seq) == want
+    assert not any(n in log_text(lake) for n in ("bobby", "robert"))
+    for add in pa.table(deltalake.DeltaTable(root).get_add_actions(flatten=True)).to_pylist():
+        assert add["size_bytes"] == os.path.getsize(os.path.join(root, add["path"])), add["path"]

@@ -72,6 +72,10 @@ log = logging.getLogger(__name__)
 
 LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = "_last_checkpoint"
+#: Present while :func:`regenerate` rewrites the log (hidden: no Delta reader lists it).  A rewrite that
+#: died midway (a killed erase) leaves commit files with the sizes and bounds of files since rewritten:
+#: the next :func:`sync` sees the marker and writes the whole log anew before anything else.
+REGENERATING = ".cdc_regenerating"
 #: The commitInfo key (and table property prefix) naming the lake commit a Delta version is.
 SEQ_KEY = "cdc.commit_seq"
 PROTOCOL = {"minReaderVersion": 1, "minWriterVersion": 2}
@@ -659,6 +663,14 @@ def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
     """One Delta version per kept lake commit up to the live one: append what is missing (module docstring)."""
     done: dict[str, Any] = {"written": [], "started_at": None, "version": None}
     live = kept[-1].seq
+    if lake.storage.exists(posixpath.join(metadata_root(lake), REGENERATING)):
+        log.warning(
+            "%s: the Delta log's last rewrite (after an erase) did not finish; it is written anew from the kept "
+            "commits before anything is appended",
+            lake.cfg.qualified_name,
+        )
+        regenerate(rt, lake, kept)
+        return {"written": [c.seq for c in kept], "regenerated": True, "version": live}
     try:
         state = read_log(lake)
     except FormatError as exc:
@@ -747,6 +759,9 @@ def regenerate(rt: Runtime, lake: Lake, kept: list[Commit]) -> None:
         if lake.storage.exists(metadata_root(lake)):
             remove_format_metadata(lake, metadata_root(lake))
         return
+    marker = posixpath.join(metadata_root(lake), REGENERATING)
+    lake.storage.makedirs(metadata_root(lake))
+    lake.storage.write_text(marker, json.dumps({"from_seq": kept[0].seq, "to_seq": kept[-1].seq}))
     state = _start(rt, lake, kept[0], overwrite=True)
     for commit in kept[1:]:
         _append(rt, lake, commit, state, overwrite=True)
@@ -763,6 +778,7 @@ def regenerate(rt: Runtime, lake: Lake, kept: list[Commit]) -> None:
         if kept[0].seq < v <= kept[-1].seq:
             lake.storage.delete(checkpoint_path(lake, v))
     _fix_last_checkpoint(lake)
+    lake.storage.delete(marker)  # last: every entry of the log is now the rewritten files'
     log.info("%s: Delta log regenerated from commits %d..%d", lake.cfg.qualified_name, kept[0].seq, kept[-1].seq)
 
 
