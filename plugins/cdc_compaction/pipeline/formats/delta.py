@@ -18,6 +18,9 @@ Layout and why (docs/formats.md, "Delta and Iceberg")::
   the next sync.  A log that starts after version 0 (formats enabled on a table with history,
   older versions expired) starts with a checkpoint of its first version, as after Delta's own log
   cleanup.
+* **Commit times.**  Each commit file gets its lake commit's time as its modification time (and its
+  ``commitInfo.timestamp``): readers travel by timestamp through it, so a late sync or an erase's
+  rewrite keeps each version's time (local storage; S3 sets an object's time itself).
 * **Only visible rows.**  A commit removes the files of the previous version it no longer has and
   adds the new version's files (a partitioned table's untouched partitions stay as they are);
   tombstones (``tombstones/``), key indexes and stats files are never named.  Each add carries
@@ -32,7 +35,10 @@ Layout and why (docs/formats.md, "Delta and Iceberg")::
   for an expired version gets "version not found", never a missing data file.  Time travel reaches
   exactly the kept versions.
 * **Erase** rewrites files in place; :func:`regenerate` then rewrites the whole log from the kept
-  commits (sizes and bounds from the rewritten files), so no erased value stays in the log.
+  commits (sizes and bounds from the rewritten files), so no erased value stays in the log.  It marks
+  the log while it runs (:data:`REGENERATING`): a rewrite killed midway is redone by the next sync.
+* **Schema.**  A commit's ``metaData`` adds the columns its version added and keeps every column the
+  log had (a rollback's record has the older version's columns: :func:`_kept_columns`).
 * **Read-only for engines.**  The lake writes this log; an engine must not write to the table or
   VACUUM it (``base/`` holds files the log does not name: tombstones, in-flight attempts).  The
   log sets ``delta.deletedFileRetentionDuration`` to 100 years so that a VACUUM run by mistake

@@ -27,6 +27,10 @@ manifest lists and manifests, all written by pyiceberg) is under ``<root>/iceber
   needs the metastore's transaction tables (``hive.support.concurrency`` / ``DbTxnManager``
   setup); the project's own Hive 2.3 test metastore has none, see :func:`_commit`.
 
+Each snapshot's ``timestamp-ms`` is its lake commit's time (:func:`_stamp`), so travel by timestamp
+is right after a late sync or a regeneration; ``metadata/version-hint.text`` names the current
+metadata file (:data:`VERSION_HINT`) for readers that open the table by its directory.
+
 Derived data, like the change feed (``pipeline/changes.py``): every snapshot can be made again
 from the kept versions, so the caller logs and counts a failure here and never fails a publish.
 :func:`sync` is idempotent (a commit already described is never described again; a crash between
