@@ -504,3 +504,64 @@ def test_snapshots_keep_their_commit_time_and_the_version_hint_names_the_current
     check()
     formats.regenerate_formats(rt)  # what an erase does after rewriting files
     check()
+
+
+def test_an_erase_whose_iceberg_rebuild_fails_exits_non_zero_and_verify_reads_the_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37, defect 1 for Iceberg: ``CDC_FAULTS='formats.before_iceberg_commit@<t>=raise' erase`` exits
+    non-zero naming the table and the metadata; ``--verify`` fails while a manifest (Avro, deflated) still
+    holds the erased value as a bound; the same erase run again finishes, and pyiceberg reads every kept
+    snapshot without it."""
+    import shutil
+
+    import yaml
+    from conftest import student_doc
+    from pyiceberg.table import StaticTable
+
+    from cdc_compaction.cli.main import main
+    from cdc_compaction.core.ownership import claim
+    from cdc_compaction.core.registry import parse_table
+    from cdc_compaction.job.faults import ENV
+    from cdc_compaction.pipeline import formats
+    from pipeline.test_formats_delta import STATES, write_version
+
+    doc = student_doc(tmp_path / "lake", "people", formats=["iceberg"], keep_versions=2)
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "tests.people.yaml").write_text(yaml.safe_dump(doc))
+    cfg = parse_table(doc)
+    lake = Lake(cfg)
+    claim(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+        lake.storage.write_text(lake.layout.archived_marker(seq), "")  # its run finished
+    assert formats.sync_formats(formats.runtime_for(cfg, lake), 4)["failed"] == {}
+    meta = Path(iceberg.metadata_dir(lake))
+    saved = tmp_path / "saved"
+    shutil.copytree(meta, saved)
+    manifests = [p for p in saved.glob("*.avro") if b"robert" in _avro_payload(p.read_bytes())]
+    assert manifests, "a manifest holds the bound 'robert': the test can see it"
+    args = ["erase", "tests.people", "--registry-dir", str(registry), "--where", "full_name = 'robert'"]
+
+    monkeypatch.setenv(ENV, f"formats.before_iceberg_commit@{cfg.qualified_name}=raise")
+    assert main([*args, "--yes"]) != 0
+    err = capsys.readouterr().err
+    assert cfg.qualified_name in err and "iceberg" in err and "run the same erase again" in err
+    monkeypatch.delenv(ENV)
+    meta.mkdir(parents=True, exist_ok=True)
+    shutil.copy(manifests[0], meta / manifests[0].name)  # a manifest the failure left behind
+    assert main([*args, "--verify"]) == 1
+    capsys.readouterr()
+    (meta / manifests[0].name).unlink()
+
+    assert main([*args, "--yes"]) == 0
+    assert main([*args, "--verify"]) == 0
+    capsys.readouterr()
+    table = StaticTable.from_metadata(str(iceberg.table_root(lake)))
+    by_seq = {int(s.summary[iceberg.SEQ_PROPERTY]): s.snapshot_id for s in table.snapshots()}
+    assert sorted(by_seq) == [4, 5], "the erase is commit 5: versions 4 and 5 are kept"
+    want = {i: n for i, n in STATES[3].items() if n != "robert"}
+    for seq in (4, 5):
+        rows = table.scan(snapshot_id=by_seq[seq]).to_arrow().select(["id", "full_name"]).to_pylist()
+        assert {r["id"]: r["full_name"] for r in rows} == want
