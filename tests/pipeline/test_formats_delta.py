@@ -39,19 +39,33 @@ STATES: list[dict[int, str]] = [
 ]
 
 
-def write_version(lake: Lake, seq: int, names: dict[int, str], partitioned: bool = False) -> Commit:
-    """Lay out version ``seq`` as publish does (``data/``, ``tombstones/``) and commit it."""
+def write_version(
+    lake: Lake,
+    seq: int,
+    names: dict[int, str],
+    partitioned: bool = False,
+    email: bool = False,
+    rollback_to: int | None = None,
+) -> Commit:
+    """Lay out version ``seq`` as publish does (``data/``, ``tombstones/``) and commit it.
+
+    ``email``: the version has the column ``email`` (``<name>@x``) that ``schema_changes: evolve`` added;
+    its record names its columns then, as publish writes them.  ``rollback_to``: the record is a rollback's."""
     version = f"v{seq:08d}-p{seq}-a1"
     data = Path(lake.layout.data_dir(version))
     ids = sorted(names)
-    table = pa.table(
-        {
-            "id": pa.array(ids, pa.int32()),
-            "full_name": pa.array([names[i] for i in ids]),
-            "op": pa.array(["u"] * len(ids)),
-            "ts_ms": pa.array([seq * 100 + i for i in ids], pa.int64()),
-        }
-    )
+    cols = {
+        "id": pa.array(ids, pa.int32()),
+        "full_name": pa.array([names[i] for i in ids]),
+        "op": pa.array(["u"] * len(ids)),
+        "ts_ms": pa.array([seq * 100 + i for i in ids], pa.int64()),
+    }
+    schema = None
+    if email:
+        cols["email"] = pa.array([f"{names[i]}@x" for i in ids])
+        types = {"id": "int", "full_name": "string", "op": "string", "ts_ms": "bigint", "email": "string"}
+        schema = {"columns": [{"name": n, "type": t} for n, t in types.items()], "changes": []}
+    table = pa.table(cols)
     partitions = None
     if partitioned:
         partitions = {}
@@ -80,6 +94,8 @@ def write_version(lake: Lake, seq: int, names: dict[int, str], partitioned: bool
         committed_at=f"2026-11-2{seq}T10:00:00+00:00",
         partitions=partitions,
         partition_rows=None if partitions is None else {p: 0 for p in partitions},
+        schema=schema,
+        rollback=None if rollback_to is None else {"to_seq": rollback_to, "by": "test"},
     )
     assert lake.try_commit(commit)
     return commit
@@ -484,3 +500,204 @@ def test_the_conformance_delta_readers_see_a_wrong_expectation_now_and_in_time_t
     # Without formats the Delta readers do not apply: the same run has nothing for them to check.
     plain = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake2", suffix="_dneg2")
     assert plain.ok, plain.failures
+
+
+# ------------------------------------------------------------------------------ erase (hand-laid versions)
+def _erase_table(tmp_path: Path, keep_versions: int = 2) -> tuple[TableConfig, Lake, list[str]]:
+    """A ``formats: [delta]`` table in a registry directory, versions 1-4 of :data:`STATES` archived and
+    synced; the CLI's erase arguments for it.  ``robert`` is the bound (max) of versions 3 and 4, the kept ones."""
+    import yaml
+    from conftest import student_doc
+
+    from cdc_compaction.core.registry import parse_table
+
+    doc = student_doc(tmp_path / "lake", "people", formats=["delta"], keep_versions=keep_versions)
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "tests.people.yaml").write_text(yaml.safe_dump(doc))
+    cfg = parse_table(doc)
+    lake = Lake(cfg)
+    claim(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+        lake.storage.write_text(lake.layout.archived_marker(seq), "")  # its run finished
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}
+    return cfg, lake, ["erase", "tests.people", "--registry-dir", str(registry), "--where", "full_name = 'robert'"]
+
+
+def test_an_erase_whose_delta_rebuild_fails_exits_non_zero_verify_reads_the_log_and_a_rerun_repairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37, defect 1: the reproduction ``CDC_FAULTS='formats.before_delta_commit@<t>=raise' erase``."""
+    from cdc_compaction.cli.main import main
+    from cdc_compaction.job.faults import ENV
+
+    cfg, lake, args = _erase_table(tmp_path)
+    log_dir = Path(delta.metadata_root(lake))
+    saved = tmp_path / "saved_log"
+    shutil.copytree(log_dir, saved)
+    checkpoint = saved / f"{3:020d}.checkpoint.parquet"
+    assert "robert" in json.dumps(pq.read_table(checkpoint).to_pylist()), "a bound there: the test can see it"
+
+    monkeypatch.setenv(ENV, f"formats.before_delta_commit@{cfg.qualified_name}=raise")
+    assert main([*args, "--yes"]) != 0
+    err = capsys.readouterr().err
+    assert cfg.qualified_name in err and "_delta_log" in err and "run the same erase again" in err
+    monkeypatch.delenv(ENV)
+
+    # Whatever is left of the log, --verify searches it: a checkpoint holding the value fails it, and so does
+    # a commit file.
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for p in saved.glob("*.checkpoint.parquet"):
+        shutil.copy(p, log_dir / p.name)
+    assert main([*args, "--verify"]) == 1
+    capsys.readouterr()
+    for p in log_dir.iterdir():
+        p.unlink()
+    shutil.copy(saved / f"{4:020d}.json", log_dir / f"{4:020d}.json")
+    assert main([*args, "--verify"]) == 1
+    capsys.readouterr()
+    shutil.rmtree(log_dir)
+
+    # The same erase run again finishes: the log is rebuilt, readable at every kept version, sizes true.
+    assert main([*args, "--yes"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--verify"]) == 0
+    root = delta.table_root(lake)
+    want = [{i: n for i, n in s.items() if n != "robert"} for s in STATES[:4]]
+    assert lake.commit_seqs() == [1, 2, 3, 4, 5], "the erase is commit 5: versions 4 and 5 are kept"
+    assert delta_rows(root, 4) == want[3] and polars_rows(root, 4) == want[3]
+    assert delta_rows(root, 5) == want[3] and polars_rows(root, 5) == want[3], "the erase's own version"
+    assert "robert" not in log_text(lake)
+    for add in pa.table(deltalake.DeltaTable(root).get_add_actions(flatten=True)).to_pylist():
+        assert add["size_bytes"] == os.path.getsize(os.path.join(root, add["path"])), add["path"]
+
+
+# ------------------------------------------------------------------------------ time travel by timestamp
+def committed_ms(seq: int) -> int:
+    """When :func:`write_version` says version ``seq`` was committed (its record's ``committed_at``), in ms."""
+    from datetime import UTC, datetime
+
+    return int(datetime(2026, 11, 20 + seq, 10, 0, tzinfo=UTC).timestamp() * 1000)
+
+
+def test_timestamp_travel_finds_each_version_by_its_commit_time_after_a_late_sync_and_a_regenerate(
+    make_cfg: Any,
+) -> None:
+    """Issue 37, defect 2: readers travel by a commit file's time (delta-rs: its modification time, the
+    protocol's timestamp without in-commit timestamps); a sync that comes late, or the rewrite of the whole
+    log after an erase, must not re-stamp a version with the time it was written."""
+    from datetime import UTC, datetime, timedelta
+
+    cfg = make_cfg(formats=["delta"], keep_versions=4)
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}  # late: days after the commits
+
+    def check() -> None:
+        for seq in range(1, 5):
+            at = datetime.fromtimestamp(committed_ms(seq) / 1000, UTC)
+            for when in (at, at + timedelta(hours=12)):
+                dt = deltalake.DeltaTable(root)
+                dt.load_as_version(when)
+                assert dt.version() == seq, f"as of {when}: version {dt.version()}, not {seq}"
+                assert delta_rows(root, dt.version()) == STATES[seq - 1]
+            assert pl.read_delta(root, version=at).select("id", "full_name").height == len(STATES[seq - 1])
+        history = {h["version"]: h["timestamp"] for h in deltalake.DeltaTable(root).history()}
+        assert {v: history[v] for v in range(1, 5)} == {v: committed_ms(v) for v in range(1, 5)}
+
+    check()
+    formats.regenerate_formats(rt_of(cfg, lake))  # what an erase does after rewriting files
+    check()
+
+
+# ------------------------------------------------------------------------------ rollback and the schema
+def test_a_rollback_past_an_added_column_keeps_the_column_in_the_delta_schema(make_cfg: Any) -> None:
+    """Issue 37, defect 3: version 2 added ``email``; version 3 rolls back to version 1's rows (its record has
+    version 1's columns).  The Delta schema keeps ``email`` (null in the rolled-back rows), as the lake's
+    table does: no version's metaData drops a column for the next commit to add back."""
+    cfg = make_cfg(formats=["delta"], keep_versions=5, schema_changes="evolve")
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    write_version(lake, 1, STATES[0])
+    write_version(lake, 2, STATES[1], email=True)
+    assert sync_up_to(cfg, lake, 2)["failed"] == {}
+    write_version(lake, 3, STATES[0], rollback_to=1)
+    assert sync_up_to(cfg, lake, 3)["failed"] == {}
+    write_version(lake, 4, STATES[2], email=True)
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}
+    names = {v: [f.name for f in deltalake.DeltaTable(root, version=v).schema().fields] for v in (1, 2, 3, 4)}
+    assert "email" not in names[1]
+    assert all("email" in names[v] for v in (2, 3, 4)), names
+    assert names[3] == names[2] == names[4], "the rollback neither drops nor moves a column"
+    for engine in ("delta-rs", "polars"):
+        if engine == "delta-rs":
+            rows = deltalake.DeltaTable(root, version=3).to_pyarrow_table(columns=["id", "email"]).to_pylist()
+        else:
+            rows = pl.read_delta(root, version=3).select("id", "email").to_dicts()
+        assert sorted((r["id"], r["email"]) for r in rows) == [(i, None) for i in sorted(STATES[0])], engine
+    rows = deltalake.DeltaTable(root, version=4).to_pyarrow_table(columns=["id", "email"]).to_pylist()
+    assert sorted((r["id"], r["email"]) for r in rows) == [(i, f"{n}@x") for i, n in sorted(STATES[2].items())]
+
+
+def test_an_expired_version_fails_in_readers_as_the_docs_say(make_cfg: Any) -> None:
+    """Issue 37, defect 4: docs/formats.md quotes what delta-rs and polars say for a version retention expired
+    (the log has no commit file for it any more), and that a version never written says something else."""
+    from cdc_compaction.core.settings import PROJECT_ROOT
+
+    cfg = make_cfg(formats=["delta"], keep_versions=2)
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+    sync_up_to(cfg, lake, 4)
+    docs = " ".join((PROJECT_ROOT / "docs" / "formats.md").read_text().split())
+    with pytest.raises(Exception, match="No files in log segment"):
+        deltalake.DeltaTable(root, version=2)
+    with pytest.raises(Exception, match="No files in log segment"):
+        pl.read_delta(root, version=2)
+    assert '"No files in log segment"' in docs
+    with pytest.raises(Exception, match="LogSegment end version 4 not the same as the specified end version 9"):
+        deltalake.DeltaTable(root, version=9)
+    assert '"LogSegment end version <newest> not the same as the specified end version <N>"' in docs
+
+
+def test_a_regeneration_that_crashed_midway_is_finished_by_the_next_sync(
+    make_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37, defect 1: an erase's log rewrite that dies after its first file (a kill: nothing deletes the
+    log) leaves commit files with the old sizes and bounds; the next publish's sync must write the log anew,
+    not append to it (a stale size reads as "Parquet magic bytes not found in footer")."""
+    from cdc_compaction.job.faults import ENV, InjectedFaultError
+
+    cfg = make_cfg(formats=["delta"], keep_versions=3)
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:3], start=1):
+        write_version(lake, seq, names)
+    sync_up_to(cfg, lake, 3)
+    # Erase id 2 ("bob", "bobby", "robert") by hand from every version's file, as erase does in place.
+    for seq in (1, 2, 3):
+        f = Path(lake.layout.data_dir(f"v{seq:08d}-p{seq}-a1")) / "part-0.parquet"
+        t = pq.read_table(f)
+        pq.write_table(t.filter(pa.array([i != 2 for i in t["id"].to_pylist()])), f)
+    kept = formats.kept_commits(lake, 3, cfg.keep_versions)
+    monkeypatch.setenv(ENV, f"formats.before_delta_commit@{cfg.qualified_name}=raise")
+    with pytest.raises(InjectedFaultError):
+        delta.regenerate(rt_of(cfg, lake), lake, kept)  # dies where a kill would: nothing cleans up after it
+    monkeypatch.delenv(ENV)
+    write_version(lake, 4, {i: n for i, n in STATES[3].items() if i != 2})  # the next compaction
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}
+    for seq in (2, 3, 4):  # the kept versions (keep_versions: 3)
+        want = {i: n for i, n in STATES[seq - 1].items() if i != 2}
+        assert delta_rows(root, seq) == want
+        assert polars_rows(root, seq) == want
+    assert not any(n in log_text(lake) for n in ("bobby", "robert"))
+    for add in pa.table(deltalake.DeltaTable(root).get_add_actions(flatten=True)).to_pylist():
+        assert add["size_bytes"] == os.path.getsize(os.path.join(root, add["path"])), add["path"]

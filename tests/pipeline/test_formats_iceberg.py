@@ -464,3 +464,104 @@ def test_the_conformance_iceberg_readers_see_a_wrong_expectation_now_and_in_time
     # Without formats the Iceberg readers do not apply: the same run has nothing for them to check.
     plain = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake2", suffix="_ineg2")
     assert plain.ok, plain.failures
+
+
+# ------------------------------------------------------------------ hand-laid versions (no Spark)
+def test_snapshots_keep_their_commit_time_and_the_version_hint_names_the_current_metadata(
+    make_cfg: Callable[..., TableConfig],
+) -> None:
+    """Issue 37, defects 2 and 4: a snapshot's ``timestamp-ms`` is its lake commit's time, after a late sync
+    and after the regeneration an erase runs; ``metadata/version-hint.text`` lets a reader without the
+    catalog (pyiceberg's StaticTable, DuckDB's ``iceberg_scan``) open the current metadata."""
+    from pyiceberg.table import StaticTable
+
+    from cdc_compaction.core.ownership import claim
+    from cdc_compaction.pipeline import formats
+    from pipeline.test_formats_delta import STATES, committed_ms, write_version
+
+    cfg = make_cfg(formats=["iceberg"], keep_versions=4)
+    lake = Lake(cfg)
+    claim(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+    rt = formats.runtime_for(cfg, lake)
+    assert formats.sync_formats(rt, 4)["failed"] == {}  # late: days after the commits
+
+    def check() -> None:
+        table = StaticTable.from_metadata(str(iceberg.table_root(lake)))  # through version-hint.text
+        by_seq = {int(s.summary[iceberg.SEQ_PROPERTY]): s for s in table.snapshots()}
+        assert {seq: s.timestamp_ms for seq, s in by_seq.items()} == {seq: committed_ms(seq) for seq in range(1, 5)}
+        for seq in range(1, 5):
+            snap = table.snapshot_as_of_timestamp(committed_ms(seq) + 12 * 3600 * 1000)
+            assert snap is not None and snap.snapshot_id == by_seq[seq].snapshot_id
+            rows = table.scan(snapshot_id=snap.snapshot_id).to_arrow().select(["id", "full_name"]).to_pylist()
+            assert {r["id"]: r["full_name"] for r in rows} == STATES[seq - 1]
+        assert table.current_snapshot().snapshot_id == by_seq[4].snapshot_id
+        # Java readers refuse metadata whose logs run backward (by more than a minute): they run forward.
+        times = [e.timestamp_ms for e in table.metadata.metadata_log] + [table.metadata.last_updated_ms]
+        assert times == sorted(times)
+
+    check()
+    formats.regenerate_formats(rt)  # what an erase does after rewriting files
+    check()
+
+
+def test_an_erase_whose_iceberg_rebuild_fails_exits_non_zero_and_verify_reads_the_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37, defect 1 for Iceberg: ``CDC_FAULTS='formats.before_iceberg_commit@<t>=raise' erase`` exits
+    non-zero naming the table and the metadata; ``--verify`` fails while a manifest (Avro, deflated) still
+    holds the erased value as a bound; the same erase run again finishes, and pyiceberg reads every kept
+    snapshot without it."""
+    import shutil
+
+    import yaml
+    from conftest import student_doc
+    from pyiceberg.table import StaticTable
+
+    from cdc_compaction.cli.main import main
+    from cdc_compaction.core.ownership import claim
+    from cdc_compaction.core.registry import parse_table
+    from cdc_compaction.job.faults import ENV
+    from cdc_compaction.pipeline import formats
+    from pipeline.test_formats_delta import STATES, write_version
+
+    doc = student_doc(tmp_path / "lake", "people", formats=["iceberg"], keep_versions=2)
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "tests.people.yaml").write_text(yaml.safe_dump(doc))
+    cfg = parse_table(doc)
+    lake = Lake(cfg)
+    claim(lake)
+    for seq, names in enumerate(STATES[:4], start=1):
+        write_version(lake, seq, names)
+        lake.storage.write_text(lake.layout.archived_marker(seq), "")  # its run finished
+    assert formats.sync_formats(formats.runtime_for(cfg, lake), 4)["failed"] == {}
+    meta = Path(iceberg.metadata_dir(lake))
+    saved = tmp_path / "saved"
+    shutil.copytree(meta, saved)
+    manifests = [p for p in saved.glob("*.avro") if b"robert" in _avro_payload(p.read_bytes())]
+    assert manifests, "a manifest holds the bound 'robert': the test can see it"
+    args = ["erase", "tests.people", "--registry-dir", str(registry), "--where", "full_name = 'robert'"]
+
+    monkeypatch.setenv(ENV, f"formats.before_iceberg_commit@{cfg.qualified_name}=raise")
+    assert main([*args, "--yes"]) != 0
+    err = capsys.readouterr().err
+    assert cfg.qualified_name in err and "iceberg" in err and "run the same erase again" in err
+    monkeypatch.delenv(ENV)
+    meta.mkdir(parents=True, exist_ok=True)
+    shutil.copy(manifests[0], meta / manifests[0].name)  # a manifest the failure left behind
+    assert main([*args, "--verify"]) == 1
+    capsys.readouterr()
+    (meta / manifests[0].name).unlink()
+
+    assert main([*args, "--yes"]) == 0
+    assert main([*args, "--verify"]) == 0
+    capsys.readouterr()
+    table = StaticTable.from_metadata(str(iceberg.table_root(lake)))
+    by_seq = {int(s.summary[iceberg.SEQ_PROPERTY]): s.snapshot_id for s in table.snapshots()}
+    assert sorted(by_seq) == [4, 5], "the erase is commit 5: versions 4 and 5 are kept"
+    want = {i: n for i, n in STATES[3].items() if n != "robert"}
+    for seq in (4, 5):
+        rows = table.scan(snapshot_id=by_seq[seq]).to_arrow().select(["id", "full_name"]).to_pylist()
+        assert {r["id"]: r["full_name"] for r in rows} == want

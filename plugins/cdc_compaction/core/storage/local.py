@@ -109,6 +109,17 @@ class LocalStorage:
             os.unlink(tmp)
             raise StorageError(f"cannot write {path}: {exc}") from exc
 
+    def set_mtime(self, path: str, epoch_s: float) -> bool:
+        """Give ``path`` the modification time ``epoch_s``; True (a local file's time can be set).
+
+        Readers of a Delta log travel by timestamp through its commit files' modification times
+        (``formats/delta.py``): a commit file written late, or written again, keeps its commit's time."""
+        try:
+            os.utime(path, (epoch_s, epoch_s))
+        except OSError as exc:
+            raise StorageError(f"cannot set the modification time of {path}: {exc}") from exc
+        return True
+
     def create_exclusive(self, path: str, text: str) -> None:
         """Create ``path`` with ``text`` only if it does not exist (complete content or nothing)."""
         tmp = self._temp_beside(path, text)

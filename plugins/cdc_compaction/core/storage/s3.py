@@ -257,6 +257,11 @@ class S3Storage:
         """Replace ``path``: a single PutObject, which readers see whole or not at all."""
         self.write_bytes(path, text.encode("utf-8"))
 
+    def set_mtime(self, path: str, epoch_s: float) -> bool:
+        """False: S3 sets an object's LastModified itself, when it is written (docs/formats.md says what
+        that means for a Delta reader's travel by timestamp)."""
+        return False
+
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a whole object (one PutObject: visible whole or not at all)."""
         bucket, key = self._object(path)

@@ -236,7 +236,9 @@ def regenerate_formats(rt: Runtime) -> dict[str, Any]:
                 done["deleted"].append(name)
         except Exception as exc:
             log.exception(
-                "%s: %s metadata not regenerated; the next erase or publish retries", cfg.qualified_name, name
+                "%s: %s metadata not regenerated (the caller decides: an erase fails and deletes it)",
+                cfg.qualified_name,
+                name,
             )
             _count(cfg, name)
             done["failed"][name] = str(exc)

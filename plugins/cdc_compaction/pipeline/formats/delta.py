@@ -18,6 +18,9 @@ Layout and why (docs/formats.md, "Delta and Iceberg")::
   the next sync.  A log that starts after version 0 (formats enabled on a table with history,
   older versions expired) starts with a checkpoint of its first version, as after Delta's own log
   cleanup.
+* **Commit times.**  Each commit file gets its lake commit's time as its modification time (and its
+  ``commitInfo.timestamp``): readers travel by timestamp through it, so a late sync or an erase's
+  rewrite keeps each version's time (local storage; S3 sets an object's time itself).
 * **Only visible rows.**  A commit removes the files of the previous version it no longer has and
   adds the new version's files (a partitioned table's untouched partitions stay as they are);
   tombstones (``tombstones/``), key indexes and stats files are never named.  Each add carries
@@ -32,7 +35,10 @@ Layout and why (docs/formats.md, "Delta and Iceberg")::
   for an expired version gets "version not found", never a missing data file.  Time travel reaches
   exactly the kept versions.
 * **Erase** rewrites files in place; :func:`regenerate` then rewrites the whole log from the kept
-  commits (sizes and bounds from the rewritten files), so no erased value stays in the log.
+  commits (sizes and bounds from the rewritten files), so no erased value stays in the log.  It marks
+  the log while it runs (:data:`REGENERATING`): a rewrite killed midway is redone by the next sync.
+* **Schema.**  A commit's ``metaData`` adds the columns its version added and keeps every column the
+  log had (a rollback's record has the older version's columns: :func:`_kept_columns`).
 * **Read-only for engines.**  The lake writes this log; an engine must not write to the table or
   VACUUM it (``base/`` holds files the log does not name: tombstones, in-flight attempts).  The
   log sets ``delta.deletedFileRetentionDuration`` to 100 years so that a VACUUM run by mistake
@@ -72,6 +78,10 @@ log = logging.getLogger(__name__)
 
 LOG_DIR = "_delta_log"
 LAST_CHECKPOINT = "_last_checkpoint"
+#: Present while :func:`regenerate` rewrites the log (hidden: no Delta reader lists it).  A rewrite that
+#: died midway (a killed erase) leaves commit files with the sizes and bounds of files since rewritten:
+#: the next :func:`sync` sees the marker and writes the whole log anew before anything else.
+REGENERATING = ".cdc_regenerating"
 #: The commitInfo key (and table property prefix) naming the lake commit a Delta version is.
 SEQ_KEY = "cdc.commit_seq"
 PROTOCOL = {"minReaderVersion": 1, "minWriterVersion": 2}
@@ -545,16 +555,24 @@ def _fix_last_checkpoint(lake: Lake) -> None:
     lake.storage.write_text(last, json.dumps({"version": cps[-1], "size": rows}))
 
 
-def _write(lake: Lake, version: int, text: str, overwrite: bool) -> bool:
-    """Write commit file ``version``; False if it exists already (create-if-absent: never twice)."""
+def _write(lake: Lake, version: int, text: str, overwrite: bool, committed_ms: int) -> bool:
+    """Write commit file ``version``; False if it exists already (create-if-absent: never twice).
+
+    The file gets the lake commit's time as its modification time: without in-commit timestamps that
+    is the version's timestamp for Delta readers (``TIMESTAMP AS OF``, delta-rs ``load_as_version``),
+    so a sync that comes late, or an erase's rewrite of the whole log, must not re-stamp it.  S3 sets
+    an object's time itself (``set_mtime`` returns False there: docs/formats.md)."""
+    path = commit_path(lake, version)
     if overwrite:
-        lake.storage.write_text(commit_path(lake, version), text)
-        return True
-    try:
-        lake.storage.create_exclusive(commit_path(lake, version), text)
-        return True
-    except PreconditionFailedError:
-        return False
+        lake.storage.write_text(path, text)
+    else:
+        try:
+            lake.storage.create_exclusive(path, text)
+        except PreconditionFailedError:
+            return False
+    if committed_ms > 0:
+        lake.storage.set_mtime(path, committed_ms / 1000)
+    return True
 
 
 def _start(rt: Runtime, lake: Lake, commit: Commit, overwrite: bool) -> LogState:
@@ -577,8 +595,33 @@ def _start(rt: Runtime, lake: Lake, commit: Commit, overwrite: bool) -> LogState
         commit.seq,
         _lines([commit_info(commit, _operation(commit)), {"protocol": PROTOCOL}, md, *adds]),
         overwrite,
+        _ms(commit.committed_at),
     )
     return state
+
+
+def _kept_columns(old: str | None, new: str) -> str:
+    """``new``'s schema with every column of ``old`` it lacks put back, each after the column it followed.
+
+    A rollback's record has the columns of the version it restores, which may predate a column
+    ``schema_changes: evolve`` added since; the lake's table keeps that column (null in the restored
+    rows), and so does the Delta schema: a metaData that dropped it would have the next commit add it
+    back, and a reader of the rollback's version would see another table than the lake's."""
+    if not old:
+        return new
+    before, after = json.loads(old)["fields"], json.loads(new)
+    fields = list(after["fields"])
+    names = {f["name"] for f in fields}
+    at = 0
+    for f in before:
+        if f["name"] in names:
+            at = next(i for i, g in enumerate(fields) if g["name"] == f["name"]) + 1
+            continue
+        fields.insert(at, f)
+        names.add(f["name"])
+        at += 1
+    after["fields"] = fields
+    return json.dumps(after, separators=(",", ":"))
 
 
 def _append(rt: Runtime, lake: Lake, commit: Commit, state: LogState, overwrite: bool) -> bool:
@@ -591,6 +634,7 @@ def _append(rt: Runtime, lake: Lake, commit: Commit, state: LogState, overwrite:
     when = _ms(commit.committed_at)
     actions: list[dict[str, Any]] = [commit_info(commit, _operation(commit))]
     md = metadata_action(cfg, commit, state.metadata["id"], state.metadata.get("createdTime") or when)
+    md["metaData"]["schemaString"] = _kept_columns(state.metadata.get("schemaString"), md["metaData"]["schemaString"])
     if (md["metaData"]["schemaString"], md["metaData"]["partitionColumns"]) != (
         state.metadata.get("schemaString"),
         list(state.metadata.get("partitionColumns") or []),
@@ -604,7 +648,7 @@ def _append(rt: Runtime, lake: Lake, commit: Commit, state: LogState, overwrite:
         actions.append(add)
         state.files[path] = add["add"]
     fault_point("formats.before_delta_commit", cfg.qualified_name)
-    written = _write(lake, commit.seq, _lines(actions), overwrite)
+    written = _write(lake, commit.seq, _lines(actions), overwrite, when)
     state.version = commit.seq
     return written
 
@@ -625,6 +669,14 @@ def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
     """One Delta version per kept lake commit up to the live one: append what is missing (module docstring)."""
     done: dict[str, Any] = {"written": [], "started_at": None, "version": None}
     live = kept[-1].seq
+    if lake.storage.exists(posixpath.join(metadata_root(lake), REGENERATING)):
+        log.warning(
+            "%s: the Delta log's last rewrite (after an erase) did not finish; it is written anew from the kept "
+            "commits before anything is appended",
+            lake.cfg.qualified_name,
+        )
+        regenerate(rt, lake, kept)
+        return {"written": [c.seq for c in kept], "regenerated": True, "version": live}
     try:
         state = read_log(lake)
     except FormatError as exc:
@@ -713,6 +765,9 @@ def regenerate(rt: Runtime, lake: Lake, kept: list[Commit]) -> None:
         if lake.storage.exists(metadata_root(lake)):
             remove_format_metadata(lake, metadata_root(lake))
         return
+    marker = posixpath.join(metadata_root(lake), REGENERATING)
+    lake.storage.makedirs(metadata_root(lake))
+    lake.storage.write_text(marker, json.dumps({"from_seq": kept[0].seq, "to_seq": kept[-1].seq}))
     state = _start(rt, lake, kept[0], overwrite=True)
     for commit in kept[1:]:
         _append(rt, lake, commit, state, overwrite=True)
@@ -729,6 +784,7 @@ def regenerate(rt: Runtime, lake: Lake, kept: list[Commit]) -> None:
         if kept[0].seq < v <= kept[-1].seq:
             lake.storage.delete(checkpoint_path(lake, v))
     _fix_last_checkpoint(lake)
+    lake.storage.delete(marker)  # last: every entry of the log is now the rewritten files'
     log.info("%s: Delta log regenerated from commits %d..%d", lake.cfg.qualified_name, kept[0].seq, kept[-1].seq)
 
 

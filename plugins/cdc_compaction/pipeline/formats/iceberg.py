@@ -27,6 +27,10 @@ manifest lists and manifests, all written by pyiceberg) is under ``<root>/iceber
   needs the metastore's transaction tables (``hive.support.concurrency`` / ``DbTxnManager``
   setup); the project's own Hive 2.3 test metastore has none, see :func:`_commit`.
 
+Each snapshot's ``timestamp-ms`` is its lake commit's time (:func:`_stamp`), so travel by timestamp
+is right after a late sync or a regeneration; ``metadata/version-hint.text`` names the current
+metadata file (:data:`VERSION_HINT`) for readers that open the table by its directory.
+
 Derived data, like the change feed (``pipeline/changes.py``): every snapshot can be made again
 from the kept versions, so the caller logs and counts a failure here and never fails a publish.
 :func:`sync` is idempotent (a commit already described is never described again; a crash between
@@ -66,6 +70,9 @@ CATALOGS = ("sql", "hive")
 ROOT_DIR = "iceberg"
 METADATA_DIR = "metadata"
 SQLITE_FILE = "catalog.db"
+#: Names the current metadata file for readers without the catalog (pyiceberg's ``StaticTable``, DuckDB's
+#: ``iceberg_scan``, Hadoop tables): its stem, ``00003-<uuid>`` (both read ``<stem>.metadata.json``).
+VERSION_HINT = "version-hint.text"
 NAME_MAPPING = "schema.name-mapping.default"
 
 
@@ -200,6 +207,16 @@ def _delete_metadata_files(lake: Lake) -> None:
     for e in lake.storage.list_dir(metadata_dir(lake)):
         if not e.is_dir and not e.name.startswith(SQLITE_FILE):
             lake.storage.delete(e.path)
+
+
+def _write_version_hint(lake: Lake, table: Any) -> None:
+    """Point ``metadata/version-hint.text`` at ``table``'s current metadata file (:data:`VERSION_HINT`).
+
+    Written after every commit, expiry and regeneration: a reader that opens the table by its
+    directory finds the metadata the catalog holds, never an older one."""
+    name = posixpath.basename(_strip(str(table.metadata_location)))
+    stem = name[: -len(".metadata.json")] if name.endswith(".metadata.json") else name
+    lake.storage.write_text(posixpath.join(metadata_dir(lake), VERSION_HINT), stem)
 
 
 # ------------------------------------------------------------------ snapshots and commits
@@ -341,7 +358,12 @@ def _table_properties(cfg: TableConfig) -> dict[str, str]:
 
 
 def _create(catalog: Any, lake: Lake, cfg: TableConfig, files: list[str], io_probe: Any) -> Any:
-    """Create ``<db>.<t>_iceberg`` with the schema of the first version it describes."""
+    """A transaction creating ``<db>.<t>_iceberg`` with the schema of the first version it describes.
+
+    The first snapshot is committed in the same transaction (:func:`_fill`): the table's first
+    metadata file already carries it, stamped with its commit's time, so no metadata file of the
+    table says "updated now" before a snapshot of an earlier time (Iceberg readers check that the
+    metadata log and the snapshot log run forward)."""
     import pyarrow as pa
 
     from cdc_compaction.core.inputs import arrow_schema
@@ -355,7 +377,7 @@ def _create(catalog: Any, lake: Lake, cfg: TableConfig, files: list[str], io_pro
 
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(cfg.database)
-    return catalog.create_table(
+    return catalog.create_table_transaction(
         identifier(cfg),
         schema=schema,
         location=_uri(table_root(lake)),
@@ -364,42 +386,83 @@ def _create(catalog: Any, lake: Lake, cfg: TableConfig, files: list[str], io_pro
     )
 
 
-def _append(table: Any, lake: Lake, commit: Commit, files: list[str]) -> None:
-    """One Iceberg commit: the snapshot of lake ``commit``, replacing the previous snapshot's files with its own."""
+def committed_ms(commit: Commit) -> int | None:
+    """The lake commit's time (its record's ``committed_at``) in milliseconds, None if it has none."""
+    from datetime import datetime
+
+    if not commit.committed_at:
+        return None
+    return int(datetime.fromisoformat(commit.committed_at).timestamp() * 1000)
+
+
+def _stamp(tx: Any, commit: Commit) -> None:
+    """Give the snapshot ``tx`` adds its lake commit's time as ``timestamp-ms`` (pyiceberg stamps "now").
+
+    Time travel by timestamp (Spark's and Trino's ``TIMESTAMP AS OF``, pyiceberg's
+    ``snapshot_as_of_timestamp``) reads the snapshot log, whose entries take this time: a late sync,
+    or the regeneration after an erase, keeps each version's time.  Never earlier than the metadata
+    the transaction starts from (more than Iceberg's one-minute tolerance back fails Java readers'
+    checks): a snapshot synced after an expiry that came later than its commit takes that time."""
+    from pyiceberg.table.update import AddSnapshotUpdate
+
+    ms = committed_ms(commit)
+    if ms is None:
+        return
+    # pyiceberg's transactions keep their table (a create's: the staged one) and updates privately, and
+    # take no snapshot time: these two fields are the only way in (pinned pyiceberg, tested).
+    base = tx._table.metadata  # what the transaction starts from (a create's: no snapshot, no log)
+    if base.snapshots or base.metadata_log:
+        ms = max(ms, base.last_updated_ms)
+    # The transaction's metadata is derived from its updates: replacing the update re-stamps both the
+    # snapshot and the snapshot log entry its main branch update adds.
+    tx._updates = tuple(
+        AddSnapshotUpdate(snapshot=u.snapshot.model_copy(update={"timestamp_ms": ms}))
+        if isinstance(u, AddSnapshotUpdate)
+        else u
+        for u in tx._updates
+    )
+
+
+def _fill(tx: Any, commit: Commit, files: list[str]) -> None:
+    """One Iceberg commit in ``tx``: the snapshot of lake ``commit``, replacing the previous snapshot's
+    files with its own, stamped with the commit's time (:func:`_stamp`)."""
     import pyarrow as pa
 
-    with table.transaction() as tx:
-        if tx.table_metadata.name_mapping() is None:
-            # The files have no Iceberg field ids: readers find columns by name (pyiceberg's add_files does this too).
-            tx.set_properties(**{NAME_MAPPING: tx.table_metadata.schema().name_mapping.model_dump_json()})
-        if files:
-            arrow = pa.unify_schemas([_arrow_schema_of(table.io, f) for f in files], promote_options="permissive")
-            new_schema = _iceberg_schema(arrow)
-            current = {f.name.lower(): f.field_type for f in tx.table_metadata.schema().fields}
-            # schema_changes: evolve -- a column the version added (or widened) joins the schema; nothing is dropped.
-            if any(current.get(f.name.lower()) != f.field_type for f in new_schema.fields):
-                with tx.update_schema(allow_incompatible_changes=False) as upd:
-                    upd.union_by_name(new_schema)
-        before = _current_files(tx.table_metadata, table.io)
-        wanted = set(files)
-        added = [_data_file(table.io, tx.table_metadata, f) for f in files if f not in before]
-        props = {SEQ_PROPERTY: str(commit.seq), VERSION_PROPERTY: commit.version}
-        with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
-            for path, data_file in before.items():
-                if path not in wanted:
-                    ow.delete_data_file(data_file)
-            for data_file in added:
-                ow.append_data_file(data_file)
+    io = tx._table.io  # a create transaction's staged table has no other way to its FileIO
+    if tx.table_metadata.name_mapping() is None:
+        # The files have no Iceberg field ids: readers find columns by name (pyiceberg's add_files does this too).
+        tx.set_properties(**{NAME_MAPPING: tx.table_metadata.schema().name_mapping.model_dump_json()})
+    if files:
+        arrow = pa.unify_schemas([_arrow_schema_of(io, f) for f in files], promote_options="permissive")
+        new_schema = _iceberg_schema(arrow)
+        current = {f.name.lower(): f.field_type for f in tx.table_metadata.schema().fields}
+        # schema_changes: evolve -- a column the version added (or widened) joins the schema; nothing is dropped.
+        if any(current.get(f.name.lower()) != f.field_type for f in new_schema.fields):
+            with tx.update_schema(allow_incompatible_changes=False) as upd:
+                upd.union_by_name(new_schema)
+    before = _current_files(tx.table_metadata, io)
+    wanted = set(files)
+    added = [_data_file(io, tx.table_metadata, f) for f in files if f not in before]
+    props = {SEQ_PROPERTY: str(commit.seq), VERSION_PROPERTY: commit.version}
+    with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
+        for path, data_file in before.items():
+            if path not in wanted:
+                ow.delete_data_file(data_file)
+        for data_file in added:
+            ow.append_data_file(data_file)
+    _stamp(tx, commit)
 
 
-def _commit(rt: Runtime, table: Any, lake: Lake, commit: Commit, files: list[str]) -> None:
-    """:func:`_append`, with a metastore that cannot lock named for what it is."""
+def _commit(rt: Runtime, tx: Any, commit: Commit, files: list[str]) -> None:
+    """:func:`_fill` ``tx`` (a table's transaction, or the create transaction) and commit it, with a
+    metastore that cannot lock named for what it is."""
     from thrift.transport.TTransport import TTransportException
 
     # The crash window this module heals: the lake's commit stands, its snapshot is not written yet.
     fault_point("formats.before_iceberg_commit", rt.cfg.qualified_name)
     try:
-        _append(table, lake, commit, files)
+        _fill(tx, commit, files)
+        tx.commit_transaction()
     except TTransportException as exc:
         # pyiceberg's HiveCatalog takes a metastore lock (lock()) for every commit. A Hive 2.3 metastore
         # without transaction support (TxnHandler's JDBC pool, BoneCP by default, and its HIVE_LOCKS tables)
@@ -437,11 +500,15 @@ def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
         if table is None:
             from pyiceberg.io.pyarrow import PyArrowFileIO
 
-            table = _create(catalog, lake, cfg, files, PyArrowFileIO())
-        _commit(rt, table, lake, commit, files)
+            tx = _create(catalog, lake, cfg, files, PyArrowFileIO())
+        else:
+            tx = table.transaction()
+        _commit(rt, tx, commit, files)
         table = catalog.load_table(identifier(cfg))
         synced.append(commit.seq)
         log.info("%s: Iceberg snapshot of commit %d (%d files)", cfg.qualified_name, commit.seq, len(files))
+    if table is not None:
+        _write_version_hint(lake, table)
     at = max([top, *synced]) if (top or synced) else None
     return {"format": FORMAT, "table": ".".join(identifier(cfg)), "synced": synced, "at": at}
 
@@ -463,6 +530,7 @@ def expire(rt: Runtime, lake: Lake, keep_seqs: set[int]) -> None:
         table.maintenance.expire_snapshots().by_ids(gone).commit()
         table = catalog.load_table(identifier(rt.cfg))
         log.info("%s: expired %d Iceberg snapshots", rt.cfg.qualified_name, len(gone))
+        _write_version_hint(lake, table)
     _sweep_metadata(lake, table)
 
 
