@@ -42,7 +42,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build: the docs build's output stays its own.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help install jars check-java check-postgres check-browser test test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
+.PHONY: help install jars check-java check-postgres check-browser test test-extended test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -94,12 +94,15 @@ $(STAMP): requirements.txt requirements-build.txt pyproject.toml setup.py
 
 install: check-java $(STAMP)  ## create .venv, install the pinned requirements and the project itself (editable: the cdc-compaction command)
 
-test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite (unit, Spark, metastore, DAG integrity, conformance in both modes, the UI in a browser)
+test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite but the extended tier (unit, Spark, metastore, DAG runs, conformance in both modes, Debezium, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not extended" $(PYTEST_ARGS)
+
+test-extended: install jars check-postgres $(BENCH_STAMP)  ## the extended tier (.ci/run runs it after make test): more scenarios, examples, shapes and engines of what make test covers
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m extended $(PYTEST_ARGS)
 
 test-fast: install check-postgres  ## the quick suites only (no DAG runs)
 	$(BIN)/python -m pytest -m "not dag" $(PYTEST_ARGS)

@@ -271,7 +271,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-@pytest.fixture(params=["broadcast", "window"])
+MERGE_PATHS = ["broadcast", "window"]
+
+
+def merge_paths(keep: str) -> list[Any]:
+    """``merge_path``'s values for an indirect parametrize: ``keep`` in make test, the other path in
+    make test-extended (marker ``extended``) -- for a test whose examples cost minutes a path."""
+    return [p if p == keep else pytest.param(p, marks=pytest.mark.extended) for p in MERGE_PATHS]
+
+
+@pytest.fixture(params=MERGE_PATHS)
 def merge_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every cdc compaction of the test merges down this path where the table allows it (the job's test hook)."""
     from cdc_compaction.job.modes.cdc import MERGE_PATH_ENV
@@ -298,20 +307,58 @@ def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> Any:
     return conf.InProcessRunner(spark, endpoint)
 
 
+@pytest.fixture(scope="session")
+def warm_connect(metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Spark Connect server per test worker, on the session's metastore: the ``spark_connect`` engine's
+    warm server (what ``make demo`` runs on) for the DAG runs of :func:`dag_runner`, so that a DAG run
+    pays no JVM start; the tests that pin ``engine: spark_submit`` still start one per run."""
+    from cdc_compaction.devtools.local_services import SparkConnectServer
+
+    server = SparkConnectServer(
+        home=tmp_path_factory.mktemp("warm_connect"),
+        metastore_uri=metastore.uri,
+        warehouse_dir=str(metastore.home / "warehouse"),
+        port=free_port(),
+        master="local[2]",
+        extra_conf={"spark.sql.shuffle.partitions": "4"},
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: The registry's ``spark`` section of :func:`dag_runner`'s tables: the job and the DDL in the warm server.
+OVER_CONNECT = {"engine": "spark_connect", "conf": {"spark.sql.shuffle.partitions": "2"}}
+
+
 @pytest.fixture(scope="module")
 def dag_runner(
-    spark: Any, endpoint: MetastoreEndpoint, metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory
+    spark: Any,
+    endpoint: MetastoreEndpoint,
+    metastore: LocalMetastore,
+    warm_connect: Any,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Any:
-    """Runs scenario compactions as real DAG runs (``airflow dags test``, spark-submit) in a fresh Airflow home."""
+    """Runs scenario compactions as real DAG runs (``airflow dags test``) in a fresh Airflow home.
+
+    The job runs in the worker's warm Spark Connect server (``spark.engine: spark_connect``); a test
+    sets ``dag_runner.registry_spark = None`` for spark-submit (one JVM per run, the registry's default).
+    """
     from cdc_compaction.devtools import conformance as conf
     from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db
 
     work = tmp_path_factory.mktemp("dagmode")
     env = airflow_env(
-        work / "airflow", metastore.uri, registry_dir=work / "registry", warehouse_dir=metastore.home / "warehouse"
+        work / "airflow",
+        metastore.uri,
+        registry_dir=work / "registry",
+        warehouse_dir=metastore.home / "warehouse",
+        connect_port=warm_connect.port,
     )
     ensure_airflow_db(env)
-    runner = conf.DagRunner(spark, endpoint, env)
+    runner = conf.DagRunner(spark, endpoint, env, registry_spark=OVER_CONNECT)
     runner.work = work  # type: ignore[attr-defined]
     return runner
 

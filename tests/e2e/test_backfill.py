@@ -143,6 +143,9 @@ def _runs(env: dict[str, str], dag_id: str) -> list[dict[str, Any]]:
     return []
 
 
+#: make test-extended: the real scheduler's runs are in make test through the killed-task retry below and
+#: tests/airflow/test_airflow_ui.py; this one adds a three-run backfill (some 3 minutes).
+@pytest.mark.extended
 def test_backfill_serializes_runs_and_compacts_everything_once(airflow_cluster, tmp_path: Path) -> None:
     env, registry = airflow_cluster
     doc = {

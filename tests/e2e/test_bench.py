@@ -390,6 +390,7 @@ def _none_left_behind(work: Path, wait_s: float = 60) -> list[str]:
 
 @pytest.mark.spark
 @pytest.mark.metastore
+@pytest.mark.extended  # a real bench run (make bench runs it whole): make test-extended
 def test_bench_measures_ours_and_the_floor_warm_beside_cold(tmp_path: Path) -> None:
     """A tiny run: floor and ours cold (spark-submit) and warm (Spark Connect), and delta-rs; the report has both."""
     pytest.importorskip("deltalake")
@@ -435,6 +436,7 @@ def test_bench_measures_ours_and_the_floor_warm_beside_cold(tmp_path: Path) -> N
 
 @pytest.mark.spark
 @pytest.mark.metastore
+@pytest.mark.extended  # a real bench run (make bench runs it whole): make test-extended
 def test_a_terminated_bench_leaves_no_server_or_job_behind(tmp_path: Path) -> None:
     """SIGTERM while the first spark-submit job runs: the job, the Spark Connect server and the metastore stop."""
     work, results = tmp_path / "work", tmp_path / "results"

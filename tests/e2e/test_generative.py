@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fuzz_settings
+from conftest import fuzz_settings, merge_paths
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -668,6 +668,7 @@ def check_scenario(spark: Any, endpoint: MetastoreEndpoint, root: Path, scn: Sce
     assert not h.failures, "\n".join(h.failures)
 
 
+@pytest.mark.parametrize("merge_path", merge_paths(keep="window"), indirect=True)
 def test_events_match_the_model(
     spark: Any,
     endpoint: MetastoreEndpoint,
@@ -689,6 +690,7 @@ def test_events_match_the_model(
     run_examples(request, capsys, body, counts)
 
 
+@pytest.mark.parametrize("merge_path", merge_paths(keep="broadcast"), indirect=True)
 def test_crash_and_recovery_match_the_model(
     spark: Any,
     endpoint: MetastoreEndpoint,

@@ -193,7 +193,9 @@ LONG_ROWS = {
 }
 
 
-@pytest.fixture(params=sorted(SHAPES))
+#: make test runs the Debezium shape (the source this package is for); the old-key and keyless shapes,
+#: some 2-3 minutes each, run in make test-extended.
+@pytest.fixture(params=[s if s == "debezium" else pytest.param(s, marks=pytest.mark.extended) for s in sorted(SHAPES)])
 def source(request: pytest.FixtureRequest, postgres: LocalPostgres) -> Any:
     """A fresh database with ``students`` and a wal2json slot on it; dropped afterwards."""
     from psycopg2 import sql as pgsql

@@ -25,7 +25,9 @@ from cdc_compaction.devtools import conformance as conf
 from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db
 from cdc_compaction.devtools.local_services import LocalMetastore, SparkStandalone, free_port, pid_alive, port_open
 
-pytestmark = [pytest.mark.dag, pytest.mark.metastore, pytest.mark.spark]
+#: A second engine setup (a standalone master and worker) for a scenario make test runs in-process and as
+#: DAG runs: make test-extended.
+pytestmark = [pytest.mark.dag, pytest.mark.metastore, pytest.mark.spark, pytest.mark.extended]
 
 SCENARIO = PROJECT_ROOT.parent / "shared" / "conformance" / "update_latest_wins.json"
 SUFFIX = "_cluster"

@@ -235,7 +235,7 @@ class Checker:
 
 @pytest.mark.spark
 @pytest.mark.metastore
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", [SCENARIOS[0], *(pytest.param(n, marks=pytest.mark.extended) for n in SCENARIOS[1:])])
 def test_beeline_reads_the_view_and_the_base_the_pipeline_built(
     name: str, thrift_server: SparkThriftServer, spark: Any, endpoint: MetastoreEndpoint, tmp_path: Path
 ) -> None:

@@ -551,7 +551,8 @@ def test_append_scenario(path: Path, inprocess: Any, readers: Any, tmp_path: Pat
 @pytest.mark.spark
 @pytest.mark.metastore
 def test_an_append_table_through_a_real_dag_run(dag_runner: Any, readers: Any) -> None:
-    """A re-delivery after a compaction, as real Airflow DAG runs (spark-submit with the job package)."""
+    """A re-delivery after a compaction, as real Airflow DAG runs (the job in the test worker's warm
+    Spark Connect server)."""
     from cdc_compaction.devtools import conformance as conf
 
     work: Path = dag_runner.work

@@ -104,8 +104,8 @@ def test_snapshot_scenario(path: Path, inprocess: conf.InProcessRunner, readers:
 
 
 #: Every cdc option on one table (its rule statements travel in the plan file), a keyless table and a
-#: snapshot table (its history published by the DAG's tasks) as real DAG runs (spark-submit with the
-#: job package); the rest run in-process above, through the same task functions.
+#: snapshot table (its history published by the DAG's tasks) as real DAG runs; the rest run in-process
+#: above, through the same task functions.
 DAG_SCENARIOS = [
     SCENARIO_DIR / "cdc" / "options_combined.json",
     SCENARIO_DIR / "keyless" / "seed_003_alice_alice_bob.json",
@@ -118,7 +118,17 @@ DAG_SCENARIOS = [
 def test_scenario_dag(path: Path, dag_runner: Any, readers: Any) -> None:
     work: Path = dag_runner.work
     scn = conf.Scenario.load(path)
-    result = conf.run_scenario(scn, dag_runner, readers, work / "lake", registry_dir=work / "registry", suffix="_dag")
+    # The cdc table's runs spark-submit the job package (the registry's default engine); the keyless and
+    # snapshot tables' runs send it to the worker's warm Spark Connect server (engine: spark_connect).
+    over_connect = dag_runner.registry_spark
+    if path.stem == "options_combined":
+        dag_runner.registry_spark = None
+    try:
+        result = conf.run_scenario(
+            scn, dag_runner, readers, work / "lake", registry_dir=work / "registry", suffix="_dag"
+        )
+    finally:
+        dag_runner.registry_spark = over_connect
     assert result.ok, "\n".join(result.failures)
     runs = [t for t in dag_runner.timings if t["dag_id"].endswith(scn.table_name + "_dag")]
     assert runs and all(t["state"] == "success" for t in runs)

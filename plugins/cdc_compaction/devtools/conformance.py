@@ -547,10 +547,16 @@ class DagRunner(InProcessRunner):
 
     mode = "dag"
 
-    def __init__(self, spark: Any, endpoint: MetastoreEndpoint, env: dict[str, str]) -> None:
+    def __init__(
+        self, spark: Any, endpoint: MetastoreEndpoint, env: dict[str, str], registry_spark: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(spark, endpoint)
         self.env = env
         self.timings: list[dict[str, Any]] = []
+        #: The ``spark`` section of the registry entries :func:`run_scenario` writes for this runner
+        #: (None: the registry's default, spark-submit). ``{"engine": "spark_connect"}`` sends each
+        #: run's job and DDL to the warm server that ``env``'s ``spark_connect_default`` names.
+        self.registry_spark = registry_spark
 
     def compact(self, cfg: TableConfig) -> dict[str, Any] | None:
         rt = self.runtime(cfg)
@@ -601,6 +607,8 @@ def run_scenario(
 
     start = time.monotonic()
     doc = registry_doc(scn, lake_dir, suffix, partition_by, formats)
+    if getattr(runner, "registry_spark", None):
+        doc["spark"] = dict(runner.registry_spark)  # type: ignore[attr-defined]
     if registry_dir is not None:
         registry_dir.mkdir(parents=True, exist_ok=True)
         (registry_dir / f"{DATABASE}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
