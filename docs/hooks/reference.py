@@ -10,6 +10,9 @@ a marker line, replaced here before the page is rendered:
 * ``<!-- generated: jars-lock -->``: the jars of ``jars.lock`` (``make jars``), group by group;
 * ``<!-- generated: debezium-config -->``: the Debezium stack's Kafka, Connect and connector
   configuration, as :mod:`cdc_compaction.devtools.debezium` writes and sends it;
+* ``<!-- generated: debezium-truth -->``: the PostgreSQL-truth test through Debezium
+  (``tests/e2e/test_debezium_truth.py``): its tables, connector, landing routes and registry entries,
+  from ``tests/e2e/truth_workload.py`` (which the test takes them from);
 * ``<!-- generated: table-modes -->``: every table mode the code has, with its summary;
 * ``<!-- generated: bench-targets -->``: the targets table of the last ``make bench`` run
   (``bench/results/RESULTS.md``, which ``bench/report.py`` writes), with the run's provenance.
@@ -332,6 +335,65 @@ def debezium_config() -> str:
     )
 
 
+def _truth_workload() -> Any:
+    """``tests/e2e/truth_workload.py``, loaded by its path (the tests are no package of the site)."""
+    import importlib.util
+
+    path = REPO / "tests" / "e2e" / "truth_workload.py"
+    spec = importlib.util.spec_from_file_location("cdc_docs_truth_workload", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def debezium_truth() -> str:
+    """What the Debezium truth test runs: the tables, the connector, the landing and the six registry entries."""
+    import yaml
+
+    from cdc_compaction.devtools import debezium as dbz
+
+    truth = _truth_workload()
+    connector = dbz.connector_config("127.0.0.1", 5432, "postgres", "cdc", truth.DEBEZIUM_TABLES, schemas_enable=True)
+    routes = [
+        f"| `{truth.landing_group(fmt)}` | `{fmt}` | "
+        + ", ".join(f"`{dbz.topic_of(t)}`" for t in truth.DEBEZIUM_TABLES)
+        + f" | `<lake_{fmt}>/<table>/incremental/increment_<YYYYMMDDHH>/` |"
+        for fmt in truth.DEBEZIUM_FORMATS
+    ]
+    entries = []
+    for table in (truth.KEYED, truth.KEYLESS):
+        doc = truth.debezium_registry_doc("<format>", table, Path("<lake_<format>>"))
+        doc = {k: v for k, v in doc.items() if k not in ("description", "views", "tags", "owner", "spark")}
+        doc["table"] = doc["table"].replace("__format_", "_<format>")  # the sanitised placeholder, as a placeholder
+        entries.append(f"```yaml\n{yaml.safe_dump(doc, sort_keys=False)}```")
+    return "\n".join(
+        [
+            "The tables (`SQL` as the test runs it, before the connector is registered):",
+            "",
+            "```sql\n" + ";\n".join(truth.DEBEZIUM_DDL) + ";\n```",
+            "",
+            "The connector (`DebeziumStack(schemas_enable=True).register(...)`; the ports are examples):",
+            "",
+            f"```json\n{json.dumps(connector, indent=2)}\n```",
+            "",
+            "The landing: one `LandingConsumer` per format, each in a consumer group of its own, reading both topics:",
+            "",
+            "| group | `Route(format=...)` | topics | lands into |",
+            "|---|---|---|---|",
+            *routes,
+            "",
+            "The registry entries, one per table and format (`<format>`: "
+            + ", ".join(f"`{f}`" for f in truth.DEBEZIUM_FORMATS)
+            + "; the fields",
+            "`conformance.registry_doc` adds for the test's lake, views and Spark left out):",
+            "",
+            *entries,
+            "",
+        ]
+    )
+
+
 def _generate(name: str) -> str:
     if name == "layers":
         return layers_diagram()
@@ -353,9 +415,11 @@ def _generate(name: str) -> str:
         return jars_lock()
     if name == "debezium-config":
         return debezium_config()
+    if name == "debezium-truth":
+        return debezium_truth()
     raise ValueError(
         f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands, layers, "
-        "contracts, package-map, bench-targets, jars-lock, debezium-config, table-modes)"
+        "contracts, package-map, bench-targets, jars-lock, debezium-config, debezium-truth, table-modes)"
     )
 
 

@@ -59,6 +59,7 @@ def test_the_pages_ask_for_each_generated_section_once() -> None:
         "bench-targets": ["benchmarks.md"],
         "jars-lock": ["debezium.md"],
         "debezium-config": ["debezium.md"],
+        "debezium-truth": ["debezium.md"],
         "table-modes": ["index.md"],
     }
 

@@ -551,3 +551,117 @@ def test_a_keyless_table_compacts_from_envelope_json(tmp_path: Path, spark: Any,
     assert sorted(tuple(r) for r in spark.sql(f"SELECT v, label FROM {base}").collect()) == [(1, "b")]
     stats = stats_of(rt)["stats"]
     assert (stats["increment_rows"], stats["skipped_by_kind"]) == (4, {"tombstone": 1, "heartbeat": 1})
+
+
+# ------------------------------------------------------------------ a column added at the source
+def _with_price(events: list[Event]) -> list[Event]:
+    return [e if "op" not in e else {**e, "price": Decimal("12.34") if e["op"] != "d" else None} for e in events]
+
+
+def json_lines_with_price(events: list[Event]) -> bytes:
+    """``ALTER TABLE t ADD COLUMN price numeric(8, 2)``: JsonConverter's schema and payload carry ``price``."""
+    price_field = {
+        "field": "price",
+        "type": "bytes",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1,
+        "parameters": {"scale": "2", "connect.decimal.precision": "8"},
+    }
+    value = {**VALUE_SCHEMA, "fields": [*VALUE_SCHEMA["fields"], price_field]}
+    schema = {
+        **ENVELOPE_SCHEMA,
+        "fields": [
+            {**value, "field": f["field"]} if f["field"] in ("before", "after") else f
+            for f in ENVELOPE_SCHEMA["fields"]
+        ],
+    }
+    out = []
+    for line, e in zip(json_lines(events, True).decode().splitlines(), events, strict=True):
+        doc = json.loads(line)
+        if doc is not None and "price" in e and doc["payload"].get("op"):
+            image = "before" if e["op"] == "d" else "after"
+            doc["payload"][image]["price"] = None if e["price"] is None else precise(e["price"])
+            doc["schema"] = schema
+        out.append(json.dumps(doc))
+    return ("\n".join(out) + "\n").encode()
+
+
+def avro_file_with_price(events: list[Event]) -> bytes:
+    """The same as AvroConverter's Avro: ``price`` is a nullable decimal(8,2) of the value record."""
+    price = {
+        "name": "price",
+        "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 8, "scale": 2}],
+        "default": None,
+    }
+    value = {**AVRO_VALUE, "fields": [*AVRO_VALUE["fields"], price]}
+    envelope = {
+        **AVRO_ENVELOPE,
+        "fields": [{**f, "type": ["null", value]} if f["name"] == "before" else f for f in AVRO_ENVELOPE["fields"]],
+    }
+    records = [
+        {
+            "before": None if e["before"] is None else {**avro_row(e["before"]), "price": e["price"]},
+            "after": None if e["after"] is None else {**avro_row(e["after"]), "price": e["price"]},
+            "source": {k: source(e["lsn"])[k] for k in ("ts_ms", "snapshot", "txId", "lsn")},
+            "op": e["op"],
+            "ts_ms": 1_700_000_000_500 + e["lsn"],
+        }
+        for e in events
+        if "op" in e
+    ]
+    buf = io.BytesIO()
+    fastavro.writer(buf, fastavro.parse_schema(envelope), records)
+    return buf.getvalue()
+
+
+def parquet_envelope_with_price(events: list[Event]) -> bytes:
+    """A Parquet sink's envelope whose row structs carry ``price`` as Parquet's decimal(8,2)."""
+    rows = [e for e in events if "op" in e]
+    row_type = pa.struct([*ROW_TYPE, pa.field("price", pa.decimal128(8, 2))])
+
+    def image(row: dict[str, Any] | None, price: Any) -> dict[str, Any] | None:
+        return None if row is None else {**avro_row(row), "price": price}
+
+    table = pa.table(
+        {
+            "before": pa.array([image(e["before"], e["price"]) for e in rows], row_type),
+            "after": pa.array([image(e["after"], e["price"]) for e in rows], row_type),
+            "source": pa.array([{"lsn": e["lsn"]} for e in rows], pa.struct([("lsn", pa.int64())])),
+            "op": pa.array([e["op"] for e in rows], pa.string()),
+        }
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+ADDED_COLUMN_FORMS: dict[str, tuple[str, Callable[[list[Event]], bytes], str]] = {
+    "json": ("json", json_lines_with_price, "pg.public.t+0+100.json"),
+    "avro": ("avro", avro_file_with_price, "pg.public.t+0+100.avro"),
+    "parquet-envelope": ("parquet", parquet_envelope_with_price, "pg.public.t+0+100.parquet"),
+}
+
+
+@pytest.mark.parametrize("form", list(ADDED_COLUMN_FORMS))
+def test_a_column_added_at_the_source_follows_with_schema_changes_evolve(
+    form: str, make_table: Callable[..., Runtime], spark: Any
+) -> None:
+    """The registry does not list ``price``; with ``schema_changes: evolve`` the table gains it from the
+    records' own schema (Connect's, Avro's, Parquet's) and holds its values, the older rows NULL."""
+    fmt, encode, name = ADDED_COLUMN_FORMS[form]
+    rt = make_table(format=fmt, envelope="debezium", schema_changes="evolve")
+    land(
+        rt.cfg,
+        "increment_2026010110",
+        name.replace("+100.", "+0."),
+        FORMS[form if form != "json" else "json-schemas"][1](EVENTS[:3]),
+    )
+    assert compact_once(rt, "r1")
+    later = [{"op": "u", "before": None, "after": r(2, "Bo", "1.00", T2, "x"), "lsn": 50}]
+    land(rt.cfg, "increment_2026010111", name, encode(_with_price(later)))
+    assert compact_once(rt, "r2")
+    base = f"`{rt.cfg.database}`.`{table_names(rt.cfg)['base_table']}`"
+    spark.catalog.refreshTable(base)
+    got = sorted(tuple(row) for row in spark.sql(f"SELECT id, full_name, price FROM {base}").collect())
+    assert got == [(1, "Ann", None), (2, "Bo", Decimal("12.34"))]

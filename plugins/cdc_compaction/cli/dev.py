@@ -93,7 +93,7 @@ def _conformance(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    if args.source == "postgres":
+    if args.source in ("postgres", "debezium"):
         from cdc_compaction.devtools.local_services import ServiceError, require_postgres
 
         try:
@@ -101,9 +101,18 @@ def _demo(args: argparse.Namespace) -> int:
         except ServiceError as exc:
             print(exc, file=sys.stderr)
             return 1
+    if args.source == "postgres":
         from cdc_compaction.devtools.pgdemo import main as pg_demo_main
 
         return pg_demo_main(args.engine)
+    if args.source == "debezium":
+        from cdc_compaction.devtools import jars
+        from cdc_compaction.devtools.dbzdemo import main as dbz_demo_main
+
+        if not jars.is_current(jars.jars_dir()):
+            print(f"the jars of jars.lock are not in {jars.jars_dir()}: run `make jars` first", file=sys.stderr)
+            return 1
+        return dbz_demo_main(args.engine)
     from cdc_compaction.devtools.demo import main as demo_main
 
     return demo_main(args.engine)
@@ -171,9 +180,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     demo = sub.add_parser("demo", help="land CDC files for two tables and compact them with the real DAGs")
     demo.add_argument(
         "--source",
-        choices=["files", "postgres"],
+        choices=["files", "postgres", "debezium"],
         default="files",
-        help="files: generated change files (default); postgres: a real PostgreSQL table through wal2json",
+        help="files: generated change files (default); postgres: a real PostgreSQL table through wal2json; "
+        "debezium: a real PostgreSQL table through Debezium, Kafka and Kafka Connect (after make jars)",
     )
     demo.add_argument(
         "--engine",

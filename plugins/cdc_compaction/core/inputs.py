@@ -21,6 +21,7 @@ to the table's quarantine with its reason, the run goes on, the owners are alert
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -84,7 +85,7 @@ def check_file(
     """
     storage = storage or LocalStorage()
     if cfg.format != "parquet":
-        return check_record_file(cfg, path, storage, size)
+        return check_record_file(cfg, path, storage, size, dropped)
     try:
         meta = parquet_footer(storage, path)
         schema = meta.schema.to_arrow_schema()
@@ -98,7 +99,11 @@ def check_file(
         return FileCheck(problem=reason)
     check = FileCheck(rows=meta.num_rows)
     if cfg.envelope != "flattened":
-        return check  # envelope columns (before, after, source, ...): the job maps them to the registry's
+        # Envelope columns (before, after, source, ...): the job maps them to the registry's; the
+        # row structs say which data columns the source has now (schema_changes).
+        from cdc_compaction.job.record_schema import parquet_envelope_columns
+
+        return judge_record_columns(cfg, check, parquet_envelope_columns(schema), path, dropped)
     # Spark resolves Parquet columns case-insensitively: two columns differing only by case
     # make every read of the file fail ("Found duplicate field(s)"), deep in the job.
     by_lower: dict[str, list[str]] = {}
@@ -124,17 +129,67 @@ def check_file(
     return check
 
 
-def check_record_file(cfg: TableConfig, path: str, storage: Storage, size: int | None = None) -> FileCheck:
-    """A JSON Lines or Avro file (registry ``format``): readable, and how many records it holds.
+def derived_columns(cfg: TableConfig) -> set[str]:
+    """The registry columns (lower case) the decoder fills from elsewhere than the record's data columns.
+
+    The Kafka position (``__kafka_topic``/``__kafka_partition``/``__kafka_offset``: the file name);
+    with ``envelope: debezium`` also every ``__<field>`` (``add.fields``: the envelope and its
+    ``source``) and a keyless table's before-image columns (the envelope's ``before``).
+    """
+    derived = {"__kafka_topic", "__kafka_partition", "__kafka_offset"}
+    if cfg.envelope == "debezium":
+        derived |= {c.name.lower() for c in cfg.columns if c.name.startswith("__")}
+        derived |= {c.lower() for c in getattr(cfg, "before_columns", None) or []}
+    return derived
+
+
+def judge_record_columns(
+    cfg: TableConfig, check: FileCheck, file_columns: Mapping[str, str | None], path: str, dropped: frozenset[str]
+) -> FileCheck:
+    """Judge the data columns a decoded file's records carry (their schema's) against the registry's.
+
+    Only what the source added or dropped is judged: a registry column the records carry is decoded
+    into the registry's type by the job (a Debezium ``MicroTimestamp`` is an int64 in the file, a
+    timestamp in the table), so its type here is no widening and no conflict.  A file whose records
+    carry no schema and no values (all tombstones) tells nothing and is not judged; a column of bare
+    JSON null in every record (type None) is carried, but is added only once a value types it.
+    """
+    if not file_columns:
+        return check
+    from cdc_compaction.core.schema import judge
+
+    derived = derived_columns(cfg)
+    registry = [(c.name, c.type) for c in cfg.columns if c.name.lower() not in derived]
+    listed = {n.lower() for n, _ in registry} | derived
+    carried = {n.lower() for n in file_columns}
+    new = {n: t for n, t in file_columns.items() if n.lower() not in listed and t is not None}
+    missing = [(n, t) for n, t in registry if n.lower() not in carried]
+    verdict = judge(cfg.schema_policy, missing, new, path, dropped)
+    check.missing_columns, check.ignored_columns, check.changes = verdict.missing, verdict.ignored, verdict.changes
+    check.problem = verdict.problem
+    return check
+
+
+def check_record_file(
+    cfg: TableConfig,
+    path: str,
+    storage: Storage,
+    size: int | None = None,
+    dropped: frozenset[str] = frozenset(),
+) -> FileCheck:
+    """A JSON Lines or Avro file (registry ``format``): readable, how many records it holds, and its columns.
 
     JSON: every non-empty line is a record (the first must be a JSON value; a bad line further on
     is the job's to quarantine, with its line). Avro: the container header (magic, schema, codec)
     and the block headers' record counts, no record decoded. A file that fails is a bad file,
-    handled per ``on_bad_file`` like an unreadable Parquet file.
+    handled per ``on_bad_file`` like an unreadable Parquet file.  The data columns the records'
+    schema carries (each line's Connect schema, the Avro schema) are judged per ``schema_changes``
+    (:func:`judge_record_columns`): a column added at the source follows ``evolve`` as in Parquet.
     """
     import json
 
     from cdc_compaction.job import avro_container
+    from cdc_compaction.job.record_schema import avro_columns, json_columns
 
     try:
         with storage.open_read(path) as fh:
@@ -147,9 +202,12 @@ def check_record_file(cfg: TableConfig, path: str, storage: Storage, size: int |
         return FileCheck(problem="empty file (0 bytes)")
     if cfg.format == "avro":
         try:
-            return FileCheck(rows=avro_container.count_records(data))
-        except avro_container.AvroError as exc:
+            check = FileCheck(rows=avro_container.count_records(data))
+            meta, _, _ = avro_container.header(data)
+            schema = avro_container.Schema(meta["avro.schema"].decode("utf-8"))
+        except (avro_container.AvroError, UnicodeDecodeError) as exc:
             return FileCheck(problem=f"not readable as an Avro container file ({exc})")
+        return judge_record_columns(cfg, check, avro_columns(schema, cfg.envelope), path, dropped)
     lines = [line for line in data.split(b"\n") if line.strip()]
     try:
         json.loads(lines[0])
@@ -158,7 +216,7 @@ def check_record_file(cfg: TableConfig, path: str, storage: Storage, size: int |
             problem=f"not JSON Lines (line 1: {type(exc).__name__}: {str(exc)[:80]}); the table's format is json: "
             "one Kafka record value per line as Kafka Connect's JsonConverter writes it"
         )
-    return FileCheck(rows=len(lines))
+    return judge_record_columns(cfg, FileCheck(rows=len(lines)), json_columns(lines, cfg.envelope), path, dropped)
 
 
 _UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}

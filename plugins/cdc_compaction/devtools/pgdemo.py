@@ -150,11 +150,12 @@ def _compare(conn: Any, spark: Any, cfg: TableConfig, *, compacted: bool = True)
     return _side_by_side(_postgres_rows(conn), base, view, compacted)
 
 
-def _run_dag(env: dict[str, str], cfg: TableConfig) -> None:
+def _run_dag(env: dict[str, str], cfg: TableConfig, work: Path = WORK) -> None:
+    """``airflow dags test`` of the table's DAG; its output goes to ``<work>/dag-<dag id>.log``."""
     airflow = str(Path(sys.executable).parent / "airflow")
     start = time.monotonic()
     proc = subprocess.run([airflow, "dags", "test", cfg.dag_id], env=env, capture_output=True, text=True, check=False)
-    log = WORK / f"dag-{cfg.dag_id}.log"
+    log = work / f"dag-{cfg.dag_id}.log"
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"DAG {cfg.dag_id} failed; its output is in {log}")

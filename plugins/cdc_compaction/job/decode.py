@@ -42,6 +42,13 @@ from typing import Any
 
 from cdc_compaction.job import avro_container
 from cdc_compaction.job.contract import Plan
+from cdc_compaction.job.record_schema import (
+    AVRO_LOGICAL,
+    CONNECT_DECIMAL,
+    DATE_DAYS,
+    TIME_UNITS,
+    TIMESTAMP_UNITS,
+)
 
 #: The registry's ``format`` and ``envelope`` values (and their defaults, for plans that name none).
 FORMATS = ("parquet", "json", "avro")
@@ -68,35 +75,8 @@ _INT_RANGES = {
     "int": 2**31,
     "bigint": 2**63,
 }
-#: Kafka Connect's and Debezium's semantic type names (the ``name`` of a field's Connect schema).
-CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
-VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
-DATE_DAYS = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
-TIME_UNITS = {
-    "io.debezium.time.Time": 1_000,
-    "org.apache.kafka.connect.data.Time": 1_000,
-    "io.debezium.time.MicroTime": 1,
-    "io.debezium.time.NanoTime": -1_000,  # negative: divide
-}
-TIMESTAMP_UNITS = {
-    "io.debezium.time.Timestamp": 1_000,
-    "org.apache.kafka.connect.data.Timestamp": 1_000,
-    "io.debezium.time.MicroTimestamp": 1,
-    "io.debezium.time.NanoTimestamp": -1_000,
-}
-ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
-ZONED_TIME = "io.debezium.time.ZonedTime"
 HEARTBEAT_SCHEMA = "io.debezium.connector.common.Heartbeat"
 TRANSACTION_SCHEMA = "io.debezium.connector.common.TransactionMetadataValue"
-#: Avro logical types as the Connect names they stand for (AvroConverter writes both where it can).
-_AVRO_LOGICAL = {
-    "decimal": CONNECT_DECIMAL,
-    "date": "org.apache.kafka.connect.data.Date",
-    "time-millis": "org.apache.kafka.connect.data.Time",
-    "time-micros": "io.debezium.time.MicroTime",
-    "timestamp-millis": "org.apache.kafka.connect.data.Timestamp",
-    "timestamp-micros": "io.debezium.time.MicroTimestamp",
-}
 
 
 class DecodeError(ValueError):
@@ -373,7 +353,7 @@ def avro_semantics(record_type: Any, schema: avro_container.Schema) -> dict[str,
         if not isinstance(ft, dict):
             out[str(f["name"])] = Semantic()
             continue
-        name = ft.get("connect.name") or _AVRO_LOGICAL.get(str(ft.get("logicalType")))
+        name = ft.get("connect.name") or AVRO_LOGICAL.get(str(ft.get("logicalType")))
         scale = ft.get("scale", (ft.get("connect.parameters") or {}).get("scale"))
         out[str(f["name"])] = Semantic(name, int(scale) if scale is not None else None)
     return out
