@@ -63,7 +63,10 @@ from .truth_workload import (
 
 pytest.importorskip("confluent_kafka", reason="confluent-kafka is pinned in requirements.txt (make install)")
 
+#: Minutes of a whole stack and three formats: make test-extended (.ci/run runs it after make test); make test
+#: has the stack's own test (tests/integrations/test_debezium_stack.py) and the wal2json truth.
 pytestmark = [
+    pytest.mark.extended,
     pytest.mark.debezium,
     pytest.mark.spark,
     pytest.mark.metastore,
