@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,27 @@ NOT_PARTITION_SENSITIVE = {
     "delete_of_unknown_key",
 }
 PARTITIONED = [p for p in SCENARIOS if p.stem not in NOT_PARTITION_SENSITIVE]
+#: The partitioned runs in make test: a key that moves to another partition, a delete and a re-insert
+#: there, a late event against a tombstone and a composite key; the others' partitioned runs (the same
+#: paths with other event orders, 10-35 s each) are in make test-extended, in-process in make test.
+PARTITIONED_IN_MAKE_TEST = {
+    "primary_key_change",
+    "delete_then_reinsert",
+    "late_update_for_deleted_key",
+    "composite_key",
+}
+
+
+def extended_unless(names: set[str], values: list[Any], name: Callable[[Any], str]) -> list[Any]:
+    """``values`` for a parametrize: those whose name is in ``names`` run in make test, the rest extended."""
+    return [v if name(v) in names else pytest.param(v, marks=pytest.mark.extended, id=name(v)) for v in values]
 
 
 def test_the_shared_scenarios_are_there() -> None:
     assert len(SCENARIOS) >= 19, f"expected the shared scenarios in {SHARED_CONFORMANCE}"
     assert set(DAG_HANDFUL) <= {p.stem for p in SCENARIOS}
     assert {p.stem for p in SCENARIOS} >= NOT_PARTITION_SENSITIVE and len(PARTITIONED) >= 12
+    assert {p.stem for p in PARTITIONED} >= PARTITIONED_IN_MAKE_TEST
 
 
 Readers = list[conf.Reader | conf.DuckDBReader]
@@ -108,7 +124,9 @@ def partition_column(scn: conf.Scenario) -> str:
     return (usable or list(t["order_by"]))[0]
 
 
-@pytest.mark.parametrize("path", PARTITIONED, ids=[p.stem for p in PARTITIONED])
+@pytest.mark.parametrize(
+    "path", extended_unless(PARTITIONED_IN_MAKE_TEST, PARTITIONED, lambda p: p.stem), ids=lambda p: p.stem
+)
 def test_scenario_inprocess_partitioned(
     path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path
 ) -> None:
@@ -140,7 +158,7 @@ def with_timestamp(doc: dict[str, Any]) -> None:
 DAY_SCENARIOS = ["late_update_for_deleted_key", "delete_then_reinsert", "primary_key_change", "update_latest_wins"]
 
 
-@pytest.mark.parametrize("name", DAY_SCENARIOS)
+@pytest.mark.parametrize("name", extended_unless({"delete_then_reinsert"}, DAY_SCENARIOS, str))
 def test_scenario_inprocess_partitioned_by_day(
     name: str, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path
 ) -> None:
