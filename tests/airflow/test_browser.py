@@ -168,6 +168,11 @@ def test_cdc_tables_pages_in_airflow(airflow_ui: tuple[str, str, datetime], tmp_
             expect(broken.locator("td.err")).to_contain_text("invalid registry entry")
             expect(broken.locator("td.last-run")).to_contain_text(f"{FAILING['broken_task']} try 1")
             page.screenshot(path=str(shots / "list.png"), full_page=True)
+            # At 1280 px, with a failed table's and an invalid file's errors shown: no horizontal scrolling.
+            page.set_viewport_size({"width": 1280, "height": 800})
+            width = page.evaluate("document.scrollingElement.scrollWidth")
+            assert width <= 1280, f"the tables page is {width} px wide at a 1280 px viewport (errors shown)"
+            page.set_viewport_size({"width": 1400, "height": 800})
 
             row.locator("a.table").click()
             page.wait_for_url(f"{base}/cdc/table/{student}")
@@ -189,3 +194,31 @@ def test_cdc_tables_pages_in_airflow(airflow_ui: tuple[str, str, datetime], tmp_
         finally:
             browser.close()
     print(f"screenshots: {shots}")
+
+
+def test_the_tables_page_fits_1280_px_with_long_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An invalid registry file under a long path without a break opportunity (underscores only) shows
+    its error in the table: before, the row stretched the page to about 2,100 px at a 1280 px
+    viewport (horizontal scrolling). The page is rendered by the app (no Airflow: seconds)."""
+    from fastapi.testclient import TestClient
+    from playwright.sync_api import sync_playwright
+
+    from cdc_compaction.airflow.ui import create_app
+
+    deep = tmp_path / ("a_registry_directory_of_a_deployment_with_a_long_name_" * 3)
+    registry = deep / "registry"
+    build_sample_lake(tmp_path / "lake", registry)
+    add_failing_entries(tmp_path / "lake", registry)
+    monkeypatch.setenv("CDC_REGISTRY_DIR", str(registry))
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{tmp_path}/no-airflow.db")
+    text = TestClient(create_app(lambda: lambda wanted: wanted), root_path="/cdc").get("/cdc/").text
+    assert "invalid registry entry" in text
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+            page.set_content(text)
+            width = page.evaluate("document.scrollingElement.scrollWidth")
+        finally:
+            browser.close()
+    assert width <= 1280, f"the tables page is {width} px wide at a 1280 px viewport (errors shown)"

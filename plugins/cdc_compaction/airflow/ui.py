@@ -40,13 +40,16 @@ from cdc_compaction.operations.status import (
 
 log = logging.getLogger(__name__)
 
-# The plugin mounts the app at /cdc; the pages' own links are relative to it.
+# The plugin mounts the app at /cdc; the pages' own links are relative to it.  The cells that hold
+# long unbroken text (paths and errors, run lines, DAG ids) may break anywhere: the page fits a
+# 1280 px screen, and Airflow's embedded view, without horizontal scrolling when errors are shown.
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.2rem;color:#1a202c}
 table{border-collapse:collapse;font-size:.9rem}
 th,td{padding:.35rem .6rem;border-bottom:1px solid #e2e8f0;text-align:left}
 th{background:#f7fafc}td.num{text-align:right}.late{color:#c53030;font-weight:600}.ok{color:#2f855a}
-.err{color:#c53030}.muted{color:#718096}.failed{color:#c53030;font-weight:600}h1{font-size:1.3rem}h2{font-size:1.1rem;margin-top:1.5rem}
+.err{color:#c53030}.muted{color:#718096}
+.err,td.last-run,td.lease,td.commit,a.dag{overflow-wrap:anywhere}.failed{color:#c53030;font-weight:600}h1{font-size:1.3rem}h2{font-size:1.1rem;margin-top:1.5rem}
 """
 
 
@@ -225,8 +228,9 @@ def render_table(cfg: TableConfig, st: TableStatus, history: list[CommitSummary]
     rows = "".join(
         f'<tr data-seq="{c.seq}"><td class="num">{c.seq}</td><td>{html.escape(c.committed_at[:19])}</td>'
         f"<td>{html.escape(c.version)}</td><td class='num'>{c.rows if c.rows is not None else '?'}</td>"
+        f"<td class='num'>{c.change_rows if c.change_rows is not None else '?'}</td>"
         f"<td class='num'>{c.increment_rows if c.increment_rows is not None else '?'}</td>"
-        f"<td>{html.escape(', '.join(c.increments))}</td><td>{html.escape(c.event_time[:19] or '-')}</td>"
+        f"<td>{html.escape(', '.join(c.increments) or c.note)}</td><td>{html.escape(c.event_time[:19] or '-')}</td>"
         f"<td>{html.escape(format_age(c.lag_seconds))}</td></tr>"
         for c in reversed(history)
     )
@@ -244,7 +248,8 @@ def render_table(cfg: TableConfig, st: TableStatus, history: list[CommitSummary]
         + freshness_svg(freshness_points(cfg, history, now), st.slo_seconds)
         + f"<h2>Commits ({len(history)})</h2>"
         '<table id="commits"><thead><tr><th>#</th><th>committed</th><th>version</th><th>rows</th>'
-        "<th>change rows</th><th>increments</th><th>newest event</th><th>age at commit</th></tr></thead>"
+        "<th>changed rows</th><th>landed change rows</th><th>increments</th><th>newest event</th>"
+        "<th>age at commit</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )
     return _page(f"CDC table {st.table}", body)

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from cdc_compaction.core.exceptions import CdcCompactionError
-from cdc_compaction.core.lake import Commit, Lake, TableLease
+from cdc_compaction.core.lake import Commit, Lake, TableLease, kept_seqs
 from cdc_compaction.core.landing import increment_hour, scan_landing
 from cdc_compaction.core.printable import printable
 from cdc_compaction.core.registry import RegistryEntry, TableConfig
+from cdc_compaction.operations.travel import rows_of, version_rows_now
 from cdc_compaction.pipeline.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,11 @@ def slo_bound(cfg: TableConfig) -> timedelta | None:
     return cfg.slo.freshness if cfg.slo is not None else None
 
 
+#: The tables page computes a commit's change rows (when no ``<t>_changes`` file holds them) only
+#: when its version and its parent's hold at most this many rows together: the pairing reads both.
+CHANGE_ROWS_LIMIT = 200_000
+
+
 @dataclass
 class CommitSummary:
     """One commit record as people read it."""
@@ -76,33 +82,88 @@ class CommitSummary:
     seq: int
     version: str
     committed_at: str
-    #: Visible rows of the version (the job's ``output_visible_rows``), None if not recorded.
+    #: Visible rows of the version, as ``versions`` counts them (its files' footers while it is kept,
+    #: else its record); None if not recorded.
     rows: int | None
-    #: Change rows the commit compacted.
+    #: Change rows the commit's run read from the landing area (0 for an erase, a rollback, a rebuild).
     increment_rows: int | None
     increments: list[str]
     event_time: str
     increment: str
     #: committed_at minus the newest source event time it holds: the freshness the commit gave.
     lag_seconds: float | None
+    #: Rows of the commit's net change (``changes --from <parent> --to <seq>``); None if unknown.
+    change_rows: int | None = None
+    #: What made the commit when no run did: "erase: 1 row erased", "rollback to 3", "rebuild".
+    note: str = ""
 
     @classmethod
-    def of(cls, commit: Commit) -> CommitSummary:
+    def of(cls, commit: Commit, change_rows: int | None = None, rows: int | None = None) -> CommitSummary:
+        """``rows``: the version's rows counted now (``travel.version_rows_now``); default its record's."""
         f = commit.freshness or {}
         stats = commit.stats or {}
         committed, event = parse_time(commit.committed_at), parse_time(f.get("event_time"))
-        rows = stats.get("output_visible_rows", stats.get("output_rows"))
+        # An erase's record keeps its parent's run counts; a rollback's or a rebuild's read no increment.
+        landed = (
+            0
+            if stats.get("kind") == "erase" or commit.rollback or "rebuild" in stats
+            else int(stats["increment_rows"])
+            if "increment_rows" in stats
+            else None
+        )
         return cls(
             seq=commit.seq,
             version=commit.version,
             committed_at=commit.committed_at,
-            rows=int(rows) if rows is not None else None,
-            increment_rows=int(stats["increment_rows"]) if "increment_rows" in stats else None,
+            rows=rows_of(commit) if rows is None else rows,
+            increment_rows=landed,
             increments=list(commit.increments),
             event_time=f.get("event_time", ""),
             increment=f.get("increment", ""),
             lag_seconds=(committed - event).total_seconds() if committed and event else None,
+            change_rows=change_rows,
+            note=_note(commit),
         )
+
+
+def _note(commit: Commit) -> str:
+    stats = commit.stats or {}
+    if stats.get("kind") == "erase":
+        n = int(stats.get("rows_erased", 0))
+        return f"erase: {n} row{'s' if n != 1 else ''} erased"
+    if commit.rollback:
+        return f"rollback to {commit.rollback.get('to_seq')}"
+    if "rebuild" in stats:
+        return "rebuild"
+    return ""
+
+
+def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
+    """Rows of ``commit``'s net change: its ``<t>_changes`` file's count, else paired from the kept
+    versions as ``changes`` pairs them (when they are small enough, :data:`CHANGE_ROWS_LIMIT`); None
+    when neither can say (a table without a primary key, a version retention deleted, a big one)."""
+    if lake.cfg.mode != "cdc" or commit.seq == 0:
+        return None
+    from cdc_compaction.pipeline.changes import diff_rows, feed_path, version_rows
+
+    path = feed_path(lake, commit.seq)
+    if lake.storage.exists(path):
+        import pyarrow.parquet as pq
+
+        with lake.storage.open_read(path) as f:
+            return int(pq.ParquetFile(f).metadata.num_rows)
+    parent = lake.read_commit(commit.parent_seq) if commit.parent_seq in kept else None
+    if parent is None or commit.seq not in kept or commit.layout < 2 or (parent.seq and parent.layout < 2):
+        return None
+    sizes = [version_rows_now(lake, parent), version_rows_now(lake, commit)]
+    if any(n is None for n in sizes) or sum(n or 0 for n in sizes) > CHANGE_ROWS_LIMIT:
+        return None
+    key = list(lake.cfg.primary_key)  # type: ignore[attr-defined]
+    try:
+        before, after = version_rows(lake, parent).to_pylist(), version_rows(lake, commit).to_pylist()
+    except (OSError, CdcCompactionError):  # a version retention deleted meanwhile: unknown, as not kept
+        return None
+    return len(diff_rows(key, before, after))
 
 
 @dataclass
@@ -343,10 +404,13 @@ def commit_history(cfg: TableConfig, limit: int = 200) -> list[CommitSummary]:
     """The newest ``limit`` commits of a table, oldest first."""
     lake = Lake(cfg)
     out = []
-    for seq in lake.commit_seqs()[-limit:]:
+    seqs = lake.commit_seqs()[-limit:]
+    kept = kept_seqs(seqs[-1], cfg.keep_versions) if seqs else range(0)
+    for seq in seqs:
         commit = lake.read_commit(seq)
         if commit is not None:
-            out.append(CommitSummary.of(commit))
+            rows = version_rows_now(lake, commit) if seq in kept else None
+            out.append(CommitSummary.of(commit, change_rows(lake, commit, kept), rows))
     return out
 
 

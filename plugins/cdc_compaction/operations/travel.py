@@ -77,11 +77,34 @@ class VersionInfo:
         return f"{self.seq:>6}  {self.committed_at or '-':<32}  {rows:>10}  {self.version}  {self.location}{note}"
 
 
-def _rows_of(commit: Commit) -> int | None:
+def rows_of(commit: Commit) -> int | None:
+    """The visible rows of ``commit``'s version as its record counts them (``versions``, the tables page)."""
+    if commit.seq == 0:
+        return 0
     if commit.partition_rows is not None:
         return sum(commit.partition_rows.values())
     n = (commit.stats or {}).get("output_visible_rows")
     return None if n is None else int(n)
+
+
+def version_rows_now(lake: Lake, commit: Commit) -> int | None:
+    """The visible rows ``commit``'s kept version holds now, from its files' footers (no row is read).
+
+    Not the record's count alone: an erase rewrites every kept version's files (the erased rows
+    leave history too) and leaves their records as they were. A layout-1 version (tombstones among
+    its rows) or one whose files are gone is counted by its record.
+    """
+    if commit.seq == 0:
+        return 0
+    if commit.layout < 2:
+        return rows_of(commit)
+    locations = list(commit.partitions.values()) if commit.partitions is not None else [lake.data_location(commit)]
+    try:
+        if not all(lake.storage.exists(loc) for loc in locations):
+            return rows_of(commit)
+        return sum(_footer_rows(lake, loc) for loc in locations)
+    except OSError:
+        return rows_of(commit)
 
 
 def kept_versions(lake: Lake) -> list[VersionInfo]:
@@ -98,7 +121,7 @@ def kept_versions(lake: Lake) -> list[VersionInfo]:
                 seq=commit.seq,
                 version=commit.version,
                 committed_at=commit.committed_at,
-                rows=0 if seq == 0 else _rows_of(commit),
+                rows=version_rows_now(lake, commit),
                 location=location,
                 live=seq == latest.seq,
                 rollback_of=(commit.rollback or {}).get("to_seq"),
@@ -219,12 +242,38 @@ def _copy_tree(lake: Lake, src: str, dst: str) -> int:
     return n
 
 
-def _rollback_stats(target: Commit) -> dict[str, Any]:
-    """The new commit's stats: what describes version N's rows (the next plan and validate read its
-    row counts and partitioning), without N's run counts -- the rollback read no increment and
-    refused no row, and N's refused rows stay N's quarantine entry (no second entry for them)."""
+def _footer_rows(lake: Lake, directory: str) -> int:
+    """Rows of the data files under ``directory``, from their Parquet footers (no row is read)."""
+    import pyarrow.parquet as pq
+
+    from cdc_compaction.pipeline.changes import data_files
+
+    total = 0
+    for path in data_files(lake, directory):
+        with lake.storage.open_read(path) as f:
+            total += pq.ParquetFile(f).metadata.num_rows
+    return total
+
+
+def _rollback_counts(lake: Lake, target: Commit) -> tuple[dict[str, Any], dict[str, int] | None]:
+    """The new commit's stats and partition rows: what describes version N's rows (the next plan and
+    validate read its row counts and partitioning), without N's run counts -- the rollback read no
+    increment and refused no row, and N's refused rows stay N's quarantine entry (no second entry).
+
+    The row counts are those of N's files now, from their footers, not N's record: an erase since
+    rewrote N's files (every version's) and left N's record as it was, so the copied counts would
+    disagree with what the rollback publishes (``versions``, the tables page, the next validate).
+    """
     stats = {k: v for k, v in (target.stats or {}).items() if not k.startswith("rejected")}
-    return {**stats, "increment_rows": 0, "rejected_rows": 0}
+    if target.partitions is not None:
+        partition_rows = {v: _footer_rows(lake, loc) for v, loc in target.partitions.items()}
+        visible = sum(partition_rows.values())
+    else:
+        partition_rows, visible = target.partition_rows, _footer_rows(lake, lake.data_location(target))
+    stats.update(increment_rows=0, rejected_rows=0, output_visible_rows=visible)
+    if "output_tombstones" in stats:
+        stats["output_rows"] = visible + int(stats["output_tombstones"] or 0)
+    return stats, partition_rows
 
 
 def rollback(
@@ -292,6 +341,7 @@ def rollback(
                 lake.storage.makedirs(new_tombs)
                 copied += _copy_tree(lake, old_tombs, new_tombs)
             fault_point("rollback.after_copy", cfg.qualified_name)
+            stats, partition_rows = _rollback_counts(lake, target)
             commit = Commit(
                 seq=seq,
                 version=version,
@@ -300,11 +350,11 @@ def rollback(
                 parent_seq=latest.seq,
                 files=[],
                 increments=[],
-                stats=_rollback_stats(target),
+                stats=stats,
                 committed_at=now.isoformat(),
                 layout=target.layout,
                 partitions=target.partitions,
-                partition_rows=target.partition_rows,
+                partition_rows=partition_rows,
                 index=live_index(lake, target) if target.partitions is not None else None,
                 freshness=target.freshness,
                 schema=target.schema,

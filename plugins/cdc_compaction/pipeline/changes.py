@@ -236,12 +236,12 @@ INTERNAL_PREFIX = "_cdc_"
 
 
 # ----------------------------------------------------------------------------- reading
-def _data_files(lake: Lake, directory: str) -> list[str]:
+def data_files(lake: Lake, directory: str) -> list[str]:
     """Every data file under ``directory`` (partition subdirectories too), sorted."""
     files = []
     for e in lake.storage.list_dir(directory):
         if e.is_dir:
-            files += _data_files(lake, e.path)
+            files += data_files(lake, e.path)
         elif is_data_file(e.name):
             files.append(e.path)
     return sorted(files)
@@ -262,7 +262,7 @@ def version_rows(lake: Lake, commit: Commit) -> Any:
     dirs = list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
     tables = []
     for d in dirs:
-        for f in _data_files(lake, d):
+        for f in data_files(lake, d):
             with lake.storage.open_read(f) as fh:
                 t = pq.read_table(fh)
             tables.append(t.select([c for c in t.column_names if not c.startswith(INTERNAL_PREFIX)]))
