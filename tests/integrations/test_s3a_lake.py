@@ -33,7 +33,7 @@ from cdc_compaction.pipeline.runtime import Runtime
 
 from .test_s3_lake import GLUE, SHARED, GlueReader, S3Runner, _on_s3
 
-# About 2 minutes (S3A against moto's server); test_s3_lake.py covers the protocol quicker.
+# Over a minute (64 s here: S3A against moto's server); test_s3_lake.py covers the protocol quicker.
 pytestmark = [pytest.mark.s3, pytest.mark.spark, pytest.mark.extended]
 
 

@@ -692,10 +692,13 @@ class SparkConnectServer(SparkThriftServer):
         # S3A for lakes on s3a:// (jars cannot be added to a running server): each session then gets
         # its table's endpoint and credentials (ConnectEngine). Without `make jars`, local lakes only.
         from cdc_compaction.core.jarcache import JarError
-        from cdc_compaction.integrations.engine import s3a_jars
+        from cdc_compaction.integrations.engine import s3a_jars, s3a_local_classpath
 
         try:
-            conf["spark.jars"] = ",".join(s3a_jars())
+            if self.master.startswith("local"):
+                conf.update(s3a_local_classpath())
+            else:
+                conf["spark.jars"] = ",".join(s3a_jars())
         except JarError as exc:
             log.info("Spark Connect server without S3A (local lakes only): %s", exc)
         return conf

@@ -201,6 +201,16 @@ def s3a_jars() -> list[str]:
     return jarcache.group_jars(S3A_JAR_GROUP)
 
 
+def s3a_local_classpath() -> dict[str, str]:
+    """The S3A jars on the driver's own classpath, for a ``local[*]`` JVM (the session, the Connect server).
+
+    Not ``spark.jars``: that ships each jar to the executors, and a local executor copies the
+    686 MB SDK bundle into its work directory once per application.  In local mode the driver's
+    JVM is the executor, so its classpath is enough.
+    """
+    return {"spark.driver.extraClassPath": os.pathsep.join(s3a_jars())}
+
+
 def s3a_conf(cfg: TableConfig) -> tuple[dict[str, str], dict[str, str]]:
     """(Hadoop settings, credentials) that let Spark reach ``cfg``'s S3 lake through S3A; empty off S3.
 
@@ -562,8 +572,9 @@ def local_session(
 ) -> Any:
     """A Hive-enabled SparkSession in this process, attached to the shared metastore.
 
-    With the S3A jars in the jar cache (``make jars``) the session can read and write ``s3a://``
-    lakes: a :class:`SessionEngine` given the table points it at the table's store.  Without them
+    With the S3A jars in the jar cache (``make jars``, put on the driver's classpath) the session
+    can read and write ``s3a://`` lakes: a :class:`SessionEngine` given the table points it at
+    the table's store.  Without them
     it still starts, for local lakes only (jars cannot be added to a running JVM).
     """
     from pyspark.sql import SparkSession
@@ -579,7 +590,7 @@ def local_session(
         **hive_conf(endpoint, warehouse_dir),
     }
     try:
-        conf["spark.jars"] = ",".join(s3a_jars())
+        conf.update(s3a_local_classpath())
     except JarError as exc:
         log.info("local Spark session without S3A (local lakes only): %s", exc)
     for k, v in conf.items():
