@@ -27,7 +27,7 @@ export BENCH_WARM_REPEATS
 BENCH_STAMP := $(VENV)/.bench-installed
 # make docs: the docs site's tools (requirements-docs.txt); the site is written to .run/site.
 DOCS_STAMP := $(VENV)/.docs-installed
-# make jars: the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro), fetched with Maven from
+# make jars: the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, S3A), fetched with Maven from
 # Maven Central, checked against their sha256 and kept here; nothing is downloaded at run time.
 JARS_DIR ?= $(HOME)/.cache/cdc_compaction/jars
 export CDC_JARS_DIR := $(JARS_DIR)
@@ -58,7 +58,7 @@ $(JARS_STAMP): jars.lock plugins/cdc_compaction/devtools/jars.py
 	$(PYTHON) -m cdc_compaction.devtools.jars fetch --dir $(JARS_DIR)
 	@touch $(JARS_STAMP)
 
-jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro) with Maven into JARS_DIR, check each sha256
+jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, S3A: hadoop-aws and the 686 MB AWS SDK bundle) with Maven into JARS_DIR, check each sha256
 
 check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs them as root, else a clear message
 	@$(BIN)/cdc-compaction postgres check 2>/dev/null || { \

@@ -8,6 +8,7 @@ a marker line, replaced here before the page is rendered:
 * ``<!-- generated: registry-fields -->``: every field of every table mode and nested setting;
 * ``<!-- generated: commands -->``: ``cdc-compaction <command> --help`` of every command;
 * ``<!-- generated: jars-lock -->``: the jars of ``jars.lock`` (``make jars``), group by group;
+* ``<!-- generated: jars-lock-s3a -->``: its ``s3a`` group only (Spark's S3A connector);
 * ``<!-- generated: debezium-config -->``: the Debezium stack's Kafka, Connect and connector
   configuration, as :mod:`cdc_compaction.devtools.debezium` writes and sends it;
 * ``<!-- generated: debezium-truth -->``: the PostgreSQL-truth test through Debezium
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "plugins") not in sys.path:  # `mkdocs build` from a clone without make install
     sys.path.insert(0, str(REPO / "plugins"))
 
-MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- generated: ([a-z0-9-]+) -->$", re.MULTILINE)
 #: Files of the repository the pages link to or show, published beside the pages.
 PUBLISHED = ("bench/results/RESULTS.md", "bench/results/compaction.png", "bench/results/scaling.png")
 
@@ -291,13 +292,15 @@ def bench_targets(results: Path = REPO / "bench" / "results" / "RESULTS.md") -> 
     return "\n".join([*(runs[:1] and [f"From the compaction benchmark's run: {runs[0][4:]}", ""]), *body, ""])
 
 
-def jars_lock(lock: Path = REPO / "jars.lock") -> str:
-    """The pinned jars, one table per group of ``jars.lock``, with the group's comment as its caption."""
+def jars_lock(lock: Path = REPO / "jars.lock", only: str | None = None) -> str:
+    """The pinned jars, one table per group of ``jars.lock`` (``only``: that group), captioned by its comment."""
     from cdc_compaction.devtools.jars import read_lock
 
     captions = dict(re.findall(r"^# \[([a-z0-9_-]+)\] (.*)$", lock.read_text(), flags=re.MULTILINE))
     out: list[str] = []
     for purpose, jars in itertools.groupby(read_lock(lock), key=lambda j: j.purpose):
+        if only is not None and purpose != only:
+            continue
         listed = list(jars)
         out += [f"**`{purpose}/`** ({len(listed)} jars): {captions.get(purpose, '')}", ""]
         out += ["| artifact | version | sha256 |", "|---|---|---|"]
@@ -413,13 +416,16 @@ def _generate(name: str) -> str:
         return bench_targets()
     if name == "jars-lock":
         return jars_lock()
+    if name == "jars-lock-s3a":
+        return jars_lock(only="s3a")
     if name == "debezium-config":
         return debezium_config()
     if name == "debezium-truth":
         return debezium_truth()
     raise ValueError(
         f"unknown generated section {name!r} (docs/hooks/reference.py knows registry-fields, commands, layers, "
-        "contracts, package-map, bench-targets, jars-lock, debezium-config, debezium-truth, table-modes)"
+        "contracts, package-map, bench-targets, jars-lock, jars-lock-s3a, debezium-config, debezium-truth, "
+        "table-modes)"
     )
 
 

@@ -22,13 +22,16 @@ def _small_line() -> str:
 
 def test_the_lock_parses_into_its_groups() -> None:
     listed = jars.read_lock()
-    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark"}
+    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark", "s3a"}
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
     assert ("connect", "org.apache.kafka:connect-runtime:4.3.1") in coords
     assert ("connect", "org.apache.kafka:connect-json:4.3.1") in coords
     assert ("debezium", "io.debezium:debezium-connector-postgres:3.6.1.Final") in coords
     assert ("spark", "org.apache.spark:spark-avro_2.13:4.2.0") in coords
+    # hadoop-aws is exactly pyspark 4.2.0's Hadoop (hadoop-client-api-3.5.0), with the SDK bundle its POM names.
+    assert ("s3a", "org.apache.hadoop:hadoop-aws:3.5.0") in coords
+    assert ("s3a", "software.amazon.awssdk:bundle:2.35.4") in coords
     # One Debezium version throughout; Connect's own classes stay out of the plugin directory.
     assert {j.version for j in listed if j.group == "io.debezium"} == {"3.6.1.Final"}
     assert not [j for j in listed if j.purpose == "debezium" and j.group == "org.apache.kafka"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Callable
 from typing import Any
@@ -285,3 +286,27 @@ def test_the_logged_spark_submit_command_masks_every_credential(
         assert secret not in logged, value
     assert "thrift://hive:******@metastore:9083" in logged, "the URI stays readable but its password"
     assert "spark.sql.session.timeZone=UTC" in logged  # what is not a credential stays readable
+
+
+@pytest.mark.s3
+def test_a_lake_on_s3_gets_s3a_from_the_storage_connection_when_the_task_runs(
+    make_cfg: Callable[..., TableConfig], aws_default: str
+) -> None:
+    """The compact task's spark-submit of a table on ``s3a://``: the S3A jars of the jar cache, the
+    ``aws_default`` connection's endpoint, and its credentials in the process environment only."""
+    cfg = make_cfg(storage_root="s3a://lake-bucket/lake/t", spark={"hadoop_conf": {"fs.s3a.connection.maximum": "8"}})
+    op = build_dag(cfg).get_task("compact")
+    op.application_args = ["--plan", "s3a://lake-bucket/lake/t/_cdc/plans/p.json"]
+    hook = op._get_hook()
+    cmd = hook._build_spark_submit_command(op.application)
+    jars = [posixpath.basename(j) for j in cmd[cmd.index("--jars") + 1].split(",")]
+    assert "hadoop-aws-3.5.0.jar" in jars and "bundle-2.35.4.jar" in jars
+    confs = _confs(cmd)
+    assert confs["spark.hadoop.fs.s3a.endpoint"] == aws_default
+    assert confs["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert confs["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
+    assert confs["spark.hadoop.fs.s3a.connection.maximum"] == "8"  # the registry's own setting stays
+    # The connection's secret is nowhere on the command line: it is in the process's environment.
+    assert not [a for a in cmd if "testing-secret-key" in a or "testing-access-key" in a]
+    assert hook._env_vars["AWS_ACCESS_KEY_ID"] == "testing-access-key"
+    assert hook._env_vars["AWS_SECRET_ACCESS_KEY"] == "testing-secret-key"

@@ -60,18 +60,36 @@ class RegistrySparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = ("application_args",)
     template_ext: Sequence[str] = ()
 
-    def __init__(self, *, storage_conn_id: str = "aws_default", table: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, *, storage_conn_id: str = "aws_default", table: str = "", cfg: TableConfig | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.storage_conn_id = storage_conn_id
         self.table = table
+        #: The registry entry: a lake on S3 gets S3A (jars, endpoint, credentials) when the task runs.
+        self.cfg = cfg
 
     def _get_hook(self) -> Any:
         # Every path that builds the hook goes through here: execute, the provider's resumable
         # backends (YARN, Kubernetes), and whoever asks for the task's exact command line.
-        from cdc_compaction.integrations.engine import job_package, mask_submit_logs
+        from cdc_compaction.integrations.engine import job_package, mask_submit_logs, s3a_submit
 
         self.py_files = job_package()
-        return mask_submit_logs(super()._get_hook())
+        env: dict[str, str] = {}
+        if self.cfg is not None:
+            # Read from the storage connection when the task runs, never while the DAG file is parsed.
+            conf, jars, env = s3a_submit(self.cfg)
+            if conf:
+                # The registry's own conf (already in self.conf) wins.
+                self.conf = {**conf, **(self.conf or {})}
+                self.jars = ",".join([*jars, *(j for j in (self.jars or "").split(",") if j)])
+        hook = super()._get_hook()
+        # The credentials go into the spark-submit process's environment, where the driver (local or
+        # client mode) reads them. On YARN or Kubernetes the provider would turn environment variables
+        # into --conf arguments, and standalone cluster mode refuses them: a cluster's own role is used.
+        if env and not (hook._is_yarn or hook._is_kubernetes or hook._connection.get("deploy_mode") == "cluster"):
+            hook._env_vars = {**env, **(hook._env_vars or {})}
+        return mask_submit_logs(hook)
 
     def execute(self, context: Any) -> Any:
         skip_unless_compacting(plan_arg(self.application_args), self.storage_conn_id)
@@ -553,6 +571,7 @@ def _compact_tasks(cfg: TableConfig) -> tuple[Any, Any]:
         application_args=["--plan", PLAN_XCOM],
         storage_conn_id=cfg.storage_conn_id,
         table=cfg.qualified_name,
+        cfg=cfg,
         conn_id=cfg.spark.conn_id,
         conf=compaction_conf(cfg),
         jars=",".join(cfg.spark.jars) or None,

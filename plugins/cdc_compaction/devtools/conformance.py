@@ -516,7 +516,9 @@ class InProcessRunner:
         self.engine = SessionEngine(spark)
 
     def runtime(self, cfg: TableConfig) -> Runtime:
-        return Runtime(cfg=cfg, lake=Lake(cfg), metastore=self.endpoint, engine=self.engine)
+        # The table's own engine: a lake on S3 points the session at its store (S3A) first.
+        engine = SessionEngine(self.spark, cfg)
+        return Runtime(cfg=cfg, lake=Lake(cfg), metastore=self.endpoint, engine=engine)
 
     def setup(self, cfg: TableConfig) -> None:
         rt = self.runtime(cfg)

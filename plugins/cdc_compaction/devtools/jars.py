@@ -4,8 +4,8 @@
 ``jars.lock`` (``# [name]`` starts one) is copied by Maven into ``<jars dir>/<name>/``, each jar's
 sha256 is checked against the lock, and a stamp holding the lock's own sha256 is written, so that
 a second run with the same lock does nothing.  Services find their classpath with
-:func:`group_dir`, which refuses a cache that does not match the lock: nothing is downloaded at
-run time.
+:func:`~cdc_compaction.core.jarcache.group_dir` (re-exported here), which refuses a cache that does
+not match the lock: nothing is downloaded at run time.
 
 This module uses the standard library only: ``make jars`` runs it before the virtualenv exists.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -24,23 +23,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from cdc_compaction.core.exceptions import CdcCompactionError
+from cdc_compaction.core.jarcache import (
+    DEFAULT_DIR,
+    LOCK,
+    STAMP,
+    JarError,
+    classpath,
+    group_dir,
+    group_jars,
+    is_current,
+    jars_dir,
+    lock_digest,
+)
 
-#: The lock at the repository's root.
-LOCK = Path(__file__).resolve().parents[3] / "jars.lock"
-#: The cache's default place; ``CDC_JARS_DIR`` (the Makefile's ``JARS_DIR``) moves it.
-DEFAULT_DIR = Path.home() / ".cache" / "cdc_compaction" / "jars"
-STAMP = ".lock-sha256"
+__all__ = [
+    "DEFAULT_DIR",
+    "LOCK",
+    "STAMP",
+    "Jar",
+    "JarError",
+    "classpath",
+    "fetch",
+    "group_dir",
+    "group_jars",
+    "is_current",
+    "jars_dir",
+    "lock_digest",
+    "read_lock",
+    "verify",
+]
 
 _LINE = re.compile(
     r"^(?P<group>[\w.-]+):(?P<artifact>[\w.-]+):(?P<version>[\w.+-]+)(?::(?P<classifier>[\w.-]+))?"
     r"(?:@(?P<type>[\w.-]+))?\s+(?P<sha256>[0-9a-f]{64})$"
 )
 _GROUP = re.compile(r"^#\s*\[(?P<name>[a-z0-9_-]+)\]")
-
-
-class JarError(CdcCompactionError):
-    """The jar cache is missing, stale, or a fetched jar does not match ``jars.lock``."""
 
 
 @dataclass(frozen=True)
@@ -101,29 +118,12 @@ def read_lock(lock: Path = LOCK) -> list[Jar]:
     return jars
 
 
-def jars_dir() -> Path:
-    """Where the cache is: ``CDC_JARS_DIR``, else :data:`DEFAULT_DIR`."""
-    return Path(os.environ.get("CDC_JARS_DIR") or DEFAULT_DIR)
-
-
-def lock_digest(lock: Path = LOCK) -> str:
-    return hashlib.sha256(lock.read_bytes()).hexdigest()
-
-
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def is_current(dest: Path, lock: Path = LOCK) -> bool:
-    """True if ``dest`` holds the jars of this very ``lock`` (its stamp names the lock's sha256)."""
-    try:
-        return (dest / STAMP).read_text().strip() == lock_digest(lock)
-    except OSError:
-        return False
 
 
 def _say(line: str) -> None:
@@ -210,25 +210,6 @@ def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn") -> Path
             shutil.rmtree(work, ignore_errors=True)
     (dest / STAMP).write_text(lock_digest(lock) + "\n")
     return dest
-
-
-def group_dir(purpose: str, dest: Path | None = None, lock: Path = LOCK) -> Path:
-    """The checked directory of ``purpose``'s jars, or an error saying to run ``make jars``."""
-    dest = dest or jars_dir()
-    if not is_current(dest, lock):
-        raise JarError(
-            f"the jar cache {dest} does not hold the jars of {lock}: run `make jars` (CDC_JARS_DIR=... for "
-            "another place); nothing is downloaded at run time"
-        )
-    directory = dest / purpose
-    if not directory.is_dir():
-        raise JarError(f"{lock} has no '# [{purpose}]' group, so {directory} does not exist")
-    return directory
-
-
-def classpath(*purposes: str, dest: Path | None = None) -> str:
-    """The jars of ``purposes``' groups as a Java classpath."""
-    return os.pathsep.join(str(p) for purpose in purposes for p in sorted(group_dir(purpose, dest).glob("*.jar")))
 
 
 def main(argv: list[str] | None = None) -> int:

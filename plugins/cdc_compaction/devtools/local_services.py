@@ -684,11 +684,24 @@ class SparkConnectServer(SparkThriftServer):
 
     def spark_conf(self) -> dict[str, str]:
         """The Thrift server's settings plus the gRPC endpoint on loopback."""
-        return {
+        conf = {
             **super().spark_conf(),
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
         }
+        # S3A for lakes on s3a:// (jars cannot be added to a running server): each session then gets
+        # its table's endpoint and credentials (ConnectEngine). Without `make jars`, local lakes only.
+        from cdc_compaction.core.jarcache import JarError
+        from cdc_compaction.integrations.engine import s3a_jars, s3a_local_classpath
+
+        try:
+            if self.master.startswith("local"):
+                conf.update(s3a_local_classpath())
+            else:
+                conf["spark.jars"] = ",".join(s3a_jars())
+        except JarError as exc:
+            log.info("Spark Connect server without S3A (local lakes only): %s", exc)
+        return conf
 
     def command(self) -> list[str]:
         """The ``spark-submit`` command line that starts the server (nothing is run)."""

@@ -181,6 +181,136 @@ def check_jars(cfg: TableConfig, hadoop_version: str | None) -> list[str]:
     return problems
 
 
+#: Hadoop's S3A file system: what ``s3a://`` paths (and ``s3://`` ones, off EMR) are read and written with.
+S3A_FILE_SYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+#: The ``jars.lock`` group holding hadoop-aws and the AWS SDK v2 bundle (``make jars`` fetches it).
+S3A_JAR_GROUP = "s3a"
+
+
+def on_s3(cfg: TableConfig) -> bool:
+    """True if ``cfg``'s lake (its storage root) is on S3, so Spark must read and write it through S3A."""
+    from cdc_compaction.core.storage import S3_SCHEMES
+
+    return cfg.storage_root.startswith(S3_SCHEMES)
+
+
+def s3a_jars() -> list[str]:
+    """hadoop-aws and the AWS SDK bundle from the checked jar cache (``make jars``), never downloaded here."""
+    from cdc_compaction.core import jarcache
+
+    return jarcache.group_jars(S3A_JAR_GROUP)
+
+
+def s3a_local_classpath() -> dict[str, str]:
+    """The S3A jars on the driver's own classpath, for a ``local[*]`` JVM (the session, the Connect server).
+
+    Not ``spark.jars``: that ships each jar to the executors, and a local executor copies the
+    686 MB SDK bundle into its work directory once per application.  In local mode the driver's
+    JVM is the executor, so its classpath is enough.
+    """
+    return {"spark.driver.extraClassPath": os.pathsep.join(s3a_jars())}
+
+
+def s3a_conf(cfg: TableConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """(Hadoop settings, credentials) that let Spark reach ``cfg``'s S3 lake through S3A; empty off S3.
+
+    Everything comes from the Airflow connection ``storage_conn_id`` (``aws_default``), the one
+    the commit protocol's ``S3Hook`` uses, so Spark and the commit protocol talk to the same
+    store: its ``endpoint_url`` (an S3-compatible store, reached path-style), its region, and
+    the credentials it resolves (the connection's, else boto's chain: environment, profile,
+    instance role).  The credentials are returned apart as ``AWS_*`` variables, never in the
+    Hadoop settings: each engine hands them on its own way (a process environment, the JVM's
+    in-memory configuration), so they never land on a command line or in a log.  The
+    registry's ``spark.hadoop_conf`` is applied after these and wins.
+    """
+    if not on_s3(cfg):
+        return {}, {}
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    hook = S3Hook(aws_conn_id=cfg.storage_conn_id)
+    try:
+        endpoint = hook.conn_config.endpoint_url
+        region = hook.conn_region_name
+        creds = hook.get_credentials()
+    except Exception as exc:
+        raise CompactionError(
+            f"{cfg.qualified_name}: the lake {cfg.storage_root} is on S3, but the Airflow connection "
+            f"{cfg.storage_conn_id!r} (registry storage_conn_id) gives no S3 settings ({mask_credentials(str(exc))}); "
+            "define it with credentials, region_name and, for an S3-compatible store, endpoint_url in its extras"
+        ) from exc
+    hadoop = {"fs.s3a.impl": S3A_FILE_SYSTEM, "fs.s3.impl": S3A_FILE_SYSTEM}
+    if endpoint:
+        hadoop["fs.s3a.endpoint"] = str(endpoint)
+        # S3-compatible stores (MinIO, moto, Ceph) serve buckets as paths of one host, not as host names.
+        hadoop["fs.s3a.path.style.access"] = "true"
+        if str(endpoint).startswith("http://"):
+            hadoop["fs.s3a.connection.ssl.enabled"] = "false"
+    if region:
+        hadoop["fs.s3a.endpoint.region"] = str(region)
+    env: dict[str, str] = {}
+    if creds.access_key and creds.secret_key:
+        env = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}
+        if creds.token:
+            env["AWS_SESSION_TOKEN"] = creds.token
+    return hadoop, env
+
+
+#: The S3A settings that carry each credential, for a JVM that is already running (its environment is fixed).
+_S3A_CREDENTIAL_KEYS = {
+    "AWS_ACCESS_KEY_ID": "fs.s3a.access.key",
+    "AWS_SECRET_ACCESS_KEY": "fs.s3a.secret.key",
+    "AWS_SESSION_TOKEN": "fs.s3a.session.token",
+}
+
+
+#: The S3A settings the job's client-side file operations over Spark Connect read (job/files.py ``_s3_options``).
+_S3A_CLIENT_KEYS = ("fs.s3a.endpoint", "fs.s3a.endpoint.region", "fs.s3a.path.style.access")
+
+
+def s3a_submit(cfg: TableConfig) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """What a ``spark-submit`` of ``cfg``'s job adds for a lake on S3: (conf, jars, environment); empty off S3.
+
+    The conf carries the endpoint and addressing (``spark.hadoop.fs.s3a.*``), the jars are the
+    checked S3A group of the jar cache, and the credentials travel as the process's ``AWS_*``
+    environment, which S3A's default chain reads (never a ``--conf``: a command line is logged and
+    visible to every user of the machine).  On a cluster the executors take credentials from their
+    own environment or instance role.  EMR has its own S3 connector: nothing is added there.
+    """
+    if cfg.spark.engine == "emr" or not on_s3(cfg):
+        return {}, [], {}
+    hadoop, env = s3a_conf(cfg)
+    return {f"spark.hadoop.{k}": v for k, v in hadoop.items()}, s3a_jars(), env
+
+
+def s3a_session_conf(cfg: TableConfig) -> dict[str, str]:
+    """``s3a_conf`` as one session's Hadoop settings, credentials included (held in the JVM's memory only)."""
+    hadoop, env = s3a_conf(cfg)
+    if not hadoop:
+        return {}
+    conf = {**hadoop, **{_S3A_CREDENTIAL_KEYS[k]: v for k, v in env.items()}}
+    if "AWS_SESSION_TOKEN" in env:
+        conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+    # The registry's own Hadoop settings win (a deliberate endpoint or credentials provider).
+    return {**conf, **cfg.spark.hadoop_conf}
+
+
+def configure_s3a(spark: Any, cfg: TableConfig) -> None:
+    """Point a classic session at ``cfg``'s S3 lake: its Hadoop configuration and its SQL conf (both are read).
+
+    DataFrame reads and writes take a copy of the SQL conf into their Hadoop configuration; the
+    job's own file operations (:class:`~cdc_compaction.job.files.HadoopFiles`) use the context's
+    Hadoop configuration: both get the settings.  S3A file systems are cached per bucket: a bucket
+    keeps the settings of its first use in this JVM.
+    """
+    conf = s3a_session_conf(cfg)
+    if not conf:
+        return
+    hadoop = spark._jsc.hadoopConfiguration()
+    for k, v in conf.items():
+        hadoop.set(k, v)
+        spark.conf.set(k, v)
+
+
 def hive_conf(endpoint: MetastoreEndpoint, warehouse_dir: str) -> dict[str, str]:
     """Spark conf that attaches a session to the table catalog: a Thrift metastore, or Glue (on EMR)."""
     if endpoint.kind == "glue":
@@ -209,17 +339,24 @@ class Engine(Protocol):
 class SessionEngine:
     """Runs everything in one SparkSession of this process (metastore-backed)."""
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, cfg: TableConfig | None = None) -> None:
         self.spark = spark
+        #: The table whose lake the session reads and writes: on S3, the session is pointed at it (S3A).
+        self.cfg = cfg
+        if cfg is not None:
+            configure_s3a(spark, cfg)
 
     def run_sql(self, cfg: TableConfig, statements: list[str]) -> None:
         from cdc_compaction.job import run_sql  # imports pyspark: only when a session runs
 
+        configure_s3a(self.spark, cfg)
         run_sql.run_statements(self.spark, statements)
 
     def compact(self, plan: dict[str, Any]) -> dict[str, Any]:
         from cdc_compaction.job import compact as job
 
+        if self.cfg is not None:
+            configure_s3a(self.spark, self.cfg)  # another table's engine may have used the session since
         # A fresh attempt directory per call, as spark-submit's ``main`` makes one per job:
         # a cleared or repeated compact never writes into a directory another attempt wrote.
         try:
@@ -354,6 +491,12 @@ class ConnectEngine:
     def _configure(spark: Any, cfg: TableConfig | None) -> None:
         conf = {**NO_SQL_SUBSTITUTION, "spark.sql.session.timeZone": "UTC"}
         if cfg is not None:
+            # A lake on S3: the session's reads and writes go through the server's S3A (its jars are the
+            # server's, see SparkConnectServer) with the table's endpoint and credentials; the job's own
+            # file operations, client side, read the endpoint from spark.hadoop.fs.s3a.* (job/files.py).
+            s3a = s3a_session_conf(cfg)
+            conf.update(s3a)
+            conf.update({f"spark.hadoop.{k}": v for k, v in s3a.items() if k in _S3A_CLIENT_KEYS})
             # spark.hadoop.<k> reaches the writes' Hadoop configuration as <k> (SQL confs are copied into it).
             conf.update(dict(cfg.spark.hadoop_conf.items()))
             conf.update(cfg.spark.conf)
@@ -427,8 +570,16 @@ def _safe_url(url: str) -> str:
 def local_session(
     endpoint: MetastoreEndpoint, warehouse_dir: str, app_name: str = "cdc-compaction", master: str = "local[2]"
 ) -> Any:
-    """A Hive-enabled SparkSession in this process, attached to the shared metastore."""
+    """A Hive-enabled SparkSession in this process, attached to the shared metastore.
+
+    With the S3A jars in the jar cache (``make jars``, put on the driver's classpath) the session
+    can read and write ``s3a://`` lakes: a :class:`SessionEngine` given the table points it at
+    the table's store.  Without them
+    it still starts, for local lakes only (jars cannot be added to a running JVM).
+    """
     from pyspark.sql import SparkSession
+
+    from cdc_compaction.core.jarcache import JarError
 
     builder = SparkSession.builder.master(master).appName(app_name)
     conf = {
@@ -438,6 +589,10 @@ def local_session(
         "spark.driver.memory": "1g",
         **hive_conf(endpoint, warehouse_dir),
     }
+    try:
+        conf.update(s3a_local_classpath())
+    except JarError as exc:
+        log.info("local Spark session without S3A (local lakes only): %s", exc)
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.enableHiveSupport().getOrCreate()

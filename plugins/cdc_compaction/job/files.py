@@ -50,6 +50,9 @@ class JobFiles(Protocol):
     def quiet_writes(self) -> None:
         """Ask Spark to write data files only (no ``_SUCCESS``, summaries, ``.crc``), where it can."""
 
+    def exists(self, path: str) -> bool:
+        """True if ``path`` is a file or a directory (on S3: a prefix holding at least one object)."""
+
 
 def is_connect(spark: Any) -> bool:
     """True for a Spark Connect session (told by its class, without importing pyspark's Connect client)."""
@@ -59,6 +62,20 @@ def is_connect(spark: Any) -> bool:
 def for_session(spark: Any) -> JobFiles:
     """The file operations that fit ``spark``: Hadoop's FileSystem in a classic session, pyarrow over Connect."""
     return ArrowFiles(spark) if is_connect(spark) else HadoopFiles(spark)
+
+
+def read_version(spark: Any, schema: str, location: str, rows: int | None) -> Any:
+    """A live version's Parquet directory as a DataFrame of ``schema``.
+
+    On S3 a directory is only the prefix of its objects: an empty version that no job wrote
+    (the genesis version every table starts from, and its tombstones) has none, so Spark would
+    find no path where a local lake has an empty directory.  A location the plan says holds no
+    rows (``rows == 0``) and that does not exist reads as no rows; any other missing version is
+    Spark's error, as before (a version that holds rows must be there).
+    """
+    if rows == 0 and not for_session(spark).exists(location):
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(location)
 
 
 def _sql_quiet_writes(spark: Any) -> None:
@@ -100,6 +117,10 @@ class HadoopFiles:
             return "\n".join(lines)
         finally:
             stream.close()
+
+    def exists(self, path: str) -> bool:
+        fs, p = self._fs(path)
+        return bool(fs.exists(p))
 
     def data_files(self, path: str, rel: str) -> list[dict[str, Any]]:
         fs, p = self._fs(path)
@@ -199,6 +220,12 @@ class ArrowFiles:
             return None
         with fs.open_input_stream(p) as stream:
             return bytes(stream.read()).decode("utf-8")
+
+    def exists(self, path: str) -> bool:
+        from pyarrow import fs as pafs
+
+        fs, p = self._fs(path)
+        return fs.get_file_info(p).type != pafs.FileType.NotFound
 
     def data_files(self, path: str, rel: str) -> list[dict[str, Any]]:
         from pyarrow import fs as pafs

@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
 from cdc_compaction.job import common, decode
+from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import (
     DATA_DIR,
     LAYOUT,
@@ -139,7 +140,7 @@ def run_append(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str
     schema = f"{plan.schema_ddl}, {META_DDL}"
     log.info("compacting append %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 
-    base = spark.read.schema(schema).parquet(plan.base_location)
+    base = job_files.read_version(spark, schema, plan.base_location, plan.base_rows)
     # The planned files in whatever form they landed (registry format/envelope; job/decode.py).
     read = decode.read_events(spark, plan, columns)
     events = read.frame

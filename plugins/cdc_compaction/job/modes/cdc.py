@@ -843,10 +843,10 @@ def read_base(
     existed reads NULL there).
     """
     cols = [F.col(f"`{c}`") for c in [*columns, *META_COLUMNS]]
-    data = spark.read.schema(schema).parquet(plan.base_location).select(*cols)
+    data = files.read_version(spark, schema, plan.base_location, plan.base_rows).select(*cols)
     tomb_loc = plan.base_tombstones_location
     if tomb_loc:
-        return data, spark.read.schema(schema).parquet(tomb_loc).select(*cols)
+        return data, files.read_version(spark, schema, tomb_loc, plan.base_tombstones).select(*cols)
     return data.filter(~F.expr(is_delete_sql)), data.filter(F.expr(is_delete_sql))
 
 

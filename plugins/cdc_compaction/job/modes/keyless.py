@@ -212,9 +212,15 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     schema = f"{plan.schema_ddl}, {META_DDL}"
     log.info("compacting keyless %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 
-    base_all = spark.read.schema(schema).parquet(plan.base_location).select(*[F.col(f"`{c}`") for c in data_cols])
+    base_all = job_files.read_version(spark, schema, plan.base_location, plan.base_rows).select(
+        *[F.col(f"`{c}`") for c in data_cols]
+    )
     tomb_loc = plan.base_tombstones_location
-    marks = spark.read.schema(schema).parquet(tomb_loc) if tomb_loc else spark.createDataFrame([], schema)
+    marks = (
+        job_files.read_version(spark, schema, tomb_loc, plan.base_tombstones)
+        if tomb_loc
+        else spark.createDataFrame([], schema)
+    )
     mark_rows = marks.select(*[F.col(f"`{c}`") for c in order_by]).collect()
     if len(mark_rows) > 1:
         raise RuntimeError(f"{plan.table}: {len(mark_rows)} watermark rows in {tomb_loc}; a keyless version holds one")

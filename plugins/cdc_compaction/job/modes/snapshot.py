@@ -33,6 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
 
 from cdc_compaction.job import common
+from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import (
     DATA_DIR,
     EFF_START_DATE_COLUMN,
@@ -517,7 +518,7 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     log.info("compacting snapshot %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 
     # The parent's current table, as the rule's functions hold it.
-    parent = spark.read.schema(schema).parquet(plan.base_location)
+    parent = job_files.read_version(spark, schema, plan.base_location, plan.base_rows)
     base_rows = parent.count()
     current = parent.select(*[_c(c) for c in rule.output_columns]) if base_rows else None
 
