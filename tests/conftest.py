@@ -307,15 +307,13 @@ def inprocess(spark: Any, endpoint: MetastoreEndpoint) -> Any:
     return conf.InProcessRunner(spark, endpoint)
 
 
-@pytest.fixture(scope="session")
-def warm_connect(metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One Spark Connect server per test worker, on the session's metastore: the ``spark_connect`` engine's
-    warm server (what ``make demo`` runs on) for the DAG runs of :func:`dag_runner`, so that a DAG run
-    pays no JVM start; the tests that pin ``engine: spark_submit`` still start one per run."""
+def connect_server_on(metastore: LocalMetastore, home: Path) -> Iterator[Any]:
+    """A Spark Connect server on 127.0.0.1 under ``home``, on the session's metastore and warehouse, for a
+    fixture to yield; stopped by its PID when the fixture ends."""
     from cdc_compaction.devtools.local_services import SparkConnectServer
 
     server = SparkConnectServer(
-        home=tmp_path_factory.mktemp("warm_connect"),
+        home=home,
         metastore_uri=metastore.uri,
         warehouse_dir=str(metastore.home / "warehouse"),
         port=free_port(),
@@ -327,6 +325,14 @@ def warm_connect(metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFac
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def warm_connect(metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Spark Connect server per test worker, on the session's metastore: the ``spark_connect`` engine's
+    warm server (what ``make demo`` runs on) for the DAG runs of :func:`dag_runner`, so that a DAG run
+    pays no JVM start; the tests that pin ``engine: spark_submit`` still start one per run."""
+    yield from connect_server_on(metastore, tmp_path_factory.mktemp("warm_connect"))
 
 
 #: The registry's ``spark`` section of :func:`dag_runner`'s tables: the job and the DDL in the warm server.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import compact_once, visible_names
+from conftest import compact_once, connect_server_on, visible_names
 from models import snapshot_model
 from models.keyless_model import KeylessModel, KeylessTable, multiset
 
@@ -29,7 +29,7 @@ from cdc_compaction.core.lake import Lake
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.devtools import conformance
-from cdc_compaction.devtools.local_services import LocalMetastore, SparkConnectServer, free_port, pid_alive
+from cdc_compaction.devtools.local_services import LocalMetastore, SparkConnectServer, pid_alive
 from cdc_compaction.integrations.engine import ConnectEngine, SessionEngine, connect_lost
 from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import STATS_FILE
@@ -47,20 +47,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
 @pytest.fixture(scope="module")
 def connect_server(metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer]:
-    """One Spark Connect server on 127.0.0.1 for this file, on the session's metastore and warehouse."""
-    server = SparkConnectServer(
-        home=tmp_path_factory.mktemp("connect"),
-        metastore_uri=metastore.uri,
-        warehouse_dir=str(metastore.home / "warehouse"),
-        port=free_port(),
-        master="local[2]",
-        extra_conf={"spark.sql.shuffle.partitions": "4"},
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    """One Spark Connect server on 127.0.0.1 for this file (its tests kill and restart it), on the session's
+    metastore and warehouse."""
+    yield from connect_server_on(metastore, tmp_path_factory.mktemp("connect"))
 
 
 def connect_runtime(cfg: TableConfig, endpoint: MetastoreEndpoint, server: SparkConnectServer) -> Runtime:
