@@ -503,15 +503,15 @@ def test_the_conformance_delta_readers_see_a_wrong_expectation_now_and_in_time_t
 
 
 # ------------------------------------------------------------------------------ erase (hand-laid versions)
-def _erase_table(tmp_path: Path, keep_versions: int = 2) -> tuple[TableConfig, Lake, list[str]]:
-    """A ``formats: [delta]`` table in a registry directory, versions 1-4 of :data:`STATES` archived and
+def _erase_table(tmp_path: Path, keep_versions: int = 2, fmt: str = "delta") -> tuple[TableConfig, Lake, list[str]]:
+    """A ``formats: [<fmt>]`` table in a registry directory, versions 1-4 of :data:`STATES` archived and
     synced; the CLI's erase arguments for it.  ``robert`` is the bound (max) of versions 3 and 4, the kept ones."""
     import yaml
     from conftest import student_doc
 
     from cdc_compaction.core.registry import parse_table
 
-    doc = student_doc(tmp_path / "lake", "people", formats=["delta"], keep_versions=keep_versions)
+    doc = student_doc(tmp_path / "lake", "people", formats=[fmt], keep_versions=keep_versions)
     registry = tmp_path / "registry"
     registry.mkdir()
     (registry / "tests.people.yaml").write_text(yaml.safe_dump(doc))

@@ -515,34 +515,18 @@ def test_an_erase_whose_iceberg_rebuild_fails_exits_non_zero_and_verify_reads_th
     snapshot without it."""
     import shutil
 
-    import yaml
-    from conftest import student_doc
     from pyiceberg.table import StaticTable
 
     from cdc_compaction.cli.main import main
-    from cdc_compaction.core.ownership import claim
-    from cdc_compaction.core.registry import parse_table
     from cdc_compaction.job.faults import ENV
-    from cdc_compaction.pipeline import formats
-    from pipeline.test_formats_delta import STATES, write_version
+    from pipeline.test_formats_delta import STATES, _erase_table
 
-    doc = student_doc(tmp_path / "lake", "people", formats=["iceberg"], keep_versions=2)
-    registry = tmp_path / "registry"
-    registry.mkdir()
-    (registry / "tests.people.yaml").write_text(yaml.safe_dump(doc))
-    cfg = parse_table(doc)
-    lake = Lake(cfg)
-    claim(lake)
-    for seq, names in enumerate(STATES[:4], start=1):
-        write_version(lake, seq, names)
-        lake.storage.write_text(lake.layout.archived_marker(seq), "")  # its run finished
-    assert formats.sync_formats(formats.runtime_for(cfg, lake), 4)["failed"] == {}
+    cfg, lake, args = _erase_table(tmp_path, fmt="iceberg")
     meta = Path(iceberg.metadata_dir(lake))
     saved = tmp_path / "saved"
     shutil.copytree(meta, saved)
     manifests = [p for p in saved.glob("*.avro") if b"robert" in _avro_payload(p.read_bytes())]
     assert manifests, "a manifest holds the bound 'robert': the test can see it"
-    args = ["erase", "tests.people", "--registry-dir", str(registry), "--where", "full_name = 'robert'"]
 
     monkeypatch.setenv(ENV, f"formats.before_iceberg_commit@{cfg.qualified_name}=raise")
     assert main([*args, "--yes"]) != 0
