@@ -244,33 +244,6 @@ def visible_names(spark: Any, cfg: TableConfig) -> dict[int, str]:
     return {r["id"]: r["full_name"] for r in rows}
 
 
-#: ``all``: every scenario file down both merge paths. Otherwise (``make test``) each scenario file goes
-#: down one of them, chosen by its name (a stable split: about half of the scenarios each), while the
-#: generative tests, the key-order case and the job's own tests take both: both paths stay covered in
-#: every run at half the cost. CI's full matrix: ``CDC_MERGE_PATHS=all make test``.
-MERGE_PATHS_ENV = "CDC_MERGE_PATHS"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the second merge path of a scenario file unless ``CDC_MERGE_PATHS=all``."""
-    import zlib
-
-    if os.environ.get(MERGE_PATHS_ENV, "") == "all":
-        return
-    keep, drop = [], []
-    for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        path, chosen = params.get("path"), params.get("merge_path")
-        if isinstance(path, Path) and chosen is not None:
-            preferred = ("broadcast", "window")[zlib.crc32(path.stem.encode()) % 2]
-            (keep if chosen == preferred else drop).append(item)
-        else:
-            keep.append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
 MERGE_PATHS = ["broadcast", "window"]
 
 
@@ -278,6 +251,23 @@ def merge_paths(keep: str) -> list[Any]:
     """``merge_path``'s values for an indirect parametrize: ``keep`` in make test, the other path in
     make test-extended (marker ``extended``) -- for a test whose examples cost minutes a path."""
     return [p if p == keep else pytest.param(p, marks=pytest.mark.extended) for p in MERGE_PATHS]
+
+
+def merge_path_cases(values: list[Any], name: Callable[[Any], str], window_only: Callable[[Any], bool]) -> list[Any]:
+    """``(value, merge_path)`` params (``merge_path`` indirect) for a test run down each merge path of the job.
+
+    In make test each value runs down one path, the paths alternating by position so that each meets
+    half of the values; the other path runs in make test-extended.  A value whose table always takes the
+    window (``window_only``: partial rows, a partitioned table) runs down the window in make test; its
+    run with broadcast forced takes the window again, so it is in make test-extended only.
+    """
+    cases = []
+    for i, value in enumerate(values):
+        keep = "window" if window_only(value) else MERGE_PATHS[i % 2]
+        for path in MERGE_PATHS:
+            marks = () if path == keep else (pytest.mark.extended,)
+            cases.append(pytest.param(value, path, id=f"{path}-{name(value)}", marks=marks))
+    return cases
 
 
 @pytest.fixture(params=MERGE_PATHS)

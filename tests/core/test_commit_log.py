@@ -59,19 +59,31 @@ def test_a_removed_latest_commit_record_is_refused_not_rolled_back(make_cfg, run
     assert visible_names(spark, rt.cfg) == {1: "Alicia", 2: "Bob", 3: "Cy"}
 
 
-@pytest.mark.parametrize("content", ['{"seq": 2, "vers', "", "null", "[]", '{"seq": 2}'])
-def test_a_truncated_commit_record_is_refused_at_once(make_cfg, runtime, monkeypatch, content) -> None:
-    """Retrying reads the same bytes: a damaged record is a permanent error, the task fails at once."""
+#: Damaged commit records: cut off, empty, JSON of the wrong shape.
+DAMAGED_RECORDS = ['{"seq": 2, "vers', "", "null", "[]", '{"seq": 2}']
+
+
+def test_a_truncated_commit_record_is_refused_at_once(make_cfg, runtime, monkeypatch) -> None:
+    """Retrying reads the same bytes: a damaged record is a permanent error, the task fails at once.
+
+    Each damage in turn on one table, each met by another run: the refused plan recorded nothing, so it
+    gives its lease back, and the next run meets the damage, not a lease held for hours by a dead run
+    (after the record is restored, the next hour's run must not need a ``lease break``).  Then the last
+    damage through the DAG's own plan callable.
+    """
     from airflow.sdk.exceptions import AirflowFailException
 
     from cdc_compaction.airflow import factory
     from cdc_compaction.core.exceptions import is_permanent
 
     rt = _two_commits(make_cfg, runtime)
-    Path(rt.lake.layout.commit_path(2)).write_text(content)
-    with pytest.raises(CommitLogError, match=r"00000002.json .* is unreadable") as err:
-        plan(rt, "run-3")
-    assert is_permanent(err.value)
+    for content in DAMAGED_RECORDS:
+        Path(rt.lake.layout.commit_path(2)).write_text(content)
+        with pytest.raises(CommitLogError, match=r"00000002.json .* is unreadable") as err:
+            plan(rt, f"run-3-{len(content)}")
+        assert is_permanent(err.value), content
+        held = TableLease(rt.lake).current()
+        assert held is None or held.released, f"{content!r}: the refused plan kept its lease {held}"
     # Through the DAG's own plan callable: no retry, the owner is alerted now.
     monkeypatch.setattr(factory, "_runtime", lambda cfg: rt)
     plan_task = factory.build_dag(rt.cfg).get_task("plan")
@@ -86,13 +98,16 @@ def test_a_commit_record_of_another_number_is_refused(make_cfg, runtime) -> None
         plan(rt, "run-3")
 
 
-@pytest.mark.parametrize("content", ["", "{", "null", '{"seq": "two"}', "[]"])
-def test_a_corrupt_pointer_is_rebuilt_from_the_commit_records(make_cfg, runtime, spark, content) -> None:
+def test_a_corrupt_pointer_is_rebuilt_from_the_commit_records(make_cfg, runtime, spark) -> None:
+    """Each damage in turn on one table: the pointer is refused and the latest commit found from the
+    records without writing anything; then the next compaction publishes over the last damage."""
     rt = _two_commits(make_cfg, runtime)
-    Path(rt.lake.layout.pointer).write_text(content)
-    with pytest.raises(StorageError, match=r"pointer .* is unreadable"):
-        rt.lake.read_pointer()
-    assert rt.lake.latest_commit().seq == 2
+    for content in ["", "{", "null", '{"seq": "two"}', "[]"]:
+        Path(rt.lake.layout.pointer).write_text(content)
+        with pytest.raises(StorageError, match=r"pointer .* is unreadable"):
+            rt.lake.read_pointer()
+        assert rt.lake.latest_commit().seq == 2, content
+        assert Path(rt.lake.layout.pointer).read_text() == content, "reading rewrote the pointer"
     land(rt.cfg, "increment_2026112202", [_rows((4, "Di", "c", 3))])
     compact_once(rt, "run-3")
     assert rt.lake.read_pointer()["seq"] == 3  # type: ignore[index]

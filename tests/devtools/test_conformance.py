@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import merge_paths_taken
+from conftest import merge_path_cases, merge_paths_taken
 
 from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.devtools import conformance as conf
@@ -101,11 +101,19 @@ def reader(spark: Any) -> list[conf.Reader | conf.DuckDBReader]:
 BOTH_FORMATS = ["delta", "iceberg"]
 
 
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def _partial_rows(path: Path) -> bool:
+    """A table with partial rows (``unchanged``) always takes the window, whatever path is forced."""
+    return bool(json.loads(path.read_text())["table"].get("unchanged"))
+
+
+@pytest.mark.parametrize(
+    ("path", "merge_path"), merge_path_cases(SCENARIOS, lambda p: p.stem, _partial_rows), indirect=["merge_path"]
+)
 def test_scenario_inprocess(
     path: Path, inprocess: conf.InProcessRunner, reader: Readers, tmp_path: Path, merge_path: str
 ) -> None:
-    """Down each merge path of the job (the broadcast of the events' winners, the window over base and events)."""
+    """Down each merge path of the job (the broadcast of the events' winners, the window over base and events):
+    one in make test, alternating between the scenarios, the other in make test-extended."""
     scn = conf.Scenario.load(path)
     # One table per merge path: the metastore outlives the test, and the other path's table is live there.
     result = conf.run_scenario(

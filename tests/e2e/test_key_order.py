@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import compact_once
+from conftest import compact_once, merge_path_cases
 
 from cdc_compaction.core.sql import table_names
 from cdc_compaction.devtools.conformance import land
@@ -40,12 +40,18 @@ def _visible(spark: Any, cfg: Any) -> dict[tuple[str, int], str]:
     return {(r["region"], r["id"]): r["full_name"] for r in rows}
 
 
+KEY_REVERSED = {"primary_key": ["region", "id"]}
+PARTITIONED = {"primary_key": ["region", "id"], "partition_by": {"column": "region"}}
+
+
 @pytest.mark.parametrize(
-    "overrides",
-    [
-        pytest.param({"primary_key": ["region", "id"]}, id="key-reversed"),
-        pytest.param({"primary_key": ["region", "id"], "partition_by": {"column": "region"}}, id="partitioned"),
-    ],
+    ("overrides", "merge_path"),
+    merge_path_cases(
+        [KEY_REVERSED, PARTITIONED],
+        lambda o: "partitioned" if "partition_by" in o else "key-reversed",
+        lambda o: "partition_by" in o,
+    ),
+    indirect=["merge_path"],
 )
 def test_key_in_another_order_than_the_columns_keeps_compacting(
     make_cfg, runtime, spark, overrides, merge_path

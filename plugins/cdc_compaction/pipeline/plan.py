@@ -16,9 +16,9 @@ from typing import Any
 
 from cdc_compaction.core import policy, sql
 from cdc_compaction.core.docs import doc_ref
-from cdc_compaction.core.exceptions import BadInputError, PlanError
+from cdc_compaction.core.exceptions import BadInputError, CommitLogError, PlanError
 from cdc_compaction.core.keyindex import live_index
-from cdc_compaction.core.lake import Commit, PlannedFile, TableLease
+from cdc_compaction.core.lake import Commit, Lake, PlannedFile, TableLease
 from cdc_compaction.core.landing import as_dicts
 from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
@@ -219,11 +219,24 @@ def plan(
     except Exception:
         # A plan that failed before recording its input has nothing in flight: let other runs go.
         try:
-            if not lake.storage.exists(lake.layout.plan_path(_plan_id(cfg, owner, lake.latest_commit().seq + 1))):
+            if not lake.storage.exists(lake.layout.plan_path(_plan_id(cfg, owner, _next_seq(lake)))):
                 TableLease(lake).release(owner)
         except Exception:  # the plan's own error is the one to report; the lease then expires
             log.exception("%s: could not give the lease back after the failed plan", cfg.qualified_name)
         raise
+
+
+def _next_seq(lake: Lake) -> int:
+    """The commit a plan of this run would be for, even when a damaged record makes the log unreadable.
+
+    A plan refused for a damaged commit record recorded nothing, and must give its lease back: else
+    the next run, once the record is restored, is refused for hours as if a live run held the table.
+    The plan this run could have recorded is for the commit after every record there.
+    """
+    try:
+        return lake.latest_commit().seq + 1
+    except CommitLogError:
+        return max(lake.commit_seqs(), default=0) + 1
 
 
 def _plan_under_lease(
