@@ -127,17 +127,9 @@ DAG_SCENARIOS = [
 def test_scenario_dag(path: Path, dag_runner: Any, readers: Any) -> None:
     work: Path = dag_runner.work
     scn = conf.Scenario.load(path)
-    # The cdc table's runs spark-submit the job package (the registry's default engine); the keyless and
-    # snapshot tables' runs send it to the worker's warm Spark Connect server (engine: spark_connect).
-    over_connect = dag_runner.registry_spark
-    if path.stem == "options_combined":
-        dag_runner.registry_spark = None
-    try:
-        result = conf.run_scenario(
-            scn, dag_runner, readers, work / "lake", registry_dir=work / "registry", suffix="_dag"
-        )
-    finally:
-        dag_runner.registry_spark = over_connect
+    # Each table's runs send the job to the worker's warm Spark Connect server (engine: spark_connect);
+    # a cdc table's runs spark-submit in tests/e2e/test_postgres_truth.py and the newcomer's test.
+    result = conf.run_scenario(scn, dag_runner, readers, work / "lake", registry_dir=work / "registry", suffix="_dag")
     assert result.ok, "\n".join(result.failures)
     runs = [t for t in dag_runner.timings if t["dag_id"].endswith(scn.table_name + "_dag")]
     assert runs and all(t["state"] == "success" for t in runs)
