@@ -103,15 +103,25 @@ class Ui:
         return str(doc["access_token"])
 
     def stop(self) -> None:
+        t = time.monotonic()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the command stops what it started
         assert self.proc.wait(timeout=90) == 0, self.log.read_text()[-4000:]
+        SPENT["stop"] = SPENT.get("stop", 0.0) + time.monotonic() - t
+
+
+#: Seconds spent per kind of step (shell command, run, stop, page), printed at the end.
+SPENT: dict[str, float] = {}
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_compaction", *args], env=env, capture_output=True, text=True, check=False
-    )
+    t = time.monotonic()
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "cdc_compaction", *args], env=env, capture_output=True, text=True, check=False
+        )
+    finally:
+        SPENT[args[0]] = SPENT.get(args[0], 0.0) + time.monotonic() - t
 
 
 def _expected(runs: int) -> dict[int, tuple[str, str]]:
@@ -224,14 +234,25 @@ def test_day_two_restarts_pause_erase_rollback_and_the_page(tmp_path: Path, meta
         """The DuckDB views, ``versions`` and the table page agree with ``expected`` (the live rows)."""
         assert _duckdb(duck) == {"base": expected, "view": expected}, "the DuckDB views read the live rows"
         assert _versions(shell) == versions
+        t = time.monotonic()
         status, text = _page(f"{ui.base}/cdc/table/{TABLE}", token)
         assert status == 200, text
+        SPENT["page"] = SPENT.get("page", 0.0) + time.monotonic() - t
         shown = _commits(text)
         assert {seq: int(rows) for seq, (rows, _) in shown.items() if seq} == {
             seq: n for seq, n in versions.items() if seq
         }, "the page's rows are what versions prints"
+        # ... and its live version and last commit are what status prints.
+        res = _cli(shell, "status", TABLE, "--json")
+        (row,) = json.loads(res.stdout)
+        last = row["last_commit"]
+        assert (last["seq"], last["rows"]) == (max(versions), versions[max(versions)]), row
+        assert f"Live version {row['live_version']}." in text and last["version"] == row["live_version"], row
+        assert shown[last["seq"]][1] == last["note"], (shown, row)
         status, index = _page(f"{ui.base}/cdc/", token)
-        assert status == 200 and TABLE in index, index
+        assert status == 200, index
+        shown_last = f"{last['seq']} at {last['committed_at'][:19]} ({last['rows']} rows)"
+        assert shown_last in index, f"the tables page's last commit of {TABLE}: {shown_last}\n{index}"
         return text
 
     try:
@@ -240,7 +261,9 @@ def test_day_two_restarts_pause_erase_rollback_and_the_page(tmp_path: Path, meta
         uis.append(ui)
         token = ui.token(home)
         starts.append(time.monotonic() - t)
+        t = time.monotonic()
         ui.wait("the DAG parsed", lambda: _request(f"{ui.base}/api/v2/dags/{DAG}", token)[0] == 200)
+        SPENT["parse"] = time.monotonic() - t
 
         # resume from the shell, then two runs through REST, each compacting one landed increment.
         res = _cli(shell, "resume", TABLE)
@@ -257,7 +280,9 @@ def test_day_two_restarts_pause_erase_rollback_and_the_page(tmp_path: Path, meta
                 st, d = _request(f"{ui.base}/api/v2/dags/{DAG}/dagRuns/{run_id}", token)
                 return d["state"] if st == 200 and d["state"] in ("success", "failed") else None
 
+            t = time.monotonic()
             assert ui.wait(f"run {n + 1}", run_state, 600) == "success"
+            SPENT[f"run {n + 1}"] = time.monotonic() - t
         v2 = _expected(2)
         assert _duckdb(duck) == {"base": v2, "view": v2}
         # The deployment identity: the first task that took a lease created it (core/deployment.py).
@@ -340,4 +365,5 @@ def test_day_two_restarts_pause_erase_rollback_and_the_page(tmp_path: Path, meta
                 u.proc.wait(timeout=90)
         pg.destroy()  # the persistent data this test made (as root: outside pytest's directory)
     took = ", ".join(f"{s:.0f}s" for s in starts)
-    print(f"starts (the last one failing): {took}; total {time.monotonic() - started:.0f}s")
+    spent = ", ".join(f"{k} {v:.0f}s" for k, v in SPENT.items())
+    print(f"starts (the last one failing): {took}; {spent}; total {time.monotonic() - started:.0f}s")
