@@ -109,8 +109,12 @@ def _rollback(args: argparse.Namespace) -> int:
     from cdc_compaction.core.exceptions import CdcCompactionError
     from cdc_compaction.core.lake import Lake
     from cdc_compaction.core.settings import MetastoreEndpoint, metastore_from_env
+    from cdc_compaction.operations.airflow_home import use_airflow
     from cdc_compaction.operations.travel import kept_commit, rollback
 
+    # The metastore the Airflow of status and pause uses ($CDC_METASTORE_URI of the local UI), as erase
+    # does: without it a shell's rollback of a partitioned table tried 127.0.0.1:9083 (issue 39, item 7).
+    use_airflow()
     try:
         cfg = table_config(args)
         target = kept_commit(Lake(cfg), args.to_seq)
@@ -160,5 +164,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_table_args(rb)
     rb.add_argument("--to", dest="to_seq", type=int, required=True, help="the kept version (commit) to publish")
     rb.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    rb.add_argument("--metastore", help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI)")
+    rb.add_argument(
+        "--metastore",
+        help="thrift://HOST:PORT or glue://[CATALOG] (default: $CDC_METASTORE_URI, else the local UI's metastore)",
+    )
     rb.set_defaults(func=_rollback)

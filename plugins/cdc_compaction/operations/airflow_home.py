@@ -1,5 +1,5 @@
 """Which Airflow the operations commands act on: one answer for ``status``, ``pause``, ``resume``,
-``delete``, ``doctor`` and ``erase``.
+``delete``, ``doctor``, ``erase`` and ``rollback``.
 
 The Airflow home is, in this order:
 
