@@ -1318,6 +1318,14 @@ def test_generic_is_the_default_and_changes_nothing() -> None:
     assert parse_table(del_source).source == "generic"
 
 
+def test_a_keyed_debezium_table_orders_by_the_commit_position_where_it_is_declared() -> None:
+    """``__commit_lsn`` (source.sequence's first LSN) survives a killed Connect worker's re-delivery and puts a
+    snapshot's rows (commit position 0) before every change streamed after them; ``__lsn`` orders within."""
+    cfg = parse_table(preset_doc("debezium", [*DEBEZIUM_PG, ("__commit_lsn", "bigint")]))
+    assert cfg.order_by == ["__commit_lsn", "__lsn"]
+    assert parse_table(preset_doc("debezium", DEBEZIUM_PG)).order_by == ["__lsn"]
+
+
 def _keyless_preset(source: str, *names: str, **overrides: Any) -> Doc:
     """A keyless entry of ``source`` with one data column, its before-image and ``names`` (bigints but the op)."""
     doc = keyless_doc(source=source, **overrides)

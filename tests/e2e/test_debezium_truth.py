@@ -14,9 +14,11 @@ Parquet, into three lakes (six registry entries: ``format`` json|avro|parquet, `
 debezium``).  Hour by hour (two hours, the snapshot landing with the first) the seeded workload
 (tests/e2e/truth_workload.py, shared with the wal2json test) runs; the rows that existed before the
 connector came arrive as its initial snapshot; a transaction inserts before a compaction and commits
-after it; the Connect worker is restarted (a clean stop) in the middle of an hour's changes (it
-resumes from its committed offsets, and may send again what it had not committed: the test prints
-how many); ``ALTER TABLE students ADD COLUMN nickname`` lands and follows ``schema_changes: evolve``.
+after it; the Connect worker is restarted cleanly at the start of an hour (its offsets are committed
+then), and killed (SIGKILL) and restarted in the middle of that hour's changes: offsets are committed
+only every ``OFFSET_FLUSH_MS`` otherwise, so the restarted worker sends again, under new Kafka
+offsets, every change since the clean restart (the test checks that it did, and prints how many);
+``ALTER TABLE students ADD COLUMN nickname`` lands and follows ``schema_changes: evolve``.
 After every hour each lake is compacted in process (the DAG's task functions in order) and its base
 table, through Spark and DuckDB, and its views must equal ``SELECT *`` of the PostgreSQL table, as
 multisets.
@@ -85,6 +87,9 @@ TRANSACTIONS = 20
 #: at the start of LONG_COMMITS; Connect restarts and the column is added in RESTART_AT / ALTER_AT.
 LONG_OPENS, LONG_COMMITS = 1, 2
 RESTART_AT = ALTER_AT = 2
+#: The worker's offset.flush.interval.ms: longer than the test, so only the clean stop commits offsets and the
+#: kill loses every offset since: the changes in between are all re-sent (at least once, as a crash does).
+OFFSET_FLUSH_MS = 600_000
 #: The row each hour ends with in each table: when the landing has it, it has the hour's changes.
 MARK_IDS = 2000
 PLACEHOLDER = "__debezium_unavailable_value"
@@ -121,6 +126,31 @@ def row_id(event: dict[str, Any]) -> Any:
     return (image or {}).get("id")
 
 
+def wait_until_sent(bootstrap_servers: str, topics: list[str], since: dict[str, int] | None = None) -> dict[str, int]:
+    """The end offset of each topic's one partition, once every topic has grown past ``since`` and stopped growing.
+
+    Without ``since``: the end offsets now.  With it: what the connector sent meanwhile is in Kafka, so a
+    worker killed now has sent it (and has not committed its source offsets, which is the test's point).
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    probe = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "truth-probe"})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        last: dict[str, int] = {}
+        while True:
+            ends = {t: probe.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1] for t in topics}
+            if since is None:
+                return ends
+            if ends == last and all(ends[t] > since[t] for t in topics):
+                return ends
+            assert time.monotonic() < deadline, f"the connector sent nothing new to {topics} in {WAIT_S:.0f}s"
+            last = ends
+            time.sleep(1.0)
+    finally:
+        probe.close()
+
+
 def land_until_marked(consumer: LandingConsumer, topics: list[str], mark: int) -> list[dict[str, Any]]:
     """Land until every topic has delivered its mark row; the events landed, with their topic."""
     landed: list[dict[str, Any]] = []
@@ -139,7 +169,7 @@ def land_until_marked(consumer: LandingConsumer, topics: list[str], mark: int) -
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Any:
-    with DebeziumStack(tmp_path / "stack", schemas_enable=True) as s:
+    with DebeziumStack(tmp_path / "stack", schemas_enable=True, offset_flush_interval_ms=OFFSET_FLUSH_MS) as s:
         yield s
 
 
@@ -187,6 +217,7 @@ def test_every_format_matches_postgres_after_every_hour(
         landed: dict[str, list[dict[str, Any]]] = {fmt: [] for fmt in FORMATS}
         compacted_lsn = 0
         restarts = 0
+        sent: dict[str, int] = {}
         for hour in range(1, HOURS + 1):
             t0 = time.monotonic()
             if hour == LONG_OPENS:
@@ -200,9 +231,14 @@ def test_every_format_matches_postgres_after_every_hour(
                     cur.execute(f"ALTER TABLE {KEYED} ADD COLUMN nickname text")
                 conn.commit()
             for i, part in enumerate((TRANSACTIONS // 2, TRANSACTIONS - TRANSACTIONS // 2)):
-                if hour == RESTART_AT and i == 1:
-                    stack.restart_connect()  # changes made so far may come again: at least once
+                if hour == RESTART_AT:
+                    # First a clean stop (it commits the offsets: the snapshot and hour 1 are done), then,
+                    # once the first half of the hour's changes is in Kafka, a crash: that half comes again.
+                    if i == 1:
+                        wait_until_sent(stack.bootstrap_servers, list(topics.values()), sent)
+                    stack.restart_connect(kill=i == 1)
                     restarts += 1
+                    sent = wait_until_sent(stack.bootstrap_servers, list(topics.values()))
                 keyed.hour(part)
                 keyless.hour(part)
             if hour >= ALTER_AT:
@@ -266,7 +302,8 @@ def test_every_format_matches_postgres_after_every_hour(
         assert rekeys, "a key change: a delete and a create in one transaction"
         positions = Counter((e["_topic"], e["source"]["lsn"], e["op"], row_id(e)) for e in events if e["op"] != "r")
         redelivered = sum(n - 1 for n in positions.values())
-        assert restarts == 1 and keyed.rolled_back >= 2 and keyed.committed >= 30
+        assert redelivered >= 10, "the killed worker sent the changes since its last offset commit again"
+        assert restarts == 2 and keyed.rolled_back >= 2 and keyed.committed >= 30
         assert set(keyed.kinds) >= KINDS and keyless.kinds["duplicate"] >= 1, (keyed.kinds, keyless.kinds)
         assert len(expected[KEYLESS]) > len({r["id"] for r in expected[KEYLESS]}), "equal rows"
     finally:
@@ -277,5 +314,5 @@ def test_every_format_matches_postgres_after_every_hour(
         for c in locals().get("consumers", {}).values():
             c.close()
     timings["total"] = time.monotonic() - started
-    print(f"events landed per format: {len(events)}; re-delivered by the Connect restart: {redelivered}")
+    print(f"events landed per format: {len(events)}; re-delivered by the killed Connect worker: {redelivered}")
     print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))

@@ -162,8 +162,12 @@ def landing_group(fmt: str) -> str:
 
 
 def debezium_registry_doc(fmt: str, table: str, lake: Any) -> dict[str, Any]:
-    """The registry entry of ``table`` landed as ``fmt``: Debezium's envelope, the debezium preset's order
-    (``__lsn`` for the keyed table, ``__kafka_offset`` for the keyless one)."""
+    """The registry entry of ``table`` landed as ``fmt``: Debezium's envelope, the debezium preset's order.
+
+    Both tables declare the source position that survives a killed Connect worker's re-delivery:
+    ``__commit_lsn`` (``source.sequence``'s first LSN) and ``__lsn`` (the keyed table's order), and the
+    keyless one ``__row`` too (its identity: a snapshot's rows share one LSN); never the Kafka offset,
+    which a re-sent record gets anew."""
     from cdc_compaction.devtools import conformance as conf
 
     columns: list[dict[str, str]] = [{"name": n, "type": t} for n, t in DATA_TYPES.items()]
@@ -177,13 +181,15 @@ def debezium_registry_doc(fmt: str, table: str, lake: Any) -> dict[str, Any]:
         columns += [
             {"name": "bio", "type": "string"},
             {"name": "__op", "type": "string"},
+            {"name": "__commit_lsn", "type": "bigint"},
             {"name": "__lsn", "type": "bigint"},
             {"name": "__deleted", "type": "string"},
         ]
     else:
         fields = {"mode": "keyless"}
         columns += [{"name": f"_before_{n}", "type": t} for n, t in DATA_TYPES.items()]
-        columns += [{"name": "__op", "type": "string"}, {"name": "__kafka_offset", "type": "bigint"}]
+        columns += [{"name": n, "type": "bigint"} for n in ("__commit_lsn", "__lsn", "__row")]
+        columns += [{"name": "__op", "type": "string"}]
     scn = conf.Scenario(
         path=lake / "unused.json",
         name=f"dbz_{table}_{fmt}",

@@ -417,3 +417,48 @@ def test_mysql_binlog_position_and_truncate_and_message_events() -> None:
         (None, "truncate"),
         (None, "message"),
     ]
+
+
+# ------------------------------------------------------------------ the PostgreSQL source position
+#: source.sequence as Debezium 3.6's PostgreSQL connector writes it: ["<lastCommitLsn>", "<lsn>"], the
+#: first null until the connector has delivered a commit since it started without a committed position.
+POSITION = (("id", "int"), ("__op", "string"), ("__commit_lsn", "bigint"), ("__lsn", "bigint"), ("__row", "bigint"))
+
+
+def _pg(op: str, lsn: int, last_commit: str | None, snapshot: str = "false") -> dict[str, Any]:
+    source = {"lsn": lsn, "sequence": json.dumps([last_commit, str(lsn)]), "snapshot": snapshot, "txId": 7}
+    image = {"id": lsn % 100}
+    return {"before": image if op == "d" else None, "after": None if op == "d" else image, "source": source, "op": op}
+
+
+def test_the_commit_position_and_row_come_from_the_source_not_the_kafka_offset() -> None:
+    spec = Spec(format="json", envelope="debezium", columns=POSITION)
+    content = lines(
+        _pg("r", 900, None, "first"),  # a snapshot's rows: one LSN, null commit, their offsets as ordinal
+        _pg("r", 900, None, "last"),
+        _pg("c", 900, None),  # the first transaction streamed: no commit delivered before it
+        _pg("c", 1040, "1000"),
+        _pg("d", 960, "1100"),  # began before the previous transaction and committed after it
+    )
+    got = [(d.row["__commit_lsn"], d.row["__lsn"], d.row["__row"]) for d in decoded(content, spec)]  # type: ignore[index]
+    assert got == [(0, 900, 100), (0, 900, 101), (900, 900, 0), (1000, 1040, 0), (1100, 960, 0)]
+    # The same records re-sent under other offsets: the changes' positions are the same.
+    again = [d.row for d in decoded(content, spec, name="pg.public.t+0+555.json")]
+    assert [r["__commit_lsn"] for r in again] == [g[0] for g in got]  # type: ignore[index]
+    assert [r["__row"] for r in again][2:] == [0, 0, 0]  # type: ignore[index]
+
+
+def test_a_flattened_record_derives_its_position_from_its_sequence() -> None:
+    """ExtractNewRecordState with add.fields=op,lsn,sequence, as JSON: the row carries __sequence, not __commit_lsn."""
+    spec = Spec(format="json", envelope="flattened", columns=POSITION)
+    content = lines(
+        {"id": 1, "__op": "r", "__lsn": 900, "__sequence": '[null,"900"]'},
+        {"id": 2, "__op": "u", "__lsn": 1040, "__sequence": '["1000","1040"]'},
+        {"id": 3, "__op": "c", "__lsn": 1041},  # the sink did not keep source.sequence
+        {"id": 4, "__op": "c", "__lsn": 1042, "__sequence": "[1"},
+    )
+    d = decoded(content, spec, name="pg.public.t+0+7.json")
+    assert [(x.row or {}).get("__commit_lsn") for x in d[:2]] == [0, 1000]
+    assert [(x.row or {}).get("__row") for x in d[:2]] == [7, 0]
+    assert d[2].row is None and "__sequence" in (d[2].reason or "") and "add.fields=sequence" in (d[2].reason or "")
+    assert d[3].row is None and "not a JSON array" in (d[3].reason or "")

@@ -133,10 +133,16 @@ def derived_columns(cfg: TableConfig) -> set[str]:
     """The registry columns (lower case) the decoder fills from elsewhere than the record's data columns.
 
     The Kafka position (``__kafka_topic``/``__kafka_partition``/``__kafka_offset``: the file name);
-    with ``envelope: debezium`` also every ``__<field>`` (``add.fields``: the envelope and its
+    with ``source: debezium`` the PostgreSQL position ``__commit_lsn``/``__row`` (from ``source.sequence``
+    or a flattened JSON or Avro record's ``__sequence``: :func:`cdc_compaction.job.decode.source_position`); with
+    ``envelope: debezium`` also every ``__<field>`` (``add.fields``: the envelope and its
     ``source``) and a keyless table's before-image columns (the envelope's ``before``).
     """
     derived = {"__kafka_topic", "__kafka_partition", "__kafka_offset"}
+    if getattr(cfg, "source", None) == "debezium":
+        # The PostgreSQL source position, derived from source.sequence/lsn where a record lacks it; a
+        # flattened record's sequence (add.fields=sequence) is what it is derived from, not a new column.
+        derived |= {"__commit_lsn", "__row", "__sequence", "__source_sequence"}
     if cfg.envelope == "debezium":
         derived |= {c.name.lower() for c in cfg.columns if c.name.startswith("__")}
         derived |= {c.lower() for c in getattr(cfg, "before_columns", None) or []}

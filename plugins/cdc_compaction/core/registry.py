@@ -942,16 +942,21 @@ def source_defaults(source: str, mode: str, columns: set[str]) -> dict[str, Any]
     if source == "debezium":
         # ExtractNewRecordState with add.fields=op,source.ts_ms,lsn (Postgres) or file,pos,row (MySQL).
         found["op_column"] = "__op"
-        if mode == "keyless" and "__kafka_offset" in columns:
-            # A keyless table's watermark follows the delivery position (tests/scenarios/README.md,
-            # "What each source must provide"): a one-partition topic's offset (InsertField
-            # offset.field) is one, and unique per event.
-            found["order_by"] = ["__kafka_offset"]
-        elif mode == "keyless" and {"__commit_lsn", "__lsn"} <= columns:
-            # PostgreSQL delivers in commit order: the commit LSN (source.sequence's first LSN, or the
-            # transaction's) orders, the change LSN and the row ordinal tell its events apart.
+        if mode == "keyless" and {"__commit_lsn", "__lsn"} <= columns:
+            # PostgreSQL delivers in commit order: the commit position (source.sequence's first LSN)
+            # orders, the change LSN and the row ordinal tell its events apart. Unlike a Kafka offset
+            # all three survive a killed Connect worker's re-delivery (docs/debezium.md).
             found["order_by"] = ["__commit_lsn"]
             found["event_id"] = ["__lsn", *(["__row"] if "__row" in columns else [])]
+        elif mode == "keyless" and "__kafka_offset" in columns:
+            # A keyless table's watermark follows the delivery position (tests/scenarios/README.md,
+            # "What each source must provide"): a one-partition topic's offset (InsertField
+            # offset.field) is one, and unique per event -- but a re-sent record gets a new one.
+            found["order_by"] = ["__kafka_offset"]
+        elif mode == "cdc" and {"__commit_lsn", "__lsn"} <= columns:
+            # A key's events in commit order, then LSN order within a transaction: a snapshot's rows
+            # (commit position 0) come before any change streamed after them.
+            found["order_by"] = ["__commit_lsn", "__lsn"]
         elif "__lsn" in columns:
             found["order_by"] = ["__lsn"]
         elif {"__file", "__pos"} <= columns:

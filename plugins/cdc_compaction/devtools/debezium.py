@@ -156,8 +156,14 @@ def kafka_server_properties(data_dir: Path | str, kafka_port: int, controller_po
     }
 
 
-def connect_worker_properties(bootstrap_servers: str, rest_port: int, plugins: Path | str) -> dict[str, Any]:
-    """``worker.properties`` of the distributed Connect worker; ``plugins`` holds Debezium's plugin directory."""
+def connect_worker_properties(
+    bootstrap_servers: str, rest_port: int, plugins: Path | str, offset_flush_interval_ms: int = 1000
+) -> dict[str, Any]:
+    """``worker.properties`` of the distributed Connect worker; ``plugins`` holds Debezium's plugin directory.
+
+    ``offset_flush_interval_ms``: how often the worker commits the connector's source offsets; a worker
+    killed between two commits re-delivers, after its restart, what it sent since the last one.
+    """
     return {
         "bootstrap.servers": bootstrap_servers,
         "group.id": "cdc-connect",
@@ -179,8 +185,8 @@ def connect_worker_properties(bootstrap_servers: str, rest_port: int, plugins: P
         "status.storage.replication.factor": 1,
         "offset.storage.partitions": 1,
         "status.storage.partitions": 1,
-        # Source offsets are committed every second: a restart re-delivers at most that much.
-        "offset.flush.interval.ms": 1000,
+        # Source offsets are committed every second by default: a restart re-delivers at most that much.
+        "offset.flush.interval.ms": offset_flush_interval_ms,
         "scheduled.rebalance.max.delay.ms": 0,
     }
 
@@ -238,6 +244,13 @@ class JavaService:
         """The error of a start that did not come up: what, and the last lines of the log."""
         return ServiceError(f"{self.name} {what}; the last lines of {self.log_file}:\n{tail(self.log_file)}")
 
+    def kill(self) -> None:
+        """SIGKILL to the process group this service leads (a crash: no shutdown hook runs)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+        self.stop(timeout_s=10.0)
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to the process group this service leads (a clean shutdown), SIGKILL after ``timeout_s``."""
         if self.pid is None:
@@ -273,6 +286,8 @@ class DebeziumStack:
     rest_port: int = 0
     #: The connectors :meth:`register` made, by name.
     connectors: list[str] = field(default_factory=list)
+    #: The worker's ``offset.flush.interval.ms`` (a long one: a killed worker re-delivers much).
+    offset_flush_interval_ms: int = 1000
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
@@ -360,7 +375,13 @@ class DebeziumStack:
         if not self.rest_port:
             self.rest_port = free_port()
         config = home / "worker.properties"
-        config.write_text(_properties(connect_worker_properties(self.bootstrap_servers, self.rest_port, plugins)))
+        config.write_text(
+            _properties(
+                connect_worker_properties(
+                    self.bootstrap_servers, self.rest_port, plugins, self.offset_flush_interval_ms
+                )
+            )
+        )
         self.connect.start(classpath, "org.apache.kafka.connect.cli.ConnectDistributed", str(config))
         deadline = time.monotonic() + timeout_s
         while True:
@@ -457,9 +478,16 @@ class DebeziumStack:
             time.sleep(0.5)
         raise self.connect.failed(f"connector {name} was not RUNNING within {timeout_s:.0f}s: {state}")
 
-    def restart_connect(self, timeout_s: float = 180.0) -> None:
-        """Stop the Connect worker (a clean shutdown) and start it again; it resumes from its committed offsets."""
-        self.connect.stop()
+    def restart_connect(self, timeout_s: float = 180.0, *, kill: bool = False) -> None:
+        """Stop the Connect worker and start it again; it resumes from its committed offsets.
+
+        ``kill``: SIGKILL instead of a clean shutdown (a crashed worker): nothing is flushed, so what it
+        sent since its last offset commit comes again, re-published under new Kafka offsets.
+        """
+        if kill:
+            self.connect.kill()
+        else:
+            self.connect.stop()
         try:
             self._start_connect(jars.classpath("connect"), jars.group_dir("debezium"), timeout_s)
             for name in self.connectors:

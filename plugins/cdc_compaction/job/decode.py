@@ -75,6 +75,10 @@ _INT_RANGES = {
     "int": 2**31,
     "bigint": 2**63,
 }
+#: The PostgreSQL source position the decoder derives where a record does not carry the column itself
+#: (:func:`source_position`): the commit position and the ordinal among the events at one LSN. Flattened
+#: Parquet is read by Spark as it is (:attr:`Spec.spark_reads_it`): there the sink must write them.
+POSITION_COLUMNS = ("__commit_lsn", "__row")
 HEARTBEAT_SCHEMA = "io.debezium.connector.common.Heartbeat"
 TRANSACTION_SCHEMA = "io.debezium.connector.common.TransactionMetadataValue"
 
@@ -119,7 +123,7 @@ class Spec:
 
     @property
     def spark_reads_it(self) -> bool:
-        """Flattened Parquet: Spark reads it as it always did (no Python decoding)."""
+        """Flattened Parquet: Spark reads it as it always did (no Python decoding, nothing derived)."""
         return self.format == "parquet" and self.envelope == "flattened"
 
 
@@ -404,6 +408,66 @@ def _skip_kind(payload: Any, schema_name: str | None) -> str | None:
     return None
 
 
+def _lsn(value: Any) -> int | None:
+    """An LSN as Debezium writes it (a number, or its decimal text in ``source.sequence``); None if absent."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise DecodeError(f"LSN {value!r} is not a number") from None
+
+
+def source_position(name: str, sequence: Any, lsn: Any, op: Any, kafka_offset: int | None) -> int | None:
+    """``__commit_lsn`` or ``__row`` of a Debezium PostgreSQL event, from what survives a re-delivery.
+
+    A Connect worker that is killed re-sends what it sent since its last offset commit, under new
+    Kafka offsets but with the same ``source`` block.  ``source.sequence`` is the JSON text
+    ``["<lastCommitLsn>", "<lsn>"]``: the end LSN of the last commit the connector delivered before
+    this event's transaction (the same for every event of a transaction, never decreasing in the
+    order the connector delivers, which is commit order) and the change's own LSN.
+
+    * ``__commit_lsn``: that first LSN; where it is null (the connector has delivered no commit since
+      it started without a committed position): 0 for a snapshot read (op ``r``: before everything
+      streamed), else the change's own LSN (the first transaction streamed: below its commit's end,
+      which the next transaction carries).
+    * ``__row``: 0 for a change; for a snapshot read (every row of a snapshot carries one LSN) its
+      Kafka offset, which numbers the snapshot's rows in order (None without one: the row is refused
+      with ``null_event_id:__row``). A snapshot is re-sent only by a snapshot run again, at a new LSN.
+    """
+    if name == "__row":
+        return kafka_offset if op == "r" else 0
+    first = None
+    if sequence is not None:
+        try:
+            pair = json.loads(sequence) if isinstance(sequence, str) else sequence
+        except json.JSONDecodeError:
+            raise DecodeError(f"source.sequence {sequence!r} is not a JSON array") from None
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise DecodeError(f"source.sequence {sequence!r} is not a JSON array of two LSNs")
+        first = _lsn(pair[0])
+        lsn = lsn if lsn is not None else pair[1]
+    if first is not None:
+        return first
+    return 0 if op == "r" else _lsn(lsn)
+
+
+def _flattened_position(name: str, data: Mapping[str, Any], kafka: _Kafka, index: int) -> int | None:
+    """:func:`source_position` of a flattened JSON or Avro record (``add.fields=op,lsn,sequence``, the Kafka offset)."""
+    lower = {k.lower(): v for k, v in data.items()}
+    offset = lower.get("__kafka_offset")
+    if offset is None and kafka.first_offset is not None:
+        offset = kafka.first_offset + index
+    if "__sequence" not in lower and "__source_sequence" not in lower and name == "__commit_lsn":
+        raise DecodeError(
+            "the record has no __sequence (ExtractNewRecordState add.fields=sequence): __commit_lsn cannot be derived"
+        )
+    sequence = lower.get("__sequence", lower.get("__source_sequence"))
+    return source_position(name, sequence, lower.get("__lsn"), lower.get("__op"), offset)
+
+
 def _meta_value(name: str, env: Mapping[str, Any], kafka: _Kafka, index: int) -> tuple[bool, Any]:
     """(found, value) of an ``add.fields`` column ``__<...>`` from the envelope, its source, or the file name."""
     field_name = name[2:]
@@ -428,6 +492,10 @@ def _meta_value(name: str, env: Mapping[str, Any], kafka: _Kafka, index: int) ->
     hit = next((k for k in source if k.lower() == lower), None)
     if hit is not None:
         return True, source[hit]
+    if name.lower() in POSITION_COLUMNS:
+        # Not a field of the source block (MySQL's has a row): the PostgreSQL position, derived.
+        offset = None if kafka.first_offset is None else kafka.first_offset + index
+        return True, source_position(name.lower(), source.get("sequence"), source.get("lsn"), env.get("op"), offset)
     top = next((k for k in env if k.lower() == lower and k not in ("before", "after", "source", "transaction")), None)
     return (True, env[top]) if top is not None else (False, None)
 
@@ -474,6 +542,9 @@ def record_row(
         elif name.lower() in ("__kafka_topic", "__kafka_partition", "__kafka_offset"):
             _, value = _meta_value(name, env, kafka, index)
             sem = Semantic()
+        elif name.lower() in POSITION_COLUMNS:
+            # A flattened record that does not carry its position: derived from what it does carry.
+            value, sem = _flattened_position(name.lower(), data, kafka, index), Semantic()
         else:
             value, sem = None, Semantic()
         try:
