@@ -36,6 +36,7 @@ sys.path.insert(0, str(BENCH))
 import datagen  # noqa: E402
 import peer  # noqa: E402
 import report  # noqa: E402
+import spark_peer  # noqa: E402
 
 from cdc_compaction.core.registry import parse_table  # noqa: E402
 
@@ -178,6 +179,51 @@ def test_peer_drops_expired_tombstones(tmp_path: Path, engine: str) -> None:
     peer.ENGINES[engine](spec, str(out))
     got = {r["id"]: r["name"] for r in pq.read_table(str(out)).to_pylist()}
     assert got == {k: v[0] for k, v in EXPECTED.items() if k != 4}
+
+
+@pytest.mark.spark
+@pytest.mark.extended  # three spark-submit JVMs per variant: 250 s each on the loaded 2-core machine
+@pytest.mark.parametrize("variant", ["delta_cow", "delta_dv"])
+def test_spark_peer_merges_by_the_compaction_rule(tmp_path: Path, variant: str) -> None:
+    """delta-spark's MERGE (bench/spark_peer.py) on the rule's cases: ours' rows, and the checksum of them."""
+    from cdc_compaction.core.jarcache import JarError, group_jars
+
+    try:
+        jars = group_jars(spark_peer.JAR_GROUP, bench=True)
+    except JarError as exc:
+        pytest.skip(f"make bench fetches the Spark peers' jars: {exc}")
+    spec = {**_case(tmp_path), "tombstone_cutoff": "2026-01-25T00:00:00+00:00"}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    app = str(BENCH / "spark_peer.py")
+    submit = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]"]
+    submit += [*spark_peer.submit_extra(jars), "--conf", "spark.sql.session.timeZone=UTC"]
+    submit += [app, "--spec", str(spec_file)]
+    table, out = str(tmp_path / "table"), str(tmp_path / "rows")
+    for args in (
+        ["--mode", "prepare", "--table", str(tmp_path / "base_cow"), "--dv-table", str(tmp_path / "base_dv")],
+        ["--mode", "cold", "--variant", variant, "--table", table],
+    ):
+        if args[1] == "cold":
+            spark_peer.fresh_copy(str(tmp_path / ("base_cow" if variant == "delta_cow" else "base_dv")), table)
+        proc = subprocess.run([*submit, *args], env=_bench_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    export = ["--mode", "warm", "--variant", variant, "--table", table, "--repeats", "0"]
+    proc = subprocess.run(
+        [*submit, *export, "--cold-table", table, "--cold-export", out],
+        env=_bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = pq.read_table(out).to_pylist()
+    got = {r["id"]: (r["name"], r["op"], r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows}
+    # The cutoff drops the base's tombstone (4) and keeps the increment's (5), as ours does.
+    assert got == {k: v for k, v in EXPECTED.items() if k != 4}
+    duck = tmp_path / "duck"
+    peer.run_duckdb(spec, str(duck))
+    assert peer.checksum(out, COLUMNS, "op", "d") == peer.checksum(str(duck), COLUMNS, "op", "d")
 
 
 def test_checksum_ignores_row_order_and_file_layout_but_not_values(tmp_path: Path) -> None:
