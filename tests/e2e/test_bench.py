@@ -283,6 +283,46 @@ def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None
     assert (tmp_path / "compaction.png").stat().st_size > 0
 
 
+def test_report_sets_ours_beside_the_spark_peers_and_says_what_is_missing(tmp_path: Path) -> None:
+    """A run of its own (spark_peers.json): ours / delta-spark cold and warm, the read, the target, Iceberg and Hudi."""
+    job = {"wall_s": 30.0, "cpu_s": 20.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0}
+    check = {"rows": 10, "tombstones": 1, "hash_all": "1", "hash_visible": "2"}
+    dataset = {
+        "dataset": "1M x 1%",
+        "input_rows": 1010000,
+        "jobs": {
+            "ours": {**job, "wall_s": 24.0},
+            "ours_warm": {**job, "wall_s": 12.0},
+            "delta_cow": {**job, "phases": {"merge_s": 20.0, "wall_s": 20.0}},
+            "delta_cow_warm": {"wall_s": 16.0, "merge_s": 16.0, "ours_read_s": 2.0, "runs_wall_s": [16.0]},
+            "delta_dv": {**job, "wall_s": 20.0},
+            "delta_dv_warm": {"wall_s": 10.0, "merge_s": 7.0, "read_s": 3.0, "ours_read_s": 2.0, "runs_wall_s": [10.0]},
+        },
+        # ours / peer as the runner writes them: ours' wall time over the peer's.
+        "ratios": {"ours/delta_cow": 0.8, "ours/delta_cow (warm)": 0.75, "ours/delta_dv": 1.2},
+        "steps": {},
+        "checksums": {"ours": check, "delta_cow": check, "delta_dv": {**check, "hash_all": "3"}},
+        "checksums_match": False,
+    }
+    dataset["ratios"] |= {"ours/delta_dv (warm)": 1.2, "ours+read/delta_dv+read (warm)": 1.4}
+    (tmp_path / "spark_peers.json").write_text(json.dumps({"datasets": [dataset], "settings": {"sizes": [1000000]}}))
+    text = report.write_report(tmp_path).read_text()
+    assert "| compaction 1M x 1% cold | ours faster than delta-spark MERGE (copy-on-write): " in text
+    assert "| 0.80 | yes |" in text and "| 0.75 | yes |" in text
+    assert "## Compaction against the Spark peers" in text
+    cow = (
+        "| 1M x 1% | delta-spark MERGE (copy-on-write) | 0.80 | 0.75 | - | 24.0 / 30.0 | 12.0 / 16.0 | 16.0 | - | 2.0 |"
+    )
+    assert cow in text
+    dv = "| 1M x 1% | delta-spark MERGE (deletion vectors) | 1.20 | 1.20 | 1.40 | 24.0 / 20.0 | 12.0 / 10.0 | 7.0 |"
+    assert dv in text
+    # A peer whose rows differ from ours is shown as such; the missing peers are named with how it was checked.
+    assert text.count("same as ours") == 1 and "**DIFFERENT**" in text
+    assert "no `org.apache.iceberg:iceberg-spark-runtime-4.2_2.13` on Maven Central" in text
+    assert "no `org.apache.hudi:hudi-spark4.2-bundle_2.13`" in text
+    assert "## spark_peers" not in text  # not rendered a second time as a generic section
+
+
 def _driver_log(job_py: Path, package: Path) -> str:
     """A driver log as Spark 4 and the job write it: two stages from a script's chained statement,
     one from the job package's zip, one adaptive stage, a map-stage job and the job's own lines."""
