@@ -11,7 +11,12 @@ one increment, runs ``ensure_tables`` and ``plan``, and measures on the planned 
 * ``ours``: ``include/spark_jobs/compact.py`` with the command line the table's DAG
   ``compact`` task runs (taken from the DAG's ``SparkSubmitOperator``), then ``validate``;
 * ``duckdb``, ``polars`` and ``delta`` (delta-rs): the same rule in a peer engine (``bench/peer.py``);
-  delta-rs MERGEs into a Delta table of the base that ``peer.prepare_delta`` writes before its timed run.
+  delta-rs MERGEs into a Delta table of the base that ``peer.prepare_delta`` writes before its timed run;
+* ``delta_cow`` and ``delta_dv`` (``--spark-peers``): the Spark peers, delta-spark's ``MERGE INTO`` on the same
+  pinned Spark and ours' own spark-submit line (``bench/spark_peer.py``; jars.lock's bench-only ``spark-peers``
+  group), copy-on-write and with deletion vectors (+ one full read), cold (a spark-submit each) and warm (one JVM,
+  a warm-up, then the repeats); their tables' rows join the checksums. Iceberg and Hudi have no build for Spark 4.2
+  on Maven Central (``report.SPARK_PEERS_MISSING``).
 
 Then the same floor and ours run warm (``--warm-repeats``, default 3; 0 skips them): in a
 session of one Spark Connect server that the run starts once (on 127.0.0.1, a free port, the
