@@ -429,7 +429,11 @@ def test_report_shows_where_the_time_goes_and_keeps_it_when_the_logs_are_gone(tm
 
 # ---------------------------------------------------------------------- bench/compaction.py, tiny
 def _bench_cmd(work: Path, results: Path, *extra: str) -> list[str]:
-    """bench/compaction.py at 2,000 rows and one change fraction (the tiny size of the smoke tests)."""
+    """bench/compaction.py at 2,000 rows and one change fraction (the tiny size of the smoke tests).
+
+    Without the Spark peers: their jars are make bench's alone, and test_spark_peer_merges_by_the_compaction_rule
+    covers their rule.
+    """
     return [
         sys.executable,
         str(BENCH / "compaction.py"),
@@ -437,6 +441,8 @@ def _bench_cmd(work: Path, results: Path, *extra: str) -> list[str]:
         "2000",
         "--fractions",
         "0.1",
+        "--spark-peers",
+        "",
         "--work",
         str(work),
         "--out",
