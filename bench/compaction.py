@@ -11,7 +11,12 @@ one increment, runs ``ensure_tables`` and ``plan``, and measures on the planned 
 * ``ours``: ``include/spark_jobs/compact.py`` with the command line the table's DAG
   ``compact`` task runs (taken from the DAG's ``SparkSubmitOperator``), then ``validate``;
 * ``duckdb``, ``polars`` and ``delta`` (delta-rs): the same rule in a peer engine (``bench/peer.py``);
-  delta-rs MERGEs into a Delta table of the base that ``peer.prepare_delta`` writes before its timed run.
+  delta-rs MERGEs into a Delta table of the base that ``peer.prepare_delta`` writes before its timed run;
+* ``delta_cow`` and ``delta_dv`` (``--spark-peers``): the Spark peers, delta-spark's ``MERGE INTO`` on the same
+  pinned Spark and ours' own spark-submit line (``bench/spark_peer.py``; jars.lock's bench-only ``spark-peers``
+  group), copy-on-write and with deletion vectors (+ one full read), cold (a spark-submit each) and warm (one JVM,
+  a warm-up, then the repeats); their tables' rows join the checksums. Iceberg and Hudi have no build for Spark 4.2
+  on Maven Central (``report.SPARK_PEERS_MISSING``).
 
 Then the same floor and ours run warm (``--warm-repeats``, default 3; 0 skips them): in a
 session of one Spark Connect server that the run starts once (on 127.0.0.1, a free port, the
@@ -56,12 +61,14 @@ import datagen
 import floor_job
 import peer as peer_mod
 import report
+import spark_peer
 from measure import JobResult, Stopwatch, run_in_server, run_measured, start_logging, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
+from cdc_compaction.core.jarcache import group_jars  # noqa: E402
 from cdc_compaction.core.lake import Lake, TableLease  # noqa: E402
 from cdc_compaction.core.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
@@ -216,6 +223,8 @@ class Bench:
         self.endpoint = endpoint
         self.warehouse = str(self.work / "warehouse")
         self.peers = [p for p in args.peers.split(",") if p]
+        #: delta-spark's variants (bench/spark_peer.py): the Spark tools a Spark shop would run instead.
+        self.spark_peers = [p for p in args.spark_peers.split(",") if p]
 
     def config(self, base_rows: int) -> TableConfig:
         table = "cdc_" + label(base_rows).lower().replace(".", "_")
@@ -342,6 +351,8 @@ class Bench:
                 check_job(job)
                 outputs[peer] = peer_out
                 jobs[peer] = _job_entry(job, rows, peer_out)
+            if self.spark_peers:
+                self.run_spark_peers(cfg, spec_path, out, rows, stats["output_location"], jobs, outputs, steps)
             if self.server is not None:
                 warm_ours_out = self.warm(cfg, plan, rows, out, jobs, steps)
                 outputs["ours_warm"] = warm_ours_out
@@ -364,8 +375,23 @@ class Bench:
             if other in jobs:
                 ratios[f"ours/{other}"] = round(jobs["ours"]["wall_s"] / jobs[other]["wall_s"], 3)
                 ratios[f"ours/{other} (cpu)"] = round(jobs["ours"]["cpu_s"] / max(jobs[other]["cpu_s"], 1e-9), 3)
+        for other in self.spark_peers:
+            if other in jobs:
+                # Cold against cold: a spark-submit each, JVM start included in both.
+                ratios[f"ours/{other}"] = round(jobs["ours"]["wall_s"] / jobs[other]["wall_s"], 3)
+                ratios[f"ours/{other} (cpu)"] = round(jobs["ours"]["cpu_s"] / max(jobs[other]["cpu_s"], 1e-9), 3)
         if "ours_warm" in jobs:
             warm = jobs["ours_warm"]
+            for other in self.spark_peers:
+                if f"{other}_warm" in jobs:
+                    # Warm against warm: ours in the Connect server, the peer in its own long-lived JVM.
+                    peer_warm = jobs[f"{other}_warm"]
+                    ratios[f"ours/{other} (warm)"] = round(warm["wall_s"] / peer_warm["wall_s"], 3)
+                    if "read_s" in peer_warm:
+                        # Merge-on-read: the peer's MERGE and one full read against ours and one full read of ours.
+                        ratios[f"ours+read/{other}+read (warm)"] = round(
+                            (warm["wall_s"] + peer_warm["ours_read_s"]) / peer_warm["wall_s"], 3
+                        )
             # Both in the warm server: the price of the rule when no JVM starts.
             ratios["ours/floor (warm)"] = round(warm["wall_s"] / jobs["floor_warm"]["wall_s"], 3)
             ratios["ours/floor (warm, cpu)"] = round(warm["cpu_s"] / max(jobs["floor_warm"]["cpu_s"], 1e-9), 3)
@@ -396,6 +422,73 @@ class Bench:
                 log.warning("%s: the %s wrote %d rows, expected %d", name, key, written, rows)
         log.info("%s: %s; checksums %s", name, ratios, "match" if same else "DIFFER")
         return result
+
+    def run_spark_peers(
+        self,
+        cfg: TableConfig,
+        spec_path: Path,
+        out: Path,
+        rows: int,
+        ours_out: str,
+        jobs: dict[str, dict[str, Any]],
+        outputs: dict[str, str],
+        steps: dict[str, float],
+    ) -> None:
+        """delta-spark MERGE (``bench/spark_peer.py``), each variant cold and warm, on ours' own spark-submit line.
+
+        The base is loaded into a Delta table per variant first (one untimed spark-submit). Cold: one
+        spark-submit per variant MERGEs (and, with deletion vectors, reads the table whole) into a fresh copy of it,
+        measured like ours' (``jobs[variant]``, with its phases). Warm: one more spark-submit runs an untimed
+        warm-up and ``--warm-repeats`` MERGEs, each into a fresh copy, timed inside its JVM (``jobs[variant_warm]``:
+        the median run); it also exports the cold and the last warm result as Parquet, whose checksums join ours.
+        """
+        app = str(BENCH / "spark_peer.py")
+        extra = spark_peer.submit_extra(group_jars(spark_peer.JAR_GROUP, bench=True))
+
+        def command(args: list[str]) -> list[str]:
+            return spark_peer.with_extra(submit_command(cfg, [*args, "--spec", str(spec_path)], app), app, extra)
+
+        slug = out.name
+        bases = {v: str(out / f"{v}_base") for v in self.spark_peers}
+        prepare = ["--mode", "prepare", "--table", bases.get("delta_cow", str(out / "delta_cow_base"))]
+        if "delta_dv" in bases:
+            prepare += ["--dv-table", bases["delta_dv"]]
+        job = run_measured("delta_prepare", command(prepare), self.logs(f"{slug}_delta_prepare"))
+        check_job(job)
+        steps["delta_spark_prepare_s"] = job.wall_s
+        ours_dirs = ",".join(
+            d for d in (os.path.join(ours_out, "data"), os.path.join(ours_out, "tombstones")) if os.path.isdir(d)
+        )
+        for variant in self.spark_peers:
+            cold = spark_peer.fresh_copy(bases[variant], str(out / f"{variant}_cold"))
+            times = out / f"{variant}_cold_timings.json"
+            job = run_measured(
+                variant,
+                command(["--mode", "cold", "--variant", variant, "--table", cold, "--timings", str(times)]),
+                self.logs(f"{slug}_{variant}"),
+            )
+            check_job(job)
+            jobs[variant] = {**_job_entry(job, rows, None), "phases": json.loads(times.read_text())}
+            warm_times = out / f"{variant}_warm_timings.json"
+            warm_args = ["--mode", "warm", "--variant", variant, "--table", bases[variant]]
+            warm_args += ["--work", str(out / f"{variant}_warm"), "--repeats", str(self.args.warm_repeats)]
+            warm_args += ["--timings", str(warm_times), "--export", str(out / f"{variant}_warm_rows")]
+            warm_args += ["--cold-table", cold, "--cold-export", str(out / f"{variant}_rows"), "--ours", ours_dirs]
+            job = run_measured(f"{variant}_warm", command(warm_args), self.logs(f"{slug}_{variant}_warm"))
+            check_job(job)
+            outputs[variant] = str(out / f"{variant}_rows")
+            runs = json.loads(warm_times.read_text())
+            if runs:
+                median = sorted(runs, key=lambda r: r["wall_s"])[(len(runs) - 1) // 2]
+                jobs[f"{variant}_warm"] = {
+                    **median,
+                    "engine": "spark-submit, one JVM",
+                    "repeats": len(runs),
+                    "runs_wall_s": [r["wall_s"] for r in runs],
+                    "rows_per_s": round(rows / median["wall_s"]) if median["wall_s"] else None,
+                    "process": job.to_dict(),
+                }
+                outputs[f"{variant}_warm"] = str(out / f"{variant}_warm_rows")
 
     def warm(
         self,
@@ -476,7 +569,16 @@ def _versions() -> dict[str, str]:
             out[mod] = __import__(mod).__version__
         except ImportError:
             out[mod] = "not installed"
+    out["delta-spark"] = ", ".join(Path(j).name for j in _spark_peer_jars()) or "not fetched"
     return out
+
+
+def _spark_peer_jars() -> list[str]:
+    """The bench-only jars of the Spark peers, if make bench fetched them."""
+    try:
+        return group_jars(spark_peer.JAR_GROUP, bench=True)
+    except Exception:  # noqa: BLE001 - a version line of the report: "not fetched" says it
+        return []
 
 
 def _git_commit() -> str:
@@ -585,6 +687,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "driver_memory": args.driver_memory,
             "target_file_mb": args.target_file_mb,
             "peers": bench.peers,
+            "spark_peers": bench.spark_peers,
             "warm_repeats": args.warm_repeats,
             "spark_conf": compaction_conf(bench.config(sizes[0])) if sizes else {},
             "spark_submit": submit_command(bench.config(sizes[0]), ["--plan", "<plan>"]) if sizes else [],
@@ -613,6 +716,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=datagen.SEED)
     parser.add_argument(
         "--peers", default="duckdb,polars,delta", help="peer engines: duckdb, polars, delta (comma-separated)"
+    )
+    parser.add_argument(
+        "--spark-peers",
+        default="delta_cow,delta_dv",
+        help="Spark peers (bench/spark_peer.py): delta_cow, delta_dv (comma-separated; empty: none). Their jars are"
+        " jars.lock's bench-only spark-peers group (make bench fetches it)",
     )
     parser.add_argument("--driver-memory", default="2g", help="spark.driver_memory of the bench table")
     parser.add_argument("--target-file-mb", type=int, default=128, help="spark.target_file_mb of the bench table")

@@ -37,6 +37,23 @@ KNOWN_ORDER = ("hourly_connect", "partitioned", "policy_day", "parse", "hourly_r
 PARTITIONED_LOGS = Path(__file__).resolve().parent.parent / ".run" / "bench-partitioned" / "logs"
 #: Written by this report from the driver logs, read back when the logs are gone.
 PROFILE = "profile.json"
+#: A compaction run of its own for the Spark peers (``bench/compaction.py --out bench/results/spark_peers.json``),
+#: when they were measured apart from ``compaction.json``'s run: rendered as their section, not generically.
+SPARK_PEERS = "spark_peers.json"
+#: The Spark peers (``bench/spark_peer.py``) and how the report names them.
+SPARK_PEER_LABELS = {
+    "delta_cow": "delta-spark MERGE (copy-on-write)",
+    "delta_dv": "delta-spark MERGE (deletion vectors)",
+}
+#: What is not measured, and why: Maven Central had no build of these for the pinned Spark (checked 2026-11-29 with
+#: ``mvn -B dependency:get -Dartifact=<coordinate>`` and the artifact's ``maven-metadata.xml``).
+SPARK_PEERS_MISSING = (
+    "Iceberg MERGE INTO (copy-on-write, merge-on-read): no `org.apache.iceberg:iceberg-spark-runtime-4.2_2.13` on "
+    "Maven Central (the newest runtime is `iceberg-spark-runtime-4.1_2.13:1.12.0`, for Spark 4.1); "
+    "Hudi upsert (COW, MOR): no `org.apache.hudi:hudi-spark4.2-bundle_2.13` (nor 4.1, 4.0 or `hudi-spark4-bundle`). "
+    "Checked 2026-11-29 with `mvn -B dependency:get -Dartifact=<coordinate>` and each artifact's "
+    "`maven-metadata.xml` (HTTP 404). The bench does not add a second Spark for them."
+)
 
 
 def _num(v: Any, digits: int = 1) -> str:
@@ -214,6 +231,76 @@ def steps_table(data: dict[str, Any]) -> str:
     return _table(["run", "ensure_tables s", "plan s", "compact (spark-submit) s", "validate s"], rows)
 
 
+def has_spark_peers(data: dict[str, Any]) -> bool:
+    return any(p in d["jobs"] for d in data.get("datasets", []) for p in SPARK_PEER_LABELS)
+
+
+def spark_peers_table(data: dict[str, Any]) -> str:
+    """One row per dataset and Spark peer: ours / peer cold and warm, the peer's phases, its warm runs."""
+    rows = []
+    for d in data["datasets"]:
+        r, jobs = d["ratios"], d["jobs"]
+        for peer, name in SPARK_PEER_LABELS.items():
+            if peer not in jobs:
+                continue
+            cold, warm = jobs[peer], jobs.get(f"{peer}_warm") or {}
+            rows.append(
+                [
+                    d["dataset"],
+                    name,
+                    _num(r.get(f"ours/{peer}"), 2),
+                    _num(r.get(f"ours/{peer} (warm)"), 2),
+                    _num(r.get(f"ours+read/{peer}+read (warm)"), 2),
+                    f"{_num(jobs['ours']['wall_s'])} / {_num(cold['wall_s'])}",
+                    f"{_num((jobs.get('ours_warm') or {}).get('wall_s'))} / {_num(warm.get('wall_s'))}",
+                    _num(warm.get("merge_s")),
+                    _num(warm.get("read_s")),
+                    _num(warm.get("ours_read_s")),
+                    ", ".join(_num(x) for x in warm.get("runs_wall_s", [])) or "-",
+                    "same as ours" if d["checksums"].get(peer) == d["checksums"]["ours"] else "**DIFFERENT**",
+                ]
+            )
+    header = [
+        "dataset",
+        "peer",
+        "ours / peer (cold)",
+        "ours / peer (warm)",
+        "ours + read / peer + read (warm)",
+        "cold s (ours / peer)",
+        "warm s (ours / peer)",
+        "peer MERGE s (warm)",
+        "peer read s (warm)",
+        "ours read s (warm)",
+        "peer warm runs s",
+        "checksum",
+    ]
+    return _table(header, rows)
+
+
+def spark_peers_markdown(data: dict[str, Any]) -> list[str]:
+    """The Spark peers' text and table (nothing if the run had none), and what is not available."""
+    if not has_spark_peers(data):
+        return []
+    return [
+        "",
+        "The Spark peers, on the same planned files, the same pinned Spark "
+        f"(PySpark {data.get('host', {}).get('pyspark')}, jars {data.get('host', {}).get('delta-spark', '?')}) "
+        "and ours' own spark-submit command line plus Delta's jars and conf (`bench/spark_peer.py`): the base is "
+        "loaded into a Delta table per variant before any timing, then the increment's winners are MERGEd into a "
+        "fresh copy of it (`MERGE INTO ... WHEN MATCHED AND newer ... UPDATE SET * / DELETE WHEN NOT MATCHED "
+        "INSERT *`, expired tombstones deleted). Cold: one spark-submit each, JVM start included, like ours'. "
+        "Warm: one long-lived JVM per peer, an untimed warm-up, then the repeats, each into a fresh copy; "
+        "ours warm is ours in the Spark Connect server. With deletion vectors the peer's time includes one full "
+        "read of the table after the MERGE (every column hashed), and ours + read adds one full read of ours' "
+        "output done the same way in the peer's JVM. The table's rows after the MERGE (cold and warm) must have "
+        "ours' checksum, or the run fails.",
+        "",
+        spark_peers_table(data),
+        "",
+        f"Not measured: {SPARK_PEERS_MISSING}",
+    ]
+
+
 def compaction_markdown(data: dict[str, Any]) -> str:
     host = data.get("host", {})
     settings = data.get("settings", {})
@@ -237,6 +324,7 @@ def compaction_markdown(data: dict[str, Any]) -> str:
         "",
         ratio_table(data),
         *warm_markdown(data),
+        *spark_peers_markdown(data),
         "",
         "The pipeline's other steps (not part of the ratios):",
         "",
@@ -277,6 +365,24 @@ def compaction_chart(data: dict[str, Any], path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- targets
+def spark_peer_targets(data: dict[str, Any]) -> list[list[str]]:
+    """The issue's target against the Spark peers: ours faster than delta-spark's copy-on-write MERGE, cold and warm."""
+    rows = []
+    for d in data.get("datasets", []):
+        for key, how in (("ours/delta_cow", "cold"), ("ours/delta_cow (warm)", "warm")):
+            ratio = d["ratios"].get(key)
+            if ratio is not None:
+                rows.append(
+                    [
+                        f"compaction {d['dataset']} {how}",
+                        f"ours faster than delta-spark MERGE (copy-on-write): ours / peer < 1 ({how})",
+                        _num(ratio, 2),
+                        "yes" if ratio < 1 else "**no**",
+                    ]
+                )
+    return rows
+
+
 def targets_table(results: Path) -> str:
     """One row per target: what it asks, what was measured, met or not (every JSON's ``target``/``met``).
 
@@ -310,6 +416,9 @@ def targets_table(results: Path) -> str:
                         "yes" if warm <= target else "**no**",
                     ]
                 )
+    for name in ("compaction.json", SPARK_PEERS):
+        if (results / name).exists():
+            rows += spark_peer_targets(json.loads((results / name).read_text(encoding="utf-8")))
     for p in sorted(results.glob("*.json")):
         if p.name == "compaction.json":
             continue
@@ -508,7 +617,7 @@ def profile_markdown(runs: list[dict[str, Any]]) -> str:
 
 
 def other_sections(results: Path) -> list[str]:
-    files = [p for p in results.glob("*.json") if p.name not in ("compaction.json", PROFILE)]
+    files = [p for p in results.glob("*.json") if p.name not in ("compaction.json", PROFILE, SPARK_PEERS)]
     rank = {name: i for i, name in enumerate(KNOWN_ORDER)}
     sections = []
     for p in sorted(files, key=lambda p: (rank.get(p.stem, len(rank)), p.stem)):
@@ -537,6 +646,20 @@ def write_report(results: Path = RESULTS, partitioned_logs: Path = PARTITIONED_L
         if data.get("datasets"):
             compaction_chart(data, results / "compaction.png")
             parts += [compaction_markdown(data), "![compaction](compaction.png)", ""]
+    peers = results / SPARK_PEERS
+    if peers.exists():
+        data = json.loads(peers.read_text(encoding="utf-8"))
+        host = data.get("host", {})
+        parts += [
+            "## Compaction against the Spark peers",
+            "",
+            f"A compaction run of its own (`{SPARK_PEERS}`): {data.get('generated_at', '?')} at commit "
+            f"`{data.get('git', '?')}`, sizes {data.get('settings', {}).get('sizes')}, warm repeats "
+            f"{data.get('settings', {}).get('warm_repeats')}, load average {host.get('loadavg_start')} at the start "
+            f"and {host.get('loadavg_end')} at the end on {host.get('cpus')} CPUs; {data.get('total_s')} s in all.",
+            *spark_peers_markdown(data),
+            "",
+        ]
     parts += other_sections(results)
     runs = collect_profiles(results, partitioned_logs)
     if runs:

@@ -36,6 +36,7 @@ sys.path.insert(0, str(BENCH))
 import datagen  # noqa: E402
 import peer  # noqa: E402
 import report  # noqa: E402
+import spark_peer  # noqa: E402
 
 from cdc_compaction.core.registry import parse_table  # noqa: E402
 
@@ -180,6 +181,51 @@ def test_peer_drops_expired_tombstones(tmp_path: Path, engine: str) -> None:
     assert got == {k: v[0] for k, v in EXPECTED.items() if k != 4}
 
 
+@pytest.mark.spark
+@pytest.mark.extended  # three spark-submit JVMs per variant: 250 s each on the loaded 2-core machine
+@pytest.mark.parametrize("variant", ["delta_cow", "delta_dv"])
+def test_spark_peer_merges_by_the_compaction_rule(tmp_path: Path, variant: str) -> None:
+    """delta-spark's MERGE (bench/spark_peer.py) on the rule's cases: ours' rows, and the checksum of them."""
+    from cdc_compaction.core.jarcache import JarError, group_jars
+
+    try:
+        jars = group_jars(spark_peer.JAR_GROUP, bench=True)
+    except JarError as exc:
+        pytest.skip(f"make bench fetches the Spark peers' jars: {exc}")
+    spec = {**_case(tmp_path), "tombstone_cutoff": "2026-01-25T00:00:00+00:00"}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    app = str(BENCH / "spark_peer.py")
+    submit = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]"]
+    submit += [*spark_peer.submit_extra(jars), "--conf", "spark.sql.session.timeZone=UTC"]
+    submit += [app, "--spec", str(spec_file)]
+    table, out = str(tmp_path / "table"), str(tmp_path / "rows")
+    for args in (
+        ["--mode", "prepare", "--table", str(tmp_path / "base_cow"), "--dv-table", str(tmp_path / "base_dv")],
+        ["--mode", "cold", "--variant", variant, "--table", table],
+    ):
+        if args[1] == "cold":
+            spark_peer.fresh_copy(str(tmp_path / ("base_cow" if variant == "delta_cow" else "base_dv")), table)
+        proc = subprocess.run([*submit, *args], env=_bench_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    export = ["--mode", "warm", "--variant", variant, "--table", table, "--repeats", "0"]
+    proc = subprocess.run(
+        [*submit, *export, "--cold-table", table, "--cold-export", out],
+        env=_bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = pq.read_table(out).to_pylist()
+    got = {r["id"]: (r["name"], r["op"], r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows}
+    # The cutoff drops the base's tombstone (4) and keeps the increment's (5), as ours does.
+    assert got == {k: v for k, v in EXPECTED.items() if k != 4}
+    duck = tmp_path / "duck"
+    peer.run_duckdb(spec, str(duck))
+    assert peer.checksum(out, COLUMNS, "op", "d") == peer.checksum(str(duck), COLUMNS, "op", "d")
+
+
 def test_checksum_ignores_row_order_and_file_layout_but_not_values(tmp_path: Path) -> None:
     pytest.importorskip("duckdb")
     spec = _case(tmp_path)
@@ -235,6 +281,46 @@ def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None
     assert "| 1k x 1% | 1.20 | 1.00 | yes | - | - | 3.00 |" in text
     assert "## parse" in text and "| tables | 500 |" in text
     assert (tmp_path / "compaction.png").stat().st_size > 0
+
+
+def test_report_sets_ours_beside_the_spark_peers_and_says_what_is_missing(tmp_path: Path) -> None:
+    """A run of its own (spark_peers.json): ours / delta-spark cold and warm, the read, the target, Iceberg and Hudi."""
+    job = {"wall_s": 30.0, "cpu_s": 20.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0}
+    check = {"rows": 10, "tombstones": 1, "hash_all": "1", "hash_visible": "2"}
+    dataset = {
+        "dataset": "1M x 1%",
+        "input_rows": 1010000,
+        "jobs": {
+            "ours": {**job, "wall_s": 24.0},
+            "ours_warm": {**job, "wall_s": 12.0},
+            "delta_cow": {**job, "phases": {"merge_s": 20.0, "wall_s": 20.0}},
+            "delta_cow_warm": {"wall_s": 16.0, "merge_s": 16.0, "ours_read_s": 2.0, "runs_wall_s": [16.0]},
+            "delta_dv": {**job, "wall_s": 20.0},
+            "delta_dv_warm": {"wall_s": 10.0, "merge_s": 7.0, "read_s": 3.0, "ours_read_s": 2.0, "runs_wall_s": [10.0]},
+        },
+        # ours / peer as the runner writes them: ours' wall time over the peer's.
+        "ratios": {"ours/delta_cow": 0.8, "ours/delta_cow (warm)": 0.75, "ours/delta_dv": 1.2},
+        "steps": {},
+        "checksums": {"ours": check, "delta_cow": check, "delta_dv": {**check, "hash_all": "3"}},
+        "checksums_match": False,
+    }
+    dataset["ratios"] |= {"ours/delta_dv (warm)": 1.2, "ours+read/delta_dv+read (warm)": 1.4}
+    (tmp_path / "spark_peers.json").write_text(json.dumps({"datasets": [dataset], "settings": {"sizes": [1000000]}}))
+    text = report.write_report(tmp_path).read_text()
+    assert "| compaction 1M x 1% cold | ours faster than delta-spark MERGE (copy-on-write): " in text
+    assert "| 0.80 | yes |" in text and "| 0.75 | yes |" in text
+    assert "## Compaction against the Spark peers" in text
+    cow = (
+        "| 1M x 1% | delta-spark MERGE (copy-on-write) | 0.80 | 0.75 | - | 24.0 / 30.0 | 12.0 / 16.0 | 16.0 | - | 2.0 |"
+    )
+    assert cow in text
+    dv = "| 1M x 1% | delta-spark MERGE (deletion vectors) | 1.20 | 1.20 | 1.40 | 24.0 / 20.0 | 12.0 / 10.0 | 7.0 |"
+    assert dv in text
+    # A peer whose rows differ from ours is shown as such; the missing peers are named with how it was checked.
+    assert text.count("same as ours") == 1 and "**DIFFERENT**" in text
+    assert "no `org.apache.iceberg:iceberg-spark-runtime-4.2_2.13` on Maven Central" in text
+    assert "no `org.apache.hudi:hudi-spark4.2-bundle_2.13`" in text
+    assert "## spark_peers" not in text  # not rendered a second time as a generic section
 
 
 def _driver_log(job_py: Path, package: Path) -> str:
@@ -343,7 +429,11 @@ def test_report_shows_where_the_time_goes_and_keeps_it_when_the_logs_are_gone(tm
 
 # ---------------------------------------------------------------------- bench/compaction.py, tiny
 def _bench_cmd(work: Path, results: Path, *extra: str) -> list[str]:
-    """bench/compaction.py at 2,000 rows and one change fraction (the tiny size of the smoke tests)."""
+    """bench/compaction.py at 2,000 rows and one change fraction (the tiny size of the smoke tests).
+
+    Without the Spark peers: their jars are make bench's alone, and test_spark_peer_merges_by_the_compaction_rule
+    covers their rule.
+    """
     return [
         sys.executable,
         str(BENCH / "compaction.py"),
@@ -351,6 +441,8 @@ def _bench_cmd(work: Path, results: Path, *extra: str) -> list[str]:
         "2000",
         "--fractions",
         "0.1",
+        "--spark-peers",
+        "",
         "--work",
         str(work),
         "--out",

@@ -1,0 +1,296 @@
+"""The Spark peers: delta-spark MERGE on the pinned Spark, copy-on-write and with deletion vectors.
+
+What a Spark shop would run instead of the compaction: the base is a Delta table (loaded by
+``--mode prepare`` before any timing, as a table that already exists), and the increment is
+MERGEd into it with Delta Lake's own ``MERGE INTO``. The rule is the delta-rs peer's
+(``bench/peer.py``, ``run_delta``) and so the compaction's (``../shared/conformance/README.md``):
+refused events (null key, null ordering value, unknown op) are left out; each key's winner
+among the events (greatest by the ordering columns, then increment, file, row position: a MERGE
+takes one source row per key) updates its row when it ranks above it, a newer delete that is older
+than the tombstone cutoff deletes the row, a new key is inserted, and the base's own expired
+tombstones are deleted. A delete winner otherwise stays as a tombstone row, as in ours, so the
+checksum (``peer.checksum``, over all columns with the ``_cdc_`` provenance) must equal ours.
+
+Variants (``--variant``): ``delta_cow`` (``delta.enableDeletionVectors=false``: MERGE rewrites the
+files it touches) and ``delta_dv`` (``delta.enableDeletionVectors=true``: MERGE marks replaced rows
+in deletion vectors and writes only the new ones; readers pay for it, so its runs also time one
+full read of the table after the MERGE).
+
+Modes, each one spark-submit with the compaction's own command line plus Delta's jars and conf
+(``bench/compaction.py`` builds it, :func:`submit_extra`):
+
+* ``prepare``: write the base (visible rows and tombstones, with the ``_cdc_`` columns) as a Delta
+  table per variant: ``--table DIR`` for ``delta_cow``, ``--dv-table DIR`` for ``delta_dv``;
+* ``cold``: MERGE into ``--table`` (a fresh copy of the prepared one) and, for ``delta_dv``, read it
+  whole; the runner measures the process, JVM start included, as it measures ours' spark-submit;
+* ``warm``: in one JVM, an untimed warm-up then ``--repeats`` timed MERGEs (+ read), each into a fresh
+  copy of ``--table``; writes each run's seconds to ``--timings`` and the last result's rows, and
+  those of ``--cold-table``, as plain Parquet (``--export``, ``--cold-export``) for the checksum.
+  ``--ours`` (ours' output) is read whole after each run too: ours' side of "once a read is counted".
+
+    spark-submit --jars <delta jars> --conf ... bench/spark_peer.py --mode cold --variant delta_cow \\
+        --spec <peer_spec.json> --table <dir>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("delta_cow", "delta_dv")
+#: Spark conf that turns Delta Lake on in a session (its SQL extension and catalog), as Delta's docs say.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+#: The jars.lock group (bench only) that holds delta-spark and delta-storage.
+JAR_GROUP = "spark-peers"
+META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cdc_ingested_at` timestamp"
+META = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
+
+
+def bq(name: str) -> str:
+    """A Spark SQL identifier in backticks."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def slit(value: str) -> str:
+    """A Spark SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def submit_extra(jars: list[str]) -> list[str]:
+    """spark-submit options that add Delta Lake to the compaction's command line (jars, extension, catalog)."""
+    extra = ["--jars", ",".join(jars)]
+    for key, value in DELTA_CONF.items():
+        extra += ["--conf", f"{key}={value}"]
+    return extra
+
+
+def with_extra(command: list[str], application: str, extra: list[str]) -> list[str]:
+    """``command`` (a spark-submit line running ``application``) with ``extra`` options before the application.
+
+    A ``--jars`` already there (the registry's jars) is merged with ``extra``'s: spark-submit keeps the last one.
+    """
+    cmd = list(command)
+    extra = list(extra)
+    if "--jars" in cmd and "--jars" in extra:
+        i, j = cmd.index("--jars"), extra.index("--jars")
+        cmd[i + 1] = ",".join([cmd[i + 1], extra[j + 1]])
+        del extra[j : j + 2]
+    at = cmd.index(application)
+    return cmd[:at] + extra + cmd[at:]
+
+
+def _ddl(spec: dict[str, Any]) -> str:
+    return ", ".join(f"{bq(c['name'])} {c['type']}" for c in spec["columns"])
+
+
+def _base_files(spec: dict[str, Any]) -> list[str]:
+    """The base version's directories: its visible rows and its tombstones (as the floor and ours read them)."""
+    return [d for d in (spec["base_location"], spec.get("base_tombstones_location")) if d]
+
+
+def _names(spec: dict[str, Any]) -> list[str]:
+    return [c["name"] for c in spec["columns"]] + META
+
+
+def prepare(spark: Any, spec: dict[str, Any], tables: dict[str, str]) -> None:
+    """Load the base into a Delta table per variant (``tables``: variant -> directory), outside any timing."""
+    base = spark.read.schema(f"{_ddl(spec)}, {META_DDL}").parquet(*_base_files(spec))
+    base = base.select(*[bq(n) for n in _names(spec)]).cache()
+    try:
+        for variant, table in tables.items():
+            shutil.rmtree(table, ignore_errors=True)
+            dv = "true" if variant == "delta_dv" else "false"
+            base.write.format("delta").option("delta.enableDeletionVectors", dv).save(table)
+    finally:
+        base.unpersist()
+
+
+def events(spark: Any, spec: dict[str, Any]) -> Any:
+    """The valid events with their provenance, each key's winner among them only (a MERGE takes one per key)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    raw = spark.read.schema(_ddl(spec)).parquet(*spec["files"])
+    rows = raw.select(
+        *[F.col(bq(c["name"])) for c in spec["columns"]],
+        F.element_at(F.split(F.col("_metadata.file_path"), "/"), -2).alias("_cdc_increment"),
+        F.col("_metadata.file_name").alias("_cdc_file"),
+        F.col("_metadata.row_index").alias("_cdc_pos"),
+        F.lit(spec["ingested_at"]).cast("timestamp").alias("_cdc_ingested_at"),
+    )
+    valid = F.col(bq(spec["op_column"])).isin(list(spec["op_codes"].values()))
+    for c in spec["primary_key"] + spec["order_by"]:
+        valid = valid & F.col(bq(c)).isNotNull()
+    order = [*spec["order_by"], "_cdc_increment", "_cdc_file", "_cdc_pos"]
+    rank = Window.partitionBy(*[F.col(bq(c)) for c in spec["primary_key"]]).orderBy(
+        *[F.col(bq(c)).desc() for c in order]
+    )
+    return (
+        rows.filter(valid)
+        .withColumn("_peer_rank", F.row_number().over(rank))
+        .filter("_peer_rank = 1")
+        .drop("_peer_rank")
+    )
+
+
+def _newer(names: list[str]) -> str:
+    """SQL: the source row ``s`` ranks above the target row ``t`` by ``names`` in turn (all NOT NULL)."""
+    first, rest = bq(names[0]), names[1:]
+    if not rest:
+        return f"s.{first} > t.{first}"
+    return f"(s.{first} > t.{first} OR (s.{first} = t.{first} AND {_newer(rest)}))"
+
+
+def _expired(spec: dict[str, Any], alias: str) -> str:
+    """SQL: a delete older than the tombstone cutoff (``alias``: the table alias with its dot, or none)."""
+    cutoff = spec.get("tombstone_cutoff")
+    if not cutoff:
+        return "FALSE"
+    at = datetime.fromisoformat(cutoff).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    op, delete = bq(spec["op_column"]), slit(spec["op_codes"]["delete"])
+    return f"({alias}{op} = {delete} AND {alias}_cdc_ingested_at < TIMESTAMP {slit(at)})"
+
+
+def merge_sql(spec: dict[str, Any], table: str, source: str) -> list[str]:
+    """The statements that MERGE the view ``source`` into the Delta table at ``table`` (the delta-rs peer's rule)."""
+    target = f"delta.{bq(table)}"
+    on = " AND ".join(f"t.{bq(c)} = s.{bq(c)}" for c in spec["primary_key"])
+    newer = _newer([*spec["order_by"], "_cdc_increment", "_cdc_file", "_cdc_pos"])
+    statements = [
+        f"MERGE INTO {target} AS t USING {source} AS s ON {on} "
+        f"WHEN MATCHED AND {newer} AND {_expired(spec, 's.')} THEN DELETE "
+        f"WHEN MATCHED AND {newer} THEN UPDATE SET * "
+        f"WHEN NOT MATCHED AND NOT {_expired(spec, 's.')} THEN INSERT *"
+    ]
+    if spec.get("tombstone_cutoff"):
+        # The base's own tombstones that expired (no event touched them): deleted like the others drop them.
+        statements.append(f"DELETE FROM {target} WHERE {_expired(spec, '')}")
+    return statements
+
+
+def merge(spark: Any, spec: dict[str, Any], table: str) -> None:
+    """MERGE the increment into the Delta table at ``table``."""
+    events(spark, spec).createOrReplaceTempView("cdc_peer_events")
+    for statement in merge_sql(spec, table, "cdc_peer_events"):
+        spark.sql(statement)
+
+
+def full_read(frame: Any) -> None:
+    """Read every row and column of ``frame``: the sum of a hash of each whole row, so no column is pruned.
+
+    Not Spark's no-op sink: delta-spark 4.4 refuses it on a table with deletion vectors ("Cannot work
+    with a non-pinned table snapshot of the TahoeFileIndex"). Ours' output is read the same way.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    frame.select(F.bit_xor(F.xxhash64(*[F.col(bq(c)) for c in frame.columns]))).collect()
+
+
+def export(spark: Any, spec: dict[str, Any], table: str, out: str) -> None:
+    """The Delta table's current rows as plain Parquet under ``out`` (what ``peer.checksum`` reads)."""
+    spark.read.format("delta").load(table).select(*[bq(n) for n in _names(spec)]).write.mode("overwrite").parquet(out)
+
+
+def fresh_copy(source: str, dest: str) -> str:
+    """A copy of the Delta table ``source`` at ``dest``: data files hard-linked (Delta never rewrites one), the log
+    copied (a checkpoint pointer may be rewritten in place)."""
+    shutil.rmtree(dest, ignore_errors=True)
+
+    def link_or_copy(src: str, dst: str) -> None:
+        if "_delta_log" in Path(src).parts:
+            shutil.copy2(src, dst)
+            return
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, dest, copy_function=link_or_copy)
+    return dest
+
+
+def one_run(spark: Any, spec: dict[str, Any], variant: str, table: str, ours: str | None) -> dict[str, float]:
+    """MERGE into ``table``, then (deletion vectors) read it whole; then (``ours``: comma-separated directories)
+    read ours' output whole. Returns each phase's seconds and ``wall_s``, the peer's own (MERGE and its read)."""
+    times: dict[str, float] = {}
+    t = time.perf_counter()
+    merge(spark, spec, table)
+    times["merge_s"] = time.perf_counter() - t
+    if variant == "delta_dv":
+        t = time.perf_counter()
+        full_read(spark.read.format("delta").load(table))
+        times["read_s"] = time.perf_counter() - t
+    times["wall_s"] = sum(times.values())
+    if ours:
+        t = time.perf_counter()
+        full_read(spark.read.parquet(*ours.split(",")))
+        times["ours_read_s"] = time.perf_counter() - t
+    return {k: round(v, 3) for k, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="delta-spark MERGE of the benchmark's increment (a Spark peer).")
+    parser.add_argument("--mode", choices=["prepare", "cold", "warm"], required=True)
+    parser.add_argument("--variant", choices=VARIANTS, default="delta_cow")
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--table", required=True, help="the Delta table (prepare: the copy-on-write one)")
+    parser.add_argument("--dv-table", help="prepare: the deletion-vector table")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--work", help="warm: where each run's copy of --table goes")
+    parser.add_argument("--timings", help="cold/warm: write the runs' seconds here (JSON)")
+    parser.add_argument("--export", help="warm: the last run's rows as Parquet")
+    parser.add_argument("--cold-table", help="warm: the cold run's table, exported to --cold-export")
+    parser.add_argument("--cold-export")
+    parser.add_argument("--ours", help="warm: ours' output directories (comma-separated), read whole after each run")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.getOrCreate()
+    try:
+        if args.mode == "prepare":
+            tables = {"delta_cow": args.table, **({"delta_dv": args.dv_table} if args.dv_table else {})}
+            prepare(spark, spec, tables)
+            return 0
+        if args.mode == "cold":
+            times = one_run(spark, spec, args.variant, args.table, None)
+            if args.timings:
+                Path(args.timings).write_text(json.dumps(times))
+            return 0
+        work = Path(args.work or Path(args.table).parent / f"{args.variant}_warm")
+        ours = args.ours or None
+        if args.repeats > 0:
+            # The warm-up: this JVM's first MERGE (JIT, Delta's classes and log replay code), not timed.
+            one_run(spark, spec, args.variant, fresh_copy(args.table, str(work / "warmup")), ours)
+            shutil.rmtree(work / "warmup", ignore_errors=True)
+        runs = []
+        last = ""
+        for i in range(args.repeats):
+            table = fresh_copy(args.table, str(work / f"run{i}"))
+            runs.append(one_run(spark, spec, args.variant, table, ours))
+            if last:
+                shutil.rmtree(last, ignore_errors=True)
+            last = table
+        if args.export and last:
+            export(spark, spec, last, args.export)
+        if args.cold_table and args.cold_export:
+            export(spark, spec, args.cold_table, args.cold_export)
+        if args.timings:
+            Path(args.timings).write_text(json.dumps(runs))
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
