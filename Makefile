@@ -32,8 +32,6 @@ DOCS_STAMP := $(VENV)/.docs-installed
 JARS_DIR ?= $(HOME)/.cache/cdc_compaction/jars
 export CDC_JARS_DIR := $(JARS_DIR)
 JARS_STAMP := $(JARS_DIR)/.lock-sha256
-# make bench alone: the lock's "bench only" groups (the Spark peers: delta-spark), stamped apart; make jars leaves them out.
-BENCH_JARS_STAMP := $(JARS_DIR)/.lock-sha256-bench
 # make serve-sql: the JDBC port of Spark's Thrift server on 127.0.0.1.
 SQL_PORT ?= 10000
 
@@ -60,12 +58,7 @@ $(JARS_STAMP): jars.lock plugins/cdc_compaction/devtools/jars.py
 	$(PYTHON) -m cdc_compaction.devtools.jars fetch --dir $(JARS_DIR)
 	@touch $(JARS_STAMP)
 
-$(BENCH_JARS_STAMP): jars.lock plugins/cdc_compaction/devtools/jars.py
-	@command -v mvn >/dev/null || { echo "Maven (mvn) is needed to fetch the bench's Spark peers of jars.lock: install it, e.g. sudo apt-get install maven"; exit 1; }
-	$(PYTHON) -m cdc_compaction.devtools.jars fetch --bench --dir $(JARS_DIR)
-	@touch $(BENCH_JARS_STAMP)
-
-jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, S3A: hadoop-aws and the 686 MB AWS SDK bundle) with Maven into JARS_DIR, check each sha256
+jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, delta-spark, S3A: hadoop-aws and the 686 MB AWS SDK bundle) with Maven into JARS_DIR, check each sha256
 
 check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs them as root, else a clear message
 	@$(BIN)/cdc-compaction postgres check 2>/dev/null || { \
@@ -165,7 +158,7 @@ docs: install $(DOCS_STAMP)  ## the docs site (docs/, MkDocs Material; reference
 	$(BIN)/mkdocs build --strict
 	@echo "open .run/site/index.html (or: $(BIN)/mkdocs serve -a 127.0.0.1:8000)"
 
-bench: install $(BENCH_STAMP) $(BENCH_JARS_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars/delta-rs and the Spark peers (delta-spark MERGE, copy-on-write and deletion vectors; cold and warm), partitions, DAG parsing, an hourly run, a day under each compaction policy; results in bench/results/
+bench: install jars $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars/delta-rs and the Spark peers (delta-spark MERGE, copy-on-write and deletion vectors; cold and warm), partitions, DAG parsing, an hourly run, a day under each compaction policy; results in bench/results/
 	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --warm-repeats $(BENCH_WARM_REPEATS) --out bench/results/compaction.json --no-report
 	$(BIN)/python bench/partitioned.py --out bench/results/partitioned.json
 	$(BIN)/python bench/parse_dags.py --out bench/results/parse.json

@@ -13,7 +13,7 @@ one increment, runs ``ensure_tables`` and ``plan``, and measures on the planned 
 * ``duckdb``, ``polars`` and ``delta`` (delta-rs): the same rule in a peer engine (``bench/peer.py``);
   delta-rs MERGEs into a Delta table of the base that ``peer.prepare_delta`` writes before its timed run;
 * ``delta_cow`` and ``delta_dv`` (``--spark-peers``): the Spark peers, delta-spark's ``MERGE INTO`` on the same
-  pinned Spark and ours' own spark-submit line (``bench/spark_peer.py``; jars.lock's bench-only ``spark-peers``
+  pinned Spark and ours' own spark-submit line (``bench/spark_peer.py``; jars.lock's ``delta-spark``
   group), copy-on-write and with deletion vectors (+ one full read), cold (a spark-submit each) and warm (one JVM,
   a warm-up, then the repeats); their tables' rows join the checksums. Iceberg and Hudi have no build for Spark 4.2
   on Maven Central (``report.SPARK_PEERS_MISSING``).
@@ -443,7 +443,7 @@ class Bench:
         the median run); it also exports the cold and the last warm result as Parquet, whose checksums join ours.
         """
         app = str(BENCH / "spark_peer.py")
-        extra = spark_peer.submit_extra(group_jars(spark_peer.JAR_GROUP, bench=True))
+        extra = spark_peer.submit_extra(group_jars(spark_peer.JAR_GROUP))
 
         def command(args: list[str]) -> list[str]:
             return spark_peer.with_extra(submit_command(cfg, [*args, "--spec", str(spec_path)], app), app, extra)
@@ -574,9 +574,9 @@ def _versions() -> dict[str, str]:
 
 
 def _spark_peer_jars() -> list[str]:
-    """The bench-only jars of the Spark peers, if make bench fetched them."""
+    """The jars of the Spark peers, if make jars fetched them."""
     try:
-        return group_jars(spark_peer.JAR_GROUP, bench=True)
+        return group_jars(spark_peer.JAR_GROUP)
     except Exception:  # noqa: BLE001 - a version line of the report: "not fetched" says it
         return []
 
@@ -721,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         "--spark-peers",
         default="delta_cow,delta_dv",
         help="Spark peers (bench/spark_peer.py): delta_cow, delta_dv (comma-separated; empty: none). Their jars are"
-        " jars.lock's bench-only spark-peers group (make bench fetches it)",
+        " jars.lock's delta-spark group (make jars fetches it)",
     )
     parser.add_argument("--driver-memory", default="2g", help="spark.driver_memory of the bench table")
     parser.add_argument("--target-file-mb", type=int, default=128, help="spark.target_file_mb of the bench table")

@@ -50,8 +50,8 @@ DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
-#: The jars.lock group (bench only) that holds delta-spark and delta-storage.
-JAR_GROUP = "spark-peers"
+#: The jars.lock group that holds delta-spark and delta-storage.
+JAR_GROUP = "delta-spark"
 META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cdc_ingested_at` timestamp"
 META = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
 

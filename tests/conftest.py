@@ -434,3 +434,18 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from wheel_helpers import install_wheel
 
     return install_wheel(wheel, tmp_path_factory.mktemp("venv"), tmp_path_factory.mktemp("site-mirror"))
+
+
+def with_timestamp(doc: dict[str, Any]) -> None:
+    """Add ``changed_at``, a timestamp derived from ``ts_ms`` (one day per 100 ms), to every row and expectation."""
+    doc["table"]["columns"].insert(-1, {"name": "changed_at", "type": "timestamp"})
+
+    def stamp(row: dict[str, Any]) -> None:
+        ts = row.get("ts_ms")
+        row["changed_at"] = None if ts is None else f"2026-11-{1 + ts // 100:02d}T{ts % 24:02d}:00:00Z"
+
+    for step in doc["steps"]:
+        ((kind, body),) = step.items()
+        for rows in body["files"] if kind == "land" else [body.get("expect", [])]:
+            for row in rows:
+                stamp(row)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import merge_path_cases, merge_paths_taken
+from conftest import merge_path_cases, merge_paths_taken, with_timestamp
 
 from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.devtools import conformance as conf
@@ -146,21 +146,6 @@ def test_scenario_inprocess_partitioned(
         scn, inprocess, reader, tmp_path / "lake", suffix="_pi", partition_by=part, formats=BOTH_FORMATS
     )
     assert result.ok, "\n".join(result.failures)
-
-
-def with_timestamp(doc: dict[str, Any]) -> None:
-    """Add ``changed_at``, a timestamp derived from ``ts_ms`` (one day per 100 ms), to every row and expectation."""
-    doc["table"]["columns"].insert(-1, {"name": "changed_at", "type": "timestamp"})
-
-    def stamp(row: dict[str, Any]) -> None:
-        ts = row.get("ts_ms")
-        row["changed_at"] = None if ts is None else f"2026-11-{1 + ts // 100:02d}T{ts % 24:02d}:00:00Z"
-
-    for step in doc["steps"]:
-        ((kind, body),) = step.items()
-        for rows in body["files"] if kind == "land" else [body.get("expect", [])]:
-            for row in rows:
-                stamp(row)
 
 
 DAY_SCENARIOS = ["late_update_for_deleted_key", "delete_then_reinsert", "primary_key_change", "update_latest_wins"]

@@ -22,9 +22,7 @@ def _small_line() -> str:
 
 def test_the_lock_parses_into_its_groups() -> None:
     listed = jars.read_lock()
-    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark", "s3a", "spark-peers"}
-    # The benchmark's Spark peers (make bench) are the one group make jars leaves out.
-    assert {j.purpose for j in listed if j.bench} == {"spark-peers"}
+    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark", "s3a", "delta-spark"}
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
     assert ("connect", "org.apache.kafka:connect-runtime:4.3.1") in coords
@@ -35,8 +33,8 @@ def test_the_lock_parses_into_its_groups() -> None:
     assert ("s3a", "org.apache.hadoop:hadoop-aws:3.5.0") in coords
     assert ("s3a", "software.amazon.awssdk:bundle:2.35.4") in coords
     # delta-spark built for pyspark 4.2 (Scala 2.13), with the delta-storage it needs.
-    assert ("spark-peers", "io.delta:delta-spark_4.2_2.13:4.4.0") in coords
-    assert ("spark-peers", "io.delta:delta-storage:4.4.0") in coords
+    assert ("delta-spark", "io.delta:delta-spark_4.2_2.13:4.4.0") in coords
+    assert ("delta-spark", "io.delta:delta-storage:4.4.0") in coords
     # One Debezium version throughout; Connect's own classes stay out of the plugin directory.
     assert {j.version for j in listed if j.group == "io.debezium"} == {"3.6.1.Final"}
     assert not [j for j in listed if j.purpose == "debezium" and j.group == "org.apache.kafka"]
@@ -56,25 +54,6 @@ def test_fetch_checks_stamps_and_then_does_nothing(tmp_path: Path) -> None:
     lock.write_text(lock.read_text() + "# a comment changes the lock's hash\n")
     with pytest.raises(jars.JarError, match="run `make jars`"):
         jars.group_dir("logging", dest, lock)
-
-
-def test_bench_only_groups_are_fetched_by_make_bench_alone(tmp_path: Path) -> None:
-    lock = tmp_path / "jars.lock"
-    small = _small_line()
-    lock.write_text(f"# [logging] for everyone\n{small}\n# [peers] bench only: the benchmark's\n{small}\n")
-    dest = tmp_path / "cache"
-    jars.fetch(dest, lock)
-    # make jars (make test): the ordinary groups only; the bench-only group is not there, and says how to get it.
-    assert (dest / "logging" / "slf4j-api-1.7.36.jar").is_file()
-    assert not (dest / "peers").exists()
-    with pytest.raises(jars.JarError, match=r"bench-only jars .*fetch --bench"):
-        jars.group_dir("peers", dest, lock, bench=True)
-    jars.fetch(dest, lock, bench=True)
-    assert jars.group_dir("peers", dest, lock, bench=True) == dest / "peers"
-    # Each scope's stamp makes its own second fetch a no-op, and the ordinary cache stays valid.
-    jars.fetch(dest, lock, mvn="no-such-maven", bench=True)
-    jars.fetch(dest, lock, mvn="no-such-maven")
-    assert jars.group_dir("logging", dest, lock) == dest / "logging"
 
 
 def test_a_jar_whose_sha256_differs_is_refused_by_name(tmp_path: Path) -> None:

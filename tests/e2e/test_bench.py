@@ -189,9 +189,9 @@ def test_spark_peer_merges_by_the_compaction_rule(tmp_path: Path, variant: str) 
     from cdc_compaction.core.jarcache import JarError, group_jars
 
     try:
-        jars = group_jars(spark_peer.JAR_GROUP, bench=True)
+        jars = group_jars(spark_peer.JAR_GROUP)
     except JarError as exc:
-        pytest.skip(f"make bench fetches the Spark peers' jars: {exc}")
+        pytest.skip(f"make jars fetches the Spark peers' jars: {exc}")
     spec = {**_case(tmp_path), "tombstone_cutoff": "2026-01-25T00:00:00+00:00"}
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))

@@ -19,14 +19,6 @@ LOCK = Path(__file__).resolve().parents[3] / "jars.lock"
 #: The cache's default place; ``CDC_JARS_DIR`` (the Makefile's ``JARS_DIR``) moves it.
 DEFAULT_DIR = Path.home() / ".cache" / "cdc_compaction" / "jars"
 STAMP = ".lock-sha256"
-#: The stamp of the groups only ``make bench`` fetches (a ``# [name] bench only`` header): the Spark peers'
-#: jars (delta-spark). ``make jars`` leaves them out, so ``make test`` never downloads them.
-BENCH_STAMP = ".lock-sha256-bench"
-
-
-def stamp_name(bench: bool = False) -> str:
-    """The stamp file of the lock's ordinary groups, or of its bench-only ones (``bench``)."""
-    return BENCH_STAMP if bench else STAMP
 
 
 class JarError(CdcCompactionError):
@@ -42,28 +34,21 @@ def lock_digest(lock: Path = LOCK) -> str:
     return hashlib.sha256(lock.read_bytes()).hexdigest()
 
 
-def is_current(dest: Path, lock: Path = LOCK, bench: bool = False) -> bool:
-    """True if ``dest`` holds the jars of this very ``lock`` (its stamp names the lock's sha256).
-
-    ``bench``: the bench-only groups' stamp instead (``make bench`` fetches them apart).
-    """
+def is_current(dest: Path, lock: Path = LOCK) -> bool:
+    """True if ``dest`` holds the jars of this very ``lock`` (its stamp names the lock's sha256)."""
     try:
-        return (dest / stamp_name(bench)).read_text().strip() == lock_digest(lock)
+        return (dest / STAMP).read_text().strip() == lock_digest(lock)
     except OSError:
         return False
 
 
-def group_dir(purpose: str, dest: Path | None = None, lock: Path = LOCK, bench: bool = False) -> Path:
-    """The checked directory of ``purpose``'s jars, or an error saying to run ``make jars``.
-
-    ``bench``: ``purpose`` is a bench-only group, checked against the stamp ``make bench`` writes.
-    """
+def group_dir(purpose: str, dest: Path | None = None, lock: Path = LOCK) -> Path:
+    """The checked directory of ``purpose``'s jars, or an error saying to run ``make jars``."""
     dest = dest or jars_dir()
-    if not is_current(dest, lock, bench):
-        fix = "`make bench` (or `python -m cdc_compaction.devtools.jars fetch --bench`)" if bench else "`make jars`"
+    if not is_current(dest, lock):
         raise JarError(
-            f"the jar cache {dest} does not hold the {'bench-only ' if bench else ''}jars of {lock}: run {fix} "
-            "(CDC_JARS_DIR=... for another place); nothing is downloaded at run time"
+            f"the jar cache {dest} does not hold the jars of {lock}: run `make jars` (CDC_JARS_DIR=... for "
+            "another place); nothing is downloaded at run time"
         )
     directory = dest / purpose
     if not directory.is_dir():
@@ -71,9 +56,9 @@ def group_dir(purpose: str, dest: Path | None = None, lock: Path = LOCK, bench: 
     return directory
 
 
-def group_jars(purpose: str, dest: Path | None = None, bench: bool = False) -> list[str]:
+def group_jars(purpose: str, dest: Path | None = None) -> list[str]:
     """The jar files of ``purpose``'s group, sorted (a classpath's or ``spark.jars``' entries)."""
-    return [str(p) for p in sorted(group_dir(purpose, dest, bench=bench).glob("*.jar"))]
+    return [str(p) for p in sorted(group_dir(purpose, dest).glob("*.jar"))]
 
 
 def classpath(*purposes: str, dest: Path | None = None) -> str:

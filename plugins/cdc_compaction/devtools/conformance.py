@@ -345,14 +345,24 @@ class _FormatReader:
 
 
 class DeltaReader(_FormatReader):
-    """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs or polars, as their users do.
+    """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs, polars or Spark with
+    delta-spark, as their users do.
 
     Only tables that list ``delta`` (:meth:`applies`). Time travel: the Delta version carrying each
-    kept commit's seq (``cdc.commit_seq`` in its commitInfo).
+    kept commit's seq (``cdc.commit_seq`` in its commitInfo). ``delta-spark`` reads through the Spark
+    Connect server at ``connect_url``, started with delta-spark's jars, session extension and catalog (a
+    running classic session cannot take them), by path and ``versionAsOf``: a session per read, as
+    :class:`~cdc_compaction.integrations.engine.ConnectEngine` opens one beside this process's classic session.
     """
 
     FORMAT = "delta"
-    ENGINES = ("delta-rs", "polars")
+    ENGINES = ("delta-rs", "polars", "delta-spark")
+
+    def __init__(self, engine: str, connect_url: str | None = None) -> None:
+        super().__init__(engine)
+        if (engine == "delta-spark") != (connect_url is not None):
+            raise ValueError("a Spark Connect server's URL is what delta-spark reads with, and only it")
+        self.connect_url = connect_url
 
     def _rows(self, cfg: TableConfig, version: int | None = None) -> list[dict[str, Any]]:
         from cdc_compaction.pipeline.formats import delta
@@ -365,6 +375,14 @@ class DeltaReader(_FormatReader):
             import polars as pl
 
             return pl.read_delta(root, version=version, columns=cols).to_dicts()
+        if self.engine == "delta-spark":
+            from cdc_compaction.integrations.engine import ConnectEngine
+
+            with ConnectEngine(str(self.connect_url)).session(None) as spark:
+                reader = spark.read.format("delta")
+                if version is not None:
+                    reader = reader.option("versionAsOf", version)
+                return [r.asDict() for r in reader.load(root).select(*[f"`{c}`" for c in cols]).collect()]
         import deltalake
 
         return deltalake.DeltaTable(root, version=version).to_pyarrow_table(columns=cols).to_pylist()

@@ -3,11 +3,9 @@
 ``make jars`` runs :func:`fetch` (``python -m cdc_compaction.devtools.jars fetch``): every group of
 ``jars.lock`` (``# [name]`` starts one) is copied by Maven into ``<jars dir>/<name>/``, each jar's
 sha256 is checked against the lock, and a stamp holding the lock's own sha256 is written, so that
-a second run with the same lock does nothing.  A group whose header reads ``# [name] bench only``
-is left out of that: ``fetch --bench`` (``make bench``) fetches those groups alone, under a stamp
-of their own, so ``make jars`` and ``make test`` never download the benchmark's Spark peers.
-Services find their classpath with :func:`~cdc_compaction.core.jarcache.group_dir` (re-exported
-here), which refuses a cache that does not match the lock: nothing is downloaded at run time.
+a second run with the same lock does nothing.  Services find their classpath with
+:func:`~cdc_compaction.core.jarcache.group_dir` (re-exported here), which refuses a cache that does
+not match the lock: nothing is downloaded at run time.
 
 This module uses the standard library only: ``make jars`` runs it before the virtualenv exists.
 """
@@ -26,7 +24,6 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from cdc_compaction.core.jarcache import (
-    BENCH_STAMP,
     DEFAULT_DIR,
     LOCK,
     STAMP,
@@ -37,11 +34,9 @@ from cdc_compaction.core.jarcache import (
     is_current,
     jars_dir,
     lock_digest,
-    stamp_name,
 )
 
 __all__ = [
-    "BENCH_STAMP",
     "DEFAULT_DIR",
     "LOCK",
     "STAMP",
@@ -55,7 +50,6 @@ __all__ = [
     "jars_dir",
     "lock_digest",
     "read_lock",
-    "stamp_name",
     "verify",
 ]
 
@@ -63,7 +57,7 @@ _LINE = re.compile(
     r"^(?P<group>[\w.-]+):(?P<artifact>[\w.-]+):(?P<version>[\w.+-]+)(?::(?P<classifier>[\w.-]+))?"
     r"(?:@(?P<type>[\w.-]+))?\s+(?P<sha256>[0-9a-f]{64})$"
 )
-_GROUP = re.compile(r"^#\s*\[(?P<name>[a-z0-9_-]+)\](?P<bench>\s+bench only\b)?")
+_GROUP = re.compile(r"^#\s*\[(?P<name>[a-z0-9_-]+)\]")
 
 
 @dataclass(frozen=True)
@@ -78,8 +72,6 @@ class Jar:
     sha256: str
     #: The ``# [name]`` group it belongs to: the subdirectory of the cache.
     purpose: str
-    #: Its group's header says ``bench only``: fetched by ``make bench`` (``fetch --bench``) alone.
-    bench: bool = False
 
     @property
     def file_name(self) -> str:
@@ -96,7 +88,6 @@ def read_lock(lock: Path = LOCK) -> list[Jar]:
     """Every jar of ``lock``; a malformed line or a jar outside a group is an error naming its line."""
     jars: list[Jar] = []
     purpose: str | None = None
-    bench = False
     for number, raw in enumerate(lock.read_text().splitlines(), 1):
         line = raw.strip()
         if not line:
@@ -104,7 +95,7 @@ def read_lock(lock: Path = LOCK) -> list[Jar]:
         if line.startswith("#"):
             m = _GROUP.match(line)
             if m:
-                purpose, bench = m.group("name"), m.group("bench") is not None
+                purpose = m.group("name")
             continue
         m = _LINE.match(line)
         if m is None:
@@ -122,7 +113,6 @@ def read_lock(lock: Path = LOCK) -> list[Jar]:
                 m.group("type") or "jar",
                 m.group("sha256"),
                 purpose,
-                bench,
             )
         )
     return jars
@@ -173,11 +163,8 @@ def verify(jars: list[Jar], directory: Path) -> None:
             )
 
 
-def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn", bench: bool = False) -> Path:
+def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn") -> Path:
     """Fetch, check and stamp every group of ``lock`` into ``dest``; nothing if its stamp matches already.
-
-    ``bench``: the ``bench only`` groups instead of the others, under their own stamp
-    (:data:`BENCH_STAMP`): ``make bench`` fetches them, ``make jars`` never does.
 
     Each group is copied by one Maven run (``dependency:copy-dependencies`` of a throwaway pom that
     names the group's jars, each without its dependencies) into a new directory beside the group's,
@@ -185,17 +172,15 @@ def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn", bench: 
     group as it was, and a jar the lock no longer names does not linger on a classpath.
     """
     dest = dest or jars_dir()
-    scope = "bench-only jars" if bench else "jars"
-    if is_current(dest, lock, bench):
-        _say(f"{scope}: {dest} matches {lock.name}")
+    if is_current(dest, lock):
+        _say(f"jars: {dest} matches {lock.name}")
         return dest
     exe = shutil.which(mvn)
     if exe is None:
         raise JarError("Maven (mvn) is not installed: install it (apt-get install maven); make jars needs it")
-    jars = [j for j in read_lock(lock) if j.bench == bench]
+    jars = read_lock(lock)
     dest.mkdir(parents=True, exist_ok=True)
-    stamp = dest / stamp_name(bench)
-    stamp.unlink(missing_ok=True)
+    (dest / STAMP).unlink(missing_ok=True)
     for purpose in dict.fromkeys(j.purpose for j in jars):
         group = [j for j in jars if j.purpose == purpose]
         work = Path(tempfile.mkdtemp(prefix=f".{purpose}-", dir=dest))
@@ -223,7 +208,7 @@ def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn", bench: 
             _say(f"jars: {purpose}: {len(group)} jars checked in {final}")
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    stamp.write_text(lock_digest(lock) + "\n")
+    (dest / STAMP).write_text(lock_digest(lock) + "\n")
     return dest
 
 
@@ -232,11 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["fetch", "path"])
     parser.add_argument("--dir", type=Path, default=None, help="the cache (default: CDC_JARS_DIR or ~/.cache/...)")
     parser.add_argument("--lock", type=Path, default=LOCK)
-    parser.add_argument("--bench", action="store_true", help="fetch the 'bench only' groups (make bench) instead")
     args = parser.parse_args(argv)
     try:
         if args.command == "fetch":
-            fetch(args.dir, args.lock, bench=args.bench)
+            fetch(args.dir, args.lock)
         else:
             _say(str(args.dir or jars_dir()))
     except JarError as exc:
