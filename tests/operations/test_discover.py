@@ -548,6 +548,85 @@ def test_a_debezium_envelope_schema(tmp_path: Path) -> None:
     )
 
 
+def _pg_envelope(row: dict[str, Any]) -> dict[str, Any]:
+    """A Debezium PostgreSQL envelope's value schema around ``row``: its source block has ``sequence``."""
+    source = {
+        "type": "record",
+        "name": "Source",
+        "fields": [
+            {"name": "ts_ms", "type": "long"},
+            {"name": "sequence", "type": ["null", "string"]},
+            {"name": "lsn", "type": ["null", "long"]},
+        ],
+    }
+    return {
+        "type": "record",
+        "name": "Envelope",
+        "fields": [
+            {"name": "before", "type": ["null", row]},
+            {"name": "after", "type": ["null", row["name"]]},
+            {"name": "source", "type": source},
+            {"name": "op", "type": "string"},
+        ],
+    }
+
+
+def test_a_postgres_envelope_is_ordered_by_its_commit_position(tmp_path: Path) -> None:
+    """source.sequence in the schema: the registry declares __commit_lsn (derived from the record's
+    __sequence, never declared itself) and orders by [__commit_lsn, __lsn], which a killed Connect
+    worker's re-sent events keep (docs/debezium.md, "A killed Connect worker")."""
+    landing = tmp_path / "landing"
+    row = {"type": "record", "name": "Value", "fields": [{"name": "id", "type": "int"}]}
+    _avsc(landing / "people" / "pg.public.people-value.avsc", _pg_envelope(row))
+    _avsc(landing / "people" / "pg.public.people-key.avsc", {"type": "record", "name": "Key", "fields": row["fields"]})
+    out = tmp_path / "registry"
+    report = discover(_options(landing, out, keys={}, order_by={}))
+    assert report.unfinished == {}, report.lines()
+    cfg = load_table(out, "shop.people")
+    assert [n for n, _ in _columns(cfg)] == ["id", "__op", "__lsn", "__commit_lsn", "__source_ts_ms", "__deleted"]
+    assert dict(_columns(cfg))["__commit_lsn"] == "bigint"
+    assert cfg.order_by == ["__commit_lsn", "__lsn"]
+    text = (out / "shop.people.yaml").read_text()
+    assert "add.fields=op,source.ts_ms and lsn,sequence" in text and "__sequence" in text
+
+
+def test_a_keyless_postgres_envelope_tells_its_events_apart_by_lsn_and_row(tmp_path: Path, pg_shop: str) -> None:
+    """A table without a key (the catalog says so): ordered by __commit_lsn, its events told apart by
+    [__lsn, __row] -- both derived by the job -- rather than a Kafka offset a re-delivery changes."""
+    landing = tmp_path / "landing"
+    row = {
+        "type": "record",
+        "name": "Value",
+        "fields": [{"name": "name", "type": ["null", "string"]}, {"name": "visits", "type": ["null", "int"]}],
+    }
+    _avsc(landing / "visits" / "pg.public.visits-value.avsc", _pg_envelope(row))
+    out = tmp_path / "registry"
+    discover(_options(landing, out, keys={}, order_by={}, postgres_dsn=pg_shop, include=["visits"]))
+    text = (out / "shop.visits.yaml").read_text()
+    assert "mode: keyless" in text
+    assert "__row" in text and "Kafka offset for a snapshot row" in text
+    # The keyless contract also needs before-images, which a flattened record does not carry: the
+    # file is written to finish, but its positions are already the ones that survive a re-delivery.
+    loaded = yaml.safe_load(text)
+    assert {"__commit_lsn": "bigint", "__row": "bigint"}.items() <= {
+        c["name"]: c["type"] for c in loaded["columns"]
+    }.items()
+
+
+def test_parquet_with_a_sequence_but_no_commit_position_is_flagged(tmp_path: Path) -> None:
+    """Parquet is read as it lands (nothing derived): a sink that wrote __sequence but no __commit_lsn
+    gets a CHECK saying what to write, and the order the preset falls back to."""
+    landing = tmp_path / "landing"
+    schema = pa.schema([("id", pa.int32()), ("__op", pa.string()), ("__lsn", pa.int64()), ("__sequence", pa.string())])
+    data = {"id": [1], "__op": ["c"], "__lsn": [7], "__sequence": ['["5","7"]']}
+    _write(landing, "people", "increment_2026112200", "p.parquet", data, schema)
+    out = tmp_path / "registry"
+    discover(_options(landing, out, keys={"people": ["id"]}, order_by={}))
+    text = (out / "shop.people.yaml").read_text()
+    assert "carry __sequence but no __commit_lsn" in text and "order falls back to ['__lsn']" in text
+    assert load_table(out, "shop.people").order_by == ["__lsn"]
+
+
 def test_an_envelope_without_a_position_and_a_primitive_key_schema(tmp_path: Path) -> None:
     # SQL Server's source block has change_lsn, not lsn: no preset order; a string key names no column.
     landing = tmp_path / "landing"

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import IdentifierError, RegistryError
 from cdc_compaction.core.hive_types import decimal_parts, hive_widening, logical_type, physical_types, readable_as
 from cdc_compaction.core.identifiers import check_identifier
@@ -58,6 +59,15 @@ log = logging.getLogger(__name__)
 #: Values written where discovery found nothing: each fails validation naming what to add.
 MISSING_KEY = "ADD_THE_KEY_COLUMNS"
 MISSING_ORDER = "ADD_THE_ORDERING_COLUMNS"
+#: The comment of a ``__commit_lsn`` / ``__row`` column that the job derives from a flattened record (job/decode.py).
+COMMIT_LSN_ORIGIN = (
+    "derived by the job from the record's __sequence (ExtractNewRecordState add.fields=sequence; the first LSN "
+    "of source.sequence): the commit position, which a killed Connect worker's re-sent events keep"
+)
+ROW_ORIGIN = (
+    "derived by the job: 0 for a change, the Kafka offset for a snapshot row (from the sink's file name or "
+    "__kafka_offset): tells the rows of one snapshot apart"
+)
 MISSING_OP = "ADD_THE_OP_COLUMN"
 #: The origin of a source taken from the database's defaults file (which the table file then leaves out).
 DEFAULTS_SOURCE = "from the database's _database.yaml (not repeated here)"
@@ -427,6 +437,11 @@ def columns_from_avro(schema: Any, origin: str) -> tuple[list[Column], list[str]
     if "lsn" in source_fields:
         cols.append(Column("__lsn", "bigint", f"{smt} (add.fields=lsn; source.lsn)"))
         order = ["__lsn"]
+        if "sequence" in source_fields:
+            # The commit position a killed Connect worker's re-sent events keep (docs/debezium.md): the job
+            # derives it from the record's __sequence (add.fields=sequence), which the registry leaves out.
+            cols.append(Column("__commit_lsn", "bigint", COMMIT_LSN_ORIGIN))
+            order = ["__commit_lsn", "__lsn"]
     elif {"file", "pos"} <= source_fields:
         cols.append(Column("__file", "string", f"{smt} (add.fields=file; source.file)"))
         cols.append(Column("__pos", "bigint", f"{smt} (add.fields=pos; source.pos)"))
@@ -435,9 +450,10 @@ def columns_from_avro(schema: Any, origin: str) -> tuple[list[Column], list[str]
     if "ts_ms" in source_fields:
         cols.append(Column("__source_ts_ms", "bigint", f"{smt} (add.fields=source.ts_ms)"))
     cols.append(Column("__deleted", "string", f"{smt} (delete.handling.mode=rewrite)"))
+    position = "lsn,sequence" if "__commit_lsn" in {c.name for c in cols} else "lsn"
     notes = [
         f"{origin} is a Debezium envelope: the columns assume the sink flattens it with ExtractNewRecordState "
-        "(add.fields=op,source.ts_ms and lsn or file,pos,row; delete.handling.mode=rewrite); CHECK the "
+        f"(add.fields=op,source.ts_ms and {position} or file,pos,row; delete.handling.mode=rewrite); CHECK the "
         "connector's configuration writes exactly these"
     ]
     return cols, order, notes
@@ -689,6 +705,10 @@ def discover_table(
             "X, a before-image column _before_X (before_prefix) holding X before an update or delete (PostgreSQL:",
             "REPLICA IDENTITY FULL), an op column and an order_by that is the log's sequence (an LSN, not a time).",
         ]
+    if d.mode == "keyless" and "__commit_lsn" in names and "__row" not in names and avro_order is not None:
+        # A keyless table's events are told apart by [__lsn, __row]: the rows of a snapshot share one LSN.
+        d.columns.append(Column("__row", "bigint", ROW_ORIGIN))
+        names.add("__row")
     # The source preset and the op column.
     if opts.source is not None:
         d.source, d.source_origin = opts.source, "from --source"
@@ -704,6 +724,16 @@ def discover_table(
     if op not in names:
         d.op_column = MISSING_OP
         d.todo.append(f"op_column: no column {op!r} (the {d.source} op column); name the column holding the op code")
+    lowered = {n.lower() for n in names}
+    if d.source == "debezium" and files and "__sequence" in lowered and "__commit_lsn" not in lowered:
+        # Parquet is read as it lands, never decoded: the position must be in the file (docs/debezium.md).
+        d.checks.append(
+            "the landed Parquet files carry __sequence but no __commit_lsn: the job reads Parquet as it is and "
+            "derives nothing, so the order falls back to "
+            f"{preset.get('order_by')}; a killed Connect worker re-sends events under new Kafka offsets. Have the "
+            "sink write __commit_lsn (the first LSN of __sequence, a number; a keyless table also __row) and "
+            f"declare them (see {doc_ref('debezium', 'a-killed-connect-worker')})"
+        )
     # The order.
     if table in opts.order_by:
         d.order_by, d.order_origin = opts.order_by[table], "from --order-by"
