@@ -449,3 +449,23 @@ def with_timestamp(doc: dict[str, Any]) -> None:
         for rows in body["files"] if kind == "land" else [body.get("expect", [])]:
             for row in rows:
                 stamp(row)
+
+
+def first_version(lake: Any, version: str, stats: dict[str, Any], increments: list[str] | None = None) -> None:
+    """Commit ``version`` (its files written already) as the table's first commit, live and archived."""
+    from cdc_compaction.core.lake import Commit
+
+    commit = Commit(
+        seq=1,
+        version=version,
+        plan_id="plan1",
+        run_id="run1",
+        parent_seq=0,
+        files=[],
+        increments=["increment_2026112200"] if increments is None else increments,
+        stats=stats,
+        committed_at="2026-11-22T01:10:00+00:00",
+    )
+    assert lake.try_commit(commit)
+    lake.advance_pointer(commit)
+    lake.storage.write_text(lake.layout.archived_marker(1), "")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import compact_once, student_doc, visible_names
+from conftest import compact_once, first_version, student_doc, visible_names
 
 from cdc_compaction.core.exceptions import ConcurrentRunError, EraseError, ErasePredicateError, is_permanent
 from cdc_compaction.core.lake import Commit, Lake, TableLease
@@ -581,19 +581,7 @@ def test_erase_on_s3(aws_default: str, tmp_path: Path) -> None:
         put(posixpath.join(lake.layout.incremental, "increment_2026112202", "p.parquet"), [row(3), row(8)]): [row(8)],
         put(posixpath.join(lake.layout.archive, "c00000001", "increment_2026112200", "f.parquet"), [row(3)]): [],
     }
-    commit = Commit(
-        seq=1,
-        version=version,
-        plan_id="plan1",
-        run_id="r",
-        parent_seq=0,
-        files=[],
-        increments=["increment_2026112200"],
-        stats={"output_rows": 3, "output_visible_rows": 2, "output_tombstones": 1},
-    )
-    assert lake.try_commit(commit)
-    lake.advance_pointer(commit)
-    lake.storage.write_text(lake.layout.archived_marker(1), "")
+    first_version(lake, version, {"output_rows": 3, "output_visible_rows": 2, "output_tombstones": 1})
 
     audit = erase(cfg, "id = 3", actor="test")
 
@@ -675,19 +663,7 @@ def test_keyless_erase_checks_before_images_and_keeps_the_watermark(tmp_path: Pa
     _write(watermark, [visit(None, None, None, 3)], KEYLESS)
     events = [visit("Bob", None, "c", 4), visit("Rob", "Bob", "u", 5), visit("Al", "Al", "u", 6)]
     pending = land(cfg, "increment_2026112202", [events])[0]
-    commit = Commit(
-        seq=1,
-        version=version,
-        plan_id="plan1",
-        run_id="r",
-        parent_seq=0,
-        files=[],
-        increments=[],
-        stats={"output_rows": 3, "output_visible_rows": 2, "output_tombstones": 1},
-    )
-    assert lake.try_commit(commit)
-    lake.advance_pointer(commit)
-    lake.storage.write_text(lake.layout.archived_marker(1), "")
+    first_version(lake, version, {"output_rows": 3, "output_visible_rows": 2, "output_tombstones": 1}, increments=[])
 
     # "name IS NULL" would match the watermark row too: it is no row of the table and stays.
     audit = erase(cfg, "name = 'Bob' OR name IS NULL", actor="test")
@@ -746,3 +722,57 @@ def test_erase_outside_the_live_version_crash_then_rerun(
     assert sample.lake.commit_seqs() == [1, 2]
     assert all(a["commit_seq"] is None for a in audits)
     assert not [p for p in all_parquet(tmp_path / "lake") if p.name.startswith(".")]
+
+
+PEAK_SCRIPT = """
+import json, sys
+import pyarrow as pa
+from cdc_compaction.operations.erase import erase
+from cdc_compaction.core.registry import parse_table
+audit = erase(parse_table(json.loads(sys.argv[1])), sys.argv[2], actor="peak")
+print(json.dumps({"peak": pa.default_memory_pool().max_memory(), "removed": audit["rows_removed"]["live"]}))
+"""
+
+
+def test_erase_holds_one_row_group_at_a_time_not_the_version(tmp_path: Path) -> None:
+    """The erase reads, filters and writes each file row group by row group, and never keeps the live
+    version's rows: Arrow's peak allocation in a fresh process stays below two files' rows, while the
+    live version holds eight such files (issue 38: nothing that grows with the table in one process)."""
+    cfg = parse_table(student_doc(tmp_path / "lake", "people"))
+    lake = Lake(cfg)
+    claim(lake)
+    files, groups, per_group = 8, 4, 20_000
+    pad = "x" * 200
+    version = "v00000001-plan1-a"
+    n = 0
+    for f in range(files):
+        rows = [{"id": n + i, "full_name": f"n{n + i}{pad}", "op": "c", "ts_ms": 1} for i in range(groups * per_group)]
+        n += len(rows)
+        path = posixpath.join(lake.layout.version_dir(version), "data", f"part-{f}.parquet")
+        os.makedirs(posixpath.dirname(path), exist_ok=True)
+        # Uncompressed: the bytes on disk are the rows' size, so no file is small in memory either.
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path, row_group_size=per_group, compression="none")
+    file_bytes = Path(path).stat().st_size
+    first_version(lake, version, {"output_visible_rows": n})
+    doc = student_doc(tmp_path / "lake", "people")
+    gone = list(range(0, n, 7919))  # in every file and most row groups
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, json.dumps(doc), f"id IN ({', '.join(str(i) for i in gone)})"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["removed"] == len(gone)
+    # One file is ~17 MB here, a row group ~4 MB; the version ~140 MB. The erase that held every live
+    # file's rows peaked at 240 MB; reading, filtering and writing a row group takes ~19 MB.
+    assert got["peak"] < 2 * file_bytes, (got, file_bytes)
+    assert sorted(r["id"] for r in _rows_of(lake)) == sorted(set(range(n)) - set(gone))
+
+
+def _rows_of(lake: Lake) -> list[dict[str, Any]]:
+    live = lake.latest_commit()
+    assert live is not None and live.seq == 2
+    data = Path(lake.data_location(live))
+    return [r for p in sorted(data.glob("*.parquet")) for r in pq.read_table(p, columns=["id"]).to_pylist()]

@@ -34,12 +34,12 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import FUZZ_EXAMPLES, fuzz_settings, student_doc
+from conftest import FUZZ_EXAMPLES, first_version, fuzz_settings, student_doc
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from cdc_compaction.core.exceptions import ErasePredicateError
-from cdc_compaction.core.lake import Commit, Lake
+from cdc_compaction.core.lake import Lake
 from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.devtools.conformance import land
@@ -424,20 +424,7 @@ def small_lake(root: Path, name_type: str, rows_: list[dict[str, Any]]) -> tuple
         os.makedirs(posixpath.dirname(path), exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows_, schema=NAMES), path)
         files.append(path)
-    commit = Commit(
-        seq=1,
-        version=version,
-        plan_id="plan1",
-        run_id="run1",
-        parent_seq=0,
-        files=[],
-        increments=["increment_2026112200"],
-        stats={"output_visible_rows": len(rows_)},
-        committed_at="2026-11-22T01:10:00+00:00",
-    )
-    assert lake.try_commit(commit)
-    lake.advance_pointer(commit)
-    lake.storage.write_text(lake.layout.archived_marker(1), "")
+    first_version(lake, version, {"output_visible_rows": len(rows_)})
     files += land(cfg, "increment_2026112201", [rows_])
     return cfg, files
 

@@ -807,6 +807,74 @@ def _filter(lake: Lake, pred: Predicate, path: str, table: Any) -> tuple[Any, in
         return None
 
 
+class _FileChangedError(Exception):
+    """A file that read as Parquet of the registry's types a moment ago no longer does."""
+
+
+def _count(lake: Lake, pred: Predicate, path: str) -> tuple[int, int] | None:
+    """(rows kept, rows matching) of the file ``path``, read one row group at a time; None when it is not
+    readable Parquet or its columns cannot be compared with the predicate (logged; the caller names it).
+
+    Row group by row group, not the whole file: an erase holds one row group's rows at a time, whatever
+    the size of the table or its files (issue 38: nothing that grows with the table in one process).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kept = matched = 0
+    try:
+        with lake.storage.open_read(path) as fh:
+            pf = pq.ParquetFile(fh)
+            for i in range(pf.num_row_groups):
+                split = _filter(lake, pred, path, pf.read_row_group(i))
+                if split is None:
+                    return None
+                kept, matched = kept + split[0].num_rows, matched + split[1]
+    except pa.ArrowException as exc:
+        log.warning("%s: %s is not readable Parquet (%s); listed as unreadable", lake.cfg.qualified_name, path, exc)
+        return None
+    return kept, matched
+
+
+def _filtered_bytes(lake: Lake, pred: Predicate, path: str) -> tuple[bytes, int, int]:
+    """The file ``path`` without the rows ``pred`` matches, as Parquet bytes, with (rows kept, rows matching).
+
+    Read and written one row group at a time (the kept rows in the file's own schema and timestamp
+    encoding, :func:`_write_options`): the rows in memory are one row group's. Raises
+    :class:`_FileChangedError` when the file no longer reads as it did when the erase was planned.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    options = _write_options(lake, path)
+    buf = io.BytesIO()
+    kept = matched = 0
+    try:
+        with lake.storage.open_read(path) as fh:
+            pf = pq.ParquetFile(fh)
+            with pq.ParquetWriter(buf, pf.schema_arrow, **options) as writer:
+                for i in range(pf.num_row_groups):
+                    split = _filter(lake, pred, path, pf.read_row_group(i))
+                    if split is None:
+                        raise _FileChangedError(path)
+                    if split[0].num_rows:
+                        writer.write_table(split[0])
+                    kept, matched = kept + split[0].num_rows, matched + split[1]
+    except pa.ArrowException as exc:
+        raise _FileChangedError(f"{path}: {exc}") from exc
+    return buf.getvalue(), kept, matched
+
+
+def _filtered(lake: Lake, pred: Predicate, path: str) -> tuple[bytes, int, int]:
+    """:func:`_filtered_bytes`, a file that changed since it was counted refusing the erase (EraseError)."""
+    try:
+        return _filtered_bytes(lake, pred, path)
+    except _FileChangedError as exc:
+        raise EraseError(
+            f"{lake.cfg.qualified_name}: {path} changed during the erase ({exc}); nothing was erased, run it again"
+        ) from exc
+
+
 def _split(cfg: TableConfig, pred: Predicate, table: Any) -> tuple[Any, int]:
     """The rows of ``table`` to keep and how many match the predicate."""
     import pyarrow.compute as pc
@@ -834,13 +902,12 @@ def scan(lake: Lake, pred: Predicate, hidden: bool = False) -> dict[str, Any]:
     found = inventory(lake, lake.latest_commit(), hidden)
     files = found.rows
     for f in files:
-        table = _try_read(lake, f.path)
-        split = _filter(lake, pred, f.path, table) if table is not None else None
-        if split is None:
+        counted = _count(lake, pred, f.path)
+        if counted is None:
             if f.size:
                 unreadable.append(f.path)
             continue
-        n = split[1]
+        n = counted[1]
         if n:
             rows[f.location] += n
             matching[f.path] = n
@@ -866,14 +933,6 @@ def _write_options(lake: Lake, path: str) -> dict[str, Any]:
         schema = pq.ParquetFile(fh).schema
         int96 = any(schema.column(i).physical_type == "INT96" for i in range(len(schema)))
     return {"use_deprecated_int96_timestamps": True} if int96 else {}
-
-
-def _parquet_bytes(table: Any, options: dict[str, Any]) -> bytes:
-    import pyarrow.parquet as pq
-
-    buf = io.BytesIO()
-    pq.write_table(table, buf, **options)
-    return buf.getvalue()
 
 
 # ------------------------------------------------------------------------- partition values
@@ -1264,15 +1323,16 @@ def _erase(
         )
     removed = dict.fromkeys(LOCATIONS, 0)
     entries: list[dict[str, Any]] = []
-    new_files: dict[str, Any] = {}  # live file -> its filtered rows (the erase version gets every live file)
+    # Every live file goes into the erase version, filtered again as it is written (one at a time, never
+    # the whole version in memory).
+    new_files: list[str] = []
     unreadable: list[str] = []
     # Rows kept and erased per partition value, over every version, rebuild and location (key indexes
     # aside: they hold keys only): a value whose every row is erased must vanish from every name.
     part_kept: dict[str, int] = {}
     part_erased: dict[str, int] = {}
     for f in sorted(found.rows, key=lambda f: f.location != "live"):
-        data = _try_read(lake, f.path)
-        split = _filter(lake, pred, f.path, data) if data is not None else None
+        split = _count(lake, pred, f.path)
         if split is None:
             if f.location == "live":
                 raise EraseError(
@@ -1285,10 +1345,10 @@ def _erase(
             continue
         kept, n = split
         if f.location == "live":
-            new_files[f.path] = kept
+            new_files.append(f.path)
         part = _partition_of(f.path)
         if part is not None and not part[2]:
-            part_kept[part[1]] = part_kept.get(part[1], 0) + kept.num_rows
+            part_kept[part[1]] = part_kept.get(part[1], 0) + kept
             part_erased[part[1]] = part_erased.get(part[1], 0) + n
         if n:
             removed[f.location] += n
@@ -1338,17 +1398,13 @@ def _erase(
     lake.storage.write_text(_journal_path(lake, erase_id), json.dumps(journal, indent=1, sort_keys=True))
     # Hidden rewrites beside every matching file (the originals stay untouched until the decision).
     for i, e in enumerate(entries):
-        split = _filter(lake, pred, e["path"], _read(lake, e["path"]))
-        if split is None:  # it was evaluated a moment ago: something rewrote it meanwhile
-            raise EraseError(f"{table}: {e['path']} changed during the erase; nothing was erased, run it again")
-        kept = split[0]
-        lake.storage.write_bytes(e["temp"], _parquet_bytes(kept, _write_options(lake, e["path"])))
+        lake.storage.write_bytes(e["temp"], _filtered(lake, pred, e["path"])[0])
         if i == 0:
             fault_point("erase.after_first_rewrite", table)
     commit = None
     if live_changed and version is not None and seq is not None:
         commit = _write_erase_version(
-            lake, live, new_files, seq, version, erase_id, actor, now, removed["live"], dropped
+            lake, live, new_files, pred, seq, version, erase_id, actor, now, removed["live"], dropped
         )
     fault_point("erase.before_commit", table)
     lease = TableLease(lake)
@@ -1374,7 +1430,8 @@ def _erase(
 def _write_erase_version(
     lake: Lake,
     live: Commit,
-    new_files: dict[str, Any],
+    new_files: list[str],
+    pred: Predicate,
     seq: int,
     version: str,
     erase_id: str,
@@ -1400,23 +1457,24 @@ def _write_erase_version(
     visible = total = 0
     partition_rows: dict[str, int] = {}
     data_root = lake.data_location(live).rstrip("/") + "/"
-    for path, kept in new_files.items():
+    for path in new_files:
         part = _partition_of(path)
         if part is not None and (part[1] in dropped or part[2]):
             # The erase version has no key index (its record names none: the next compaction reads
             # the partitions' keys), so the live index is not copied -- nor counted as its rows.
             continue
         target = posixpath.join(new_dir, posixpath.relpath(path, old_dir))
+        data, kept, _ = _filtered(lake, pred, path)
         for value, loc in (live.partitions or {}).items():
             if partitions is not None and path.startswith(loc.rstrip("/") + "/"):
                 target = posixpath.join(partitions[value], posixpath.relpath(path, loc))
-                partition_rows[value] = partition_rows.get(value, 0) + kept.num_rows
+                partition_rows[value] = partition_rows.get(value, 0) + kept
                 break
-        total += kept.num_rows
+        total += kept
         if target.startswith(posixpath.join(data_dir, "")) or path.startswith(data_root):
-            visible += kept.num_rows
+            visible += kept
         lake.storage.makedirs(posixpath.dirname(target))
-        lake.storage.write_bytes(target, _parquet_bytes(kept, _write_options(lake, path)))
+        lake.storage.write_bytes(target, data)
     # Readers and the next compaction open these even when they hold no file.
     lake.storage.makedirs(data_dir)
     tomb = lake.layout.tombstones_dir(version, live.layout)
@@ -1499,10 +1557,9 @@ def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpo
             # The rewrite is gone (swapped already, or removed by hand): filter the original itself
             # if it still matches, so a lost temporary can never leave an erased row behind.
             pred = pred or parse_predicate(lake.cfg, journal["predicate"])
-            split = _filter(lake, pred, e["path"], _read(lake, e["path"]))
-            if split is not None and split[1]:
-                kept = split[0]
-                lake.storage.write_bytes(e["path"], _parquet_bytes(kept, _write_options(lake, e["path"])))
+            counted = _count(lake, pred, e["path"])
+            if counted is not None and counted[1]:
+                lake.storage.write_bytes(e["path"], _filtered(lake, pred, e["path"])[0])
         rewritten.append(e["path"])
     for d in journal.get("drop_dirs", []):
         # File by file, what the job wrote there: anything else put in such a directory stays.
