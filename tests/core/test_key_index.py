@@ -112,3 +112,61 @@ def test_rebuild_waits_for_no_one_it_refuses_while_a_run_holds_the_lease(lake: L
     with pytest.raises(ConcurrentRunError, match=lake.cfg.qualified_name):
         rebuild_index(lake, by="test", now=datetime.now(UTC))
     assert not Path(side_path(lake, 1)).exists()
+
+
+PEAK_SCRIPT = """
+import json, resource, sys
+from cdc_compaction.core.keyindex import verify_index
+from cdc_compaction.core.lake import Lake
+from cdc_compaction.core.registry import parse_table
+report = verify_index(Lake(parse_table(json.loads(sys.argv[1]))))
+print(json.dumps({"problems": list(report.problems), "rows": report.rows,
+                  "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def test_verify_holds_one_partitions_keys_not_the_tables(tmp_path: Path) -> None:
+    """The check for keys in two partitions groups every key of the table: it spills to disk (DuckDB)
+    rather than holding them all. 4M keys in 8 partitions: the process peaks at ~360 MB; holding every
+    key tagged with its partition took 850 MB (issue 38: nothing that grows with the table in one process)."""
+    import json
+    import subprocess
+    import sys
+
+    root = tmp_path / "lake"
+    doc = {
+        "database": "tests",
+        "table": "wide",
+        "primary_key": ["id"],
+        "order_by": ["ts_ms"],
+        "columns": [{"name": "id", "type": "bigint"}, {"name": "region", "type": "string"}, *_rest()],
+        "partition_by": {"column": "region"},
+        "storage_root": str(root),
+    }
+    from cdc_compaction.core.registry import parse_table
+
+    lake = Lake(parse_table(doc))
+    vdir, n = Path(lake.layout.version_dir(VERSION)), 500_000
+    parts, locs = {}, {}
+    for p in range(8):
+        ids = pa.table({"id": pa.array(range(p * n, (p + 1) * n), pa.int64())})
+        for kind, where in (("data", parts), ("index", locs)):
+            d = vdir / kind / f"_cdc_partition=P{p}"
+            d.mkdir(parents=True)
+            pq.write_table(ids, d / "part-0.parquet")
+            where[f"P{p}"] = str(d)
+    # One key in two partitions: found, and named.
+    pq.write_table(pa.table({"id": pa.array([n], pa.int64())}), Path(parts["P0"], "part-1.parquet"))
+    pq.write_table(pa.table({"id": pa.array([n], pa.int64())}), Path(locs["P0"], "part-1.parquet"))
+    assert lake.try_commit(Commit(1, VERSION, "p1", "r1", 0, [], [], partitions=parts, partition_rows={}, index=locs))
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, json.dumps(doc)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["rows"] == 8 * n + 1
+    assert got["problems"] == [
+        f"tests.wide: 1 keys are in the key index of two partitions, e.g. [{{'id': {n}}}]; run `cdc-compaction "
+        "index rebuild tests.wide` (and check the data: a key lives in one partition)"
+    ]
+    assert got["peak_kb"] < 600_000, got["peak_kb"]

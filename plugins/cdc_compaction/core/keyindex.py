@@ -78,6 +78,67 @@ def _sorted(table: Any, pk: list[str]) -> Any:
     return table.select(pk).sort_by([(c, "ascending") for c in pk])
 
 
+class _PartitionKeys:
+    """Every partition's keys, tagged with the partition, in a DuckDB database on local disk.
+
+    ``verify_index`` asks which keys are in two partitions: a grouping over every key of the table.
+    DuckDB spills it to disk past its memory limit, so this process holds one partition's keys at a
+    time (as they are added), never the table's (issue 38: nothing that grows with the table in one
+    process's memory). NULL key values group together, as in SQL's GROUP BY.
+    """
+
+    MEMORY_LIMIT = "128MB"
+
+    def __init__(self, pk: list[str]) -> None:
+        import tempfile
+
+        import duckdb
+
+        self._pk = pk
+        self._dir = tempfile.TemporaryDirectory(prefix="cdc-key-index-")
+        self._con = duckdb.connect(posixpath.join(self._dir.name, "keys.duckdb"))
+        self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
+        self._con.execute("SET temp_directory = ?", [posixpath.join(self._dir.name, "spill")])
+        self._created = False
+
+    def __enter__(self) -> _PartitionKeys:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._con.close()
+        self._dir.cleanup()
+
+    def _cols(self) -> str:
+        return ", ".join('"' + c.replace('"', '""') + '"' for c in self._pk)
+
+    def add(self, keys: Any, value: str) -> None:
+        """Add one partition's keys (a pyarrow table of the key columns)."""
+        import pyarrow as pa
+
+        batch = keys.append_column(PARTITION_COLUMN, pa.array([value] * keys.num_rows, pa.string()))
+        self._con.register("batch", batch)
+        try:
+            if self._created:
+                self._con.execute(f"INSERT INTO keys SELECT {self._cols()}, {PARTITION_COLUMN} FROM batch")
+            else:
+                self._con.execute(f"CREATE TABLE keys AS SELECT {self._cols()}, {PARTITION_COLUMN} FROM batch")
+                self._created = True
+        finally:
+            self._con.unregister("batch")
+
+    def in_two_partitions(self) -> tuple[int, list[dict[str, Any]]]:
+        """How many keys are in more than one partition, and up to three of them."""
+        if not self._created:
+            return 0, []
+        cols = self._cols()
+        twice = f"SELECT {cols} FROM keys GROUP BY {cols} HAVING count(DISTINCT {PARTITION_COLUMN}) > 1"
+        (found,) = self._con.execute(f"SELECT count(*) FROM ({twice})").fetchone()
+        cur = self._con.execute(f"{twice} ORDER BY ALL LIMIT 3")
+        names = [d[0] for d in cur.description]
+        examples = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        return int(found), examples
+
+
 @dataclass(frozen=True)
 class IndexReport:
     """What ``index verify`` found: partitions checked, index rows, and one line per problem."""
@@ -108,18 +169,16 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
             f"{cfg.qualified_name}: has no partition_by, so it has no key index (commit {commit.seq}). "
             "Nothing to verify"
         )
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     pk = list(cfg.primary_key)
     fix = f"run `cdc-compaction index rebuild {cfg.qualified_name}`"
     index = live_index(lake, commit)
     problems: list[str] = []
-    tagged = []
+    every = _PartitionKeys(pk)
     rows = 0
 
     def tag(keys: Any, value: str) -> None:
-        tagged.append(keys.append_column(PARTITION_COLUMN, pa.array([value] * keys.num_rows, pa.string())))
+        every.add(keys.select(pk), value)
 
     for value, data_loc in sorted(commit.partitions.items()):
         loc = index.get(value)
@@ -155,15 +214,13 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
                 f"from the {n_want} keys of its data {data_loc}; {fix}"
             )
         tag(got, value)
-    if tagged:
-        every = pa.concat_tables(tagged)
-        per_key = every.group_by(pk).aggregate([(PARTITION_COLUMN, "count_distinct")])
-        twice = per_key.filter(pc.greater(per_key[f"{PARTITION_COLUMN}_count_distinct"], 1))
-        if twice.num_rows:
-            problems.append(
-                f"{cfg.qualified_name}: {twice.num_rows} keys are in the key index of two partitions, e.g. "
-                f"{twice.select(pk).slice(0, 3).to_pylist()}; {fix} (and check the data: a key lives in one partition)"
-            )
+    with every:
+        found, examples = every.in_two_partitions()
+    if found:
+        problems.append(
+            f"{cfg.qualified_name}: {found} keys are in the key index of two partitions, e.g. "
+            f"{examples}; {fix} (and check the data: a key lives in one partition)"
+        )
     return IndexReport(cfg.qualified_name, commit.seq, len(commit.partitions), rows, tuple(problems))
 
 
