@@ -345,8 +345,8 @@ class _FormatReader:
 
 
 class DeltaReader(_FormatReader):
-    """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs, polars or Spark with
-    delta-spark, as their users do.
+    """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs, polars, Spark with
+    delta-spark or DuckDB's delta extension (:mod:`~cdc_compaction.devtools.duckdb_formats`), as their users do.
 
     Only tables that list ``delta`` (:meth:`applies`). Time travel: the Delta version carrying each
     kept commit's seq (``cdc.commit_seq`` in its commitInfo). ``delta-spark`` reads through the Spark
@@ -356,7 +356,7 @@ class DeltaReader(_FormatReader):
     """
 
     FORMAT = "delta"
-    ENGINES = ("delta-rs", "polars", "delta-spark")
+    ENGINES = ("delta-rs", "polars", "delta-spark", "duckdb")
 
     def __init__(self, engine: str, connect_url: str | None = None) -> None:
         super().__init__(engine)
@@ -383,6 +383,10 @@ class DeltaReader(_FormatReader):
                 if version is not None:
                     reader = reader.option("versionAsOf", version)
                 return [r.asDict() for r in reader.load(root).select(*[f"`{c}`" for c in cols]).collect()]
+        if self.engine == "duckdb":
+            from cdc_compaction.devtools import duckdb_formats
+
+            return duckdb_formats.read("delta", root, cols, version)
         import deltalake
 
         return deltalake.DeltaTable(root, version=version).to_pyarrow_table(columns=cols).to_pylist()
@@ -403,7 +407,8 @@ class DeltaReader(_FormatReader):
 
 
 class IcebergReader(_FormatReader):
-    """Reads the base as an Iceberg table (registry ``formats: [iceberg]``) with pyiceberg or polars, as their users do.
+    """Reads the base as an Iceberg table (registry ``formats: [iceberg]``) with pyiceberg, polars or DuckDB's
+    iceberg extension (:mod:`~cdc_compaction.devtools.duckdb_formats`), as their users do.
 
     Only tables that list ``iceberg`` (:meth:`applies`). The catalog is opened the way a user opens
     it (pyiceberg's ``SqlCatalog`` named ``cdc_<db>`` on ``<root>/iceberg/metadata/catalog.db``),
@@ -412,7 +417,7 @@ class IcebergReader(_FormatReader):
     """
 
     FORMAT = "iceberg"
-    ENGINES = ("pyiceberg", "polars")
+    ENGINES = ("pyiceberg", "polars", "duckdb")
 
     @staticmethod
     def _table(cfg: TableConfig) -> Any | None:
@@ -449,6 +454,17 @@ class IcebergReader(_FormatReader):
             import polars as pl
 
             return pl.scan_iceberg(table, snapshot_id=snapshot_id).select(cols).collect().to_dicts()
+        if self.engine == "duckdb":
+            from cdc_compaction.devtools import duckdb_formats
+
+            # The live table as a DuckDB user opens it: the directory (version-hint.text); an older snapshot
+            # from the metadata file the catalog names (no catalog of DuckDB's own).
+            from cdc_compaction.pipeline.formats import iceberg
+
+            if snapshot_id is None:
+                return duckdb_formats.read("iceberg", iceberg.table_root(Lake(cfg)), cols)
+            metadata = str(table.metadata_location).removeprefix("file://")
+            return duckdb_formats.read("iceberg", metadata, cols, snapshot_id)
         return table.scan(snapshot_id=snapshot_id, selected_fields=tuple(cols)).to_arrow().select(cols).to_pylist()
 
     def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
