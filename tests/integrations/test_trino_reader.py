@@ -1,4 +1,4 @@
-"""Trino reads the lake as its users do: the base table through the Hive metastore, and the Delta log.
+"""Trino reads the lake as its users do: the base table and the Trino views through the Hive metastore, and Delta.
 
 One real Trino server (jars.lock's ``trino`` group, on a Java 24+ JDK) for the module, its ``hive``
 catalog on the tests' Thrift metastore and its ``delta`` catalog with the Delta tables registered by
@@ -6,8 +6,11 @@ location. The compaction runs in this worker's Spark session as everywhere else;
 compaction Trino's plain ``SELECT`` of ``hive.<db>.<base>`` must read exactly the shared conformance
 scenario's expectation, unpartitioned and partitioned by the day of a timestamp column (Trino reads the
 partitions the metastore lists, each at the live version's location), and the Delta table must read
-it too, at the live version and at every kept one (``FOR VERSION AS OF``). The values come back through
-Trino's JSON protocol: the first test checks each type's conversion against literals Trino computes.
+it too, at the live version and at every kept one (``FOR VERSION AS OF``). The table also publishes
+Trino views (``views.metastore: [spark, trino]``): at each ``check_view`` step Trino runs
+``<t>_view_trino`` and ``<t>_pending_rejects_trino`` and must read the scenario's rows and count.
+The values come back through Trino's JSON protocol: the first test checks each type's conversion
+against literals Trino computes.
 """
 
 from __future__ import annotations
@@ -81,13 +84,20 @@ CASES = [
 
 
 @pytest.mark.parametrize(("path", "by_day"), CASES)
-def test_trino_reads_the_base_and_the_delta_table(
+def test_trino_reads_the_base_the_trino_views_and_the_delta_table(
     path: Path, by_day: bool, trino: TrinoServer, inprocess: conf.InProcessRunner, tmp_path: Path
 ) -> None:
     scn = _with_timestamp(path, tmp_path / path.name) if by_day else conf.Scenario.load(path)
     part = {"column": "changed_at", "transform": "day"} if by_day else None
-    readers: list[Any] = [conf.TrinoReader(trino), conf.DeltaReader("trino", trino=trino)]
+    readers: list[Any] = [conf.TrinoReader(trino, views=True), conf.DeltaReader("trino", trino=trino)]
     result = conf.run_scenario(
-        scn, inprocess, readers, tmp_path / "lake", suffix="_trino", partition_by=part, formats=["delta"]
+        scn,
+        inprocess,
+        readers,
+        tmp_path / "lake",
+        suffix="_trino",
+        partition_by=part,
+        formats=["delta"],
+        views_metastore=["spark", "trino"],
     )
     assert result.ok, "\n".join(result.failures)

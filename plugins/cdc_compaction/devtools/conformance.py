@@ -90,12 +90,15 @@ def registry_doc(
     suffix: str = "",
     partition_by: dict[str, str] | None = None,
     formats: list[str] | None = None,
+    views_metastore: list[str] | None = None,
 ) -> dict[str, Any]:
     """A registry entry for a scenario's table: compact whatever landed, at once.
 
     ``partition_by`` makes it a partitioned table (registry ``partition_by``): the same
     scenario must give the same rows. ``formats`` (registry ``formats``): the table is also a
     Delta and/or Iceberg table, which :class:`DeltaReader` and :class:`IcebergReader` read.
+    ``views_metastore`` (registry ``views.metastore``): the dialects of its views in the metastore
+    (``trino`` for :class:`TrinoReader`'s).
     """
     t = scn.table
     doc: dict[str, Any] = {
@@ -120,6 +123,8 @@ def registry_doc(
         doc["partition_by"] = partition_by
     if formats:
         doc["formats"] = list(formats)
+    if views_metastore:
+        doc["views"]["metastore"] = list(views_metastore)
     return doc
 
 
@@ -292,27 +297,49 @@ class DuckDBReader:
 
 
 class TrinoReader:
-    """Reads what a Trino user reads: the base table through the Hive metastore, in Trino's ``hive`` catalog.
+    """Reads what a Trino user reads: the base table and the Trino views, in Trino's ``hive`` catalog.
 
     ``visible_base`` is a plain ``SELECT`` of ``hive.<db>.<base table>`` through a running
     :class:`~cdc_compaction.devtools.trino.TrinoServer` (the Hive connector on the same Thrift
     metastore, reading the files of the live version's location, or of each partition's): it must
-    hold the visible rows and nothing else.  The views are not read (``reads_views`` is False): they
-    are Spark SQL views, which Trino reads only as far as their SQL is Trino's too (docs/formats.md).
+    hold the visible rows and nothing else.  With ``views`` it reads the views the pipeline wrote in
+    Trino's own encoding (registry ``views.metastore: [..., trino]``: ``<t>_view_trino`` and
+    ``<t>_pending_rejects_trino``, or the plain names when ``trino`` comes first).  The Spark SQL
+    views are not Trino's to read: Trino's Hive-view translation refuses their ``_metadata.file_name``.
     """
 
     name = "trino"
-    reads_views = False
 
-    def __init__(self, trino: TrinoServer) -> None:
+    def __init__(self, trino: TrinoServer, views: bool = False) -> None:
         self.trino = trino
+        self.reads_views = views
 
-    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
-        cols = shown_columns(cfg)
-        quoted = ", ".join(f'"{c}"' for c in cols)
-        rows = self.trino.query(f'SELECT {quoted} FROM hive."{cfg.database}"."{sql.table_names(cfg)["base_table"]}"')
+    def _rows(self, cols: list[str] | None, table: str) -> list[dict[str, Any]]:
+        quoted = "*" if cols is None else ", ".join(f'"{c}"' for c in cols)
+        rows = self.trino.query(f"SELECT {quoted} FROM hive.{table}")
+        if cols is None:
+            return rows
         # Trino names result columns in lower case: give the rows the registry's names back.
         return [dict(zip(cols, r.values(), strict=True)) for r in rows]
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        return self._rows(shown_columns(cfg), f'"{cfg.database}"."{sql.table_names(cfg)["base_table"]}"')
+
+    def _view_name(self, cfg: TableConfig, kind: str) -> str:
+        dialects = list(cfg.views.metastore)
+        if "trino" not in dialects:
+            raise ValueError(
+                f"{cfg.qualified_name} has no Trino views: add trino to its registry views.metastore ({dialects})"
+            )
+        name = sql.table_names(cfg)[kind]
+        return f'"{cfg.database}"."{name if dialects[0] == "trino" else name + "_trino"}"'
+
+    def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        return self._rows(None, self._view_name(cfg, "view_name"))
+
+    def pending_rejects(self, cfg: TableConfig) -> int:
+        (row,) = self.trino.query(f"SELECT count(*) AS n FROM hive.{self._view_name(cfg, 'rejects_view')}")
+        return int(row["n"])
 
 
 class _FormatReader:
@@ -680,6 +707,7 @@ def run_scenario(
     suffix: str = "",
     partition_by: dict[str, str] | None = None,
     formats: list[str] | None = None,
+    views_metastore: list[str] | None = None,
 ) -> ScenarioResult:
     """Run one scenario; every failed check (of every reader) becomes a line of the result.
 
@@ -690,7 +718,7 @@ def run_scenario(
     readers = reader if isinstance(reader, list) else [reader]
 
     start = time.monotonic()
-    doc = registry_doc(scn, lake_dir, suffix, partition_by, formats)
+    doc = registry_doc(scn, lake_dir, suffix, partition_by, formats, views_metastore)
     if getattr(runner, "registry_spark", None):
         doc["spark"] = dict(runner.registry_spark)  # type: ignore[attr-defined]
     if registry_dir is not None:
