@@ -202,9 +202,9 @@ def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn") -> Path
 
     Each group is copied by one Maven run (``dependency:copy-dependencies`` of a throwaway pom that
     names the group's jars, each without its dependencies) into a new directory beside the group's,
-    checked there, its archives unpacked there (:func:`unpack`), and only then renamed into place: a failed
-    or interrupted fetch leaves the old
-    group as it was, and a jar the lock no longer names does not linger on a classpath.
+    checked there, its archives unpacked there (:func:`unpack`), and only then renamed into place: a
+    failed or interrupted fetch leaves the old group as it was, and a jar the lock no longer names does
+    not linger on a classpath.
     """
     dest = dest or jars_dir()
     if is_current(dest, lock):
