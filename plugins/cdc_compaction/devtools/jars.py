@@ -2,7 +2,8 @@
 
 ``make jars`` runs :func:`fetch` (``python -m cdc_compaction.devtools.jars fetch``): every group of
 ``jars.lock`` (``# [name]`` starts one) is copied by Maven into ``<jars dir>/<name>/``, each jar's
-sha256 is checked against the lock, and a stamp holding the lock's own sha256 is written, so that
+sha256 is checked against the lock (an archive, ``@tar.gz``, is then unpacked into the group's
+directory and not kept), and a stamp holding the lock's own sha256 is written, so that
 a second run with the same lock does nothing.  Services find their classpath with
 :func:`~cdc_compaction.core.jarcache.group_dir` (re-exported here), which refuses a cache that does
 not match the lock: nothing is downloaded at run time.
@@ -18,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,13 +165,46 @@ def verify(jars: list[Jar], directory: Path) -> None:
             )
 
 
+#: The lock's types that are archives: checked like a jar, then unpacked into the group's directory (a server
+#: such as Trino's ships as one, with its own plugins and launcher inside).
+ARCHIVES = ("tar.gz",)
+
+
+def unpack(jars: list[Jar], directory: Path) -> None:
+    """Unpack every checked archive of ``jars`` in ``directory`` into it, as the archive lays it out, and delete it.
+
+    A member that would leave ``directory`` (an absolute path, ``..``, a link out) or overwrite a file already
+    there (two archives of one group sharing a path) is refused, naming the archive and the member.
+    """
+    for j in jars:
+        if j.type not in ARCHIVES:
+            continue
+        archive = directory / j.file_name
+        with tarfile.open(archive, "r:gz") as tar:
+            members = tar.getmembers()
+            for m in members:
+                if not m.isdir() and (directory / m.name).exists():
+                    raise JarError(
+                        f"{j.coordinate} ({j.purpose}/{j.file_name}): its member {m.name} is already in "
+                        f"{directory}: two archives of the {j.purpose} group share a path; put them in groups of "
+                        "their own"
+                    )
+            try:
+                # The "data" filter refuses members that leave the directory, device files and setuid bits.
+                tar.extractall(directory, members=members, filter="data")
+            except tarfile.FilterError as exc:
+                raise JarError(f"{j.coordinate} ({j.purpose}/{j.file_name}): refused to unpack it: {exc}") from exc
+        archive.unlink()
+
+
 def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn") -> Path:
     """Fetch, check and stamp every group of ``lock`` into ``dest``; nothing if its stamp matches already.
 
     Each group is copied by one Maven run (``dependency:copy-dependencies`` of a throwaway pom that
     names the group's jars, each without its dependencies) into a new directory beside the group's,
-    checked there, and only then renamed into place: a failed or interrupted fetch leaves the old
-    group as it was, and a jar the lock no longer names does not linger on a classpath.
+    checked there, its archives unpacked there (:func:`unpack`), and only then renamed into place: a
+    failed or interrupted fetch leaves the old group as it was, and a jar the lock no longer names does
+    not linger on a classpath.
     """
     dest = dest or jars_dir()
     if is_current(dest, lock):
@@ -201,6 +236,7 @@ def fetch(dest: Path | None = None, lock: Path = LOCK, mvn: str = "mvn") -> Path
             if run.returncode != 0:
                 raise JarError(f"Maven could not fetch the {purpose} jars of {lock.name}:\n{run.stdout[-4000:]}")
             verify(group, out)
+            unpack(group, out)
             final = dest / purpose
             if final.exists():
                 shutil.rmtree(final)

@@ -1,0 +1,103 @@
+"""Trino reads the lake as its users do: the base table and the Trino views through the Hive metastore, and Delta.
+
+One real Trino server (jars.lock's ``trino`` group, on a Java 24+ JDK) for the module, its ``hive``
+catalog on the tests' Thrift metastore and its ``delta`` catalog with the Delta tables registered by
+location. The compaction runs in this worker's Spark session as everywhere else; after each
+compaction Trino's plain ``SELECT`` of ``hive.<db>.<base>`` must read exactly the shared conformance
+scenario's expectation, unpartitioned and partitioned by the day of a timestamp column (Trino reads the
+partitions the metastore lists, each at the live version's location), and the Delta table must read
+it too, at the live version and at every kept one (``FOR VERSION AS OF``). The table also publishes
+Trino views (``views.metastore: [spark, trino]``): at each ``check_view`` step Trino runs
+``<t>_view_trino`` and ``<t>_pending_rejects_trino`` and must read the scenario's rows and count.
+The values come back through Trino's JSON protocol: the first test checks each type's conversion
+against literals Trino computes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import with_timestamp
+
+from cdc_compaction.core.settings import PROJECT_ROOT
+from cdc_compaction.devtools import conformance as conf
+from cdc_compaction.devtools.local_services import LocalMetastore
+from cdc_compaction.devtools.trino import TrinoServer
+
+# make test-extended: Trino's start alone takes 30-50 s on the shared cores, the module about two minutes, and
+# the base it reads is the one the Spark, DuckDB and delta-spark readers of make test read already.
+pytestmark = [pytest.mark.spark, pytest.mark.metastore, pytest.mark.extended]
+
+SHARED = PROJECT_ROOT.parent / "shared" / "conformance"
+APPEND = Path(__file__).resolve().parents[1] / "scenarios" / "append"
+
+
+@pytest.fixture(scope="module")
+def trino(metastore: LocalMetastore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
+    """A Trino server on the session's metastore, under its own home; stopped by its PID."""
+    with TrinoServer(tmp_path_factory.mktemp("trino"), metastore.uri) as server:
+        yield server
+
+
+def test_trino_values_come_back_as_the_python_values_of_the_other_readers(trino: TrinoServer) -> None:
+    (row,) = trino.query(
+        "SELECT TIMESTAMP '2026-11-02 10:00:00.123456' AS ts, DATE '2026-11-02' AS d, DECIMAL '12.50' AS dec, "
+        "CAST(7 AS INTEGER) AS i, CAST(1.5 AS DOUBLE) AS f, nan() AS nan, X'0001' AS bin, true AS b, 'x' AS s, "
+        "TIMESTAMP '2026-11-02 10:00:00.5 UTC' AS tz, CAST(NULL AS BIGINT) AS n"
+    )
+    nan = row.pop("nan")
+    assert math.isnan(nan)
+    assert row == {
+        "ts": datetime(2026, 11, 2, 10, 0, 0, 123456),
+        "d": date(2026, 11, 2),
+        "dec": Decimal("12.50"),
+        "i": 7,
+        "f": 1.5,
+        "bin": b"\x00\x01",
+        "b": True,
+        "s": "x",
+        "tz": datetime(2026, 11, 2, 10, 0, 0, 500000, tzinfo=UTC),
+        "n": None,
+    }
+
+
+def _with_timestamp(path: Path, out: Path) -> conf.Scenario:
+    doc = json.loads(path.read_text())
+    with_timestamp(doc)
+    out.write_text(json.dumps(doc))
+    return conf.Scenario.load(out)
+
+
+CASES = [
+    pytest.param(SHARED / "primary_key_change.json", False, id="unpartitioned-primary_key_change"),
+    pytest.param(SHARED / "delete_then_reinsert.json", True, id="by_day-delete_then_reinsert"),
+    # A decimal(10,2) column, and an append table's base.
+    pytest.param(APPEND / "insert_only.json", False, id="append-insert_only"),
+]
+
+
+@pytest.mark.parametrize(("path", "by_day"), CASES)
+def test_trino_reads_the_base_the_trino_views_and_the_delta_table(
+    path: Path, by_day: bool, trino: TrinoServer, inprocess: conf.InProcessRunner, tmp_path: Path
+) -> None:
+    scn = _with_timestamp(path, tmp_path / path.name) if by_day else conf.Scenario.load(path)
+    part = {"column": "changed_at", "transform": "day"} if by_day else None
+    readers: list[Any] = [conf.TrinoReader(trino, views=True), conf.DeltaReader("trino", trino=trino)]
+    result = conf.run_scenario(
+        scn,
+        inprocess,
+        readers,
+        tmp_path / "lake",
+        suffix="_trino",
+        partition_by=part,
+        formats=["delta"],
+        views_metastore=["spark", "trino"],
+    )
+    assert result.ok, "\n".join(result.failures)
