@@ -146,6 +146,35 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
     return True
 
 
+def job_feed(lake: Lake, commit: Commit) -> str | None:
+    """Where the compaction job wrote ``commit``'s change (its stats' ``change_feed``), or None.
+
+    Only the job's own feed of this very commit: a rollback or an erase commits an older
+    version's stats again, whose feed is another commit's change.
+    """
+    feed = (commit.stats or {}).get("change_feed")
+    if not isinstance(feed, dict) or feed.get("seq") != commit.seq or not feed.get("file"):
+        return None
+    return posixpath.join(lake.layout.version_dir(commit.version), str(feed["file"]))
+
+
+def copy_feed(lake: Lake, commit: Commit, source: str) -> bool:
+    """Copy the job's feed file of ``commit`` (``source``) to ``changes/c<seq>.parquet``; no row is read.
+
+    As :func:`write_feed`: written once (the storage's copy is atomic: a complete file or none),
+    never again; True if it is there now.
+    """
+    path = feed_path(lake, commit.seq)
+    if lake.storage.exists(path):
+        return True  # written once, never again: readers may hold it
+    lake.storage.makedirs(feed_root(lake))
+    lake.storage.copy(source, path)
+    log.info(
+        "%s: change feed of commit %d: the job's %s copied to %s", lake.cfg.qualified_name, commit.seq, source, path
+    )
+    return True
+
+
 def feed_plan(live_seq: int, keep_versions: int, present: set[int]) -> tuple[list[int], list[int]]:
     """Which commits' files to write and which to delete, with ``present`` on storage; no I/O.
 
@@ -207,7 +236,12 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
             try:
                 if commit is None:
                     raise TimeTravelError(f"{cfg.qualified_name}: commit record {seq} is missing")
-                write_feed(lake, commit)
+                source = job_feed(lake, commit)
+                if source is not None:
+                    copy_feed(lake, commit, source)
+                else:
+                    # No feed from the job (a rollback, an erase, a commit from before it wrote one).
+                    write_feed(lake, commit)
                 done["written"].append(seq)
             except Exception as exc:  # noqa: BLE001 - derived data: the next publish tries again
                 log.warning("%s: no change feed for commit %d: %s", cfg.qualified_name, seq, exc)
