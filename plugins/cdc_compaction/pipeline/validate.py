@@ -21,12 +21,15 @@ from cdc_compaction.core.mode import OutputDir, mode_named, mode_of
 from cdc_compaction.core.storage import Storage, is_data_file
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import (
-    CHANGE_TYPES,
+    CHANGE_TYPE,
     CHANGES_DIR,
+    COMMIT_VERSION,
     DATA_DIR,
+    FEED_CHANGE_TYPES,
     INDEX_DIR,
     LAYOUT,
     PARTITION_COLUMN,
+    SEQ_COLUMN,
     STATS_FILE,
     TOMBSTONES_DIR,
 )
@@ -313,7 +316,7 @@ def feed_problems(
     if not isinstance(feed, dict):
         return ["the plan asks for the change feed (registry change_feed) but the job's stats report none"]
     problems = []
-    rows = {k: int((feed.get("rows") or {}).get(k, 0)) for k in CHANGE_TYPES}
+    rows = {k: int((feed.get("rows") or {}).get(k, 0)) for k in FEED_CHANGE_TYPES}
     if sorted(feed_files) != [feed.get("file")]:
         problems.append(
             f"the change feed must be the one file {feed.get('file')}; {CHANGES_DIR}/ holds {sorted(feed_files)}"
@@ -410,7 +413,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     want_index = [(k, types.get(k, "?")) for k in p.get("primary_key") or []]
     index_files: dict[str, int] = {}
     # The change feed: the registry's columns, then the change's (pipeline/changes.py feed_columns).
-    want_feed = [*columns, ("_change_type", "string"), ("_commit_version", "bigint"), ("_commit_seq", "int")]
+    want_feed = [*columns, (CHANGE_TYPE, "string"), (COMMIT_VERSION, "bigint"), (SEQ_COLUMN, "int")]
     feed_files: dict[str, int] = {}
     for name in sorted(on_disk):
         rows, schema = _footer(lake.storage, posixpath.join(out, name))

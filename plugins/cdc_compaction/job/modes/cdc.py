@@ -42,10 +42,12 @@ from cdc_compaction.job.common import (
 )
 from cdc_compaction.job.contract import (
     BROADCAST_MERGE_MAX_EVENTS,
-    CHANGE_TYPES,
+    CHANGE_TYPE,
     CHANGES_DIR,
+    COMMIT_VERSION,
     DATA_DIR,
     DEFAULT_COMPRESSION,
+    FEED_CHANGE_TYPES,
     FRESH_VIEW,
     INDEX_DIR,
     INDEX_ROW_GROUP_BYTES,
@@ -58,6 +60,7 @@ from cdc_compaction.job.contract import (
     PARTITION_DDL,
     PARTITION_DIR_PREFIX,
     PROVENANCE,
+    SEQ_COLUMN,
     STATS_FILE,
     TOMBSTONES_DIR,
     JobStats,
@@ -784,8 +787,6 @@ def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]
 #: The stored row a key had before this compaction (registry ``change_feed``): a struct of the registry's
 #: columns on the base's visible rows, NULL on its tombstones and on events; carried to the key's winner.
 OLD_ROW = "_cdc_old"
-#: ``<t>_changes``' own columns (pipeline/changes.py names them alike): the job writes them here.
-CHANGE_TYPE, COMMIT_VERSION, COMMIT_SEQ = "_change_type", "_commit_version", "_commit_seq"
 
 
 def with_old_row(
@@ -847,13 +848,13 @@ def feed_rows(pairs: DataFrame, columns: list[str], new_visible: Column, seq: in
         *[F.when(from_old, old.getField(c)).otherwise(F.col(f"`{c}`")).alias(c) for c in columns],
         F.col(CHANGE_TYPE),
         F.lit(seq).cast("bigint").alias(COMMIT_VERSION),
-        F.lit(seq).cast("int").alias(COMMIT_SEQ),
+        F.lit(seq).cast("int").alias(SEQ_COLUMN),
     )
 
 
 def feed_tally_columns() -> list[Column]:
-    """The feed's rows by change type (:data:`CHANGE_TYPES`), as aggregates to observe as it is written."""
-    return [F.coalesce(F.sum(F.when(F.col(CHANGE_TYPE) == k, 1)), F.lit(0)).alias(k) for k in CHANGE_TYPES]
+    """The feed's rows by change type (:data:`FEED_CHANGE_TYPES`), as aggregates to observe as it is written."""
+    return [F.coalesce(F.sum(F.when(F.col(CHANGE_TYPE) == k, 1)), F.lit(0)).alias(k) for k in FEED_CHANGE_TYPES]
 
 
 def _sourced(base: DataFrame, events: DataFrame, unchanged: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:
@@ -1261,7 +1262,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             feed.observe(obs_feed, *feed_tally_columns()).write.mode(mode).option("compression", compression).parquet(
                 f"{out}/{CHANGES_DIR}"
             )
-            feed_rows_by_type = {k: observed(obs_feed, k) for k in CHANGE_TYPES}
+            feed_rows_by_type = {k: observed(obs_feed, k) for k in FEED_CHANGE_TYPES}
         expired_count = observed(obs_tomb, "expired_tombstones")
         if not lookup:
             rank_tallies = {k: observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
