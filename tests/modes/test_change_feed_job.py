@@ -175,3 +175,14 @@ def test_publish_reads_no_row_data_for_a_job_written_feed(inprocess: conf.InProc
     feed = pq.read_table(Path(lake.layout.root) / "changes" / "c00000002.parquet")
     assert sorted(feed.column("_change_type").to_pylist()) == ["insert"]
     assert feed.column("id").to_pylist() == [3]
+
+
+def test_the_jobs_feed_in_a_version_is_the_tables_own(tmp_path: Path) -> None:
+    """Retention and ``delete --drop-data`` remove what the table owns: the job's feed in a version too."""
+    from cdc_compaction.pipeline.owned import is_version_part
+
+    scn = _feed_on(SCENARIO_DIR / "old_key_chain.json")
+    lake = Lake(parse_table(conf.registry_doc(scn, tmp_path / "lake", "_own")))
+    assert is_version_part(lake, "changes/")
+    assert is_version_part(lake, "changes/part-00000-0b1c2d3e-c000.snappy.parquet")
+    assert not is_version_part(lake, "changes/notes.txt")
