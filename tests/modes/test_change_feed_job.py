@@ -186,3 +186,28 @@ def test_the_jobs_feed_in_a_version_is_the_tables_own(tmp_path: Path) -> None:
     assert is_version_part(lake, "changes/")
     assert is_version_part(lake, "changes/part-00000-0b1c2d3e-c000.snappy.parquet")
     assert not is_version_part(lake, "changes/notes.txt")
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("merge_path", ["broadcast", "window"], indirect=True)
+def test_an_expired_tombstone_is_no_change(
+    inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path, merge_path: str
+) -> None:
+    """Tombstones kept one second: the delete's expires at the next compaction, which changes no visible row
+    (its only event is late): an empty feed."""
+    scn = _feed_on(SCENARIO_DIR / "nullable_key.json")
+    scn.table["tombstone_retention"] = "1s"
+    # The third increment no longer brings the deleted key back: only a late update of another key.
+    scn.steps[6]["land"]["files"] = [[{"tenant": None, "order_no": 1, "status": "stale", "op": "u", "lsn": 3}]]
+    for step in scn.steps[7:]:
+        body = next(iter(step.values()))
+        body["expect"] = [r for r in body["expect"] if r["order_no"] != 2]
+    suffix = f"_fx_{merge_path[0]}"
+    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix=suffix)
+    assert result.ok, "\n".join(result.failures)
+    lake = Lake(parse_table(conf.registry_doc(scn, tmp_path / "lake", suffix)))
+    assert int(lake.read_commit(3).stats["expired_tombstones"]) == 1
+    assert lake.read_commit(3).stats["change_feed"]["rows"] == dict.fromkeys(
+        ("insert", "delete", "update_before", "update_after"), 0
+    )
+    _check_feed(scn, tmp_path / "lake", suffix)
