@@ -102,6 +102,10 @@ def _check_feed(scn: conf.Scenario, lake_dir: Path, suffix: str, partition_by: d
         assert str(table.schema.field("_commit_seq").type) == "int32"
         counts = Counter(table.column("_change_type").to_pylist())
         assert {k: v for k, v in feed["rows"].items() if v} == dict(counts), (seq, feed, counts)
+        # Equal rows are no change: no update pair is the same row twice (over every registry column).
+        full = [(r.pop("_change_type"), tuple(r.values())) for r in table.to_pylist()]
+        twice = Counter(v for t, v in full if t == "update_before") & Counter(v for t, v in full if t == "update_after")
+        assert not twice, f"commit {seq}: updates that change nothing {twice}"
         cols = sorted({c for r in [*before, *after] for c in r})
         got, _ = _got_feed(table, cols)
         assert got == reference_feed(key, before, after), f"commit {seq}"
