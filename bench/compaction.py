@@ -351,6 +351,8 @@ class Bench:
                 check_job(job)
                 outputs[peer] = peer_out
                 jobs[peer] = _job_entry(job, rows, peer_out)
+            if self.args.change_feed:
+                self.feed_side_by_side(rt, cfg, plan, plan_path, parent, slug, rows, stats, jobs, steps)
             if self.spark_peers:
                 self.run_spark_peers(cfg, spec_path, out, rows, stats["output_location"], jobs, outputs, steps)
             if self.server is not None:
@@ -371,6 +373,10 @@ class Bench:
             self.discard(rt, plan, landed)
         same = all(c == checks["ours"] for c in checks.values())
         ratios: dict[str, float | None] = {}
+        if "ours_feed" in jobs:
+            # The price of the change feed in the job: the same compaction with change_feed on, over off.
+            ratios["ours_feed/ours"] = round(jobs["ours_feed"]["wall_s"] / jobs["ours"]["wall_s"], 3)
+            ratios["ours_feed/ours (cpu)"] = round(jobs["ours_feed"]["cpu_s"] / max(jobs["ours"]["cpu_s"], 1e-9), 3)
         for other in ("floor", *self.peers):
             if other in jobs:
                 ratios[f"ours/{other}"] = round(jobs["ours"]["wall_s"] / jobs[other]["wall_s"], 3)
@@ -547,6 +553,56 @@ class Bench:
         jobs["floor_warm"] = _warm_entry(runs["floor_warm"], rows, floor_out)
         jobs["ours_warm"] = _warm_entry(runs["ours_warm"], rows, last)
         return last
+
+    def feed_side_by_side(
+        self,
+        rt: Runtime,
+        cfg: TableConfig,
+        plan: dict[str, Any],
+        plan_path: str,
+        parent: Any,
+        slug: str,
+        rows: int,
+        stats: dict[str, Any],
+        jobs: dict[str, dict[str, Any]],
+        steps: dict[str, float],
+    ) -> None:
+        """``--change-feed``: ours again on the same files with the plan's ``change_feed`` on (``ours_feed``).
+
+        Validated like ours; then the publish-time diff the job's feed replaces (``changes.feed_table`` of the
+        parent's and the new version's rows, in this process) is timed, and its rows must equal the job's.
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from cdc_compaction.pipeline import changes
+
+        feed_plan = Path(plan_path).with_name(Path(plan_path).stem + "_feed.json")
+        feed_plan.write_text(json.dumps({**plan, "change_feed": True}, indent=1, sort_keys=True))
+        try:
+            job = run_measured("ours_feed", submit_command(cfg, ["--plan", str(feed_plan)]), self.logs(f"{slug}_feed"))
+            check_job(job)
+            with Stopwatch() as sw:
+                feed_stats = validate(rt, str(feed_plan))
+            steps["validate_feed_s"] = sw.seconds
+        finally:
+            feed_plan.unlink(missing_ok=True)
+        jobs["ours_feed"] = {**_job_entry(job, rows, feed_stats["output_location"]), "feed": feed_stats["change_feed"]}
+        # What publish did before: both versions' visible rows into this process, paired by key.
+        with Stopwatch() as sw:
+            before = changes.version_rows(rt.lake, parent)
+            after = pq.read_table(os.path.join(stats["output_location"], "data"))
+            after = after.select([c for c in after.column_names if not c.startswith("_cdc_")])
+            diffed = changes.feed_table(cfg, before, after, int(plan["seq"]))
+        steps["publish_diff_s"] = sw.seconds
+        job_feed = pq.read_table(os.path.join(feed_stats["output_location"], feed_stats["change_feed"]["file"]))
+
+        def rows_of(t: pa.Table) -> list[str]:
+            return sorted(repr(sorted(r.items())) for r in t.to_pylist())
+
+        if rows_of(job_feed.select(diffed.column_names)) != rows_of(diffed):
+            raise RuntimeError(f"{slug}: the job's change feed differs from the publish-time diff")
+        jobs["ours_feed"]["feed_equals_publish_diff"] = True
 
     def discard(self, rt: Runtime, plan: dict[str, Any], landed: str) -> None:
         """Forget a measured run without publishing it: the next fraction starts from the same base."""
@@ -741,6 +797,12 @@ def main(argv: list[str] | None = None) -> int:
         help="measured warm runs (Spark Connect) of floor and ours per dataset, after a warm-up; 0: cold only",
     )
     parser.add_argument("--no-report", action="store_true", help="do not rewrite RESULTS.md and the chart")
+    parser.add_argument(
+        "--change-feed",
+        action="store_true",
+        help="also run ours with the plan's change_feed on (ours_feed), validate it, and time the publish-time diff"
+        " it replaces (its rows must equal the job's feed)",
+    )
     args = parser.parse_args(argv)
     start_logging()
     # A SIGTERM (a timeout, a stopped CI job) unwinds like Ctrl-C: the finally blocks stop the servers.

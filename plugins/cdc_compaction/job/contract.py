@@ -89,6 +89,16 @@ def partition_value_text(encoded: str) -> str:
 DATA_DIR = "data"
 TOMBSTONES_DIR = "tombstones"
 STATS_FILE = "_cdc_stats.json"
+#: cdc tables with ``change_feed`` on: the commit's net change beside the version, one Parquet file
+#: (README, "Change feed"); ``publish`` copies it to the table's ``changes/c<seq>.parquet``.
+CHANGES_DIR = "changes"
+#: The change types of a feed row (:data:`CHANGE_TYPE`), as the job counts them in its stats.
+FEED_CHANGE_TYPES = ("insert", "delete", "update_before", "update_after")
+#: The feed's own columns after the registry's: the change type (string), the commit as ``changes``
+#: prints it (bigint) and the commit whose file holds the row (int); both are the commit's seq.
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+SEQ_COLUMN = "_commit_seq"
 LAYOUT = 2
 #: Partitioned tables: the key index beside the data, ``index/_cdc_partition=<v>/`` -- each rewritten
 #: partition's key columns, sorted by key in small row groups, so that a compaction finds where a key
@@ -436,6 +446,9 @@ class Plan:
     broadcast_merge_max_events: int | None = field(default=None, metadata=_meta())
     merge_path: str | None = field(default=None, metadata=_meta())
     compression: str | None = field(default=None, metadata=_meta())
+    #: cdc tables with registry ``change_feed: true``: the job writes the commit's net change (``seq``)
+    #: to :data:`CHANGES_DIR` in the same pass as the version. Absent (off) in older plans.
+    change_feed: bool | None = field(default=None, metadata=_meta())
     #: Whether the run compacts (``compaction.policy``; README, "Compaction policy"): ``compact``,
     #: ``policy``, ``reason``, ``forced``, ``thresholds``. ``compact: false``: the job writes nothing.
     compaction: dict[str, Any] | None = field(default=None, metadata=_meta())
@@ -547,6 +560,9 @@ class JobStats:
     #: against the planned files' records.
     skipped_records: int | None = field(default=None, metadata=_meta())
     skipped_by_kind: dict[str, int] | None = field(default=None, metadata=_meta())
+    #: cdc tables with the plan's ``change_feed``: the feed the job wrote -- ``file`` (``changes/<name>``,
+    #: one file), ``seq`` (the commit it is the change of) and ``rows`` by change type (:data:`FEED_CHANGE_TYPES`).
+    change_feed: dict[str, Any] | None = field(default=None, metadata=_meta())
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

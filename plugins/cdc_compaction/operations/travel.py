@@ -31,6 +31,7 @@ from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import Commit, Lake, TableLease, kept_seqs
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage.base import is_data_file
+from cdc_compaction.job.contract import CHANGE_TYPE, COMMIT_VERSION
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline.changes import diff_rows, version_rows
 
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHANGE_TYPE = "_change_type"
-COMMIT_VERSION = "_commit_version"
 #: Change types in the order a key's rows are listed.
 CHANGE_TYPES = ("delete", "update_before", "update_after", "insert")
 #: Columns the job adds to the data files (provenance, partition): not part of a row's value.

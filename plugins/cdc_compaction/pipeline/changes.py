@@ -1,9 +1,15 @@
 """The ``<t>_changes`` table: each commit's net change as a Parquet file any engine reads.
 
-After a ``mode: cdc`` table's publish, :func:`sync_changes` writes the change between every kept
-commit and its parent (``travel.diff_rows`` on their visible rows: ``insert`` / ``update_before``
-+ ``update_after`` / ``delete``; ``_commit_version`` and ``_commit_seq`` = the commit) to one file
-``changes/c<seq>.parquet`` under the table's root.  ``<t>_changes`` is an external Hive Parquet
+The compaction job computes a commit's change in the same pass as its version (plan
+``change_feed``; ``job/modes/cdc.py`` ``feed_rows``: each touched key's stored row against its
+winner) and writes it beside the version, ``<version>/changes/``, counted in its stats.  After a
+``mode: cdc`` table's publish, :func:`sync_changes` copies that file to ``changes/c<seq>.parquet``
+under the table's root (:func:`copy_feed`: a storage copy, no row read here).  A commit without a
+job-written feed -- a rollback's, an erase's, one from before the job wrote feeds, the catch-up of
+a missing file -- falls back to :func:`write_feed`: the change between the commit and its parent
+(``travel.diff_rows`` on their visible rows: ``insert`` / ``update_before`` + ``update_after`` /
+``delete``; ``_commit_version`` and ``_commit_seq`` = the commit), read into this task's memory.
+``<t>_changes`` is an external Hive Parquet
 table at ``changes/`` (created through the metastore API, no JVM), not partitioned: Spark, Hive
 and Trino read it as it is, with no partition to register and no metastore setting needed
 (a Thrift metastore refuses Spark's pushed-down filters on an int partition column unless
@@ -37,14 +43,14 @@ from cdc_compaction.core.lake import Commit, Lake, kept_seqs
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.integrations.metastore import Metastore
+
+# The columns of <t>_changes after the registry's (SEQ_COLUMN: the commit whose file holds a row): the
+# job's contract names them, as the job writes the feed too.
+from cdc_compaction.job.contract import CHANGE_TYPE, COMMIT_VERSION, SEQ_COLUMN
 from cdc_compaction.pipeline.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-#: The column of ``<t>_changes`` naming the commit whose change a row is (its file's commit).
-SEQ_COLUMN = "_commit_seq"
-CHANGE_TYPE = "_change_type"
-COMMIT_VERSION = "_commit_version"
 #: Failures to write or register the feed, by table: a side channel's failures are counted, not raised.
 FEED_FAILURES: collections.Counter[str] = collections.Counter()
 _FILE_NAME = re.compile(r"c(\d{8})\.parquet")
@@ -146,6 +152,35 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
     return True
 
 
+def job_feed(lake: Lake, commit: Commit) -> str | None:
+    """Where the compaction job wrote ``commit``'s change (its stats' ``change_feed``), or None.
+
+    Only the job's own feed of this very commit: a rollback or an erase commits an older
+    version's stats again, whose feed is another commit's change.
+    """
+    feed = (commit.stats or {}).get("change_feed")
+    if not isinstance(feed, dict) or feed.get("seq") != commit.seq or not feed.get("file"):
+        return None
+    return posixpath.join(lake.layout.version_dir(commit.version), str(feed["file"]))
+
+
+def copy_feed(lake: Lake, commit: Commit, source: str) -> bool:
+    """Copy the job's feed file of ``commit`` (``source``) to ``changes/c<seq>.parquet``; no row is read.
+
+    As :func:`write_feed`: written once (the storage's copy is atomic: a complete file or none),
+    never again; True if it is there now.
+    """
+    path = feed_path(lake, commit.seq)
+    if lake.storage.exists(path):
+        return True  # written once, never again: readers may hold it
+    lake.storage.makedirs(feed_root(lake))
+    lake.storage.copy(source, path)
+    log.info(
+        "%s: change feed of commit %d: the job's %s copied to %s", lake.cfg.qualified_name, commit.seq, source, path
+    )
+    return True
+
+
 def feed_plan(live_seq: int, keep_versions: int, present: set[int]) -> tuple[list[int], list[int]]:
     """Which commits' files to write and which to delete, with ``present`` on storage; no I/O.
 
@@ -195,8 +230,9 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
     cfg, lake = rt.cfg, rt.lake
     done: dict[str, Any] = {"written": [], "dropped": [], "failed": {}}
     if cfg.mode != "cdc" or not cfg.change_feed:
-        # Off unless the registry asks (change_feed: true): pairing rows reads both versions into this
-        # task's memory. Keyless tables have no key to pair rows by; snapshot tables have <t>_history.
+        # Off unless the registry asks (change_feed: true): the job writes the feed, and the fallback pairs
+        # rows of both versions in this task's memory. Keyless tables have no key to pair rows by;
+        # snapshot tables have <t>_history.
         return done
     # The files and the table are independent: files written while the metastore refuses the
     # table are there for it when a later publish creates it.
@@ -207,7 +243,12 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
             try:
                 if commit is None:
                     raise TimeTravelError(f"{cfg.qualified_name}: commit record {seq} is missing")
-                write_feed(lake, commit)
+                source = job_feed(lake, commit)
+                if source is not None:
+                    copy_feed(lake, commit, source)
+                else:
+                    # No feed from the job (a rollback, an erase, a commit from before it wrote one).
+                    write_feed(lake, commit)
                 done["written"].append(seq)
             except Exception as exc:  # noqa: BLE001 - derived data: the next publish tries again
                 log.warning("%s: no change feed for commit %d: %s", cfg.qualified_name, seq, exc)

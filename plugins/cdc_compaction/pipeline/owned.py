@@ -6,7 +6,7 @@ archive expiry and the formats' metadata clean-up use its parts: a path is the t
 * its commit records name it: the versions they publish (and every attempt of the table's plans,
   ``v<seq>-<plan>-<attempt>``), with the files the job writes in a version (``part-*``, ``_SUCCESS``,
   ``_cdc_stats.json``, checksums) in the directories it writes (``data``, ``tombstones``, ``index*``,
-  the mode's outputs, partition directories); the archived copies of each commit's files
+  ``changes``, the mode's outputs, partition directories); the archived copies of each commit's files
   (``archive/c<seq>/<increment>/<name>``); each commit's change file (``changes/c<seq>.parquet``);
 * its plans name it: quarantined rows of its versions (``quarantine/rows/<version>``), whole files a
   plan refused (``quarantine/files/<plan>``, as its manifest lists them);
@@ -33,7 +33,7 @@ from cdc_compaction.core.lake import EMPTY_VERSION, Lake
 from cdc_compaction.core.landing import increment_hour
 from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.ownership import Removal, remove_files
-from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, TOMBSTONES_DIR
+from cdc_compaction.job.contract import CHANGES_DIR, DATA_DIR, INDEX_DIR, TOMBSTONES_DIR
 from cdc_compaction.pipeline.runtime import VERSION_NAME
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,13 @@ def is_version_part(lake: Lake, rel: str) -> bool:
             # Hadoop's output committer works in <output>/_temporary/<attempt>/...: everything in it is the
             # job's (a killed job leaves it behind, with task-attempt directories of the committer's naming).
             return True
-        if d and d not in (DATA_DIR, TOMBSTONES_DIR, *outputs) and not d.startswith(INDEX_DIR) and "=" not in d:
+        # CHANGES_DIR: a cdc table's change feed, written by the job beside the version (change_feed).
+        if (
+            d
+            and d not in (DATA_DIR, TOMBSTONES_DIR, CHANGES_DIR, *outputs)
+            and not d.startswith(INDEX_DIR)
+            and "=" not in d
+        ):
             return False
     return not name or is_job_file(name)
 

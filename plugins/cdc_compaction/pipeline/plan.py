@@ -342,6 +342,9 @@ def _plan_under_lease(
         # Whether this run compacts (README, "Compaction policy"); if not, the steps up to archive skip.
         policy.PLAN_KEY: decision.to_dict(),
     }
+    if cfg.mode == "cdc" and getattr(cfg, "change_feed", False):
+        # The job writes the commit's change beside the version (README, "Change feed"): publish copies it.
+        doc["change_feed"] = True
     part = sql.partition_sql(cfg)
     if part is not None:
         # The job reads and rewrites only the partitions the increments touch (README, "Partitioned tables").

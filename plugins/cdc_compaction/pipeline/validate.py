@@ -21,10 +21,15 @@ from cdc_compaction.core.mode import OutputDir, mode_named, mode_of
 from cdc_compaction.core.storage import Storage, is_data_file
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.contract import (
+    CHANGE_TYPE,
+    CHANGES_DIR,
+    COMMIT_VERSION,
     DATA_DIR,
+    FEED_CHANGE_TYPES,
     INDEX_DIR,
     LAYOUT,
     PARTITION_COLUMN,
+    SEQ_COLUMN,
     STATS_FILE,
     TOMBSTONES_DIR,
 )
@@ -90,6 +95,8 @@ def _output_files(storage: Storage, out: str, mode_dirs: Sequence[OutputDir] = (
     walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
     # Partitioned tables: the key index, index/_cdc_partition=<v>/ (README, "Key index").
     walk(posixpath.join(out, INDEX_DIR), INDEX_DIR, True)
+    # cdc tables with change_feed: the commit's change, one file (README, "Change feed").
+    walk(posixpath.join(out, CHANGES_DIR), CHANGES_DIR, False)
     # The mode's own outputs (snapshot: history/eff_start_date=<date>/).
     for d in mode_dirs:
         walk(posixpath.join(out, d.name), d.name, False, d.prefix)
@@ -102,7 +109,7 @@ def foreign_outputs(storage: Storage, out: str, mode_dirs: Sequence[OutputDir]) 
     (Another mode's output directory, a history/ in a cdc table's version.) Everything the
     table's mode writes lies in ``data/``, ``tombstones/``, ``index/`` or one of ``mode_dirs``.
     """
-    known = {DATA_DIR, TOMBSTONES_DIR, INDEX_DIR, *(d.name for d in mode_dirs)}
+    known = {DATA_DIR, TOMBSTONES_DIR, INDEX_DIR, CHANGES_DIR, *(d.name for d in mode_dirs)}
 
     def holds_data(path: str) -> bool:
         return any((e.is_dir and holds_data(e.path)) or is_data_file(e.name) for e in storage.list_dir(path))
@@ -292,6 +299,51 @@ def _committed(rt: Runtime, p: dict[str, Any]) -> Commit | None:
     return commit
 
 
+def feed_problems(
+    p: dict[str, Any], stats: dict[str, Any], feed_files: dict[str, int], parent: Commit | None
+) -> list[str]:
+    """What the job's change feed (stats ``change_feed``) contradicts; no row is read.
+
+    ``feed_files``: the Parquet files in ``changes/`` and their footer rows. The plan's
+    ``change_feed`` asks for exactly one file, of this commit, holding the rows the stats count;
+    an update is a pair; and on an unpartitioned table the visible rows grew by inserts less deletes.
+    """
+    feed = stats.get("change_feed")
+    if not p.get("change_feed"):
+        if feed or feed_files:
+            return [f"the job wrote a change feed ({sorted(feed_files)}) the plan did not ask for"]
+        return []
+    if not isinstance(feed, dict):
+        return ["the plan asks for the change feed (registry change_feed) but the job's stats report none"]
+    problems = []
+    rows = {k: int((feed.get("rows") or {}).get(k, 0)) for k in FEED_CHANGE_TYPES}
+    if sorted(feed_files) != [feed.get("file")]:
+        problems.append(
+            f"the change feed must be the one file {feed.get('file')}; {CHANGES_DIR}/ holds {sorted(feed_files)}"
+        )
+    elif feed_files[feed["file"]] != sum(rows.values()):
+        problems.append(
+            f"the Parquet footer of {feed['file']} holds {feed_files[feed['file']]} rows, "
+            f"the job counted {sum(rows.values())} ({rows})"
+        )
+    if feed.get("seq") != p["seq"]:
+        problems.append(f"the change feed is of commit {feed.get('seq')}, the plan's commit is {p['seq']}")
+    if rows["update_before"] != rows["update_after"]:
+        problems.append(f"the change feed's updates are not pairs: {rows}")
+    # A layout-1 parent counted its tombstones among its rows: no visible count to hold the feed against.
+    before = (parent.stats or {}).get("output_visible_rows") if parent is not None and parent.layout >= 2 else None
+    if parent is not None and parent.seq == 0:
+        before = 0
+    if not p.get("partition_by") and before is not None:
+        grown = int(stats["output_visible_rows"]) - int(before)
+        if grown != rows["insert"] - rows["delete"]:
+            problems.append(
+                f"the visible rows went from {before} to {stats['output_visible_rows']}, but the change feed "
+                f"has {rows['insert']} inserts and {rows['delete']} deletes"
+            )
+    return problems
+
+
 def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     """Check the newest attempt at the plan before it may be published; raise :class:`PublishValidationError`.
 
@@ -320,7 +372,8 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
         )
     version, stats = tried[-1]
     out = lake.layout.version_dir(version)
-    problems = count_problems(p, stats, lake.read_commit(p["parent_seq"]), out)
+    parent = lake.read_commit(p["parent_seq"])
+    problems = count_problems(p, stats, parent, out)
     # What is on storage must be what the job reported, with the expected schema, and nothing else
     # where readers glob: the data and tombstones directories hold Parquet data files only.
     mode = mode_named(p.get("mode"))
@@ -359,9 +412,21 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     types = dict(columns)
     want_index = [(k, types.get(k, "?")) for k in p.get("primary_key") or []]
     index_files: dict[str, int] = {}
+    # The change feed: the registry's columns, then the change's (pipeline/changes.py feed_columns).
+    want_feed = [*columns, (CHANGE_TYPE, "string"), (COMMIT_VERSION, "bigint"), (SEQ_COLUMN, "int")]
+    feed_files: dict[str, int] = {}
     for name in sorted(on_disk):
         rows, schema = _footer(lake.storage, posixpath.join(out, name))
         kind, _, rest = name.partition("/")
+        if kind == CHANGES_DIR:
+            feed_files[name] = rows
+            got = [(f.name, str(f.type)) for f in schema]
+            if [n for n, _ in got] != [n for n, _ in want_feed] or not all(
+                _arrow_type_ok(h, a) for (_, h), (_, a) in zip(want_feed, got, strict=True)
+            ):
+                problems.append(f"{name} has schema {got}, expected {want_feed}")
+                break
+            continue
         if kind == INDEX_DIR:
             index_files[name] = rows
             got = [(f.name, str(f.type)) for f in schema]
@@ -387,6 +452,7 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
             problems.append(f"{name} has schema {got}, expected {expect}")
             break
     problems += footer_problems(p, stats, footer_rows, footer_rows_by_partition)
+    problems += feed_problems(p, stats, feed_files, parent)
     if p.get("partition_by"):
         problems += index_problems(stats, out, index_files)
     elif index_files:

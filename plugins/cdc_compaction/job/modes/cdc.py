@@ -42,8 +42,12 @@ from cdc_compaction.job.common import (
 )
 from cdc_compaction.job.contract import (
     BROADCAST_MERGE_MAX_EVENTS,
+    CHANGE_TYPE,
+    CHANGES_DIR,
+    COMMIT_VERSION,
     DATA_DIR,
     DEFAULT_COMPRESSION,
+    FEED_CHANGE_TYPES,
     FRESH_VIEW,
     INDEX_DIR,
     INDEX_ROW_GROUP_BYTES,
@@ -56,6 +60,7 @@ from cdc_compaction.job.contract import (
     PARTITION_DDL,
     PARTITION_DIR_PREFIX,
     PROVENANCE,
+    SEQ_COLUMN,
     STATS_FILE,
     TOMBSTONES_DIR,
     JobStats,
@@ -184,7 +189,9 @@ def rank_touched_keys(
     a base row that still wins may be filled anew, and is written from here.
     """
     fills, unchanged = fills or {}, unchanged or {}
-    names = list(base.columns) if unchanged else [*pk, *order_by, *PROVENANCE, *fills]
+    # The change feed (OLD_ROW on the base) needs each key's old and new rows whole too.
+    whole = bool(unchanged) or OLD_ROW in base.columns
+    names = list(base.columns) if whole else [*pk, *order_by, *PROVENANCE, *fills]
     cols = [F.col(f"`{c}`") for c in dict.fromkeys(names)]
     keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
     touched = stored_events(key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True), unchanged)
@@ -319,12 +326,15 @@ def broadcast_decisions(
         *[F.expr(e).alias(f"_cdc_o{i}") for i, (e, _, _) in enumerate(items)],
         *[F.col(f"`{c}`").alias(f"_cdc_v{j}") for j, c in enumerate(order_by)],
     )
-    narrow = base.select(*[F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE])])
+    # With the change feed (OLD_ROW on the base) the stored rows travel whole, in the same scan.
+    old_row = [F.col(OLD_ROW)] if OLD_ROW in base.columns else []
+    narrow = base.select(*[F.col(f"`{c}`") for c in dict.fromkeys([*pk, *order_by, *PROVENANCE])], *old_row)
     stored = key_join(narrow, fresh.select(*keys).distinct(), pk, "left_semi", broadcast=True).select(
         *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)],
         *[F.expr(e).alias(f"_cdc_b{i}") for i, (e, _, _) in enumerate(items)],
         *[F.col(f"`{c}`").alias(f"_cdc_bv{j}") for j, c in enumerate(order_by)],
         F.lit(True).alias("_cdc_has_base"),
+        *old_row,
     )
     cond = functools.reduce(operator.and_, [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)])
     both = ev.join(F.broadcast(stored), cond, "left")
@@ -344,6 +354,8 @@ def broadcast_decisions(
         *[F.max(F.when(first, F.col(f"_cdc_v{j}"))).alias(f"_cdc_w1_{j}") for j in range(len(order_by))],
         *[F.max(F.when(second, F.col(f"_cdc_v{j}"))).alias(f"_cdc_w2_{j}") for j in range(len(order_by))],
         *[F.max(F.col(f"_cdc_bv{j}")).alias(f"_cdc_bv{j}") for j in range(len(order_by))],
+        # One stored row per key: every event of the key carries the same one.
+        *[F.first(c, ignorenulls=True).alias(OLD_ROW) for c in old_row],
     )
 
     def same(x: str, y: str) -> Column:
@@ -366,6 +378,7 @@ def broadcast_decisions(
         F.col("_cdc_events"),
         F.col("_cdc_late_n"),
         F.when(tied, 1).otherwise(0).alias("_cdc_tied_n"),
+        *[F.col(OLD_ROW) for _ in old_row],
     )
 
 
@@ -770,6 +783,80 @@ def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]
     )
 
 
+# ------------------------------------------------------------- the change feed
+#: The stored row a key had before this compaction (registry ``change_feed``): a struct of the registry's
+#: columns on the base's visible rows, NULL on its tombstones and on events; carried to the key's winner.
+OLD_ROW = "_cdc_old"
+
+
+def with_old_row(
+    base_data: DataFrame, base_tomb: DataFrame, columns: list[str], is_delete: Column
+) -> tuple[DataFrame, DataFrame]:
+    """The base's visible rows with :data:`OLD_ROW` (their registry columns as stored), its tombstones with NULL.
+
+    A tombstone is no visible row: a key whose stored row is one had no row before this commit
+    (``is_delete`` tells them apart where a layout-1 version keeps them among the data). The
+    struct is taken before anything rewrites a stored row (partial rows are left out again and
+    filled anew by :func:`stored_events`): it is the row readers saw.
+    """
+    row = F.struct(*[F.col(f"`{c}`") for c in columns])
+    data = base_data.withColumn(OLD_ROW, F.when(F.coalesce(~is_delete, F.lit(False)), row))
+    return data, base_tomb.withColumn(OLD_ROW, F.lit(None).cast(data.schema[OLD_ROW].dataType))
+
+
+def old_row_type(spark: SparkSession, base_schema: str, columns: list[str]) -> T.DataType:
+    """The type of :data:`OLD_ROW` over a base of ``base_schema`` (no Spark job: an empty frame's schema)."""
+    empty = spark.createDataFrame([], base_schema)
+    return empty.select(F.struct(*[F.col(f"`{c}`") for c in columns]).alias(OLD_ROW)).schema[OLD_ROW].dataType
+
+
+def without_old_row(events: DataFrame, old_type: T.DataType) -> DataFrame:
+    """``events`` with a NULL :data:`OLD_ROW` (``old_type``): an event is no stored row."""
+    return events.withColumn(OLD_ROW, F.lit(None).cast(old_type))
+
+
+def carry_old_row(ranked_rows: DataFrame, pk: list[str]) -> DataFrame:
+    """Every ranked row of a key with the key's stored visible row (:data:`OLD_ROW`; one per key at most).
+
+    Over the key, as the rank is: no shuffle of its own where it follows the ranking.
+    """
+    by_key = Window.partitionBy(*_keys(pk))
+    return ranked_rows.withColumn(OLD_ROW, F.first(F.col(OLD_ROW), ignorenulls=True).over(by_key))
+
+
+def feed_rows(pairs: DataFrame, columns: list[str], new_visible: Column, seq: int) -> DataFrame:
+    """The net change of every key in ``pairs`` as ``<t>_changes`` rows of commit ``seq``.
+
+    ``pairs``: one row per key holding its new row (the registry's ``columns``; visible where
+    ``new_visible``) and its old one (:data:`OLD_ROW`, NULL if the key had no visible row).
+    ``insert`` (no old, new visible), ``delete`` (old, no new), ``update_before`` and
+    ``update_after`` (both, differing in any column; NULL equals NULL, as do two NaN); equal rows
+    give nothing. Columns: the registry's in its order, ``_change_type``, ``_commit_version``
+    (bigint) and ``_commit_seq`` (int), both ``seq``.
+    """
+    old = F.col(OLD_ROW)
+    has_old = old.isNotNull()
+    same = functools.reduce(operator.and_, [F.col(f"`{c}`").eqNullSafe(old.getField(c)) for c in columns], F.lit(True))
+    kinds = (
+        F.when(~has_old & new_visible, F.array(F.lit("insert")))
+        .when(has_old & ~new_visible, F.array(F.lit("delete")))
+        .when(has_old & new_visible & ~same, F.array(F.lit("update_before"), F.lit("update_after")))
+    )
+    exploded = pairs.select(*[F.col(f"`{c}`") for c in columns], old, F.explode(kinds).alias(CHANGE_TYPE))
+    from_old = F.col(CHANGE_TYPE).isin("delete", "update_before")
+    return exploded.select(
+        *[F.when(from_old, old.getField(c)).otherwise(F.col(f"`{c}`")).alias(c) for c in columns],
+        F.col(CHANGE_TYPE),
+        F.lit(seq).cast("bigint").alias(COMMIT_VERSION),
+        F.lit(seq).cast("int").alias(SEQ_COLUMN),
+    )
+
+
+def feed_tally_columns() -> list[Column]:
+    """The feed's rows by change type (:data:`FEED_CHANGE_TYPES`), as aggregates to observe as it is written."""
+    return [F.coalesce(F.sum(F.when(F.col(CHANGE_TYPE) == k, 1)), F.lit(0)).alias(k) for k in FEED_CHANGE_TYPES]
+
+
 def _sourced(base: DataFrame, events: DataFrame, unchanged: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:
     """Base rows (``_cdc_src`` 0) and events (1) together, as :func:`with_rank_flags` needs them.
 
@@ -881,10 +968,14 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
     # A live version of layout 1 keeps its tombstones inside its data (partitions): read it all once.
     old_layout = int(plan.base_layout) < LAYOUT
     touched: list[str] = []
+    # registry change_feed: the commit's net change is written beside the version, from the merge itself.
+    feed_on = bool(plan.change_feed)
     log.info("compacting %s (plan %s): %d files", plan.table, plan.plan_id, len(plan.files))
 
     if part is None:
         base_data, base_tomb = read_base(spark, plan, base_schema, stored, rule.is_delete)
+        if feed_on:
+            base_data, base_tomb = with_old_row(base_data, base_tomb, columns, is_delete)
     else:
         # Key columns only: finding the keys' partitions must not read whole rows. From the key index
         # where the live version has one (README, "Key index"), else from the partitions' key columns.
@@ -954,6 +1045,11 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         if book:
             # Events carry no bookkeeping of their own: the fills compute it (with_fills).
             fresh = fresh.select("*", *[F.lit(None).cast(kind).alias(n) for n, kind in book])
+        if feed_on:
+            # An event is no stored row: its key's (if any) reaches it through the ranking (carry_old_row).
+            fresh = without_old_row(fresh, old_row_type(spark, base_schema, columns))
+        # The change feed: each touched key's new row (registry columns) and its old one (OLD_ROW).
+        pairs: DataFrame | None = None
 
         # Few events (the usual hourly run): rank only the keys they touch; see rank_touched_keys.
         # Not when the events outnumber the base (a first load): one ranking of every row is cheaper then.
@@ -991,6 +1087,15 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             losers = decisions.filter(wins & has_base).select(*_keys(pk))
             fresh_winners = winning_events(fresh, decisions.filter(wins), pk).persist()
             cached.append(fresh_winners)
+            if feed_on:
+                # A key whose stored row stays is unchanged (no fills here): only winning events change a key.
+                olds = decisions.filter(wins).select(
+                    *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)], F.col(OLD_ROW)
+                )
+                cond = functools.reduce(
+                    operator.and_, [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)]
+                )
+                pairs = fresh_winners.drop(OLD_ROW).join(olds, cond, "inner")
             describe(spark, plan, "merge (broadcast): write the base and tombstones")
             visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
                 fresh_winners.filter(~is_delete)
@@ -1005,6 +1110,9 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             touched_ranks = rank_touched_keys(
                 base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills, unchanged
             )
+            if feed_on:
+                # Whole rows were ranked (rank_touched_keys): the winner is the key's new row.
+                touched_ranks = carry_old_row(touched_ranks, pk)
             touched_ranks = touched_ranks.persist()
             cached.append(touched_ranks)
             # One pass over the cached ranking: the losers, and how the keys' rankings went.
@@ -1014,6 +1122,8 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                 .first()
             )
             lookup_superseded = int(tally["s"])
+            if feed_on:
+                pairs = touched_ranks.filter(F.col("_cdc_rank") == 1)
             touched_keys = touched_ranks.select(*_keys(pk)).distinct()
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
@@ -1078,6 +1188,9 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                     touched = sorted(set(touched) | set(base_map))
                 base = read_partitions(spark, base_schema, {v: base_map[v] for v in touched if v in base_map})
                 base = base.select(*[F.col(f"`{c}`") for c in [*stored, *META_COLUMNS, PARTITION_COLUMN]])
+                if feed_on:
+                    # Touched partitions are read whole: a key's stored row is there wherever it moves to.
+                    base, base_tomb = with_old_row(base, base_tomb, columns, is_delete)
                 base_all = base.unionByName(base_tomb)
                 ranked_events = assign_partitions(
                     fill_and_rank(_sourced(base_all, fresh_p, unchanged), rule.rank, fills, unchanged),
@@ -1092,6 +1205,9 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             describe(spark, plan, "merge (window, every key): count the base rows")
             base_read = base_all.count() if part is None else None
             base_tally = [F.count_if(F.col("_cdc_src") == 0).alias("base_read")] if part is not None else []
+            if feed_on:
+                # Each key's winner learns the key's stored row, over the key as the rank (no shuffle of its own).
+                ranked_events = carry_old_row(ranked_events, pk)
             # How the keys' rankings went: counted as the winners are first computed (no pass of its own).
             ranked_events = with_rank_flags(ranked_events, pk, list(plan.order_by or columns)).observe(
                 obs_ranks, *rank_tally_columns(), *base_tally
@@ -1100,6 +1216,8 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             winners = ranked_events.filter(F.col("_cdc_rank") == 1).persist()
             cached.append(winners)
             visible, deleted = winners.filter(~is_delete), winners.filter(is_delete)
+            if feed_on:
+                pairs = winners
 
         # Always the registry's column order: joins put the key columns first, and validate (and
         # every reader of the base table) expects the registry's order.
@@ -1133,6 +1251,18 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         deleted = deleted.coalesce(1).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
         describe(spark, plan, f"merge ({merge_path}) and write the tombstones")
         deleted.write.mode(mode).option("compression", compression).parquet(tomb_out)
+        feed_rows_by_type: dict[str, int] | None = None
+        if pairs is not None:
+            # One file (coalesced), from what the merge kept (cached): no scan of the base of its own.
+            # Visible as written: a winner that is no delete (an expired tombstone is a delete too).
+            obs_feed = Observation("cdc_compaction_feed")
+            new_visible = F.coalesce(~is_delete, F.lit(False))
+            feed = feed_rows(pairs, columns, new_visible, int(plan.seq)).coalesce(1)
+            describe(spark, plan, f"merge ({merge_path}) and write the change feed")
+            feed.observe(obs_feed, *feed_tally_columns()).write.mode(mode).option("compression", compression).parquet(
+                f"{out}/{CHANGES_DIR}"
+            )
+            feed_rows_by_type = {k: observed(obs_feed, k) for k in FEED_CHANGE_TYPES}
         expired_count = observed(obs_tomb, "expired_tombstones")
         if not lookup:
             rank_tallies = {k: observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
@@ -1156,6 +1286,16 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             df.unpersist()
 
     output_files = data_files(spark, data_out, DATA_DIR) + data_files(spark, tomb_out, TOMBSTONES_DIR)
+    change_feed: dict[str, Any] | None = None
+    if feed_rows_by_type is not None:
+        feed_files = data_files(spark, f"{out}/{CHANGES_DIR}", CHANGES_DIR)
+        if len(feed_files) != 1:
+            raise RuntimeError(
+                f"{plan.table}: the change feed of commit {plan.seq} must be one file in {out}/{CHANGES_DIR}, "
+                f"Spark wrote {[f['name'] for f in feed_files]}"
+            )
+        output_files += feed_files
+        change_feed = {"file": feed_files[0]["name"], "seq": int(plan.seq), "rows": feed_rows_by_type}
     if part is not None:
         # A key must not survive both in a rewritten partition (or the tombstones) and in one reused as it is.
         # Only reused keys in the written keys' range can be such a key: the index skips the rest. Counted
@@ -1227,6 +1367,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         tied_winners=rank_tallies.get("tied_winners"),
         late_events=rank_tallies.get("late_events"),
         merge_path=merge_path,
+        change_feed=change_feed,
         **decode.skipped_stats(plan, skipped),
         # Only when there were any, so that stats of tables without old_key read as before.
         extra={"retired_keys": retired_keys} if retired_keys else {},
