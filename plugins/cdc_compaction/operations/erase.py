@@ -80,7 +80,7 @@ from cdc_compaction.core.ownership import require_owner
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage.base import FileInfo
-from cdc_compaction.job.contract import INDEX_DIR, PARTITION_DIR_PREFIX, partition_value
+from cdc_compaction.job.contract import CHANGES_DIR, INDEX_DIR, PARTITION_DIR_PREFIX, partition_value
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline.owned import remove_job_files, remove_version_files
 
@@ -1457,11 +1457,16 @@ def _write_erase_version(
     visible = total = 0
     partition_rows: dict[str, int] = {}
     data_root = lake.data_location(live).rstrip("/") + "/"
+    feed_dir = posixpath.join(old_dir, CHANGES_DIR, "")
     for path in new_files:
         part = _partition_of(path)
         if part is not None and (part[1] in dropped or part[2]):
             # The erase version has no key index (its record names none: the next compaction reads
             # the partitions' keys), so the live index is not copied -- nor counted as its rows.
+            continue
+        if path.startswith(feed_dir):
+            # The live commit's change feed (registry change_feed) is that commit's, not the erase's: it
+            # stays (erased) in the live version; the erase commit's own is the diff publish makes.
             continue
         target = posixpath.join(new_dir, posixpath.relpath(path, old_dir))
         data, kept, _ = _filtered(lake, pred, path)
