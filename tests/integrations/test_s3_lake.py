@@ -264,8 +264,9 @@ def _on_s3(make_doc: Any, bucket: str) -> Any:
         suffix: str = "",
         partition_by: dict[str, str] | None = None,
         formats: list[str] | None = None,
+        views_metastore: list[str] | None = None,
     ) -> dict[str, Any]:
-        d = make_doc(scn, lake_dir, suffix, partition_by, formats)
+        d = make_doc(scn, lake_dir, suffix, partition_by, formats, views_metastore)
         d["storage_root"] = f"s3://{bucket}/lake/{d['database']}/{d['table']}"
         return d
 

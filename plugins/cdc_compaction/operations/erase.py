@@ -615,6 +615,11 @@ def _location(lake: Lake, path: str, live: list[str]) -> str:
     def under(root: str) -> bool:
         return path.startswith(root.rstrip("/") + "/")
 
+    rel = posixpath.relpath(path, lake.layout.base).split("/") if under(lake.layout.base) else []
+    if len(rel) > 2 and rel[1] == CHANGES_DIR:
+        # A version's changes/: the job's change feed of that commit (registry change_feed), which publish
+        # copies to changes/c<seq>.parquet -- rows of the feed, wherever they lie, not of the version.
+        return "changes"
     if any(under(r) for r in live):
         return "live"
     areas = (
