@@ -103,6 +103,24 @@ def test_concurrent_create_exclusive_has_exactly_one_winner(storage: LocalStorag
     assert names_in(tmp_path / "commits") == ["00000002.json"]
 
 
+# ------------------------------------------------------------------------------------ upload
+def test_upload_writes_a_local_files_bytes_whole_and_replaces(storage: LocalStorage, tmp_path: Path) -> None:
+    data = os.urandom(3_000_000) + b"tail"
+    local = write_bytes(tmp_path / "scratch" / "index.parquet", data)
+    dst = tmp_path / "lake" / "index-ab12" / "part-00000.parquet"
+    storage.upload(str(local), str(dst))
+    assert dst.read_bytes() == data and names_in(dst.parent) == ["part-00000.parquet"]
+    storage.upload(str(write_bytes(tmp_path / "scratch" / "b", b"short")), str(dst))
+    assert dst.read_bytes() == b"short" and names_in(dst.parent) == ["part-00000.parquet"]
+
+
+def test_upload_of_a_missing_local_file_raises_and_leaves_nothing(storage: LocalStorage, tmp_path: Path) -> None:
+    dst = tmp_path / "lake" / "x.parquet"
+    with pytest.raises(StorageError, match=r"cannot write .*x\.parquet from .*nope"):
+        storage.upload(str(tmp_path / "nope"), str(dst))
+    assert names_in(dst.parent) == []
+
+
 # ------------------------------------------------------------------------------------ copy
 def test_copy_produces_identical_bytes_and_no_temp_files(storage: LocalStorage, tmp_path: Path) -> None:
     data = os.urandom(1_500_000) + b"\x00\xff\xfe tail"

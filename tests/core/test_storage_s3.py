@@ -9,9 +9,11 @@ and an archive crash between copy and delete are checked on the real HTTP API.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,6 +110,20 @@ def test_write_text_read_text_size_and_exists(s3: S3Storage, root: str) -> None:
     assert s3.exists(s3.join(root, "state")) is True  # a prefix with keys under it is a directory
     assert s3.exists(s3.join(root, "state") + "/") is True
     assert s3.exists(s3.join(root, "stat")) is False  # a key prefix, not a path component
+
+
+def test_upload_streams_a_local_file_into_one_object(s3: S3Storage, root: str, tmp_path: Path) -> None:
+    """Past boto3's multipart threshold (8 MB) too: one object, whole, with the local file's bytes."""
+    data = os.urandom(9 * 2**20) + b"end"
+    local = tmp_path / "index.parquet"
+    local.write_bytes(data)
+    path = s3.join(root, "v1", "index-ab12", "part-00000.parquet")
+    s3.upload(str(local), path)
+    with s3.open_read(path) as fh:
+        assert fh.read() == data
+    assert [e.name for e in s3.list_dir(s3.join(root, "v1", "index-ab12"))] == ["part-00000.parquet"]
+    with pytest.raises(StorageError, match=r"cannot write s3://no-such-bucket-here/x"):
+        s3.upload(str(local), "s3://no-such-bucket-here/x")
 
 
 def test_missing_objects_raise_storage_error_naming_the_path(s3: S3Storage, root: str) -> None:

@@ -7,7 +7,8 @@ wrote it, as it keeps its data.  The next compaction reads the index, pruned to 
 of its events, instead of every partition's key columns.
 
 ``cdc-compaction index verify|rebuild DB.TABLE`` checks and rewrites the live
-version's index with pyarrow, no Spark.  A rebuild never writes anything a commit references:
+version's index with pyarrow and DuckDB, no Spark, a batch of keys at a time (:class:`_Keys`).
+A rebuild never writes anything a commit references:
 it writes a new directory ``<live version>/index-<token>/`` and then, as its one atomic step, the
 side file ``_cdc/index/c<seq>.json`` naming it for that commit.  A crash before the side file
 leaves an unreferenced directory and the old index in use; :func:`live_index` is what every
@@ -16,7 +17,6 @@ reader of the index (plan, publish, retention, rollback) asks.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import posixpath
@@ -63,31 +63,24 @@ def _files(lake: Lake, location: str) -> list[str]:
     return sorted(e.path for e in lake.storage.list_dir(location) if not e.is_dir and is_data_file(e.name))
 
 
-def _read_keys(lake: Lake, files: list[str], pk: list[str]) -> Any:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tables = []
-    for f in files:
-        with lake.storage.open_read(f) as fh:
-            tables.append(pq.read_table(fh, columns=pk))
-    return pa.concat_tables(tables) if tables else None
+def _quoted(names: list[str]) -> str:
+    return ", ".join('"' + c.replace('"', '""') + '"' for c in names)
 
 
-def _sorted(table: Any, pk: list[str]) -> Any:
-    return table.select(pk).sort_by([(c, "ascending") for c in pk])
+class _Keys:
+    """Key columns in a DuckDB database on local disk: a partition's data and index, and every partition's.
 
-
-class _PartitionKeys:
-    """Every partition's keys, tagged with the partition, in a DuckDB database on local disk.
-
-    ``verify_index`` asks which keys are in two partitions: a grouping over every key of the table.
-    DuckDB spills it to disk past its memory limit, so this process holds one partition's keys at a
-    time (as they are added), never the table's (issue 38: nothing that grows with the table in one
-    process's memory). NULL key values group together, as in SQL's GROUP BY.
+    ``verify_index`` compares each partition's index with its data's keys and asks which keys are in
+    two partitions (a grouping over every key of the table); ``rebuild_index`` sorts each partition's
+    keys. The files are read a row group batch at a time into DuckDB, which sorts, compares and groups
+    within its memory limit and spills past it, so this process holds a batch of keys, never a
+    partition's or the table's (issue 38: nothing that grows with the table in one process's memory).
+    NULL key values are equal to each other here, as in SQL's GROUP BY and EXCEPT ALL.
     """
 
     MEMORY_LIMIT = "128MB"
+    #: Keys read from a file (and handed to DuckDB) at a time.
+    BATCH_ROWS = 65_536
 
     def __init__(self, pk: list[str]) -> None:
         import tempfile
@@ -99,44 +92,100 @@ class _PartitionKeys:
         self._con = duckdb.connect(posixpath.join(self._dir.name, "keys.duckdb"))
         self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
         self._con.execute("SET temp_directory = ?", [posixpath.join(self._dir.name, "spill")])
-        self._created = False
+        # One thread: the sort and the set operations stay within the limit without a buffer per core.
+        self._con.execute("SET threads = 1")
+        self._every = False
+        #: The Arrow schema of the key columns of the last file :meth:`load` read.
+        self.schema: Any = None
 
-    def __enter__(self) -> _PartitionKeys:
+    def __enter__(self) -> _Keys:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._con.close()
         self._dir.cleanup()
 
-    def _cols(self) -> str:
-        return ", ".join('"' + c.replace('"', '""') + '"' for c in self._pk)
+    @property
+    def local_dir(self) -> str:
+        """A local scratch directory that goes with this store."""
+        return self._dir.name
 
-    def add(self, keys: Any, value: str) -> None:
-        """Add one partition's keys (a pyarrow table of the key columns)."""
+    def load(self, name: str, lake: Lake, files: list[str]) -> int | None:
+        """Table ``name`` anew from the key columns of ``files``; its rows, or None without a file."""
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
-        batch = keys.append_column(PARTITION_COLUMN, pa.array([value] * keys.num_rows, pa.string()))
+        self._con.execute(f"DROP TABLE IF EXISTS {name}")
+        rows: int | None = None
+        for f in files:
+            with lake.storage.open_read(f) as fh:
+                pf = pq.ParquetFile(fh)
+                self.schema = pa.schema([pf.schema_arrow.field(c) for c in self._pk])
+                if rows is None:
+                    # Created from the first file's key types (empty files too); later files' are cast to them.
+                    self._insert(name, self.schema.empty_table(), create=True)
+                    rows = 0
+                for batch in pf.iter_batches(batch_size=self.BATCH_ROWS, columns=self._pk):
+                    self._insert(name, batch, create=False)
+                    rows += batch.num_rows
+        return rows
+
+    def _insert(self, name: str, batch: Any, create: bool) -> None:
         self._con.register("batch", batch)
         try:
-            if self._created:
-                self._con.execute(f"INSERT INTO keys SELECT {self._cols()}, {PARTITION_COLUMN} FROM batch")
+            if create:
+                self._con.execute(f"CREATE TABLE {name} AS SELECT {_quoted(self._pk)} FROM batch")
             else:
-                self._con.execute(f"CREATE TABLE keys AS SELECT {self._cols()}, {PARTITION_COLUMN} FROM batch")
-                self._created = True
+                self._con.execute(f"INSERT INTO {name} SELECT {_quoted(self._pk)} FROM batch")
         finally:
             self._con.unregister("batch")
 
+    def differing(self, a: str, b: str) -> int:
+        """Keys in one table and not the other, counted with their repeats (EXCEPT ALL both ways)."""
+        cols = _quoted(self._pk)
+        (n,) = self._con.execute(
+            f"SELECT (SELECT count(*) FROM (SELECT {cols} FROM {a} EXCEPT ALL SELECT {cols} FROM {b})) "
+            f"+ (SELECT count(*) FROM (SELECT {cols} FROM {b} EXCEPT ALL SELECT {cols} FROM {a}))"
+        ).fetchone()
+        return int(n)
+
+    def tag(self, name: str, value: str) -> None:
+        """Add table ``name``'s keys, tagged with partition ``value``, to every partition's keys."""
+        cols = _quoted(self._pk)
+        if self._every:
+            self._con.execute(f"INSERT INTO every_key SELECT {cols}, ? FROM {name}", [value])
+        else:
+            self._con.execute(
+                f"CREATE TABLE every_key AS SELECT {cols}, ?::VARCHAR AS {PARTITION_COLUMN} FROM {name}", [value]
+            )
+            self._every = True
+
     def in_two_partitions(self) -> tuple[int, list[dict[str, Any]]]:
         """How many keys are in more than one partition, and up to three of them."""
-        if not self._created:
+        if not self._every:
             return 0, []
-        cols = self._cols()
-        twice = f"SELECT {cols} FROM keys GROUP BY {cols} HAVING count(DISTINCT {PARTITION_COLUMN}) > 1"
+        cols = _quoted(self._pk)
+        twice = f"SELECT {cols} FROM every_key GROUP BY {cols} HAVING count(DISTINCT {PARTITION_COLUMN}) > 1"
         (found,) = self._con.execute(f"SELECT count(*) FROM ({twice})").fetchone()
         cur = self._con.execute(f"{twice} ORDER BY ALL LIMIT 3")
         names = [d[0] for d in cur.description]
         examples = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
         return int(found), examples
+
+    def write_sorted(self, name: str, path: str, row_group_rows: int) -> None:
+        """Table ``name`` sorted by key (ascending, NULL last) to the local Parquet file ``path``, a row group at
+        a time, in the key types of the files it was read from."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        order = ", ".join(f"{_quoted([c])} ASC NULLS LAST" for c in self._pk)
+        # A relation's reader streams (a DB-API result's would copy every row first).
+        reader = self._con.sql(f"SELECT {_quoted(self._pk)} FROM {name} ORDER BY {order}").to_arrow_reader(
+            row_group_rows
+        )
+        with pq.ParquetWriter(path, self.schema, compression="snappy") as writer:
+            for batch in reader:
+                writer.write_table(pa.Table.from_batches([batch]).cast(self.schema), row_group_size=row_group_rows)
 
 
 @dataclass(frozen=True)
@@ -174,48 +223,42 @@ def verify_index(lake: Lake, commit: Commit | None = None) -> IndexReport:
     fix = f"run `cdc-compaction index rebuild {cfg.qualified_name}`"
     index = live_index(lake, commit)
     problems: list[str] = []
-    every = _PartitionKeys(pk)
     rows = 0
-
-    def tag(keys: Any, value: str) -> None:
-        every.add(keys.select(pk), value)
-
-    for value, data_loc in sorted(commit.partitions.items()):
-        loc = index.get(value)
-        if loc is None:
-            # Its data's keys stand in for the index: a key must still be in one partition only.
-            data_keys = _read_keys(lake, _files(lake, data_loc), pk)
-            if data_keys is not None:
-                tag(data_keys, value)
-            problems.append(
-                f"{cfg.qualified_name}: partition {value!r} ({data_loc}) has no key index in commit {commit.seq} "
-                f"(written before the key index, or rewritten by erase): compactions scan its keys; {fix}"
-            )
-            continue
-        files = _files(lake, loc)
-        if not files:
-            problems.append(
-                f"{cfg.qualified_name}: partition {value!r}: its key index {loc} holds no Parquet file; {fix}"
-            )
-            continue
-        try:
-            got = _read_keys(lake, files, pk)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is this problem, named
-            problems.append(
-                f"{cfg.qualified_name}: partition {value!r}: key index files {files} are unreadable ({exc}); {fix}"
-            )
-            continue
-        want = _read_keys(lake, _files(lake, data_loc), pk)
-        rows += got.num_rows
-        if want is None or not _sorted(got, pk).equals(_sorted(want.cast(got.schema), pk)):
-            n_want = 0 if want is None else want.num_rows
-            problems.append(
-                f"{cfg.qualified_name}: partition {value!r}: key index {files} holds {got.num_rows} keys that differ "
-                f"from the {n_want} keys of its data {data_loc}; {fix}"
-            )
-        tag(got, value)
-    with every:
-        found, examples = every.in_two_partitions()
+    with _Keys(pk) as keys:
+        for value, data_loc in sorted(commit.partitions.items()):
+            loc = index.get(value)
+            if loc is None:
+                # Its data's keys stand in for the index: a key must still be in one partition only.
+                if keys.load("data_keys", lake, _files(lake, data_loc)) is not None:
+                    keys.tag("data_keys", value)
+                problems.append(
+                    f"{cfg.qualified_name}: partition {value!r} ({data_loc}) has no key index in commit "
+                    f"{commit.seq} (written before the key index, or rewritten by erase): compactions scan its "
+                    f"keys; {fix}"
+                )
+                continue
+            files = _files(lake, loc)
+            if not files:
+                problems.append(
+                    f"{cfg.qualified_name}: partition {value!r}: its key index {loc} holds no Parquet file; {fix}"
+                )
+                continue
+            try:
+                got = keys.load("index_keys", lake, files) or 0
+            except Exception as exc:  # noqa: BLE001 - any unreadable file is this problem, named
+                problems.append(
+                    f"{cfg.qualified_name}: partition {value!r}: key index files {files} are unreadable ({exc}); {fix}"
+                )
+                continue
+            want = keys.load("data_keys", lake, _files(lake, data_loc))
+            rows += got
+            if want is None or keys.differing("index_keys", "data_keys"):
+                problems.append(
+                    f"{cfg.qualified_name}: partition {value!r}: key index {files} holds {got} keys that differ "
+                    f"from the {want or 0} keys of its data {data_loc}; {fix}"
+                )
+            keys.tag("index_keys", value)
+        found, examples = keys.in_two_partitions()
     if found:
         problems.append(
             f"{cfg.qualified_name}: {found} keys are in the key index of two partitions, e.g. "
@@ -247,8 +290,6 @@ def rebuild_index(lake: Lake, by: str, now: datetime) -> RebuildResult:
     then the side file names the new index for the live commit (one atomic write). A compaction
     that commits later builds on it like on any index.
     """
-    import pyarrow.parquet as pq
-
     cfg = lake.cfg
     if cfg.partition_by is None:
         raise KeyIndexError(f"{cfg.qualified_name}: has no partition_by, so it has no key index. Nothing was changed")
@@ -267,23 +308,24 @@ def rebuild_index(lake: Lake, by: str, now: datetime) -> RebuildResult:
         where = posixpath.join(lake.layout.version_dir(commit.version), f"{INDEX_DIR}-{token}")
         index: dict[str, str] = {}
         rows = 0
-        for value, data_loc in sorted(commit.partitions.items()):
-            name = posixpath.basename(data_loc.rstrip("/"))
-            if not name.startswith(PARTITION_DIR_PREFIX):
-                raise KeyIndexError(
-                    f"{cfg.qualified_name}: partition {value!r} lives at {data_loc}, not in a "
-                    f"{PARTITION_DIR_PREFIX}<value> directory; the key index cannot name it. Nothing was changed"
-                )
-            keys = _read_keys(lake, _files(lake, data_loc), pk)
-            if keys is None:
-                continue  # an empty partition has no keys to index
-            out = posixpath.join(where, name)
-            lake.storage.makedirs(out)
-            buf = io.BytesIO()
-            pq.write_table(_sorted(keys, pk), buf, row_group_size=REBUILD_ROW_GROUP_ROWS, compression="snappy")
-            lake.storage.write_bytes(posixpath.join(out, "part-00000-rebuilt.snappy.parquet"), buf.getvalue())
-            index[value] = out
-            rows += keys.num_rows
+        with _Keys(pk) as keys:
+            for value, data_loc in sorted(commit.partitions.items()):
+                name = posixpath.basename(data_loc.rstrip("/"))
+                if not name.startswith(PARTITION_DIR_PREFIX):
+                    raise KeyIndexError(
+                        f"{cfg.qualified_name}: partition {value!r} lives at {data_loc}, not in a "
+                        f"{PARTITION_DIR_PREFIX}<value> directory; the key index cannot name it. Nothing was changed"
+                    )
+                n = keys.load("data_keys", lake, _files(lake, data_loc))
+                if n is None:
+                    continue  # an empty partition has no keys to index
+                local = posixpath.join(keys.local_dir, "index.parquet")
+                keys.write_sorted("data_keys", local, REBUILD_ROW_GROUP_ROWS)
+                out = posixpath.join(where, name)
+                lake.storage.makedirs(out)
+                lake.storage.upload(local, posixpath.join(out, "part-00000-rebuilt.snappy.parquet"))
+                index[value] = out
+                rows += n
         doc = {
             "seq": commit.seq,
             "version": commit.version,

@@ -109,6 +109,25 @@ class LocalStorage:
             os.unlink(tmp)
             raise StorageError(f"cannot write {path}: {exc}") from exc
 
+    def upload(self, local_path: str, path: str) -> None:
+        """Write the local file ``local_path`` to ``path`` atomically, streamed (never whole in memory)."""
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(path)}.", suffix=f".{uuid.uuid4().hex[:8]}.tmp", dir=directory
+        )
+        try:
+            os.chmod(tmp, _FILE_MODE)
+            with os.fdopen(fd, "wb") as out, open(local_path, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise StorageError(f"cannot write {path} from {local_path}: {exc}") from exc
+
     def set_mtime(self, path: str, epoch_s: float) -> bool:
         """Give ``path`` the modification time ``epoch_s``; True (a local file's time can be set).
 

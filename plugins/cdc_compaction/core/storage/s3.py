@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from boto3.exceptions import S3UploadFailedError
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -268,6 +269,15 @@ class S3Storage:
         try:
             self.client.put_object(Bucket=bucket, Key=key, Body=data)
         except (ClientError, BotoCoreError) as exc:
+            raise self._fail("write", path, exc) from exc
+
+    def upload(self, local_path: str, path: str) -> None:
+        """Write the local file ``local_path`` to ``path``, streamed: boto3's managed upload (multipart past its
+        threshold, completed as one object: visible whole or not at all)."""
+        bucket, key = self._object(path)
+        try:
+            self.client.upload_file(local_path, bucket, key)
+        except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
             raise self._fail("write", path, exc) from exc
 
     def create_exclusive(self, path: str, text: str) -> None:
