@@ -68,6 +68,8 @@ def test_the_mode_scenarios_are_there() -> None:
     }
     assert len(KEYLESS) >= 8 and len(KEYLESS_PIPELINE) == 8 and len(CDC_PARTITIONED) == 3
     assert len(SNAPSHOT) >= 12
+    assert {p.stem for p in KEYLESS_PIPELINE} >= KEYLESS_IN_MAKE_TEST
+    assert {p.stem for p in SNAPSHOT} >= SNAPSHOT_IN_MAKE_TEST and {p.stem for p in CDC} >= IN_THE_FEED_TESTS
 
 
 def _partial_rows(path: Path) -> bool:
@@ -75,9 +77,22 @@ def _partial_rows(path: Path) -> bool:
     return bool(json.loads(path.read_text())["table"].get("unchanged"))
 
 
-@pytest.mark.parametrize(
-    ("path", "merge_path"), merge_path_cases(CDC, lambda p: p.stem, _partial_rows), indirect=["merge_path"]
-)
+#: make test runs these three, down the same merge paths, in tests/modes/test_change_feed_job.py with the
+#: change feed on (the same expectations, and the feed's): here they run in make test-extended only.
+IN_THE_FEED_TESTS = {"old_key_chain", "nullable_key", "unchanged_late_event"}
+
+
+def _cdc_cases() -> list[Any]:
+    cases = merge_path_cases(CDC, lambda p: p.stem, _partial_rows)
+    return [
+        pytest.param(*c.values, id=c.id, marks=(*c.marks, pytest.mark.extended))
+        if c.values[0].stem in IN_THE_FEED_TESTS
+        else c
+        for c in cases
+    ]
+
+
+@pytest.mark.parametrize(("path", "merge_path"), _cdc_cases(), indirect=["merge_path"])
 def test_cdc_scenario(
     path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path, merge_path: str
 ) -> None:
@@ -100,13 +115,40 @@ def test_cdc_scenario_partitioned(path: Path, inprocess: conf.InProcessRunner, r
     assert result.ok, "\n".join(result.failures)
 
 
-@pytest.mark.parametrize("path", KEYLESS_PIPELINE, ids=[p.stem for p in KEYLESS_PIPELINE])
+#: In make test: seed 003 (also a DAG run), a replay after a compaction, refused rows and a transaction across
+#: compactions; the other four in make test-extended (tests/modes/test_keyless.py runs every keyless scenario
+#: through the job against the model in make test: what the pipeline adds, publish and views, is the same).
+KEYLESS_IN_MAKE_TEST = {
+    "seed_003_alice_alice_bob",
+    "replayed_increment_after_compaction",
+    "rejected_rows",
+    "transaction_spanning_a_compaction",
+}
+
+
+def _in_make_test(paths: list[Path], names: set[str]) -> list[Any]:
+    return [p if p.stem in names else pytest.param(p, id=p.stem, marks=pytest.mark.extended) for p in paths]
+
+
+@pytest.mark.parametrize("path", _in_make_test(KEYLESS_PIPELINE, KEYLESS_IN_MAKE_TEST), ids=lambda p: p.stem)
 def test_keyless_scenario(path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path) -> None:
     result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_k")
     assert result.ok, "\n".join(result.failures)
 
 
-@pytest.mark.parametrize("path", SNAPSHOT, ids=[p.stem for p in SNAPSHOT])
+#: In make test: a replay, two snapshots pending, a refusal, a delta snapshot and a business date from a column;
+#: the others in make test-extended (tests/modes/test_snapshot.py runs every snapshot scenario through the
+#: job against the model in make test, and update_nochange_delete_insert runs as a DAG run below).
+SNAPSHOT_IN_MAKE_TEST = {
+    "replayed_snapshot",
+    "two_snapshots_pending",
+    "duplicate_key_refused",
+    "delta_not_supplied",
+    "business_date_from_column",
+}
+
+
+@pytest.mark.parametrize("path", _in_make_test(SNAPSHOT, SNAPSHOT_IN_MAKE_TEST), ids=lambda p: p.stem)
 def test_snapshot_scenario(path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path) -> None:
     result = conf.run_scenario(conf.Scenario.load(path), inprocess, readers, tmp_path / "lake", suffix="_s")
     assert result.ok, "\n".join(result.failures)
