@@ -83,7 +83,7 @@ def catalog_conf(name: str, sqlite_file: str, warehouse: str) -> dict[str, str]:
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "jdbc",
         f"{prefix}.uri": f"jdbc:sqlite:{sqlite_file}",
-        # pyiceberg's layout (iceberg_type column): V1. Iceberg checks it, and never alters the file for it.
+        # pyiceberg's layout (iceberg_type column): V1. With it the file stays as pyiceberg wrote it.
         f"{prefix}.jdbc.schema-version": "V1",
         f"{prefix}.warehouse": warehouse,
         # A read sees the catalog as it is now, not a table cached by an earlier statement.
