@@ -5,7 +5,8 @@ A Spark user reads an Iceberg table through a catalog: here the very catalog the
 Iceberg's Java ``JdbcCatalog`` (``type=jdbc``, ``uri=jdbc:sqlite:<file>``) under its name ``cdc_<db>``:
 the catalog's rows carry that name, and both sides lay the SQLite tables out alike (``iceberg_tables``
 with ``iceberg_type``: Iceberg's schema version V1).  An older snapshot is read with
-``VERSION AS OF <snapshot id>`` (Iceberg 1.12 refuses the ``snapshot-id`` read option on Spark 4.1).
+``VERSION AS OF <snapshot id>`` (Iceberg 1.12 refuses the ``snapshot-id`` read option on Spark 4.1), in
+that snapshot's own schema: a column added since is not there (pyiceberg reads it as null).
 
 Iceberg's Spark runtime is published for Spark 4.1 and older (``iceberg-spark-runtime-4.1_2.13``
 1.12.0, jars.lock's ``iceberg-spark`` group); no build for Spark 4.2, the project's, is on Maven
