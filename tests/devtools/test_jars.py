@@ -23,7 +23,9 @@ def _small_line() -> str:
 
 def test_the_lock_parses_into_its_groups() -> None:
     listed = jars.read_lock()
-    assert {j.purpose for j in listed} == {"kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "trino"}
+    assert {j.purpose for j in listed} == {
+        *("kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "iceberg-spark", "trino")
+    }
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
     assert ("connect", "org.apache.kafka:connect-runtime:4.3.1") in coords
@@ -36,6 +38,9 @@ def test_the_lock_parses_into_its_groups() -> None:
     # delta-spark built for pyspark 4.2 (Scala 2.13), with the delta-storage it needs.
     assert ("delta-spark", "io.delta:delta-spark_4.2_2.13:4.4.0") in coords
     assert ("delta-spark", "io.delta:delta-storage:4.4.0") in coords
+    # Iceberg's runtime is built for Spark 4.1 (none for 4.2), with the JDBC driver of the SQLite catalog.
+    assert ("iceberg-spark", "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0") in coords
+    assert ("iceberg-spark", "org.xerial:sqlite-jdbc:3.54.1.0") in coords
     # Trino's server is one tar.gz, unpacked by make jars (its own plugins and launcher inside).
     assert [(j.coordinate, j.type) for j in listed if j.purpose == "trino"] == [("io.trino:trino-server:476", "tar.gz")]
     # One Debezium version throughout; Connect's own classes stay out of the plugin directory.

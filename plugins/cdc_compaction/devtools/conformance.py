@@ -499,17 +499,63 @@ class DeltaReader(_FormatReader):
 
 
 class IcebergReader(_FormatReader):
-    """Reads the base as an Iceberg table (registry ``formats: [iceberg]``) with pyiceberg, polars or DuckDB's
-    iceberg extension (:mod:`~cdc_compaction.devtools.duckdb_formats`), as their users do.
+    """Reads the base as an Iceberg table (registry ``formats: [iceberg]``) with pyiceberg, polars, DuckDB's
+    iceberg extension (:mod:`~cdc_compaction.devtools.duckdb_formats`) or Spark with Iceberg's own runtime
+    (:mod:`~cdc_compaction.devtools.iceberg_spark`), as their users do.
 
     Only tables that list ``iceberg`` (:meth:`applies`). The catalog is opened the way a user opens
     it (pyiceberg's ``SqlCatalog`` named ``cdc_<db>`` on ``<root>/iceberg/metadata/catalog.db``),
     not through the project. Time travel: the snapshot whose summary carries each kept commit's seq
-    (``cdc.commit_seq``).
+    (``cdc.commit_seq``). ``spark`` reads through the Spark Connect server at ``connect_url`` (started
+    with Iceberg's runtime, :func:`~cdc_compaction.devtools.iceberg_spark.server`): the same SQLite
+    catalog opened by Iceberg's Java JdbcCatalog, the snapshots and their summaries from the table's
+    ``snapshots`` metadata table, an older snapshot with ``VERSION AS OF``.
     """
 
     FORMAT = "iceberg"
-    ENGINES = ("pyiceberg", "polars", "duckdb")
+    ENGINES = ("pyiceberg", "polars", "duckdb", "spark")
+
+    def __init__(self, engine: str, connect_url: str | None = None) -> None:
+        super().__init__(engine)
+        if (engine == "spark") != (connect_url is not None):
+            raise ValueError("a Spark Connect server's URL (Iceberg's runtime) is what spark reads with, and only it")
+        self.connect_url = connect_url
+
+    @staticmethod
+    def _spark_catalog(cfg: TableConfig) -> tuple[dict[str, str], str] | None:
+        """The session settings of the table's catalog for Spark and the table's name there; None before a publish."""
+        from cdc_compaction.devtools import iceberg_spark
+        from cdc_compaction.pipeline.formats import iceberg
+
+        lake = Lake(cfg)
+        db = posixpath.join(iceberg.metadata_dir(lake), iceberg.SQLITE_FILE)
+        if not lake.storage.exists(db):
+            return None
+        name = f"cdc_{cfg.database}"
+        conf_ = iceberg_spark.catalog_conf(name, db, f"file://{iceberg.table_root(lake)}")
+        return conf_, f"`{name}`.`{cfg.database}`.`{cfg.table}_iceberg`"
+
+    def _spark_visible(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        from cdc_compaction.devtools import iceberg_spark
+
+        found = self._spark_catalog(cfg)
+        if found is None:
+            if Lake(cfg).latest_commit().seq == 0:
+                return []  # nothing published yet: no Iceberg table either
+            raise AssertionError(f"{cfg.qualified_name}: published, but no Iceberg catalog for Spark to open")
+        return iceberg_spark.read(str(self.connect_url), *found, shown_columns(cfg))
+
+    def _spark_entry(self, cfg: TableConfig, seq: int) -> tuple[Any, str] | str:
+        from cdc_compaction.devtools import iceberg_spark
+
+        found = self._spark_catalog(cfg)
+        if found is None:
+            return f"no Iceberg catalog carries commit {seq}"
+        snaps = iceberg_spark.snapshots(str(self.connect_url), *found)
+        ids = [sid for sid, summary in snaps.items() if summary.get("cdc.commit_seq") == str(seq)]
+        if len(ids) != 1:
+            return f"{len(ids)} Iceberg snapshots (Spark's {found[1]}.snapshots) carry commit {seq}, not one"
+        return (found, ids[0]), f"Iceberg snapshot {ids[0]} of commit {seq} (Spark)"
 
     @staticmethod
     def _table(cfg: TableConfig) -> Any | None:
@@ -560,6 +606,8 @@ class IcebergReader(_FormatReader):
         return table.scan(snapshot_id=snapshot_id, selected_fields=tuple(cols)).to_arrow().select(cols).to_pylist()
 
     def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        if self.engine == "spark":
+            return self._spark_visible(cfg)
         table = self._table(cfg)
         if table is None:
             if Lake(cfg).latest_commit().seq == 0:
@@ -568,6 +616,8 @@ class IcebergReader(_FormatReader):
         return self._rows(cfg, table)
 
     def _entry(self, cfg: TableConfig, lake: Lake, seq: int) -> tuple[Any, str] | str:
+        if self.engine == "spark":
+            return self._spark_entry(cfg, seq)
         table = self._table(cfg)
         snapshot_id = None if table is None else self._snapshot_of(table, seq)
         if snapshot_id is None:
@@ -575,6 +625,11 @@ class IcebergReader(_FormatReader):
         return (table, snapshot_id), f"Iceberg snapshot of commit {seq}"
 
     def _read(self, cfg: TableConfig, entry: Any) -> list[dict[str, Any]]:
+        if self.engine == "spark":
+            from cdc_compaction.devtools import iceberg_spark
+
+            (catalog, name), snapshot_id = entry
+            return iceberg_spark.read(str(self.connect_url), catalog, name, shown_columns(cfg), snapshot_id)
         table, snapshot_id = entry
         return self._rows(cfg, table, snapshot_id)
 

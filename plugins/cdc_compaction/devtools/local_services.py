@@ -498,6 +498,10 @@ class SparkThriftServer:
     master: str = "local[*]"
     driver_memory: str = "1g"
     extra_conf: dict[str, str] = field(default_factory=dict)
+    #: The Spark to run (its ``bin/spark-submit``); None: the project's pyspark wheel. A second Spark
+    #: for reading only (:mod:`~cdc_compaction.devtools.iceberg_spark`) gets no S3A jars: they are built
+    #: for the project's Hadoop, not for the one of that Spark.
+    spark_home: Path | None = None
     #: How logs and errors name the server.
     service_name: ClassVar[str] = "Spark Thrift server"
 
@@ -566,7 +570,7 @@ class SparkThriftServer:
 
     def command(self) -> list[str]:
         """The ``spark-submit`` command line that starts the server (nothing is run)."""
-        cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--master", self.master]
+        cmd = [str(self.home_of_spark() / "bin" / "spark-submit"), "--master", self.master]
         cmd += ["--name", f"cdc-compaction Thrift JDBC/ODBC server {self.host}:{self.port}"]
         cmd += ["--class", THRIFT_SERVER_CLASS, "--driver-memory", self.driver_memory]
         for k, v in self.spark_conf().items():
@@ -576,9 +580,16 @@ class SparkThriftServer:
             cmd += ["--hiveconf", f"{k}={v}"]
         return cmd
 
+    def home_of_spark(self) -> Path:
+        """The Spark that runs the server: ``spark_home`` or the project's pyspark wheel."""
+        return self.spark_home or pyspark_home()
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.pop("SPARK_HOME", None)  # spark-submit finds the wheel's own home
+        # spark-submit finds the wheel's own home; a second Spark is named, not found through Python.
+        env.pop("SPARK_HOME", None)
+        if self.spark_home is not None:
+            env["SPARK_HOME"] = str(self.spark_home)
         env.update(
             {
                 "SPARK_LOCAL_IP": self.host,
@@ -694,6 +705,8 @@ class SparkConnectServer(SparkThriftServer):
         from cdc_compaction.core.jarcache import JarError
         from cdc_compaction.integrations.engine import s3a_jars, s3a_local_classpath
 
+        if self.spark_home is not None:
+            return conf
         try:
             if self.master.startswith("local"):
                 conf.update(s3a_local_classpath())
@@ -705,7 +718,7 @@ class SparkConnectServer(SparkThriftServer):
 
     def command(self) -> list[str]:
         """The ``spark-submit`` command line that starts the server (nothing is run)."""
-        cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--master", self.master]
+        cmd = [str(self.home_of_spark() / "bin" / "spark-submit"), "--master", self.master]
         cmd += ["--name", f"cdc-compaction Spark Connect server {self.host}:{self.port}"]
         cmd += ["--class", CONNECT_SERVER_CLASS, "--driver-memory", self.driver_memory]
         for k, v in self.spark_conf().items():
