@@ -7,8 +7,10 @@ winner) and writes it beside the version, ``<version>/changes/``, counted in its
 under the table's root (:func:`copy_feed`: a storage copy, no row read here).  A commit without a
 job-written feed -- a rollback's, an erase's, one from before the job wrote feeds, the catch-up of
 a missing file -- falls back to :func:`write_feed`: the change between the commit and its parent
-(``travel.diff_rows`` on their visible rows: ``insert`` / ``update_before`` + ``update_after`` /
-``delete``; ``_commit_version`` and ``_commit_seq`` = the commit), read into this task's memory.
+(:class:`VersionDiff` on their visible rows: ``insert`` / ``update_before`` + ``update_after`` /
+``delete``; ``_commit_version`` and ``_commit_seq`` = the commit).  The two versions are paired in
+a DuckDB database on local disk, under its memory limit, read in and written out a batch at a
+time: this task holds a batch and the compressed file, never a version (issue 38).
 ``<t>_changes`` is an external Hive Parquet
 table at ``changes/`` (created through the metastore API, no JVM), not partitioned: Spark, Hive
 and Trino read it as it is, with no partition to register and no metastore setting needed
@@ -252,7 +254,7 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
     done: dict[str, Any] = {"written": [], "dropped": [], "failed": {}}
     if cfg.mode != "cdc" or not cfg.change_feed:
         # Off unless the registry asks (change_feed: true): the job writes the feed, and the fallback pairs
-        # rows of both versions in this task's memory. Keyless tables have no key to pair rows by;
+        # both versions' rows (in DuckDB on local disk). Keyless tables have no key to pair rows by;
         # snapshot tables have <t>_history.
         return done
     # The files and the table are independent: files written while the metastore refuses the
