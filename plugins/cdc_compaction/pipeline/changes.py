@@ -386,7 +386,8 @@ class VersionDiff:
         self._con = duckdb.connect(posixpath.join(self._dir.name, "diff.duckdb"))
         self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
         self._con.execute("SET temp_directory = ?", [posixpath.join(self._dir.name, "spill")])
-        # Sorting keeps the input order of equal keys only when asked; rows here never tie (one per key).
+        # Nothing here relies on the order rows went in (the change is sorted by key): DuckDB may then
+        # insert and scan without keeping that order, with less memory.
         self._con.execute("SET preserve_insertion_order = false")
         #: Per loaded version: lower-cased column -> (name, Arrow type, DuckDB type).
         self.columns: dict[str, dict[str, tuple[str, Any, str]]] = {}
