@@ -34,8 +34,15 @@ from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.core.sql import table_names
 from cdc_compaction.integrations.metastore import connect
 from cdc_compaction.job.faults import ENV, InjectedFaultError
-from cdc_compaction.operations.travel import change_feed, diff_rows, kept_versions, rollback
-from cdc_compaction.pipeline.changes import FEED_FAILURES, feed_plan, feed_table, sync_changes, write_feed
+from cdc_compaction.operations.travel import change_feed, kept_versions, rollback
+from cdc_compaction.pipeline.changes import (
+    FEED_FAILURES,
+    diff_rows,
+    feed_plan,
+    feed_table,
+    sync_changes,
+    write_feed,
+)
 from cdc_compaction.pipeline.runtime import Runtime
 from cdc_compaction.pipeline.tables import ensure_tables
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from cdc_compaction.cli.common import add_table_args, table_config
 from cdc_compaction.core.docs import doc_ref
@@ -50,35 +49,48 @@ def _versions(args: argparse.Namespace) -> int:
 
 
 def _changes(args: argparse.Namespace) -> int:
-    """The net changes between two kept versions, to stdout (table, JSON lines) or a Parquet file."""
+    """The net changes between two kept versions, to stdout (table, JSON lines) or a Parquet file.
+
+    Streamed a batch at a time (``travel.change_batches``): neither the versions nor the change are
+    held whole here; ``--format table`` aligns the columns of each batch of rows on its own.
+    """
+    import contextlib
     import json
 
     from cdc_compaction.core.exceptions import CdcCompactionError
     from cdc_compaction.core.lake import Lake
-    from cdc_compaction.operations.travel import change_feed, render_table
+    from cdc_compaction.operations.travel import change_batches, render_table
 
     if args.format == "parquet" and not args.out:
         print("changes: --format parquet needs --out FILE", file=sys.stderr)
         return 2
+    rows = 0
     try:
-        feed = change_feed(Lake(table_config(args)), args.from_seq, args.to_seq)
+        with change_batches(Lake(table_config(args)), args.from_seq, args.to_seq) as (schema, batches):
+            if args.format == "parquet":
+                import pyarrow.parquet as pq
+
+                with pq.ParquetWriter(args.out, schema) as writer:
+                    for batch in batches:
+                        writer.write_batch(batch)
+                        rows += batch.num_rows
+                print(f"wrote {rows} change rows to {args.out}")
+                return 0
+            with contextlib.ExitStack() as stack:
+                out = stack.enter_context(open(args.out, "w", encoding="utf-8")) if args.out else sys.stdout
+                for batch in batches:
+                    if args.format == "json":
+                        out.writelines(json.dumps(r, default=str, sort_keys=True) + "\n" for r in batch.to_pylist())
+                    else:
+                        out.write(render_table(batch) + "\n")
+                    rows += batch.num_rows
+                if args.format != "json":
+                    if rows == 0:  # the header alone, as for any empty table
+                        out.write(render_table(schema.empty_table()) + "\n")
+                    out.write(f"({rows} change rows, versions {args.from_seq} -> {args.to_seq})\n")
     except CdcCompactionError as exc:
         print(f"changes: {exc}", file=sys.stderr)
         return 1
-    if args.format == "parquet":
-        import pyarrow.parquet as pq
-
-        pq.write_table(feed, args.out)
-        print(f"wrote {feed.num_rows} change rows to {args.out}")
-        return 0
-    if args.format == "json":
-        text = "\n".join(json.dumps(r, default=str, sort_keys=True) for r in feed.to_pylist())
-    else:
-        text = render_table(feed) + f"\n({feed.num_rows} change rows, versions {args.from_seq} -> {args.to_seq})"
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    else:
-        print(text)
     return 0
 
 

@@ -71,7 +71,8 @@ def slo_bound(cfg: TableConfig) -> timedelta | None:
 
 
 #: The tables page computes a commit's change rows (when no ``<t>_changes`` file holds them) only
-#: when its version and its parent's hold at most this many rows together: the pairing reads both.
+#: when its version and its parent's hold at most this many rows together: the pairing reads both
+#: (through DuckDB on disk, in bounded memory, but in time a page load should not wait for).
 CHANGE_ROWS_LIMIT = 200_000
 
 
@@ -144,7 +145,7 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
     when neither can say (a table without a primary key, a version retention deleted, a big one)."""
     if lake.cfg.mode != "cdc" or commit.seq == 0:
         return None
-    from cdc_compaction.pipeline.changes import diff_rows, feed_path, version_rows
+    from cdc_compaction.pipeline.changes import VersionDiff, feed_path, version_batches
 
     path = feed_path(lake, commit.seq)
     if lake.storage.exists(path):
@@ -160,10 +161,12 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
         return None
     key = list(lake.cfg.primary_key)  # type: ignore[attr-defined]
     try:
-        before, after = version_rows(lake, parent).to_pylist(), version_rows(lake, commit).to_pylist()
+        with VersionDiff(lake.cfg.qualified_name, key) as d:
+            d.load("before", version_batches(lake, parent), f"version {parent.seq} ({parent.version})")
+            d.load("after", version_batches(lake, commit), f"version {commit.seq} ({commit.version})")
+            return d.count(d.changes_sql("before", "after", []))
     except (OSError, CdcCompactionError):  # a version retention deleted meanwhile: unknown, as not kept
         return None
-    return len(diff_rows(key, before, after))
 
 
 @dataclass

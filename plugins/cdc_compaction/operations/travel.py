@@ -4,8 +4,10 @@ Every commit names a whole version of the table (lake.py), and ``keep_versions``
 newest of them on storage, so their visible rows can be read back without Spark (pyarrow).
 
 * :func:`kept_versions` -- the versions a reader may still read, newest last.
-* :func:`change_feed` -- the net changes between two kept versions, by a key-based diff of their
-  visible rows: ``insert`` / ``update_before`` + ``update_after`` / ``delete`` rows, each with the
+* :func:`change_batches` / :func:`change_feed` -- the net changes between two kept versions, by a
+  key-based diff of their visible rows (``pipeline.changes.VersionDiff``: in an on-disk DuckDB
+  database under a memory limit, streamed out as record batches, so no version is held in this
+  process): ``insert`` / ``update_before`` + ``update_after`` / ``delete`` rows, each with the
   commit (``_commit_version``) that last changed that key in the range.  ``mode: cdc`` tables
   only: keyless tables have no key to pair rows by, and snapshot tables keep their own history
   (``<t>_history``).
@@ -22,6 +24,8 @@ from __future__ import annotations
 import logging
 import posixpath
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -33,7 +37,7 @@ from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.job.contract import CHANGE_TYPE, COMMIT_VERSION
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.pipeline.changes import diff_rows, version_rows
+from cdc_compaction.pipeline.changes import VersionDiff, version_batches
 
 if TYPE_CHECKING:
     from cdc_compaction.core.settings import MetastoreEndpoint
@@ -156,44 +160,73 @@ def _key_of(cfg: TableConfig) -> list[str]:
     return list(cfg.primary_key)  # type: ignore[attr-defined]
 
 
-def change_feed(lake: Lake, from_seq: int, to_seq: int) -> Any:
-    """The net changes from kept version ``from_seq`` to ``to_seq`` as a pyarrow Table.
+@contextmanager
+def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any, Iterator[Any]]]:
+    """The net changes from kept version ``from_seq`` to ``to_seq``: (Arrow schema, record batches).
 
     Every row of the newer (insert, update_after) or older (delete, update_before) version with
-    ``_change_type`` and ``_commit_version``: the last commit in (from, to] that changed that
-    key.  The kept versions are consecutive, so every commit in between is read too.
+    ``_change_type`` and ``_commit_version``: the last commit in (from, to] that changed that key.
+    The net change is the diff of the two versions themselves; which commit last changed each key
+    comes from the diffs of the consecutive kept versions in between, keys only.  Each version is
+    copied into the diff's on-disk DuckDB database a batch at a time and dropped once its pair is
+    diffed (``from_seq``'s, the previous and the current one at most), and the batches stream out
+    of it: read them inside the ``with``.
     """
     import pyarrow as pa
 
-    key = _key_of(lake.cfg)
+    cfg = lake.cfg
+    key = _key_of(cfg)
     if from_seq > to_seq:
         raise TimeTravelError(
-            f"{lake.cfg.qualified_name}: --from {from_seq} is after --to {to_seq}; the change feed runs forward "
+            f"{cfg.qualified_name}: --from {from_seq} is after --to {to_seq}; the change feed runs forward "
             "(swap them for the changes that undo the range)"
         )
     latest = lake.latest_commit()
     commits = [kept_commit(lake, s, latest) for s in range(from_seq, to_seq + 1)]
-    tables = [version_rows(lake, c) for c in commits]
-    rows = [t.to_pylist() for t in tables]
-    # Which commit last changed each key: walk the consecutive pairs.
-    last_change: dict[tuple[Any, ...], int] = {}
-    for i in range(1, len(commits)):
-        for _, r in diff_rows(key, rows[i - 1], rows[i]):
-            last_change[tuple(r.get(c) for c in key)] = commits[i].seq
-    net = diff_rows(key, rows[0], rows[-1])
-    fields: dict[str, Any] = {}
-    for t in (tables[-1], tables[0]):
-        for f in t.schema:
-            fields.setdefault(f.name, f.type)
-    schema = pa.schema(
-        [
-            *[pa.field(n, t) for n, t in fields.items()],
-            pa.field(CHANGE_TYPE, pa.string()),
-            pa.field(COMMIT_VERSION, pa.int64()),
-        ]
-    )
-    out = [{**r, CHANGE_TYPE: kind, COMMIT_VERSION: last_change[tuple(r.get(c) for c in key)]} for kind, r in net]
-    return pa.Table.from_pylist(out, schema=schema)
+    with VersionDiff(cfg.qualified_name, key) as d:
+
+        def load(name: str, c: Commit) -> None:
+            d.load(name, version_batches(lake, c), f"version {c.seq} ({c.version})")
+
+        kj = ", ".join(f"k{j}" for j in range(len(key)))
+        load("v_from", commits[0])
+        prev = "v_from"
+        for i, c in enumerate(commits[1:], start=1):
+            cur = f"v_{i}"
+            load(cur, c)
+            changed = f"SELECT DISTINCT {kj}, {c.seq} AS seq FROM ({d.changes_sql(prev, cur, [])})"
+            d.run(f"INSERT INTO last_change {changed}" if i > 1 else f"CREATE TABLE last_change AS {changed}")
+            if prev != "v_from":
+                d.run(f"DROP TABLE IF EXISTS {prev}")
+            prev = cur
+        types = d.union(prev, "v_from")
+        columns = list(types)
+        schema = pa.schema(
+            [
+                *(pa.field(n, t) for n, t, _ in types.values()),
+                pa.field(CHANGE_TYPE, pa.string()),
+                pa.field(COMMIT_VERSION, pa.int64()),
+            ]
+        )
+        cols = ", ".join([*(f"n.c{i}" for i in range(len(columns))), "n.kind"])
+        net = f"({d.changes_sql('v_from', prev, columns)}) n"
+        if len(commits) == 1:  # a version against itself: no change
+            sql = f"SELECT {cols}, CAST(NULL AS BIGINT) FROM {net} WHERE false"
+        else:
+            on = " AND ".join(f"n.k{j} IS NOT DISTINCT FROM l.k{j}" for j in range(len(key)))
+            sql = (
+                f"SELECT {cols}, CAST(l.seq AS BIGINT) FROM {net} LEFT JOIN "
+                f"(SELECT {kj}, max(seq) AS seq FROM last_change GROUP BY ALL) l ON {on} ORDER BY {d.order_by('n.')}"
+            )
+        yield schema, d.execute(sql, schema)
+
+
+def change_feed(lake: Lake, from_seq: int, to_seq: int) -> Any:
+    """:func:`change_batches` as one pyarrow Table (the change's rows, not the versions', in memory)."""
+    import pyarrow as pa
+
+    with change_batches(lake, from_seq, to_seq) as (schema, batches):
+        return pa.Table.from_batches(list(batches), schema=schema)
 
 
 def render_table(table: Any) -> str:
