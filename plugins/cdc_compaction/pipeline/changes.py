@@ -10,7 +10,8 @@ a missing file -- falls back to :func:`write_feed`: the change between the commi
 (:class:`VersionDiff` on their visible rows: ``insert`` / ``update_before`` + ``update_after`` /
 ``delete``; ``_commit_version`` and ``_commit_seq`` = the commit).  The two versions are paired in
 a DuckDB database on local disk, under its memory limit, read in and written out a batch at a
-time: this task holds a batch and the compressed file, never a version (issue 38).
+time, and the file goes to storage from local disk (``Storage.upload``): this task holds a batch, never a
+version (issue 38).
 ``<t>_changes`` is an external Hive Parquet
 table at ``changes/`` (created through the metastore API, no JVM), not partitioned: Spark, Hive
 and Trino read it as it is, with no partition to register and no metastore setting needed
@@ -33,10 +34,10 @@ Why these choices (README, "Change feed"):
 from __future__ import annotations
 
 import collections
-import io
 import logging
 import posixpath
 import re
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -156,21 +157,24 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
     assert parent is not None
     cfg = lake.cfg
     rows = 0
-    buf = io.BytesIO()
     # Both versions are copied into DuckDB's on-disk database a batch at a time, and the change streams
-    # out a batch at a time into the Parquet writer: this task holds a batch and the compressed file.
-    with VersionDiff(cfg.qualified_name, list(cfg.primary_key)) as d:  # type: ignore[attr-defined]
+    # out a batch at a time into a Parquet file on local disk, uploaded from there: this task holds a batch.
+    with (
+        tempfile.TemporaryDirectory(prefix="cdc-feed-") as scratch,
+        VersionDiff(cfg.qualified_name, list(cfg.primary_key)) as d,  # type: ignore[attr-defined]
+    ):
         d.load("before", version_batches(lake, parent), f"version {parent.seq} ({parent.version})")
         d.load("after", version_batches(lake, commit), f"version {commit.seq} ({commit.version})")
         schema, batches = _feed_batches(cfg, d, commit.seq)
+        local = posixpath.join(scratch, "feed.parquet")
         # Microsecond timestamps: Spark and Hive read no nanosecond Parquet timestamps (pyarrow reads INT96 as ns).
-        with pq.ParquetWriter(buf, schema, coerce_timestamps="us", allow_truncated_timestamps=True) as writer:
+        with pq.ParquetWriter(local, schema, coerce_timestamps="us", allow_truncated_timestamps=True) as writer:
             for batch in batches:
                 writer.write_batch(batch)
                 rows += batch.num_rows
-    lake.storage.makedirs(feed_root(lake))
-    # Atomic (hidden temporary, then rename; one PUT on S3): a reader never sees half a file.
-    lake.storage.write_bytes(path, buf.getvalue())
+        lake.storage.makedirs(feed_root(lake))
+        # Atomic (hidden temporary, then rename; one object on S3): a reader never sees half a file.
+        lake.storage.upload(local, path)
     log.info("%s: change feed of commit %d: %d rows at %s", cfg.qualified_name, commit.seq, rows, path)
     return True
 
