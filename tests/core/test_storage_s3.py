@@ -126,6 +126,19 @@ def test_upload_streams_a_local_file_into_one_object(s3: S3Storage, root: str, t
         s3.upload(str(local), "s3://no-such-bucket-here/x")
 
 
+def test_other_services_and_pyiceberg_get_the_connections_settings(s3: S3Storage, moto_endpoint: str) -> None:
+    """The Iceberg catalog on Glue and its FileIO take what the connection says: endpoint, region, credentials."""
+    glue = s3.aws_client("glue")
+    glue.create_database(DatabaseInput={"Name": "from_the_connection"})
+    assert glue.meta.endpoint_url == moto_endpoint and glue.meta.region_name == "us-east-1"
+    assert s3.pyiceberg_properties() == {
+        "s3.access-key-id": "testing-access-key",
+        "s3.secret-access-key": "testing-secret-key",
+        "s3.region": "us-east-1",
+        "s3.endpoint": moto_endpoint,
+    }
+
+
 def test_missing_objects_raise_storage_error_naming_the_path(s3: S3Storage, root: str) -> None:
     missing = s3.join(root, "missing.json")
     with pytest.raises(StorageError, match=r"cannot read .*missing\.json.*check that the object exists"):

@@ -33,7 +33,7 @@ import pytest
 from conftest import STUDENT_COLUMNS
 
 from cdc_compaction.core import sql
-from cdc_compaction.core.lake import EMPTY_VERSION, Lake, Layout
+from cdc_compaction.core.lake import EMPTY_VERSION, Lake, Layout, kept_seqs
 from cdc_compaction.core.registry import TableConfig, parse_table
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage import Storage, is_data_file, read_parquet
@@ -329,3 +329,49 @@ def test_bad_files_and_rows_are_quarantined_on_s3_and_reingested(
     # keep_versions: 1 -- the superseded version is gone from S3, the live one is intact.
     versions = [e.name for e in lake.storage.list_dir(lake.layout.base) if e.is_dir]
     assert versions == [lake.latest_commit().version]
+
+
+# make test-extended: about a minute on moto's S3 and Glue; Iceberg's sync (the same code but the catalog) is in
+# make test on local lakes (tests/pipeline/test_formats_iceberg.py).
+@pytest.mark.extended
+def test_an_s3_lakes_iceberg_table_commits_through_glue_at_every_kept_version(
+    spark: Any, glue: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``CDC_ICEBERG_CATALOG=glue``: an S3 lake gets its Iceberg table in Glue (moto's), beside its base table,
+    metadata written through the lake's Airflow connection; pyiceberg opens it as a Glue user does (its own
+    client and S3 settings, written here from moto's endpoint) and reads every kept snapshot as the scenario
+    expects (unpartitioned: this harness registers an unpartitioned base in Glue; the partition spec is the
+    same code as on a local lake, tests/pipeline/test_formats_iceberg.py)."""
+    from pyiceberg.catalog.glue import GlueCatalog
+
+    monkeypatch.setenv("CDC_ICEBERG_CATALOG", "glue")
+    scn = conf.Scenario.load(SHARED / "delete_then_reinsert.json")
+    on_s3 = _on_s3(conf.registry_doc, bucket)
+    monkeypatch.setattr(conf, "registry_doc", on_s3)
+    endpoint = glue.meta.endpoint_url
+    s3_props = {
+        "s3.endpoint": endpoint,
+        "s3.access-key-id": "testing-access-key",
+        "s3.secret-access-key": "testing-secret-key",
+        "s3.region": "us-east-1",
+    }
+
+    def open_glue(cfg: TableConfig) -> Any:
+        return GlueCatalog(f"cdc_{cfg.database}", client=glue, **s3_props)
+
+    runner = S3Runner(spark, glue, tmp_path / "work")
+    readers = [GlueReader(glue), conf.IcebergReader("pyiceberg", catalog=open_glue)]
+    result = conf.run_scenario(scn, runner, readers, tmp_path, suffix="_ig", formats=["iceberg"])  # type: ignore[arg-type]
+    assert result.ok, "\n".join(result.failures)
+    cfg = parse_table(on_s3(scn, tmp_path, "_ig", None, ["iceberg"]))
+    lake = Lake(cfg)
+    table = glue.get_table(DatabaseName=cfg.database, Name=f"{cfg.table}_iceberg")["Table"]
+    assert table["Parameters"]["table_type"] == "ICEBERG"
+    root = lake.layout.root.replace("s3a://", "s3://")
+    assert table["Parameters"]["metadata_location"].startswith(f"{root}/iceberg/metadata/"), table["Parameters"]
+    # Every kept commit has its snapshot, and nothing local stands in for the catalog.
+    iceberg_table = open_glue(cfg).load_table((cfg.database, f"{cfg.table}_iceberg"))
+    seqs = sorted(int(s.summary.additional_properties["cdc.commit_seq"]) for s in iceberg_table.snapshots())
+    live = lake.latest_commit().seq
+    assert seqs == [s for s in kept_seqs(live, cfg.keep_versions) if s > 0] and seqs, seqs
+    assert not [e for e in lake.storage.list_dir(f"{lake.layout.root}/iceberg/metadata") if e.name.endswith(".db")]

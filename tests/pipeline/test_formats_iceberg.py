@@ -294,7 +294,11 @@ def test_sync_is_idempotent_heals_a_crash_expires_travels_regenerates_and_evolve
         iceberg.sync(rt, lake, kept(lake))
     assert rt.metastore.uri in str(err.value) and f"{cfg.table}_iceberg" in str(err.value)
     assert f"{iceberg.CATALOG_ENV}=sql" in str(err.value)
+    # Glue names files on S3: a local lake is refused by name, and a catalog nobody knows too.
     monkeypatch.setenv(iceberg.CATALOG_ENV, "glue")
+    with pytest.raises(iceberg.IcebergFormatError, match=rf"{cfg.qualified_name}: .*=glue .* is local; set .*=sql"):
+        iceberg.sync(rt, lake, kept(lake))
+    monkeypatch.setenv(iceberg.CATALOG_ENV, "nessie")
     with pytest.raises(iceberg.IcebergFormatError, match="not a known Iceberg catalog"):
         iceberg.sync(rt, lake, kept(lake))
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -515,11 +516,18 @@ class IcebergReader(_FormatReader):
     FORMAT = "iceberg"
     ENGINES = ("pyiceberg", "polars", "duckdb", "spark")
 
-    def __init__(self, engine: str, connect_url: str | None = None) -> None:
+    def __init__(
+        self, engine: str, connect_url: str | None = None, catalog: Callable[[TableConfig], Any] | None = None
+    ) -> None:
         super().__init__(engine)
         if (engine == "spark") != (connect_url is not None):
             raise ValueError("a Spark Connect server's URL (Iceberg's runtime) is what spark reads with, and only it")
+        if catalog is not None and engine != "pyiceberg":
+            raise ValueError("a catalog of the reader's own (e.g. Glue) is opened by pyiceberg only")
         self.connect_url = connect_url
+        #: Opens the table's catalog as its user does (``CDC_ICEBERG_CATALOG=glue``: a ``GlueCatalog``);
+        #: default: the SQL catalog's SQLite file under the table root.
+        self.catalog = catalog
 
     @staticmethod
     def _spark_catalog(cfg: TableConfig) -> tuple[dict[str, str], str] | None:
@@ -557,14 +565,19 @@ class IcebergReader(_FormatReader):
             return f"{len(ids)} Iceberg snapshots (Spark's {found[1]}.snapshots) carry commit {seq}, not one"
         return (found, ids[0]), f"Iceberg snapshot {ids[0]} of commit {seq} (Spark)"
 
-    @staticmethod
-    def _table(cfg: TableConfig) -> Any | None:
-        """The Iceberg table ``<db>.<t>_iceberg`` from its SQL catalog; None before the first publish."""
+    def _table(self, cfg: TableConfig) -> Any | None:
+        """The Iceberg table ``<db>.<t>_iceberg`` from its catalog (SQL unless the reader was given one); None
+        before the first publish."""
         from pyiceberg.catalog.sql import SqlCatalog
-        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         from cdc_compaction.pipeline.formats import iceberg
 
+        if self.catalog is not None:
+            try:
+                return self.catalog(cfg).load_table((cfg.database, f"{cfg.table}_iceberg"))
+            except (NoSuchTableError, NoSuchNamespaceError):
+                return None
         lake = Lake(cfg)
         db = posixpath.join(iceberg.metadata_dir(lake), iceberg.SQLITE_FILE)
         if not lake.storage.exists(db):

@@ -112,6 +112,42 @@ class S3Storage:
                 "endpoint_url in its extras) and re-run"
             ) from exc
 
+    def aws_client(self, service: str) -> Any:
+        """A boto3 client of another AWS service (Glue for the Iceberg catalog) from the same Airflow connection:
+        its credentials, region and endpoint (an S3-compatible store's ``endpoint_url`` serves the others too)."""
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+        try:
+            hook = AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type=service)
+            return hook.get_client_type(config=Config(retries=dict(RETRY_CONFIG)).merge(hook.config))
+        except Exception as exc:  # any failure here is a connection set-up problem
+            raise StorageError(
+                f"cannot create a {service} client from the Airflow connection {self.aws_conn_id!r}: {exc}. "
+                "Define the connection (credentials, region_name and endpoint_url in its extras) and re-run"
+            ) from exc
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """pyiceberg's S3 FileIO properties for the same connection: credentials, region, endpoint."""
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        try:
+            hook = S3Hook(aws_conn_id=self.aws_conn_id)
+            creds = hook.get_credentials()
+            props = {"s3.access-key-id": creds.access_key, "s3.secret-access-key": creds.secret_key}
+            if creds.token:
+                props["s3.session-token"] = creds.token
+            if hook.conn_region_name:
+                props["s3.region"] = hook.conn_region_name
+            endpoint = hook.conn_config.get_service_endpoint_url(service_name="s3")
+        except Exception as exc:  # any failure here is a connection set-up problem
+            raise StorageError(
+                f"cannot read the credentials of the Airflow connection {self.aws_conn_id!r}: {exc}. "
+                "Define the connection (credentials, region_name and endpoint_url in its extras) and re-run"
+            ) from exc
+        if endpoint:
+            props["s3.endpoint"] = endpoint
+        return props
+
     @staticmethod
     def _split(path: str) -> tuple[str, str]:
         """``s3://bucket/a/b`` (or ``s3a://``) -> ``("bucket", "a/b")``."""

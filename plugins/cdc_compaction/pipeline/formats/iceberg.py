@@ -22,6 +22,9 @@ manifest lists and manifests, all written by pyiceberg) is under ``<root>/iceber
 
 * ``sql`` (default): a SQLite catalog file, ``<root>/iceberg/metadata/catalog.db`` -- no
   service needed; local storage roots only (SQLite cannot live on S3);
+* ``glue``: AWS Glue (the catalog of S3 lakes, and Athena's), database ``<db>``, table
+  ``<db>.<t>_iceberg``, through the Airflow connection of the lake's storage (its credentials,
+  region and endpoint; pyiceberg's ``GlueCatalog``, which commits with Glue's table versions);
 * ``hive``: the table's own Hive metastore (the Thrift endpoint of the runtime), table
   ``<db>.<t>_iceberg``.  pyiceberg takes a metastore lock (``lock()``) on every commit, which
   needs the metastore's transaction tables (``hive.support.concurrency`` / ``DbTxnManager``
@@ -63,9 +66,9 @@ FORMAT = "iceberg"
 SEQ_PROPERTY = "cdc.commit_seq"
 #: ... and that commit's version directory (for people reading ``table.history()``).
 VERSION_PROPERTY = "cdc.version"
-#: Which catalog holds ``<db>.<t>_iceberg``: ``sql`` (default, SQLite under the table root) or ``hive``.
+#: Which catalog holds ``<db>.<t>_iceberg``: ``sql`` (default, SQLite under the table root), ``glue`` or ``hive``.
 CATALOG_ENV = "CDC_ICEBERG_CATALOG"
-CATALOGS = ("sql", "hive")
+CATALOGS = ("sql", "glue", "hive")
 #: The Iceberg table's directory under the table's storage root (data files stay in ``base/``).
 ROOT_DIR = "iceberg"
 METADATA_DIR = "metadata"
@@ -134,10 +137,29 @@ def catalog_kind() -> str:
     return kind
 
 
+def _io_properties(lake: Lake) -> dict[str, str]:
+    """pyiceberg's FileIO properties for the lake's storage: an S3 lake's Airflow connection, nothing locally."""
+    from cdc_compaction.core.storage.s3 import S3Storage
+
+    return lake.storage.pyiceberg_properties() if isinstance(lake.storage, S3Storage) else {}
+
+
 def _catalog(rt: Runtime, lake: Lake) -> Any:
     """The catalog holding ``<db>.<t>_iceberg`` (see the module docstring for the choice)."""
     kind = catalog_kind()
     name = f"cdc_{rt.cfg.database}"
+    io = _io_properties(lake)
+    if kind == "glue":
+        from pyiceberg.catalog.glue import GlueCatalog
+
+        from cdc_compaction.core.storage.s3 import S3Storage
+
+        if not isinstance(lake.storage, S3Storage):
+            raise IcebergFormatError(
+                f"{rt.cfg.qualified_name}: {CATALOG_ENV}=glue names files on S3, but the storage root "
+                f"{lake.layout.root} is local; set {CATALOG_ENV}=sql for local storage roots"
+            )
+        return GlueCatalog(name, client=lake.storage.aws_client("glue"), **io)
     if kind == "hive":
         from pyiceberg.catalog.hive import HiveCatalog
 
@@ -147,14 +169,15 @@ def _catalog(rt: Runtime, lake: Lake) -> Any:
                 f"{rt.metastore.uri}; set {CATALOG_ENV}=sql or point CDC_METASTORE_URI at a Thrift metastore"
             )
         # hive2-compatible: a Hive 2.x metastore refuses the Hive 3 fields pyiceberg sets otherwise.
-        return HiveCatalog(name, uri=rt.metastore.uri, **{"hive.hive2-compatible": "true"})
+        return HiveCatalog(name, uri=rt.metastore.uri, **{"hive.hive2-compatible": "true"}, **io)
     from pyiceberg.catalog.sql import SqlCatalog
 
     meta = metadata_dir(lake)
     if "://" in meta:
         raise IcebergFormatError(
             f"{rt.cfg.qualified_name}: the SQL Iceberg catalog is a SQLite file under the table root, and "
-            f"{meta} is not on a local file system; set {CATALOG_ENV}=hive (the table's metastore) for S3 lakes"
+            f"{meta} is not on a local file system; set {CATALOG_ENV}=glue (or hive, the table's metastore) "
+            "for S3 lakes"
         )
     lake.storage.makedirs(meta)
     return SqlCatalog(name, uri=f"sqlite:///{posixpath.join(meta, SQLITE_FILE)}", warehouse=_uri(table_root(lake)))
@@ -500,7 +523,7 @@ def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
         if table is None:
             from pyiceberg.io.pyarrow import PyArrowFileIO
 
-            tx = _create(catalog, lake, cfg, files, PyArrowFileIO())
+            tx = _create(catalog, lake, cfg, files, PyArrowFileIO(_io_properties(lake)))
         else:
             tx = table.transaction()
         _commit(rt, tx, commit, files)
