@@ -362,7 +362,7 @@ class _FormatReader:
         self.name = f"{self.FORMAT}/{engine}"
         #: Table -> {commit seq: the rows the scenario expected after it}.
         self._expected: dict[str, dict[int, list[dict[str, Any]]]] = {}
-        #: (table, Delta root) pairs an engine with a catalog (Trino) has registered already.
+        #: (table, Delta root or Iceberg catalog file) pairs an engine with a catalog (Trino) has registered already.
         self._registered: set[tuple[str, str]] = set()
 
     @classmethod
