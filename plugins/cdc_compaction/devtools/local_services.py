@@ -303,10 +303,10 @@ class LocalMetastore:
         return True
 
 
-#: The Hive 4 metastore's configuration (metastore-site.xml). The transaction settings are the ones a Hive
-#: installation names for ACID and locks (hive.support.concurrency, DbTxnManager); the metastore's lock() itself
-#: needs the transaction tables, which MetastoreSchemaTool's schema script creates (unlike datanucleus'
-#: autoCreateAll, which makes the JDO tables only).
+#: The Hive 4 metastore's configuration (metastore-site.xml). The metastore's lock() needs no setting of its own:
+#: it needs the transaction and lock tables (TXNS, HIVE_LOCKS, ...), which MetastoreSchemaTool's schema script
+#: creates and datanucleus' autoCreateAll (the Hive 2.3 metastore's way) does not. hive.support.concurrency and
+#: hive.txn.manager are HiveServer2's (the client's) settings: pyiceberg's commits were locked without them.
 _HIVE4_SITE = """<?xml version="1.0"?>
 <configuration>
   <property><name>javax.jdo.option.ConnectionURL</name><value>jdbc:derby:;databaseName={db};create=true</value></property>
@@ -314,8 +314,6 @@ _HIVE4_SITE = """<?xml version="1.0"?>
   <property><name>metastore.thrift.bind.host</name><value>{host}</value></property>
   <property><name>metastore.thrift.port</name><value>{port}</value></property>
   <property><name>metastore.warehouse.dir</name><value>{warehouse}</value></property>
-  <property><name>hive.support.concurrency</name><value>true</value></property>
-  <property><name>hive.txn.manager</name><value>org.apache.hadoop.hive.ql.lockmgr.DbTxnManager</value></property>
   <property><name>metastore.event.db.notification.api.auth</name><value>false</value></property>
 </configuration>
 """
