@@ -24,7 +24,7 @@ def _small_line() -> str:
 def test_the_lock_parses_into_its_groups() -> None:
     listed = jars.read_lock()
     assert {j.purpose for j in listed} == {
-        *("kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "iceberg-spark", "trino")
+        *("kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "iceberg-spark", "trino", "hive4-metastore")
     }
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
@@ -43,6 +43,11 @@ def test_the_lock_parses_into_its_groups() -> None:
     assert ("iceberg-spark", "org.xerial:sqlite-jdbc:3.54.1.0") in coords
     # Trino's server is one tar.gz, unpacked by make jars (its own plugins and launcher inside).
     assert [(j.coordinate, j.type) for j in listed if j.purpose == "trino"] == [("io.trino:trino-server:476", "tar.gz")]
+    # The Hive 4 test metastore is one tar.gz too (its lib/ and schema scripts), 4.0.0: 4.0.1 removed the get_table
+    # call pyiceberg 0.12 makes. Hadoop's jars are its build's 3.3.6, beside it.
+    hive4 = {(j.coordinate, j.type) for j in listed if j.purpose == "hive4-metastore"}
+    assert ("org.apache.hive:hive-standalone-metastore-server:4.0.0:bin", "tar.gz") in hive4
+    assert ("org.apache.hadoop:hadoop-client-api:3.3.6", "jar") in hive4
     # One Debezium version throughout; Connect's own classes stay out of the plugin directory.
     assert {j.version for j in listed if j.group == "io.debezium"} == {"3.6.1.Final"}
     assert not [j for j in listed if j.purpose == "debezium" and j.group == "org.apache.kafka"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,9 @@ import pytest
 
 from cdc_compaction.core.lake import Commit, Lake
 from cdc_compaction.core.registry import TableConfig
-from cdc_compaction.core.settings import PROJECT_ROOT
+from cdc_compaction.core.settings import PROJECT_ROOT, MetastoreEndpoint
 from cdc_compaction.devtools import conformance as conf
+from cdc_compaction.devtools.local_services import Hive4Metastore, free_port
 from cdc_compaction.pipeline.formats import iceberg
 from cdc_compaction.pipeline.retention import kept_seqs
 from cdc_compaction.pipeline.runtime import Runtime
@@ -301,6 +304,99 @@ def test_sync_is_idempotent_heals_a_crash_expires_travels_regenerates_and_evolve
     monkeypatch.setenv(iceberg.CATALOG_ENV, "nessie")
     with pytest.raises(iceberg.IcebergFormatError, match="not a known Iceberg catalog"):
         iceberg.sync(rt, lake, kept(lake))
+
+
+# ------------------------------------------------------------------ the hive catalog on a metastore with transactions
+@pytest.fixture(scope="module")
+def hive4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hive4Metastore]:
+    """A Hive 4 metastore with transactions (jars.lock's hive4-metastore), stopped by this fixture."""
+    home = tmp_path_factory.mktemp("hive4")
+    ms = Hive4Metastore(home, port=free_port(), warehouse=home / "warehouse")
+    ms.start()
+    try:
+        yield ms
+    finally:
+        ms.stop()
+
+
+def _snapshot_of(table: Any, seq: int) -> Any:
+    """The snapshot whose summary names lake commit ``seq`` (docs/formats.md: ``cdc.commit_seq``)."""
+    found = [
+        s for s in table.snapshots() if s.summary and s.summary.additional_properties.get("cdc.commit_seq") == str(seq)
+    ]
+    assert len(found) == 1, f"{len(found)} snapshots carry commit {seq}"
+    return found[0]
+
+
+@pytest.mark.extended
+def test_the_hive_catalog_commits_through_a_hive4_metastore_with_transactions(
+    make_cfg: Callable[..., TableConfig],
+    runtime: Callable[[TableConfig], Runtime],
+    hive4: Hive4Metastore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CDC_ICEBERG_CATALOG=hive on a metastore that serves lock(): every kept commit gets its snapshot, read back
+    through a HiveCatalog of the test's own; two syncs at once write one snapshot; a sync with nothing new adds none."""
+    from conftest import compact_once
+    from pyiceberg.catalog.hive import HiveCatalog
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
+    from cdc_compaction.pipeline.tables import ensure_tables
+
+    # The base tables live in the session's Hive 2.3 metastore; only the Iceberg sync runs against Hive 4.
+    cfg = make_cfg(keep_versions=2)
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    lake = rt.lake
+    _land(cfg, "increment_2026112200", _students((1, "Alice", "c", 0), (2, "Bob", "c", 0), (3, "Carol", "c", 0)))
+    compact_once(rt, "r1")
+    _land(cfg, "increment_2026112201", _students((1, "Angela", "u", 1), (2, "Bob", "d", 2)))
+    compact_once(rt, "r2")
+    _land(cfg, "increment_2026112202", _students((4, "Dan", "c", 3), (3, "Cora", "u", 3)))
+    compact_once(rt, "r3")
+    # Every compaction comes first: a publish of a table without formats: [iceberg] drops <root>/iceberg.
+    monkeypatch.setenv(iceberg.CATALOG_ENV, "hive")
+    rt4 = replace(rt, metastore=MetastoreEndpoint(hive4.host, hive4.port))
+
+    cols = ["id", "full_name", "op", "ts_ms"]
+
+    def check(seqs: list[int]) -> None:
+        table = HiveCatalog("test", uri=hive4.uri).load_table(f"{cfg.database}.{cfg.table}_iceberg")
+        assert len(table.snapshots()) == len(seqs)
+        for seq in seqs:
+            snap = _snapshot_of(table, seq)
+            got = table.scan(snapshot_id=snap.snapshot_id).to_arrow().select(cols).to_pylist()
+            assert sorted(got, key=str) == sorted(version_rows(lake, lake.read_commit(seq), cols), key=str)
+
+    # The first sync creates <db>.<t>_iceberg in Hive 4 with kept commit 2 (keep_versions 2: commits 2 and 3).
+    first = kept(lake)
+    assert [c.seq for c in first] == [2, 3]
+    done = iceberg.sync(rt4, lake, first[:1])
+    assert done["synced"] == [2] and done["at"] == 2
+    check([2])
+
+    # Two syncs of commit 3 at once: the metastore lock serializes their commits, and the one that comes second
+    # either finds the snapshot there or is refused by pyiceberg: its commit names the table it started from
+    # (CommitFailedException), and its retry finds the other's files already added (ValidationException).
+    results: list[Any] = []
+
+    def one() -> None:
+        try:
+            results.append(iceberg.sync(rt4, lake, first)["synced"])
+        except (CommitFailedException, ValidationException) as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 2 and [3] in results, results
+    check([2, 3])
+    # A sync with nothing new is a no-op.
+    again = iceberg.sync(rt4, lake, kept(lake))
+    assert again["synced"] == [] and again["at"] == 3
+    check([2, 3])
 
 
 # ------------------------------------------------------------------ through the framework and the real steps

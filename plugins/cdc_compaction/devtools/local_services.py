@@ -2,7 +2,9 @@
 
 ``LocalMetastore`` is a Thrift Hive metastore, used by ``make demo``, ``make test`` and
 ``cdc-compaction metastore start|stop``.  It keeps its Derby database under a
-project-local directory.  ``SparkStandalone`` is a Spark standalone master plus one
+project-local directory.  ``Hive4Metastore`` is a Hive 4 standalone metastore with
+transactions (``jars.lock``'s ``hive4-metastore`` group), for the tests of the Iceberg
+``hive`` catalog, whose commits take a metastore lock.  ``SparkStandalone`` is a Spark standalone master plus one
 worker, used by the cluster integration test.  ``SparkThriftServer`` is Spark's Thrift
 JDBC/ODBC server for BI clients (``make serve-sql``).  ``LocalPostgres`` is a throwaway
 PostgreSQL server (the machine's own binaries, with ``wal2json``): the CDC source of
@@ -299,6 +301,113 @@ class LocalMetastore:
         self.pid_file.unlink(missing_ok=True)
         log.info("metastore (pid %d) stopped", pid)
         return True
+
+
+#: The Hive 4 metastore's configuration (metastore-site.xml). The metastore's lock() needs no setting of its own:
+#: it needs the transaction and lock tables (TXNS, HIVE_LOCKS, ...), which MetastoreSchemaTool's schema script
+#: creates and datanucleus' autoCreateAll (the Hive 2.3 metastore's way) does not. hive.support.concurrency and
+#: hive.txn.manager are HiveServer2's (the client's) settings: pyiceberg's commits were locked without them.
+_HIVE4_SITE = """<?xml version="1.0"?>
+<configuration>
+  <property><name>javax.jdo.option.ConnectionURL</name><value>jdbc:derby:;databaseName={db};create=true</value></property>
+  <property><name>javax.jdo.option.ConnectionDriverName</name><value>org.apache.derby.jdbc.EmbeddedDriver</value></property>
+  <property><name>metastore.thrift.bind.host</name><value>{host}</value></property>
+  <property><name>metastore.thrift.port</name><value>{port}</value></property>
+  <property><name>metastore.warehouse.dir</name><value>{warehouse}</value></property>
+  <property><name>metastore.event.db.notification.api.auth</name><value>false</value></property>
+</configuration>
+"""
+
+#: jars.lock's group of the Hive 4 metastore: the server's tar.gz (unpacked) and what Hadoop's classpath would give it.
+HIVE4_GROUP = "hive4-metastore"
+
+
+def hive4_home(dest: Path | None = None) -> Path:
+    """The unpacked Hive 4 standalone metastore of ``jars.lock``'s ``hive4-metastore`` group."""
+    from cdc_compaction.devtools import jars
+
+    (server,) = [j for j in jars.read_lock() if j.purpose == HIVE4_GROUP and j.type == "tar.gz"]
+    home = jars.group_dir(HIVE4_GROUP, dest) / f"apache-hive-metastore-{server.version}-bin"
+    if not (home / "lib").is_dir() or not (home / "scripts" / "metastore" / "upgrade" / "derby").is_dir():
+        raise ServiceError(f"{home} does not hold an unpacked Hive {server.version} metastore: run `make jars` again")
+    return home
+
+
+@dataclass
+class Hive4Metastore(LocalMetastore):
+    """A Hive 4 standalone metastore (``jars.lock``'s ``hive4-metastore``) with transactions, Derby under ``home``.
+
+    The Hive 2.3 metastore of :class:`LocalMetastore` has no transaction support, so it refuses the metastore
+    lock (``lock()``) pyiceberg's HiveCatalog takes on every commit; this one serves it: its Derby schema is
+    made by Hive's own ``MetastoreSchemaTool -initSchema`` (the transaction and lock tables included) on the
+    first start. It binds to ``host`` only and is stopped by its PID, like :class:`LocalMetastore`.
+    """
+
+    def _classpath(self, server: Path, conf: Path) -> str:
+        """The config directory, the server's ``lib/`` and the group's Hadoop jars (what ``$HADOOP_HOME`` gives)."""
+        return f"{conf}:{server / 'lib'}/*:{server.parent}/*"
+
+    def _init_schema(self, server: Path, classpath: str, timeout_s: float) -> None:
+        """Create the Derby schema with Hive's schema tool, once: a home that has its database keeps it."""
+        if (self.home / "metastore_db").is_dir():
+            return
+        cmd = ["java", "-Xmx512m", "-Dderby.system.home=" + str(self.home), "-cp", classpath]
+        cmd += ["org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool", "-initSchema"]
+        cmd += ["-dbType", "derby"]
+        # METASTORE_HOME: where the schema tool finds scripts/metastore/upgrade/derby/hive-schema-<v>.derby.sql.
+        env = {**os.environ, "METASTORE_HOME": str(server)}
+        with open(self.log_file, "ab") as logf:
+            try:
+                run = subprocess.run(
+                    cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=self.home, env=env, timeout=timeout_s, check=False
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise ServiceError(
+                    f"the Hive 4 schema tool did not finish within {timeout_s:.0f}s; see {self.log_file}"
+                ) from exc
+        if run.returncode != 0:
+            # A half-made database would be taken as made by the next start: remove it (this service made it).
+            shutil.rmtree(self.home / "metastore_db", ignore_errors=True)
+            raise ServiceError(
+                f"the Hive 4 schema tool (-initSchema -dbType derby) exited with code {run.returncode}; "
+                f"see {self.log_file}"
+            )
+
+    def start(self, timeout_s: float = 180.0) -> int:
+        """Start the metastore (or reuse the one this home already runs), its schema made first; return its PID."""
+        pid = self.pid()
+        if pid is not None and port_open(self.host, self.port):
+            return pid
+        if port_open(self.host, self.port):
+            raise ServiceError(f"port {self.port} is taken by another process; stop it or choose another port")
+        require_java17()
+        server = hive4_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        conf = self.home / "conf"
+        conf.mkdir(exist_ok=True)
+        warehouse = self.warehouse or (self.home / "warehouse")
+        (conf / "metastore-site.xml").write_text(
+            _HIVE4_SITE.format(db=self.home / "metastore_db", host=self.host, port=self.port, warehouse=warehouse)
+        )
+        classpath = self._classpath(server, conf)
+        self._init_schema(server, classpath, timeout_s)
+        cmd = ["java", "-Xmx512m", "-Dderby.system.home=" + str(self.home), "-cp", classpath]
+        cmd += ["org.apache.hadoop.hive.metastore.HiveMetaStore"]
+        with open(self.log_file, "ab") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
+        self.pid_file.write_text(str(proc.pid))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ServiceError(f"the Hive 4 metastore exited with code {proc.returncode}; see {self.log_file}")
+            if port_open(self.host, self.port):
+                log.info("Hive 4 metastore %s started (pid %d, home %s)", self.uri, proc.pid, self.home)
+                return proc.pid
+            time.sleep(0.5)
+        self.stop()
+        raise ServiceError(
+            f"the Hive 4 metastore did not open {self.host}:{self.port} within {timeout_s:.0f}s; see {self.log_file}"
+        )
 
 
 @dataclass

@@ -27,8 +27,10 @@ manifest lists and manifests, all written by pyiceberg) is under ``<root>/iceber
   region and endpoint; pyiceberg's ``GlueCatalog``, which commits with Glue's table versions);
 * ``hive``: the table's own Hive metastore (the Thrift endpoint of the runtime), table
   ``<db>.<t>_iceberg``.  pyiceberg takes a metastore lock (``lock()``) on every commit, which
-  needs the metastore's transaction tables (``hive.support.concurrency`` / ``DbTxnManager``
-  setup); the project's own Hive 2.3 test metastore has none, see :func:`_commit`.
+  needs the metastore's transaction tables (made by Hive's schema tool); the project's own
+  Hive 2.3 test metastore has none, see :func:`_commit`.  Tested on a Hive 4.0.0 metastore
+  (``devtools.local_services.Hive4Metastore``); Hive 4.0.1 and newer removed the ``get_table``
+  call pyiceberg 0.12 makes.
 
 Each snapshot's ``timestamp-ms`` is its lake commit's time (:func:`_stamp`), so travel by timestamp
 is right after a late sync or a regeneration; ``metadata/version-hint.text`` names the current
@@ -493,9 +495,9 @@ def _commit(rt: Runtime, tx: Any, commit: Commit, files: list[str]) -> None:
         raise IcebergFormatError(
             f"{rt.cfg.qualified_name}: the Hive metastore {rt.metastore.uri} dropped the Iceberg commit of lake "
             f"commit {commit.seq} to {'.'.join(identifier(rt.cfg))} ({exc}). pyiceberg locks the table through "
-            "the metastore's lock() call, which needs the metastore's transaction support "
-            "(hive.support.concurrency, hive.txn.manager=DbTxnManager, the transaction tables and a JDBC pool "
-            "such as datanucleus.connectionPoolingType=dbcp); a metastore without it refuses every commit. "
+            "the metastore's lock() call, which needs the metastore's transaction tables (TXNS, HIVE_LOCKS: "
+            "made by Hive's schematool -initSchema/-upgradeSchema, not by datanucleus.schema.autoCreateAll); "
+            "a metastore without them refuses every commit (Hive 4.0.0 with them was tested). "
             f"Enable it on the metastore, or set {CATALOG_ENV}=sql (local storage roots). The lake commit stands; "
             "the next sync adds the missing snapshots"
         ) from exc
