@@ -201,14 +201,20 @@ def rank_touched_keys(
 
 
 def winning_events(
-    fresh: DataFrame, won: DataFrame, pk: list[str], fills: Mapping[str, str] | None = None
+    fresh: DataFrame,
+    won: DataFrame,
+    pk: list[str],
+    fills: Mapping[str, str] | None = None,
+    broadcast: bool = False,
 ) -> DataFrame:
     """The events of ``fresh`` that ``won`` (winners of ``rank_touched_keys``) names, left-out columns filled.
 
     An event is named by its provenance and key: a key change (registry ``old_key``) is two
     rows of one event, its old key's retirement and its new key's upsert.  Where both have
     :data:`OLD_ROW` (the change feed) the winner's replaces the event's NULL: the feed's pairs
-    come out of this join, not out of a join of their own.
+    come out of this join, not out of a join of their own.  ``broadcast``: ``won`` is broadcast
+    (it is one row per key of a broadcast merge): with the stored rows along it outgrows Spark's
+    own broadcast threshold, and a shuffle of both sides would cost more than the version's write.
     """
     fills = dict(fills or {})
     # The key's stored row rides along (one winner per key and provenance, so inner is the semi-join).
@@ -224,6 +230,8 @@ def winning_events(
         [F.col(c) == F.col(f"_cdc_w{c}") for c in PROVENANCE]
         + [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)],
     )
+    if broadcast:
+        w = F.broadcast(w)
     if not fills and not carried:
         return fresh.join(w, cond, "left_semi")
     taken = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
@@ -1093,7 +1101,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             losers = decisions.filter(wins & has_base).select(*_keys(pk))
             # With the change feed each winner takes its key's stored row (OLD_ROW) from the decisions.
-            fresh_winners = winning_events(fresh, decisions.filter(wins), pk).persist()
+            fresh_winners = winning_events(fresh, decisions.filter(wins), pk, broadcast=feed_on).persist()
             cached.append(fresh_winners)
             if feed_on:
                 # A key whose stored row stays is unchanged (no fills here): only winning events change a key.
