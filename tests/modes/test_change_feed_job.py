@@ -215,3 +215,23 @@ def test_an_expired_tombstone_is_no_change(
         ("insert", "delete", "update_before", "update_after"), 0
     )
     _check_feed(scn, tmp_path / "lake", suffix)
+
+
+def test_the_touched_keys_ranking_stays_narrow_with_the_feed(spark: Any) -> None:
+    """The feed takes each key's stored row along as one column (``_cdc_old``): the ranking of the touched
+    keys shuffles keys, order and provenance and that column, not every column of base rows and events
+    (issue 38 item 1: the feed's price over a compaction without it)."""
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+
+    from cdc_compaction.job.modes import cdc
+
+    ddl = "id bigint, note string, lsn bigint, _cdc_increment string, _cdc_file string, _cdc_pos bigint"
+    base = spark.createDataFrame([(1, "stored", 1, "i0", "f0", 0), (2, "other", 1, "i0", "f0", 1)], ddl)
+    fresh = spark.createDataFrame([(1, "event", 2, "i1", "f1", 0)], ddl)
+    base = base.withColumn("_cdc_old", F.struct("id", "note", "lsn"))
+    fresh = fresh.withColumn("_cdc_old", F.lit(None).cast(base.schema["_cdc_old"].dataType))
+    rank = "row_number() OVER (PARTITION BY id ORDER BY lsn DESC, _cdc_increment DESC, _cdc_pos DESC)"
+    ranks = cdc.rank_touched_keys(base, fresh, ["id"], ["lsn"], rank)
+    assert "note" not in ranks.columns, ranks.columns
+    got = {(r["_cdc_src"], r["_cdc_rank"], r["_cdc_old"] and r["_cdc_old"]["note"]) for r in ranks.collect()}
+    assert got == {(1, 1, None), (0, 2, "stored")}

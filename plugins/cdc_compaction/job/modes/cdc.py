@@ -189,9 +189,10 @@ def rank_touched_keys(
     a base row that still wins may be filled anew, and is written from here.
     """
     fills, unchanged = fills or {}, unchanged or {}
-    # The change feed (OLD_ROW on the base) needs each key's old and new rows whole too.
-    whole = bool(unchanged) or OLD_ROW in base.columns
-    names = list(base.columns) if whole else [*pk, *order_by, *PROVENANCE, *fills]
+    # The change feed (OLD_ROW on the base) takes the stored row along as one column: the winning
+    # event's new row comes from the events (winning_events), so the rest stays narrow here too.
+    old_row = [OLD_ROW] if OLD_ROW in base.columns else []
+    names = list(base.columns) if unchanged else [*pk, *order_by, *PROVENANCE, *fills, *old_row]
     cols = [F.col(f"`{c}`") for c in dict.fromkeys(names)]
     keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
     touched = stored_events(key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True), unchanged)
@@ -200,28 +201,42 @@ def rank_touched_keys(
 
 
 def winning_events(
-    fresh: DataFrame, won: DataFrame, pk: list[str], fills: Mapping[str, str] | None = None
+    fresh: DataFrame,
+    won: DataFrame,
+    pk: list[str],
+    fills: Mapping[str, str] | None = None,
+    broadcast: bool = False,
 ) -> DataFrame:
     """The events of ``fresh`` that ``won`` (winners of ``rank_touched_keys``) names, left-out columns filled.
 
     An event is named by its provenance and key: a key change (registry ``old_key``) is two
-    rows of one event, its old key's retirement and its new key's upsert.
+    rows of one event, its old key's retirement and its new key's upsert.  Where both have
+    :data:`OLD_ROW` (the change feed) the winner's replaces the event's NULL: the feed's pairs
+    come out of this join, not out of a join of their own.  ``broadcast``: ``won`` is broadcast
+    (it is one row per key of a broadcast merge): with the stored rows along it outgrows Spark's
+    own broadcast threshold, and a shuffle of both sides would cost more than the version's write.
     """
     fills = dict(fills or {})
+    # The key's stored row rides along (one winner per key and provenance, so inner is the semi-join).
+    carried = {OLD_ROW: "_cdc_wold"} if OLD_ROW in won.columns and OLD_ROW in fresh.columns else {}
     w = won.select(
         *[F.col(c).alias(f"_cdc_w{c}") for c in PROVENANCE],
         *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)],
         *[F.col(f"`{c}`").alias(f"_cdc_f{i}") for i, c in enumerate(fills)],
+        *[F.col(c).alias(a) for c, a in carried.items()],
     )
     cond = functools.reduce(
         operator.and_,
         [F.col(c) == F.col(f"_cdc_w{c}") for c in PROVENANCE]
         + [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)],
     )
-    if not fills:
+    if broadcast:
+        w = F.broadcast(w)
+    if not fills and not carried:
         return fresh.join(w, cond, "left_semi")
-    filled = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
-    return fresh.join(w, cond, "inner").select(*[filled.get(c, F.col(f"`{c}`")) for c in fresh.columns])
+    taken = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
+    taken |= {c: F.col(a).alias(c) for c, a in carried.items()}
+    return fresh.join(w, cond, "inner").select(*[taken.get(c, F.col(f"`{c}`")) for c in fresh.columns])
 
 
 # ------------------------------------------------------------- the broadcast merge
@@ -1085,17 +1100,12 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             touched_keys = decisions.select(*_keys(pk))
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             losers = decisions.filter(wins & has_base).select(*_keys(pk))
-            fresh_winners = winning_events(fresh, decisions.filter(wins), pk).persist()
+            # With the change feed each winner takes its key's stored row (OLD_ROW) from the decisions.
+            fresh_winners = winning_events(fresh, decisions.filter(wins), pk, broadcast=feed_on).persist()
             cached.append(fresh_winners)
             if feed_on:
                 # A key whose stored row stays is unchanged (no fills here): only winning events change a key.
-                olds = decisions.filter(wins).select(
-                    *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)], F.col(OLD_ROW)
-                )
-                cond = functools.reduce(
-                    operator.and_, [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)]
-                )
-                pairs = fresh_winners.drop(OLD_ROW).join(olds, cond, "inner")
+                pairs = fresh_winners
             describe(spark, plan, "merge (broadcast): write the base and tombstones")
             visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
                 fresh_winners.filter(~is_delete)
@@ -1111,7 +1121,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                 base_data.unionByName(base_tomb), fresh, pk, order_by, rule.rank, fills, unchanged
             )
             if feed_on:
-                # Whole rows were ranked (rank_touched_keys): the winner is the key's new row.
+                # Each ranked row learns its key's stored row, over the key as the rank (no shuffle of its own).
                 touched_ranks = carry_old_row(touched_ranks, pk)
             touched_ranks = touched_ranks.persist()
             cached.append(touched_ranks)
@@ -1122,7 +1132,9 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                 .first()
             )
             lookup_superseded = int(tally["s"])
-            if feed_on:
+            if feed_on and unchanged:
+                # Whole rows were ranked (rank_touched_keys): the winner is the key's new row, filled anew
+                # where a late event did so (a stored row that still wins may change).
                 pairs = touched_ranks.filter(F.col("_cdc_rank") == 1)
             touched_keys = touched_ranks.select(*_keys(pk)).distinct()
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
@@ -1140,6 +1152,10 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                 won = touched_ranks.filter((src == 1) & (rank == 1))
                 # Kept: both outputs take their share (one join back to the events, not one per output).
                 fresh_winners = winning_events(fresh, won, pk, fills).persist()
+                if feed_on:
+                    # A stored row that still wins is unchanged (nothing refills it): only winning events
+                    # change a key, and each took its key's stored row along (winning_events).
+                    pairs = fresh_winners
             cached.append(fresh_winners)
             # The base is read once per output and never shuffled: untouched keys pass as they are.
             visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
