@@ -226,6 +226,60 @@ def test_spark_peer_merges_by_the_compaction_rule(tmp_path: Path, variant: str) 
     assert peer.checksum(out, COLUMNS, "op", "d") == peer.checksum(str(duck), COLUMNS, "op", "d")
 
 
+@pytest.mark.extended  # three spark-submit JVMs of the second Spark (4.1.4) per variant
+@pytest.mark.parametrize("variant", ["iceberg_cow", "iceberg_mor"])
+def test_iceberg_spark_peer_merges_by_the_compaction_rule(tmp_path: Path, variant: str) -> None:
+    """Iceberg's MERGE INTO (bench/spark_peer.py, Spark 4.1.4) on the rule's cases: ours' rows, cold and warm."""
+    from cdc_compaction.core.jarcache import JarError, group_jars
+    from cdc_compaction.devtools import iceberg_spark
+
+    try:
+        jars = group_jars(iceberg_spark.JAR_GROUP)
+        home = iceberg_spark.spark_home()
+    except (JarError, iceberg_spark.IcebergSparkError) as exc:
+        pytest.skip(f"make jars and make iceberg-spark install the Iceberg peers' Spark: {exc}")
+    spec = {**_case(tmp_path), "tombstone_cutoff": "2026-01-25T00:00:00+00:00"}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    app = str(BENCH / "spark_peer.py")
+    submit = [str(home / "bin" / "spark-submit"), "--master", "local[1]"]
+    submit += [*spark_peer.submit_extra(jars, spark_peer.ICEBERG_CONF), "--conf", "spark.sql.session.timeZone=UTC"]
+    submit += [app, "--spec", str(spec_file)]
+    env = spark_peer.iceberg_env(str(home), _bench_env())
+    warehouse, cold, warm = str(tmp_path / "warehouse"), str(tmp_path / "cold"), str(tmp_path / "warm")
+    cold_export = ["--cold-table", warehouse, "--cold-export", cold]
+    for args in (
+        ["--mode", "prepare", "--table", warehouse, "--iceberg", variant],
+        ["--mode", "cold", "--variant", variant, "--table", warehouse],
+        # One warm run: the table set back to its base snapshot and MERGEd again; the cold result exported first.
+        [
+            "--mode",
+            "warm",
+            "--variant",
+            variant,
+            "--table",
+            warehouse,
+            "--repeats",
+            "1",
+            "--export",
+            warm,
+            *cold_export,
+        ],
+    ):
+        proc = subprocess.run([*submit, *args], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    # It ran on the second Spark, not the pinned one (the driver log names the Spark version).
+    assert f"Spark version {iceberg_spark.SPARK_VERSION}" in proc.stderr, proc.stderr[-2000:]
+    duck = tmp_path / "duck"
+    peer.run_duckdb(spec, str(duck))
+    for out in (cold, warm):
+        rows = pq.read_table(out).to_pylist()
+        got = {r["id"]: (r["name"], r["op"], r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows}
+        # The cutoff drops the base's tombstone (4) and keeps the increment's (5), as ours does.
+        assert got == {k: v for k, v in EXPECTED.items() if k != 4}, out
+        assert peer.checksum(out, COLUMNS, "op", "d") == peer.checksum(str(duck), COLUMNS, "op", "d")
+
+
 def test_checksum_ignores_row_order_and_file_layout_but_not_values(tmp_path: Path) -> None:
     pytest.importorskip("duckdb")
     spec = _case(tmp_path)
