@@ -351,11 +351,13 @@ def test_report_sets_ours_beside_the_spark_peers_and_says_what_is_missing(tmp_pa
             "delta_cow_warm": {"wall_s": 16.0, "merge_s": 16.0, "ours_read_s": 2.0, "runs_wall_s": [16.0]},
             "delta_dv": {**job, "wall_s": 20.0},
             "delta_dv_warm": {"wall_s": 10.0, "merge_s": 7.0, "read_s": 3.0, "ours_read_s": 2.0, "runs_wall_s": [10.0]},
+            "iceberg_mor": {**job, "wall_s": 40.0, "spark": "4.1.4"},
+            "iceberg_mor_warm": {"wall_s": 8.0, "merge_s": 5.0, "read_s": 3.0, "ours_read_s": 2.0, "spark": "4.1.4"},
         },
         # ours / peer as the runner writes them: ours' wall time over the peer's.
-        "ratios": {"ours/delta_cow": 0.8, "ours/delta_cow (warm)": 0.75, "ours/delta_dv": 1.2},
+        "ratios": {"ours/delta_cow": 0.8, "ours/delta_cow (warm)": 0.75, "ours/delta_dv": 1.2, "ours/iceberg_mor": 0.6},
         "steps": {},
-        "checksums": {"ours": check, "delta_cow": check, "delta_dv": {**check, "hash_all": "3"}},
+        "checksums": {"ours": check, "delta_cow": check, "delta_dv": {**check, "hash_all": "3"}, "iceberg_mor": check},
         "checksums_match": False,
     }
     dataset["ratios"] |= {"ours/delta_dv (warm)": 1.2, "ours+read/delta_dv+read (warm)": 1.4}
@@ -370,9 +372,13 @@ def test_report_sets_ours_beside_the_spark_peers_and_says_what_is_missing(tmp_pa
     assert cow in text
     dv = "| 1M x 1% | delta-spark MERGE (deletion vectors) | 1.20 | 1.20 | 1.40 | 24.0 / 20.0 | 12.0 / 10.0 | 7.0 |"
     assert dv in text
+    # Iceberg's peers ran on the second Spark: their rows say so, and so does the text above the table.
+    ice = "| 1M x 1% | Iceberg MERGE INTO (merge-on-read) on Spark 4.1.4, not ours' 4.2 | 0.60 | - | - | 24.0 / 40.0 |"
+    assert ice in text
+    assert "Iceberg's peers ran on Spark 4.1.4" in text
     # A peer whose rows differ from ours is shown as such; the missing peers are named with how it was checked.
-    assert text.count("same as ours") == 1 and "**DIFFERENT**" in text
-    assert "no `org.apache.iceberg:iceberg-spark-runtime-4.2_2.13` on Maven Central" in text
+    assert text.count("same as ours") == 2 and "**DIFFERENT**" in text
+    assert "iceberg-spark-runtime-4.2_2.13" not in text
     assert "no `org.apache.hudi:hudi-spark4.2-bundle_2.13`" in text
     assert "## spark_peers" not in text  # not rendered a second time as a generic section
 
