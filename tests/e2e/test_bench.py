@@ -542,6 +542,36 @@ def _none_left_behind(work: Path, wait_s: float = 60) -> list[str]:
 
 @pytest.mark.spark
 @pytest.mark.metastore
+@pytest.mark.extended  # a real bench run with seven spark-submit JVMs, two Sparks: make test-extended
+def test_bench_runs_the_iceberg_peers_on_spark_4_1_with_ours_checksum(tmp_path: Path) -> None:
+    """A tiny run with --spark-peers iceberg_cow,iceberg_mor: their tables' rows are ours', their jobs say Spark 4.1."""
+    from cdc_compaction.core.jarcache import JarError, group_jars
+    from cdc_compaction.devtools import iceberg_spark
+
+    try:
+        group_jars(iceberg_spark.JAR_GROUP)
+        iceberg_spark.spark_home()
+    except (JarError, iceberg_spark.IcebergSparkError) as exc:
+        pytest.skip(f"make jars and make iceberg-spark install the Iceberg peers' Spark: {exc}")
+    work, results = tmp_path / "work", tmp_path / "results"
+    peers = ["--peers", "", "--spark-peers", "iceberg_cow,iceberg_mor", "--warm-repeats", "0"]
+    proc = subprocess.run(
+        _bench_cmd(work, results, *peers), env=_bench_env(), capture_output=True, text=True, timeout=1200, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    (d,) = json.loads((results / "compaction.json").read_text())["datasets"]
+    assert d["checksums"]["iceberg_cow"] == d["checksums"]["ours"] == d["checksums"]["iceberg_mor"]
+    assert d["checksums_match"] is True
+    for variant in ("iceberg_cow", "iceberg_mor"):
+        assert d["jobs"][variant]["spark"] == iceberg_spark.SPARK_VERSION
+        assert d["ratios"][f"ours/{variant}"] > 0
+    # Merge-on-read leaves the delete files to the readers: its run reads the table once after the MERGE.
+    assert "read_s" in d["jobs"]["iceberg_mor"]["phases"] and "read_s" not in d["jobs"]["iceberg_cow"]["phases"]
+    assert _none_left_behind(work) == []
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
 @pytest.mark.extended  # a real bench run (make bench runs it whole): make test-extended
 def test_bench_measures_ours_and_the_floor_warm_beside_cold(tmp_path: Path) -> None:
     """A tiny run: floor and ours cold (spark-submit) and warm (Spark Connect), and delta-rs; the report has both."""
