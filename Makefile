@@ -113,7 +113,7 @@ $(ICEBERG_SPARK_STAMP): requirements-iceberg-spark.txt $(STAMP)
 	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(ICEBERG_SPARK) -r requirements-iceberg-spark.txt
 	touch $(ICEBERG_SPARK_STAMP)
 
-iceberg-spark: $(ICEBERG_SPARK_STAMP)  ## pyspark 4.1.4 into .venv/iceberg-spark, for reading only: the tests read the Iceberg tables with Spark and Iceberg's runtime (built for Spark 4.1, jars.lock's iceberg-spark group)
+iceberg-spark: $(ICEBERG_SPARK_STAMP)  ## pyspark 4.1.4 into .venv/iceberg-spark, for reading only: the tests read the Iceberg tables with Spark and Iceberg's runtime (built for Spark 4.1, jars.lock's iceberg-spark group); bench/compaction.py --spark-peers iceberg_cow,iceberg_mor runs Iceberg's MERGE with it
 
 $(JAVA_STAMP): requirements-java.txt $(STAMP)
 	rm -rf $(VENV)/java

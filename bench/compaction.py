@@ -15,7 +15,10 @@ one increment, runs ``ensure_tables`` and ``plan``, and measures on the planned 
 * ``delta_cow`` and ``delta_dv`` (``--spark-peers``): the Spark peers, delta-spark's ``MERGE INTO`` on the same
   pinned Spark and ours' own spark-submit line (``bench/spark_peer.py``; jars.lock's ``delta-spark``
   group), copy-on-write and with deletion vectors (+ one full read), cold (a spark-submit each) and warm (one JVM,
-  a warm-up, then the repeats); their tables' rows join the checksums. Iceberg and Hudi have no build for Spark 4.2
+  a warm-up, then the repeats); their tables' rows join the checksums;
+* ``iceberg_cow`` and ``iceberg_mor`` (``--spark-peers``): Iceberg's ``MERGE INTO`` copy-on-write and merge-on-read
+  (+ one full read), the same way, but on the second Spark, 4.1.4 (``make iceberg-spark``; Iceberg's runtime has no
+  build for Spark 4.2), with ours' spark-submit line run by that Spark's spark-submit. Hudi has no build for Spark 4.x
   on Maven Central (``report.SPARK_PEERS_MISSING``).
 
 Then the same floor and ours run warm (``--warm-repeats``, default 3; 0 skips them): in a
@@ -73,6 +76,7 @@ from cdc_compaction.core.lake import Lake, TableLease  # noqa: E402
 from cdc_compaction.core.registry import TableConfig, parse_table  # noqa: E402
 from cdc_compaction.core.settings import MetastoreEndpoint  # noqa: E402
 from cdc_compaction.core.storage import is_data_file  # noqa: E402
+from cdc_compaction.devtools import iceberg_spark  # noqa: E402
 from cdc_compaction.devtools.local_services import LocalMetastore, SparkConnectServer, free_port  # noqa: E402
 from cdc_compaction.integrations.engine import ConnectEngine, SparkSubmitEngine, compaction_conf  # noqa: E402
 from cdc_compaction.integrations.metastore import connect  # noqa: E402
@@ -225,6 +229,9 @@ class Bench:
         self.peers = [p for p in args.peers.split(",") if p]
         #: delta-spark's variants (bench/spark_peer.py): the Spark tools a Spark shop would run instead.
         self.spark_peers = [p for p in args.spark_peers.split(",") if p]
+        unknown = sorted(set(self.spark_peers) - set(spark_peer.VARIANTS))
+        if unknown:
+            raise SystemExit(f"--spark-peers: unknown {unknown}; choose from {', '.join(spark_peer.VARIANTS)}")
 
     def config(self, base_rows: int) -> TableConfig:
         table = "cdc_" + label(base_rows).lower().replace(".", "_")
@@ -440,47 +447,83 @@ class Bench:
         outputs: dict[str, str],
         steps: dict[str, float],
     ) -> None:
-        """delta-spark MERGE (``bench/spark_peer.py``), each variant cold and warm, on ours' own spark-submit line.
+        """delta-spark and Iceberg MERGE (``bench/spark_peer.py``), each variant cold and warm, ours' command line.
 
         The base is loaded into a Delta table per variant first (one untimed spark-submit). Cold: one
         spark-submit per variant MERGEs (and, with deletion vectors, reads the table whole) into a fresh copy of it,
         measured like ours' (``jobs[variant]``, with its phases). Warm: one more spark-submit runs an untimed
         warm-up and ``--warm-repeats`` MERGEs, each into a fresh copy, timed inside its JVM (``jobs[variant_warm]``:
         the median run); it also exports the cold and the last warm result as Parquet, whose checksums join ours.
+
+        The Iceberg variants run the same command line from Spark 4.1.4's spark-submit (``iceberg_spark.spark_home``)
+        with Iceberg's jars; their tables share one Hadoop-catalog warehouse, and a fresh copy is the table set back
+        to its base snapshot (``spark_peer.reset_iceberg``), so cold and warm use the one table.
         """
         app = str(BENCH / "spark_peer.py")
-        extra = spark_peer.submit_extra(group_jars(spark_peer.JAR_GROUP))
+        delta = [v for v in self.spark_peers if not spark_peer.is_iceberg(v)]
+        iceberg = [v for v in self.spark_peers if spark_peer.is_iceberg(v)]
+        extra = spark_peer.submit_extra(group_jars(spark_peer.JAR_GROUP)) if delta else []
+        ice_home = iceberg_spark.spark_home() if iceberg else None
+        ice_extra = (
+            spark_peer.submit_extra(group_jars(iceberg_spark.JAR_GROUP), spark_peer.ICEBERG_CONF) if iceberg else []
+        )
+        ice_env = spark_peer.iceberg_env(str(ice_home), dict(os.environ)) if ice_home is not None else None
 
-        def command(args: list[str]) -> list[str]:
-            return spark_peer.with_extra(submit_command(cfg, [*args, "--spec", str(spec_path)], app), app, extra)
+        def command(args: list[str], variant: str = "delta_cow") -> list[str]:
+            cmd = submit_command(cfg, [*args, "--spec", str(spec_path)], app)
+            if not spark_peer.is_iceberg(variant):
+                return spark_peer.with_extra(cmd, app, extra)
+            # ours' command line, launched by Spark 4.1.4's own spark-submit.
+            return [str(Path(str(ice_home)) / "bin" / "spark-submit"), *spark_peer.with_extra(cmd, app, ice_extra)[1:]]
+
+        def env(variant: str) -> dict[str, str] | None:
+            return ice_env if spark_peer.is_iceberg(variant) else None
 
         slug = out.name
-        bases = {v: str(out / f"{v}_base") for v in self.spark_peers}
-        prepare = ["--mode", "prepare", "--table", bases.get("delta_cow", str(out / "delta_cow_base"))]
-        if "delta_dv" in bases:
-            prepare += ["--dv-table", bases["delta_dv"]]
-        job = run_measured("delta_prepare", command(prepare), self.logs(f"{slug}_delta_prepare"))
-        check_job(job)
-        steps["delta_spark_prepare_s"] = job.wall_s
+        ice_warehouse = str(out / "iceberg_warehouse")
+        bases = {v: ice_warehouse if v in iceberg else str(out / f"{v}_base") for v in self.spark_peers}
+        if delta:
+            prepare = ["--mode", "prepare", "--table", bases.get("delta_cow", str(out / "delta_cow_base"))]
+            if "delta_dv" in bases:
+                prepare += ["--dv-table", bases["delta_dv"]]
+            job = run_measured("delta_prepare", command(prepare), self.logs(f"{slug}_delta_prepare"))
+            check_job(job)
+            steps["delta_spark_prepare_s"] = job.wall_s
+        if iceberg:
+            shutil.rmtree(ice_warehouse, ignore_errors=True)
+            prepare = ["--mode", "prepare", "--table", ice_warehouse, "--iceberg", ",".join(iceberg)]
+            job = run_measured(
+                "iceberg_prepare", command(prepare, iceberg[0]), self.logs(f"{slug}_iceberg_prepare"), env=ice_env
+            )
+            check_job(job)
+            steps["iceberg_spark_prepare_s"] = job.wall_s
         ours_dirs = ",".join(
             d for d in (os.path.join(ours_out, "data"), os.path.join(ours_out, "tombstones")) if os.path.isdir(d)
         )
         for variant in self.spark_peers:
-            cold = spark_peer.fresh_copy(bases[variant], str(out / f"{variant}_cold"))
+            if spark_peer.is_iceberg(variant):
+                cold = bases[variant]  # the table at its base snapshot, as prepare left it
+            else:
+                cold = spark_peer.fresh_copy(bases[variant], str(out / f"{variant}_cold"))
             times = out / f"{variant}_cold_timings.json"
             job = run_measured(
                 variant,
-                command(["--mode", "cold", "--variant", variant, "--table", cold, "--timings", str(times)]),
+                command(["--mode", "cold", "--variant", variant, "--table", cold, "--timings", str(times)], variant),
                 self.logs(f"{slug}_{variant}"),
+                env=env(variant),
             )
             check_job(job)
             jobs[variant] = {**_job_entry(job, rows, None), "phases": json.loads(times.read_text())}
+            if spark_peer.is_iceberg(variant):
+                jobs[variant]["spark"] = iceberg_spark.SPARK_VERSION
             warm_times = out / f"{variant}_warm_timings.json"
             warm_args = ["--mode", "warm", "--variant", variant, "--table", bases[variant]]
             warm_args += ["--work", str(out / f"{variant}_warm"), "--repeats", str(self.args.warm_repeats)]
             warm_args += ["--timings", str(warm_times), "--export", str(out / f"{variant}_warm_rows")]
             warm_args += ["--cold-table", cold, "--cold-export", str(out / f"{variant}_rows"), "--ours", ours_dirs]
-            job = run_measured(f"{variant}_warm", command(warm_args), self.logs(f"{slug}_{variant}_warm"))
+            job = run_measured(
+                f"{variant}_warm", command(warm_args, variant), self.logs(f"{slug}_{variant}_warm"), env=env(variant)
+            )
             check_job(job)
             outputs[variant] = str(out / f"{variant}_rows")
             runs = json.loads(warm_times.read_text())
@@ -493,6 +536,7 @@ class Bench:
                     "runs_wall_s": [r["wall_s"] for r in runs],
                     "rows_per_s": round(rows / median["wall_s"]) if median["wall_s"] else None,
                     "process": job.to_dict(),
+                    **({"spark": iceberg_spark.SPARK_VERSION} if spark_peer.is_iceberg(variant) else {}),
                 }
                 outputs[f"{variant}_warm"] = str(out / f"{variant}_warm_rows")
 
@@ -626,13 +670,16 @@ def _versions() -> dict[str, str]:
         except ImportError:
             out[mod] = "not installed"
     out["delta-spark"] = ", ".join(Path(j).name for j in _spark_peer_jars()) or "not fetched"
+    # The Iceberg peers' Spark is not the pinned one: the report names it beside their rows.
+    out["iceberg-spark"] = ", ".join(Path(j).name for j in _spark_peer_jars(iceberg_spark.JAR_GROUP)) or "not fetched"
+    out["iceberg-peers-spark"] = iceberg_spark.SPARK_VERSION
     return out
 
 
-def _spark_peer_jars() -> list[str]:
+def _spark_peer_jars(group: str = spark_peer.JAR_GROUP) -> list[str]:
     """The jars of the Spark peers, if make jars fetched them."""
     try:
-        return group_jars(spark_peer.JAR_GROUP)
+        return group_jars(group)
     except Exception:  # noqa: BLE001 - a version line of the report: "not fetched" says it
         return []
 
@@ -776,8 +823,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--spark-peers",
         default="delta_cow,delta_dv",
-        help="Spark peers (bench/spark_peer.py): delta_cow, delta_dv (comma-separated; empty: none). Their jars are"
-        " jars.lock's delta-spark group (make jars fetches it)",
+        help="Spark peers (bench/spark_peer.py): delta_cow, delta_dv, iceberg_cow, iceberg_mor (comma-separated; empty:"
+        " none). Delta's jars are jars.lock's delta-spark group (make jars); Iceberg's run on Spark 4.1.4 (make"
+        " iceberg-spark, or CDC_ICEBERG_SPARK) with jars.lock's iceberg-spark group",
     )
     parser.add_argument("--driver-memory", default="2g", help="spark.driver_memory of the bench table")
     parser.add_argument("--target-file-mb", type=int, default=128, help="spark.target_file_mb of the bench table")

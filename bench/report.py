@@ -40,19 +40,24 @@ PROFILE = "profile.json"
 #: A compaction run of its own for the Spark peers (``bench/compaction.py --out bench/results/spark_peers.json``),
 #: when they were measured apart from ``compaction.json``'s run: rendered as their section, not generically.
 SPARK_PEERS = "spark_peers.json"
+#: The Spark the Iceberg peers run on (``cdc_compaction.devtools.iceberg_spark.SPARK_VERSION``).
+ICEBERG_SPARK = "4.1.4"
 #: The Spark peers (``bench/spark_peer.py``) and how the report names them.
 SPARK_PEER_LABELS = {
     "delta_cow": "delta-spark MERGE (copy-on-write)",
     "delta_dv": "delta-spark MERGE (deletion vectors)",
+    # Iceberg's runtime has no build for Spark 4.2: these ran on the second Spark (make iceberg-spark), and say so.
+    "iceberg_cow": "Iceberg MERGE INTO (copy-on-write) on Spark 4.1.4, not ours' 4.2",
+    "iceberg_mor": "Iceberg MERGE INTO (merge-on-read) on Spark 4.1.4, not ours' 4.2",
 }
-#: What is not measured, and why: Maven Central had no build of these for the pinned Spark (checked 2026-11-29 with
+#: What is not measured, and why: Maven Central had no build of these for Spark 4 (checked 2026-11-29 with
 #: ``mvn -B dependency:get -Dartifact=<coordinate>`` and the artifact's ``maven-metadata.xml``).
 SPARK_PEERS_MISSING = (
-    "Iceberg MERGE INTO (copy-on-write, merge-on-read): no `org.apache.iceberg:iceberg-spark-runtime-4.2_2.13` on "
-    "Maven Central (the newest runtime is `iceberg-spark-runtime-4.1_2.13:1.12.0`, for Spark 4.1); "
-    "Hudi upsert (COW, MOR): no `org.apache.hudi:hudi-spark4.2-bundle_2.13` (nor 4.1, 4.0 or `hudi-spark4-bundle`). "
+    "Hudi upsert (COW, MOR): no `org.apache.hudi:hudi-spark4.2-bundle_2.13`, nor a bundle for Spark 4.1 or 4.0 "
+    "(`hudi-spark4.1-bundle_2.13`, `hudi-spark4.0-bundle_2.13`) or `hudi-spark4-bundle_2.13`; the newest bundle is "
+    "`hudi-spark3.5-bundle_2.13:1.1.1`, for Spark 3.5. "
     "Checked 2026-11-29 with `mvn -B dependency:get -Dartifact=<coordinate>` and each artifact's "
-    "`maven-metadata.xml` (HTTP 404). The bench does not add a second Spark for them."
+    "`maven-metadata.xml` (HTTP 404)."
 )
 
 
@@ -281,6 +286,7 @@ def spark_peers_markdown(data: dict[str, Any]) -> list[str]:
     """The Spark peers' text and table (nothing if the run had none), and what is not available."""
     if not has_spark_peers(data):
         return []
+    host = data.get("host", {})
     return [
         "",
         "The Spark peers, on the same planned files, the same pinned Spark "
@@ -294,6 +300,21 @@ def spark_peers_markdown(data: dict[str, Any]) -> list[str]:
         "read of the table after the MERGE (every column hashed), and ours + read adds one full read of ours' "
         "output done the same way in the peer's JVM. The table's rows after the MERGE (cold and warm) must have "
         "ours' checksum, or the run fails.",
+        *(
+            [
+                "",
+                f"Iceberg's peers ran on Spark {host.get('iceberg-peers-spark', ICEBERG_SPARK)}, not on ours' PySpark "
+                f"{host.get('pyspark')} (jars {host.get('iceberg-spark', '?')}): "
+                "Iceberg's Spark runtime has no build for Spark 4.2, so ours / Iceberg compares two Spark versions. "
+                "The same command line, run by the second Spark's spark-submit (`make iceberg-spark`); a Hadoop "
+                "catalog (`type=hadoop`) in the run's directory; `write.merge.mode`, `write.update.mode` and "
+                "`write.delete.mode` all copy-on-write or all merge-on-read (format version 2: position delete files, "
+                "so merge-on-read's time includes one full read like deletion vectors'); a fresh copy is the table "
+                "set back to its base snapshot.",
+            ]
+            if any(p in d["jobs"] for d in data.get("datasets", []) for p in ("iceberg_cow", "iceberg_mor"))
+            else []
+        ),
         "",
         spark_peers_table(data),
         "",

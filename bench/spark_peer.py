@@ -1,4 +1,4 @@
-"""The Spark peers: delta-spark MERGE on the pinned Spark, copy-on-write and with deletion vectors.
+"""The Spark peers: delta-spark MERGE (the pinned Spark) and Iceberg MERGE INTO (Spark 4.1), each in two variants.
 
 What a Spark shop would run instead of the compaction: the base is a Delta table (loaded by
 ``--mode prepare`` before any timing, as a table that already exists), and the increment is
@@ -14,7 +14,16 @@ checksum (``peer.checksum``, over all columns with the ``_cdc_`` provenance) mus
 Variants (``--variant``): ``delta_cow`` (``delta.enableDeletionVectors=false``: MERGE rewrites the
 files it touches) and ``delta_dv`` (``delta.enableDeletionVectors=true``: MERGE marks replaced rows
 in deletion vectors and writes only the new ones; readers pay for it, so its runs also time one
-full read of the table after the MERGE).
+full read of the table after the MERGE); ``iceberg_cow`` and ``iceberg_mor`` (Iceberg's ``write.merge.mode``,
+``write.update.mode`` and ``write.delete.mode`` all ``copy-on-write``, or all ``merge-on-read``: MERGE writes
+position delete files and readers apply them, so ``iceberg_mor`` times one full read too).
+
+Iceberg's Spark runtime is built for Spark 4.1 and older only (``iceberg-spark-runtime-4.1_2.13`` 1.12.0, jars.lock's
+``iceberg-spark`` group), so its variants run on the second, reading-only Spark 4.1.4 (``make iceberg-spark``,
+``cdc_compaction.devtools.iceberg_spark.spark_home``), not on the pinned 4.2: ours / Iceberg mixes two Spark versions.
+Their table lives in a Hadoop catalog (``bench_ice``, ``type=hadoop``, no catalog service) whose warehouse is
+``--table``; one table per variant. An Iceberg table cannot be copied as a directory (its metadata holds absolute
+paths), so a "fresh copy" of it is the table set back to its base snapshot (``set_current_snapshot``, untimed).
 
 Modes, each one spark-submit with the compaction's own command line plus Delta's jars and conf
 (``bench/compaction.py`` builds it, :func:`submit_extra`):
@@ -44,7 +53,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("delta_cow", "delta_dv")
+DELTA_VARIANTS = ("delta_cow", "delta_dv")
+ICEBERG_VARIANTS = ("iceberg_cow", "iceberg_mor")
+VARIANTS = DELTA_VARIANTS + ICEBERG_VARIANTS
+#: The variants whose MERGE leaves work to the readers: their runs also time one full read after it.
+READ_AFTER = ("delta_dv", "iceberg_mor")
 #: Spark conf that turns Delta Lake on in a session (its SQL extension and catalog), as Delta's docs say.
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -52,6 +65,13 @@ DELTA_CONF = {
 }
 #: The jars.lock group that holds delta-spark and delta-storage.
 JAR_GROUP = "delta-spark"
+#: Spark conf that turns Iceberg's SQL (MERGE INTO, its procedures) on; the catalog is set in the session.
+ICEBERG_CONF = {"spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"}
+#: The Iceberg tables' Hadoop catalog (its warehouse: ``--table``) and namespace.
+ICEBERG_CATALOG = "bench_ice"
+ICEBERG_NAMESPACE = "bench"
+#: Each Iceberg variant's write mode, for MERGE, UPDATE and DELETE alike.
+ICEBERG_MODES = {"iceberg_cow": "copy-on-write", "iceberg_mor": "merge-on-read"}
 META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cdc_ingested_at` timestamp"
 META = ["_cdc_increment", "_cdc_file", "_cdc_pos", "_cdc_ingested_at"]
 
@@ -66,12 +86,28 @@ def slit(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def submit_extra(jars: list[str]) -> list[str]:
-    """spark-submit options that add Delta Lake to the compaction's command line (jars, extension, catalog)."""
+def submit_extra(jars: list[str], conf: dict[str, str] | None = None) -> list[str]:
+    """spark-submit options that add a table format to the compaction's command line (jars, extension, catalog).
+
+    ``conf``: Delta Lake's (the default) or ``ICEBERG_CONF``.
+    """
     extra = ["--jars", ",".join(jars)]
-    for key, value in DELTA_CONF.items():
+    for key, value in (DELTA_CONF if conf is None else conf).items():
         extra += ["--conf", f"{key}={value}"]
     return extra
+
+
+def iceberg_env(spark_home: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for Spark 4.1.4's spark-submit at ``spark_home``: its own home and, first on the path, its own pyspark.
+
+    Without them its launcher would find the pinned Spark (4.2) and the driver would import that pyspark.
+    """
+    site = str(Path(spark_home).parent)
+    return {
+        **env,
+        "SPARK_HOME": spark_home,
+        "PYTHONPATH": os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p),
+    }
 
 
 def with_extra(command: list[str], application: str, extra: list[str]) -> list[str]:
@@ -102,17 +138,67 @@ def _names(spec: dict[str, Any]) -> list[str]:
     return [c["name"] for c in spec["columns"]] + META
 
 
+def is_iceberg(variant: str) -> bool:
+    return variant in ICEBERG_VARIANTS
+
+
+def iceberg_table(variant: str) -> str:
+    """The Iceberg variant's table in the session's Hadoop catalog."""
+    return f"{ICEBERG_CATALOG}.{ICEBERG_NAMESPACE}.{variant}"
+
+
+def use_iceberg_warehouse(spark: Any, warehouse: str) -> None:
+    """Open the Hadoop catalog ``bench_ice`` at ``warehouse`` in this session (before its first use)."""
+    prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
+    spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set(f"{prefix}.type", "hadoop")
+    spark.conf.set(f"{prefix}.warehouse", warehouse)
+    # A MERGE after set_current_snapshot sees the table as it is now, not as an earlier statement cached it.
+    spark.conf.set(f"{prefix}.cache-enabled", "false")
+
+
+def target(variant: str, table: str) -> str:
+    """The SQL name of the variant's table: Delta's by its path, Iceberg's in the catalog."""
+    return iceberg_table(variant) if is_iceberg(variant) else f"delta.{bq(table)}"
+
+
+def load(spark: Any, variant: str, table: str) -> Any:
+    """The variant's table as a DataFrame (its current version)."""
+    return spark.table(iceberg_table(variant)) if is_iceberg(variant) else spark.read.format("delta").load(table)
+
+
 def prepare(spark: Any, spec: dict[str, Any], tables: dict[str, str]) -> None:
-    """Load the base into a Delta table per variant (``tables``: variant -> directory), outside any timing."""
+    """Load the base into a table per variant (``tables``: variant -> Delta directory or Iceberg warehouse), untimed."""
     base = spark.read.schema(f"{_ddl(spec)}, {META_DDL}").parquet(*_base_files(spec))
     base = base.select(*[bq(n) for n in _names(spec)]).cache()
     try:
         for variant, table in tables.items():
+            if is_iceberg(variant):
+                mode = ICEBERG_MODES[variant]
+                writer = base.writeTo(iceberg_table(variant)).using("iceberg").tableProperty("format-version", "2")
+                for op in ("merge", "update", "delete"):
+                    writer = writer.tableProperty(f"write.{op}.mode", mode)
+                writer.createOrReplace()
+                continue
             shutil.rmtree(table, ignore_errors=True)
             dv = "true" if variant == "delta_dv" else "false"
             base.write.format("delta").option("delta.enableDeletionVectors", dv).save(table)
     finally:
         base.unpersist()
+
+
+def iceberg_base_snapshot(spark: Any, variant: str) -> int:
+    """The snapshot ``prepare`` wrote: the table's first."""
+    rows = spark.sql(f"SELECT snapshot_id FROM {iceberg_table(variant)}.snapshots ORDER BY committed_at LIMIT 1")
+    return int(rows.collect()[0][0])
+
+
+def reset_iceberg(spark: Any, variant: str, snapshot_id: int) -> None:
+    """The Iceberg table back at its base snapshot: its "fresh copy" (the MERGE's input is the base again)."""
+    spark.sql(
+        f"CALL {ICEBERG_CATALOG}.system.set_current_snapshot("
+        f"table => {slit(ICEBERG_NAMESPACE + '.' + variant)}, snapshot_id => {int(snapshot_id)})"
+    )
 
 
 def events(spark: Any, spec: dict[str, Any]) -> Any:
@@ -161,9 +247,11 @@ def _expired(spec: dict[str, Any], alias: str) -> str:
     return f"({alias}{op} = {delete} AND {alias}_cdc_ingested_at < TIMESTAMP {slit(at)})"
 
 
-def merge_sql(spec: dict[str, Any], table: str, source: str) -> list[str]:
-    """The statements that MERGE the view ``source`` into the Delta table at ``table`` (the delta-rs peer's rule)."""
-    target = f"delta.{bq(table)}"
+def merge_sql(spec: dict[str, Any], target: str, source: str) -> list[str]:
+    """The statements that MERGE the view ``source`` into the table named ``target`` (the delta-rs peer's rule).
+
+    The same for Delta and Iceberg: both take ``UPDATE SET *`` and ``INSERT *`` by column name.
+    """
     on = " AND ".join(f"t.{bq(c)} = s.{bq(c)}" for c in spec["primary_key"])
     newer = _newer([*spec["order_by"], "_cdc_increment", "_cdc_file", "_cdc_pos"])
     statements = [
@@ -178,10 +266,10 @@ def merge_sql(spec: dict[str, Any], table: str, source: str) -> list[str]:
     return statements
 
 
-def merge(spark: Any, spec: dict[str, Any], table: str) -> None:
-    """MERGE the increment into the Delta table at ``table``."""
+def merge(spark: Any, spec: dict[str, Any], variant: str, table: str) -> None:
+    """MERGE the increment into the variant's table (``table``: Delta's directory; Iceberg's warehouse)."""
     events(spark, spec).createOrReplaceTempView("cdc_peer_events")
-    for statement in merge_sql(spec, table, "cdc_peer_events"):
+    for statement in merge_sql(spec, target(variant, table), "cdc_peer_events"):
         spark.sql(statement)
 
 
@@ -196,9 +284,9 @@ def full_read(frame: Any) -> None:
     frame.select(F.bit_xor(F.xxhash64(*[F.col(bq(c)) for c in frame.columns]))).collect()
 
 
-def export(spark: Any, spec: dict[str, Any], table: str, out: str) -> None:
-    """The Delta table's current rows as plain Parquet under ``out`` (what ``peer.checksum`` reads)."""
-    spark.read.format("delta").load(table).select(*[bq(n) for n in _names(spec)]).write.mode("overwrite").parquet(out)
+def export(spark: Any, spec: dict[str, Any], variant: str, table: str, out: str) -> None:
+    """The variant's table's current rows as plain Parquet under ``out`` (what ``peer.checksum`` reads)."""
+    load(spark, variant, table).select(*[bq(n) for n in _names(spec)]).write.mode("overwrite").parquet(out)
 
 
 def fresh_copy(source: str, dest: str) -> str:
@@ -220,15 +308,16 @@ def fresh_copy(source: str, dest: str) -> str:
 
 
 def one_run(spark: Any, spec: dict[str, Any], variant: str, table: str, ours: str | None) -> dict[str, float]:
-    """MERGE into ``table``, then (deletion vectors) read it whole; then (``ours``: comma-separated directories)
-    read ours' output whole. Returns each phase's seconds and ``wall_s``, the peer's own (MERGE and its read)."""
+    """MERGE into ``table``, then (deletion vectors, merge-on-read) read it whole; then (``ours``: comma-separated
+    directories) read ours' output whole. Returns each phase's seconds and ``wall_s``, the peer's own (MERGE and its
+    read)."""
     times: dict[str, float] = {}
     t = time.perf_counter()
-    merge(spark, spec, table)
+    merge(spark, spec, variant, table)
     times["merge_s"] = time.perf_counter() - t
-    if variant == "delta_dv":
+    if variant in READ_AFTER:
         t = time.perf_counter()
-        full_read(spark.read.format("delta").load(table))
+        full_read(load(spark, variant, table))
         times["read_s"] = time.perf_counter() - t
     times["wall_s"] = sum(times.values())
     if ours:
@@ -239,12 +328,15 @@ def one_run(spark: Any, spec: dict[str, Any], variant: str, table: str, ours: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="delta-spark MERGE of the benchmark's increment (a Spark peer).")
+    parser = argparse.ArgumentParser(description="delta-spark or Iceberg MERGE of the benchmark's increment.")
     parser.add_argument("--mode", choices=["prepare", "cold", "warm"], required=True)
     parser.add_argument("--variant", choices=VARIANTS, default="delta_cow")
     parser.add_argument("--spec", required=True)
-    parser.add_argument("--table", required=True, help="the Delta table (prepare: the copy-on-write one)")
+    parser.add_argument(
+        "--table", required=True, help="the Delta table (prepare: the copy-on-write one), or Iceberg's warehouse"
+    )
     parser.add_argument("--dv-table", help="prepare: the deletion-vector table")
+    parser.add_argument("--iceberg", help="prepare: these Iceberg variants' tables in the warehouse --table instead")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", help="warm: where each run's copy of --table goes")
     parser.add_argument("--timings", help="cold/warm: write the runs' seconds here (JSON)")
@@ -257,9 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.getOrCreate()
+    iceberg = bool(args.iceberg) if args.mode == "prepare" else is_iceberg(args.variant)
+    if iceberg:
+        use_iceberg_warehouse(spark, args.table)
     try:
         if args.mode == "prepare":
-            tables = {"delta_cow": args.table, **({"delta_dv": args.dv_table} if args.dv_table else {})}
+            if args.iceberg:
+                tables = {v: args.table for v in args.iceberg.split(",") if v}
+            else:
+                tables = {"delta_cow": args.table, **({"delta_dv": args.dv_table} if args.dv_table else {})}
             prepare(spark, spec, tables)
             return 0
         if args.mode == "cold":
@@ -267,24 +365,34 @@ def main(argv: list[str] | None = None) -> int:
             if args.timings:
                 Path(args.timings).write_text(json.dumps(times))
             return 0
+        if args.cold_table and args.cold_export:
+            # First: an Iceberg cold run's result is its table's current snapshot, which the runs below set back.
+            export(spark, spec, args.variant, args.cold_table, args.cold_export)
         work = Path(args.work or Path(args.table).parent / f"{args.variant}_warm")
         ours = args.ours or None
+        base_snapshot = iceberg_base_snapshot(spark, args.variant) if iceberg else 0
+
+        def fresh(name: str) -> str:
+            # Delta: a copy of the directory; Iceberg: the one table back at its base snapshot.
+            if iceberg:
+                reset_iceberg(spark, args.variant, base_snapshot)
+                return args.table
+            return fresh_copy(args.table, str(work / name))
+
         if args.repeats > 0:
-            # The warm-up: this JVM's first MERGE (JIT, Delta's classes and log replay code), not timed.
-            one_run(spark, spec, args.variant, fresh_copy(args.table, str(work / "warmup")), ours)
+            # The warm-up: this JVM's first MERGE (JIT, the format's classes and metadata code), not timed.
+            one_run(spark, spec, args.variant, fresh("warmup"), ours)
             shutil.rmtree(work / "warmup", ignore_errors=True)
         runs = []
         last = ""
         for i in range(args.repeats):
-            table = fresh_copy(args.table, str(work / f"run{i}"))
+            table = fresh(f"run{i}")
             runs.append(one_run(spark, spec, args.variant, table, ours))
-            if last:
+            if last and not iceberg:
                 shutil.rmtree(last, ignore_errors=True)
             last = table
         if args.export and last:
-            export(spark, spec, last, args.export)
-        if args.cold_table and args.cold_export:
-            export(spark, spec, args.cold_table, args.cold_export)
+            export(spark, spec, args.variant, last, args.export)
         if args.timings:
             Path(args.timings).write_text(json.dumps(runs))
     finally:

@@ -226,6 +226,60 @@ def test_spark_peer_merges_by_the_compaction_rule(tmp_path: Path, variant: str) 
     assert peer.checksum(out, COLUMNS, "op", "d") == peer.checksum(str(duck), COLUMNS, "op", "d")
 
 
+@pytest.mark.extended  # three spark-submit JVMs of the second Spark (4.1.4) per variant
+@pytest.mark.parametrize("variant", ["iceberg_cow", "iceberg_mor"])
+def test_iceberg_spark_peer_merges_by_the_compaction_rule(tmp_path: Path, variant: str) -> None:
+    """Iceberg's MERGE INTO (bench/spark_peer.py, Spark 4.1.4) on the rule's cases: ours' rows, cold and warm."""
+    from cdc_compaction.core.jarcache import JarError, group_jars
+    from cdc_compaction.devtools import iceberg_spark
+
+    try:
+        jars = group_jars(iceberg_spark.JAR_GROUP)
+        home = iceberg_spark.spark_home()
+    except (JarError, iceberg_spark.IcebergSparkError) as exc:
+        pytest.skip(f"make jars and make iceberg-spark install the Iceberg peers' Spark: {exc}")
+    spec = {**_case(tmp_path), "tombstone_cutoff": "2026-01-25T00:00:00+00:00"}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    app = str(BENCH / "spark_peer.py")
+    submit = [str(home / "bin" / "spark-submit"), "--master", "local[1]"]
+    submit += [*spark_peer.submit_extra(jars, spark_peer.ICEBERG_CONF), "--conf", "spark.sql.session.timeZone=UTC"]
+    submit += [app, "--spec", str(spec_file)]
+    env = spark_peer.iceberg_env(str(home), _bench_env())
+    warehouse, cold, warm = str(tmp_path / "warehouse"), str(tmp_path / "cold"), str(tmp_path / "warm")
+    cold_export = ["--cold-table", warehouse, "--cold-export", cold]
+    for args in (
+        ["--mode", "prepare", "--table", warehouse, "--iceberg", variant],
+        ["--mode", "cold", "--variant", variant, "--table", warehouse],
+        # One warm run: the table set back to its base snapshot and MERGEd again; the cold result exported first.
+        [
+            "--mode",
+            "warm",
+            "--variant",
+            variant,
+            "--table",
+            warehouse,
+            "--repeats",
+            "1",
+            "--export",
+            warm,
+            *cold_export,
+        ],
+    ):
+        proc = subprocess.run([*submit, *args], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    # It ran on the second Spark, not the pinned one (the driver log names the Spark version).
+    assert f"Spark version {iceberg_spark.SPARK_VERSION}" in proc.stderr, proc.stderr[-2000:]
+    duck = tmp_path / "duck"
+    peer.run_duckdb(spec, str(duck))
+    for out in (cold, warm):
+        rows = pq.read_table(out).to_pylist()
+        got = {r["id"]: (r["name"], r["op"], r["_cdc_increment"], r["_cdc_file"], r["_cdc_pos"]) for r in rows}
+        # The cutoff drops the base's tombstone (4) and keeps the increment's (5), as ours does.
+        assert got == {k: v for k, v in EXPECTED.items() if k != 4}, out
+        assert peer.checksum(out, COLUMNS, "op", "d") == peer.checksum(str(duck), COLUMNS, "op", "d")
+
+
 def test_checksum_ignores_row_order_and_file_layout_but_not_values(tmp_path: Path) -> None:
     pytest.importorskip("duckdb")
     spec = _case(tmp_path)
@@ -297,11 +351,13 @@ def test_report_sets_ours_beside_the_spark_peers_and_says_what_is_missing(tmp_pa
             "delta_cow_warm": {"wall_s": 16.0, "merge_s": 16.0, "ours_read_s": 2.0, "runs_wall_s": [16.0]},
             "delta_dv": {**job, "wall_s": 20.0},
             "delta_dv_warm": {"wall_s": 10.0, "merge_s": 7.0, "read_s": 3.0, "ours_read_s": 2.0, "runs_wall_s": [10.0]},
+            "iceberg_mor": {**job, "wall_s": 40.0, "spark": "4.1.4"},
+            "iceberg_mor_warm": {"wall_s": 8.0, "merge_s": 5.0, "read_s": 3.0, "ours_read_s": 2.0, "spark": "4.1.4"},
         },
         # ours / peer as the runner writes them: ours' wall time over the peer's.
-        "ratios": {"ours/delta_cow": 0.8, "ours/delta_cow (warm)": 0.75, "ours/delta_dv": 1.2},
+        "ratios": {"ours/delta_cow": 0.8, "ours/delta_cow (warm)": 0.75, "ours/delta_dv": 1.2, "ours/iceberg_mor": 0.6},
         "steps": {},
-        "checksums": {"ours": check, "delta_cow": check, "delta_dv": {**check, "hash_all": "3"}},
+        "checksums": {"ours": check, "delta_cow": check, "delta_dv": {**check, "hash_all": "3"}, "iceberg_mor": check},
         "checksums_match": False,
     }
     dataset["ratios"] |= {"ours/delta_dv (warm)": 1.2, "ours+read/delta_dv+read (warm)": 1.4}
@@ -316,9 +372,13 @@ def test_report_sets_ours_beside_the_spark_peers_and_says_what_is_missing(tmp_pa
     assert cow in text
     dv = "| 1M x 1% | delta-spark MERGE (deletion vectors) | 1.20 | 1.20 | 1.40 | 24.0 / 20.0 | 12.0 / 10.0 | 7.0 |"
     assert dv in text
+    # Iceberg's peers ran on the second Spark: their rows say so, and so does the text above the table.
+    ice = "| 1M x 1% | Iceberg MERGE INTO (merge-on-read) on Spark 4.1.4, not ours' 4.2 | 0.60 | - | - | 24.0 / 40.0 |"
+    assert ice in text
+    assert "Iceberg's peers ran on Spark 4.1.4" in text
     # A peer whose rows differ from ours is shown as such; the missing peers are named with how it was checked.
-    assert text.count("same as ours") == 1 and "**DIFFERENT**" in text
-    assert "no `org.apache.iceberg:iceberg-spark-runtime-4.2_2.13` on Maven Central" in text
+    assert text.count("same as ours") == 2 and "**DIFFERENT**" in text
+    assert "iceberg-spark-runtime-4.2_2.13" not in text
     assert "no `org.apache.hudi:hudi-spark4.2-bundle_2.13`" in text
     assert "## spark_peers" not in text  # not rendered a second time as a generic section
 
@@ -478,6 +538,36 @@ def _none_left_behind(work: Path, wait_s: float = 60) -> list[str]:
     while (left := _left_behind(work)) and time.monotonic() < deadline:
         time.sleep(1)
     return left
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+@pytest.mark.extended  # a real bench run with seven spark-submit JVMs, two Sparks: make test-extended
+def test_bench_runs_the_iceberg_peers_on_spark_4_1_with_ours_checksum(tmp_path: Path) -> None:
+    """A tiny run with --spark-peers iceberg_cow,iceberg_mor: their tables' rows are ours', their jobs say Spark 4.1."""
+    from cdc_compaction.core.jarcache import JarError, group_jars
+    from cdc_compaction.devtools import iceberg_spark
+
+    try:
+        group_jars(iceberg_spark.JAR_GROUP)
+        iceberg_spark.spark_home()
+    except (JarError, iceberg_spark.IcebergSparkError) as exc:
+        pytest.skip(f"make jars and make iceberg-spark install the Iceberg peers' Spark: {exc}")
+    work, results = tmp_path / "work", tmp_path / "results"
+    peers = ["--peers", "", "--spark-peers", "iceberg_cow,iceberg_mor", "--warm-repeats", "0"]
+    proc = subprocess.run(
+        _bench_cmd(work, results, *peers), env=_bench_env(), capture_output=True, text=True, timeout=1200, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    (d,) = json.loads((results / "compaction.json").read_text())["datasets"]
+    assert d["checksums"]["iceberg_cow"] == d["checksums"]["ours"] == d["checksums"]["iceberg_mor"]
+    assert d["checksums_match"] is True
+    for variant in ("iceberg_cow", "iceberg_mor"):
+        assert d["jobs"][variant]["spark"] == iceberg_spark.SPARK_VERSION
+        assert d["ratios"][f"ours/{variant}"] > 0
+    # Merge-on-read leaves the delete files to the readers: its run reads the table once after the MERGE.
+    assert "read_s" in d["jobs"]["iceberg_mor"]["phases"] and "read_s" not in d["jobs"]["iceberg_cow"]["phases"]
+    assert _none_left_behind(work) == []
 
 
 @pytest.mark.spark

@@ -15,6 +15,10 @@ Central.  So a second Spark, pyspark 4.1.4, is installed for reading only (``mak
 server is started from it (:func:`server`) with the runtime's jars.  The project's own pyspark-client
 4.2 talks to that 4.1 server: reads are plain ``SELECT``s.  Each read opens a session of its own and
 registers the catalog in it (catalogs are session settings), so a read sees the catalog as it is now.
+
+Its one other user is the benchmark: ``bench/compaction.py --spark-peers iceberg_cow,iceberg_mor`` runs Iceberg's
+``MERGE INTO`` with this Spark's spark-submit (:func:`spark_home`) on tables of its own (a Hadoop catalog in the run's
+directory), never on the lake's.
 """
 
 from __future__ import annotations
