@@ -275,20 +275,24 @@ class LocalMetastore:
         classes = self._compile_launcher(jars)
         cmd = ["java", "-Xmx768m", "-Dderby.system.home=" + str(self.home), "-cp", f"{conf}:{jars}:{classes}"]
         cmd += ["LoopbackMetaStore", self.host, str(self.port)]
+        return self._launch(cmd, "metastore", timeout_s)
+
+    def _launch(self, cmd: list[str], what: str, timeout_s: float) -> int:
+        """Start ``cmd`` in its own session (its PID in :attr:`pid_file`), wait for the port; its PID."""
         with open(self.log_file, "ab") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
         self.pid_file.write_text(str(proc.pid))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise ServiceError(f"the metastore exited with code {proc.returncode}; see {self.log_file}")
+                raise ServiceError(f"the {what} exited with code {proc.returncode}; see {self.log_file}")
             if port_open(self.host, self.port):
-                log.info("metastore %s started (pid %d, home %s)", self.uri, proc.pid, self.home)
+                log.info("%s %s started (pid %d, home %s)", what, self.uri, proc.pid, self.home)
                 return proc.pid
             time.sleep(0.5)
         self.stop()
         raise ServiceError(
-            f"the metastore did not open {self.host}:{self.port} within {timeout_s:.0f}s; see {self.log_file}"
+            f"the {what} did not open {self.host}:{self.port} within {timeout_s:.0f}s; see {self.log_file}"
         )
 
     def stop(self, timeout_s: float = 20.0) -> bool:
@@ -393,21 +397,7 @@ class Hive4Metastore(LocalMetastore):
         self._init_schema(server, classpath, timeout_s)
         cmd = ["java", "-Xmx512m", "-Dderby.system.home=" + str(self.home), "-cp", classpath]
         cmd += ["org.apache.hadoop.hive.metastore.HiveMetaStore"]
-        with open(self.log_file, "ab") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
-        self.pid_file.write_text(str(proc.pid))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ServiceError(f"the Hive 4 metastore exited with code {proc.returncode}; see {self.log_file}")
-            if port_open(self.host, self.port):
-                log.info("Hive 4 metastore %s started (pid %d, home %s)", self.uri, proc.pid, self.home)
-                return proc.pid
-            time.sleep(0.5)
-        self.stop()
-        raise ServiceError(
-            f"the Hive 4 metastore did not open {self.host}:{self.port} within {timeout_s:.0f}s; see {self.log_file}"
-        )
+        return self._launch(cmd, "Hive 4 metastore", timeout_s)
 
 
 @dataclass
