@@ -22,6 +22,7 @@ stated in :attr:`Dialect.ties`.
 from __future__ import annotations
 
 import base64
+import collections
 import functools
 import json
 from dataclasses import dataclass
@@ -114,12 +115,37 @@ def _expression(text: str, dialect: str) -> exp.Expression:
     return sqlglot.parse_one(text, read=dialect)
 
 
+#: Rendered queries by (registry entry, kind, dialect, sources). Rendering walks and prints the whole
+#: rule's tree (about 70 ms), and a publish renders the same views several times (staleness checks,
+#: the metastore views, the DuckDB script): the text depends on nothing else, so it is kept.
+_RENDERED: collections.OrderedDict[tuple[str, str, str, tuple[tuple[str, str], ...]], str] = collections.OrderedDict()
+_RENDERED_MAX = 256
+
+
 def query(cfg: TableConfig, kind: str, dialect: str, sources: dict[str, exp.Expression]) -> str:
     """The SELECT of ``kind`` (``view`` or ``rejects``) in ``dialect`` over ``sources``.
 
     ``sources`` maps each placeholder table to a table or an aliased subquery (see
     :func:`metastore_sources` and :func:`cdc_compaction.core.duckdb_views.sources`).
     """
+    key = (
+        cfg.model_dump_json(),
+        kind,
+        dialect,
+        tuple(sorted((name, src.sql(dialect=DIALECTS[dialect].sqlglot)) for name, src in sources.items())),
+    )
+    text = _RENDERED.get(key)
+    if text is None:
+        text = _render(cfg, kind, dialect, sources)
+        _RENDERED[key] = text
+        if len(_RENDERED) > _RENDERED_MAX:
+            _RENDERED.popitem(last=False)
+    else:
+        _RENDERED.move_to_end(key)
+    return text
+
+
+def _render(cfg: TableConfig, kind: str, dialect: str, sources: dict[str, exp.Expression]) -> str:
     d = DIALECTS[dialect]
     file_name, row_index = _expression(d.file_name, d.sqlglot), _expression(d.row_index, d.sqlglot)
 
