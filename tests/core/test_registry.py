@@ -1758,10 +1758,11 @@ def test_the_debezium_preset_orders_by_the_kafka_offset_without_a_log_position()
 
 
 def test_change_feed_is_taken_by_the_modes_that_have_one() -> None:
-    """cdc and keyless tables have a change feed (docs/data.md#change-feed); an append or snapshot table's
+    """cdc, keyless and snapshot tables have a change feed (docs/data.md#change-feed); an append table's
     ``change_feed`` is refused, naming the table, the field and what to do, not silently ignored."""
     assert parse_table(good_doc(change_feed=True)).change_feed
     assert parse_table(keyless_doc(change_feed=True)).change_feed
+    assert parse_table(snapshot_doc(change_feed=True)).change_feed
     clicks: Doc = {
         "mode": "append",
         "database": "web",
@@ -1773,5 +1774,3 @@ def test_change_feed_is_taken_by_the_modes_that_have_one() -> None:
     }
     with pytest.raises(ValidationError, match=r"change_feed: an append table has no change feed.*web\.clicks"):
         parse_table(clicks)
-    with pytest.raises(ValidationError, match=r"change_feed: snapshot table tests\.accounts .*accounts_history"):
-        parse_table(snapshot_doc(change_feed=True))

@@ -1,4 +1,4 @@
-"""The change feed of the modes without a key (docs/data.md, "Change feed"; issue 38 item 1).
+"""The change feed of the keyless and snapshot modes (docs/data.md, "Change feed"; issue 38 item 1).
 
 ``mode: keyless``: a table's rows are a multiset, so a commit's feed is the multiset difference of its
 version and its parent: one ``delete`` row per copy removed and one ``insert`` row per copy added (no
@@ -6,6 +6,11 @@ update pairs), rows equal column by column (NULL equal to NULL) being copies of 
 it in the same pass as the version; ``publish`` copies it to ``changes/c<seq>.parquet``; a commit without
 it gets it from the fallback diff.  The expectation is a multiset difference written here from the
 scenario's expected rows before and after each compaction (the contract's, never the project's diff).
+
+``mode: snapshot``: the feed is the per-key change between consecutive current tables (the registry's
+columns; ``operation`` and ``eff_start_date`` are the mode's bookkeeping): ``insert`` (a key only the new
+one holds), ``delete`` (only the old one), ``update_before`` + ``update_after`` (both, any column
+differing; NULL equal to NULL, NULL not equal to '').
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
 #: removed one at a time over three commits.
 KEYLESS = [
     SCENARIO_DIR / "keyless" / f"{n}.json" for n in ("null_values_match_null_safely", "delete_one_of_two_copies")
+]
+
+
+#: A NULL compared with '' and an unchanged key (update_nochange_delete_insert); a deleted key coming back and
+#: a delta export's keys not supplied (deleted_key_comes_back, delta_not_supplied).
+SNAPSHOT = [
+    SCENARIO_DIR / "snapshot" / f"{n}.json"
+    for n in ("update_nochange_delete_insert", "deleted_key_comes_back", "delta_not_supplied")
 ]
 
 
@@ -126,3 +139,57 @@ def test_the_job_writes_each_keyless_commits_multiset_change(
     # The <t>_changes table over them, through the metastore.
     got = inprocess.spark.table(f"{cfg.database}.{cfg.table}_changes").collect()
     assert len(got) == sum(len(multiset_change(data, b, a)) for b, a in zip([[], *afters], afters, strict=False))
+
+
+def per_key_change(key: list[str], cols: list[str], before: list[dict], after: list[dict]) -> list[tuple[str, tuple]]:
+    """The contract's per-key change: rows paired by key; insert / delete / update_before + update_after where
+    any of ``cols`` differs (NULL equal to NULL only)."""
+    old = {tuple(r.get(c) for c in key): tuple(_norm(r.get(c)) for c in cols) for r in before}
+    new = {tuple(r.get(c) for c in key): tuple(_norm(r.get(c)) for c in cols) for r in after}
+    out: list[tuple[str, tuple]] = []
+    for k in set(old) | set(new):
+        o, n = old.get(k), new.get(k)
+        if o is None:
+            out.append(("insert", n))
+        elif n is None:
+            out.append(("delete", o))
+        elif o != n:
+            out += [("update_before", o), ("update_after", n)]
+    return sorted(out, key=repr)
+
+
+@pytest.mark.parametrize("path", SNAPSHOT, ids=lambda p: p.stem)
+def test_the_job_writes_each_snapshot_commits_per_key_change(
+    path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
+) -> None:
+    scn = _feed_on(path)
+    suffix = "_sf"
+    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix=suffix)
+    assert result.ok, "\n".join(result.failures)
+    cfg = parse_table(conf.registry_doc(scn, tmp_path / "lake", suffix))
+    lake = Lake(cfg)
+    afters = _committed_steps(scn)
+    assert lake.latest_commit().seq == len(afters)
+    cols, key = list(cfg.column_names), list(cfg.primary_key)  # type: ignore[attr-defined]
+    before: list[dict] = []
+    for seq, after in enumerate(afters, 1):
+        commit = lake.read_commit(seq)
+        feed = commit.stats.get("change_feed")
+        assert feed, f"commit {seq}: the job wrote no change feed (stats {sorted(commit.stats)})"
+        job_file = Path(lake.layout.version_dir(commit.version)) / feed["file"]
+        published = Path(lake.layout.root) / "changes" / f"c{seq:08d}.parquet"
+        assert published.read_bytes() == job_file.read_bytes()  # publish copied the job's file
+        table = pq.read_table(published)
+        assert table.column_names == [*cols, "_change_type", "_commit_version", "_commit_seq"]
+        counts = Counter(table.column("_change_type").to_pylist())
+        assert {k: v for k, v in feed["rows"].items() if v} == dict(counts), (seq, feed, counts)
+        expected = per_key_change(key, cols, before, after)
+        assert _rows(table, cols) == expected, f"commit {seq}"
+        # The fallback diff of the two versions (a commit without the job's file) writes the same change.
+        published.unlink()
+        assert write_feed(lake, commit)
+        assert _rows(pq.read_table(published), cols) == expected, f"commit {seq}, the fallback"
+        before = after
+    # `changes --from 0 --to <last>`: the net change, per key.
+    net = change_feed(lake, 0, len(afters))
+    assert _rows(net, cols) == per_key_change(key, cols, [], afters[-1])

@@ -607,7 +607,7 @@ class TableConfig(_Strict):
     #: True: the compaction job writes each commit's change beside the version and publish puts it into
     #: ``<t>_changes`` (docs/data.md#change-feed): a cdc table's per key (insert, update_before and
     #: update_after, delete), a keyless table's as a multiset (one insert or delete row per copy added or
-    #: removed). Refused for snapshot tables (``<t>_history`` holds their changes) and append tables
+    #: removed), a snapshot table's per key between consecutive current tables. Refused for append tables
     #: (a commit only appends). Off by default.
     change_feed: bool = False
     #: Open table formats every published version is also readable as, over the same Parquet files

@@ -102,12 +102,6 @@ class SnapshotTable(TableConfig):
             raise ValueError(f"primary_key: {missing} not among the columns {names}")
         if self.partition_by is not None:
             raise ValueError("partition_by: snapshot tables are not partitioned (yet); remove partition_by")
-        if self.change_feed:
-            raise ValueError(
-                f"change_feed: snapshot table {self.database}.{self.table} has no change feed (yet): its "
-                f"{self.table}_history holds every applied export's net changes (I, U, D rows) already; remove "
-                "change_feed and read the history"
-            )
         if self.compaction.policy != "always":
             raise ValueError(
                 "compaction.policy: a snapshot table compacts every export (its history is made by the "
@@ -217,6 +211,7 @@ class SnapshotMode(TableMode):
     """The Airflow side of ``mode: snapshot``."""
 
     name = "snapshot"
+    has_change_feed = True
     model = SnapshotTable
     summary = "full extracts"
 

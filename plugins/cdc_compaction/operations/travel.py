@@ -10,7 +10,8 @@ newest of them on storage, so their visible rows can be read back without Spark 
   process): ``insert`` / ``update_before`` + ``update_after`` / ``delete`` rows, each with the
   commit (``_commit_version``) that last changed that key in the range.  ``mode: keyless``: the
   multiset difference (``insert`` / ``delete`` per copy; a row is named by all its data columns).
-  Snapshot and append tables have none (``<t>_history`` keeps a snapshot table's changes).
+  ``mode: snapshot``: by key over the registry's columns (``operation``, ``eff_start_date`` left out).
+  Append tables have none.
 * :func:`rollback` -- publish an older kept version's rows as a NEW commit: history only moves
   forward, no file a commit references is written again (its data files are copied into a new
   version directory; a partitioned table's partitions are referenced where they are), under the

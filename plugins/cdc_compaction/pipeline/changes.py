@@ -4,7 +4,7 @@ The compaction job computes a commit's change in the same pass as its version (p
 ``change_feed``; ``job/modes/cdc.py`` ``feed_rows``: each touched key's stored row against its
 winner; ``job/modes/keyless.py`` ``feed_rows``: each row value's copies before and after) and writes it
 beside the version, ``<version>/changes/``, counted in its stats.  After the publish of a table with
-``change_feed: true`` (cdc, keyless), :func:`sync_changes` copies that file to ``changes/c<seq>.parquet``
+``change_feed: true`` (cdc, keyless, snapshot), :func:`sync_changes` copies that file to ``changes/c<seq>.parquet``
 under the table's root (:func:`copy_feed`: a storage copy, no row read here).  A commit without a
 job-written feed -- a rollback's, an erase's, one from before the job wrote feeds, the catch-up of
 a missing file -- falls back to :func:`write_feed`: the change between the commit and its parent
@@ -345,11 +345,18 @@ def version_batches(lake: Lake, commit: Commit) -> Iterator[Any]:
             "its rows), which time travel does not read. Diff or roll back to a version written since layout 2"
         )
     dirs = list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
+    # The mode's own columns are bookkeeping, no part of a row (snapshot: operation and eff_start_date, which
+    # change with every export that leaves the row's values as they are).
+    own = {n.lower() for n, _ in mode_of(lake.cfg).output_columns(lake.cfg)} - {
+        c.lower() for c in lake.cfg.column_names
+    }
     for d in dirs:
         for f in data_files(lake, d):
             with lake.storage.open_read(f) as fh:
                 pf = pq.ParquetFile(fh)
-                columns = [c for c in pf.schema_arrow.names if not c.startswith(INTERNAL_PREFIX)]
+                columns = [
+                    c for c in pf.schema_arrow.names if not c.startswith(INTERNAL_PREFIX) and c.lower() not in own
+                ]
                 # The file's columns even when it holds no row: a column one version has is the diff's.
                 yield _empty_batch(pf.schema_arrow, columns)
                 yield from pf.iter_batches(batch_size=VersionDiff.READ_ROWS, columns=columns)

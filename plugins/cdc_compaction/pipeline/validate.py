@@ -95,7 +95,7 @@ def _output_files(storage: Storage, out: str, mode_dirs: Sequence[OutputDir] = (
     walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
     # Partitioned tables: the key index, index/_cdc_partition=<v>/ (README, "Key index").
     walk(posixpath.join(out, INDEX_DIR), INDEX_DIR, True)
-    # Tables with change_feed (cdc, keyless): the commit's change, one file (README, "Change feed").
+    # Tables with change_feed (cdc, keyless, snapshot): the commit's change, one file (README, "Change feed").
     walk(posixpath.join(out, CHANGES_DIR), CHANGES_DIR, False)
     # The mode's own outputs (snapshot: history/eff_start_date=<date>/).
     for d in mode_dirs:

@@ -34,7 +34,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql.types import StructField, StructType
 
@@ -45,7 +45,6 @@ from cdc_compaction.job.contract import (
     CHANGES_DIR,
     COMMIT_VERSION,
     DATA_DIR,
-    FEED_CHANGE_TYPES,
     KEYLESS_RELATIONS,
     KEYLESS_RULE_KEYS,
     LAYOUT,
@@ -309,23 +308,8 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         if plan.change_feed:
             # registry change_feed: the commit's change from the counts the new version is expanded from
             # (checkpointed: no second read of the base or the events), one file beside the version.
-            feed_out = f"{out}/{CHANGES_DIR}"
-            obs_feed = Observation("cdc_compaction_keyless_feed")
-            feed = feed_rows(value_counts, data_cols, int(plan.seq)).coalesce(1)
-            feed.observe(obs_feed, *common.feed_tally_columns()).write.mode(write_mode).option(
-                "compression", compression
-            ).parquet(feed_out)
-            feed_files = common.data_files(spark, feed_out, CHANGES_DIR)
-            if len(feed_files) != 1:
-                raise RuntimeError(
-                    f"{plan.table}: the change feed of commit {plan.seq} must be one file in {feed_out}, "
-                    f"Spark wrote {[f['name'] for f in feed_files]}"
-                )
-            change_feed = {
-                "file": feed_files[0]["name"],
-                "seq": int(plan.seq),
-                "rows": {k: common.observed(obs_feed, k) for k in FEED_CHANGE_TYPES},
-            }
+            feed = feed_rows(value_counts, data_cols, int(plan.seq))
+            change_feed = common.write_feed(spark, feed, plan, out, write_mode)
     finally:
         # The copies are written: the counts view they read over Spark Connect can go (see compact_keyless).
         spark.catalog.dropTempView(COUNTS_VIEW)
