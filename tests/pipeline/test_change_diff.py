@@ -261,7 +261,7 @@ def _multiset_change(before: list[tuple], after: list[tuple]) -> list[tuple[str,
     return sorted(out, key=repr)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(before=multiset, after=multiset)
 def test_the_keyless_diff_is_the_multiset_difference(before, after) -> None:
     old = pa.Table.from_pylist([dict(zip(MULTI.names, r, strict=True)) for r in before], schema=MULTI)
@@ -270,6 +270,5 @@ def test_the_keyless_diff_is_the_multiset_difference(before, after) -> None:
     assert got.column_names == [*MULTI.names, "_change_type"]
     rows = [(r.pop("_change_type"), tuple(_norm(v) for v in r.values())) for r in got.to_pylist()]
     assert sorted(rows, key=repr) == _multiset_change(before, after)
-    # Sorted by the row's columns (NULL first), a row's deletes before its inserts.
-    kinds = [k for k, _ in rows]
-    assert not ({"update_before", "update_after"} & set(kinds))
+    # No update pairs: a copy has no identity to pair an old one with a new one by.
+    assert not ({"update_before", "update_after"} & {k for k, _ in rows})
