@@ -1755,3 +1755,22 @@ def test_the_debezium_preset_orders_by_the_kafka_offset_without_a_log_position()
     # A log position, where declared, still comes first.
     both = parse_table(preset_doc("debezium", [*DEBEZIUM_PG, ("__kafka_offset", "bigint")]))
     assert both.order_by == ["__lsn"]
+
+
+def test_change_feed_is_taken_by_the_modes_that_have_one() -> None:
+    """cdc, keyless and snapshot tables have a change feed (docs/data.md#change-feed); an append table's
+    ``change_feed`` is refused, naming the table, the field and what to do, not silently ignored."""
+    assert parse_table(good_doc(change_feed=True)).change_feed
+    assert parse_table(keyless_doc(change_feed=True)).change_feed
+    assert parse_table(snapshot_doc(change_feed=True)).change_feed
+    clicks: Doc = {
+        "mode": "append",
+        "database": "web",
+        "table": "clicks",
+        "columns": [{"name": "message_id", "type": "string"}, {"name": "url", "type": "string"}],
+        "event_id": ["message_id"],
+        "storage_root": "/lake/web/clicks",
+        "change_feed": True,
+    }
+    with pytest.raises(ValidationError, match=r"change_feed: an append table has no change feed.*web\.clicks"):
+        parse_table(clicks)

@@ -162,15 +162,25 @@ def test_change_feed_from_the_empty_table_is_every_row_inserted(make_cfg) -> Non
     assert _got(change_feed(lake, 0, 1)) == [(i, "insert", n, 1) for i, n in sorted(STATES[0].items())]
 
 
-def test_change_feed_refuses_versions_not_kept_a_backward_range_and_keyless_modes(make_cfg, make_snapshot_cfg) -> None:
+def test_change_feed_refuses_versions_not_kept_a_backward_range_and_modes_without_one(make_cfg, tmp_path) -> None:
     lake = _lake_with_states(make_cfg(keep_versions=2))  # live 3: versions 2 and 3 are kept
     with pytest.raises(TimeTravelError, match=r"version 1 is not kept \(kept: 2\.\.3, keep_versions: 2, live: 3\)"):
         change_feed(lake, 1, 3)
     with pytest.raises(TimeTravelError, match="--from 3 is after --to 2"):
         change_feed(lake, 3, 2)
-    snap = make_snapshot_cfg()
-    with pytest.raises(TimeTravelError, match=r"the change feed pairs rows by primary_key.*mode: snapshot.*_history"):
-        change_feed(Lake(snap), 0, 0)
+    # An append table only appends: no change feed (docs/data.md#change-feed).
+    clicks = parse_table(
+        {
+            "mode": "append",
+            "database": "web",
+            "table": "clicks",
+            "columns": [{"name": "message_id", "type": "string"}],
+            "event_id": ["message_id"],
+            "storage_root": str(tmp_path / "clicks"),
+        }
+    )
+    with pytest.raises(TimeTravelError, match=r"web\.clicks: a mode: append table has no change feed"):
+        change_feed(Lake(clicks), 0, 0)
 
 
 def test_a_snapshot_tables_versions_are_not_rolled_back(make_snapshot_cfg, endpoint) -> None:

@@ -230,3 +230,45 @@ def test_versions_on_s3_are_diffed_through_the_lakes_storage(aws_default: str) -
         (3, "delete", 2),
         (4, "insert", 2),
     ]
+
+
+# ------------------------------------------------------------------- keyless: a multiset difference
+#: A keyless table's rows are a multiset (docs/concepts.md, "keyless"): a commit's change is one ``delete``
+#: per copy removed and one ``insert`` per copy added; rows equal column by column (NULL equal to NULL, NaN
+#: equal to NaN) are copies of one row. Tiny domains, so copies and NULLs collide.
+MULTI = pa.schema([("name", pa.string()), ("n", pa.int64()), ("v", pa.float64())])
+multirow = st.tuples(
+    st.one_of(st.none(), st.sampled_from(["a", "b"])),
+    st.one_of(st.none(), st.integers(0, 1)),
+    st.one_of(st.none(), st.just(math.nan), st.just(1.5)),
+)
+multiset = st.lists(multirow, max_size=10)
+
+
+def _norm(v: Any) -> Any:
+    return "NaN" if isinstance(v, float) and math.isnan(v) else v
+
+
+def _multiset_change(before: list[tuple], after: list[tuple]) -> list[tuple[str, tuple]]:
+    """The contract's change of a multiset, from the rows alone: a copy count per distinct row, the surplus
+    of the newer version inserted, of the older one deleted."""
+    from collections import Counter
+
+    old = Counter(tuple(_norm(v) for v in r) for r in before)
+    new = Counter(tuple(_norm(v) for v in r) for r in after)
+    out = [("insert", r) for r, n in (new - old).items() for _ in range(n)]
+    out += [("delete", r) for r, n in (old - new).items() for _ in range(n)]
+    return sorted(out, key=repr)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(before=multiset, after=multiset)
+def test_the_keyless_diff_is_the_multiset_difference(before, after) -> None:
+    old = pa.Table.from_pylist([dict(zip(MULTI.names, r, strict=True)) for r in before], schema=MULTI)
+    new = pa.Table.from_pylist([dict(zip(MULTI.names, r, strict=True)) for r in after], schema=MULTI)
+    got = diff_tables(None, old, new)
+    assert got.column_names == [*MULTI.names, "_change_type"]
+    rows = [(r.pop("_change_type"), tuple(_norm(v) for v in r.values())) for r in got.to_pylist()]
+    assert sorted(rows, key=repr) == _multiset_change(before, after)
+    # No update pairs: a copy has no identity to pair an old one with a new one by.
+    assert not ({"update_before", "update_after"} & {k for k, _ in rows})

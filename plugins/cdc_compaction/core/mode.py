@@ -129,6 +129,10 @@ class TableMode(ABC):
     summary: ClassVar[str]
     #: Templates this mode must provide under ``include/sql/modes/<name>/``.
     TEMPLATES: ClassVar[tuple[str, ...]] = ("_rule.sql.j2", "view_query.sql.j2")
+    #: Whether the mode's tables may set registry ``change_feed`` (docs/data.md#change-feed): the job then
+    #: writes each commit's change (plan ``change_feed``) and publish fills ``<t>_changes``. A mode
+    #: without one refuses the field in its registry model, saying why.
+    has_change_feed: ClassVar[bool] = False
 
     def common_context(self, cfg: TableConfig, fingerprint: str) -> dict[str, Any]:
         """The :class:`TableContext` fields of ``cfg``, for the mode's own context class."""
@@ -258,6 +262,16 @@ class TableMode(ABC):
         next compaction recognises replays by).
         """
         return ()
+
+    def feed_key(self, cfg: TableConfig) -> list[str] | None:
+        """What pairs two versions' rows in the change feed: the primary key, or None for a multiset
+        (``keyless``: a commit's change is one ``delete`` per copy removed, one ``insert`` per copy added)."""
+        return list(getattr(cfg, "primary_key", None) or ()) or None
+
+    def feed_columns(self, cfg: TableConfig) -> list[str]:
+        """The registry columns a change-feed row holds (keyless: its data columns; the op, position and
+        before-image columns are empty in every stored copy)."""
+        return list(cfg.column_names)
 
     def changes_kept_in(self, cfg: TableConfig) -> str | None:
         """Where the mode's own outputs keep every change already (snapshot: its history table), named

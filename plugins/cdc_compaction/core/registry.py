@@ -604,9 +604,11 @@ class TableConfig(_Strict):
     tombstone_retention: Duration = timedelta(days=7)
     #: Base versions kept for rollback, the live one included.
     keep_versions: int = Field(default=3, ge=1, le=1000)
-    #: True: each publish of a cdc table writes its commit's net change into ``<t>_changes``
-    #: (docs/data.md#change-feed). Off by default: the publish task reads both versions' rows into memory
-    #: to pair them by key.
+    #: True: the compaction job writes each commit's change beside the version and publish puts it into
+    #: ``<t>_changes`` (docs/data.md#change-feed): a cdc table's per key (insert, update_before and
+    #: update_after, delete), a keyless table's as a multiset (one insert or delete row per copy added or
+    #: removed), a snapshot table's per key between consecutive current tables. Refused for append tables
+    #: (a commit only appends). Off by default.
     change_feed: bool = False
     #: Open table formats every published version is also readable as, over the same Parquet files
     #: (docs/formats.md#delta-and-iceberg): ``delta`` writes a Delta log at ``base/_delta_log``, ``iceberg`` Iceberg

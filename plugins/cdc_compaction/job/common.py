@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
 from cdc_compaction.job import files
-from cdc_compaction.job.contract import Plan
+from cdc_compaction.job.contract import CHANGE_TYPE, CHANGES_DIR, FEED_CHANGE_TYPES, Plan
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,33 @@ def observed(obs: Observation, name: str) -> int:
     except Exception:  # noqa: BLE001 - Py4J's error for "no metrics" is a plain assertion
         log.info("no %s metrics reported (empty input); counted as 0", name)
         return 0
+
+
+def feed_tally_columns() -> list[Column]:
+    """A change feed's rows by change type (:data:`FEED_CHANGE_TYPES`), as aggregates to observe as it is
+    written (the job's stats ``change_feed.rows``, which ``validate`` holds against the file)."""
+    return [F.coalesce(F.sum(F.when(F.col(CHANGE_TYPE) == k, 1)), F.lit(0)).alias(k) for k in FEED_CHANGE_TYPES]
+
+
+def write_feed(spark: SparkSession, feed: DataFrame, plan: Plan, out: str, write_mode: str) -> dict[str, Any]:
+    """Write commit ``plan.seq``'s change feed rows (``feed``) as one Parquet file in ``<out>/changes``.
+
+    Counted by change type as it is written (no second pass); returns the stats' ``change_feed``:
+    ``file`` (``changes/<name>``), ``seq`` and ``rows`` by change type.  One file, so ``publish``
+    copies it as ``changes/c<seq>.parquet`` without reading a row.
+    """
+    where = f"{out}/{CHANGES_DIR}"
+    obs = Observation("cdc_compaction_feed")
+    feed.coalesce(1).observe(obs, *feed_tally_columns()).write.mode(write_mode).option(
+        "compression", plan.compression or "snappy"
+    ).parquet(where)
+    written = data_files(spark, where, CHANGES_DIR)
+    if len(written) != 1:
+        raise RuntimeError(
+            f"{plan.table}: the change feed of commit {plan.seq} must be one file in {where}, "
+            f"Spark wrote {[f['name'] for f in written]}"
+        )
+    return {"file": written[0]["name"], "seq": int(plan.seq), "rows": {k: observed(obs, k) for k in FEED_CHANGE_TYPES}}
 
 
 def parse_ts(value: str | None) -> datetime | None:

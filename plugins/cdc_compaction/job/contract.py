@@ -89,8 +89,8 @@ def partition_value_text(encoded: str) -> str:
 DATA_DIR = "data"
 TOMBSTONES_DIR = "tombstones"
 STATS_FILE = "_cdc_stats.json"
-#: cdc tables with ``change_feed`` on: the commit's net change beside the version, one Parquet file
-#: (README, "Change feed"); ``publish`` copies it to the table's ``changes/c<seq>.parquet``.
+#: Tables with ``change_feed`` on (cdc, keyless, snapshot): the commit's change beside the version, one
+#: Parquet file (README, "Change feed"); ``publish`` copies it to the table's ``changes/c<seq>.parquet``.
 CHANGES_DIR = "changes"
 #: The change types of a feed row (:data:`CHANGE_TYPE`), as the job counts them in its stats.
 FEED_CHANGE_TYPES = ("insert", "delete", "update_before", "update_after")
@@ -446,8 +446,8 @@ class Plan:
     broadcast_merge_max_events: int | None = field(default=None, metadata=_meta())
     merge_path: str | None = field(default=None, metadata=_meta())
     compression: str | None = field(default=None, metadata=_meta())
-    #: cdc tables with registry ``change_feed: true``: the job writes the commit's net change (``seq``)
-    #: to :data:`CHANGES_DIR` in the same pass as the version. Absent (off) in older plans.
+    #: Tables with registry ``change_feed: true`` (cdc, keyless, snapshot): the job writes the commit's change
+    #: (``seq``) to :data:`CHANGES_DIR` in the same pass as the version. Absent (off) in older plans.
     change_feed: bool | None = field(default=None, metadata=_meta())
     #: Whether the run compacts (``compaction.policy``; README, "Compaction policy"): ``compact``,
     #: ``policy``, ``reason``, ``forced``, ``thresholds``. ``compact: false``: the job writes nothing.
@@ -560,8 +560,9 @@ class JobStats:
     #: against the planned files' records.
     skipped_records: int | None = field(default=None, metadata=_meta())
     skipped_by_kind: dict[str, int] | None = field(default=None, metadata=_meta())
-    #: cdc tables with the plan's ``change_feed``: the feed the job wrote -- ``file`` (``changes/<name>``,
-    #: one file), ``seq`` (the commit it is the change of) and ``rows`` by change type (:data:`FEED_CHANGE_TYPES`).
+    #: Tables with the plan's ``change_feed`` (cdc, keyless, snapshot): the feed the job wrote -- ``file``
+    #: (``changes/<name>``, one file), ``seq`` (the commit it is the change of) and ``rows`` by change type
+    #: (:data:`FEED_CHANGE_TYPES`).
     change_feed: dict[str, Any] | None = field(default=None, metadata=_meta())
     extra: dict[str, Any] = field(default_factory=dict)
 

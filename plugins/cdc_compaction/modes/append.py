@@ -77,6 +77,13 @@ class AppendTable(TableConfig):
                 raise ValueError(f"op_column: column {self.op_column!r} must have type string ({where})")
         if self.partition_by is not None:
             raise ValueError(f"partition_by: append tables are not partitioned (yet); remove partition_by ({where})")
+        if self.change_feed:
+            # Every commit only adds rows, each once: its change would be its appended rows, all inserts.
+            raise ValueError(
+                f"change_feed: an append table has no change feed ({where}): a commit only appends events, so "
+                "its change is the rows it appended (the commit record counts them, appended_rows). Remove "
+                "change_feed, or read <t>_base's rows by _cdc_ingested_at"
+            )
 
     @property
     def control_columns(self) -> list[str]:

@@ -194,6 +194,7 @@ class CdcMode(TableMode):
     """The Airflow side of ``mode: cdc``."""
 
     name = "cdc"
+    has_change_feed = True
     model = CdcTable
     summary = "keyed change events"
 

@@ -173,6 +173,7 @@ class KeylessMode(TableMode):
     """The Airflow side of ``mode: keyless``."""
 
     name = "keyless"
+    has_change_feed = True
     model = KeylessTable
     summary = "change events without a key"
 
@@ -194,6 +195,12 @@ class KeylessMode(TableMode):
             op_codes=codes,
             op_codes_all=[codes.create, codes.read, codes.update, codes.delete],
         )
+
+    def feed_key(self, cfg: TableConfig) -> list[str] | None:
+        return None  # a multiset: copies have no identity to pair them by
+
+    def feed_columns(self, cfg: TableConfig) -> list[str]:
+        return list(self._cfg(cfg).data_columns)
 
     def fingerprint_doc(self, cfg: TableConfig) -> dict[str, Any]:
         c = self._cfg(cfg)

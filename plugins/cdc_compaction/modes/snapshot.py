@@ -211,6 +211,7 @@ class SnapshotMode(TableMode):
     """The Airflow side of ``mode: snapshot``."""
 
     name = "snapshot"
+    has_change_feed = True
     model = SnapshotTable
     summary = "full extracts"
 

@@ -136,8 +136,8 @@ def metastore_objects(cfg: TableConfig) -> list[str]:
     views = [n for per_dialect in view_names(cfg).values() for n in per_dialect.values()]
     tables = [names[r] for r in ("base_table", "tombstones_table", "incremental_table", "compactor_table")]
     tables += [x.name for x in mode_of(cfg).extra_tables(cfg)]  # the mode's own (snapshot: <t>_history)
-    if cfg.mode == "cdc":
-        tables.append(f"{cfg.table}_changes")  # pipeline/changes.py: created by publish
+    if mode_of(cfg).has_change_feed:
+        tables.append(f"{cfg.table}_changes")  # pipeline/changes.py: created by publish (cdc, keyless, snapshot)
     return list(dict.fromkeys([*views, *tables]))
 
 

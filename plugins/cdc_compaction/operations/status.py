@@ -143,9 +143,11 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
     """Rows of ``commit``'s net change: its ``<t>_changes`` file's count, else paired from the kept
     versions as ``changes`` pairs them (when they are small enough, :data:`CHANGE_ROWS_LIMIT`); None
     when neither can say (a table without a primary key, a version retention deleted, a big one)."""
-    if lake.cfg.mode != "cdc" or commit.seq == 0:
+    from cdc_compaction.core.mode import mode_of
+
+    if not mode_of(lake.cfg).has_change_feed or commit.seq == 0:
         return None
-    from cdc_compaction.pipeline.changes import VersionDiff, feed_path, version_batches
+    from cdc_compaction.pipeline.changes import VersionDiff, feed_key, feed_path, version_batches
 
     path = feed_path(lake, commit.seq)
     if lake.storage.exists(path):
@@ -159,9 +161,8 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
     sizes = [version_rows_now(lake, parent), version_rows_now(lake, commit)]
     if any(n is None for n in sizes) or sum(n or 0 for n in sizes) > CHANGE_ROWS_LIMIT:
         return None
-    key = list(lake.cfg.primary_key)  # type: ignore[attr-defined]
     try:
-        with VersionDiff(lake.cfg.qualified_name, key) as d:
+        with VersionDiff(lake.cfg.qualified_name, feed_key(lake.cfg)) as d:
             d.load("before", version_batches(lake, parent), f"version {parent.seq} ({parent.version})")
             d.load("after", version_batches(lake, commit), f"version {commit.seq} ({commit.version})")
             return d.count(d.changes_sql("before", "after", []))

@@ -8,9 +8,10 @@ newest of them on storage, so their visible rows can be read back without Spark 
   key-based diff of their visible rows (``pipeline.changes.VersionDiff``: in an on-disk DuckDB
   database under a memory limit, streamed out as record batches, so no version is held in this
   process): ``insert`` / ``update_before`` + ``update_after`` / ``delete`` rows, each with the
-  commit (``_commit_version``) that last changed that key in the range.  ``mode: cdc`` tables
-  only: keyless tables have no key to pair rows by, and snapshot tables keep their own history
-  (``<t>_history``).
+  commit (``_commit_version``) that last changed that key in the range.  ``mode: keyless``: the
+  multiset difference (``insert`` / ``delete`` per copy; a row is named by all its data columns).
+  ``mode: snapshot``: by key over the registry's columns (``operation``, ``eff_start_date`` left out).
+  Append tables have none.
 * :func:`rollback` -- publish an older kept version's rows as a NEW commit: history only moves
   forward, no file a commit references is written again (its data files are copied into a new
   version directory; a partitioned table's partitions are referenced where they are), under the
@@ -147,17 +148,18 @@ def kept_commit(lake: Lake, seq: int, latest: Commit | None = None) -> Commit:
     return commit
 
 
-def _key_of(cfg: TableConfig) -> list[str]:
-    if cfg.mode != "cdc":
-        from cdc_compaction.core.mode import mode_of
+def _key_of(cfg: TableConfig) -> list[str] | None:
+    """What pairs the rows of two versions (None: a multiset, keyless); refuse a mode without a feed."""
+    from cdc_compaction.core.mode import mode_of
 
-        kept_in = mode_of(cfg).changes_kept_in(cfg)
+    mode = mode_of(cfg)
+    if not mode.has_change_feed:
+        kept_in = mode.changes_kept_in(cfg)
         raise TimeTravelError(
-            f"{cfg.qualified_name}: the change feed pairs rows by primary_key, and a mode: {cfg.mode} table has "
-            "none to pair them by. Read whole versions instead (`versions` names their locations)"
-            + (f"; {kept_in} holds every change already" if kept_in else "")
+            f"{cfg.qualified_name}: a mode: {cfg.mode} table has no change feed. Read whole versions instead "
+            "(`versions` names their locations)" + (f"; {kept_in} holds every change already" if kept_in else "")
         )
-    return list(cfg.primary_key)  # type: ignore[attr-defined]
+    return mode.feed_key(cfg)
 
 
 @contextmanager
@@ -188,19 +190,36 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
         def load(name: str, c: Commit) -> None:
             d.load(name, version_batches(lake, c), f"version {c.seq} ({c.version})")
 
-        kj = ", ".join(f"k{j}" for j in range(len(key)))
+        multiset = key is None
+        kj = ", ".join(f"k{j}" for j in range(len(key or ())))
         load("v_from", commits[0])
         prev = "v_from"
+        pairs: list[tuple[str, str, int]] = []
         for i, c in enumerate(commits[1:], start=1):
             cur = f"v_{i}"
             load(cur, c)
-            changed = f"SELECT DISTINCT {kj}, {c.seq} AS seq FROM ({d.changes_sql(prev, cur, [])})"
-            d.run(f"INSERT INTO last_change {changed}" if i > 1 else f"CREATE TABLE last_change AS {changed}")
-            if prev != "v_from":
-                d.run(f"DROP TABLE IF EXISTS {prev}")
+            if multiset:
+                # A row has no key to name it by: it is named by every column, known once all are loaded.
+                pairs.append((prev, cur, c.seq))
+            else:
+                changed = f"SELECT DISTINCT {kj}, {c.seq} AS seq FROM ({d.changes_sql(prev, cur, [])})"
+                d.run(f"INSERT INTO last_change {changed}" if i > 1 else f"CREATE TABLE last_change AS {changed}")
+                if prev != "v_from":
+                    d.run(f"DROP TABLE IF EXISTS {prev}")
             prev = cur
         types = d.union(prev, "v_from")
+        if multiset:
+            # keyless: the data columns (the op, position and before-image columns are empty in every copy).
+            from cdc_compaction.pipeline.changes import feed_registry_columns
+
+            keep = {c.name.lower() for c in feed_registry_columns(cfg)}
+            types = {low: t for low, t in types.items() if low in keep}
         columns = list(types)
+        if multiset:
+            kj = ", ".join(f"k{j}" for j in range(len(columns)))
+            for i, (older, newer, seq) in enumerate(pairs):
+                changed = f"SELECT DISTINCT {kj}, {seq} AS seq FROM ({d.changes_sql(older, newer, columns)})"
+                d.run(f"INSERT INTO last_change {changed}" if i else f"CREATE TABLE last_change AS {changed}")
         schema = pa.schema(
             [
                 *(pa.field(n, t) for n, t, _ in types.values()),
@@ -213,7 +232,9 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
         if len(commits) == 1:  # a version against itself: no change
             sql = f"SELECT {cols}, CAST(NULL AS BIGINT) FROM {net} WHERE false"
         else:
-            on = " AND ".join(f"n.k{j} IS NOT DISTINCT FROM l.k{j}" for j in range(len(key)))
+            on = " AND ".join(
+                f"n.k{j} IS NOT DISTINCT FROM l.k{j}" for j in range(len(columns) if multiset else len(key or ()))
+            )
             sql = (
                 f"SELECT {cols}, CAST(l.seq AS BIGINT) FROM {net} LEFT JOIN "
                 f"(SELECT {kj}, max(seq) AS seq FROM last_change GROUP BY ALL) l ON {on} ORDER BY {d.order_by('n.')}"

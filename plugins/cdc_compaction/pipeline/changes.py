@@ -2,8 +2,9 @@
 
 The compaction job computes a commit's change in the same pass as its version (plan
 ``change_feed``; ``job/modes/cdc.py`` ``feed_rows``: each touched key's stored row against its
-winner) and writes it beside the version, ``<version>/changes/``, counted in its stats.  After a
-``mode: cdc`` table's publish, :func:`sync_changes` copies that file to ``changes/c<seq>.parquet``
+winner; ``job/modes/keyless.py`` ``feed_rows``: each row value's copies before and after) and writes it
+beside the version, ``<version>/changes/``, counted in its stats.  After the publish of a table with
+``change_feed: true`` (cdc, keyless, snapshot), :func:`sync_changes` copies that file to ``changes/c<seq>.parquet``
 under the table's root (:func:`copy_feed`: a storage copy, no row read here).  A commit without a
 job-written feed -- a rollback's, an erase's, one from before the job wrote feeds, the catch-up of
 a missing file -- falls back to :func:`write_feed`: the change between the commit and its parent
@@ -43,6 +44,7 @@ from typing import Any
 
 from cdc_compaction.core.exceptions import TimeTravelError
 from cdc_compaction.core.lake import Commit, Lake, kept_seqs
+from cdc_compaction.core.mode import mode_of
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.integrations.metastore import Metastore
@@ -60,7 +62,7 @@ _FILE_NAME = re.compile(r"c(\d{8})\.parquet")
 
 
 def changes_table(cfg: TableConfig) -> str:
-    """The name of a cdc table's change-feed table, ``<t>_changes``."""
+    """The name of a table's change-feed table, ``<t>_changes``."""
     return f"{cfg.table}_changes"
 
 
@@ -73,9 +75,22 @@ def feed_path(lake: Lake, seq: int) -> str:
     return posixpath.join(feed_root(lake), f"c{seq:08d}.parquet")
 
 
+def feed_registry_columns(cfg: TableConfig) -> list[Any]:
+    """The registry columns (``Column``) a feed row holds, in the registry's order: every one, or the
+    mode's (keyless: the data columns, as its copies hold no op, position or before-image)."""
+    names = set(mode_of(cfg).feed_columns(cfg))
+    return [c for c in cfg.columns if c.name in names]
+
+
+def feed_key(cfg: TableConfig) -> list[str] | None:
+    """What pairs the rows of two versions: the key, or None for a multiset (keyless)."""
+    return mode_of(cfg).feed_key(cfg)
+
+
 def feed_columns(cfg: TableConfig) -> list[tuple[str, str]]:
-    """``<t>_changes``'s data columns (name, Hive type): the registry's, then the change's two."""
-    return [(c.name, c.type) for c in cfg.columns] + [
+    """``<t>_changes``'s data columns (name, Hive type): the registry's (:func:`feed_registry_columns`), then
+    the change's two."""
+    return [(c.name, c.type) for c in feed_registry_columns(cfg)] + [
         (CHANGE_TYPE, "string"),
         (COMMIT_VERSION, "bigint"),
         (SEQ_COLUMN, "int"),
@@ -89,7 +104,7 @@ def feed_schema(cfg: TableConfig, types: dict[str, tuple[str, Any, str]]) -> Any
     as ``changes`` prints it) and ``_commit_seq`` (int32)."""
     import pyarrow as pa
 
-    fields = [pa.field(*types[c.name.lower()][:2]) for c in cfg.columns if c.name.lower() in types]
+    fields = [pa.field(*types[c.name.lower()][:2]) for c in feed_registry_columns(cfg) if c.name.lower() in types]
     return pa.schema(
         [
             *fields,
@@ -117,7 +132,7 @@ def feed_table(cfg: TableConfig, before: Any, after: Any, seq: int) -> Any:
     """
     import pyarrow as pa
 
-    with VersionDiff(cfg.qualified_name, list(cfg.primary_key)) as d:  # type: ignore[attr-defined]
+    with VersionDiff(cfg.qualified_name, feed_key(cfg)) as d:
         d.load("before", table_batches(before), "the older version")
         d.load("after", table_batches(after), "the newer version")
         schema, batches = _feed_batches(cfg, d, seq)
@@ -161,7 +176,7 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
     # out a batch at a time into a Parquet file on local disk, uploaded from there: this task holds a batch.
     with (
         tempfile.TemporaryDirectory(prefix="cdc-feed-") as scratch,
-        VersionDiff(cfg.qualified_name, list(cfg.primary_key)) as d,  # type: ignore[attr-defined]
+        VersionDiff(cfg.qualified_name, feed_key(cfg)) as d,
     ):
         d.load("before", version_batches(lake, parent), f"version {parent.seq} ({parent.version})")
         d.load("after", version_batches(lake, commit), f"version {commit.seq} ({commit.version})")
@@ -256,10 +271,9 @@ def sync_changes(rt: Runtime, ms: Metastore, live_seq: int) -> dict[str, Any]:
     """
     cfg, lake = rt.cfg, rt.lake
     done: dict[str, Any] = {"written": [], "dropped": [], "failed": {}}
-    if cfg.mode != "cdc" or not cfg.change_feed:
-        # Off unless the registry asks (change_feed: true): the job writes the feed, and the fallback pairs
-        # both versions' rows (in DuckDB on local disk). Keyless tables have no key to pair rows by;
-        # snapshot tables have <t>_history.
+    if not (cfg.change_feed and mode_of(cfg).has_change_feed):
+        # Off unless the registry asks (change_feed: true; refused for a mode without a feed): the job writes
+        # the feed, and the fallback diffs both versions' rows (in DuckDB on local disk).
         return done
     # The files and the table are independent: files written while the metastore refuses the
     # table are there for it when a later publish creates it.
@@ -331,11 +345,18 @@ def version_batches(lake: Lake, commit: Commit) -> Iterator[Any]:
             "its rows), which time travel does not read. Diff or roll back to a version written since layout 2"
         )
     dirs = list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
+    # The mode's own columns are bookkeeping, no part of a row (snapshot: operation and eff_start_date, which
+    # change with every export that leaves the row's values as they are).
+    own = {n.lower() for n, _ in mode_of(lake.cfg).output_columns(lake.cfg)} - {
+        c.lower() for c in lake.cfg.column_names
+    }
     for d in dirs:
         for f in data_files(lake, d):
             with lake.storage.open_read(f) as fh:
                 pf = pq.ParquetFile(fh)
-                columns = [c for c in pf.schema_arrow.names if not c.startswith(INTERNAL_PREFIX)]
+                columns = [
+                    c for c in pf.schema_arrow.names if not c.startswith(INTERNAL_PREFIX) and c.lower() not in own
+                ]
                 # The file's columns even when it holds no row: a column one version has is the diff's.
                 yield _empty_batch(pf.schema_arrow, columns)
                 yield from pf.iter_batches(batch_size=VersionDiff.READ_ROWS, columns=columns)
@@ -379,13 +400,17 @@ class VersionDiff:
     #: Rows of a batch of the change streamed out.
     BATCH_ROWS = 65_536
 
-    def __init__(self, table: str, key: list[str]) -> None:
+    def __init__(self, table: str, key: list[str] | None) -> None:
         import tempfile
 
         import duckdb
 
         self._table = table
-        self.key = [k.lower() for k in key]
+        #: None: the rows are a multiset (``mode: keyless``), diffed copy by copy, with no key to pair them by.
+        self.multiset = key is None
+        self.key = [k.lower() for k in key or ()]
+        #: The sort columns ``k<j>`` of the last :meth:`changes_sql` (a multiset's: every output column).
+        self._width = len(self.key)
         self._dir = tempfile.TemporaryDirectory(prefix="cdc-change-diff-")
         self._con = duckdb.connect(posixpath.join(self._dir.name, "diff.duckdb"))
         self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
@@ -431,7 +456,7 @@ class VersionDiff:
             finally:
                 self._con.unregister("cdc_batch")
         self.columns[name] = cols
-        if cols:
+        if cols and not self.multiset:  # a multiset holds copies of a row by design
             self._refuse_twice(name, what)
 
     def _refuse_twice(self, name: str, what: str) -> None:
@@ -467,7 +492,10 @@ class VersionDiff:
 
     def changes_sql(self, before: str, after: str, columns: list[str]) -> str:
         """The change from version ``before`` to ``after``: a relation of ``c<i>`` (``columns``, lower-cased
-        names of the union), ``kind``, ``ord`` (0 before 1 within a key) and ``k<j>`` (the key), unsorted."""
+        names of the union), ``kind``, ``ord`` (0 before 1 within a key) and ``k<j>`` (the key; a multiset's:
+        ``columns`` again), unsorted."""
+        if self.multiset:
+            return self._multiset_sql(before, after, columns)
         types = self.union(after, before)
         every = list(types)
         idx = {c: i for i, c in enumerate(every)}
@@ -501,9 +529,36 @@ class VersionDiff:
             f"UNION ALL SELECT {ac}{sep}'update_after', 1, {kj} FROM p WHERE bp AND ap"
         )
 
+    def _multiset_sql(self, before: str, after: str, columns: list[str]) -> str:
+        """A multiset's change (``mode: keyless``): per distinct row over every column of the union (grouped,
+        so NULL equals NULL and NaN equals NaN), the newer version's surplus copies as ``insert`` rows and
+        the older one's as ``delete`` rows; no update pairs (a copy has no identity to pair it by).
+
+        Counted in one grouping of both versions (+1 a copy of ``after``, -1 of ``before``) rather than
+        joined copy by copy: one pass, and only the rows whose counts differ are expanded.
+        """
+        types = self.union(after, before)
+        every = list(types)
+        idx = {c: i for i, c in enumerate(every)}
+        cs = "".join(f"c{i}, " for i in range(len(every)))
+        out = "".join(f"c{idx[c]} AS c{i}, " if c in idx else f"NULL AS c{i}, " for i, c in enumerate(columns))
+        keys = "".join(f", c{i} AS k{i}" for i in range(len(columns)))
+        self._width = len(columns)
+        old, new = self._side(before, every, types), self._side(after, every, types)
+        counted = (
+            f"SELECT {cs}CAST(sum(s) AS BIGINT) AS d FROM (SELECT {cs}-1 AS s FROM ({old}) "
+            f"UNION ALL SELECT {cs}1 FROM ({new})) GROUP BY ALL HAVING sum(s) <> 0"
+        )
+        copies = f"SELECT {out}d, unnest(range(abs(d))) AS cdc_copy FROM ({counted})"
+        return (
+            f"SELECT * EXCLUDE (d, cdc_copy), CASE WHEN d > 0 THEN 'insert' ELSE 'delete' END AS kind, "
+            f"CASE WHEN d > 0 THEN 1 ELSE 0 END AS ord{keys} FROM ({copies})"
+        )
+
     def order_by(self, alias: str = "") -> str:
-        """Sorted by key, NULL key parts first, then ``update_before`` before ``update_after``."""
-        return ", ".join([*(f"{alias}k{j} ASC NULLS FIRST" for j in range(len(self.key))), f"{alias}ord"])
+        """Sorted by key, NULL key parts first, then ``update_before`` before ``update_after`` (a multiset:
+        by every column, a row's deletes before its inserts)."""
+        return ", ".join([*(f"{alias}k{j} ASC NULLS FIRST" for j in range(self._width)), f"{alias}ord"])
 
     def execute(self, sql: str, schema: Any) -> Iterator[Any]:
         """Run ``sql`` and yield its rows as record batches cast to ``schema`` (the versions' Arrow types)."""
@@ -521,9 +576,10 @@ class VersionDiff:
         return int(n)
 
 
-def diff_tables(key: list[str], before: Any, after: Any) -> Any:
+def diff_tables(key: list[str] | None, before: Any, after: Any) -> Any:
     """The change from ``before`` to ``after`` (pyarrow tables) as a pyarrow table: the columns of both
-    (the newer's first), then ``_change_type``; in :class:`VersionDiff`'s rules and order.  For small
+    (the newer's first), then ``_change_type``; in :class:`VersionDiff`'s rules and order (``key`` None: a
+    multiset's change).  For small
     tables (the tests, a single commit's rows); versions stream through :func:`write_feed`."""
     import pyarrow as pa
 

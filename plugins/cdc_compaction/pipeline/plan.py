@@ -342,7 +342,7 @@ def _plan_under_lease(
         # Whether this run compacts (README, "Compaction policy"); if not, the steps up to archive skip.
         policy.PLAN_KEY: decision.to_dict(),
     }
-    if cfg.mode == "cdc" and getattr(cfg, "change_feed", False):
+    if mode_of(cfg).has_change_feed and cfg.change_feed:
         # The job writes the commit's change beside the version (README, "Change feed"): publish copies it.
         doc["change_feed"] = True
     part = sql.partition_sql(cfg)

@@ -95,7 +95,7 @@ def _output_files(storage: Storage, out: str, mode_dirs: Sequence[OutputDir] = (
     walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
     # Partitioned tables: the key index, index/_cdc_partition=<v>/ (README, "Key index").
     walk(posixpath.join(out, INDEX_DIR), INDEX_DIR, True)
-    # cdc tables with change_feed: the commit's change, one file (README, "Change feed").
+    # Tables with change_feed (cdc, keyless, snapshot): the commit's change, one file (README, "Change feed").
     walk(posixpath.join(out, CHANGES_DIR), CHANGES_DIR, False)
     # The mode's own outputs (snapshot: history/eff_start_date=<date>/).
     for d in mode_dirs:
@@ -330,6 +330,9 @@ def feed_problems(
         problems.append(f"the change feed is of commit {feed.get('seq')}, the plan's commit is {p['seq']}")
     if rows["update_before"] != rows["update_after"]:
         problems.append(f"the change feed's updates are not pairs: {rows}")
+    if not p.get("primary_key") and (rows["update_before"] or rows["update_after"]):
+        # A multiset (keyless) has no key to pair an old copy with a new one: its change is inserts and deletes.
+        problems.append(f"the change feed of a table without a key holds updates: {rows}")
     # A layout-1 parent counted its tombstones among its rows: no visible count to hold the feed against.
     before = (parent.stats or {}).get("output_visible_rows") if parent is not None and parent.layout >= 2 else None
     if parent is not None and parent.seq == 0:
@@ -412,8 +415,15 @@ def validate(rt: Runtime, plan_path: str) -> dict[str, Any]:
     types = dict(columns)
     want_index = [(k, types.get(k, "?")) for k in p.get("primary_key") or []]
     index_files: dict[str, int] = {}
-    # The change feed: the registry's columns, then the change's (pipeline/changes.py feed_columns).
-    want_feed = [*columns, (CHANGE_TYPE, "string"), (COMMIT_VERSION, "bigint"), (SEQ_COLUMN, "int")]
+    # The change feed: the registry's columns a feed row holds (keyless: the data columns), then the change's
+    # (pipeline/changes.py feed_columns).
+    not_in_feed = set(cfg.column_names) - set(mode_of(cfg).feed_columns(cfg))
+    want_feed = [
+        *(c for c in columns if c[0] not in not_in_feed),
+        (CHANGE_TYPE, "string"),
+        (COMMIT_VERSION, "bigint"),
+        (SEQ_COLUMN, "int"),
+    ]
     feed_files: dict[str, int] = {}
     for name in sorted(on_disk):
         rows, schema = _footer(lake.storage, posixpath.join(out, name))

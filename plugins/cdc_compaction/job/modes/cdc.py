@@ -33,6 +33,7 @@ from cdc_compaction.job.common import (
     as_plan,
     attempt_locations,
     data_files,
+    feed_tally_columns,
     list_on_driver,
     observed,
     parse_ts,
@@ -865,11 +866,6 @@ def feed_rows(pairs: DataFrame, columns: list[str], new_visible: Column, seq: in
         F.lit(seq).cast("bigint").alias(COMMIT_VERSION),
         F.lit(seq).cast("int").alias(SEQ_COLUMN),
     )
-
-
-def feed_tally_columns() -> list[Column]:
-    """The feed's rows by change type (:data:`FEED_CHANGE_TYPES`), as aggregates to observe as it is written."""
-    return [F.coalesce(F.sum(F.when(F.col(CHANGE_TYPE) == k, 1)), F.lit(0)).alias(k) for k in FEED_CHANGE_TYPES]
 
 
 def _sourced(base: DataFrame, events: DataFrame, unchanged: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:

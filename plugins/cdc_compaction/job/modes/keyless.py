@@ -41,12 +41,16 @@ from pyspark.sql.types import StructField, StructType
 from cdc_compaction.job import common, decode
 from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import (
+    CHANGE_TYPE,
+    CHANGES_DIR,
+    COMMIT_VERSION,
     DATA_DIR,
     KEYLESS_RELATIONS,
     KEYLESS_RULE_KEYS,
     LAYOUT,
     META_COLUMNS,
     META_DDL,
+    SEQ_COLUMN,
     STATS_FILE,
     TOMBSTONES_DIR,
     JobStats,
@@ -98,7 +102,21 @@ def compact_keyless(
     order_by: Sequence[str],
     watermark: Sequence[Any] | None,
 ) -> tuple[DataFrame, dict[str, Any]]:
-    """Fold ``events`` onto ``base``: (the new base rows, the counts of this compaction).
+    """Fold ``events`` onto ``base``: (the new base rows, the counts of this compaction); see :func:`fold`."""
+    rows, stats, _ = fold(spark, base, events, rule, order_by, watermark)
+    return rows, stats
+
+
+def fold(
+    spark: SparkSession,
+    base: DataFrame,
+    events: DataFrame,
+    rule: Mapping[str, str],
+    order_by: Sequence[str],
+    watermark: Sequence[Any] | None,
+) -> tuple[DataFrame, dict[str, Any], DataFrame]:
+    """Fold ``events`` onto ``base``: (the new base rows, the counts of this compaction, every row value's
+    copies before and after: the data columns, ``_cdc_base_count`` and ``_cdc_count``; :func:`feed_rows`).
 
     ``base`` holds the data columns only; ``events`` every registry column plus the provenance
     columns ``_cdc_increment``, ``_cdc_file``, ``_cdc_pos`` (refused events included: they are
@@ -180,7 +198,33 @@ def compact_keyless(
     if balance != stats["output_rows"]:
         raise RuntimeError(f"keyless compaction: the rows do not balance ({balance} != output_rows): {stats}")
     log.info("keyless compaction: %s", stats)
-    return rows, stats
+    return rows, stats, counts
+
+
+def feed_rows(counts: DataFrame, data_cols: Sequence[str], seq: int) -> DataFrame:
+    """Commit ``seq``'s change as ``<t>_changes`` rows: the multiset difference of the two versions.
+
+    ``counts`` holds every row value of the base and the events once (grouped over the data
+    columns, so NULL equals NULL) with its copies before (``_cdc_base_count``) and after
+    (``_cdc_count``) this compaction: exactly what the new version is expanded from.  A value with
+    more copies after gets one ``insert`` row per copy added, one with fewer one ``delete`` row per
+    copy removed; no update pairs (a copy has no identity to pair it by).  A removal that found no
+    copy (``unmatched_removals``) removed nothing and is no change, and an update's before- and
+    after-image of one value cancel out, as they do in the versions.  Columns: the data columns,
+    ``_change_type``, ``_commit_version`` (bigint) and ``_commit_seq`` (int), both ``seq``.
+    """
+    delta = F.col("_cdc_count") - F.col("_cdc_base_count")
+    changed = counts.filter(delta != 0)
+    return changed.select(
+        *[F.col(f"`{c}`") for c in data_cols],
+        F.when(delta > 0, F.lit("insert")).otherwise(F.lit("delete")).alias(CHANGE_TYPE),
+        F.explode(F.sequence(F.lit(1).cast("bigint"), F.abs(delta).cast("bigint"))).alias("_cdc_copy"),
+    ).select(
+        *[F.col(f"`{c}`") for c in data_cols],
+        F.col(CHANGE_TYPE),
+        F.lit(seq).cast("bigint").alias(COMMIT_VERSION),
+        F.lit(seq).cast("int").alias(SEQ_COLUMN),
+    )
 
 
 def _json_value(value: Any) -> Any:
@@ -238,7 +282,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         bad.write.mode(write_mode).parquet(quarantine)
 
     base_copies = base_all.count()
-    rows, counts = compact_keyless(spark, base_all, events, rule, order_by, watermark)
+    rows, counts, value_counts = fold(spark, base_all, events, rule, order_by, watermark)
     stamp = F.lit(ingested_at).cast("timestamp")
     plain = [c for c in columns if c not in data_cols]
     types = dict(events.dtypes)
@@ -258,8 +302,14 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     if plan.output_files:
         copies = copies.coalesce(int(plan.output_files))
     compression = plan.compression or "snappy"
+    change_feed: dict[str, Any] | None = None
     try:
         copies.write.mode(write_mode).option("compression", compression).parquet(data_out)
+        if plan.change_feed:
+            # registry change_feed: the commit's change from the counts the new version is expanded from
+            # (checkpointed: no second read of the base or the events), one file beside the version.
+            feed = feed_rows(value_counts, data_cols, int(plan.seq))
+            change_feed = common.write_feed(spark, feed, plan, out, write_mode)
     finally:
         # The copies are written: the counts view they read over Spark Connect can go (see compact_keyless).
         spark.catalog.dropTempView(COUNTS_VIEW)
@@ -278,6 +328,8 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
     data_rows = spark.read.schema(schema).parquet(data_out).count()
     tomb_rows = spark.read.schema(schema).parquet(tomb_out).count()
     output_files = common.data_files(spark, data_out, DATA_DIR) + common.data_files(spark, tomb_out, TOMBSTONES_DIR)
+    if change_feed is not None:
+        output_files += common.data_files(spark, f"{out}/{CHANGES_DIR}", CHANGES_DIR)
     stats = JobStats(
         plan_id=plan.plan_id,
         table=plan.table,
@@ -298,6 +350,7 @@ def run_keyless(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[st
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in output_files),
         finished_at=datetime.now(UTC).isoformat(),
         **decode.skipped_stats(plan, skipped),
+        change_feed=change_feed,
         extra={
             "mode": "keyless",
             "base_copies": base_copies,

@@ -35,6 +35,9 @@ from pyspark.sql import functions as F  # noqa: N812 (the PySpark convention)
 from cdc_compaction.job import common
 from cdc_compaction.job import files as job_files
 from cdc_compaction.job.contract import (
+    CHANGE_TYPE,
+    CHANGES_DIR,
+    COMMIT_VERSION,
     DATA_DIR,
     EFF_START_DATE_COLUMN,
     HISTORY_DIR,
@@ -46,6 +49,7 @@ from cdc_compaction.job.contract import (
     OPERATION_COLUMN,
     PROVENANCE,
     ROW_HASH_COLUMN,
+    SEQ_COLUMN,
     SNAPSHOT_COLUMNS,
     STATS_FILE,
     TOMBSTONES_DIR,
@@ -492,6 +496,41 @@ def _decisions_by_increment(decisions: list[Decision]) -> dict[str, str]:
     return {d.increment: words.get(d.verdict, f"refused:{d.reason}") for d in decisions}
 
 
+def feed_rows(before: DataFrame, after: DataFrame, columns: list[str], seq: int) -> DataFrame:
+    """Commit ``seq``'s change as ``<t>_changes`` rows: the parent's current table (``before``) against the
+    new one (``after``), paired by key (``_cdc_key_hash``, one row per key in each).
+
+    Over the registry's ``columns`` only: ``operation`` and ``eff_start_date`` are the mode's bookkeeping
+    (they change with an export that leaves a row's values as they are).  ``insert`` (a key only the new
+    table holds), ``delete`` (only the old one; its last values), ``update_before`` and ``update_after``
+    (both, any column distinct: NULL equals NULL, NaN equals NaN, NULL is not ''); equal rows give nothing.
+    Several exports applied in one compaction net out here, as the two versions do.  Columns: ``columns``,
+    ``_change_type``, ``_commit_version`` (bigint) and ``_commit_seq`` (int), both ``seq``.
+    """
+    old, new = F.col("_cdc_old"), F.col("_cdc_new")
+    pairs = before.select(_c(KEY_HASH).alias("_cdc_k"), F.struct(*[_c(c) for c in columns]).alias("_cdc_old")).join(
+        after.select(_c(KEY_HASH).alias("_cdc_k"), F.struct(*[_c(c) for c in columns]).alias("_cdc_new")),
+        "_cdc_k",
+        "full_outer",
+    )
+    same = functools.reduce(
+        lambda a, b: a & b, [old.getField(c).eqNullSafe(new.getField(c)) for c in columns], F.lit(True)
+    )
+    kinds = (
+        F.when(old.isNull(), F.array(F.lit("insert")))
+        .when(new.isNull(), F.array(F.lit("delete")))
+        .when(~same, F.array(F.lit("update_before"), F.lit("update_after")))
+    )
+    exploded = pairs.select(old, new, F.explode(kinds).alias(CHANGE_TYPE))
+    from_old = F.col(CHANGE_TYPE).isin("delete", "update_before")
+    return exploded.select(
+        *[F.when(from_old, old.getField(c)).otherwise(new.getField(c)).alias(c) for c in columns],
+        F.col(CHANGE_TYPE),
+        F.lit(seq).cast("bigint").alias(COMMIT_VERSION),
+        F.lit(seq).cast("int").alias(SEQ_COLUMN),
+    )
+
+
 def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[str, Any]:
     """The snapshot compaction of ``plan`` into the attempt's own directory (called by ``compact.run``).
 
@@ -551,6 +590,12 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     if plan.max_records_per_file:
         writer = writer.option("maxRecordsPerFile", int(plan.max_records_per_file))
     writer.parquet(data_out)
+    change_feed: dict[str, Any] | None = None
+    if plan.change_feed:
+        # registry change_feed: the commit's change, the parent's current table against the new one by key.
+        change_feed = common.write_feed(
+            spark, feed_rows(parent, comp.current, columns, int(plan.seq)), plan, out, write_mode
+        )
 
     # One directory per applied date, written on its own: a date whose snapshot changed nothing
     # still gets one (empty) file, which Spark's partitionBy would not write.
@@ -589,6 +634,8 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
     output_files = common.data_files(spark, data_out, DATA_DIR) + common.data_files(spark, tomb_out, TOMBSTONES_DIR)
     for d, loc in written_dates.items():
         output_files += common.data_files(spark, loc, f"{HISTORY_DIR}/{HISTORY_DIR_PREFIX}{d}")
+    if change_feed is not None:
+        output_files += common.data_files(spark, f"{out}/{CHANGES_DIR}", CHANGES_DIR)
     after = comp.last_applied(before)
     stats = JobStats(
         plan_id=plan.plan_id,
@@ -609,6 +656,7 @@ def run_snapshot(spark: SparkSession, plan: Plan, attempt: str | None) -> dict[s
         duplicate_keys=data_rows - int(tally["keys"]),
         output_files=tuple(OutputFile(f["name"], f["size"]) for f in sorted(output_files, key=lambda f: f["name"])),
         finished_at=datetime.now(UTC).isoformat(),
+        change_feed=change_feed,
         extra={
             "mode": "snapshot",
             "counts": comp.counts,
