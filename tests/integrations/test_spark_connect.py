@@ -98,7 +98,13 @@ def run_once(rt: Runtime, increment: str, rows: list[dict[str, Any]], run_id: st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "partitioned"])
+#: Partitioned over Connect repeats the unpartitioned run's checks with partition pruning (make test-extended);
+#: the partitioned job itself runs in make test through the classic session.
+@pytest.mark.parametrize(
+    "partitioned",
+    [False, pytest.param(True, marks=pytest.mark.extended)],
+    ids=["unpartitioned", "partitioned"],
+)
 def test_connect_compaction_equals_the_model_and_the_classic_session(
     partitioned: bool,
     make_cfg: Any,

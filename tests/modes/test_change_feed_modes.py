@@ -85,7 +85,12 @@ def _rows(table: Any, cols: list[str]) -> list[tuple[str, tuple]]:
     return sorted(((r["_change_type"], tuple(_norm(r[c]) for c in cols)) for r in table.to_pylist()), key=repr)
 
 
-@pytest.mark.parametrize("path", KEYLESS, ids=lambda p: p.stem)
+#: make test runs each mode's first scenario; the others repeat its checks on other streams (extended tier).
+def _first_in_make_test(paths: list[Path]) -> list[Any]:
+    return [p if i == 0 else pytest.param(p, id=p.stem, marks=pytest.mark.extended) for i, p in enumerate(paths)]
+
+
+@pytest.mark.parametrize("path", _first_in_make_test(KEYLESS), ids=lambda p: p.stem)
 def test_the_job_writes_each_keyless_commits_multiset_change(
     path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
 ) -> None:
@@ -158,7 +163,7 @@ def per_key_change(key: list[str], cols: list[str], before: list[dict], after: l
     return sorted(out, key=repr)
 
 
-@pytest.mark.parametrize("path", SNAPSHOT, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", _first_in_make_test(SNAPSHOT), ids=lambda p: p.stem)
 def test_the_job_writes_each_snapshot_commits_per_key_change(
     path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
 ) -> None:

@@ -165,7 +165,13 @@ DAG_SCENARIOS = [
 
 
 @pytest.mark.dag
-@pytest.mark.parametrize("path", DAG_SCENARIOS, ids=[p.stem for p in DAG_SCENARIOS])
+@pytest.mark.parametrize(
+    "path",
+    # The cdc table's DAG runs repeat tests/devtools/test_conformance.py's (make test); its options run
+    # in-process above through the same task functions, and through the DAG in make test-extended.
+    [pytest.param(p, marks=pytest.mark.extended) if p.parent.name == "cdc" else p for p in DAG_SCENARIOS],
+    ids=[p.stem for p in DAG_SCENARIOS],
+)
 def test_scenario_dag(path: Path, dag_runner: Any, readers: Any) -> None:
     work: Path = dag_runner.work
     scn = conf.Scenario.load(path)
