@@ -903,3 +903,61 @@ def test_a_partitioned_tables_delta_readers_skip_files_by_the_real_column(
             (r["id"], r["region"]) for r in spark.sql(f"SELECT id, region FROM {base} WHERE {spark_pred}").collect()
         )
         assert seen == want and want, delta_pred
+
+
+def test_timestamp_partition_bounds_are_the_footers_or_the_values_widened_to_the_millisecond(make_cfg: Any) -> None:
+    """Issue 37 item 4 (a): a timestamp partition column's bounds, whatever its Parquet type: INT64 (the footer
+    has min/max) and INT96 (Spark's default: no usable min/max, the values are read); all-NULL: a null count."""
+    from datetime import UTC, datetime
+
+    columns = [
+        {"name": "id", "type": "int"},
+        {"name": "changed_at", "type": "timestamp"},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": "bigint"},
+    ]
+    cfg = make_cfg(formats=["delta"], columns=columns, partition_by={"column": "changed_at", "transform": "day"})
+    lake = Lake(cfg)
+    claim(lake)
+    version = "v00000001-p1-a1"
+    data = Path(lake.layout.data_dir(version))
+    days = {  # partition -> (its timestamps, INT96?)
+        "2026-11-01": ([datetime(2026, 11, 1, 9, 0, 0, 1500, UTC), datetime(2026, 11, 1, 9, 0, 0, 7999, UTC)], False),
+        "2026-11-02": (
+            [datetime(2026, 11, 2, 0, 0, 0, 999, UTC), None, datetime(2026, 11, 2, 3, 0, 0, 2001, UTC)],
+            True,
+        ),
+        "__null__": ([None, None], True),
+    }
+    partitions, n = {}, 0
+    for day, (stamps, int96) in days.items():
+        d = data / f"_cdc_partition={day}"
+        d.mkdir(parents=True)
+        table = pa.table(
+            {
+                "id": pa.array(range(n, n + len(stamps)), pa.int32()),
+                "changed_at": pa.array(stamps, pa.timestamp("us", "UTC")),
+                "op": ["c"] * len(stamps),
+                "ts_ms": pa.array([1] * len(stamps), pa.int64()),
+            }
+        )
+        pq.write_table(table, d / "part-0.parquet", use_deprecated_int96_timestamps=int96)
+        partitions[day], n = str(d), n + len(stamps)
+    Path(lake.layout.tombstones_dir(version)).mkdir(parents=True)
+    assert lake.try_commit(
+        Commit(seq=1, version=version, plan_id="p1", run_id="test", parent_seq=0, files=[], increments=[],
+               stats={"output_visible_rows": n}, committed_at="2026-11-21T10:00:00+00:00", partitions=partitions,
+               partition_rows={p: 0 for p in partitions})
+    )  # fmt: skip
+    assert sync_up_to(cfg, lake, 1)["failed"] == {}
+    dt = deltalake.DeltaTable(delta.table_root(lake))
+    got = {a["path"].split("=")[1].split("/")[0]: a for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist()}
+    for day, (stamps, _) in days.items():
+        values = [t for t in stamps if t is not None]
+        a = got[day]
+        assert a["null_count.changed_at"] == len(stamps) - len(values), day
+        if not values:
+            assert a["min.changed_at"] is None and a["max.changed_at"] is None, day
+            continue
+        want = (_naive_utc(_floor_ms(min(values))), _naive_utc(_ceil_ms(max(values))))
+        assert (_naive_utc(a["min.changed_at"]), _naive_utc(a["max.changed_at"])) == want, day

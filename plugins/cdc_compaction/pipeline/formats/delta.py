@@ -26,10 +26,21 @@ Layout and why (docs/formats.md, "Delta and Iceberg")::
   tombstones (``tombstones/``), key indexes and stats files are never named.  Each add carries
   ``numRecords``, ``nullCount`` and (for integer, string, date and boolean columns) exact
   ``minValues``/``maxValues`` from the Parquet footer: no float (NaN), timestamp (millisecond
-  truncation) or decimal bounds, which a reader could skip files on wrongly.
-* **Partitioned tables** map ``_cdc_partition`` to a Delta partition column: each add's
-  ``partitionValues`` is the commit's partition value (the file lies in the partition's directory
-  of whichever version wrote it).
+  truncation) or decimal bounds, which a reader could skip files on wrongly -- except on the
+  partition column (next point).
+* **Partitioned tables are unpartitioned for Delta**, and readers skip files by the real column's
+  statistics.  ``_cdc_partition`` (the directory's name, with encoded values like ``~VIP~``) is no
+  column of the Delta table: the files do not hold it, and a reader filters by the column itself.
+  Nor is that column a Delta partition column: a Delta reader takes a partition column's values from
+  ``partitionValues``, not the file, and the lake keeps NULL and '' in one ``__null__`` directory ('' would
+  read back as NULL); and day/month/year of a timestamp as generated columns depend on the reader's
+  time zone.  Each file of a partitioned version holds one partition's rows, so exact bounds of the
+  partition column (:func:`_partition_column_stats`) let readers skip every other partition's files:
+  from the footer, or from that column's values when the footer has none (Spark's INT96
+  timestamps); timestamps floored (min) and ceiled (max) to the millisecond, Delta's precision.
+  A log written before, partitioned by ``_cdc_partition``, is written anew by the next sync
+  (:func:`_directory_partitioned`), every kept version with it, so time travel reads each version in
+  the same form.
 * **Retention.**  Before retention deletes a version's files (:func:`expire`), the oldest kept
   version gets a checkpoint and every older commit file and checkpoint is deleted: a reader asking
   for an expired version gets "version not found", never a missing data file.  Time travel reaches
@@ -108,7 +119,6 @@ _META_COLUMNS = (
     ("_cdc_pos", "bigint"),
     ("_cdc_ingested_at", "timestamp"),
 )
-_HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: A crashed write's hidden temporary of one of the log's own files (the storage writes
 #: ``.<name>.<random>.tmp`` beside ``<name>`` and renames it): ``.00000000000000000003.json.abcd.tmp``.
 _TEMPORARY = re.compile(r"^\.(\d{20}\.json|\d{20}\.checkpoint\.parquet|_last_checkpoint)\..*\.tmp$")
@@ -190,7 +200,6 @@ class DataFile:
     path: str
     size: int
     mtime_ms: int
-    partition: str | None
 
 
 def _walk(lake: Lake, directory: str) -> list[Any]:
@@ -205,7 +214,7 @@ def _walk(lake: Lake, directory: str) -> list[Any]:
 
 
 def version_files(lake: Lake, commit: Commit) -> list[DataFile]:
-    """The data files of ``commit``'s visible rows (never its tombstones), with their partition value."""
+    """The data files of ``commit``'s visible rows (never its tombstones)."""
     if commit.seq == 0:
         return []
     if commit.layout < 2:
@@ -214,12 +223,12 @@ def version_files(lake: Lake, commit: Commit) -> list[DataFile]:
             "rows): it is no table of visible rows. The next compaction writes layout 2"
         )
     if commit.partitions is not None:
-        where = [(loc, value) for value, loc in sorted(commit.partitions.items())]
+        where = [loc for _, loc in sorted(commit.partitions.items())]
     else:
-        where = [(lake.data_location(commit), None)]
+        where = [lake.data_location(commit)]
     root = table_root(lake).rstrip("/") + "/"
     out = []
-    for loc, value in where:
+    for loc in where:
         if not lake.storage.exists(loc):
             raise FormatError(
                 f"{lake.cfg.qualified_name}: commit {commit.seq}'s data {loc} is not on storage; it cannot be "
@@ -231,8 +240,7 @@ def version_files(lake: Lake, commit: Commit) -> list[DataFile]:
                     f"{lake.cfg.qualified_name}: commit {commit.seq}'s file {e.path} lies outside {root}: a Delta "
                     "table names files under its root only"
                 )
-            part = None if value is None or value == _HIVE_DEFAULT_PARTITION else value
-            out.append(DataFile(e.path[len(root) :], e.path, e.size, int(e.mtime * 1000), part))
+            out.append(DataFile(e.path[len(root) :], e.path, e.size, int(e.mtime * 1000)))
     return sorted(out, key=lambda f: f.rel)
 
 
