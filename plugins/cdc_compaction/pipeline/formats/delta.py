@@ -294,7 +294,8 @@ def _timestamp_text(ms: int) -> str | None:
         t = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
     except OverflowError:
         return None
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    # isoformat pads the year to four digits (strftime's %Y does not on glibc for years before 1000).
+    return t.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
 def _partition_column_stats(pf: Any, i: int, name: str, delta_kind: str) -> tuple[int | None, Any, Any]:
