@@ -159,8 +159,12 @@ def test_one_delta_version_per_commit_readable_by_delta_rs_and_polars(make_cfg: 
     assert sum(a["num_records"] for a in adds) == len(STATES[2])
     assert min(a["min.id"] for a in adds) == min(STATES[2]) and max(a["max.id"] for a in adds) == max(STATES[2])
     if partitioned:
-        assert dt.metadata().partition_columns == ["_cdc_partition"]
-        assert {a["partition._cdc_partition"] for a in adds} == {"even", "odd"}
+        # Unpartitioned for Delta: readers skip files by the real column's stats, never by _cdc_partition.
+        assert dt.metadata().partition_columns == []
+        assert "_cdc_partition" not in [f.name for f in dt.schema().fields]
+        for a in adds:
+            ids = pq.read_table(os.path.join(root, a["path"]), columns=["id"])["id"].to_pylist()
+            assert (a["min.id"], a["max.id"], a["null_count.id"]) == (min(ids), max(ids), 0), a["path"]
 
 
 def test_missing_entries_are_appended_and_a_late_start_begins_with_a_checkpoint(make_cfg: Any) -> None:
@@ -701,3 +705,259 @@ def test_a_regeneration_that_crashed_midway_is_finished_by_the_next_sync(
     assert not any(n in log_text(lake) for n in ("bobby", "robert"))
     for add in pa.table(deltalake.DeltaTable(root).get_add_actions(flatten=True)).to_pylist():
         assert add["size_bytes"] == os.path.getsize(os.path.join(root, add["path"])), add["path"]
+
+
+# ------------------------------------------------------------------------------ partitioned: stats, not partitions
+def _old_partitioned_log(lake: Lake, root: str, versions: int) -> None:
+    """The log as it was written before issue 37 item 4: ``_cdc_partition`` the Delta partition column (in the
+    schema, each add's ``partitionValues``), one commit per version replacing the previous version's files."""
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"name": n, "type": t, "nullable": True, "metadata": {}}
+            for n, t in (("id", "integer"), ("full_name", "string"), ("_cdc_partition", "string"))
+        ],
+    }
+    meta = {
+        "id": "old-table",
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": json.dumps(schema),
+        "partitionColumns": ["_cdc_partition"],
+        "configuration": {},
+        "createdTime": committed_ms(1),
+    }
+    log_dir = Path(delta.metadata_root(lake))
+    log_dir.mkdir(parents=True)
+    previous: list[dict[str, Any]] = []
+    for v in range(versions + 1):
+        adds = []
+        if v:
+            for f in sorted(Path(lake.layout.data_dir(f"v{v:08d}-p{v}-a1")).rglob("*.parquet")):
+                part = f.parent.name.split("=", 1)[1]
+                rel = os.path.relpath(f, root)
+                adds.append(
+                    {
+                        "path": rel,
+                        "partitionValues": {"_cdc_partition": part},
+                        "size": f.stat().st_size,
+                        "modificationTime": committed_ms(v),
+                        "dataChange": True,
+                    }
+                )
+        actions: list[dict[str, Any]] = [{"commitInfo": {"timestamp": committed_ms(max(v, 1)), "cdc.commit_seq": v}}]
+        if v == 0:
+            actions += [{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}, {"metaData": meta}]
+        actions += [{"remove": {"path": a["path"], "dataChange": True, "deletionTimestamp": 0}} for a in previous]
+        actions += [{"add": a} for a in adds]
+        (log_dir / f"{v:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+        previous = adds
+
+
+def test_an_old_partitioned_log_is_written_anew_by_the_next_sync_and_reads_the_same_at_every_version(
+    make_cfg: Any,
+) -> None:
+    """Issue 37 item 4 (c): a log whose partition column is ``_cdc_partition`` (written before) is regenerated
+    unpartitioned, with the real column's stats, and every kept version reads as before."""
+    cfg = make_cfg(formats=["delta"], keep_versions=5, partition_by={"column": "id", "transform": "identity"})
+    lake = Lake(cfg)
+    claim(lake)
+    root = delta.table_root(lake)
+    for seq, names in enumerate(STATES[:3], start=1):
+        write_version(lake, seq, names, partitioned=True)
+    _old_partitioned_log(lake, root, 3)
+    assert deltalake.DeltaTable(root, version=2).metadata().partition_columns == ["_cdc_partition"]
+    write_version(lake, 4, STATES[3], partitioned=True)
+    assert sync_up_to(cfg, lake, 4)["failed"] == {}
+    for v in range(0, 5):
+        dt = deltalake.DeltaTable(root, version=v)
+        assert dt.metadata().partition_columns == [], v
+        assert "_cdc_partition" not in [f.name for f in dt.schema().fields], v
+        assert delta_rows(root, v) == (STATES[v - 1] if v else {})
+        assert polars_rows(root, v) == (STATES[v - 1] if v else {})
+        adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+        assert all(a["min.id"] is not None for a in adds), "every add has the real column's stats"
+    assert delta.commit_seqs(lake) == {v: v for v in range(5)}
+
+
+def _ts(text: str) -> Any:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+def _naive_utc(v: Any) -> Any:
+    """A timestamp (datetime or pandas') as a naive UTC datetime, so delta-rs' and pyarrow's compare; else ``v``."""
+    from datetime import UTC
+
+    if not hasattr(v, "isoformat") or not hasattr(v, "hour"):
+        return v
+    t = _ts(str(v))
+    return t.astimezone(UTC).replace(tzinfo=None) if t.tzinfo else t
+
+
+def _floor_ms(t: Any) -> Any:
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
+def _ceil_ms(t: Any) -> Any:
+    from datetime import timedelta
+
+    return _floor_ms(t) + (timedelta(milliseconds=1) if t.microsecond % 1000 else timedelta(0))
+
+
+#: id, region, changed_at: NULL and '' share the lake's ``__null__`` partition (one file), as do a day's rows.
+SKIP_ROWS = [
+    (1, "DE", "2026-11-01T10:00:00.000500+00:00"),
+    (2, "DE", "2026-11-01T10:00:00.000200+00:00"),
+    (3, "vip", "2026-11-02T00:00:00+00:00"),
+    (4, "", None),
+    (5, None, None),
+]
+#: (partition_by, [(Delta predicate, Spark predicate, which rows match)]).
+SKIP_CASES = {
+    "region": (
+        {"column": "region", "transform": "identity"},
+        [
+            ("region = 'DE'", "region = 'DE'", lambda r: r[1] == "DE"),
+            ("region = ''", "region = ''", lambda r: r[1] == ""),
+            ("region IS NULL", "region IS NULL", lambda r: r[1] is None),
+        ],
+    ),
+    "changed_at_day": (
+        {"column": "changed_at", "transform": "day"},
+        [
+            # Above the file's millisecond-truncated max (10:00:00.000) but below its true max (.000500).
+            (
+                "changed_at > '2026-11-01T10:00:00.000400Z'",
+                "changed_at > TIMESTAMP '2026-11-01 10:00:00.000400'",
+                lambda r: (
+                    r[2] is not None and _naive_utc(_ts(r[2])) > _naive_utc(_ts("2026-11-01T10:00:00.000400+00:00"))
+                ),
+            ),
+            ("changed_at IS NULL", "changed_at IS NULL", lambda r: r[2] is None),
+        ],
+    ),
+}
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+@pytest.mark.parametrize("case", sorted(SKIP_CASES))
+def test_a_partitioned_tables_delta_readers_skip_files_by_the_real_column(
+    case: str, make_cfg: Any, runtime: Any, spark: Any
+) -> None:
+    """Issue 37 item 4 (a, b): the Delta table is unpartitioned and each add carries exact stats of the real
+    partition column (timestamps: min floored and max ceiled to the millisecond; the job writes INT96), so a
+    reader filtering by that column reads only the files holding matches, and sees the Hive base's rows:
+    '' as '', NULL as NULL."""
+    from conftest import compact_once
+
+    from cdc_compaction.core.names import table_names
+    from cdc_compaction.pipeline.tables import ensure_tables
+    from pipeline.helpers import REGION_COLUMNS
+
+    part, predicates = SKIP_CASES[case]
+    columns = [*REGION_COLUMNS, {"name": "changed_at", "type": "timestamp"}]
+    cfg = make_cfg(formats=["delta"], columns=columns, partition_by=part)
+    rt = runtime(cfg)
+    ensure_tables(rt)
+    rows = [{"id": i, "region": r, "full_name": "x", "op": "c", "ts_ms": 1, "changed_at": c} for i, r, c in SKIP_ROWS]
+    for row in rows:
+        row["changed_at"] = None if row["changed_at"] is None else _ts(row["changed_at"])
+    types = {"id": pa.int32(), "region": pa.string(), "full_name": pa.string(), "op": pa.string()}
+    land_rows(
+        cfg, "increment_2026112200", rows, {**types, "ts_ms": pa.int64(), "changed_at": pa.timestamp("us", "UTC")}
+    )
+    compact_once(rt, "r1")
+
+    root = delta.table_root(Lake(cfg))
+    dt = deltalake.DeltaTable(root)
+    assert dt.metadata().partition_columns == []
+    assert "_cdc_partition" not in [f.name for f in dt.schema().fields]
+    col = part["column"]
+    in_file: dict[str, list[tuple[Any, ...]]] = {}
+    for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist():
+        path = os.path.join(root, a["path"])
+        t = pq.read_table(path, columns=["id", "region", "changed_at"]).to_pylist()
+        in_file[path] = [(r["id"], r["region"], r["changed_at"] and r["changed_at"].isoformat()) for r in t]
+        values = [r[col] for r in t if r[col] is not None]
+        assert a[f"null_count.{col}"] == len(t) - len(values), path
+        if not values:
+            continue
+        lo, hi = min(values), max(values)
+        if col == "changed_at":  # Delta's timestamp stats are milliseconds: the bounds widen, never narrow
+            lo, hi = _floor_ms(lo), _ceil_ms(hi)
+        assert (_naive_utc(a[f"min.{col}"]), _naive_utc(a[f"max.{col}"])) == (_naive_utc(lo), _naive_utc(hi)), path
+
+    base = f"`{cfg.database}`.`{table_names(cfg)['base_table']}`"
+    for delta_pred, spark_pred, match in predicates:
+        read = set(dt.file_uris(file_pruning_predicate=delta_pred))
+        assert read == {p for p, rs in in_file.items() if any(map(match, rs))}, delta_pred
+        got = dt.to_pyarrow_dataset(file_pruning_predicate=delta_pred).to_table(columns=["id", "region", "changed_at"])
+        seen = sorted(
+            (r["id"], r["region"])
+            for r in got.to_pylist()
+            if match((r["id"], r["region"], r["changed_at"] and r["changed_at"].isoformat()))
+        )
+        want = sorted(
+            (r["id"], r["region"]) for r in spark.sql(f"SELECT id, region FROM {base} WHERE {spark_pred}").collect()
+        )
+        assert seen == want and want, delta_pred
+
+
+def test_timestamp_partition_bounds_are_the_footers_or_the_values_widened_to_the_millisecond(make_cfg: Any) -> None:
+    """Issue 37 item 4 (a): a timestamp partition column's bounds, whatever its Parquet type: INT64 (the footer
+    has min/max) and INT96 (Spark's default: no usable min/max, the values are read); all-NULL: a null count."""
+    from datetime import UTC, datetime
+
+    columns = [
+        {"name": "id", "type": "int"},
+        {"name": "changed_at", "type": "timestamp"},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": "bigint"},
+    ]
+    cfg = make_cfg(formats=["delta"], columns=columns, partition_by={"column": "changed_at", "transform": "day"})
+    lake = Lake(cfg)
+    claim(lake)
+    version = "v00000001-p1-a1"
+    data = Path(lake.layout.data_dir(version))
+    days = {  # partition -> (its timestamps, INT96?)
+        "2026-11-01": ([datetime(2026, 11, 1, 9, 0, 0, 1500, UTC), datetime(2026, 11, 1, 9, 0, 0, 7999, UTC)], False),
+        "2026-11-02": (
+            [datetime(2026, 11, 2, 0, 0, 0, 999, UTC), None, datetime(2026, 11, 2, 3, 0, 0, 2001, UTC)],
+            True,
+        ),
+        "__null__": ([None, None], True),
+    }
+    partitions, n = {}, 0
+    for day, (stamps, int96) in days.items():
+        d = data / f"_cdc_partition={day}"
+        d.mkdir(parents=True)
+        table = pa.table(
+            {
+                "id": pa.array(range(n, n + len(stamps)), pa.int32()),
+                "changed_at": pa.array(stamps, pa.timestamp("us", "UTC")),
+                "op": ["c"] * len(stamps),
+                "ts_ms": pa.array([1] * len(stamps), pa.int64()),
+            }
+        )
+        pq.write_table(table, d / "part-0.parquet", use_deprecated_int96_timestamps=int96)
+        partitions[day], n = str(d), n + len(stamps)
+    Path(lake.layout.tombstones_dir(version)).mkdir(parents=True)
+    assert lake.try_commit(
+        Commit(seq=1, version=version, plan_id="p1", run_id="test", parent_seq=0, files=[], increments=[],
+               stats={"output_visible_rows": n}, committed_at="2026-11-21T10:00:00+00:00", partitions=partitions,
+               partition_rows={p: 0 for p in partitions})
+    )  # fmt: skip
+    assert sync_up_to(cfg, lake, 1)["failed"] == {}
+    dt = deltalake.DeltaTable(delta.table_root(lake))
+    got = {a["path"].split("=")[1].split("/")[0]: a for a in pa.table(dt.get_add_actions(flatten=True)).to_pylist()}
+    for day, (stamps, _) in days.items():
+        values = [t for t in stamps if t is not None]
+        a = got[day]
+        assert a["null_count.changed_at"] == len(stamps) - len(values), day
+        if not values:
+            assert a["min.changed_at"] is None and a["max.changed_at"] is None, day
+            continue
+        want = (_naive_utc(_floor_ms(min(values))), _naive_utc(_ceil_ms(max(values))))
+        assert (_naive_utc(a["min.changed_at"]), _naive_utc(a["max.changed_at"])) == want, day

@@ -26,10 +26,21 @@ Layout and why (docs/formats.md, "Delta and Iceberg")::
   tombstones (``tombstones/``), key indexes and stats files are never named.  Each add carries
   ``numRecords``, ``nullCount`` and (for integer, string, date and boolean columns) exact
   ``minValues``/``maxValues`` from the Parquet footer: no float (NaN), timestamp (millisecond
-  truncation) or decimal bounds, which a reader could skip files on wrongly.
-* **Partitioned tables** map ``_cdc_partition`` to a Delta partition column: each add's
-  ``partitionValues`` is the commit's partition value (the file lies in the partition's directory
-  of whichever version wrote it).
+  truncation) or decimal bounds, which a reader could skip files on wrongly -- except on the
+  partition column (next point).
+* **Partitioned tables are unpartitioned for Delta**, and readers skip files by the real column's
+  statistics.  ``_cdc_partition`` (the directory's name, with encoded values like ``~VIP~``) is no
+  column of the Delta table: the files do not hold it, and a reader filters by the column itself.
+  Nor is that column a Delta partition column: a Delta reader takes a partition column's values from
+  ``partitionValues``, not the file, and the lake keeps NULL and '' in one ``__null__`` directory ('' would
+  read back as NULL); and day/month/year of a timestamp as generated columns depend on the reader's
+  time zone.  Each file of a partitioned version holds one partition's rows, so exact bounds of the
+  partition column (:func:`_partition_column_stats`) let readers skip every other partition's files:
+  from the footer, or from that column's values when the footer has none (Spark's INT96
+  timestamps); timestamps floored (min) and ceiled (max) to the millisecond, Delta's precision.
+  A log written before, partitioned by ``_cdc_partition``, is written anew by the next sync
+  (:func:`_directory_partitioned`), every kept version with it, so time travel reads each version in
+  the same form.
 * **Retention.**  Before retention deletes a version's files (:func:`expire`), the oldest kept
   version gets a checkpoint and every older commit file and checkpoint is deleted: a reader asking
   for an expired version gets "version not found", never a missing data file.  Time travel reaches
@@ -108,7 +119,6 @@ _META_COLUMNS = (
     ("_cdc_pos", "bigint"),
     ("_cdc_ingested_at", "timestamp"),
 )
-_HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: A crashed write's hidden temporary of one of the log's own files (the storage writes
 #: ``.<name>.<random>.tmp`` beside ``<name>`` and renames it): ``.00000000000000000003.json.abcd.tmp``.
 _TEMPORARY = re.compile(r"^\.(\d{20}\.json|\d{20}\.checkpoint\.parquet|_last_checkpoint)\..*\.tmp$")
@@ -147,15 +157,16 @@ def delta_type(hive_type: str) -> str:
 
 
 def table_columns(cfg: TableConfig, commit: Commit) -> list[tuple[str, str]]:
-    """The base table's columns as ``commit`` was written (name, Hive type): registry, mode's, ``_cdc_*``."""
+    """The Delta table's columns as ``commit`` was written (name, Hive type): registry, mode's, ``_cdc_*``.
+
+    The base table's columns stored in its files: not ``_cdc_partition``, which only the directory names
+    carry (module docstring, "Partitioned tables")."""
     from cdc_compaction.core import sql
 
     own = (commit.schema or {}).get("columns")
     cols = [(c["name"], c["type"]) for c in own] if own else [(c.name, c.type) for c in cfg.columns]
     cols += [(n, t) for n, t, _ in getattr(sql.context(cfg), "mode_columns", [])]
     cols += list(_META_COLUMNS)
-    if cfg.partition_by is not None:
-        cols.append((PARTITION_COLUMN, "string"))
     return cols
 
 
@@ -170,7 +181,7 @@ def metadata_action(cfg: TableConfig, commit: Commit, table_id: str, created_ms:
             "description": f"{cfg.qualified_name}: the lake's published versions (cdc_compaction; read-only)",
             "format": {"provider": "parquet", "options": {}},
             "schemaString": json.dumps({"type": "struct", "fields": fields}, separators=(",", ":")),
-            "partitionColumns": [PARTITION_COLUMN] if cfg.partition_by is not None else [],
+            "partitionColumns": [],  # always: a partitioned table is skipped by its column's stats (docstring)
             "configuration": {
                 # A VACUUM run by mistake without RETAIN deletes nothing (module docstring).
                 "delta.deletedFileRetentionDuration": "interval 36500 days",
@@ -189,7 +200,6 @@ class DataFile:
     path: str
     size: int
     mtime_ms: int
-    partition: str | None
 
 
 def _walk(lake: Lake, directory: str) -> list[Any]:
@@ -204,7 +214,7 @@ def _walk(lake: Lake, directory: str) -> list[Any]:
 
 
 def version_files(lake: Lake, commit: Commit) -> list[DataFile]:
-    """The data files of ``commit``'s visible rows (never its tombstones), with their partition value."""
+    """The data files of ``commit``'s visible rows (never its tombstones)."""
     if commit.seq == 0:
         return []
     if commit.layout < 2:
@@ -213,12 +223,12 @@ def version_files(lake: Lake, commit: Commit) -> list[DataFile]:
             "rows): it is no table of visible rows. The next compaction writes layout 2"
         )
     if commit.partitions is not None:
-        where = [(loc, value) for value, loc in sorted(commit.partitions.items())]
+        where = [loc for _, loc in sorted(commit.partitions.items())]
     else:
-        where = [(lake.data_location(commit), None)]
+        where = [lake.data_location(commit)]
     root = table_root(lake).rstrip("/") + "/"
     out = []
-    for loc, value in where:
+    for loc in where:
         if not lake.storage.exists(loc):
             raise FormatError(
                 f"{lake.cfg.qualified_name}: commit {commit.seq}'s data {loc} is not on storage; it cannot be "
@@ -230,8 +240,7 @@ def version_files(lake: Lake, commit: Commit) -> list[DataFile]:
                     f"{lake.cfg.qualified_name}: commit {commit.seq}'s file {e.path} lies outside {root}: a Delta "
                     "table names files under its root only"
                 )
-            part = None if value is None or value == _HIVE_DEFAULT_PARTITION else value
-            out.append(DataFile(e.path[len(root) :], e.path, e.size, int(e.mtime * 1000), part))
+            out.append(DataFile(e.path[len(root) :], e.path, e.size, int(e.mtime * 1000)))
     return sorted(out, key=lambda f: f.rel)
 
 
@@ -243,43 +252,120 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+def _footer_bounds(meta: Any, i: int, bounded: bool, raw: bool = False) -> tuple[int | None, Any, Any, bool]:
+    """Column ``i``'s null count and, if ``bounded``, its min and max over every row group, from the footer.
+
+    Returns ``(nulls, lo, hi, exact)``: ``nulls`` None if a row group has no null count; ``exact`` False if
+    a row group with values has no min/max or only inexact (truncated) ones.  ``raw``: the physical values
+    (an INT64 timestamp's integer in its unit) instead of pyarrow's conversion."""
+    nulls: int | None = 0
+    lo, hi, exact = None, None, bounded
+    for rg in range(meta.num_row_groups):
+        st = meta.row_group(rg).column(i).statistics
+        if st is None or not st.has_null_count:
+            return None, None, None, False
+        nulls = (nulls or 0) + st.null_count
+        if not exact:
+            continue
+        if not st.has_min_max:
+            if st.null_count == meta.row_group(rg).num_rows:
+                continue  # all null: no bound to take
+            exact = False
+            continue
+        if not (getattr(st, "is_min_value_exact", True) and getattr(st, "is_max_value_exact", True)):
+            exact = False
+            continue
+        mn, mx = (st.min_raw, st.max_raw) if raw else (st.min, st.max)
+        lo = mn if lo is None or mn < lo else lo
+        hi = mx if hi is None or mx > hi else hi
+    return nulls, lo, hi, exact
+
+
+#: A timestamp unit's ticks per millisecond (Delta's timestamp statistics are milliseconds).
+_PER_MS = {"ms": 1, "us": 1000, "ns": 1_000_000}
+
+
+def _timestamp_text(ms: int) -> str | None:
+    """Epoch milliseconds as Delta writes a timestamp statistic (UTC, ``2026-11-22T10:00:00.123Z``); None if
+    out of the range a reader can parse (then no bound is written: never a wrong one)."""
+    from datetime import UTC, timedelta
+
+    try:
+        t = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    except OverflowError:
+        return None
+    # isoformat pads the year to four digits (strftime's %Y does not on glibc for years before 1000).
+    return t.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+
+
+def _partition_column_stats(pf: Any, i: int, name: str, delta_kind: str) -> tuple[int | None, Any, Any]:
+    """Exact ``(nullCount, min, max)`` of the partition column (JSON-ready), for a reader to skip files by.
+
+    Each file of a partitioned version holds one partition's rows, so the bounds are tight.  From the
+    footer when it has exact ones; else (Spark's INT96 timestamps: no min/max in the footer, whose order
+    Parquet leaves undefined; a truncated string statistic) from the column's values, reading that column
+    only.  Timestamps: min floored and max ceiled to the millisecond (Delta's statistics are milliseconds,
+    so a bound truncated toward the value would let a reader skip a file holding a matching row).
+    Decimals get no bounds (their JSON numbers are not exact for readers); ``(None, None, None)`` leaves the
+    column without stats."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    meta = pf.metadata
+    if delta_kind == "timestamp":
+        kind = pf.schema_arrow.field(name).type
+        if not pa.types.is_timestamp(kind) or kind.unit not in _PER_MS:
+            return None, None, None
+        per_ms = _PER_MS[kind.unit]
+        nulls, lo, hi, exact = None, None, None, False
+        if meta.schema.column(i).physical_type == "INT64":
+            nulls, lo, hi, exact = _footer_bounds(meta, i, True, raw=True)
+        if nulls is None or not exact or (lo is None and nulls < meta.num_rows):
+            values = pf.read(columns=[name]).column(name).cast(pa.int64())
+            nulls = values.null_count
+            bounds = pc.min_max(values).as_py()
+            lo, hi = bounds["min"], bounds["max"]
+        if lo is None or hi is None:
+            return nulls, None, None
+        return nulls, _timestamp_text(lo // per_ms), _timestamp_text(-(-hi // per_ms))
+    nulls, lo, hi, exact = _footer_bounds(meta, i, delta_kind in _BOUNDED)
+    if delta_kind not in _BOUNDED:
+        return nulls, None, None
+    if nulls is None or not exact or (lo is None and nulls < meta.num_rows):
+        values = pf.read(columns=[name]).column(name)
+        nulls = values.null_count
+        bounds = pc.min_max(values).as_py()
+        lo, hi = bounds["min"], bounds["max"]
+    return nulls, None if lo is None else _json_value(lo), None if hi is None else _json_value(hi)
+
+
 def file_stats(lake: Lake, f: DataFile, types: dict[str, str]) -> dict[str, Any]:
-    """``numRecords``, ``nullCount`` and exact bounds of one file, from its Parquet footer."""
+    """``numRecords``, ``nullCount`` and exact bounds of one file, from its Parquet footer.
+
+    The partition column (``partition_by.column``) always gets exact bounds, from its values when the
+    footer has none (:func:`_partition_column_stats`)."""
     import pyarrow.parquet as pq
 
+    part = lake.cfg.partition_by.column if lake.cfg.partition_by is not None else None
     with lake.storage.open_read(f.path) as fh:
-        meta = pq.ParquetFile(fh).metadata
-    stats: dict[str, Any] = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
-    for i in range(meta.num_columns):
-        col = meta.schema.column(i)
-        name = col.path
-        if "." in name or name not in types:
-            continue
-        nulls, lo, hi, exact = 0, None, None, types[name] in _BOUNDED
-        for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(i).statistics
-            if st is None or not st.has_null_count:
-                nulls = None
-                exact = False
-                break
-            nulls += st.null_count
-            if not exact:
+        # INT96 read as microseconds (Spark's precision): nanoseconds would overflow outside 1677-2262.
+        pf = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
+        meta = pf.metadata
+        stats: dict[str, Any] = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+        for i in range(meta.num_columns):
+            name = meta.schema.column(i).path
+            if "." in name or name not in types:
                 continue
-            if not st.has_min_max:
-                if st.null_count == meta.row_group(rg).num_rows:
-                    continue  # all null: no bound to take
-                exact = False
-                continue
-            if not (getattr(st, "is_min_value_exact", True) and getattr(st, "is_max_value_exact", True)):
-                exact = False
-                continue
-            lo = st.min if lo is None or st.min < lo else lo
-            hi = st.max if hi is None or st.max > hi else hi
-        if nulls is not None:
-            stats["nullCount"][name] = nulls
-        if exact and lo is not None and hi is not None:
-            stats["minValues"][name] = _json_value(lo)
-            stats["maxValues"][name] = _json_value(hi)
+            if name == part:
+                nulls, lo, hi = _partition_column_stats(pf, i, name, types[name])
+            else:
+                nulls, lo, hi, exact = _footer_bounds(meta, i, types[name] in _BOUNDED)
+                lo, hi = (_json_value(lo), _json_value(hi)) if exact else (None, None)
+            if nulls is not None:
+                stats["nullCount"][name] = nulls
+            if lo is not None and hi is not None:
+                stats["minValues"][name] = lo
+                stats["maxValues"][name] = hi
     return stats
 
 
@@ -292,7 +378,7 @@ def add_action(lake: Lake, f: DataFile, types: dict[str, str]) -> dict[str, Any]
     return {
         "add": {
             "path": _uri(f.rel),
-            "partitionValues": {PARTITION_COLUMN: f.partition} if lake.cfg.partition_by is not None else {},
+            "partitionValues": {},
             "size": f.size,
             "modificationTime": f.mtime_ms,
             "dataChange": True,
@@ -665,6 +751,17 @@ def _delete_before(lake: Lake, version: int) -> list[str]:
     return gone
 
 
+def _directory_partitioned(metadata: dict[str, Any]) -> bool:
+    """Does the log's table take ``_cdc_partition`` as a column (the partitioning of logs written before)?"""
+    if metadata.get("partitionColumns"):
+        return True
+    try:
+        fields = json.loads(metadata.get("schemaString") or "{}").get("fields") or []
+    except ValueError:
+        return True  # unreadable: written anew
+    return any(f.get("name") == PARTITION_COLUMN for f in fields)
+
+
 def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
     """One Delta version per kept lake commit up to the live one: append what is missing (module docstring)."""
     done: dict[str, Any] = {"written": [], "started_at": None, "version": None}
@@ -682,6 +779,17 @@ def sync(rt: Runtime, lake: Lake, kept: list[Commit]) -> dict[str, Any]:
     except FormatError as exc:
         log.warning("%s: %s; the log is written anew from the kept commits", lake.cfg.qualified_name, exc)
         state = LogState()
+    if state.metadata is not None and _directory_partitioned(state.metadata):
+        # Written before the table was unpartitioned for Delta (issue 37): every kept version is rewritten, so
+        # time travel reads each one in the new form (a metaData action now would change only later ones).
+        log.warning(
+            "%s: the Delta log is partitioned by %s (written by an older release); it is written anew from the "
+            "kept commits, unpartitioned, with the partition column's statistics",
+            lake.cfg.qualified_name,
+            PARTITION_COLUMN,
+        )
+        regenerate(rt, lake, kept)
+        return {"written": [c.seq for c in kept], "regenerated": True, "version": live}
     if state.version is not None and state.version > live:
         # The log is ahead of the lake (a table dropped and started again at the same root): the lake is the truth.
         log.warning(
