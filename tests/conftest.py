@@ -81,9 +81,19 @@ def fuzz_settings(test_examples: int) -> Any:
 
 
 @pytest.fixture(scope="session")
-def metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMetastore]:
+def metastore(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str) -> Iterator[LocalMetastore]:
+    """The Thrift metastore of the session; it takes ``s3a://`` locations on moto's server (the ``aws_default``
+    connection of :func:`aws_default`) when the S3A jars are in the jar cache (``make jars``), as the session does."""
+    from cdc_compaction.core.jarcache import JarError
+
     home = tmp_path_factory.mktemp("metastore")
     ms = LocalMetastore(home, port=free_port(), warehouse=home / "warehouse")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_default_conn(moto_endpoint))
+        try:
+            ms.with_s3a("aws_default")
+        except JarError as exc:
+            logging.getLogger(__name__).info("metastore without S3A (local lakes only): %s", exc)
     ms.start()
     try:
         yield ms
@@ -373,20 +383,25 @@ def moto_endpoint() -> Iterator[str]:
         server.stop()
 
 
-@pytest.fixture
-def aws_default(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The Airflow connection ``aws_default`` pointing at moto, defined only through the environment."""
+def aws_default_conn(moto_endpoint: str) -> str:
+    """The Airflow connection ``aws_default`` of the tests (``AIRFLOW_CONN_AWS_DEFAULT``'s value): moto's server."""
     import json
 
-    for var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(var, raising=False)
     conn = {
         "conn_type": "aws",
         "login": "testing-access-key",
         "password": "testing-secret-key",
         "extra": {"endpoint_url": moto_endpoint, "region_name": "us-east-1"},
     }
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
+    return json.dumps(conn)
+
+
+@pytest.fixture
+def aws_default(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Airflow connection ``aws_default`` pointing at moto, defined only through the environment."""
+    for var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", aws_default_conn(moto_endpoint))
     return moto_endpoint
 
 

@@ -227,6 +227,20 @@ def test_duckdb_views_go_to_a_database_file(tmp_path: Path) -> None:
     assert names == {"orders_base", "orders_view", "orders_pending_rejects"}
 
 
+@pytest.mark.s3
+def test_a_local_duckdb_script_of_an_s3_lake_is_written_locally(tmp_path: Path, aws_default: str) -> None:
+    """``views.duckdb`` is a local script while the lake is on S3 (the lake's storage is S3's): the script
+    is written where it says, on local disk, not refused by the lake's S3 storage."""
+    from cdc_compaction.core.storage.s3 import S3Storage
+
+    cfg = orders(duckdb=str(tmp_path / "views" / "orders.sql"))
+    cfg = cfg.model_copy(update={"storage_root": "s3a://lake-bucket/lake/orders"})
+    assert duckdb_views.write(cfg, duckdb_views.Files(), S3Storage()) == str(tmp_path / "views" / "orders.sql")
+    with duckdb.connect() as con:
+        con.execute((tmp_path / "views" / "orders.sql").read_text())
+        assert con.execute('SELECT count(*) FROM "shop"."orders_view"').fetchone() == (0,)
+
+
 # ----------------------------------------------------------------- Hive, from the wheel
 @pytest.mark.spark
 @pytest.mark.parametrize("kind", ["view", "rejects"])

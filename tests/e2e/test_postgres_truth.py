@@ -11,6 +11,11 @@ After every hour the table's view (base + pending increments) must equal that sn
 after the hours where the real DAG runs (``airflow dags test``: spark-submit and all)
 the base table's visible rows must equal it too -- as multisets of rows.
 
+The same test runs on a lake on S3 (``s3a://`` on moto's server, the ``aws_default`` connection):
+every file of the job and of the DDL goes through Spark's S3A, the catalog is the same Thrift
+metastore (it takes ``s3a://`` locations), and the base is read plainly from the pointer's
+location(s) on S3 instead of by DuckDB.
+
 Three shapes of the same changes, three tables: Debezium's (a key change is a delete and a
 create), a source that carries the old key (registry ``old_key``: key changes and deletes
 name the key they had), and a table without a primary key under ``REPLICA IDENTITY FULL``
@@ -30,6 +35,7 @@ transaction's.
 from __future__ import annotations
 
 import random
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,7 @@ import yaml
 
 from cdc_compaction.core.registry import parse_table
 from cdc_compaction.core.settings import MetastoreEndpoint
+from cdc_compaction.core.storage.s3 import S3Storage
 from cdc_compaction.devtools import conformance as conf
 from cdc_compaction.devtools import pgsource
 from cdc_compaction.devtools.devenv import airflow_env, ensure_airflow_db
@@ -93,9 +100,28 @@ LONG_ROWS = {
 }
 
 
-#: make test runs the Debezium shape (the source this package is for); the old-key and keyless shapes,
-#: some 2-3 minutes each, run in make test-extended.
-@pytest.fixture(params=[s if s == "debezium" else pytest.param(s, marks=pytest.mark.extended) for s in sorted(SHAPES)])
+#: make test runs the Debezium shape (the source this package is for) on a local lake; the old-key and
+#: keyless shapes, some 2-3 minutes each, and the Debezium shape on S3 (S3A), run in make test-extended.
+CASES = [
+    *(
+        pytest.param(s, "local", id=f"{s}-local", marks=() if s == "debezium" else (pytest.mark.extended,))
+        for s in sorted(SHAPES)
+    ),
+    pytest.param("debezium", "s3a", id="debezium-s3a", marks=(pytest.mark.extended, pytest.mark.s3)),
+]
+
+
+def lake_root(lake: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the test's lakes live: a local directory, or a fresh bucket on moto's server (``s3a://``)."""
+    if lake == "local":
+        return str(tmp_path / "lake")
+    request.getfixturevalue("aws_default")  # the connection every S3 client of the test (and the DAG) takes
+    bucket = f"lake-{uuid.uuid4().hex[:12]}"
+    S3Storage().client.create_bucket(Bucket=bucket)
+    return f"s3a://{bucket}/lake"
+
+
+@pytest.fixture
 def source(request: pytest.FixtureRequest, postgres: LocalPostgres) -> Any:
     """A fresh database with ``students`` and a wal2json slot on it; dropped afterwards."""
     from psycopg2 import sql as pgsql
@@ -134,11 +160,14 @@ def source(request: pytest.FixtureRequest, postgres: LocalPostgres) -> Any:
         admin.close()
 
 
+@pytest.mark.parametrize(("source", "lake"), CASES, indirect=["source"])
 def test_the_lake_matches_postgres_after_every_hour(
     source: tuple[Any, str, str, list[pgsource.Change], Any],
+    lake: str,
     spark: Any,
     endpoint: MetastoreEndpoint,
     metastore: LocalMetastore,
+    request: pytest.FixtureRequest,
     tmp_path: Path,
 ) -> None:
     conn, slot, shape, initial, long_conn = source
@@ -163,6 +192,7 @@ def test_the_lake_matches_postgres_after_every_hour(
     registry = tmp_path / "registry"
     registry.mkdir()
     doc = conf.registry_doc(scn, tmp_path / "lake")
+    doc["storage_root"] = f"{lake_root(lake, request, tmp_path)}/{doc['table']}"
     (registry / f"{doc['database']}.{doc['table']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     cfg = parse_table(doc)
     env = airflow_env(
@@ -170,8 +200,8 @@ def test_the_lake_matches_postgres_after_every_hour(
     )
     ensure_airflow_db(env)
     runner = conf.DagRunner(spark, endpoint, env)
-    # Spark through the metastore, and DuckDB through the files and its views.
-    readers: list[Any] = [conf.Reader(spark), conf.DuckDBReader()]
+    # Spark through the metastore, and DuckDB through the files and its views (on S3: the files, read plainly).
+    readers: list[Any] = [conf.Reader(spark), conf.DuckDBReader() if lake == "local" else conf.PointerFilesReader()]
     runner.setup(cfg)
 
     work = Workload(conn, random.Random(SEED), duplicates=shape == "keyless")
@@ -213,7 +243,7 @@ def test_the_lake_matches_postgres_after_every_hour(
                 if diff:
                     failures.append(f"hour {hour}: {reader.name} base differs from PostgreSQL\n" + "\n".join(diff))
         refresh_view(runner.runtime(cfg))
-        for reader in readers:
+        for reader in (r for r in readers if r.reads_views):
             diff = conf.diff_rows(expected, data_only(reader.view(cfg)), DATA_TYPES)
             if diff:
                 failures.append(f"hour {hour}: {reader.name} view differs from PostgreSQL\n" + "\n".join(diff))

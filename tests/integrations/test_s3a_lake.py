@@ -8,9 +8,9 @@ and writes the new version, through ``s3a://``.  The commit protocol (lease, com
 pointer) runs through boto3 against the same server.
 
 The catalog is moto's Glue, registered by ``test_s3_lake.register_in_glue`` as Spark's DDL would
-(the local Thrift metastore cannot reach S3: see docs/cloud.md).  Every compacted base is read
-back twice and compared with the scenario file's expectation: through Spark (``s3a://``) and
-through boto3/pyarrow.
+(the Thrift metastore with S3A, Spark's own DDL and the views: ``test_s3a_metastore.py``, docs/cloud.md).
+Every compacted base is read back twice and compared with the scenario file's expectation: through
+Spark (``s3a://``) and through boto3/pyarrow.
 """
 
 from __future__ import annotations

@@ -162,13 +162,18 @@ def target(cfg: TableConfig) -> str | None:
 def write(cfg: TableConfig, files: Files, storage: Any) -> str | None:
     """Write the views where ``views.duckdb`` says; return the target (None when none is set).
 
-    A ``.sql`` script is replaced atomically through ``storage``; a ``.duckdb`` database file
-    gets the statements in one transaction.
+    A ``.sql`` script is replaced atomically through ``storage`` (the lake's), or through the
+    storage of its own path when it lies elsewhere (a local script of an S3 lake, or the reverse);
+    a ``.duckdb`` database file gets the statements in one transaction.
     """
+    from cdc_compaction.core.storage import S3_SCHEMES, storage_for
+
     where = target(cfg)
     if where is None:
         return None
     text = script(cfg, files)
+    if where.startswith(S3_SCHEMES) != cfg.storage_root.startswith(S3_SCHEMES):
+        storage = storage_for(where, cfg.storage_conn_id)
     if where.endswith(".sql"):
         storage.makedirs(posixpath.dirname(where))
         storage.write_text(where, text)

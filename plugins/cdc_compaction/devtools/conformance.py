@@ -241,6 +241,29 @@ def snapshot_count_failures(body: dict[str, Any], stats: dict[str, Any] | None) 
 
 
 # ---------------------------------------------------------------------- runners
+class PointerFilesReader:
+    """Reads what a reader without a metastore reads, on any storage (an S3 lake too): the live version's
+    location(s) from ``_cdc/pointer.json``, every data file there read plainly (pyarrow through the lake's
+    storage).  The base must hold the visible rows and nothing else.  It reads no views."""
+
+    name = "pointer-files"
+    reads_views = False
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        from cdc_compaction.core.storage import is_data_file, read_parquet
+
+        lake = Lake(cfg)
+        pointer = lake.read_pointer()
+        if pointer is None:
+            return []
+        rows: list[dict[str, Any]] = []
+        for loc in list((pointer.get("partitions") or {}).values()) or [pointer["location"]]:
+            # An empty version (or partition) has no file, and on S3 no directory either.
+            if any(not e.is_dir and is_data_file(e.name) for e in lake.storage.list_dir(loc)):
+                rows += read_parquet(lake.storage, loc).select(shown_columns(cfg)).to_pylist()
+        return rows
+
+
 class DuckDBReader:
     """Reads what a DuckDB user reads: the base location from the pointer, and the DuckDB views.
 

@@ -48,8 +48,17 @@ _HIVE_SITE = """<?xml version="1.0"?>
   <property><name>hive.async.log.enabled</name><value>false</value></property>
   <property><name>hive.metastore.warehouse.dir</name><value>{warehouse}</value></property>
   <property><name>hive.metastore.event.db.notification.api.auth</name><value>false</value></property>
-</configuration>
+{extra}</configuration>
 """
+
+
+def _properties(conf: dict[str, str]) -> str:
+    """``conf`` as hive-site.xml ``<property>`` lines (values escaped)."""
+    from xml.sax.saxutils import escape
+
+    return "".join(
+        f"  <property><name>{escape(k)}</name><value>{escape(v)}</value></property>\n" for k, v in sorted(conf.items())
+    )
 
 
 class ServiceError(CdcCompactionError):
@@ -220,10 +229,32 @@ class LocalMetastore:
     port: int = 9083
     host: str = "127.0.0.1"
     warehouse: Path | None = None
+    #: Jars after the pyspark wheel's on its classpath: the S3A group's, so that it takes ``s3a://`` locations.
+    extra_jars: list[str] = field(default_factory=list)
+    #: Hadoop settings for its hive-site.xml (the ``fs.s3a.*`` endpoint, path style, region): no secret here.
+    hadoop_conf: dict[str, str] = field(default_factory=dict)
+    #: Its process environment's additions: the credentials (``AWS_*``, which S3A's default chain reads).
+    env: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def uri(self) -> str:
         return f"thrift://{self.host}:{self.port}"
+
+    def with_s3a(self, conn_id: str = "aws_default") -> LocalMetastore:
+        """This metastore, able to record (and create) ``s3a://`` table and partition locations.
+
+        The Hive 2.3 metastore of the pyspark wheel runs on the wheel's Hadoop (``hadoop-client-api``,
+        the version hadoop-aws is pinned to), so the ``s3a`` jar group (hadoop-aws, the AWS SDK
+        bundle) loads in it as in Spark.  It checks and creates a table's location with its own file
+        system, so it needs S3A's settings too: the ones Spark's engines take, from the same Airflow
+        connection (``integrations.engine.s3a_connection_conf``); the credentials go to its
+        environment only.
+        """
+        from cdc_compaction.integrations.engine import s3a_connection_conf, s3a_jars
+
+        hadoop, env = s3a_connection_conf(conn_id, "the metastore's S3A: the Airflow connection")
+        self.extra_jars, self.hadoop_conf, self.env = s3a_jars(), hadoop, env
+        return self
 
     @property
     def pid_file(self) -> Path:
@@ -270,17 +301,27 @@ class LocalMetastore:
         conf = self.home / "conf"
         conf.mkdir(exist_ok=True)
         warehouse = self.warehouse or (self.home / "warehouse")
-        (conf / "hive-site.xml").write_text(_HIVE_SITE.format(db=self.home / "metastore_db", warehouse=warehouse))
+        (conf / "hive-site.xml").write_text(
+            _HIVE_SITE.format(db=self.home / "metastore_db", warehouse=warehouse, extra=_properties(self.hadoop_conf))
+        )
         jars = f"{pyspark_home() / 'jars'}/*"
         classes = self._compile_launcher(jars)
-        cmd = ["java", "-Xmx768m", "-Dderby.system.home=" + str(self.home), "-cp", f"{conf}:{jars}:{classes}"]
+        classpath = os.pathsep.join([str(conf), jars, str(classes), *self.extra_jars])
+        cmd = ["java", "-Xmx768m", "-Dderby.system.home=" + str(self.home), "-cp", classpath]
         cmd += ["LoopbackMetaStore", self.host, str(self.port)]
         return self._launch(cmd, "metastore", timeout_s)
 
     def _launch(self, cmd: list[str], what: str, timeout_s: float) -> int:
         """Start ``cmd`` in its own session (its PID in :attr:`pid_file`), wait for the port; its PID."""
         with open(self.log_file, "ab") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,
+                env={**os.environ, **self.env},
+            )
         self.pid_file.write_text(str(proc.pid))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -216,26 +216,37 @@ def s3a_conf(cfg: TableConfig) -> tuple[dict[str, str], dict[str, str]]:
 
     Everything comes from the Airflow connection ``storage_conn_id`` (``aws_default``), the one
     the commit protocol's ``S3Hook`` uses, so Spark and the commit protocol talk to the same
-    store: its ``endpoint_url`` (an S3-compatible store, reached path-style), its region, and
-    the credentials it resolves (the connection's, else boto's chain: environment, profile,
-    instance role).  The credentials are returned apart as ``AWS_*`` variables, never in the
-    Hadoop settings: each engine hands them on its own way (a process environment, the JVM's
-    in-memory configuration), so they never land on a command line or in a log.  The
-    registry's ``spark.hadoop_conf`` is applied after these and wins.
+    store (:func:`s3a_connection_conf`).  The registry's ``spark.hadoop_conf`` is applied after
+    these and wins.
     """
     if not on_s3(cfg):
         return {}, {}
+    return s3a_connection_conf(
+        cfg.storage_conn_id, f"{cfg.qualified_name}: the lake {cfg.storage_root} is on S3, but the Airflow connection"
+    )
+
+
+def s3a_connection_conf(conn_id: str, who: str = "the Airflow connection") -> tuple[dict[str, str], dict[str, str]]:
+    """(Hadoop settings, credentials) of S3A for the Airflow connection ``conn_id``.
+
+    Its ``endpoint_url`` (an S3-compatible store, reached path-style), its region, and the
+    credentials it resolves (the connection's, else boto's chain: environment, profile, instance
+    role).  The credentials are returned apart as ``AWS_*`` variables, never in the Hadoop
+    settings: each JVM takes them its own way (a process environment, the JVM's in-memory
+    configuration), so they never land on a command line, in a file or in a log.  Spark's engines
+    (:func:`s3a_conf`) and the local Thrift metastore that records ``s3a://`` locations
+    (``devtools.local_services``) both take them from here.  ``who`` begins the refusal's message.
+    """
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    hook = S3Hook(aws_conn_id=cfg.storage_conn_id)
+    hook = S3Hook(aws_conn_id=conn_id)
     try:
         endpoint = hook.conn_config.endpoint_url
         region = hook.conn_region_name
         creds = hook.get_credentials()
     except Exception as exc:
         raise CompactionError(
-            f"{cfg.qualified_name}: the lake {cfg.storage_root} is on S3, but the Airflow connection "
-            f"{cfg.storage_conn_id!r} (registry storage_conn_id) gives no S3 settings ({mask_credentials(str(exc))}); "
+            f"{who} {conn_id!r} (registry storage_conn_id) gives no S3 settings ({mask_credentials(str(exc))}); "
             "define it with credentials, region_name and, for an S3-compatible store, endpoint_url in its extras"
         ) from exc
     hadoop = {"fs.s3a.impl": S3A_FILE_SYSTEM, "fs.s3.impl": S3A_FILE_SYSTEM}
@@ -379,7 +390,17 @@ class SparkSubmitEngine:
             json.dump(statements, fh)
             path = fh.name
         try:
-            conf = {**BASE_SPARK_CONF, "spark.ui.enabled": "false", **hive_conf(self.endpoint, self.warehouse_dir)}
+            # A lake on S3: Spark qualifies a table's or partition's s3a:// location with its own file
+            # system, so the DDL's driver needs S3A as the compact task's does (the same jars, settings
+            # and credentials environment; the registry's hadoop_conf wins).
+            s3a, jars, env = s3a_submit(cfg)
+            conf = {
+                **BASE_SPARK_CONF,
+                "spark.ui.enabled": "false",
+                **hive_conf(self.endpoint, self.warehouse_dir),
+                **s3a,
+                **{f"spark.hadoop.{k}": v for k, v in cfg.spark.hadoop_conf.items()},
+            }
             hook = mask_submit_logs(
                 SparkSubmitHook(
                     conn_id=cfg.spark.conn_id,
@@ -388,8 +409,13 @@ class SparkSubmitEngine:
                     application_args=["--statements", path],
                     driver_memory=cfg.spark.driver_memory,
                     py_files=job_package(),
+                    jars=",".join(jars) or None,
                 )
             )
+            # The credentials into the process's environment only (as the compact task's): on YARN or
+            # Kubernetes the provider would make them --conf arguments, and cluster mode refuses them.
+            if env and not (hook._is_yarn or hook._is_kubernetes or hook._connection.get("deploy_mode") == "cluster"):
+                hook._env_vars = {**env, **(hook._env_vars or {})}
             try:
                 hook.submit(application=str(settings.SPARK_JOBS_DIR / "run_sql.py"))
             except Exception as exc:
