@@ -100,7 +100,7 @@ def test_trino_views_use_trinos_own_encoding() -> None:
         {"name": "order_no", "type": "bigint"},
         {"name": "amount", "type": "decimal(12,2)"},
         {"name": "status", "type": "varchar"},
-        {"name": "timestamp", "type": "timestamp(3)"},
+        {"name": "timestamp", "type": "timestamp(6)"},
         {"name": "order", "type": "integer"},
         {"name": "op", "type": "varchar"},
         {"name": "ts_ms", "type": "bigint"},

@@ -148,3 +148,25 @@ def test_trino_reads_the_iceberg_table_at_every_kept_snapshot_through_its_sqlite
         formats=["iceberg"],
     )
     assert result.ok, "\n".join(result.failures)
+
+
+def test_the_trino_views_serve_a_catalog_that_reads_timestamps_to_the_microsecond(
+    trino: TrinoServer, inprocess: conf.InProcessRunner, tmp_path: Path
+) -> None:
+    """A Trino catalog with ``hive.timestamp-precision=MICROSECONDS`` (the server's ``hive_us``) reads the base and
+    the Trino views to the microsecond. The views declare ``timestamp(6)``: a declared ``timestamp(3)`` is refused
+    there as stale (``timestamp(6) ... cannot be coerced to timestamp(3)``); the millisecond catalog's reads in
+    the tests above coerce its ``timestamp(3)`` to it."""
+    path = SHARED / "delete_then_reinsert.json"
+    scn = _with_microsecond_timestamp(path, tmp_path / path.name)
+    scn.table["views"] = {"trino_catalog": "hive_us"}
+    result = conf.run_scenario(
+        scn,
+        inprocess,
+        [conf.TrinoReader(trino, views=True, catalog="hive_us")],
+        tmp_path / "lake",
+        suffix="_us",
+        partition_by={"column": "changed_at", "transform": "day"},
+        views_metastore=["spark", "trino"],
+    )
+    assert result.ok, "\n".join(result.failures)

@@ -274,7 +274,9 @@ def spark_statement(cfg: TableConfig, view: ViewDef) -> str:
     )
 
 
-# Hive type -> the type name Trino's Hive connector gives the column (timestamps: milliseconds).
+# Hive type -> the type a Trino view declares for the column. Timestamps are timestamp(6): Trino's Hive
+# connector reads them as timestamp(3) by default (hive.timestamp-precision=MILLISECONDS), which coerces to
+# timestamp(6), and as timestamp(6) under MICROSECONDS; a declared timestamp(3) would be refused as stale there.
 _TRINO_TYPES = {
     "tinyint": "tinyint",
     "smallint": "smallint",
@@ -285,7 +287,7 @@ _TRINO_TYPES = {
     "string": "varchar",
     "boolean": "boolean",
     "date": "date",
-    "timestamp": "timestamp(3)",
+    "timestamp": "timestamp(6)",
     "binary": "varbinary",
 }
 

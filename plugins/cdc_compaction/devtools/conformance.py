@@ -118,7 +118,8 @@ def registry_doc(
         "tags": ["conformance"],
         "spark": {"conf": {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}},
         # DuckDB readers (DuckDBReader) query the views the pipeline writes here.
-        "views": {"duckdb": str(lake_dir / "_duckdb" / f"{scn.table_name}{suffix}.sql")},
+        # The scenario's own views settings (trino_catalog, …) are kept.
+        "views": {**t.get("views", {}), "duckdb": str(lake_dir / "_duckdb" / f"{scn.table_name}{suffix}.sql")},
     }
     if partition_by is not None:
         doc["partition_by"] = partition_by
@@ -334,13 +335,15 @@ class TrinoReader:
 
     name = "trino"
 
-    def __init__(self, trino: TrinoServer, views: bool = False) -> None:
+    def __init__(self, trino: TrinoServer, views: bool = False, catalog: str = "hive") -> None:
         self.trino = trino
         self.reads_views = views
+        #: The Trino catalog read through (the server's ``hive``, or ``hive_us`` to the microsecond).
+        self.catalog = catalog
 
     def _rows(self, cols: list[str] | None, table: str) -> list[dict[str, Any]]:
         quoted = "*" if cols is None else ", ".join(f'"{c}"' for c in cols)
-        rows = self.trino.query(f"SELECT {quoted} FROM hive.{table}")
+        rows = self.trino.query(f"SELECT {quoted} FROM {self.catalog}.{table}")
         if cols is None:
             return rows
         # Trino names result columns in lower case: give the rows the registry's names back.
@@ -362,7 +365,7 @@ class TrinoReader:
         return self._rows(None, self._view_name(cfg, "view_name"))
 
     def pending_rejects(self, cfg: TableConfig) -> int:
-        (row,) = self.trino.query(f"SELECT count(*) AS n FROM hive.{self._view_name(cfg, 'rejects_view')}")
+        (row,) = self.trino.query(f"SELECT count(*) AS n FROM {self.catalog}.{self._view_name(cfg, 'rejects_view')}")
         return int(row["n"])
 
 

@@ -242,25 +242,24 @@ class TrinoServer:
         )
         (data / "etc").mkdir(exist_ok=True)
         (data / "etc" / "catalog-store.properties").write_text(_properties({"catalog.config-dir": etc / "catalog"}))
-        (etc / "catalog" / "hive.properties").write_text(
-            _properties(
-                {
-                    "connector.name": "hive",
-                    "hive.metastore.uri": self.metastore_uri,
-                    # Hadoop's file system, not Trino's native local one: the native one lists a directory's
-                    # files as local:///..., and the Hive connector then drops every file under a file:/...
-                    # location ("does not start with prefix", or silently no rows): the base tables' locations
-                    # are file:/... as Spark writes them.
-                    "fs.hadoop.enabled": "true",
-                    # hive.timestamp-precision stays Trino's default, MILLISECONDS, as most users run it: the
-                    # project's Trino views declare timestamp(3) columns (core/dialects.py's trino_type), and with
-                    # MICROSECONDS Trino refuses them as stale ("timestamp(6) ... cannot be coerced to
-                    # timestamp(3) stored in view definition"). Trino then reads timestamps to the millisecond.
-                    # Every query sees the metastore as it is now: a compaction swaps locations between reads.
-                    "hive.metastore-cache-ttl": "0s",
-                    "hive.hive-views.enabled": "true",
-                }
-            )
+        hive = {
+            "connector.name": "hive",
+            "hive.metastore.uri": self.metastore_uri,
+            # Hadoop's file system, not Trino's native local one: the native one lists a directory's
+            # files as local:///..., and the Hive connector then drops every file under a file:/...
+            # location ("does not start with prefix", or silently no rows): the base tables' locations
+            # are file:/... as Spark writes them.
+            "fs.hadoop.enabled": "true",
+            # Every query sees the metastore as it is now: a compaction swaps locations between reads.
+            "hive.metastore-cache-ttl": "0s",
+            "hive.hive-views.enabled": "true",
+        }
+        # ``hive`` keeps Trino's default hive.timestamp-precision, MILLISECONDS, as most users run it;
+        # ``hive_us`` reads the same metastore to the microsecond. The project's Trino views declare
+        # timestamp(6) (core/dialects.py's trino_type), which both serve: a query's timestamp(3) coerces to it.
+        (etc / "catalog" / "hive.properties").write_text(_properties(hive))
+        (etc / "catalog" / "hive_us.properties").write_text(
+            _properties({**hive, "hive.timestamp-precision": "MICROSECONDS"})
         )
         # Trino 476 takes local.location as a directory (not a local:// URI); "/" serves file:///... as it is.
         local_fs = {"fs.native-local.enabled": "true", "local.location": "/"}
