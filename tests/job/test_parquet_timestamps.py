@@ -8,9 +8,8 @@ and from the rows landed, never from the job.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,8 @@ TS_COLUMNS = [
     {"name": "updated_at", "type": "timestamp"},
 ]
 #: Microsecond-precision instants: a reader that rounds to milliseconds, or shifts by a zone, differs.
-AT = {i: datetime(2026, 11, 22, i, 2, 3, 100_000 + i * 1_001, tzinfo=UTC) for i in range(1, 5)}
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+AT = {i: datetime(2026, 11, 22, i, 2, 3, 100_000 + i * 1_001, tzinfo=UTC) for i in range(1, 6)}
 
 
 def row(i: int, name: str, op: str, ts: int, at: datetime | None = None) -> dict[str, Any]:
@@ -70,6 +70,39 @@ def spark_rows(spark: Any, cfg: TableConfig) -> dict[int, datetime]:
     }
 
 
+def _utc(at: datetime) -> datetime:
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def iceberg_rows(root: str) -> dict[int, datetime]:
+    """The Iceberg table's current snapshot, read by pyiceberg (through ``version-hint.text``)."""
+    from pyiceberg.table import StaticTable
+
+    rows = StaticTable.from_metadata(f"{root}/iceberg").scan(selected_fields=("id", "updated_at")).to_arrow()
+    return {r["id"]: _utc(r["updated_at"]) for r in rows.to_pylist()}
+
+
+def iceberg_bounds(root: str) -> dict[str, tuple[datetime, datetime] | None]:
+    """Partition value -> the (lower, upper) bounds of ``updated_at`` over its data files (None: none given)."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.table import StaticTable
+
+    table = StaticTable.from_metadata(f"{root}/iceberg")
+    field = table.schema().find_field("updated_at")
+    out: dict[str, Any] = {}
+    for task in table.scan().plan_files():
+        df = task.file
+        value = df.partition[0]
+        lo, hi = df.lower_bounds.get(field.field_id), df.upper_bounds.get(field.field_id)
+        if lo is None or hi is None:
+            out[value] = None
+            continue
+        got = [EPOCH + timedelta(microseconds=from_bytes(field.field_type, b)) for b in (lo, hi)]
+        old = out.get(value)
+        out[value] = (min(got[0], old[0]), max(got[1], old[1])) if old else (got[0], got[1])
+    return out
+
+
 @pytest.mark.spark
 @pytest.mark.metastore
 @pytest.mark.parametrize("setting", ["micros", "int96"])
@@ -101,24 +134,32 @@ def test_every_file_the_job_writes_has_the_registrys_timestamp_type(
 def test_a_version_reusing_int96_partitions_reads_the_same_and_erases(
     make_cfg: Callable[..., TableConfig], runtime: Any, spark: Any, tmp_path: Path
 ) -> None:
-    """Partition A keeps the INT96 files of the first version; B is rewritten in INT64 by the second."""
+    """Partition alpha keeps the INT96 files of the first version; beta is rewritten in INT64 by the second."""
     views = str(tmp_path / "views.duckdb")
-    doc = {"columns": TS_COLUMNS, "partition_by": {"column": "full_name"}, "views": {"duckdb": views}}
+    doc = {
+        "columns": TS_COLUMNS,
+        "partition_by": {"column": "full_name"},
+        "views": {"duckdb": views},
+        "formats": ["iceberg"],
+    }
     old = make_cfg(parquet_timestamps="int96", **doc)
     rt = runtime(old)
     ensure_tables(rt)
-    land(old, "increment_2026112200", [[row(1, "A", "c", 1), row(2, "B", "c", 1)]])
+    land(old, "increment_2026112200", [[row(1, "alpha", "c", 1), row(5, "alpha", "c", 1), row(2, "beta", "c", 1)]])
     compact_once(rt, "r1")
     rt = runtime(make_cfg(table=old.table, **doc))  # the registry now says micros (the default)
     assert rt.cfg.parquet_timestamps == "micros"
-    land(rt.cfg, "increment_2026112201", [[row(3, "B", "c", 2), row(4, "B", "c", 2)]])
+    land(rt.cfg, "increment_2026112201", [[row(3, "beta", "c", 2), row(4, "beta", "c", 2)]])
     compact_once(rt, "r2")
     live = rt.lake.latest_commit()
     kinds = {}
-    for value, location in (live.partitions or {}).items():
-        types = [t for p in Path(location).glob("*.parquet") for t in timestamp_types(p).values()]
-        kinds[value] = {"INT96" if t[0] == "INT96" else "micros" if is_micros(t) else str(t) for t in types}
-    assert kinds == {"A": {"INT96"}, "B": {"micros"}}
+    names = {}  # the partition directory (its name is an encoding of the value) -> the value its rows hold
+    for location in (live.partitions or {}).values():
+        files = list(Path(location).glob("*.parquet"))
+        names[location] = pq.read_table(files[0], columns=["full_name"]).column(0)[0].as_py()
+        types = [t for p in files for t in timestamp_types(p).values()]
+        kinds[names[location]] = {"INT96" if t[0] == "INT96" else "micros" if is_micros(t) else str(t) for t in types}
+    assert kinds == {"alpha": {"INT96"}, "beta": {"micros"}}
     assert spark_rows(spark, rt.cfg) == AT
 
     def duck(zone: str) -> dict[int, datetime]:
@@ -128,10 +169,16 @@ def test_a_version_reusing_int96_partitions_reads_the_same_and_erases(
         return {i: at if at.tzinfo else at.replace(tzinfo=UTC) for i, at in got}
 
     assert duck("UTC") == AT
+    assert iceberg_rows(rt.lake.layout.root) == AT
+    # Iceberg bounds of the INT64 files (beta: ids 2-4) are their exact microseconds; INT96 gets none.
+    bounds = iceberg_bounds(rt.lake.layout.root)
+    assert bounds == {"alpha": None, "beta": (AT[2], AT[4])}
 
     erase(rt.cfg, "id IN (1, 3)", actor="test", metastore=rt.metastore)
-    assert spark_rows(spark, rt.cfg) == {2: AT[2], 4: AT[4]}
-    for value, location in (live.partitions or {}).items():
-        for p in Path(location).glob("*.parquet"):
-            want = "INT96" if value == "A" else "INT64"
-            assert {t[0] for t in timestamp_types(p).values()} <= {want}, (p, os.path.getsize(p))
+    left = {i: AT[i] for i in (2, 4, 5)}
+    assert spark_rows(spark, rt.cfg) == left
+    assert iceberg_rows(rt.lake.layout.root) == left
+    for location, value in names.items():
+        for p in Path(location).glob("*.parquet"):  # rewritten by the erase, each in its own type
+            types = list(timestamp_types(p).values())
+            assert all(t[0] == "INT96" if value == "alpha" else is_micros(t) for t in types), (p, types)
