@@ -228,6 +228,16 @@ def test_spark_conf_values_become_strings() -> None:
     assert cfg.spark.conf == {"spark.a.enabled": "true", "spark.b.count": "4"}
 
 
+def test_parquet_timestamps_default_to_micros_and_spark_conf_cannot_set_them_behind_its_back() -> None:
+    """The job sets Spark's timestamp type from ``parquet_timestamps``: a spark.conf entry would be overridden."""
+    assert parse_table(good_doc()).parquet_timestamps == "micros"
+    assert parse_table(good_doc(parquet_timestamps="int96")).parquet_timestamps == "int96"
+    with pytest.raises(ValidationError, match="parquet_timestamps"):
+        parse_table(good_doc(parquet_timestamps="millis"))
+    with pytest.raises(ValidationError, match=r"outputTimestampType'.*set parquet_timestamps"):
+        parse_table(good_doc(spark={"conf": {"spark.sql.parquet.outputTimestampType": "INT96"}}))
+
+
 def test_column_type_is_normalised() -> None:
     col = Column(name="amount", type=" Decimal( 12, 2 ) ")
     assert col.type == "decimal(12,2)"

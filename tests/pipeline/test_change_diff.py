@@ -272,3 +272,21 @@ def test_the_keyless_diff_is_the_multiset_difference(before, after) -> None:
     assert sorted(rows, key=repr) == _multiset_change(before, after)
     # No update pairs: a copy has no identity to pair an old one with a new one by.
     assert not ({"update_before", "update_after"} & {k for k, _ in rows})
+
+
+def test_an_int96_and_an_int64_timestamp_of_one_instant_are_no_change_in_any_time_zone(tmp_path: Path) -> None:
+    """An older version's INT96 value (pyarrow: naive nanoseconds, UTC) and a newer one's INT64 microseconds
+    adjusted to UTC (docs/formats.md#int96-timestamps) are the same instant: no change on a host in New York."""
+    code = (
+        "import datetime as dt, pyarrow as pa\n"
+        "from cdc_compaction.pipeline.changes import diff_tables\n"
+        "at = dt.datetime(2026, 11, 22, 1, 2, 3, 456789)\n"
+        "old = pa.table({'k': [1], 't': pa.array([at], pa.timestamp('ns'))})\n"
+        "new = pa.table({'k': [1], 't': pa.array([at.replace(tzinfo=dt.UTC)], pa.timestamp('us', tz='UTC'))})\n"
+        "print(diff_tables(['k'], old, new).num_rows)\n"
+    )
+    env = {**os.environ, "TZ": "America/New_York", "PYTHONPATH": str(PROJECT_ROOT / "plugins")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() == "0"

@@ -47,6 +47,7 @@ from cdc_compaction.core.exceptions import IdentifierError, RegistryError
 from cdc_compaction.core.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
 from cdc_compaction.core.names import table_names
 from cdc_compaction.core.registry_errors import Context, Located, explain, load_located, yaml_error
+from cdc_compaction.job.contract import OUTPUT_TIMESTAMP_TYPE_CONF
 
 log = logging.getLogger(__name__)
 
@@ -417,6 +418,11 @@ class SparkSettings(_Strict):
                     raise ValueError(f"spark conf key {k!r} is not a valid property name")
                 if credential_key(k):
                     raise ValueError(f"key {k!r} holds a credential; remove it: {WHERE_CREDENTIALS_BELONG}")
+                if k == OUTPUT_TIMESTAMP_TYPE_CONF:
+                    raise ValueError(
+                        f"key {k!r}: the job sets it from the table's parquet_timestamps (micros or int96); "
+                        "remove it here and set parquet_timestamps"
+                    )
                 out[k] = str(val).lower() if isinstance(val, bool) else str(val)
             return out
         return v
@@ -614,6 +620,10 @@ class TableConfig(_Strict):
     #: (docs/formats.md#delta-and-iceberg): ``delta`` writes a Delta log at ``base/_delta_log``, ``iceberg`` Iceberg
     #: metadata. Derived like the change feed: a failure is logged and counted, never fails a publish.
     formats: list[Literal["delta", "iceberg"]] = Field(default_factory=list)
+    #: The Parquet type the compaction job writes timestamps as (docs/formats.md#int96-timestamps): ``micros``
+    #: (INT64 microseconds, the Iceberg specification's type) or ``int96`` (Spark's legacy type, for readers that
+    #: read no INT64 timestamps: Hive before 4.0). Files written before keep their own type.
+    parquet_timestamps: Literal["micros", "int96"] = "micros"
     #: How long archived increments and re-ingested quarantine entries stay; unset: forever. Archives a kept
     #: version still needs for a rebuild stay regardless (docs/data.md#retention).
     archive_retention: Duration | None = None

@@ -43,8 +43,11 @@ from cdc_compaction.job.common import (
 )
 from cdc_compaction.job.common import observed as _observed
 from cdc_compaction.job.contract import (
+    DEFAULT_PARQUET_TIMESTAMPS,
     META_COLUMNS,
     META_DDL,
+    OUTPUT_TIMESTAMP_TYPE_CONF,
+    PARQUET_TIMESTAMP_TYPES,
     PARTITION_DDL,
     PERMANENT_EXIT_CODE,
     STATS_FILE,
@@ -133,6 +136,7 @@ __all__ = [
     "new_attempt",
     "new_base",
     "order_items",
+    "output_timestamp_type",
     "partition_dir_value",
     "partitions_of_keys",
     "ranges_between",
@@ -227,6 +231,10 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         log.info("%s: plan %s does not compact: %s", plan.table, plan.plan_id, plan.compaction.get("reason"))
         return {"skipped": str(plan.compaction.get("reason"))}
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    # Every Parquet file this job writes (versions, tombstones, key index, change feed, quarantine) takes
+    # its timestamp type from the session: set here, it holds under spark-submit, Spark Connect and a shared
+    # in-process session alike, whatever conf the session came with.
+    spark.conf.set(OUTPUT_TIMESTAMP_TYPE_CONF, output_timestamp_type(plan))
     # Every cached frame (the ranking, the winners, few events) in as many partitions as adaptive
     # execution chooses, not spark.sql.shuffle.partitions: 200 near-empty tasks to build a cache and
     # 200 to read it were most of a touched-only partitioned compaction's time.
@@ -236,6 +244,18 @@ def run(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | None
         return {"plan_id": plan.plan_id, "table": plan.table, "already_committed": True}
     no_bookkeeping_files(spark)
     return mode_runner(plan)(spark, plan, attempt)
+
+
+def output_timestamp_type(plan: Plan) -> str:
+    """Spark's ``spark.sql.parquet.outputTimestampType`` for the plan's ``parquet_timestamps``."""
+    name = plan.parquet_timestamps or DEFAULT_PARQUET_TIMESTAMPS
+    if name not in PARQUET_TIMESTAMP_TYPES:
+        raise PermanentJobError(
+            f"{plan.table}: plan {plan.plan_id} asks for parquet_timestamps {name!r}, which this job package does "
+            f"not write (it knows {', '.join(PARQUET_TIMESTAMP_TYPES)}). Fix the table's parquet_timestamps in the "
+            "registry and plan again, or deploy a job package that knows it (cdc-compaction job-package)"
+        )
+    return PARQUET_TIMESTAMP_TYPES[name]
 
 
 def _read_plan(spark: SparkSession, path: str) -> dict[str, Any]:

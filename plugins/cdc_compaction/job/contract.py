@@ -125,6 +125,13 @@ BROADCAST_MERGE_MAX_EVENTS = 500_000
 MERGE_PATHS = ("broadcast", "window")
 #: The Parquet codec of the job's output unless the plan names another (``compression``).
 DEFAULT_COMPRESSION = "snappy"
+#: Spark's setting of the Parquet type its writes give timestamps; the job sets it from the plan's
+#: ``parquet_timestamps`` (registry ``parquet_timestamps``) on its session, so every file it writes has it.
+OUTPUT_TIMESTAMP_TYPE_CONF = "spark.sql.parquet.outputTimestampType"
+#: ``parquet_timestamps`` -> Spark's type: INT64 microseconds (the default, the Iceberg specification's
+#: type) or INT96 (Spark's own default, for readers that read no INT64 timestamps: Hive before 4.0).
+PARQUET_TIMESTAMP_TYPES = {"micros": "TIMESTAMP_MICROS", "int96": "INT96"}
+DEFAULT_PARQUET_TIMESTAMPS = "micros"
 
 # ------------------------------------------------------------------ permanent errors
 #: spark-submit's exit status after an error no re-run of the job can heal (a stale plan): the
@@ -449,6 +456,8 @@ class Plan:
     #: Tables with registry ``change_feed: true`` (cdc, keyless, snapshot): the job writes the commit's change
     #: (``seq``) to :data:`CHANGES_DIR` in the same pass as the version. Absent (off) in older plans.
     change_feed: bool | None = field(default=None, metadata=_meta())
+    #: How the job writes timestamps (a key of :data:`PARQUET_TIMESTAMP_TYPES`); absent: micros.
+    parquet_timestamps: str | None = field(default=None, metadata=_meta())
     #: Whether the run compacts (``compaction.policy``; README, "Compaction policy"): ``compact``,
     #: ``policy``, ``reason``, ``forced``, ``thresholds``. ``compact: false``: the job writes nothing.
     compaction: dict[str, Any] | None = field(default=None, metadata=_meta())

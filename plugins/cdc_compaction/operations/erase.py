@@ -929,8 +929,10 @@ def scan(lake: Lake, pred: Predicate, hidden: bool = False) -> dict[str, Any]:
 def _write_options(lake: Lake, path: str) -> dict[str, Any]:
     """How to write a rewrite of ``path`` so that its readers read it as they read the original.
 
-    Spark writes timestamps as INT96 by default; Arrow reads them as nanoseconds and would write
-    INT64 nanoseconds back, which Spark refuses. So a file with INT96 columns is rewritten with INT96.
+    Older versions (and ``parquet_timestamps: int96``) hold INT96 timestamps; Arrow reads them as
+    nanoseconds and would write INT64 nanoseconds back, which Spark refuses. So a file with INT96
+    columns is rewritten with INT96. INT64 microseconds adjusted to UTC (what the job writes by
+    default) read as ``timestamp[us, tz=UTC]`` and are written back as they were.
     """
     import pyarrow.parquet as pq
 

@@ -415,6 +415,9 @@ class VersionDiff:
         self._con = duckdb.connect(posixpath.join(self._dir.name, "diff.duckdb"))
         self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
         self._con.execute("SET temp_directory = ?", [posixpath.join(self._dir.name, "spill")])
+        # Versions may hold INT96 timestamps (naive, UTC) and INT64 ones adjusted to UTC (docs/formats.md,
+        # "INT96 timestamps"): DuckDB converts between them in its time zone, the host's unless set here.
+        self._con.execute("SET TimeZone = 'UTC'")
         # Nothing here relies on the order rows went in (the change is sorted by key): DuckDB may then
         # insert and scan without keeping that order, with less memory.
         self._con.execute("SET preserve_insertion_order = false")

@@ -336,6 +336,8 @@ def _plan_under_lease(
         "schema_ddl": sql.spark_schema_ddl(cfg),
         # How the job decodes the files (docs/concepts.md#input-formats); flattened Parquet plans read as before.
         **input_fields(cfg),
+        # The Parquet type of the timestamps the job writes (docs/formats.md#int96-timestamps).
+        "parquet_timestamps": cfg.parquet_timestamps,
         "rule": rule.to_dict(),
         "planned_at": now.isoformat(),
         **output_sizing(rt, latest, files),

@@ -232,6 +232,7 @@ def _replay_plan(
         **mode_of(cfg).plan_fields(cfg, parent["commit"]),
         **mode_of(cfg).plan_increments(cfg, increments),
         "schema_ddl": sql.spark_schema_ddl(cfg),
+        "parquet_timestamps": cfg.parquet_timestamps,
         "rule": sql.rule_sql(cfg).to_dict(),
         **sizing(sum(f["size"] for f in files), sum(f.get("rows", 0) for f in files), cfg.spark.target_file_mb * 2**20),
     }

@@ -289,6 +289,36 @@ def _arrow_schema_of(io: Any, uri: str) -> Any:
         return pq.read_metadata(stream).schema.to_arrow_schema()
 
 
+def _unified_arrow_schema(schemas: list[Any], current: Any = None) -> Any:
+    """The files' Arrow schemas as one, every timestamp column of one type (docs/formats.md#int96-timestamps).
+
+    Spark's INT96 files read as ``timestamp[ns]``, its INT64 microsecond ones (adjusted to UTC) as
+    ``timestamp[us, tz=UTC]``, and a version reusing older partitions holds both, which Arrow cannot
+    unify. The Iceberg specification allows no change between ``timestamp`` and ``timestamptz``, so a
+    column keeps the type the table (``current``) has; a new column is ``timestamptz`` when a file holds
+    it adjusted to UTC, else ``timestamp`` (INT96 files only, as tables made before INT64 were)."""
+    import pyarrow as pa
+    from pyiceberg.types import TimestampType, TimestamptzType
+
+    zoned = {f.name.lower() for s in schemas for f in s if pa.types.is_timestamp(f.type) and f.type.tz is not None}
+    for f in current.fields if current is not None else ():
+        if isinstance(f.field_type, TimestamptzType):
+            zoned.add(f.name.lower())
+        elif isinstance(f.field_type, TimestampType):
+            zoned.discard(f.name.lower())
+
+    def one_type(schema: Any) -> Any:
+        fields = [
+            f.with_type(pa.timestamp("us", tz="UTC" if f.name.lower() in zoned else None))
+            if pa.types.is_timestamp(f.type)
+            else f
+            for f in schema
+        ]
+        return pa.schema(fields, metadata=schema.metadata)
+
+    return pa.unify_schemas([one_type(s) for s in schemas], promote_options="permissive")
+
+
 def _iceberg_schema(arrow_schema: Any) -> Any:
     """An Iceberg schema for the files' Arrow schema: every column optional, nanoseconds (Spark's INT96) as micros."""
     import pyarrow as pa
@@ -389,14 +419,11 @@ def _create(catalog: Any, lake: Lake, cfg: TableConfig, files: list[str], io_pro
     metadata file already carries it, stamped with its commit's time, so no metadata file of the
     table says "updated now" before a snapshot of an earlier time (Iceberg readers check that the
     metadata log and the snapshot log run forward)."""
-    import pyarrow as pa
 
     from cdc_compaction.core.inputs import arrow_schema
 
-    if files:
-        arrow = pa.unify_schemas([_arrow_schema_of(io_probe, f) for f in files], promote_options="permissive")
-    else:
-        arrow = arrow_schema(cfg)  # an empty first version: the registry's columns
+    # An empty first version: the registry's columns.
+    arrow = _unified_arrow_schema([_arrow_schema_of(io_probe, f) for f in files]) if files else arrow_schema(cfg)
     schema = _iceberg_schema(arrow)
     from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
@@ -451,14 +478,13 @@ def _stamp(tx: Any, commit: Commit) -> None:
 def _fill(tx: Any, commit: Commit, files: list[str]) -> None:
     """One Iceberg commit in ``tx``: the snapshot of lake ``commit``, replacing the previous snapshot's
     files with its own, stamped with the commit's time (:func:`_stamp`)."""
-    import pyarrow as pa
 
     io = tx._table.io  # a create transaction's staged table has no other way to its FileIO
     if tx.table_metadata.name_mapping() is None:
         # The files have no Iceberg field ids: readers find columns by name (pyiceberg's add_files does this too).
         tx.set_properties(**{NAME_MAPPING: tx.table_metadata.schema().name_mapping.model_dump_json()})
     if files:
-        arrow = pa.unify_schemas([_arrow_schema_of(io, f) for f in files], promote_options="permissive")
+        arrow = _unified_arrow_schema([_arrow_schema_of(io, f) for f in files], tx.table_metadata.schema())
         new_schema = _iceberg_schema(arrow)
         current = {f.name.lower(): f.field_type for f in tx.table_metadata.schema().fields}
         # schema_changes: evolve -- a column the version added (or widened) joins the schema; nothing is dropped.
