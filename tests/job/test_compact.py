@@ -585,7 +585,7 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         (INC1, F0, 1),
         (INC1, F0, 0),
     ]
-    assert {r["_cdc_ingested_at"] for r in rows1} == {datetime(2026, 11, 22, 2, 0)}
+    assert {r["_cdc_ingested_at"] for r in rows1} == {datetime(2026, 11, 22, 2, 0, tzinfo=UTC)}
 
     refused = read_rows(quarantine / "v1")
     assert [(r["full_name"], r["_cdc_reject_reason"], r["_cdc_plan_id"]) for r in refused] == [
@@ -648,9 +648,9 @@ def test_run_end_to_end_then_on_top_of_its_own_output(spark: Any, make_cfg: Make
         assert names and all(n.endswith(".parquet") and not n.startswith(("_", ".")) for n in names), names
     # a carried-over base row keeps the time it was first compacted
     assert {r["id"]: r["_cdc_ingested_at"] for r in rows2} == {
-        1: datetime(2026, 11, 22, 3, 0),
-        2: datetime(2026, 11, 22, 3, 0),
-        3: datetime(2026, 11, 22, 2, 0),
+        1: datetime(2026, 11, 22, 3, 0, tzinfo=UTC),
+        2: datetime(2026, 11, 22, 3, 0, tzinfo=UTC),
+        3: datetime(2026, 11, 22, 2, 0, tzinfo=UTC),
     }
     assert stats2["output_files"] == data_files_on_disk(out2)
     assert json.loads((out2 / job.STATS_FILE).read_text(encoding="utf-8")) == stats2
@@ -743,7 +743,7 @@ def test_run_stamps_ingested_at_in_utc_whatever_the_driver_time_zone(
     local_tz("Asia/Kolkata")  # UTC+05:30, no DST
     job.run(spark, plan)
 
-    assert [r["_cdc_ingested_at"] for r in read_rows(out)] == [datetime(2026, 11, 22, 12, 0)]
+    assert [r["_cdc_ingested_at"] for r in read_rows(out)] == [datetime(2026, 11, 22, 12, 0, tzinfo=UTC)]
 
 
 # ------------------------------------------------------------------ partitioned tables
