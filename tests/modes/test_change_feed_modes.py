@@ -29,6 +29,8 @@ from cdc_compaction.devtools import conformance as conf
 from cdc_compaction.operations.travel import change_feed
 from cdc_compaction.pipeline.changes import write_feed
 
+from .test_change_feed_job import _committed_steps, _feed_on
+
 pytestmark = [pytest.mark.spark, pytest.mark.metastore]
 
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
@@ -59,26 +61,6 @@ def multiset_change(cols: list[str], before: list[dict], after: list[dict]) -> l
     out = [("insert", r) for r, n in (new - old).items() for _ in range(n)]
     out += [("delete", r) for r, n in (old - new).items() for _ in range(n)]
     return sorted(out, key=repr)
-
-
-def _committed_steps(scn: conf.Scenario) -> list[list[dict]]:
-    """The expected visible rows after each compaction that committed (one that found nothing landed does not)."""
-    out, landed = [], False
-    for step in scn.steps:
-        ((kind, body),) = step.items()
-        if kind == "land":
-            landed = True
-        elif kind == "compact" and landed:
-            out.append(body["expect"])
-            landed = False
-    return out
-
-
-def _feed_on(path: Path) -> conf.Scenario:
-    scn = conf.Scenario.load(path)
-    scn.table["change_feed"] = True
-    scn.table["keep_versions"] = 20
-    return scn
 
 
 def _rows(table: Any, cols: list[str]) -> list[tuple[str, tuple]]:
