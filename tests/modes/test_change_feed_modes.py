@@ -72,27 +72,40 @@ def _first_in_make_test(paths: list[Path]) -> list[Any]:
     return [p if i == 0 else pytest.param(p, id=p.stem, marks=pytest.mark.extended) for i, p in enumerate(paths)]
 
 
-@pytest.mark.parametrize("path", _first_in_make_test(KEYLESS), ids=lambda p: p.stem)
-def test_the_job_writes_each_keyless_commits_multiset_change(
-    path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
-) -> None:
+def _run(
+    path: Path, suffix: str, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
+) -> tuple[Any, Lake, list[list[dict]]]:
+    """The scenario with the feed on, through the real task functions; its table, lake and committed states."""
     scn = _feed_on(path)
-    suffix = "_kf"
     result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix=suffix)
     assert result.ok, "\n".join(result.failures)
     cfg = parse_table(conf.registry_doc(scn, tmp_path / "lake", suffix))
     lake = Lake(cfg)
     afters = _committed_steps(scn)
     assert lake.latest_commit().seq == len(afters)
+    return cfg, lake, afters
+
+
+def _published_feed(lake: Lake, seq: int) -> tuple[Any, dict, Path]:
+    """Commit ``seq``, the feed its job recorded, and the published file, checked to be a copy of the job's."""
+    commit = lake.read_commit(seq)
+    feed = commit.stats.get("change_feed")
+    assert feed, f"commit {seq}: the job wrote no change feed (stats {sorted(commit.stats)})"
+    job_file = Path(lake.layout.version_dir(commit.version)) / feed["file"]
+    published = Path(lake.layout.root) / "changes" / f"c{seq:08d}.parquet"
+    assert published.read_bytes() == job_file.read_bytes()  # publish copied the job's file
+    return commit, feed, published
+
+
+@pytest.mark.parametrize("path", _first_in_make_test(KEYLESS), ids=lambda p: p.stem)
+def test_the_job_writes_each_keyless_commits_multiset_change(
+    path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
+) -> None:
+    cfg, lake, afters = _run(path, "_kf", inprocess, readers, tmp_path)
     data = list(cfg.data_columns)  # type: ignore[attr-defined]
     before: list[dict] = []
     for seq, after in enumerate(afters, 1):
-        commit = lake.read_commit(seq)
-        feed = commit.stats.get("change_feed")
-        assert feed, f"commit {seq}: the job wrote no change feed (stats {sorted(commit.stats)})"
-        job_file = Path(lake.layout.version_dir(commit.version)) / feed["file"]
-        published = Path(lake.layout.root) / "changes" / f"c{seq:08d}.parquet"
-        assert published.read_bytes() == job_file.read_bytes()  # publish copied the job's file
+        commit, feed, published = _published_feed(lake, seq)
         table = pq.read_table(published)
         # The data columns (no op, position or before-image: they are empty in every copy), then the change's.
         assert table.column_names == [*data, "_change_type", "_commit_version", "_commit_seq"]
@@ -149,23 +162,11 @@ def per_key_change(key: list[str], cols: list[str], before: list[dict], after: l
 def test_the_job_writes_each_snapshot_commits_per_key_change(
     path: Path, inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
 ) -> None:
-    scn = _feed_on(path)
-    suffix = "_sf"
-    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix=suffix)
-    assert result.ok, "\n".join(result.failures)
-    cfg = parse_table(conf.registry_doc(scn, tmp_path / "lake", suffix))
-    lake = Lake(cfg)
-    afters = _committed_steps(scn)
-    assert lake.latest_commit().seq == len(afters)
+    cfg, lake, afters = _run(path, "_sf", inprocess, readers, tmp_path)
     cols, key = list(cfg.column_names), list(cfg.primary_key)  # type: ignore[attr-defined]
     before: list[dict] = []
     for seq, after in enumerate(afters, 1):
-        commit = lake.read_commit(seq)
-        feed = commit.stats.get("change_feed")
-        assert feed, f"commit {seq}: the job wrote no change feed (stats {sorted(commit.stats)})"
-        job_file = Path(lake.layout.version_dir(commit.version)) / feed["file"]
-        published = Path(lake.layout.root) / "changes" / f"c{seq:08d}.parquet"
-        assert published.read_bytes() == job_file.read_bytes()  # publish copied the job's file
+        commit, feed, published = _published_feed(lake, seq)
         table = pq.read_table(published)
         assert table.column_names == [*cols, "_change_type", "_commit_version", "_commit_seq"]
         counts = Counter(table.column("_change_type").to_pylist())
