@@ -25,6 +25,10 @@ export BENCH_SIZES
 BENCH_WARM_REPEATS ?= 3
 export BENCH_WARM_REPEATS
 BENCH_STAMP := $(VENV)/.bench-installed
+# make bench-scale: the unpartitioned and the partitioned table's keys, and the hourly runs after their load.
+SCALE_ROWS ?= 50000000
+SCALE_PARTITIONED_ROWS ?= 20000000
+SCALE_HOURS ?= 24
 # DuckDB 1.4.4 with its delta, iceberg and avro extensions, for reading only (requirements-duckdb-readers.txt).
 DUCKDB_READERS := $(VENV)/duckdb-readers
 DUCKDB_READERS_STAMP := $(VENV)/.duckdb-readers-installed
@@ -51,7 +55,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # mkdocs-material prints a banner about its successor on every build: the docs build's output stays its own.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help install jars duckdb-readers iceberg-spark trino-java check-java check-postgres check-browser test test-extended test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench lock clean
+.PHONY: help install jars duckdb-readers iceberg-spark trino-java check-java check-postgres check-browser test test-extended test-fast demo fuzz conformance lint lint-registry metastore-start metastore-stop connect-start connect-stop airflow-ui serve-sql docs bench bench-scale lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -196,6 +200,9 @@ bench: install jars $(BENCH_STAMP)  ## benchmarks (not part of test): compaction
 	$(BIN)/python bench/policy_day.py --out bench/results/policy_day.json
 	$(BIN)/python bench/hourly_connect.py --out bench/results/hourly_connect.json
 	$(BIN)/python bench/report.py --results bench/results
+
+bench-scale: install jars $(BENCH_STAMP)  ## the scale benchmark (hours on 2 cores; not in bench): a 50M-row table and a 20M-row partitioned one through a day of hourly runs with the change feed, then status, changes, erase, rollback; every Airflow-side task's peak memory (bench/results/scale_day.json)
+	$(BIN)/python bench/scale_day.py --rows $(SCALE_ROWS) --partitioned-rows $(SCALE_PARTITIONED_ROWS) --hours $(SCALE_HOURS) --out bench/results/scale_day.json
 
 lock:  ## re-pin requirements.txt from requirements.in in a clean venv
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -r requirements.in

@@ -657,3 +657,71 @@ def test_a_terminated_bench_leaves_no_server_or_job_behind(tmp_path: Path) -> No
     job_log = (work / "logs" / "cdc_2k_initial.log").read_text(errors="replace")
     assert "compacted bench.cdc_2k" not in job_log, job_log[-3000:]
     assert _none_left_behind(work) == [], log_path.read_text()[-6000:]
+
+
+def test_a_task_s_peak_is_its_own_not_the_process_that_started_it(tmp_path: Path) -> None:
+    """bench/scale_task.py reports the task process's own high-water mark, not its parent's.
+
+    Linux carries a parent's ``ru_maxrss`` over fork and exec into the child, so a task started by a fat
+    benchmark process would seem to hold what the benchmark holds: here the parent holds 400 MB, the task
+    (the imports alone) far less.
+    """
+    ballast = bytearray(400 * 2**20)
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    out = tmp_path / "peak.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "scale_task.py"), "--peak-out", str(out), "baseline"],
+        env=_bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak = json.loads(out.read_text())["peak_mb"]
+    assert 10 < peak < 350, peak
+    del ballast
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+@pytest.mark.extended  # two tables through a day of spark-submit runs (make bench-scale runs it at 50M and 20M rows)
+def test_scale_day_matches_the_reference_and_measures_every_airflow_side_task(tmp_path: Path) -> None:
+    """A tiny ``bench/scale_day.py``: every run, operation and check there, every peak measured, the rows right."""
+    out, work = tmp_path / "scale.json", tmp_path / "work"
+    cmd = [
+        sys.executable,
+        str(BENCH / "scale_day.py"),
+        "--rows",
+        "20000",
+        "--partitioned-rows",
+        "10000",
+        "--partitions",
+        "10",
+        "--hours",
+        "2",
+        "--driver-memory",
+        "1g",
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+    ]
+    proc = subprocess.run(cmd, env=_bench_env(), capture_output=True, text=True, timeout=2400, check=False, cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    data = json.loads(out.read_text())
+    assert data["all_equal"] is True
+    assert [t["rows"] for t in data["tables"]] == [20000, 10000]
+    steps = {"ensure_tables", "plan", "validate", "publish", "archive", "refresh_view"}
+    for t in data["tables"]:
+        assert set(t["checks"]) == {"after_day", "after_erase", "after_rollback"}
+        # The erase took one row away; the rollback went back one hour (other rows, other sums).
+        assert t["checks"]["after_erase"]["live"]["rows"] == t["checks"]["after_day"]["live"]["rows"] - 1
+        assert t["checks"]["after_rollback"]["live"] != t["checks"]["after_erase"]["live"]
+        assert len(t["hours"]) == 2 and all("compact_spark" in h["tasks"] for h in t["hours"])
+        ops = {"status", "versions", "changes", "erase", "rollback"} | ({"index_verify"} if t["partitioned"] else set())
+        assert set(t["peak_by_task_mb"]) == steps | ops
+        assert all(v > 0 for v in t["peak_by_task_mb"].values())
+        assert t["operations"]["changes"]["rows"] > 0
+    assert _none_left_behind(work) == []
