@@ -24,7 +24,8 @@ def _small_line() -> str:
 def test_the_lock_parses_into_its_groups() -> None:
     listed = jars.read_lock()
     assert {j.purpose for j in listed} == {
-        *("kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "iceberg-spark", "trino", "hive4-metastore")
+        *("kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "iceberg-spark", "trino"),
+        *("hive4-metastore", "hive4"),
     }
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
@@ -38,6 +39,10 @@ def test_the_lock_parses_into_its_groups() -> None:
     # delta-spark built for pyspark 4.2 (Scala 2.13), with the delta-storage it needs.
     assert ("delta-spark", "io.delta:delta-spark_4.2_2.13:4.4.0") in coords
     assert ("delta-spark", "io.delta:delta-storage:4.4.0") in coords
+    # HiveServer2 and the engine of the Hive views, with the antlr-runtime its parser needs (not Maven's 3.3).
+    assert ("hive4", "org.apache.hive:hive-service:4.0.1") in coords
+    assert ("hive4", "org.apache.hive:hive-exec:4.0.1") in coords
+    assert ("hive4", "org.antlr:antlr-runtime:3.5.2") in coords
     # Iceberg's runtime is built for Spark 4.1 (none for 4.2), with the JDBC driver of the SQLite catalog.
     assert ("iceberg-spark", "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0") in coords
     assert ("iceberg-spark", "org.xerial:sqlite-jdbc:3.54.1.0") in coords

@@ -70,7 +70,7 @@ FROM (
             `op`,
             `_cdc_increment`,
             REGEXP_EXTRACT(INPUT__FILE__NAME, '[^/]+$', 0) AS `_cdc_file`,
-            BLOCK__OFFSET__INSIDE__FILE AS `_cdc_pos`
+            BLOCK__OFFSET__INSIDE__FILE + 0 AS `_cdc_pos`
           FROM `fuzz`.`events_incremental`
           WHERE
             (

@@ -58,7 +58,7 @@ FROM (
       `lsn`,
       `_cdc_increment`,
       REGEXP_EXTRACT(INPUT__FILE__NAME, '[^/]+$', 0) AS `_cdc_file`,
-      BLOCK__OFFSET__INSIDE__FILE AS `_cdc_pos`
+      BLOCK__OFFSET__INSIDE__FILE + 0 AS `_cdc_pos`
     FROM `shop`.`orders_incremental`
     WHERE
       (

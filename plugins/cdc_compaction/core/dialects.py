@@ -14,7 +14,7 @@ stated in :attr:`Dialect.ties`.
 | dialect | where the view lives | a pending event's file, row |
 |---|---|---|
 | ``spark`` | the metastore (Spark SQL view) | ``_metadata.file_name``, ``_metadata.row_index`` |
-| ``hive`` | the metastore (Hive view, HiveQL) | ``INPUT__FILE__NAME``, ``BLOCK__OFFSET__INSIDE__FILE`` |
+| ``hive`` | the metastore (Hive view, HiveQL) | ``INPUT__FILE__NAME``, ``BLOCK__OFFSET__INSIDE__FILE + 0`` |
 | ``trino`` | the metastore (Trino/Athena view) | ``"$path"``, none |
 | ``duckdb`` | a ``.sql`` script or a ``.duckdb`` file | ``filename``, ``file_row_number`` |
 """
@@ -70,7 +70,10 @@ DIALECTS: dict[str, Dialect] = {
         name="hive",
         sqlglot="hive",
         file_name="regexp_extract(INPUT__FILE__NAME, '[^/]+$', 0)",
-        row_index="BLOCK__OFFSET__INSIDE__FILE",
+        # "+ 0", not the bare virtual column (nor a CAST of it, which Hive drops): Hive 4.0.1 names a bare
+        # BLOCK__OFFSET__INSIDE__FILE by itself under the alias `_cdc_pos`, and then refuses the outer query's
+        # `_cdc_pos` ("Invalid table alias or column reference '_cdc_pos'"); an arithmetic expression keeps it.
+        row_index="BLOCK__OFFSET__INSIDE__FILE + 0",
         in_metastore=True,
         ties=(
             "two pending events of one key with equal order_by values in one file: Hive orders them by "

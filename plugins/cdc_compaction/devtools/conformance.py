@@ -50,6 +50,7 @@ from cdc_compaction.pipeline.tables import ensure_tables
 from cdc_compaction.pipeline.views import refresh_view
 
 if TYPE_CHECKING:
+    from cdc_compaction.devtools.hive import HiveServer
     from cdc_compaction.devtools.trino import TrinoServer
 
 log = logging.getLogger(__name__)
@@ -366,6 +367,72 @@ class TrinoReader:
 
     def pending_rejects(self, cfg: TableConfig) -> int:
         (row,) = self.trino.query(f"SELECT count(*) AS n FROM {self.catalog}.{self._view_name(cfg, 'rejects_view')}")
+        return int(row["n"])
+
+
+class HiveReader:
+    """Reads what a Hive user reads, with Hive's own engine: the base table and the Hive views.
+
+    A running :class:`~cdc_compaction.devtools.hive.HiveServer` (HiveServer2 4.0.1) has a metastore of its
+    own, so before each read the table's three sources are registered there as the project's metastore
+    holds them now (:meth:`~cdc_compaction.devtools.hive.HiveServer.mirror`: ``<t>_base`` at the live
+    version's location, or each partition's, ``<t>_tombstones``, and ``<t>_incremental`` with every pending
+    increment's partition), and the two Hive views are created there from the text the pipeline published
+    in the project's metastore (registry ``views.metastore: [..., hive]``: ``<t>_view_hive`` and
+    ``<t>_pending_rejects_hive``, or the plain names when ``hive`` comes first). Hive then compiles and runs
+    that text itself. ``visible_base`` is a plain ``SELECT`` of the base there.
+    """
+
+    name = "hive"
+    reads_views = True
+
+    def __init__(self, hive: HiveServer, endpoint: MetastoreEndpoint) -> None:
+        self.hive = hive
+        self.endpoint = endpoint
+
+    def _view_names(self, cfg: TableConfig) -> dict[str, str]:
+        from cdc_compaction.core import dialects
+
+        names = dialects.view_names(cfg)
+        if "hive" not in names:
+            raise ValueError(
+                f"{cfg.qualified_name} has no Hive views: add hive to its registry views.metastore "
+                f"({list(cfg.views.metastore)})"
+            )
+        return names["hive"]
+
+    def _sync(self, cfg: TableConfig, views: bool) -> None:
+        from cdc_compaction.integrations.metastore import connect
+
+        names = sql.table_names(cfg)
+        with connect(self.endpoint) as ms:
+            for kind in ("base_table", "tombstones_table", "incremental_table"):
+                table = ms.get_table(cfg.database, names[kind])
+                if table is None:
+                    raise ValueError(f"{cfg.database}.{names[kind]} is not in the project's metastore")
+                parts = ms.partitions(cfg.database, names[kind]) if table.partitionKeys else {}
+                self.hive.mirror(table, parts)
+            texts = {}
+            for name in self._view_names(cfg).values() if views else ():
+                view = ms.get_table(cfg.database, name)
+                if view is None or not view.viewOriginalText:
+                    raise ValueError(f"{cfg.database}.{name} is not a view in the project's metastore")
+                texts[name] = view.viewOriginalText
+        for name, text in texts.items():
+            self.hive.query(f"CREATE OR REPLACE VIEW `{cfg.database}`.`{name}` AS {text}")
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        self._sync(cfg, views=False)
+        cols = ", ".join(f"`{c}`" for c in shown_columns(cfg))
+        return self.hive.query(f"SELECT {cols} FROM `{cfg.database}`.`{sql.table_names(cfg)['base_table']}`")
+
+    def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        self._sync(cfg, views=True)
+        return self.hive.query(f"SELECT * FROM `{cfg.database}`.`{self._view_names(cfg)['view']}`")
+
+    def pending_rejects(self, cfg: TableConfig) -> int:
+        self._sync(cfg, views=True)
+        (row,) = self.hive.query(f"SELECT count(*) AS n FROM `{cfg.database}`.`{self._view_names(cfg)['rejects']}`")
         return int(row["n"])
 
 
@@ -892,7 +959,7 @@ COUNTED = {"replayed": "replayed_rows", "superseded": "superseded_rows", "unmatc
 def run_scenario(
     scn: Scenario,
     runner: InProcessRunner,
-    reader: Reader | DuckDBReader | TrinoReader | list[Reader | DuckDBReader | TrinoReader],
+    reader: Reader | DuckDBReader | TrinoReader | HiveReader | list[Reader | DuckDBReader | TrinoReader | HiveReader],
     lake_dir: Path,
     registry_dir: Path | None = None,
     suffix: str = "",

@@ -42,7 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from cdc_compaction.devtools import jars
-from cdc_compaction.devtools.local_services import LocalPostgres, ServiceError, free_port, pid_alive, port_open
+from cdc_compaction.devtools.local_services import (
+    LocalPostgres,
+    ServiceError,
+    free_port,
+    pid_alive,
+    port_open,
+    stop_group,
+)
 
 log = logging.getLogger(__name__)
 
@@ -256,15 +263,7 @@ class JavaService:
         if self.pid is None:
             return
         pid, self.pid = self.pid, None
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and pid_alive(pid):
-                time.sleep(0.2)
-            if not pid_alive(pid):
-                break
-            log.warning("%s (pid %d) did not exit within %.0fs of signal %d", self.name, pid, wait_s, sig)
+        stop_group(pid, self.name, timeout_s)
         self.pid_file.unlink(missing_ok=True)
         log.info("%s (pid %d) stopped", self.name, pid)
 

@@ -31,7 +31,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from types import TracebackType
+from typing import Any, ClassVar, Self
 
 from cdc_compaction.core import settings
 from cdc_compaction.core.exceptions import CdcCompactionError
@@ -135,6 +136,60 @@ def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> No
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.1)
+
+
+def stop_group(pid: int, name: str, timeout_s: float = 30.0) -> None:
+    """SIGTERM to the process group ``pid`` leads (a clean shutdown), SIGKILL after ``timeout_s``; ``name`` is
+    the service's, for the log."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and pid_alive(pid):
+            time.sleep(0.2)
+        if not pid_alive(pid):
+            break
+        log.warning("%s (pid %d) did not exit within %.0fs of signal %d", name, pid, wait_s, sig)
+
+
+def spawn(cmd: list[str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in a session of its own (so that :func:`stop_group` stops all it starts), its output
+    appended to ``log_file``, no input."""
+    with open(log_file, "ab") as out:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True
+        )
+
+
+class GroupLeader:
+    """What a service whose process leads a group of its own shares: stopped by its PID (:func:`stop_group`), and
+    a context manager that starts and stops it. A subclass has ``pid``, ``pid_file`` and ``start``."""
+
+    #: The service's name in the log.
+    service: ClassVar[str] = "service"
+    pid: int | None
+    pid_file: Path
+
+    def start(self) -> int:
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the process group this service leads (a clean shutdown), SIGKILL after ``timeout_s``."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        stop_group(pid, self.service, timeout_s)
+        self.pid_file.unlink(missing_ok=True)
+        log.info("%s (pid %d) stopped", self.service, pid)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
 
 def stop_process_tree(proc: subprocess.Popen[Any], grace_s: float = 60.0, term_s: float = 15.0) -> list[int]:

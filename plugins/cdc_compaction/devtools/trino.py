@@ -28,13 +28,10 @@ runs one statement through Trino's HTTP client protocol and returns the rows as 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import os
 import re
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -42,13 +39,12 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.devtools import jars
 from cdc_compaction.devtools.debezium import tail
-from cdc_compaction.devtools.local_services import ServiceError, free_port, pid_alive
+from cdc_compaction.devtools.local_services import GroupLeader, ServiceError, free_port, spawn
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +169,10 @@ class TrinoQueryError(ServiceError):
 
 # ------------------------------------------------------------------ the server
 @dataclass
-class TrinoServer:
+class TrinoServer(GroupLeader):
     """One Trino coordinator (its own worker) under ``home``, bound to 127.0.0.1; see the module's docstring."""
+
+    service: ClassVar[str] = "Trino"
 
     home: Path
     metastore_uri: str
@@ -348,15 +346,8 @@ class TrinoServer:
         java = find_java()
         self.home.mkdir(parents=True, exist_ok=True)
         self._configure(server)
-        with open(self.log_file, "ab") as out:
-            proc = subprocess.Popen(
-                self.command(java, server),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.home / "data",  # Trino's data directory is its working directory (var/ under it)
-                start_new_session=True,
-            )
+        # Trino's data directory is its working directory (var/ under it).
+        proc = spawn(self.command(java, server), self.log_file, self.home / "data")
         self.pid = proc.pid
         self.pid_file.write_text(str(proc.pid))
         deadline = time.monotonic() + timeout_s
@@ -377,32 +368,6 @@ class TrinoServer:
             f"Trino did not serve {self.url} within {timeout_s:.0f}s; the last lines of {self.log_file}:\n"
             f"{failure_log(self.log_file)}"
         )
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM to the process group this server leads (Trino shuts down cleanly), SIGKILL after ``timeout_s``."""
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and pid_alive(pid):
-                time.sleep(0.2)
-            if not pid_alive(pid):
-                break
-            log.warning("Trino (pid %d) did not exit within %.0fs of signal %d", pid, wait_s, sig)
-        self.pid_file.unlink(missing_ok=True)
-        log.info("Trino (pid %d) stopped", pid)
-
-    def __enter__(self) -> TrinoServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------- the client
     def _call(self, request: urllib.request.Request, timeout_s: float) -> dict[str, Any]:
