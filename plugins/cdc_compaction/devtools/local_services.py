@@ -94,6 +94,15 @@ def require_java17() -> None:
         )
 
 
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file (what a failed start shows)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -135,6 +144,19 @@ def stop_pid(pid: int, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> No
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.1)
+
+
+def stop_group(pid: int, name: str, timeout_s: float = 30.0) -> None:
+    """SIGTERM to the process group ``pid`` leads (a clean shutdown), SIGKILL after ``timeout_s``; ``name`` it logs."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and pid_alive(pid):
+            time.sleep(0.2)
+        if not pid_alive(pid):
+            break
+        log.warning("%s (pid %d) did not exit within %.0fs of signal %d", name, pid, wait_s, sig)
 
 
 def stop_process_tree(proc: subprocess.Popen[Any], grace_s: float = 60.0, term_s: float = 15.0) -> list[int]:

