@@ -377,6 +377,7 @@ def test_avro_through_the_schema_registry_lands_as_the_writer_schema_and_compact
     import struct
     from decimal import Decimal
 
+    import yaml
     from confluent_kafka import Consumer, Producer
     from fastavro import reader
 
@@ -469,6 +470,7 @@ def test_avro_through_the_schema_registry_lands_as_the_writer_schema_and_compact
     (update,) = [r for r in landed_records if r["op"] == "u" and r["after"]["id"] == 4]
     assert update["after"]["price"] == Decimal("7.25")
 
+    landed_at = time.monotonic()
     runner = conf.InProcessRunner(spark, endpoint)
     runner.setup(cfg)
     runner.compact(cfg)
@@ -477,7 +479,33 @@ def test_avro_through_the_schema_registry_lands_as_the_writer_schema_and_compact
         expected = sorted(cur.fetchall())
     lake = sorted((r["id"], r["owner"], r["balance"], r["price"]) for r in conf.Reader(spark).visible_base(cfg))
     assert lake == expected
-    print(f"registry connector, landing and compaction in {time.monotonic() - started:.1f}s")
+    compacted_at = time.monotonic()
+
+    # registry discover from the subjects the converter registered: the envelope, the key subject's key.
+    from cdc_compaction.operations.discover import Options, discover
+
+    out = tmp_path / "registry"
+    report = discover(
+        Options(
+            landing_root=str(tmp_path / "landing"),
+            database="cdc",
+            out=out,
+            include=["accounts"],
+            schema_registry=stack.registry.ccompat_url if stack.registry else None,
+        )
+    )
+    assert [t for t, _ in report.written] == ["accounts"] and report.unfinished == {}, report.lines()
+    entry = parse_table(yaml.safe_load((out / "cdc.accounts.yaml").read_text()))
+    assert (entry.source, entry.format, entry.envelope, entry.mode) == ("debezium", "avro", "debezium", "cdc")
+    assert entry.primary_key == ["id"] and entry.storage_root == str(tmp_path / "landing" / "accounts")
+    assert {c.name: c.type for c in entry.columns} == {
+        **{"id": "int", "owner": "string", "balance": "int", "price": "decimal(10,2)"},
+        **{"__op": "string", "__commit_lsn": "bigint", "__lsn": "bigint"},
+    }
+    print(
+        f"registry connector and landing {landed_at - started:.1f}s, compaction and check "
+        f"{compacted_at - landed_at:.1f}s, discover {time.monotonic() - compacted_at:.1f}s"
+    )
 
 
 def test_stop_leaves_no_process_running(stack: DebeziumStack) -> None:

@@ -303,6 +303,10 @@ class LandingConsumer:
                 # (Kafka's default: 45 s), and what it renamed without committing is landed again then.
                 "session.timeout.ms": 10_000,
                 "heartbeat.interval.ms": 1_000,
+                # land() is called in rounds by its caller (a test compacts lakes between two rounds, minutes
+                # under load): an hour between polls is not a stuck consumer. A dead one still leaves the group
+                # after session.timeout.ms (its heartbeats stop); Kafka's default here is 5 minutes.
+                "max.poll.interval.ms": 3_600_000,
                 "client.id": f"cdc-landing-{os.getpid()}",
             }
         )
