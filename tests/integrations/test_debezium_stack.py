@@ -4,7 +4,10 @@ One stack per module (PostgreSQL, Kafka, a distributed Connect worker with the D
 connector, ``JsonConverter`` with ``schemas.enable=false``) and our landing consumer.  The
 expectations are Debezium's documented envelope and the landing layout the docs describe
 (docs/debezium.md), written here from those, not from the consumer's code.  The tests run in file
-order (one module, one worker): snapshot and changes, a Connect restart, a consumer restart, stop.
+order (one module, one worker): snapshot and changes, a Connect restart, a consumer restart, Avro
+from the JsonConverter's schemas, Avro in the Confluent wire format through the stack's schema
+registry (Apicurio Registry 3.3.3, which starts beside Kafka and Connect) compacted by the job, and
+``registry discover`` from its subjects, stop.
 """
 
 from __future__ import annotations
