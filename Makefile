@@ -71,7 +71,7 @@ $(JARS_STAMP): jars.lock plugins/cdc_compaction/devtools/jars.py
 	$(PYTHON) -m cdc_compaction.devtools.jars fetch --dir $(JARS_DIR)
 	@touch $(JARS_STAMP)
 
-jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, spark-avro, delta-spark, iceberg-spark, the Hive 4 test metastore, HiveServer2 4.0.1 for the Hive views, S3A: hadoop-aws and the 686 MB AWS SDK bundle) with Maven into JARS_DIR, check each sha256
+jars: $(JARS_STAMP)  ## fetch the pinned jars of jars.lock (Kafka, Connect, Debezium, Apicurio Registry 3.3.3 and its Connect AvroConverter 2.6.13 for Avro in the Confluent wire format, spark-avro, delta-spark, iceberg-spark, the Hive 4 test metastore, HiveServer2 4.0.1 for the Hive views, S3A: hadoop-aws and the 686 MB AWS SDK bundle) with Maven into JARS_DIR, check each sha256
 
 check-postgres: install  ## PostgreSQL's server and wal2json: apt-get installs them as root, else a clear message
 	@$(BIN)/cdc-compaction postgres check 2>/dev/null || { \

@@ -351,16 +351,28 @@ def _truth_workload() -> Any:
 
 
 def debezium_truth() -> str:
-    """What the Debezium truth test runs: the tables, the connector, the landing and the six registry entries."""
+    """What the Debezium truth test runs: the tables, the connectors, the landing and the registry entries."""
     import yaml
 
     from cdc_compaction.devtools import debezium as dbz
 
     truth = _truth_workload()
     connector = dbz.connector_config("127.0.0.1", 5432, "postgres", "cdc", truth.DEBEZIUM_TABLES, schemas_enable=True)
+    registry_connector = dbz.connector_config(
+        "127.0.0.1",
+        5432,
+        "postgres",
+        "cdc",
+        truth.DEBEZIUM_TABLES,
+        topic_prefix=truth.debezium_topic_prefix(truth.REGISTRY_FORMAT),
+        slot="cdc_registry",
+        registry_url="http://127.0.0.1:8080/apis/registry/v2",
+    )
     routes = [
-        f"| `{truth.landing_group(fmt)}` | `{fmt}` | "
-        + ", ".join(f"`{dbz.topic_of(t)}`" for t in truth.DEBEZIUM_TABLES)
+        f"| `{truth.landing_group(fmt)}` | `{truth.registry_format(fmt)}`"
+        + (', `wire="confluent"`' if fmt == truth.REGISTRY_FORMAT else "")
+        + " | "
+        + ", ".join(f"`{dbz.topic_of(t, truth.debezium_topic_prefix(fmt))}`" for t in truth.DEBEZIUM_TABLES)
         + f" | `<lake_{fmt}>/<table>/incremental/increment_<YYYYMMDDHH>/` |"
         for fmt in truth.DEBEZIUM_FORMATS
     ]
@@ -380,7 +392,15 @@ def debezium_truth() -> str:
             "",
             f"```json\n{json.dumps(connector, indent=2)}\n```",
             "",
-            "The landing: one `LandingConsumer` per format, each in a consumer group of its own, reading both topics:",
+            "The second connector, on the same tables, for the `avro-registry` lake: Apicurio's `AvroConverter` "
+            "2.6.13.Final for key and value, registering in Apicurio Registry 3.3.3 "
+            "(`DebeziumStack(schema_registry=True).register(..., avro_registry=True)`):",
+            "",
+            f"```json\n{json.dumps(registry_connector, indent=2)}\n```",
+            "",
+            "The landing: one `LandingConsumer` per format, each in a consumer group of its own, reading both topics "
+            "(the registry variant its connector's, decoded with the registry's writer schemas through "
+            "`schema_registry=<ccompat URL>`):",
             "",
             "| group | `Route(format=...)` | topics | lands into |",
             "|---|---|---|---|",

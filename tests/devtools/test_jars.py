@@ -25,7 +25,7 @@ def test_the_lock_parses_into_its_groups() -> None:
     listed = jars.read_lock()
     assert {j.purpose for j in listed} == {
         *("kafka", "connect", "debezium", "spark", "s3a", "delta-spark", "iceberg-spark", "trino"),
-        *("hive4-metastore", "hive4"),
+        *("hive4-metastore", "hive4", "apicurio-converter", "apicurio-registry"),
     }
     coords = {(j.purpose, j.coordinate) for j in listed}
     assert ("kafka", "org.apache.kafka:kafka_2.13:4.4.0") in coords
@@ -50,6 +50,14 @@ def test_the_lock_parses_into_its_groups() -> None:
     assert [(j.coordinate, j.type) for j in listed if j.purpose == "trino"] == [("io.trino:trino-server:476", "tar.gz")]
     # The Hive 4 test metastore is one tar.gz too (its lib/ and schema scripts), 4.0.0: 4.0.1 removed the get_table
     # call pyiceberg 0.12 makes. Hadoop's jars are its build's 3.3.6, beside it.
+    # The schema registry is Apicurio's Quarkus app, one tar.gz; its Connect converter is the 2.6 line's (the 3.x
+    # converter's dependencies are not on Maven Central), without Kafka's jars (Connect gives those).
+    assert [(j.coordinate, j.type) for j in listed if j.purpose == "apicurio-registry"] == [
+        ("io.apicurio:apicurio-registry-app:3.3.3:all", "tar.gz")
+    ]
+    converter = {j.coordinate for j in listed if j.purpose == "apicurio-converter"}
+    assert "io.apicurio:apicurio-registry-utils-converter:2.6.13.Final" in converter and len(converter) == 23
+    assert not [c for c in converter if c.startswith("org.apache.kafka:")]
     hive4 = {(j.coordinate, j.type) for j in listed if j.purpose == "hive4-metastore"}
     assert ("org.apache.hive:hive-standalone-metastore-server:4.0.0:bin", "tar.gz") in hive4
     assert ("org.apache.hadoop:hadoop-client-api:3.3.6", "jar") in hive4

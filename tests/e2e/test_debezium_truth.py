@@ -10,8 +10,11 @@ Kafka, a distributed Connect worker with Debezium's PostgreSQL connector, ``Json
 * ``students_keyless``: no key, ``REPLICA IDENTITY FULL``, exact duplicate rows (``mode: keyless``).
 
 Their one topic each is landed by three consumer groups of our landing consumer, as JSON, Avro and
-Parquet, into three lakes (six registry entries: ``format`` json|avro|parquet, ``envelope:
-debezium``).  Hour by hour (two hours, the snapshot landing with the first) the seeded workload
+Parquet, into three lakes (``format`` json|avro|parquet, ``envelope: debezium``).  A second connector
+on the same tables writes with Apicurio's ``AvroConverter`` in the Confluent wire format, its schemas
+in the stack's schema registry (Apicurio Registry); a fourth group decodes those records with the
+registry's writer schemas and lands them as Avro files of those schemas (``avro-registry``, a fourth
+lake: eight registry entries).  Hour by hour (two hours, the snapshot landing with the first) the seeded workload
 (tests/e2e/truth_workload.py, shared with the wal2json test) runs; the rows that existed before the
 connector came arrive as its initial snapshot; a transaction inserts before a compaction and commits
 after it; the Connect worker is restarted cleanly at the start of an hour (its offsets are committed
@@ -56,10 +59,13 @@ from .truth_workload import (
     KEYED_TYPES,
     KEYLESS,
     KINDS,
+    REGISTRY_FORMAT,
     Workload,
     data_only,
     debezium_registry_doc,
+    debezium_topic_prefix,
     landing_group,
+    registry_format,
     snapshot,
 )
 
@@ -169,7 +175,9 @@ def land_until_marked(consumer: LandingConsumer, topics: list[str], mark: int) -
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Any:
-    with DebeziumStack(tmp_path / "stack", schemas_enable=True, offset_flush_interval_ms=OFFSET_FLUSH_MS) as s:
+    with DebeziumStack(
+        tmp_path / "stack", schemas_enable=True, offset_flush_interval_ms=OFFSET_FLUSH_MS, schema_registry=True
+    ) as s:
         yield s
 
 
@@ -189,7 +197,18 @@ def test_every_format_matches_postgres_after_every_hour(
         conn.commit()
         # The connector starts now: the rows above are its initial snapshot.
         stack.register(DEBEZIUM_TABLES)
-        topics = {t: topic_of(f"public.{t}") for t in (KEYED, KEYLESS)}
+        stack.register(
+            DEBEZIUM_TABLES,
+            name="cdc-postgres-registry",
+            topic_prefix=debezium_topic_prefix(REGISTRY_FORMAT),
+            slot="cdc_registry",
+            avro_registry=True,
+        )
+        topics_of = {
+            fmt: {t: topic_of(f"public.{t}", debezium_topic_prefix(fmt)) for t in (KEYED, KEYLESS)} for fmt in FORMATS
+        }
+        topics = topics_of["json"]
+        every_topic = sorted({t for by_table in topics_of.values() for t in by_table.values()})
 
         registry = tmp_path / "registry"
         registry.mkdir()
@@ -200,11 +219,22 @@ def test_every_format_matches_postgres_after_every_hour(
                 cfg = parse_table(debezium_registry_doc(fmt, table, tmp_path / f"lake_{fmt}"))
                 cfgs[(fmt, table)] = cfg
                 runner.setup(cfg)
+        assert stack.registry is not None
         consumers = {
             fmt: LandingConsumer(
                 stack.bootstrap_servers,
-                [Route.for_table(cfgs[(fmt, t)], topics[t], fmt) for t in (KEYED, KEYLESS)],  # type: ignore[arg-type]
+                [
+                    Route.for_table(
+                        cfgs[(fmt, t)],
+                        topics_of[fmt][t],
+                        registry_format(fmt),  # type: ignore[arg-type]
+                        wire="confluent" if fmt == REGISTRY_FORMAT else "json",
+                    )
+                    for t in (KEYED, KEYLESS)
+                ],
                 group_id=landing_group(fmt),
+                schema_registry=stack.registry.ccompat_url,
+                rejects_dir=tmp_path / "rejects" / fmt,
             )
             for fmt in FORMATS
         }
@@ -235,10 +265,10 @@ def test_every_format_matches_postgres_after_every_hour(
                     # First a clean stop (it commits the offsets: the snapshot and hour 1 are done), then,
                     # once the first half of the hour's changes is in Kafka, a crash: that half comes again.
                     if i == 1:
-                        wait_until_sent(stack.bootstrap_servers, list(topics.values()), sent)
+                        wait_until_sent(stack.bootstrap_servers, every_topic, sent)
                     stack.restart_connect(kill=i == 1)
                     restarts += 1
-                    sent = wait_until_sent(stack.bootstrap_servers, list(topics.values()))
+                    sent = wait_until_sent(stack.bootstrap_servers, every_topic)
                 keyed.hour(part)
                 keyless.hour(part)
             if hour >= ALTER_AT:
@@ -260,7 +290,7 @@ def test_every_format_matches_postgres_after_every_hour(
 
             for fmt in FORMATS:
                 t0 = time.monotonic()
-                landed[fmt] += land_until_marked(consumers[fmt], list(topics.values()), mark)
+                landed[fmt] += land_until_marked(consumers[fmt], list(topics_of[fmt].values()), mark)
                 timings[f"land {fmt}"] += time.monotonic() - t0
                 t0 = time.monotonic()
                 for table in (KEYED, KEYLESS):
@@ -308,6 +338,10 @@ def test_every_format_matches_postgres_after_every_hour(
         assert restarts == 2 and keyed.rolled_back >= 2 and keyed.committed >= 30
         assert set(keyed.kinds) >= KINDS and keyless.kinds["duplicate"] >= 1, (keyed.kinds, keyless.kinds)
         assert len(expected[KEYLESS]) > len({r["id"] for r in expected[KEYLESS]}), "equal rows"
+        # The registry variant decoded every record of the converter: nothing was kept aside.
+        assert {fmt: dict(c.rejected) for fmt, c in consumers.items()} == {fmt: {} for fmt in FORMATS}
+        registry_events = landed[REGISTRY_FORMAT]
+        assert sum(e["op"] == "r" for e in registry_events) == len(snapshot_reads)
     finally:
         with contextlib.suppress(Exception):
             long_conn.rollback()

@@ -135,7 +135,22 @@ def data_only(rows: list[dict[str, Any]], columns: Any = DATA_TYPES) -> list[dic
 
 # ------------------------------------------------------------------ through Debezium (test_debezium_truth.py)
 #: The increment formats the Debezium truth test lands the connector's records as, one lake each.
-DEBEZIUM_FORMATS = ("json", "avro", "parquet")
+DEBEZIUM_FORMATS = ("json", "avro", "parquet", "avro-registry")
+#: The variant whose records a second connector writes with Apicurio's AvroConverter in the Confluent wire format,
+#: their schemas in the stack's schema registry; it lands as ``format: avro`` files of the registry's writer schema.
+REGISTRY_FORMAT = "avro-registry"
+
+
+def debezium_topic_prefix(fmt: str) -> str:
+    """The connector's ``topic.prefix`` whose topics the ``fmt`` lake lands: the registry variant has its own."""
+    return "cdcreg" if fmt == REGISTRY_FORMAT else "cdc"
+
+
+def registry_format(fmt: str) -> str:
+    """The registry's ``format`` of the ``fmt`` lake (the registry variant lands Avro files)."""
+    return "avro" if fmt == REGISTRY_FORMAT else fmt
+
+
 KEYED, KEYLESS = "students", "students_keyless"
 #: The tables of the connector (``table.include.list``, the publication).
 DEBEZIUM_TABLES = [f"public.{KEYED}", f"public.{KEYLESS}"]
@@ -192,10 +207,10 @@ def debezium_registry_doc(fmt: str, table: str, lake: Any) -> dict[str, Any]:
         columns += [{"name": "__op", "type": "string"}]
     scn = conf.Scenario(
         path=lake / "unused.json",
-        name=f"dbz_{table}_{fmt}",
+        name=f"dbz_{table}_{fmt.replace('-', '_')}",
         about=f"{table} through Debezium, landed as {fmt}",
         table={"columns": columns, **fields},
         steps=[],
     )
     doc = conf.registry_doc(scn, lake)
-    return {**doc, "source": "debezium", "format": fmt, "envelope": "debezium"}
+    return {**doc, "source": "debezium", "format": registry_format(fmt), "envelope": "debezium"}

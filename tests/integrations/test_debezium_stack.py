@@ -4,7 +4,10 @@ One stack per module (PostgreSQL, Kafka, a distributed Connect worker with the D
 connector, ``JsonConverter`` with ``schemas.enable=false``) and our landing consumer.  The
 expectations are Debezium's documented envelope and the landing layout the docs describe
 (docs/debezium.md), written here from those, not from the consumer's code.  The tests run in file
-order (one module, one worker): snapshot and changes, a Connect restart, a consumer restart, stop.
+order (one module, one worker): snapshot and changes, a Connect restart, a consumer restart, Avro
+from the JsonConverter's schemas, Avro in the Confluent wire format through the stack's schema
+registry (Apicurio Registry 3.3.3, which starts beside Kafka and Connect) compacted by the job, and
+``registry discover`` from its subjects, stop.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ WAIT_S = 120.0
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DebeziumStack]:
     started = time.monotonic()
-    s = DebeziumStack(tmp_path_factory.mktemp("debezium"))
+    # With the schema registry: its JVM comes up while Kafka and Connect start (the registry's test below).
+    s = DebeziumStack(tmp_path_factory.mktemp("debezium"), schema_registry=True)
     s.start()
     try:
         with s.pg.connect(s.database) as conn, conn.cursor() as cur:
@@ -359,11 +363,159 @@ def test_a_connector_with_schemas_lands_avro_and_parquet_files_a_new_schema_a_ne
     assert after.field("price").type == pa.decimal128(10, 2) and after.field("balance").type == pa.int32()
 
 
+def _ccompat(stack: DebeziumStack, path: str) -> Any:
+    """A GET of the registry's Confluent-compatible API."""
+    import urllib.request
+
+    assert stack.registry is not None
+    with urllib.request.urlopen(stack.registry.ccompat_url + path, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_avro_through_the_schema_registry_lands_as_the_writer_schema_and_compacts_to_postgres(
+    stack: DebeziumStack, spark: Any, endpoint: Any, tmp_path: Path
+) -> None:
+    """Apicurio's AvroConverter writes the Confluent wire format; the landing consumer decodes it with the registry's
+    schema, lands Avro files of that schema, keeps undecodable records aside; the job compacts them to the table."""
+    import struct
+    from decimal import Decimal
+
+    import yaml
+    from confluent_kafka import Consumer, Producer
+    from fastavro import reader
+
+    from cdc_compaction.core.registry import parse_table
+    from cdc_compaction.devtools import conformance as conf
+
+    started = time.monotonic()
+    sql(stack, "ALTER TABLE accounts ADD COLUMN IF NOT EXISTS price numeric(10, 2)")
+    topic = topic_of(TABLE, "cdcreg")
+    stack.register(
+        [TABLE], name="cdc-postgres-registry", topic_prefix="cdcreg", slot="cdc_registry", avro_registry=True
+    )
+    sql(
+        stack,
+        "UPDATE accounts SET balance = balance + 1, price = 7.25 WHERE id = 4",
+        "INSERT INTO accounts VALUES (7, 'frances', 700, 0.05)",
+        "DELETE FROM accounts WHERE id = 6",
+    )
+    # The bytes on the topic are the Confluent wire format (magic byte 0, a 4-byte id), the id one of the registry's.
+    probe = Consumer(
+        {"bootstrap.servers": stack.bootstrap_servers, "group.id": "registry-probe", "auto.offset.reset": "earliest"}
+    )
+    probe.subscribe([topic])
+    raw: list[Any] = []
+    deadline = time.monotonic() + WAIT_S
+    while not raw and time.monotonic() < deadline:  # the topic may not exist yet: an error message, not a record
+        raw = [m for m in probe.consume(num_messages=1, timeout=1.0) if m.error() is None]
+    probe.close()
+    assert raw and raw[0].value()[0] == 0
+    registered = json.loads(_ccompat(stack, f"/schemas/ids/{struct.unpack('>I', raw[0].value()[1:5])[0]}")["schema"])
+    assert registered["name"] == "Envelope" and registered["namespace"] == "cdcreg.public.accounts"
+    assert {f"{topic}-value", f"{topic}-key"} <= set(_ccompat(stack, "/subjects"))
+
+    # Two records no converter wrote: JSON, and the wire format naming a schema id the registry does not have.
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers})
+    producer.produce(topic, value=b'{"op": "c"}')
+    producer.produce(topic, value=b"\x00" + struct.pack(">I", 999_999) + b"\x02")
+    producer.flush(10)
+    del producer  # no client left polling a broker the fixture stops
+    sql(stack, "INSERT INTO accounts VALUES (8, 'mark', 0, NULL)")
+
+    doc = conf.registry_doc(
+        conf.Scenario(
+            path=tmp_path / "unused.json",
+            name="dbz_accounts_registry",
+            about="accounts through Apicurio's AvroConverter, landed as Avro",
+            table={
+                "primary_key": ["id"],
+                "columns": [
+                    {"name": "id", "type": "int"},
+                    {"name": "owner", "type": "string"},
+                    {"name": "balance", "type": "int"},
+                    {"name": "price", "type": "decimal(10,2)"},
+                    {"name": "__op", "type": "string"},
+                    {"name": "__lsn", "type": "bigint"},
+                ],
+            },
+            steps=[],
+        ),
+        tmp_path / "lake",
+    )
+    cfg = parse_table({**doc, "source": "debezium", "format": "avro", "envelope": "debezium"})
+    rejects = tmp_path / "rejects"
+    route = Route.for_table(cfg, topic, "avro", wire="confluent")
+    landed_records: list[dict[str, Any]] = []
+    deadline = time.monotonic() + WAIT_S
+    with LandingConsumer(
+        stack.bootstrap_servers,
+        [route],
+        "cdc-landing-registry",
+        schema_registry=stack.registry.ccompat_url if stack.registry else None,
+        rejects_dir=rejects,
+    ) as c:
+        while not any(r["op"] == "c" and r["after"]["id"] == 8 for r in landed_records):
+            assert time.monotonic() < deadline, f"not landed within {WAIT_S:.0f}s: {landed_records}"
+            for path in c.land(idle_s=0.5):
+                with open(path, "rb") as f:
+                    avro = reader(f)
+                    # The file's schema is the registry's writer schema, not one made from the record.
+                    assert (avro.writer_schema["name"], [x["name"] for x in avro.writer_schema["fields"]]) == (
+                        "cdcreg.public.accounts.Envelope",
+                        [x["name"] for x in registered["fields"]],
+                    )
+                    landed_records += list(avro)
+        assert dict(c.rejected) == {topic: 2}
+    # Kept in offset order, each beside its reason: the JSON record first, then the unknown id.
+    reasons = [p.read_text() for p in sorted(rejects.glob("*.reason"))]
+    assert "magic byte 0" in reasons[0] and "schema id 999999 is not in the registry" in reasons[1], reasons
+    assert [p.read_bytes()[:1] for p in sorted(rejects.glob("*.bin"))] == [b"{", b"\x00"]
+    (update,) = [r for r in landed_records if r["op"] == "u" and r["after"]["id"] == 4]
+    assert update["after"]["price"] == Decimal("7.25")
+
+    landed_at = time.monotonic()
+    runner = conf.InProcessRunner(spark, endpoint)
+    runner.setup(cfg)
+    runner.compact(cfg)
+    with stack.pg.connect(stack.database) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, owner, balance, price FROM accounts")
+        expected = sorted(cur.fetchall())
+    lake = sorted((r["id"], r["owner"], r["balance"], r["price"]) for r in conf.Reader(spark).visible_base(cfg))
+    assert lake == expected
+    compacted_at = time.monotonic()
+
+    # registry discover from the subjects the converter registered: the envelope, the key subject's key.
+    from cdc_compaction.operations.discover import Options, discover
+
+    out = tmp_path / "registry"
+    report = discover(
+        Options(
+            landing_root=str(tmp_path / "landing"),
+            database="cdc",
+            out=out,
+            include=["accounts"],
+            schema_registry=stack.registry.ccompat_url if stack.registry else None,
+        )
+    )
+    assert [t for t, _ in report.written] == ["accounts"] and report.unfinished == {}, report.lines()
+    entry = parse_table(yaml.safe_load((out / "cdc.accounts.yaml").read_text()))
+    assert (entry.source, entry.format, entry.envelope, entry.mode) == ("debezium", "avro", "debezium", "cdc")
+    assert entry.primary_key == ["id"] and entry.storage_root == str(tmp_path / "landing" / "accounts")
+    assert {c.name: c.type for c in entry.columns} == {
+        **{"id": "int", "owner": "string", "balance": "int", "price": "decimal(10,2)"},
+        **{"__op": "string", "__commit_lsn": "bigint", "__lsn": "bigint"},
+    }
+    print(
+        f"registry connector and landing {landed_at - started:.1f}s, compaction and check "
+        f"{compacted_at - landed_at:.1f}s, discover {time.monotonic() - compacted_at:.1f}s"
+    )
+
+
 def test_stop_leaves_no_process_running(stack: DebeziumStack) -> None:
     import psutil
 
     pids = stack.pids()
-    assert len(pids) == 3  # Connect, Kafka, PostgreSQL's postmaster
+    assert len(pids) == 4  # Connect, Kafka, the schema registry, PostgreSQL's postmaster
     tree = {p.pid for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]}
     started = time.monotonic()
     stack.stop()

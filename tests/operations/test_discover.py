@@ -1109,3 +1109,20 @@ def test_a_discovered_table_compacts(tmp_path: Path, runtime: Any) -> None:
     rows = [tuple(r) for r in spark.sql(f"SELECT account_id, holder, active FROM {name}").collect()]
     assert rows == [(1, "h", True)]
     print(f"discovered table compacted in {time.monotonic() - started:.1f}s")
+
+
+def test_a_schema_registry_that_does_not_answer_is_named_with_what_to_check(tmp_path: Path) -> None:
+    import socket
+
+    from cdc_compaction.integrations.schema_registry import SchemaRegistryError
+    from cdc_compaction.operations.discover import Options, discover
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/apis/ccompat/v7"
+    with pytest.raises(
+        SchemaRegistryError, match=rf"the schema registry {re.escape(url)} could not be read .*check the URL"
+    ):
+        discover(Options(landing_root=str(tmp_path), database="cdc", out=tmp_path / "reg", schema_registry=url))
+    assert not (tmp_path / "reg").exists()

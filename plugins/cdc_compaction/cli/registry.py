@@ -77,6 +77,7 @@ def _registry_discover(args: argparse.Namespace) -> int:
             postgres_dsn=args.postgres_dsn,
             postgres_conn_id=args.postgres_conn_id,
             postgres_schema=args.postgres_schema,
+            schema_registry=args.schema_registry,
         )
         report = discover(opts)
     except (ValueError, CdcCompactionError) as exc:
@@ -113,4 +114,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pg.add_argument("--postgres-dsn", help="read keys and types from this PostgreSQL (libpq DSN) catalog")
     pg.add_argument("--postgres-conn-id", help="read keys and types from the PostgreSQL of this Airflow connection")
     dis.add_argument("--postgres-schema", default="public", help="the PostgreSQL schema of the tables")
+    dis.add_argument(
+        "--schema-registry",
+        metavar="URL",
+        help="read the tables from this schema registry's <topic>-value/-key subjects (its Confluent API, e.g. "
+        "http://host:8080/apis/ccompat/v7); the landing root is then where they land",
+    )
     dis.set_defaults(func=_registry_discover)

@@ -49,7 +49,9 @@ from cdc_compaction.devtools.local_services import (
     pid_alive,
     port_open,
     stop_group,
+    tail,
 )
+from cdc_compaction.devtools.schema_registry import ApicurioRegistry, avro_converter_config, converter_plugin
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +81,6 @@ logger.reflections.level = ERROR
 _JVM_OPTIONS = ("-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true")
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a log file (what a failed start shows)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def _properties(values: dict[str, Any]) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
@@ -107,14 +100,31 @@ def connector_config(
     schemas_enable: bool = False,
     topic_prefix: str = TOPIC_PREFIX,
     slot: str = SLOT,
+    registry_url: str | None = None,
 ) -> dict[str, str]:
     """The Debezium PostgreSQL connector's configuration that :meth:`DebeziumStack.register` sends.
+
+    ``registry_url``: Apicurio's v2 API; the key and the value are then written by Apicurio's
+    ``AvroConverter`` in the Confluent wire format, their schemas registered there
+    (:func:`~cdc_compaction.devtools.schema_registry.avro_converter_config`), instead of the ``JsonConverter``.
 
     ``tables`` are ``schema.table`` names; the publication is made by :meth:`DebeziumStack.register`
     for exactly these tables (``publication.autocreate.mode=disabled``), the slot by the connector.
     The converters are set here, on the connector, so that ``schemas.enable`` is the connector's own.
     """
     schemas = "true" if schemas_enable else "false"
+    if registry_url is not None:
+        converters = {
+            **avro_converter_config(registry_url, "key.converter"),
+            **avro_converter_config(registry_url, "value.converter"),
+        }
+    else:
+        converters = {
+            "key.converter": JSON_CONVERTER,
+            "key.converter.schemas.enable": schemas,
+            "value.converter": JSON_CONVERTER,
+            "value.converter.schemas.enable": schemas,
+        }
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": "1",
@@ -131,10 +141,7 @@ def connector_config(
         "snapshot.mode": "initial",
         # A delete is followed by a tombstone (a null value with the key), as Debezium does by default.
         "tombstones.on.delete": "true",
-        "key.converter": JSON_CONVERTER,
-        "key.converter.schemas.enable": schemas,
-        "value.converter": JSON_CONVERTER,
-        "value.converter.schemas.enable": schemas,
+        **converters,
     }
 
 
@@ -287,12 +294,18 @@ class DebeziumStack:
     connectors: list[str] = field(default_factory=list)
     #: The worker's ``offset.flush.interval.ms`` (a long one: a killed worker re-delivers much).
     offset_flush_interval_ms: int = 1000
+    #: Also run a schema registry (Apicurio Registry, :mod:`cdc_compaction.devtools.schema_registry`) and give
+    #: Connect Apicurio's ``AvroConverter``: :meth:`register` with ``avro_registry=True`` writes through them.
+    schema_registry: bool = False
+    registry: ApicurioRegistry | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
         self.pg = LocalPostgres(home=self.home / "postgres", port=free_port())
         self.kafka = JavaService("kafka", self.home / "kafka")
         self.connect = JavaService("connect", self.home / "connect")
+        if self.schema_registry:
+            self.registry = ApicurioRegistry(self.home / "registry")
 
     @property
     def bootstrap_servers(self) -> str:
@@ -305,6 +318,8 @@ class DebeziumStack:
     def pids(self) -> list[int]:
         """The PIDs of the processes this stack started and that still run (PostgreSQL's postmaster too)."""
         pids = [s.pid for s in (self.kafka, self.connect) if s.pid is not None and pid_alive(s.pid)]
+        if self.registry is not None and self.registry.pid is not None and pid_alive(self.registry.pid):
+            pids.append(self.registry.pid)
         pg = self.pg.pid()
         return [*pids, *([pg] if pg is not None else [])]
 
@@ -317,6 +332,9 @@ class DebeziumStack:
         connect_cp = jars.classpath("connect")
         plugin_dir = jars.group_dir("debezium")
         try:
+            if self.registry is not None:
+                # Its JVM starts first and comes up (some 15 s) while PostgreSQL, Kafka and Connect start.
+                self.registry.launch()
             self.pg.start()
             with contextlib.closing(self.pg.connect()) as conn:
                 conn.autocommit = True
@@ -324,6 +342,8 @@ class DebeziumStack:
                     cur.execute(f'CREATE DATABASE "{self.database}"')
             self._start_kafka(kafka_cp, timeout_s)
             self._start_connect(connect_cp, plugin_dir, timeout_s)
+            if self.registry is not None:
+                self.registry.wait(timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -371,6 +391,8 @@ class DebeziumStack:
         link = plugins / "debezium-connector-postgres"
         if not link.is_symlink():
             link.symlink_to(plugin_dir, target_is_directory=True)
+        if self.registry is not None:
+            converter_plugin(plugins / "apicurio-converter")
         if not self.rest_port:
             self.rest_port = free_port()
         config = home / "worker.properties"
@@ -418,13 +440,20 @@ class DebeziumStack:
         topic_prefix: str = TOPIC_PREFIX,
         slot: str = SLOT,
         schemas_enable: bool | None = None,
+        avro_registry: bool = False,
     ) -> dict[str, str]:
         """Create the publication for ``tables`` (``schema.table``), register the connector, wait until RUNNING.
 
         Returns the connector's configuration as sent.  The tables must exist.  A second connector
         (another ``name``, ``topic_prefix`` and ``slot``) reads the same tables into topics of its own,
-        e.g. with the other ``schemas_enable`` (default: the stack's).
+        e.g. with the other ``schemas_enable`` (default: the stack's).  ``avro_registry``: Apicurio's
+        ``AvroConverter`` for key and value, registering in the stack's registry (``schema_registry=True``).
         """
+        if avro_registry and self.registry is None:
+            raise ServiceError(
+                f"connector {name}: avro_registry needs the stack's schema registry: make the DebeziumStack with "
+                "schema_registry=True"
+            )
         with contextlib.closing(self.pg.connect(self.database)) as conn:
             conn.autocommit = True
             with conn.cursor() as cur:
@@ -441,6 +470,7 @@ class DebeziumStack:
             schemas_enable=self.schemas_enable if schemas_enable is None else schemas_enable,
             topic_prefix=topic_prefix,
             slot=slot,
+            registry_url=self.registry.v2_url if avro_registry and self.registry is not None else None,
         )
         try:
             self._request("PUT", f"/connectors/{name}/config", config)
@@ -498,12 +528,13 @@ class DebeziumStack:
     # -- stop ------------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop Connect, Kafka, then PostgreSQL, each by the PID it was started with; never raises for one."""
-        for service in (self.connect, self.kafka):
+        """Stop Connect, Kafka, the registry, then PostgreSQL, each by the PID it started with; never raises for one."""
+        services: list[Any] = [self.connect, self.kafka, *([self.registry] if self.registry is not None else [])]
+        for service in services:
             try:
                 service.stop()
             except Exception:  # the others must still be stopped
-                log.exception("stopping %s failed", service.name)
+                log.exception("stopping %s failed", service)
         self.pg.stop()
 
     def __enter__(self) -> DebeziumStack:

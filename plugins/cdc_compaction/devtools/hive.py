@@ -30,7 +30,6 @@ from typing import Any, ClassVar
 from xml.sax.saxutils import escape
 
 from cdc_compaction.devtools import jars
-from cdc_compaction.devtools.debezium import tail
 from cdc_compaction.devtools.local_services import (
     GroupLeader,
     ServiceError,
@@ -38,6 +37,7 @@ from cdc_compaction.devtools.local_services import (
     port_open,
     require_java17,
     spawn,
+    tail,
 )
 
 log = logging.getLogger(__name__)

