@@ -11,6 +11,7 @@ renderings (tests/golden/; regenerate with ``CDC_UPDATE_GOLDEN=1``).
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -127,28 +128,30 @@ def _write(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> str:
     return str(path)
 
 
-def test_duckdb_views_rank_dedupe_and_hide_deletes(tmp_path: Path) -> None:
-    """The DuckDB script over real files: base, tombstones and pending events, ranked by the contract's rule.
-
-    Expectations are the contract's, written out by hand: greatest order_by wins, then the later
-    increment, file and row; a tombstone hides its key from older events; refused rows are listed.
-    """
-    cfg = parse_table(
+def _duck_table(tmp_path: Path, **more: str) -> TableConfig:
+    """Table ``d.t`` (key ``id``, ordered by ``ts``, ``op`` c/u/d) with the columns ``more`` (name=type), its
+    DuckDB views in ``views.sql`` under ``tmp_path``."""
+    columns = [("id", "int"), *more.items(), ("op", "string"), ("ts", "bigint")]
+    return parse_table(
         {
             "database": "d",
             "table": "t",
-            "columns": [
-                {"name": "id", "type": "int"},
-                {"name": "name", "type": "string"},
-                {"name": "op", "type": "string"},
-                {"name": "ts", "type": "bigint"},
-            ],
+            "columns": [{"name": n, "type": t} for n, t in columns],
             "primary_key": ["id"],
             "order_by": ["ts"],
             "storage_root": str(tmp_path / "lake"),
             "views": {"duckdb": str(tmp_path / "views.sql")},
         }
     )
+
+
+def test_duckdb_views_rank_dedupe_and_hide_deletes(tmp_path: Path) -> None:
+    """The DuckDB script over real files: base, tombstones and pending events, ranked by the contract's rule.
+
+    Expectations are the contract's, written out by hand: greatest order_by wins, then the later
+    increment, file and row; a tombstone hides its key from older events; refused rows are listed.
+    """
+    cfg = _duck_table(tmp_path, name="string")
     stored = pa.schema(
         [
             ("id", pa.int32()),
@@ -239,6 +242,89 @@ def test_a_local_duckdb_script_of_an_s3_lake_is_written_locally(tmp_path: Path, 
     with duckdb.connect() as con:
         con.execute((tmp_path / "views" / "orders.sql").read_text())
         assert con.execute('SELECT count(*) FROM "shop"."orders_view"').fetchone() == (0,)
+
+
+#: Microsecond instants: a reader that shifts by a zone's offset, or rounds, differs.
+AT = {i: datetime(2026, 11, 22, i, 2, 3, 100_000 + i * 1_001, tzinfo=UTC) for i in range(1, 7)}
+
+
+def test_duckdb_views_show_int96_and_int64_timestamps_as_the_same_instants_in_any_zone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live version mixing Spark's INT96 files (older versions, no zone flag, written in UTC) with INT64
+    microseconds adjusted to UTC (what the job writes now), and pending files of both kinds: every view
+    shows each row's instant, as Spark does, in a process and a DuckDB session whose zone is New York.
+
+    The instants are the ones written here (the contract: a ``timestamp`` is an instant, INT96 holds it in
+    UTC); DuckDB's own reading of the mixed files casts INT96 through the session's zone."""
+    import time
+
+    from cdc_compaction.core.storage import LocalStorage
+
+    cfg = _duck_table(tmp_path, updated_at="timestamp")
+    utc = pa.timestamp("us", tz="UTC")
+    stored = pa.schema(
+        [
+            ("id", pa.int32()),
+            ("op", pa.string()),
+            ("ts", pa.int64()),
+            ("updated_at", utc),
+            ("_cdc_increment", pa.string()),
+            ("_cdc_file", pa.string()),
+            ("_cdc_pos", pa.int64()),
+            ("_cdc_ingested_at", utc),
+        ]
+    )
+    landed = pa.schema([("id", pa.int32()), ("op", pa.string()), ("ts", pa.int64()), ("updated_at", utc)])
+
+    def parquet(path: Path, rows: list[dict[str, Any]], schema: pa.Schema, int96: bool) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, use_deprecated_int96_timestamps=int96)
+        return str(path)
+
+    def stored_row(i: int) -> dict[str, Any]:
+        return {"id": i, "op": "c", "ts": 1, "updated_at": AT[i], "_cdc_increment": "increment_2026010100"}
+
+    data = tmp_path / "v2" / "data"
+    base = [
+        parquet(data / "_cdc_partition=a" / "part-0.parquet", [stored_row(1)], stored, int96=True),
+        parquet(data / "_cdc_partition=b" / "part-0.parquet", [stored_row(2)], stored, int96=False),
+    ]
+    inc = tmp_path / "lake" / "incremental" / "increment_2026010101"
+    pending = [
+        parquet(inc / "part-00000.parquet", [{"id": 3, "op": "c", "ts": 2, "updated_at": AT[3]}], landed, int96=True),
+        parquet(inc / "part-00001.parquet", [{"id": 4, "op": "c", "ts": 2, "updated_at": AT[4]}], landed, int96=False),
+        # Refused (no key): the rejects view shows its instant too.
+        parquet(
+            inc / "part-00002.parquet", [{"id": None, "op": "c", "ts": 2, "updated_at": AT[5]}], landed, int96=True
+        ),
+    ]
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        where = duckdb_views.write(cfg, duckdb_views.Files(data=base, pending=pending), LocalStorage())
+        assert where is not None
+        with duckdb.connect() as con:
+            con.execute("SET TimeZone = 'America/New_York'")
+            con.execute(Path(where).read_text())
+
+            def instants(query: str) -> dict[Any, datetime]:
+                # A naive value is read as UTC (how a session set to UTC shows Spark's values).
+                rows = con.execute(query).fetchall()
+                return {k: at if at.tzinfo else at.replace(tzinfo=UTC) for k, at in rows}
+
+            assert instants('SELECT id, updated_at FROM "d"."t_base"') == {i: AT[i] for i in (1, 2)}
+            assert instants('SELECT id, updated_at FROM "d"."t_view"') == {i: AT[i] for i in (1, 2, 3, 4)}
+            assert instants('SELECT _cdc_file, updated_at FROM "d"."t_pending_rejects"') == {
+                "part-00002.parquet": AT[5]
+            }
+            # Instants, displayed in the session's zone (as Spark's timestamp is in spark.sql.session.timeZone).
+            for view in ("t_base", "t_view", "t_pending_rejects"):
+                (kind,) = con.execute(f'SELECT DISTINCT typeof(updated_at) FROM "d"."{view}"').fetchone()
+                assert kind == "TIMESTAMP WITH TIME ZONE", view
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
 
 
 # ----------------------------------------------------------------- Hive, from the wheel

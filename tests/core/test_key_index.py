@@ -271,3 +271,76 @@ def test_verify_and_rebuild_hold_a_batch_of_a_partitions_keys_not_the_partition(
         else:
             assert keys == want
     assert run("verify")["problems"] == []
+
+
+# Microsecond instants (Spark's precision): a rebuild that rounds, or shifts by a zone, differs.
+AT = [datetime(2026, 11, 22, h, 2, 3, 100_001 * h, tzinfo=UTC) for h in range(1, 6)]
+
+
+def _footer_timestamp(path: Path, column: str) -> str:
+    """``INT96``, ``micros`` (INT64 microseconds adjusted to UTC) or what else the footer says of ``column``."""
+    schema = pq.read_metadata(path).schema
+    col = next(schema.column(i) for i in range(len(schema)) if schema.column(i).path == column)
+    logical = str(col.logical_type)
+    if col.physical_type == "INT96":
+        return "INT96"
+    if col.physical_type == "INT64" and "isAdjustedToUTC=true" in logical and "timeUnit=microseconds" in logical:
+        return "micros"
+    return f"{col.physical_type} {logical}"
+
+
+@pytest.mark.parametrize("setting", ["micros", "int96"])
+def test_rebuild_writes_timestamp_keys_as_the_job_does_from_int96_and_int64_files(
+    setting: str, make_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key with a timestamp, in a version whose partition EU holds Spark's INT96 files (older versions)
+    and US INT64 microseconds: the rebuilt index is in the type the job writes for the table (registry
+    ``parquet_timestamps``), holds every key's instant, and verifies, in a process whose zone is not UTC."""
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    cfg = make_cfg(
+        columns=[
+            {"name": "id", "type": "int"},
+            {"name": "at", "type": "timestamp"},
+            {"name": "region", "type": "string"},
+            *_rest(),
+        ],
+        primary_key=["id", "at"],
+        partition_by={"column": "region"},
+        parquet_timestamps=setting,
+    )
+    lake = Lake(cfg)
+    vdir = Path(lake.layout.version_dir(VERSION))
+    keys = {"EU": [(3, AT[2]), (1, AT[0]), (1, AT[1])], "US": [(10, AT[4]), (11, AT[3])]}
+    parts = {}
+    for region, rows in keys.items():
+        d = vdir / "data" / f"_cdc_partition={region}"
+        d.mkdir(parents=True)
+        table = pa.table(
+            {
+                "id": pa.array([i for i, _ in rows], pa.int32()),
+                "at": pa.array([t for _, t in rows], pa.timestamp("us", tz="UTC")),
+                "full_name": [f"n{i}" for i, _ in rows],
+            }
+        )
+        pq.write_table(table, d / "part-0.parquet", use_deprecated_int96_timestamps=region == "EU")
+        parts[region] = str(d)
+    assert _footer_timestamp(Path(parts["EU"], "part-0.parquet"), "at") == "INT96"
+    assert _footer_timestamp(Path(parts["US"], "part-0.parquet"), "at") == "micros"
+    assert lake.try_commit(Commit(1, VERSION, "p1", "r1", 0, [], [], partitions=parts, partition_rows={}, index={}))
+    try:
+        rebuild_index(lake, by="test", now=datetime.now(UTC))
+        index = live_index(lake, lake.latest_commit())
+        want = "INT96" if setting == "int96" else "micros"
+        for region, rows in keys.items():
+            (f,) = Path(index[region]).glob("*.parquet")
+            assert _footer_timestamp(f, "at") == want, (region, f)
+            got = pq.read_table(f, coerce_int96_timestamp_unit="us").to_pylist()
+            instants = [(r["id"], r["at"] if r["at"].tzinfo else r["at"].replace(tzinfo=UTC)) for r in got]
+            assert instants == sorted(rows), region
+        assert verify_index(lake).problems == ()
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

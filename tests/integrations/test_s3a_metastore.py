@@ -10,6 +10,7 @@ DAG's publish on the registry's default engine) both reach it.  The statements a
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,20 @@ def bucket(aws_default: str) -> str:
     name = f"lake-{uuid.uuid4().hex[:12]}"
     S3Storage().client.create_bucket(Bucket=name)
     return name
+
+
+def s3a_registry_docs(bucket: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict[str, Any]]:
+    """The conformance runs' registry entries (``conf.registry_doc``) with their lake in ``bucket`` through
+    ``s3a://``, for the rest of the test; returned, to parse an entry again."""
+    make_doc = conf.registry_doc
+
+    def on_s3a(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        d = make_doc(*args, **kwargs)
+        d["storage_root"] = f"s3a://{bucket}/lake/{d['table']}"
+        return d
+
+    monkeypatch.setattr(conf, "registry_doc", on_s3a)
+    return on_s3a
 
 
 def _cfg(bucket: str, tmp_path: Path) -> TableConfig:
@@ -123,13 +138,7 @@ def test_a_partitioned_s3a_lake_with_both_formats_its_rollback_and_erase(
     def open_glue(cfg: TableConfig) -> Any:
         return GlueCatalog(f"cdc_{cfg.database}", client=glue, **s3_props)
 
-    def on_s3a(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        d = make_doc(*args, **kwargs)
-        d["storage_root"] = f"s3a://{bucket}/lake/{d['table']}"
-        return d
-
-    make_doc = conf.registry_doc
-    monkeypatch.setattr(conf, "registry_doc", on_s3a)
+    on_s3a = s3a_registry_docs(bucket, monkeypatch)
     scn = conf.Scenario.load(SCENARIO)
     part, formats = {"column": "full_name", "transform": "identity"}, ["delta", "iceberg"]
     readers: list[Any] = [

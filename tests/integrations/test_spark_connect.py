@@ -52,6 +52,24 @@ def connect_server(metastore: LocalMetastore, tmp_path_factory: pytest.TempPathF
     yield from connect_server_on(metastore, tmp_path_factory.mktemp("connect"))
 
 
+@pytest.mark.s3
+def test_a_server_for_s3_lakes_has_the_connections_settings_and_its_credentials_in_its_environment_only(
+    tmp_path: Path, aws_default: str
+) -> None:
+    """No JVM: what ``with_s3a`` starts the server with (the run on moto: test_s3a_connect.py, extended)."""
+    server = SparkConnectServer(tmp_path, "thrift://127.0.0.1:9999", "/w", port=12345).with_s3a("aws_default")
+    cmd = server.command()
+    conf_ = dict(cmd[i + 1].split("=", 1) for i in range(len(cmd) - 1) if cmd[i] == "--conf")
+    assert conf_["spark.hadoop.fs.s3a.endpoint"] == aws_default
+    assert conf_["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf_["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
+    # tests/conftest.py's aws_default: its password is the secret key.
+    assert not [a for a in cmd if "testing-secret-key" in a or "secret.key" in a or "access.key" in a], cmd
+    env = server._env()
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("testing-access-key", "testing-secret-key")
+    assert not list(tmp_path.iterdir()), "building the command writes nothing"
+
+
 def connect_runtime(cfg: TableConfig, endpoint: MetastoreEndpoint, server: SparkConnectServer) -> Runtime:
     # One client retry: a lost server fails the call in well under a second here.
     return Runtime(cfg=cfg, lake=Lake(cfg), metastore=endpoint, engine=ConnectEngine(server.url, cfg, client_retries=1))

@@ -135,6 +135,8 @@ def _connect(args: argparse.Namespace) -> int:
     from cdc_compaction.devtools.devenv import connect_server
 
     server = connect_server(args.metastore, home=Path(args.home), port=args.port)
+    if args.s3a and args.action == "start":
+        server.with_s3a(args.s3a)
     return _service_action(
         server,
         args.action,
@@ -174,6 +176,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--metastore",
         default=os.environ.get("CDC_METASTORE_URI", "thrift://127.0.0.1:9083"),
         help="thrift://HOST:PORT of the metastore the server's catalog uses (default: the local one)",
+    )
+    cn.add_argument(
+        "--s3a",
+        metavar="CONN_ID",
+        help="start it for lakes on S3: the Airflow connection CONN_ID's endpoint and region as the server's own "
+        "fs.s3a.* settings, its credentials in the server's environment only (default: none)",
     )
     cn.set_defaults(func=_connect)
 

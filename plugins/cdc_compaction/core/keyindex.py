@@ -63,6 +63,13 @@ def _files(lake: Lake, location: str) -> list[str]:
     return sorted(e.path for e in lake.storage.list_dir(location) if not e.is_dir and is_data_file(e.name))
 
 
+def _instant(field: Any) -> Any:
+    """``field`` with a timestamp type as microseconds in UTC (an instant, as Spark's TimestampType is)."""
+    import pyarrow as pa
+
+    return field.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(field.type) else field
+
+
 def _quoted(names: list[str]) -> str:
     return ", ".join('"' + c.replace('"', '""') + '"' for c in names)
 
@@ -76,24 +83,33 @@ class _Keys:
     within its memory limit and spills past it, so this process holds a batch of keys, never a
     partition's or the table's (issue 38: nothing that grows with the table in one process's memory).
     NULL key values are equal to each other here, as in SQL's GROUP BY and EXCEPT ALL.
+
+    Timestamp key columns are held as instants (microseconds, UTC) whatever the file holds: Spark's
+    INT96 (older versions, ``parquet_timestamps: int96``), which Arrow reads as naive nanoseconds, or
+    INT64 microseconds adjusted to UTC. Left to DuckDB, a naive and an adjusted column would meet
+    through a cast in the session's time zone (the process's), and the same key would differ by the
+    zone's offset; a rebuilt index is written in the table's ``parquet_timestamps``, as the job writes it.
     """
 
     MEMORY_LIMIT = "128MB"
     #: Keys read from a file (and handed to DuckDB) at a time.
     BATCH_ROWS = 65_536
 
-    def __init__(self, pk: list[str]) -> None:
+    def __init__(self, pk: list[str], parquet_timestamps: str = "micros") -> None:
         import tempfile
 
         import duckdb
 
         self._pk = pk
+        self._int96 = parquet_timestamps == "int96"
         self._dir = tempfile.TemporaryDirectory(prefix="cdc-key-index-")
         self._con = duckdb.connect(posixpath.join(self._dir.name, "keys.duckdb"))
         self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
         self._con.execute("SET temp_directory = ?", [posixpath.join(self._dir.name, "spill")])
         # One thread: the sort and the set operations stay within the limit without a buffer per core.
         self._con.execute("SET threads = 1")
+        # Instants compare and convert the same in every zone (see the class docstring).
+        self._con.execute("SET TimeZone = 'UTC'")
         self._every = False
         #: The Arrow schema of the key columns of the last file :meth:`load` read.
         self.schema: Any = None
@@ -119,14 +135,16 @@ class _Keys:
         rows: int | None = None
         for f in files:
             with lake.storage.open_read(f) as fh:
-                pf = pq.ParquetFile(fh)
-                self.schema = pa.schema([pf.schema_arrow.field(c) for c in self._pk])
+                # INT96 in microseconds: Spark's precision, and no overflow of nanoseconds past 2262.
+                pf = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
+                self.schema = pa.schema([_instant(pf.schema_arrow.field(c)) for c in self._pk])
                 if rows is None:
                     # Created from the first file's key types (empty files too); later files' are cast to them.
                     self._insert(name, self.schema.empty_table(), create=True)
                     rows = 0
                 for batch in pf.iter_batches(batch_size=self.BATCH_ROWS, columns=self._pk):
-                    self._insert(name, batch, create=False)
+                    # A naive timestamp (INT96) is Spark's UTC instant: Arrow's cast to UTC keeps its value.
+                    self._insert(name, pa.Table.from_batches([batch]).cast(self.schema), create=False)
                     rows += batch.num_rows
         return rows
 
@@ -174,7 +192,7 @@ class _Keys:
 
     def write_sorted(self, name: str, path: str, row_group_rows: int) -> None:
         """Table ``name`` sorted by key (ascending, NULL last) to the local Parquet file ``path``, a row group at
-        a time, in the key types of the files it was read from."""
+        a time, in the key types of the files it was read from (timestamps in the table's ``parquet_timestamps``)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -183,7 +201,10 @@ class _Keys:
         reader = self._con.sql(f"SELECT {_quoted(self._pk)} FROM {name} ORDER BY {order}").to_arrow_reader(
             row_group_rows
         )
-        with pq.ParquetWriter(path, self.schema, compression="snappy") as writer:
+        # Timestamps as the job writes them for the table: INT64 microseconds adjusted to UTC, or INT96.
+        with pq.ParquetWriter(
+            path, self.schema, compression="snappy", use_deprecated_int96_timestamps=self._int96
+        ) as writer:
             for batch in reader:
                 writer.write_table(pa.Table.from_batches([batch]).cast(self.schema), row_group_size=row_group_rows)
 
@@ -308,7 +329,7 @@ def rebuild_index(lake: Lake, by: str, now: datetime) -> RebuildResult:
         where = posixpath.join(lake.layout.version_dir(commit.version), f"{INDEX_DIR}-{token}")
         index: dict[str, str] = {}
         rows = 0
-        with _Keys(pk) as keys:
+        with _Keys(pk, cfg.parquet_timestamps) as keys:
             for value, data_loc in sorted(commit.partitions.items()):
                 name = posixpath.basename(data_loc.rstrip("/"))
                 if not name.startswith(PARTITION_DIR_PREFIX):

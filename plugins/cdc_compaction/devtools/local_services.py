@@ -706,8 +706,31 @@ class SparkThriftServer:
     #: for reading only (:mod:`~cdc_compaction.devtools.iceberg_spark`) gets no S3A jars: they are built
     #: for the project's Hadoop, not for the one of that Spark.
     spark_home: Path | None = None
+    #: Hadoop settings of the server's own file systems (``spark.hadoop.<k>``; :meth:`with_s3a`): no credential.
+    hadoop_conf: dict[str, str] = field(default_factory=dict)
+    #: Variables added to the server's environment only (S3A's credentials; :meth:`with_s3a`).
+    env: dict[str, str] = field(default_factory=dict)
     #: How logs and errors name the server.
     service_name: ClassVar[str] = "Spark Thrift server"
+
+    def with_s3a(self, conn_id: str = "aws_default") -> Self:
+        """This server, able to read and write ``s3a://`` with the Airflow connection ``conn_id``'s store.
+
+        The S3A jars are the server's anyway when the jar cache has them (:meth:`spark_conf`); this adds
+        the connection's endpoint, region and addressing as the server's own Hadoop settings, so that
+        its catalog work (a table's or partition's ``s3a://`` location, qualified by the driver's file
+        system) and a session that sets nothing reach the store, and its credentials to the server's
+        environment, which S3A's default chain reads: never to its command line (``--conf`` is visible
+        to every user of the machine) or a file. The settings and credentials come from
+        :func:`~cdc_compaction.integrations.engine.s3a_connection_conf`, as the job's, the DDL's and
+        the metastore's do.
+        """
+        from cdc_compaction.integrations.engine import s3a_connection_conf
+
+        self.hadoop_conf, self.env = s3a_connection_conf(
+            conn_id, f"the {self.service_name}'s S3A: the Airflow connection"
+        )
+        return self
 
     @property
     def jdbc_url(self) -> str:
@@ -756,6 +779,7 @@ class SparkThriftServer:
             # Spark's default cache would serve the old location and partitions until the client reconnects.
             "spark.sql.filesourceTableRelationCacheSize": "0",
             **hive_conf(MetastoreEndpoint.parse(self.metastore_uri), self.warehouse_dir),
+            **{f"spark.hadoop.{k}": v for k, v in self.hadoop_conf.items()},
             **self.extra_conf,
         }
 
@@ -800,6 +824,7 @@ class SparkThriftServer:
                 "SPARK_LOCAL_DIRS": str(self.home / "local"),
                 # An empty conf directory: no spark-defaults.conf or hive-site.xml from elsewhere.
                 "SPARK_CONF_DIR": str(self.home / "conf"),
+                **self.env,
             }
         )
         return env

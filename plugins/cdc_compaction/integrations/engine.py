@@ -274,7 +274,8 @@ _S3A_CREDENTIAL_KEYS = {
 }
 
 
-#: The S3A settings the job's client-side file operations over Spark Connect read (job/files.py ``_s3_options``).
+#: The S3A settings the job's client-side file operations over Spark Connect read (job/files.py ``_s3_options``;
+#: the credentials it reads as the session has them, ``fs.s3a.access.key``, ...).
 _S3A_CLIENT_KEYS = ("fs.s3a.endpoint", "fs.s3a.endpoint.region", "fs.s3a.path.style.access")
 
 

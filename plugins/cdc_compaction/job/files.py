@@ -153,11 +153,17 @@ class HadoopFiles:
 
 
 def _s3_options(spark: Any) -> dict[str, Any]:
-    """pyarrow ``S3FileSystem`` options from the session's ``fs.s3a`` conf: endpoint, region, path style."""
+    """pyarrow ``S3FileSystem`` options from the session's ``fs.s3a`` conf: endpoint, region, path style, and
+    the credentials the engine set on the session (``fs.s3a.access.key``, ...; held in the server's memory).
 
-    def conf(key: str) -> str | None:
+    Without them pyarrow falls back to AWS's default chain of this process: an Airflow task whose
+    credentials are in the storage connection only would write anonymously (refused by S3; an
+    S3-compatible store that takes it may keep the unsigned stream's chunk framing in the object).
+    """
+
+    def conf(key: str, prefix: str = "spark.hadoop.") -> str | None:
         try:
-            value = spark.conf.get(f"spark.hadoop.fs.s3a.{key}", None)
+            value = spark.conf.get(f"{prefix}fs.s3a.{key}", None)
         except Exception:  # noqa: BLE001 - a conf Spark does not know reads as unset
             return None
         return str(value) if value else None
@@ -174,6 +180,12 @@ def _s3_options(spark: Any) -> dict[str, Any]:
         options["region"] = region
     if (conf("path.style.access") or "").lower() == "true":
         options["force_virtual_addressing"] = False
+    access, secret = conf("access.key", prefix=""), conf("secret.key", prefix="")
+    if access and secret:
+        options["access_key"], options["secret_key"] = access, secret
+        token = conf("session.token", prefix="")
+        if token:
+            options["session_token"] = token
     return options
 
 
