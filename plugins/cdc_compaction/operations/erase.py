@@ -817,11 +817,8 @@ class _FileChangedError(Exception):
 
 
 def _count(lake: Lake, pred: Predicate, path: str) -> tuple[int, int] | None:
-    """(rows kept, rows matching) of the file ``path``, read one row group at a time; None when it is not
-    readable Parquet or its columns cannot be compared with the predicate (logged; the caller names it).
-
-    Row group by row group, not the whole file: an erase holds one row group's rows at a time, whatever
-    the size of the table or its files (issue 38: nothing that grows with the table in one process).
+    """(rows kept, rows matching) of the file ``path``, read a batch at a time (:func:`_batches`); None when
+    it is not readable Parquet or its columns cannot be compared with the predicate (logged; the caller names it).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -829,9 +826,8 @@ def _count(lake: Lake, pred: Predicate, path: str) -> tuple[int, int] | None:
     kept = matched = 0
     try:
         with lake.storage.open_read(path) as fh:
-            pf = pq.ParquetFile(fh)
-            for i in range(pf.num_row_groups):
-                split = _filter(lake, pred, path, pf.read_row_group(i))
+            for batch in _batches(pq.ParquetFile(fh, buffer_size=READ_BUFFER)):
+                split = _filter(lake, pred, path, batch)
                 if split is None:
                     return None
                 kept, matched = kept + split[0].num_rows, matched + split[1]
@@ -841,25 +837,51 @@ def _count(lake: Lake, pred: Predicate, path: str) -> tuple[int, int] | None:
     return kept, matched
 
 
-def _filtered_bytes(lake: Lake, pred: Predicate, path: str) -> tuple[bytes, int, int]:
-    """The file ``path`` without the rows ``pred`` matches, as Parquet bytes, with (rows kept, rows matching).
+#: Bytes of rows (Parquet's uncompressed size) an erase holds at a time, and at most this many rows. Not a row
+#: group: Spark writes row groups of up to 128 MB of Parquet, which Arrow holds as several times that (1.2 GB for
+#: a 2M-row table in bench/scale_day.py when the erase held row groups).
+ERASE_BATCH_BYTES = 4 << 20
+ERASE_BATCH_ROWS = 65_536
+#: Bytes of a column chunk read at a time (Arrow's buffered stream): unbuffered, Arrow reads whole column chunks.
+READ_BUFFER = 1 << 20
 
-    Read and written one row group at a time (the kept rows in the file's own schema and timestamp
-    encoding, :func:`_write_options`): the rows in memory are one row group's. Raises
-    :class:`_FileChangedError` when the file no longer reads as it did when the erase was planned.
+
+def _batch_rows(pf: Any) -> int:
+    """Rows per batch for the file: about :data:`ERASE_BATCH_BYTES` of its rows, by its own average row size."""
+    md = pf.metadata
+    size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    per_row = size / md.num_rows if md.num_rows else 1.0
+    return max(1024, min(ERASE_BATCH_ROWS, int(ERASE_BATCH_BYTES / max(per_row, 1.0))))
+
+
+def _batches(pf: Any) -> Any:
+    """The file's rows as tables of :func:`_batch_rows`, read page by page: an erase holds one batch's rows,
+    whatever the size of the table, its files or their row groups (nothing that grows with the table in one
+    process). The rewrite writes each batch as a row group of its own."""
+    import pyarrow as pa
+
+    for batch in pf.iter_batches(batch_size=_batch_rows(pf), use_threads=False):
+        yield pa.Table.from_batches([batch])
+
+
+def _filtered_file(lake: Lake, pred: Predicate, path: str, local: str) -> tuple[int, int]:
+    """Write the file ``path`` without the rows ``pred`` matches to the local file ``local``; (rows kept, matching).
+
+    Read and written a batch at a time (the kept rows in the file's own schema and timestamp encoding,
+    :func:`_write_options`), to local disk, not memory. Raises :class:`_FileChangedError` when the file no
+    longer reads as it did when the erase was planned.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     options = _write_options(lake, path)
-    buf = io.BytesIO()
     kept = matched = 0
     try:
         with lake.storage.open_read(path) as fh:
-            pf = pq.ParquetFile(fh)
-            with pq.ParquetWriter(buf, pf.schema_arrow, **options) as writer:
-                for i in range(pf.num_row_groups):
-                    split = _filter(lake, pred, path, pf.read_row_group(i))
+            pf = pq.ParquetFile(fh, buffer_size=READ_BUFFER)
+            with pq.ParquetWriter(local, pf.schema_arrow, **options) as writer:
+                for batch in _batches(pf):
+                    split = _filter(lake, pred, path, batch)
                     if split is None:
                         raise _FileChangedError(path)
                     if split[0].num_rows:
@@ -867,17 +889,25 @@ def _filtered_bytes(lake: Lake, pred: Predicate, path: str) -> tuple[bytes, int,
                     kept, matched = kept + split[0].num_rows, matched + split[1]
     except pa.ArrowException as exc:
         raise _FileChangedError(f"{path}: {exc}") from exc
-    return buf.getvalue(), kept, matched
+    return kept, matched
 
 
-def _filtered(lake: Lake, pred: Predicate, path: str) -> tuple[bytes, int, int]:
-    """:func:`_filtered_bytes`, a file that changed since it was counted refusing the erase (EraseError)."""
-    try:
-        return _filtered_bytes(lake, pred, path)
-    except _FileChangedError as exc:
-        raise EraseError(
-            f"{lake.cfg.qualified_name}: {path} changed during the erase ({exc}); nothing was erased, run it again"
-        ) from exc
+def _write_filtered(lake: Lake, pred: Predicate, path: str, target: str) -> tuple[int, int]:
+    """Write ``path`` without the rows ``pred`` matches to ``target`` (streamed through a local file and
+    :meth:`Storage.upload`: atomic locally, one object on S3); (rows kept, rows matching). A file that
+    changed since it was counted refuses the erase (EraseError)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cdc-erase-") as scratch:
+        local = os.path.join(scratch, "rewrite.parquet")
+        try:
+            kept, matched = _filtered_file(lake, pred, path, local)
+        except _FileChangedError as exc:
+            raise EraseError(
+                f"{lake.cfg.qualified_name}: {path} changed during the erase ({exc}); nothing was erased, run it again"
+            ) from exc
+        lake.storage.upload(local, target)
+    return kept, matched
 
 
 def _split(cfg: TableConfig, pred: Predicate, table: Any) -> tuple[Any, int]:
@@ -1405,7 +1435,7 @@ def _erase(
     lake.storage.write_text(_journal_path(lake, erase_id), json.dumps(journal, indent=1, sort_keys=True))
     # Hidden rewrites beside every matching file (the originals stay untouched until the decision).
     for i, e in enumerate(entries):
-        lake.storage.write_bytes(e["temp"], _filtered(lake, pred, e["path"])[0])
+        _write_filtered(lake, pred, e["path"], e["temp"])
         if i == 0:
             fault_point("erase.after_first_rewrite", table)
     commit = None
@@ -1476,17 +1506,19 @@ def _write_erase_version(
             # stays (erased) in the live version; the erase commit's own is the diff publish makes.
             continue
         target = posixpath.join(new_dir, posixpath.relpath(path, old_dir))
-        data, kept, _ = _filtered(lake, pred, path)
+        in_partition = None
         for value, loc in (live.partitions or {}).items():
             if partitions is not None and path.startswith(loc.rstrip("/") + "/"):
                 target = posixpath.join(partitions[value], posixpath.relpath(path, loc))
-                partition_rows[value] = partition_rows.get(value, 0) + kept
+                in_partition = value
                 break
+        lake.storage.makedirs(posixpath.dirname(target))
+        kept, _ = _write_filtered(lake, pred, path, target)
+        if in_partition is not None:
+            partition_rows[in_partition] = partition_rows.get(in_partition, 0) + kept
         total += kept
         if target.startswith(posixpath.join(data_dir, "")) or path.startswith(data_root):
             visible += kept
-        lake.storage.makedirs(posixpath.dirname(target))
-        lake.storage.write_bytes(target, data)
     # Readers and the next compaction open these even when they hold no file.
     lake.storage.makedirs(data_dir)
     tomb = lake.layout.tombstones_dir(version, live.layout)
@@ -1571,7 +1603,7 @@ def _roll_forward(lake: Lake, journal: dict[str, Any], metastore: MetastoreEndpo
             pred = pred or parse_predicate(lake.cfg, journal["predicate"])
             counted = _count(lake, pred, e["path"])
             if counted is not None and counted[1]:
-                lake.storage.write_bytes(e["path"], _filtered(lake, pred, e["path"])[0])
+                _write_filtered(lake, pred, e["path"], e["path"])
         rewritten.append(e["path"])
     for d in journal.get("drop_dirs", []):
         # File by file, what the job wrote there: anything else put in such a directory stays.
