@@ -1391,3 +1391,70 @@ def test_list_on_driver_only_where_the_storage_allows(spark: Any) -> None:
         assert spark.conf.get(PARALLEL_LISTING_CONF) == str(DRIVER_LISTING_MAX)
     finally:
         spark.conf.set(PARALLEL_LISTING_CONF, before)
+
+
+# ------------------------------------------------------------ the job's Spark jobs
+def _spark_job_ids(spark: Any) -> set[int]:
+    """The ids of every Spark job this application ran, from its status store (kept with the UI off)."""
+    seq = spark.sparkContext._jsc.sc().statusStore().jobsList(None)
+    return {j.jobId() for j in spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq)}
+
+
+#: The most Spark jobs one small compaction may start, per merge path, as measured (bench/job_actions.py,
+#: docs/benchmarks.md "The job's Spark jobs"): a job more is a stage more of fixed cost in every run.
+MOST_SPARK_JOBS = {"broadcast": 19, "window": 18, "window, every key": 10}
+
+
+def test_a_small_compaction_starts_no_more_spark_jobs_than_measured(
+    spark: Any, make_cfg: MakeCfg, tmp_path: Path
+) -> None:
+    """Pins the number of Spark jobs of a small compaction down each merge path (a count, not a time).
+
+    Each is a base of 6 keys and an increment of updates, a delete, an insert and a refused row,
+    so the quarantine write runs too.
+    """
+    cfg = lsn_cfg(make_cfg)
+    landing, versions = tmp_path / "incremental", tmp_path / "base"
+    (versions / "v0").mkdir(parents=True)
+    initial = [{"id": i, "full_name": f"n{i}", "op": "r", "ts_ms": 10, "lsn": i} for i in range(1, 7)]
+    at1 = datetime(2026, 11, 22, 2, 0, tzinfo=UTC)
+    kw = {"quarantine": tmp_path / "q", "ingested_at": at1}
+    job.run(
+        spark,
+        make_plan(
+            cfg,
+            "p1",
+            base=versions / "v0",
+            files=[write_parquet(landing, cfg, INC0, F0, initial)],
+            out=versions / "v1",
+            **kw,
+        ),
+    )
+    changes = [
+        {"id": 1, "full_name": "newer", "op": "u", "ts_ms": 30, "lsn": 0},
+        {"id": 2, "full_name": None, "op": "d", "ts_ms": 30, "lsn": 0},
+        {"id": 9, "full_name": "new", "op": "c", "ts_ms": 30, "lsn": 0},
+        {"id": None, "full_name": "refused", "op": "c", "ts_ms": 30, "lsn": 0},
+    ]
+    kw = {"quarantine": tmp_path / "q2", "ingested_at": at1 + timedelta(hours=1)}
+    plan = make_plan(
+        cfg,
+        "p2",
+        base=versions / "v1",
+        files=[write_parquet(landing, cfg, INC1, F0, changes)],
+        out=versions / "x",
+        **kw,
+    )
+    plan |= {"order_by": cfg.order_by, "base_rows": 6, "base_tombstones": 0}
+    variants = {
+        "broadcast": {"merge_path": "broadcast"},
+        "window": {"merge_path": "window"},
+        "window, every key": {"merge_path": "window", "key_lookup_max_events": 0},
+    }
+    started = {}
+    for name, extra in variants.items():
+        before = _spark_job_ids(spark)
+        stats = job.run(spark, {**plan, **extra, "output_location": str(versions / name.replace(", ", "-"))})
+        started[name] = len(_spark_job_ids(spark) - before)
+        assert (stats["output_visible_rows"], stats["output_tombstones"], stats["duplicate_keys"]) == (6, 1, 0)
+    assert all(started[name] <= most for name, most in MOST_SPARK_JOBS.items()), (started, MOST_SPARK_JOBS)

@@ -760,22 +760,43 @@ def written_tally_columns(is_delete: Column, tombstones: bool) -> list[Column]:
     ]
 
 
-def duplicate_keys(written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None) -> int:
+def duplicate_keys(
+    written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None, touched_distinct: bool = False
+) -> int:
     """Keys found more than once in ``written_keys`` (the key columns of the visible rows and tombstones).
 
-    With ``touched_keys`` only those keys are checked (a broadcast semi-join first, so only they
+    With ``touched_keys`` only those keys are checked (a broadcast join first, so only they
     are grouped): the keys this compaction ranked.  That is enough by induction: the parent
     version's keys were unique (checked when it was committed), its untouched rows are copied as
     they are, and a copied row read twice would not reconcile with the parent's row count
     (validate holds ``base_rows`` against it).  NULL key parts equal NULL, as in the rule.
+    ``touched_distinct``: see :func:`duplicate_key_groups`.
     """
-    return duplicate_key_groups(written_keys, pk, touched_keys).count()
+    return duplicate_key_groups(written_keys, pk, touched_keys, touched_distinct).count()
 
 
-def duplicate_key_groups(written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None) -> DataFrame:
-    """The keys :func:`duplicate_keys` counts, one row each, to count together with other checks in one job."""
+def duplicate_key_groups(
+    written_keys: DataFrame, pk: list[str], touched_keys: DataFrame | None = None, touched_distinct: bool = False
+) -> DataFrame:
+    """The keys :func:`duplicate_keys` counts, one row each, to count together with other checks in one job.
+
+    ``touched_distinct``: the caller vouches that ``touched_keys`` holds each key once (the merge's
+    one row per key). The written keys are then matched by a broadcast left join and a flag, which
+    Spark keeps above the union of the visible rows and tombstones: one broadcast of the touched
+    keys, where a semi-join is pushed into each side of the union and builds it twice (a Spark
+    job each). Each written row matches one touched key at most, so the rows kept are the
+    semi-join's.
+    """
     keys = written_keys.select(*_keys(pk))
-    if touched_keys is not None:
+    if touched_keys is not None and touched_distinct:
+        flagged = touched_keys.select(
+            *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)], F.lit(True).alias("_cdc_touched")
+        )
+        cond = functools.reduce(
+            operator.and_, [F.col(f"`{c}`").eqNullSafe(F.col(f"_cdc_k{i}")) for i, c in enumerate(pk)]
+        )
+        keys = keys.join(F.broadcast(flagged), cond, "left").where(F.col("_cdc_touched")).select(*_keys(pk))
+    elif touched_keys is not None:
         keys = key_join(keys, touched_keys, pk, "left_semi", broadcast=True)
     return keys.groupBy(*_keys(pk)).count().filter(F.col("count") > 1).select(*_keys(pk))
 
@@ -1132,7 +1153,8 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                 # Whole rows were ranked (rank_touched_keys): the winner is the key's new row, filled anew
                 # where a late event did so (a stored row that still wins may change).
                 pairs = touched_ranks.filter(F.col("_cdc_rank") == 1)
-            touched_keys = touched_ranks.select(*_keys(pk)).distinct()
+            # One rank-1 row per key (row_number): the touched keys, each once, without a shuffle of their own.
+            touched_keys = touched_ranks.filter(F.col("_cdc_rank") == 1).select(*_keys(pk))
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
             if unchanged:
@@ -1210,13 +1232,10 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                     part.column,
                     part.value,
                 )
-            # The base rows this compaction ranks, counted on their own (validate holds them against
-            # the parent version's rows): a scan of the files' row counts, no data. Partitioned: counted
-            # as the ranking reads them (every row passes the window before the winners are kept), which
-            # saves a Spark job of its own on the touched-only path.
-            describe(spark, plan, "merge (window, every key): count the base rows")
-            base_read = base_all.count() if part is None else None
-            base_tally = [F.count_if(F.col("_cdc_src") == 0).alias("base_read")] if part is not None else []
+            # The base rows this compaction ranks (validate holds them against the parent version's rows),
+            # counted as the ranking reads them: every stored row (_cdc_src 0) passes the window before the
+            # winners are kept, so the count is of exactly the rows read, without a Spark job of its own.
+            base_tally = [F.count_if(F.col("_cdc_src") == 0).alias("base_read")]
             if feed_on:
                 # Each key's winner learns the key's stored row, over the key as the rank (no shuffle of its own).
                 ranked_events = carry_old_row(ranked_events, pk)
@@ -1278,8 +1297,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         expired_count = observed(obs_tomb, "expired_tombstones")
         if not lookup:
             rank_tallies = {k: observed(obs_ranks, k) for k in ("tied_winners", "late_events")}
-            if part is not None:
-                base_read = observed(obs_ranks, "base_read")
+            base_read = observed(obs_ranks, "base_read")
         data_rows, data_misplaced = observed(obs_data, "rows"), observed(obs_data, "misplaced")
         tomb_rows, tomb_misplaced = observed(obs_written_tomb, "rows"), observed(obs_written_tomb, "misplaced")
 
@@ -1292,7 +1310,8 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
         if part is None:
             describe(spark, plan, "check the written keys")
-            dup_keys = duplicate_keys(all_keys, pk, touched_keys)
+            # The touched keys are one row per key (the decisions' grouping, or the ranking's rank-1 rows).
+            dup_keys = duplicate_keys(all_keys, pk, touched_keys, touched_distinct=True)
     finally:
         for df in cached:
             df.unpersist()
