@@ -13,7 +13,9 @@ count (written from the contract, not from the project's rule); after each compa
 Unpartitioned tables only: a partitioned base keeps each partition in a ``_cdc_partition=<value>`` directory,
 and Hadoop's ``FileInputFormat``, which Hive reads through, drops every input path whose name starts with
 ``_`` or ``.``: Hive 4.0.1 reads no rows of such a partition (a fetch task), or fails the query's MapReduce
-job with ``Input path does not exist: file:/.../_cdc_partition=2026-11-01`` (docs/readers.md, "Hive").
+job with ``Input path does not exist: file:/.../_cdc_partition=2026-11-01`` (docs/readers.md, "Hive"). No
+Hive or Hadoop setting changes that; the last two tests pin the cause (a ``cdc_partition=`` directory is read)
+and run a partitioned scenario as a strict ``xfail`` until the job writes such directories.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import with_timestamp
 
 from cdc_compaction.core.settings import PROJECT_ROOT, MetastoreEndpoint
 from cdc_compaction.devtools import conformance as conf
-from cdc_compaction.devtools.hive import HiveServer
+from cdc_compaction.devtools.hive import HiveQueryError, HiveServer
 
 # make test-extended: HiveServer2's start takes 40-60 s on the shared cores, and each view read is a
 # MapReduce job in its JVM (a few seconds each).
@@ -110,4 +114,63 @@ def test_hive_runs_the_hive_views_and_reads_the_base(
         suffix=f"_hive_{timestamps}",  # one table per case: the session's metastore keeps each
         views_metastore=["spark", "hive"],
     )
+    assert result.ok, "\n".join(result.failures)
+
+
+def test_hive_reads_a_partition_directory_only_without_a_leading_underscore(hive: HiveServer, tmp_path: Path) -> None:
+    """The cause, pinned with Hive's own engine: the same one-row Parquet file in a partition registered at
+    ``_cdc_partition=a`` and at ``cdc_partition=b``. Hive's fetch task reads only ``b``; a MapReduce job fails on
+    ``a`` (Hadoop's ``FileInputFormat`` drops input paths named ``_*`` or ``.*``, whatever the partition's
+    registered location says). No setting changes it: see docs/readers.md, "Hive"."""
+    base = tmp_path / "base"
+    for name, row_id in (("_cdc_partition=a", 1), ("cdc_partition=b", 2)):
+        (base / name).mkdir(parents=True)
+        pq.write_table(pa.table({"id": pa.array([row_id], pa.int64())}), base / name / "part-0.parquet")
+    hive.query("DROP TABLE IF EXISTS hidden_partition")
+    hive.query(
+        "CREATE EXTERNAL TABLE hidden_partition (id BIGINT) PARTITIONED BY (`_cdc_partition` STRING) "
+        f"STORED AS PARQUET LOCATION 'file:{base}'"
+    )
+    hive.query(
+        f"ALTER TABLE hidden_partition ADD PARTITION (`_cdc_partition` = 'a') LOCATION 'file:{base}/_cdc_partition=a' "
+        f"PARTITION (`_cdc_partition` = 'b') LOCATION 'file:{base}/cdc_partition=b'"
+    )
+    assert hive.query("SELECT id, `_cdc_partition` AS p FROM hidden_partition") == [{"id": 2, "p": "b"}]
+    assert hive.query("SELECT count(*) AS n FROM hidden_partition WHERE `_cdc_partition` = 'b'") == [{"n": 1}]
+    with pytest.raises(HiveQueryError, match=r"Input path does not exist: file:.*/_cdc_partition=a"):
+        hive.query("SELECT count(*) AS n FROM hidden_partition WHERE `_cdc_partition` = 'a'")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a partitioned base's _cdc_partition=<value> directories are hidden from Hive (docs/readers.md, 'Hive')",
+)
+def test_hive_reads_a_partitioned_base(
+    hive: HiveServer, endpoint: MetastoreEndpoint, inprocess: conf.InProcessRunner, tmp_path: Path
+) -> None:
+    """A partitioned scenario (a key moving to another partition) through Hive: its views and its base.
+    Expected to fail until partition directories are written without the leading underscore; strict, so
+    the day they are, this test says so."""
+    scn = conf.Scenario.load(SHARED / "primary_key_change.json")
+    scn.table["parquet_timestamps"] = "micros"
+    result = conf.run_scenario(
+        scn,
+        inprocess,
+        [conf.HiveReader(hive, endpoint)],
+        tmp_path / "lake",
+        suffix="_hive_partitioned",
+        partition_by={"column": "full_name", "transform": "identity"},
+        views_metastore=["spark", "hive"],
+    )
+    # Only the hidden directories may fail it: a MapReduce job's missing input path, or rows Hive's fetch
+    # task left out (missing, none unexpected). Anything else is a real failure, not the xfail.
+    hidden = ("Input path does not exist", "_cdc_partition=")
+    other = [
+        f
+        for f in result.failures
+        if not any(h in f for h in hidden) and ("- missing:" not in f or "+ unexpected:" in f)
+    ]
+    if other:
+        pytest.fail("\n".join(other))
     assert result.ok, "\n".join(result.failures)
