@@ -29,7 +29,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 SCALE_ROWS ?= 50000000
 SCALE_PARTITIONED_ROWS ?= 20000000
 SCALE_HOURS ?= 24
-# DuckDB 1.4.4 with its delta, iceberg and avro extensions, for reading only (requirements-duckdb-readers.txt).
+# DuckDB 1.4.4 with its delta, iceberg, avro and httpfs extensions, for reading only (requirements-duckdb-readers.txt).
 DUCKDB_READERS := $(VENV)/duckdb-readers
 DUCKDB_READERS_STAMP := $(VENV)/.duckdb-readers-installed
 # pyspark 4.1.4, a second Spark for reading only: Iceberg's Spark runtime is built for Spark 4.1, not 4.2
@@ -110,7 +110,7 @@ $(DUCKDB_READERS_STAMP): requirements-duckdb-readers.txt $(STAMP)
 	$(BIN)/pip install --quiet --no-deps --require-hashes --target $(DUCKDB_READERS) -r requirements-duckdb-readers.txt
 	touch $(DUCKDB_READERS_STAMP)
 
-duckdb-readers: $(DUCKDB_READERS_STAMP)  ## DuckDB 1.4.4 with its delta and iceberg extensions into .venv/duckdb-readers: the tests read the Delta and Iceberg tables with them
+duckdb-readers: $(DUCKDB_READERS_STAMP)  ## DuckDB 1.4.4 with its delta, iceberg and httpfs extensions into .venv/duckdb-readers: the tests read the Delta and Iceberg tables, and an S3 lake's DuckDB views, with them
 
 $(ICEBERG_SPARK_STAMP): requirements-iceberg-spark.txt $(STAMP)
 	rm -rf $(ICEBERG_SPARK)

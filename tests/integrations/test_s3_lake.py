@@ -375,3 +375,51 @@ def test_an_s3_lakes_iceberg_table_commits_through_glue_at_every_kept_version(
     live = lake.latest_commit().seq
     assert seqs == [s for s in kept_seqs(live, cfg.keep_versions) if s > 0] and seqs, seqs
     assert not [e for e in lake.storage.list_dir(f"{lake.layout.root}/iceberg/metadata") if e.name.endswith(".db")]
+
+
+# Extended: the two scenarios take 40-80 s each on the shared cores (the job's Spark runs, a DuckDB subprocess a read).
+@pytest.mark.extended
+@pytest.mark.parametrize(("name", "scheme"), [("duplicate_delivery_is_idempotent", "s3"), ("null_key_rejected", "s3a")])
+def test_the_duckdb_views_of_an_s3_lake_run_in_duckdb_on_s3(
+    name: str,
+    scheme: str,
+    spark: Any,
+    glue: Any,
+    aws_default: str,
+    bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The views script the pipeline writes to ``s3://`` or ``s3a://`` (views.duckdb), run by DuckDB with httpfs.
+
+    DuckDB 1.4.4 with ``duckdb-ext-httpfs`` (make duckdb-readers) reads the script with ``read_text`` and the
+    files it names from moto's server, its endpoint and the test credentials in a ``CREATE SECRET``; at every
+    compact step ``<t>_base`` holds the scenario's expected rows, at every check_view step ``<t>_view`` and
+    ``<t>_pending_rejects`` what the scenario expects of the view (base and pending increments).
+    """
+    from conftest import aws_default_conn
+
+    from cdc_compaction.devtools import duckdb_formats
+
+    scn = conf.Scenario.load(SHARED / f"{name}.json")
+    on_s3 = _on_s3(conf.registry_doc, bucket)
+
+    def doc(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        d = on_s3(*args, **kwargs)
+        # An s3a:// root (as Spark's S3A names it) makes views that name s3a:// files: httpfs reads those too.
+        d["storage_root"] = d["storage_root"].replace("s3://", f"{scheme}://", 1)
+        d["views"]["duckdb"] = f"{scheme}://{bucket}/duckdb/{d['database']}.{d['table']}.sql"
+        return d
+
+    monkeypatch.setattr(conf, "registry_doc", doc)
+    # The test connection's endpoint (moto's server on 127.0.0.1) and credentials, as a DuckDB user's secret.
+    creds = json.loads(aws_default_conn(aws_default))
+    secret = duckdb_formats.s3_secret(aws_default, creds["login"], creds["password"])
+    runner = S3Runner(spark, glue, tmp_path / "work")
+    readers = [GlueReader(glue), conf.DuckDBS3Reader(secret)]
+    result = conf.run_scenario(scn, runner, readers, tmp_path, suffix="_duck")  # type: ignore[arg-type]
+    assert result.ok, "\n".join(result.failures)
+    # The views name the lake's files on S3: DuckDB read them there, not a local copy.
+    cfg = parse_table(doc(scn, tmp_path, "_duck"))
+    script = Lake(cfg).storage.read_text(cfg.views.duckdb)
+    assert f"{scheme}://{bucket}/lake/" in script and str(tmp_path) not in script

@@ -322,6 +322,40 @@ class DuckDBReader:
             return int(row[0])
 
 
+class DuckDBS3Reader:
+    """Reads what a DuckDB user of an S3 lake reads: the DuckDB views the pipeline wrote to ``views.duckdb``
+    (an ``s3://`` script), run in DuckDB 1.4.4 with httpfs (:func:`~cdc_compaction.devtools.duckdb_formats.
+    query_views`), the endpoint and credentials in ``secret`` (a ``CREATE SECRET``).  The base is the
+    ``<t>_base`` view: the live version's files on S3 as the script names them."""
+
+    name = "duckdb-s3"
+    reads_views = True
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+
+    def _query(self, cfg: TableConfig, query: str) -> list[dict[str, Any]]:
+        from cdc_compaction.devtools import duckdb_formats
+
+        if cfg.views.duckdb is None:
+            raise ValueError(f"{cfg.qualified_name} has no views.duckdb: nothing for DuckDB to read")
+        return duckdb_formats.query_views(cfg.views.duckdb, {"rows": query}, [self.secret])["rows"]
+
+    def _name(self, cfg: TableConfig, which: str) -> str:
+        return f'"{cfg.database}"."{sql.table_names(cfg)[which]}"'
+
+    def visible_base(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        cols = ", ".join(f'"{c}"' for c in shown_columns(cfg))
+        return self._query(cfg, f"SELECT {cols} FROM {self._name(cfg, 'base_table')}")
+
+    def view(self, cfg: TableConfig) -> list[dict[str, Any]]:
+        return self._query(cfg, f"SELECT * FROM {self._name(cfg, 'view_name')}")
+
+    def pending_rejects(self, cfg: TableConfig) -> int:
+        (row,) = self._query(cfg, f"SELECT count(*) AS n FROM {self._name(cfg, 'rejects_view')}")
+        return int(row["n"])
+
+
 class TrinoReader:
     """Reads what a Trino user reads: the base table and the Trino views, in Trino's ``hive`` catalog.
 

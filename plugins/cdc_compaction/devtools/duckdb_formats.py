@@ -10,6 +10,11 @@ reach here), so a second DuckDB, 1.4.4, is installed for reading only (``make du
 ``requirements-duckdb-readers.txt``, hashes checked, into ``.venv/duckdb-readers``) and run in a
 subprocess with that directory first on its path.  The rows come back as a Parquet file DuckDB
 writes (types kept), read here with pyarrow.
+
+:func:`query_views` runs the DuckDB views script of an S3 lake in that DuckDB with its ``httpfs``
+extension (``duckdb-ext-httpfs``, the same 1.4.4 build): the script read from S3 with ``read_text``,
+the S3 endpoint and credentials in a ``CREATE SECRET`` as a DuckDB user configures them
+(:func:`s3_secret`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ VERSION = "1.4.4"
 #: Where ``make duckdb-readers`` installs it; ``CDC_DUCKDB_READERS`` points elsewhere.
 DEFAULT_DIR = PROJECT_ROOT / ".venv" / "duckdb-readers"
 
-_SCRIPT = r"""
-import json, sys
+#: What every script run in the reading DuckDB starts with: its version checked, a session in UTC, the extensions.
+_PREAMBLE = r"""
+import json, os, sys
 import duckdb
 
 req = json.loads(sys.argv[1])
@@ -44,6 +50,11 @@ con = duckdb.connect()
 con.execute("SET TimeZone = 'UTC'")
 for ext in req["extensions"]:
     con.execute(f"LOAD {lit(ext)}")
+"""
+
+_SCRIPT = (
+    _PREAMBLE
+    + r"""
 cols = ", ".join('"' + c.replace('"', '""') + '"' for c in req["columns"])
 if req["kind"] == "delta" and req["at"] is None:
     source = f"delta_scan({lit(req['target'])})"
@@ -59,6 +70,7 @@ else:
     source = f"iceberg_scan({lit(req['target'])}{pin})"
 con.execute(f"COPY (SELECT {cols} FROM {source}) TO {lit(req['out'])} (FORMAT parquet)")
 """
+)
 
 
 class DuckDBReadersError(RuntimeError):
@@ -70,9 +82,10 @@ def readers_dir() -> Path:
 
 
 def extensions(kind: str) -> list[str]:
-    """The extension files a ``kind`` (``delta`` or ``iceberg``) read loads; raise naming the fix if absent."""
+    """The extension files a ``kind`` (``delta``, ``iceberg``, or ``s3``: httpfs) read loads; raise naming the fix
+    if absent."""
     base = readers_dir() / "duckdb_ext" / "extensions" / f"v{VERSION}" / "linux_amd64"
-    names = ["delta"] if kind == "delta" else ["avro", "iceberg"]
+    names = {"delta": ["delta"], "iceberg": ["avro", "iceberg"], "s3": ["httpfs"]}[kind]
     files = [base / f"{n}.duckdb_extension" for n in names]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -94,8 +107,6 @@ def read(kind: str, target: str, columns: list[str], at: int | None = None) -> l
     with tempfile.TemporaryDirectory(prefix="cdc-duckdb-read-") as tmp:
         out = os.path.join(tmp, "rows.parquet")
         req = {
-            "version": VERSION,
-            "dir": str(readers_dir()),
             "extensions": extensions(kind),
             "kind": kind,
             "target": target,
@@ -103,17 +114,67 @@ def read(kind: str, target: str, columns: list[str], at: int | None = None) -> l
             "at": at,
             "out": out,
         }
-        env = {**os.environ, "PYTHONPATH": str(readers_dir())}
-        done = subprocess.run(
-            [sys.executable, "-s", "-c", _SCRIPT, json.dumps(req)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise DuckDBReadersError(
-                f"DuckDB {VERSION} could not read the {kind} table {target} (at {at}): {done.stderr[-2000:]}"
-            )
+        _run(_SCRIPT, req, f"read the {kind} table {target} (at {at})")
         return pq.read_table(out).to_pylist()  # type: ignore[no-any-return]
+
+
+def _run(script: str, req: dict[str, Any], doing: str) -> None:
+    """Run ``script`` in DuckDB 1.4.4's subprocess with ``req`` (and the version and directory it checks)."""
+    req = {"version": VERSION, "dir": str(readers_dir()), **req}
+    env = {**os.environ, "PYTHONPATH": str(readers_dir())}
+    done = subprocess.run(
+        [sys.executable, "-s", "-c", script, json.dumps(req)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise DuckDBReadersError(f"DuckDB {VERSION} could not {doing}: {done.stderr[-2000:]}")
+
+
+_VIEWS_SCRIPT = (
+    _PREAMBLE
+    + r"""
+for statement in req["setup"]:
+    con.execute(statement)
+# The script where the pipeline wrote it (on S3 too), as a user reads it: read_text through httpfs.
+con.execute(con.execute("SELECT content FROM read_text(?)", [req["script"]]).fetchone()[0])
+for name, query in req["queries"].items():
+    con.execute(f"COPY ({query}) TO {lit(os.path.join(req['out'], name + '.parquet'))} (FORMAT parquet)")
+"""
+)
+
+
+def s3_secret(endpoint_url: str, key_id: str, secret: str, region: str = "us-east-1") -> str:
+    """A ``CREATE SECRET`` that points DuckDB's httpfs at an S3 endpoint given as a URL.
+
+    ``http://host:port`` (a local S3 such as moto's server): ``ENDPOINT 'host:port'``, ``USE_SSL false`` and
+    path-style URLs (``URL_STYLE 'path'``: a local server has no per-bucket host names); ``https://...``: SSL on.
+    """
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint_url)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise ValueError(f"{endpoint_url!r} is not an http(s) endpoint URL")
+
+    def lit(text: str) -> str:
+        return "'" + text.replace("'", "''") + "'"
+
+    return (
+        f"CREATE OR REPLACE SECRET cdc_s3 (TYPE s3, KEY_ID {lit(key_id)}, SECRET {lit(secret)}, "
+        f"REGION {lit(region)}, ENDPOINT {lit(url.netloc)}, URL_STYLE 'path', "
+        f"USE_SSL {'true' if url.scheme == 'https' else 'false'})"
+    )
+
+
+def query_views(script: str, queries: dict[str, str], setup: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Run the DuckDB views ``script`` (a path or ``s3://`` URI) in DuckDB 1.4.4 with httpfs after ``setup``
+    (e.g. :func:`s3_secret`), then each of ``queries``; each query's rows under its name."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="cdc-duckdb-views-") as tmp:
+        req = {"extensions": extensions("s3"), "setup": setup, "script": script, "queries": queries, "out": tmp}
+        _run(_VIEWS_SCRIPT, req, f"run the views script {script} and query it")
+        return {name: pq.read_table(os.path.join(tmp, f"{name}.parquet")).to_pylist() for name in queries}

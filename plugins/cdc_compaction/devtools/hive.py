@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,8 +35,6 @@ from cdc_compaction.devtools.local_services import (
     free_port,
     port_open,
     require_java17,
-    spawn,
-    tail,
 )
 
 log = logging.getLogger(__name__)
@@ -166,32 +163,22 @@ class HiveServer(GroupLeader):
         conf.mkdir(exist_ok=True)
         (conf / "hive-site.xml").write_text(_site(self.configuration()))
         classpath = f"{conf}{os.pathsep}{directory}/*"
-        proc = spawn(self.command(classpath), self.log_file, self.home)
-        self.pid = proc.pid
-        self.pid_file.write_text(str(proc.pid))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                self.pid = None
-                raise ServiceError(
-                    f"HiveServer2 exited with code {proc.returncode} while starting; the last lines of "
-                    f"{self.log_file}:\n{tail(self.log_file)}"
-                )
-            if port_open(self.host, self.port):
-                try:
-                    self.query("SELECT 1")
-                except HiveQueryError as exc:  # still opening its metastore: the port opens first
-                    log.debug("HiveServer2 not ready yet: %s", exc)
-                    self._close()
-                else:
-                    log.info("HiveServer2 %s:%d started (pid %d, home %s)", self.host, self.port, proc.pid, self.home)
-                    return proc.pid
-            time.sleep(1.0)
-        self.stop()
-        raise ServiceError(
-            f"HiveServer2 did not answer on {self.host}:{self.port} within {timeout_s:.0f}s; the last lines of "
-            f"{self.log_file}:\n{tail(self.log_file)}"
-        )
+        proc = self.launch(self.command(classpath), self.home)
+        pid = self.wait_ready(proc, self._answers, timeout_s, waiting_for=f"answer on {self.host}:{self.port}")
+        log.info("HiveServer2 %s:%d started (pid %d, home %s)", self.host, self.port, pid, self.home)
+        return pid
+
+    def _answers(self) -> bool:
+        """The port is open and a query runs (HiveServer2 opens its port before its metastore is ready)."""
+        if not port_open(self.host, self.port):
+            return False
+        try:
+            self.query("SELECT 1")
+        except HiveQueryError as exc:  # still opening its metastore
+            log.debug("HiveServer2 not ready yet: %s", exc)
+            self._close()
+            return False
+        return True
 
     def _close(self) -> None:
         if self._conn is not None:

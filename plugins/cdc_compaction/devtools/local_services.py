@@ -171,16 +171,62 @@ def spawn(cmd: list[str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
 
 
 class GroupLeader:
-    """What a service whose process leads a group of its own shares: stopped by its PID (:func:`stop_group`), and
-    a context manager that starts and stops it. A subclass has ``pid``, ``pid_file`` and ``start``."""
+    """What a service whose process leads a group of its own shares: started by :meth:`launch` and
+    :meth:`wait_ready`, stopped by its PID (:func:`stop_group`), and a context manager that starts and stops it.
+    A subclass has ``pid``, ``pid_file``, ``log_file`` and ``start``."""
 
-    #: The service's name in the log.
+    #: The service's name in the log and in its errors.
     service: ClassVar[str] = "service"
     pid: int | None
     pid_file: Path
+    log_file: Path
 
     def start(self) -> int:
         raise NotImplementedError
+
+    def launch(self, cmd: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+        """Spawn ``cmd`` in ``cwd`` as the leader of a process group of its own (:func:`spawn`, output to
+        ``log_file``); its PID in :attr:`pid` and ``pid_file``, so that :meth:`stop` finds it."""
+        proc = spawn(cmd, self.log_file, cwd)
+        self.pid = proc.pid
+        self.pid_file.write_text(str(proc.pid))
+        return proc
+
+    def wait_ready(
+        self,
+        proc: subprocess.Popen[bytes],
+        ready: Callable[[], bool],
+        timeout_s: float,
+        *,
+        waiting_for: str,
+        who: str | None = None,
+        log_text: Callable[[Path], str] = tail,
+        poll_s: float = 1.0,
+    ) -> int:
+        """Wait until ``ready()`` (the service's own check: it answers a query, says it has started) is true; its PID.
+
+        If ``proc`` exits first, raise at once with its exit code and ``log_text`` of ``log_file`` (default: its
+        tail); if ``timeout_s`` passes, :meth:`stop` it and raise the same way. ``waiting_for`` says what did not
+        happen ("answer on host:port"), ``who`` names the service in an exit error (default :attr:`service`).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                self.pid = None
+                self.pid_file.unlink(missing_ok=True)
+                raise ServiceError(
+                    f"{who or self.service} exited with code {proc.returncode} while starting; the last lines of "
+                    f"{self.log_file}:\n{log_text(self.log_file)}"
+                )
+            if ready():
+                return proc.pid
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise ServiceError(
+                    f"{self.service} did not {waiting_for} within {timeout_s:.0f}s; the last lines of "
+                    f"{self.log_file}:\n{log_text(self.log_file)}"
+                )
+            time.sleep(poll_s)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to the process group this service leads (a clean shutdown), SIGKILL after ``timeout_s``."""

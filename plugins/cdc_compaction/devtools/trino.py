@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from cdc_compaction.core.settings import PROJECT_ROOT
 from cdc_compaction.devtools import jars
-from cdc_compaction.devtools.local_services import GroupLeader, ServiceError, free_port, spawn, tail
+from cdc_compaction.devtools.local_services import GroupLeader, ServiceError, free_port, tail
 
 log = logging.getLogger(__name__)
 
@@ -346,27 +346,17 @@ class TrinoServer(GroupLeader):
         self.home.mkdir(parents=True, exist_ok=True)
         self._configure(server)
         # Trino's data directory is its working directory (var/ under it).
-        proc = spawn(self.command(java, server), self.log_file, self.home / "data")
-        self.pid = proc.pid
-        self.pid_file.write_text(str(proc.pid))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                self.pid = None
-                raise ServiceError(
-                    f"Trino ({java}) exited with code {proc.returncode} while starting; the last lines of "
-                    f"{self.log_file}:\n{failure_log(self.log_file)}"
-                )
-            info = self._info()
-            if info is not None and info.get("starting") is False:
-                log.info("Trino %s started (pid %d, home %s)", self.url, proc.pid, self.home)
-                return proc.pid
-            time.sleep(1.0)
-        self.stop()
-        raise ServiceError(
-            f"Trino did not serve {self.url} within {timeout_s:.0f}s; the last lines of {self.log_file}:\n"
-            f"{failure_log(self.log_file)}"
+        proc = self.launch(self.command(java, server), self.home / "data")
+        pid = self.wait_ready(
+            proc, self._started, timeout_s, waiting_for=f"serve {self.url}", who=f"Trino ({java})", log_text=failure_log
         )
+        log.info("Trino %s started (pid %d, home %s)", self.url, pid, self.home)
+        return pid
+
+    def _started(self) -> bool:
+        """Trino's ``/v1/info`` says it is no longer starting (its HTTP port opens before its catalogs load)."""
+        info = self._info()
+        return info is not None and info.get("starting") is False
 
     # ------------------------------------------------------------- the client
     def _call(self, request: urllib.request.Request, timeout_s: float) -> dict[str, Any]:
