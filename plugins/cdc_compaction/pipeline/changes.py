@@ -40,7 +40,7 @@ import os
 import posixpath
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cdc_compaction.core.exceptions import TimeTravelError
@@ -450,32 +450,46 @@ class VersionDiff:
             self._refuse_twice(name, what)
 
     def load_version(self, name: str, lake: Lake, commit: Commit, what: str) -> None:
-        """Copy ``commit``'s visible rows into table ``name``, each data file scanned by DuckDB itself.
+        """Copy ``commit``'s visible rows into table ``name``, each data file scanned by DuckDB itself
+        (:meth:`load_files`): a file on the local file system where it is, one on S3 first copied, a
+        chunk at a time, to the diff's temporary directory and removed once loaded."""
+        files = [f for d in _version_dirs(lake, commit) for f in data_files(lake, d)] if commit.seq else []
+        self.load_files(name, self._local_copies(lake, files), lambda names: row_columns(lake, names), what)
 
-        No row passes through Arrow or Python: DuckDB's Parquet reader fills the on-disk table under the
-        memory limit (issue 38 item 2: copying record batches in held 120 to 250 MB more, in Arrow's and
-        DuckDB's allocators, than the rows it copied). A file on the local file system is read where it
-        is; one on S3 is first copied, a chunk at a time, to the diff's temporary directory and removed
-        once loaded. ``what`` names the version in a refusal (a key held twice).
-        """
+    def _local_copies(self, lake: Lake, files: list[str]) -> Iterator[str]:
+        """Each of ``files`` as a path on local disk, one at a time (a copy is removed once the next is asked for)."""
         import shutil
-
-        import pyarrow.parquet as pq
 
         from cdc_compaction.core.storage.local import LocalStorage
 
+        for f in files:
+            if isinstance(lake.storage, LocalStorage):
+                yield f
+                continue
+            local = posixpath.join(self._dir.name, "staged.parquet")
+            with lake.storage.open_read(f) as src, open(local, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            try:
+                yield local
+            finally:
+                os.remove(local)
+
+    def load_files(self, name: str, paths: Iterable[str], row_of: Callable[[list[str]], list[str]], what: str) -> None:
+        """Copy the rows of the Parquet files ``paths`` (local) into table ``name``, read by DuckDB's own
+        Parquet reader; ``row_of`` picks a file's columns that are a row's. ``what`` names the version in
+        a refusal (a key held twice).
+
+        No row passes through Arrow or Python: DuckDB fills its on-disk table under the memory limit.
+        Copying the rows in as Arrow record batches (:meth:`load`) held about 100 MB more resident memory,
+        in Arrow's and DuckDB's allocators, than either counted (issue 38 item 2; docs/data.md, "Memory").
+        """
+        import pyarrow.parquet as pq
+
         cols: dict[str, tuple[str, Any, str]] = {}
         self._con.execute(f"DROP TABLE IF EXISTS {_quote(name)}")
-        local_fs = isinstance(lake.storage, LocalStorage)
-        files = [f for d in _version_dirs(lake, commit) for f in data_files(lake, d)] if commit.seq else []
-        for f in files:
-            local = f
-            if not local_fs:
-                local = posixpath.join(self._dir.name, "staged.parquet")
-                with lake.storage.open_read(f) as src, open(local, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+        for local in paths:
             schema = pq.read_schema(local)  # the footer alone: the Arrow types the feed is written in
-            columns = row_columns(lake, schema.names)
+            columns = row_of(schema.names)
             if not columns:
                 continue
             # No Hive partitioning: a partition directory's name (event_day=...) is no column of the row.
@@ -493,8 +507,6 @@ class VersionDiff:
                 self._con.execute(f"INSERT INTO {_quote(name)} BY NAME {source}")
             for (col, dtype, *_), c in zip(described, columns, strict=True):
                 cols.setdefault(col.lower(), (c, schema.field(c).type, dtype))
-            if not local_fs:
-                os.remove(local)
         self.columns[name] = cols
         if cols and not self.multiset:
             self._refuse_twice(name, what)
