@@ -147,7 +147,7 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
 
     if not mode_of(lake.cfg).has_change_feed or commit.seq == 0:
         return None
-    from cdc_compaction.pipeline.changes import VersionDiff, feed_key, feed_path, version_batches
+    from cdc_compaction.pipeline.changes import VersionDiff, feed_key, feed_path
 
     path = feed_path(lake, commit.seq)
     if lake.storage.exists(path):
@@ -163,8 +163,8 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
         return None
     try:
         with VersionDiff(lake.cfg.qualified_name, feed_key(lake.cfg)) as d:
-            d.load("before", version_batches(lake, parent), f"version {parent.seq} ({parent.version})")
-            d.load("after", version_batches(lake, commit), f"version {commit.seq} ({commit.version})")
+            d.load_version("before", lake, parent, f"version {parent.seq} ({parent.version})")
+            d.load_version("after", lake, commit, f"version {commit.seq} ({commit.version})")
             return d.count(d.changes_sql("before", "after", []))
     except (OSError, CdcCompactionError):  # a version retention deleted meanwhile: unknown, as not kept
         return None

@@ -38,7 +38,7 @@ from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.job.contract import CHANGE_TYPE, COMMIT_VERSION
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.pipeline.changes import VersionDiff, version_batches
+from cdc_compaction.pipeline.changes import VersionDiff
 
 if TYPE_CHECKING:
     from cdc_compaction.core.settings import MetastoreEndpoint
@@ -170,7 +170,7 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
     ``_change_type`` and ``_commit_version``: the last commit in (from, to] that changed that key.
     The net change is the diff of the two versions themselves; which commit last changed each key
     comes from the diffs of the consecutive kept versions in between, keys only.  Each version is
-    copied into the diff's on-disk DuckDB database a batch at a time and dropped once its pair is
+    read by DuckDB from its Parquet files into the diff's on-disk database and dropped once its pair is
     diffed (``from_seq``'s, the previous and the current one at most), and the batches stream out
     of it: read them inside the ``with``.
     """
@@ -188,7 +188,7 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
     with VersionDiff(cfg.qualified_name, key) as d:
 
         def load(name: str, c: Commit) -> None:
-            d.load(name, version_batches(lake, c), f"version {c.seq} ({c.version})")
+            d.load_version(name, lake, c, f"version {c.seq} ({c.version})")
 
         multiset = key is None
         kj = ", ".join(f"k{j}" for j in range(len(key or ())))

@@ -10,9 +10,9 @@ job-written feed -- a rollback's, an erase's, one from before the job wrote feed
 a missing file -- falls back to :func:`write_feed`: the change between the commit and its parent
 (:class:`VersionDiff` on their visible rows: ``insert`` / ``update_before`` + ``update_after`` /
 ``delete``; ``_commit_version`` and ``_commit_seq`` = the commit).  The two versions are paired in
-a DuckDB database on local disk, under its memory limit, read in and written out a batch at a
-time, and the file goes to storage from local disk (``Storage.upload``): this task holds a batch, never a
-version (issue 38).
+a DuckDB database on local disk, under its memory limit: DuckDB reads the versions' Parquet files
+itself (:meth:`VersionDiff.load_version`), the change is written out a batch at a time, and the file
+goes to storage from local disk (``Storage.upload``): this task holds a batch, never a version (issue 38).
 ``<t>_changes`` is an external Hive Parquet
 table at ``changes/`` (created through the metastore API, no JVM), not partitioned: Spark, Hive
 and Trino read it as it is, with no partition to register and no metastore setting needed
@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import posixpath
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cdc_compaction.core.exceptions import TimeTravelError
@@ -172,14 +173,14 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
     assert parent is not None
     cfg = lake.cfg
     rows = 0
-    # Both versions are copied into DuckDB's on-disk database a batch at a time, and the change streams
-    # out a batch at a time into a Parquet file on local disk, uploaded from there: this task holds a batch.
+    # Both versions' files are read by DuckDB into its on-disk database, and the change streams out a
+    # batch at a time into a Parquet file on local disk, uploaded from there: this task holds a batch.
     with (
         tempfile.TemporaryDirectory(prefix="cdc-feed-") as scratch,
         VersionDiff(cfg.qualified_name, feed_key(cfg)) as d,
     ):
-        d.load("before", version_batches(lake, parent), f"version {parent.seq} ({parent.version})")
-        d.load("after", version_batches(lake, commit), f"version {commit.seq} ({commit.version})")
+        d.load_version("before", lake, parent, f"version {parent.seq} ({parent.version})")
+        d.load_version("after", lake, commit, f"version {commit.seq} ({commit.version})")
         schema, batches = _feed_batches(cfg, d, commit.seq)
         local = posixpath.join(scratch, "feed.parquet")
         # Microsecond timestamps: Spark and Hive read no nanosecond Parquet timestamps (pyarrow reads INT96 as ns).
@@ -329,37 +330,24 @@ def data_files(lake: Lake, directory: str) -> list[str]:
     return sorted(files)
 
 
-def version_batches(lake: Lake, commit: Commit) -> Iterator[Any]:
-    """The visible rows of ``commit`` (the table's own columns, no ``_cdc_*``), a record batch at a time.
-
-    Each file is read through ``lake.storage`` (local or S3), one row group's batches at a time:
-    nothing here holds more than a batch of the version.
-    """
-    import pyarrow.parquet as pq
-
-    if commit.seq == 0:
-        return
+def _version_dirs(lake: Lake, commit: Commit) -> list[str]:
+    """The directories of ``commit``'s data files (its partitions', or its one); refuses a layout-1 version."""
     if commit.layout < 2:
         raise TimeTravelError(
             f"{lake.cfg.qualified_name}: version {commit.seq} ({commit.version}) has layout 1 (tombstones among "
             "its rows), which time travel does not read. Diff or roll back to a version written since layout 2"
         )
-    dirs = list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
+    return list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
+
+
+def row_columns(lake: Lake, names: list[str]) -> list[str]:
+    """Which of a data file's columns ``names`` are a row's: no ``_cdc_*``, none of the mode's own."""
     # The mode's own columns are bookkeeping, no part of a row (snapshot: operation and eff_start_date, which
     # change with every export that leaves the row's values as they are).
     own = {n.lower() for n, _ in mode_of(lake.cfg).output_columns(lake.cfg)} - {
         c.lower() for c in lake.cfg.column_names
     }
-    for d in dirs:
-        for f in data_files(lake, d):
-            with lake.storage.open_read(f) as fh:
-                pf = pq.ParquetFile(fh)
-                columns = [
-                    c for c in pf.schema_arrow.names if not c.startswith(INTERNAL_PREFIX) and c.lower() not in own
-                ]
-                # The file's columns even when it holds no row: a column one version has is the diff's.
-                yield _empty_batch(pf.schema_arrow, columns)
-                yield from pf.iter_batches(batch_size=VersionDiff.READ_ROWS, columns=columns)
+    return [c for c in names if not c.startswith(INTERNAL_PREFIX) and c.lower() not in own]
 
 
 def _empty_batch(schema: Any, columns: list[str] | None = None) -> Any:
@@ -382,7 +370,8 @@ def _quote(name: str) -> str:
 class VersionDiff:
     """Versions' rows in a DuckDB database on local disk, paired by key in SQL (issue 38 items 1, 2).
 
-    The rows are copied in a record batch at a time and the diff streams out as record batches:
+    A version's files are scanned by DuckDB's own Parquet reader (:meth:`load_version`; small Arrow
+    tables, :meth:`load`, a record batch at a time) and the diff streams out as record batches:
     DuckDB joins, sorts and groups under its memory limit and spills the rest to a temporary
     directory, so this process holds a batch, never a version (46.6 s and 1.35 GB for 1M rows, 1 %
     changed, when both versions' rows were paired as Python dicts).  The rules (README, "Change
@@ -395,8 +384,6 @@ class VersionDiff:
     """
 
     MEMORY_LIMIT = "128MB"
-    #: Rows of a batch read from a version's file (Arrow holds a row group's column chunks besides).
-    READ_ROWS = 8_192
     #: Rows of a batch of the change streamed out.
     BATCH_ROWS = 65_536
 
@@ -460,6 +447,68 @@ class VersionDiff:
                 self._con.unregister("cdc_batch")
         self.columns[name] = cols
         if cols and not self.multiset:  # a multiset holds copies of a row by design
+            self._refuse_twice(name, what)
+
+    def load_version(self, name: str, lake: Lake, commit: Commit, what: str) -> None:
+        """Copy ``commit``'s visible rows into table ``name``, each data file scanned by DuckDB itself
+        (:meth:`load_files`): a file on the local file system where it is, one on S3 first copied, a
+        chunk at a time, to the diff's temporary directory and removed once loaded."""
+        files = [f for d in _version_dirs(lake, commit) for f in data_files(lake, d)] if commit.seq else []
+        self.load_files(name, self._local_copies(lake, files), lambda names: row_columns(lake, names), what)
+
+    def _local_copies(self, lake: Lake, files: list[str]) -> Iterator[str]:
+        """Each of ``files`` as a path on local disk, one at a time (a copy is removed once the next is asked for)."""
+        import shutil
+
+        from cdc_compaction.core.storage.local import LocalStorage
+
+        for f in files:
+            if isinstance(lake.storage, LocalStorage):
+                yield f
+                continue
+            local = posixpath.join(self._dir.name, "staged.parquet")
+            with lake.storage.open_read(f) as src, open(local, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            try:
+                yield local
+            finally:
+                os.remove(local)
+
+    def load_files(self, name: str, paths: Iterable[str], row_of: Callable[[list[str]], list[str]], what: str) -> None:
+        """Copy the rows of the Parquet files ``paths`` (local) into table ``name``, read by DuckDB's own
+        Parquet reader; ``row_of`` picks a file's columns that are a row's. ``what`` names the version in
+        a refusal (a key held twice).
+
+        No row passes through Arrow or Python: DuckDB fills its on-disk table under the memory limit.
+        Copying the rows in as Arrow record batches (:meth:`load`) held about 100 MB more resident memory,
+        in Arrow's and DuckDB's allocators, than either counted (issue 38 item 2; docs/data.md, "Memory").
+        """
+        import pyarrow.parquet as pq
+
+        cols: dict[str, tuple[str, Any, str]] = {}
+        self._con.execute(f"DROP TABLE IF EXISTS {_quote(name)}")
+        for local in paths:
+            schema = pq.read_schema(local)  # the footer alone: the Arrow types the feed is written in
+            columns = row_of(schema.names)
+            if not columns:
+                continue
+            # No Hive partitioning: a partition directory's name (event_day=...) is no column of the row.
+            source = (
+                f"SELECT {', '.join(_quote(c) for c in columns)} FROM read_parquet("
+                f"'{local.replace(chr(39), chr(39) * 2)}', hive_partitioning = false)"
+            )
+            described = self._con.execute(f"DESCRIBE {source}").fetchall()
+            if not cols:
+                self._con.execute(f"CREATE TABLE {_quote(name)} AS {source}")
+            else:
+                for col, dtype, *_ in described:  # a column the earlier files lack is added
+                    if col.lower() not in cols:
+                        self._con.execute(f"ALTER TABLE {_quote(name)} ADD COLUMN {_quote(col)} {dtype}")
+                self._con.execute(f"INSERT INTO {_quote(name)} BY NAME {source}")
+            for (col, dtype, *_), c in zip(described, columns, strict=True):
+                cols.setdefault(col.lower(), (c, schema.field(c).type, dtype))
+        self.columns[name] = cols
+        if cols and not self.multiset:
             self._refuse_twice(name, what)
 
     def _refuse_twice(self, name: str, what: str) -> None:
