@@ -26,12 +26,16 @@ REGIONS = {"EU": [3, 1, 2], "US": [10, 11]}
 VERSION = "v00000001-p1-a1"
 
 
-def _version(lake: Lake, index: dict[str, list[int]] | None) -> Commit:
-    """Commit 1 with the data of REGIONS and an index holding ``index`` (partition -> keys)."""
+def _version(lake: Lake, index: dict[str, list[int]] | None, prefix: str = "_cdc_partition=") -> Commit:
+    """Commit 1 with the data of REGIONS and an index holding ``index`` (partition -> keys).
+
+    ``prefix``: the partition directories' names, ``cdc_partition=`` as versions are written since
+    issue 37, or ``_cdc_partition=`` as before.
+    """
     vdir = Path(lake.layout.version_dir(VERSION))
     parts = {}
     for region, ids in REGIONS.items():
-        d = vdir / "data" / f"_cdc_partition={region}"
+        d = vdir / "data" / f"{prefix}{region}"
         d.mkdir(parents=True)
         pq.write_table(
             pa.table({"id": pa.array(ids, pa.int32()), "full_name": [f"n{i}" for i in ids]}), d / "part-0.parquet"
@@ -39,7 +43,7 @@ def _version(lake: Lake, index: dict[str, list[int]] | None) -> Commit:
         parts[region] = str(d)
     locs = {}
     for region, ids in (index or {}).items():
-        d = vdir / "index" / f"_cdc_partition={region}"
+        d = vdir / "index" / f"{prefix}{region}"
         d.mkdir(parents=True)
         pq.write_table(pa.table({"id": pa.array(sorted(ids), pa.int32())}), d / "part-0.parquet")
         locs[region] = str(d)
@@ -88,8 +92,9 @@ def test_each_kind_of_damage_is_named_with_table_partition_file_and_fix(lake: La
     assert any("'EU'" in p and "holds no Parquet file" in p for p in verify_index(lake).problems)
 
 
-def test_rebuild_writes_beside_never_over_and_names_the_new_index_in_a_side_file(lake: Lake) -> None:
-    commit = _version(lake, {"EU": [1, 2]})  # damaged: EU lost key 3, US has none
+@pytest.mark.parametrize("prefix", ["cdc_partition=", "_cdc_partition="], ids=["new", "old"])
+def test_rebuild_writes_beside_never_over_and_names_the_new_index_in_a_side_file(lake: Lake, prefix: str) -> None:
+    commit = _version(lake, {"EU": [1, 2]}, prefix)  # damaged: EU lost key 3, US has none
     record = Path(lake.layout.commit_path(1)).read_text()
     old_eu = Path(commit.index["EU"], "part-0.parquet").read_bytes()
     result = rebuild_index(lake, by="test", now=datetime.now(UTC))
@@ -97,6 +102,7 @@ def test_rebuild_writes_beside_never_over_and_names_the_new_index_in_a_side_file
     assert verify_index(lake).problems == ()
     index = live_index(lake, lake.latest_commit())
     assert sorted(index) == ["EU", "US"] and all(loc.startswith(result.location + "/") for loc in index.values())
+    assert sorted(Path(loc).name for loc in index.values()) == [f"{prefix}EU", f"{prefix}US"], "named as the data"
     for region, ids in REGIONS.items():
         keys = pq.read_table(next(Path(index[region]).glob("*.parquet"))).column("id").to_pylist()
         assert keys == sorted(ids)

@@ -62,7 +62,8 @@ def downgrade_to_layout_1(rt: Runtime) -> None:
     else:
         parts, rows = {}, {}
         for d in sorted((vdir / "data").iterdir()):
-            d.rename(vdir / d.name)
+            # Layout 1 predates issue 37: its partition directories were named _cdc_partition=<v>.
+            d.rename(vdir / f"_cdc_partition={d.name.split('=', 1)[1]}")
         for t in tombs:
             for value in set(t.column("_cdc_partition").to_pylist()):
                 part = t.filter(pc.equal(t["_cdc_partition"], value)).drop_columns(["_cdc_partition"])
@@ -149,7 +150,7 @@ def test_a_layout_1_table_moves_to_layout_2_with_its_next_compaction(
     if partitioned:
         # Every partition was rewritten once (layout 1 kept tombstones inside them): none is reused.
         assert new.stats["partitions_reused"] == 0
-        assert all("/data/_cdc_partition=" in loc for loc in new.partitions.values())
+        assert all("/data/cdc_partition=" in loc for loc in new.partitions.values())
 
 
 def test_a_snapshot_tables_history_named_at_the_top_level_of_its_commit_records_keeps_working(

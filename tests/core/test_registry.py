@@ -399,6 +399,14 @@ def _bad_cases() -> list[Any]:
             id="column-reserved-prefix-upper",
         ),
         pytest.param(
+            Bad(with_extra_column("cdc_partition", "string"), "columns.4.name", "'cdc_partition' is reserved"),
+            id="column-reserved-partition-directory-name",
+        ),
+        pytest.param(
+            Bad(with_extra_column("CDC_Partition", "int"), "columns.4.name", "rename the column"),
+            id="column-reserved-partition-directory-name-upper",
+        ),
+        pytest.param(
             Bad(with_extra_column("x", "string", comment="two\nlines"), "columns.4.comment", "single-line"),
             id="comment-newline",
         ),

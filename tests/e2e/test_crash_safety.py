@@ -272,7 +272,7 @@ class CrashRun:
         assert not leftovers, leftovers
         # No leaked versions: the live one (keep_versions = 1) and the empty genesis, plus, when
         # partitioned, the versions holding partitions the live one reuses (only those partitions).
-        # (a partition lives at base/<version>/data/_cdc_partition=<v>)
+        # (a partition lives at base/<version>/data/cdc_partition=<v>)
         live = {latest.version} | {Path(loc).parents[1].name for loc in (latest.partitions or {}).values()}
         assert sorted(os.listdir(lay.base)) == sorted([*live, EMPTY_VERSION])
         rows_q = Path(lay.quarantine) / "rows"
@@ -290,7 +290,7 @@ class CrashRun:
         else:
             assert loc == lay.base and partitions == latest.partitions
             assert lake.read_pointer()["partitions"] == latest.partitions
-            kept = {str(p) for v in live for p in Path(lay.version_dir(v), "data").glob("_cdc_partition=*")}
+            kept = {str(p) for v in live for p in Path(lay.version_dir(v), "data").glob("cdc_partition=*")}
             assert kept == set(latest.partitions.values()), "partitions no commit names are gone"
         held = TableLease(lake).current()
         assert held is None or held.released, held

@@ -926,7 +926,9 @@ def test_read_partitions_supplies_values_from_any_version_directory(
     odd_values = ["007", "a/b:c=d%e", "EU"]  # leading zeros stay strings; escaped directory names
     for i, value in enumerate(odd_values):
         rows = with_partition(spark, cfg, [ev(cfg, id=i, region=value, op="c", ts_ms=1)], [value])
-        rows.write.partitionBy(PC).mode("append").parquet(str(tmp_path / f"v{i % 2}"))
+        # v0's directories as versions are written since issue 37 (cdc_partition=), v1's as before.
+        name = "cdc_partition" if i % 2 == 0 else PC
+        rows.withColumnRenamed(PC, name).write.partitionBy(name).mode("append").parquet(str(tmp_path / f"v{i % 2}"))
     locations = {}
     for v in ("v0", "v1"):
         for d in (tmp_path / v).iterdir():
@@ -952,7 +954,7 @@ def land_region(landing: Path, increment: str, rows: list[dict[str, Any]]) -> di
 
 
 def partition_dirs(version: Path) -> dict[str, Path]:
-    """The partition directories of a version's visible rows (``<version>/data/_cdc_partition=<v>``)."""
+    """The partition directories of a version's visible rows (``<version>/data/cdc_partition=<v>``)."""
     return {job.partition_dir_value(d.name): d for d in (version / "data").iterdir() if d.is_dir()}
 
 
@@ -986,6 +988,9 @@ def test_run_partitioned_rewrites_only_touched_partitions(spark: Any, make_cfg: 
     assert_reconciles(stats1)
     map1 = {v: str(d) for v, d in partition_dirs(versions / "v1").items()}
     assert stats1["partitions"] == map1 and sorted(map1) == ["APAC", "EU", "US"]
+    # Named without a leading _ (issue 37: Hive's reader skips such paths), the key index's too.
+    assert sorted(Path(d).name for d in map1.values()) == ["cdc_partition=APAC", "cdc_partition=EU", "cdc_partition=US"]
+    assert {v: Path(d).name for v, d in stats1["index"].items()} == {v: f"cdc_partition={v}" for v in map1}
     assert stats1["partition_rows"] == {"APAC": 2, "EU": 1, "US": 1}
     assert (stats1["partitions_rewritten"], stats1["partitions_reused"]) == (3, 0)
     assert stats1["partitions_touched"] == ["APAC", "EU", "US"]
@@ -1229,7 +1234,7 @@ def test_key_index_is_written_sorted_and_the_next_compaction_finds_keys_through_
     stats1 = compact("p1", "v0", [land(INC0, initial)], "v1", {}, None)
     assert stats1["index_mismatches"] == 0
     assert stats1["index_rows"] == stats1["partition_rows"] == {r: len(ids) for r, ids in regions.items()}
-    assert stats1["index"] == {r: str(versions / "v1" / "index" / f"{PC}={r}") for r in regions}
+    assert stats1["index"] == {r: str(versions / "v1" / "index" / f"cdc_partition={r}") for r in regions}
     for region, loc in stats1["index"].items():
         files = sorted(Path(loc).glob("*.parquet"))
         assert len(files) == 1  # one file per partition

@@ -38,11 +38,13 @@ def _exercise(files: ArrowFiles, root: str) -> None:
         ("data/_SUCCESS", ""),
         ("data/_cdc_partition=a%3Ab/part-1.parquet", "abcd"),
         ("data/_cdc_partition=a%3Ab/_SUCCESS", ""),
+        ("data/cdc_partition=c/part-2.parquet", "ab"),  # the name since issue 37 (no leading _)
     ]:
         files.write_text(f"{root}/out/{name}", body)
     got = files.data_files(f"{root}/out/data", "data")
     assert got == [
         {"name": "data/_cdc_partition=a%3Ab/part-1.parquet", "size": 4},
+        {"name": "data/cdc_partition=c/part-2.parquet", "size": 2},
         {"name": "data/part-0.parquet", "size": 3},
     ]
     # What is not data was removed: a second listing finds the same, and nothing else is left.
@@ -54,7 +56,12 @@ def _exercise(files: ArrowFiles, root: str) -> None:
 def test_local_paths_in_every_spelling_spark_uses(tmp_path: Path, scheme: str) -> None:
     _exercise(ArrowFiles(_Session()), f"{scheme}{tmp_path}")
     left = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert left == ["_cdc_stats.json", "data/_cdc_partition=a%3Ab/part-1.parquet", "data/part-0.parquet"]
+    assert left == [
+        "_cdc_stats.json",
+        "data/_cdc_partition=a%3Ab/part-1.parquet",
+        "data/cdc_partition=c/part-2.parquet",
+        "data/part-0.parquet",
+    ]
 
 
 @pytest.mark.s3
@@ -80,6 +87,7 @@ def test_s3a_paths_reach_the_store_the_session_names(moto_endpoint: str, monkeyp
     assert [k for k in keys if not k.endswith("/")] == [
         "t/out/_cdc_stats.json",
         "t/out/data/_cdc_partition=a%3Ab/part-1.parquet",
+        "t/out/data/cdc_partition=c/part-2.parquet",
         "t/out/data/part-0.parquet",
     ]
 

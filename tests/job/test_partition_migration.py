@@ -82,3 +82,6 @@ def test_a_partition_named_by_the_old_rule_is_read_and_its_keys_move_when_update
     assert stats["partition_rows"][renamed] == 2 and renamed.lower() != "vip", shown
     # Gold, untouched, is reused by reference: its old directory stays the partition's.
     assert "Gold" not in stats["partitions_touched"] and live["Gold"] == map1["Gold"]
+    # The rewritten one is named as the job names directories since issue 37, without the leading _.
+    assert Path(stats["partitions"][renamed]).name == f"cdc_partition={renamed}"
+    assert Path(stats["index"][renamed]).name == f"cdc_partition={renamed}"

@@ -195,9 +195,11 @@ def test_a_file_erase_cannot_read_is_refused_by_name(tmp_path: Path) -> None:
 
 @pytest.mark.metastore
 def test_a_partition_value_whose_rows_are_all_erased_vanishes(tmp_path: Path, endpoint: Any) -> None:
-    """Identity-partitioned on the erased column: its ``_cdc_partition=<value>`` directories (data and key
-    index, live and kept versions) go, and so does every record naming it (commit records, plans, the
-    pointer, stats); the values that keep rows stay.  A value only stale records name goes too."""
+    """Identity-partitioned on the erased column: its partition directories (data and key index, live and
+    kept versions) go, and so does every record naming it (commit records, plans, the pointer, stats); the
+    values that keep rows stay.  A value only stale records name goes too.  A mixed lake: version 1's
+    directories are named as before issue 37 (``_cdc_partition=<value>``), version 2's as since
+    (``cdc_partition=<value>``)."""
     import json
 
     cfg = parse_table(
@@ -212,7 +214,8 @@ def test_a_partition_value_whose_rows_are_all_erased_vanishes(tmp_path: Path, en
     v1, v2 = "v00000001-plan1-a", "v00000002-plan2-a"
 
     def pdir(version: str, value: str, kind: str = "data") -> str:
-        return posixpath.join(lake.layout.version_dir(version), kind, f"_cdc_partition={value}")
+        prefix = "_cdc_partition=" if version == v1 else "cdc_partition="
+        return posixpath.join(lake.layout.version_dir(version), kind, f"{prefix}{value}")
 
     content = {
         pdir(v1, "Alice"): rows((1, "Alice", "c", 1)),
@@ -237,7 +240,9 @@ def test_a_partition_value_whose_rows_are_all_erased_vanishes(tmp_path: Path, en
             "partitions": maps[seq],
             "partition_rows": dict.fromkeys(maps[seq], 1),
             "partitions_touched": sorted(maps[seq]),
-            "output_files": [{"name": f"data/_cdc_partition={v}/part-0.parquet", "size": 1} for v in maps[seq]],
+            "output_files": [
+                {"name": f"data/{posixpath.basename(pdir(version, v))}/part-0.parquet", "size": 1} for v in maps[seq]
+            ],
         }
         Path(lake.layout.version_dir(version), "_cdc_stats.json").write_text(json.dumps(stats))
         commit = Commit(
@@ -257,7 +262,8 @@ def test_a_partition_value_whose_rows_are_all_erased_vanishes(tmp_path: Path, en
     assert search(tmp_path / "lake", MARK) == []
     for value in ("Alice", "Bob"):  # they keep rows: their directories and names stay
         assert Path(maps[2][value], "part-0.parquet").exists()
-    assert not Path(pdir(v1, MARK)).exists() and not Path(pdir(v2, MARK, "index")).exists()
+    assert not Path(pdir(v1, MARK)).exists() and not Path(pdir(v1, MARK, "index")).exists()
+    assert not Path(pdir(v2, MARK)).exists() and not Path(pdir(v2, MARK, "index")).exists()
     live = lake.latest_commit()
     assert live.seq == 3 and sorted(live.partitions or {}) == ["Alice", "Bob"]
     first = lake.read_commit(1)
@@ -329,7 +335,7 @@ def test_no_byte_of_an_erased_value_remains_cdc(
         # names the person as much as the value does. Found by the rows it holds, not by the encoding.
         named = _partition_holding(rt, MARK)
         spread_named = search(root, named)
-        assert any("/index/_cdc_partition=" in h for h in spread_named), spread_named
+        assert any("/index/cdc_partition=" in h for h in spread_named), spread_named
         assert named in metastore_partitions(rt), metastore_partitions(rt)
 
     if partitioned:

@@ -107,7 +107,12 @@ def test_a_run_that_lost_its_lease_cannot_publish(make_cfg, runtime, spark) -> N
     assert visible_names(spark, rt.cfg) == {1: "Alice", 2: "Bob"}
 
 
-def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cfg, runtime, spark) -> None:
+def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cfg, runtime, spark, monkeypatch) -> None:
+    """A mixed lake too: version 1 is written as before issue 37 (``_cdc_partition=<v>`` directories), the
+    later ones as since (``cdc_partition=<v>``); the reused old partition is compacted around, validated,
+    kept by retention, indexed and read next to the new ones."""
+    from cdc_compaction.job.modes import cdc as job_cdc
+
     rt = runtime(make_cfg(columns=REGION_COLUMNS, partition_by={"column": "region"}, keep_versions=1))
     cfg, lay = rt.cfg, rt.lake.layout
     db, base_table = cfg.database, table_names(cfg)["base_table"]
@@ -126,11 +131,15 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
             )
         ],
     )
-    compact_once(rt, "run-1")
+    # The job as it was before issue 37: its directories named after the metastore's column.
+    with monkeypatch.context() as old_job:
+        old_job.setattr(job_cdc, "PARTITION_DIR_COLUMN", "_cdc_partition")
+        compact_once(rt, "run-1")
     c1 = rt.lake.latest_commit()
     v1 = lay.version_dir(c1.version)
     assert sorted(c1.partitions) == ["APAC", "EU", "US"]
     assert all(loc.startswith(v1 + "/data/_cdc_partition=") for loc in c1.partitions.values())
+    assert all(loc.startswith(v1 + "/index/_cdc_partition=") for loc in c1.index.values())
     assert c1.partition_rows == {"APAC": 2, "EU": 2, "US": 2}
     apac_files = file_mtimes(c1.partitions["APAC"])
     assert apac_files
@@ -152,9 +161,9 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
         "US": True,
     }
     assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == [
-        "_cdc_partition=EU",
-        "_cdc_partition=LATAM",
-        "_cdc_partition=US",
+        "cdc_partition=EU",
+        "cdc_partition=LATAM",
+        "cdc_partition=US",
     ]
     # The partitions hold visible rows only: id 1's tombstone is among the tombstones, with its partition.
     assert c2.partition_rows == {"APAC": 2, "EU": 1, "LATAM": 1, "US": 1}
@@ -177,7 +186,7 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     # The key index follows the data: the rewritten partitions' in v2, APAC's where v1 wrote it.
     assert c2.index == {
         "APAC": c1.index["APAC"],
-        **{p: f"{v2}/index/_cdc_partition={p}" for p in ("EU", "LATAM", "US")},
+        **{p: f"{v2}/index/cdc_partition={p}" for p in ("EU", "LATAM", "US")},
     }
     assert c2.stats["key_lookup"] == {
         "indexed_partitions": 3,
@@ -198,8 +207,8 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     assert visible_names(spark, cfg) == {2: "Ben", 3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
     versions = sorted(p.name.split("-")[0] for p in Path(lay.base).iterdir())
     assert versions == ["v00000000", "v00000001", "v00000002", "v00000003"], "v1 and v2 hold reused partitions"
-    assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
-    assert sorted(p.name for p in (Path(v2) / "index").iterdir() if p.is_dir()) == ["_cdc_partition=LATAM"]
+    assert sorted(p.name for p in (Path(v2) / "data").iterdir() if p.is_dir()) == ["cdc_partition=LATAM"]
+    assert sorted(p.name for p in (Path(v2) / "index").iterdir() if p.is_dir()) == ["cdc_partition=LATAM"]
     assert not (Path(v2) / "tombstones").exists()
     assert c3.index is not None and sorted(c3.index) == sorted(c3.partitions)
     assert verify_index(rt.lake).problems == ()
@@ -222,6 +231,7 @@ def test_partitioned_compaction_reuses_untouched_partitions_by_reference(make_cf
     c4 = rt.lake.latest_commit()
     assert c4.stats["partitions_touched"] == ["EU"] and c4.stats["key_lookup"]["indexed_partitions"] == 3
     assert c4.index["APAC"].startswith(result.location + "/") and verify_index(rt.lake).problems == ()
+    assert c4.index["APAC"].endswith("/_cdc_partition=APAC"), "rebuilt under its data's (old) name"
     assert visible_names(spark, cfg) == {3: "Cy", 4: "Di", 5: "Ed", 6: "Fi"}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from cdc_compaction.core.exceptions import IdentifierError
+from cdc_compaction.job.contract import PARTITION_DIR_COLUMN
 
 # Hive and Spark accept more, but this set is portable across Hive, Spark, Trino,
 # Athena and Glue, and it can never carry quotes, backticks, dots or whitespace.
@@ -18,6 +19,22 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Column names starting with this prefix are reserved for the package's own
 #: bookkeeping columns (event provenance in the base table).
 RESERVED_PREFIX = "_cdc_"
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why ``name`` (any case) is reserved for the package besides :data:`RESERVED_PREFIX`; None if it is not.
+
+    ``cdc_partition`` names a partitioned table's directories (``cdc_partition=<value>``): a column of
+    that name would meet the value Spark's partition discovery takes from them when the job reads a
+    partition back.  Reserved for every table, so turning ``partition_by`` on later never meets it.
+    """
+    if name.lower() == PARTITION_DIR_COLUMN:
+        return (
+            f"{name!r} is reserved for the package: partitioned tables name their directories "
+            f"{PARTITION_DIR_COLUMN}=<value>, which Spark reads back as a column of that name"
+        )
+    return None
+
 
 _PRIMITIVE_TYPES = {
     "tinyint",

@@ -272,7 +272,7 @@ _SPARK_ESCAPED = {chr(c) for c in range(0x01, 0x20)} | set("\"#%'*/:=?\\\x7f{[]^
 
 
 def partition_dir_name(value: str) -> str:
-    """The directory name Spark's ``partitionBy`` gives a ``_cdc_partition`` value."""
+    """The directory name the job's ``partitionBy`` gives a ``_cdc_partition`` value (``cdc_partition=<escaped>``)."""
     return PARTITION_DIR_PREFIX + "".join(f"%{ord(ch):02X}" if ch in _SPARK_ESCAPED else ch for ch in value)
 
 

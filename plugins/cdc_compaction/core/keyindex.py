@@ -1,7 +1,7 @@
 """The key index of partitioned tables (README, "Key index"): where a version's index is, and its audit.
 
 The compaction job writes, beside every partition it rewrites, that partition's key columns
-sorted by key (``<version>/index/_cdc_partition=<v>/``); the commit record maps each partition
+sorted by key (``<version>/index/cdc_partition=<v>/``); the commit record maps each partition
 to its index (``Commit.index``), and an untouched partition keeps the index of the version that
 wrote it, as it keeps its data.  The next compaction reads the index, pruned to the key range
 of its events, instead of every partition's key columns.
@@ -28,7 +28,13 @@ from typing import Any
 from cdc_compaction.core.exceptions import KeyIndexError
 from cdc_compaction.core.lake import Commit, Lake, TableLease
 from cdc_compaction.core.storage import is_data_file
-from cdc_compaction.job.contract import INDEX_DIR, PARTITION_COLUMN, PARTITION_DIR_PREFIX
+from cdc_compaction.job.contract import (
+    INDEX_DIR,
+    OLD_PARTITION_DIR_PREFIX,
+    PARTITION_COLUMN,
+    PARTITION_DIR_PREFIX,
+    partition_dir_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -332,10 +338,11 @@ def rebuild_index(lake: Lake, by: str, now: datetime) -> RebuildResult:
         with _Keys(pk, cfg.parquet_timestamps) as keys:
             for value, data_loc in sorted(commit.partitions.items()):
                 name = posixpath.basename(data_loc.rstrip("/"))
-                if not name.startswith(PARTITION_DIR_PREFIX):
+                if partition_dir_value(name) is None:
                     raise KeyIndexError(
                         f"{cfg.qualified_name}: partition {value!r} lives at {data_loc}, not in a "
-                        f"{PARTITION_DIR_PREFIX}<value> directory; the key index cannot name it. Nothing was changed"
+                        f"{PARTITION_DIR_PREFIX}<value> (or, written before, {OLD_PARTITION_DIR_PREFIX}<value>) "
+                        "directory; the key index cannot name it. Nothing was changed"
                     )
                 n = keys.load("data_keys", lake, _files(lake, data_loc))
                 if n is None:

@@ -8,7 +8,8 @@ Layout under a table's storage root::
                                                  one is named by the latest commit record
     base/v00000007-<plan>-<attempt>/data/        its visible rows: Parquet data files only (the
                                                  base table's location; partitioned tables: one
-                                                 _cdc_partition=<v>/ directory per partition)
+                                                 cdc_partition=<v>/ directory per partition,
+                                                 _cdc_partition=<v>/ before issue 37)
     base/v00000007-<plan>-<attempt>/tombstones/  its tombstones (delete winners within retention)
     base/v00000007-<plan>-<attempt>/_cdc_stats.json   what the job counted (validate checks it)
     base/v00000009-rb<N>-<token>/                a rollback's version: version N's files copied
@@ -55,7 +56,7 @@ from cdc_compaction.core.exceptions import CommitLogError, ConcurrentRunError, P
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import resolve_storage_root
 from cdc_compaction.core.storage import Storage, storage_for
-from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, LAYOUT, PARTITION_DIR_PREFIX, TOMBSTONES_DIR
+from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, LAYOUT, TOMBSTONES_DIR, partition_dir_value
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def version_dir_of(location: str) -> str:
     its ``data``/``tombstones`` (layout 2), its key index (``index``, or ``index-<token>`` as
     ``index rebuild`` writes it), or a partition directory inside any of them."""
     loc = location.rstrip("/")
-    if posixpath.basename(loc).startswith(PARTITION_DIR_PREFIX):
+    if partition_dir_value(posixpath.basename(loc)) is not None:
         loc = posixpath.dirname(loc)
     name = posixpath.basename(loc)
     if name in (DATA_DIR, TOMBSTONES_DIR, INDEX_DIR) or name.startswith(f"{INDEX_DIR}-"):
@@ -89,7 +90,7 @@ def _lake_relative(path: str, areas: tuple[str, ...]) -> str | None:
 
     The rightmost area wins: the old root may itself contain a directory called ``base`` or
     ``archive``, while nothing below an area is named like an area (version directories are
-    ``v<seq>-...``, partitions ``_cdc_partition=<escaped value>``).  A ``base`` match must be the
+    ``v<seq>-...``, partitions ``cdc_partition=<escaped value>``).  A ``base`` match must be the
     base itself or followed by a version directory (``v`` and digits), to skip a root's own ``base``.
     """
     best: tuple[int, str] | None = None

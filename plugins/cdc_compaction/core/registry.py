@@ -44,7 +44,12 @@ from pydantic import (
 
 from cdc_compaction.core.credentials import WHERE_CREDENTIALS_BELONG, credential_in_value, credential_key
 from cdc_compaction.core.exceptions import IdentifierError, RegistryError
-from cdc_compaction.core.identifiers import RESERVED_PREFIX, check_identifier, normalize_hive_type
+from cdc_compaction.core.identifiers import (
+    RESERVED_PREFIX,
+    check_identifier,
+    normalize_hive_type,
+    reserved_name_problem,
+)
 from cdc_compaction.core.names import table_names
 from cdc_compaction.core.registry_errors import Context, Located, explain, load_located, yaml_error
 from cdc_compaction.job.contract import OUTPUT_TIMESTAMP_TYPE_CONF
@@ -170,6 +175,8 @@ class Column(_Strict):
         check_identifier(v, "column name")
         if v.lower().startswith(RESERVED_PREFIX):
             raise ValueError(f"column names starting with {RESERVED_PREFIX!r} are reserved for the package")
+        if (why := reserved_name_problem(v)) is not None:
+            raise ValueError(f"{why}; rename the column (the source's, or with a rename transform in the sink)")
         return v
 
     @field_validator("type")

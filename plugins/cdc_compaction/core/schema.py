@@ -32,7 +32,7 @@ from typing import Any
 from cdc_compaction.core.docs import doc_ref
 from cdc_compaction.core.exceptions import IdentifierError
 from cdc_compaction.core.hive_types import hive_widening, readable_as
-from cdc_compaction.core.identifiers import RESERVED_PREFIX, check_identifier
+from cdc_compaction.core.identifiers import RESERVED_PREFIX, check_identifier, reserved_name_problem
 from cdc_compaction.core.registry import Column, TableConfig
 
 #: Where the evolved schema of a table is kept, under the lake's control directory.
@@ -87,6 +87,8 @@ def column_name_problem(name: str) -> str | None:
         return "is not a valid identifier (letters, digits and underscores, starting with a letter or underscore)"
     if name.lower().startswith(RESERVED_PREFIX):
         return f"starts with {RESERVED_PREFIX!r}, reserved for the package's own columns"
+    if reserved_name_problem(name) is not None:
+        return "is reserved for the package (the name of a partitioned table's directories, cdc_partition=<value>)"
     return None
 
 

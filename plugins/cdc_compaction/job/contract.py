@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 # ------------------------------------------------------------------ base table columns
 #: The columns the compaction adds to every registry column, in this order.
@@ -32,11 +33,39 @@ META_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint, `_cd
 #: Where an event came from (increment, file name, row position): the last tie-breakers of the rule.
 PROVENANCE: tuple[str, ...] = ("_cdc_increment", "_cdc_file", "_cdc_pos")
 PROVENANCE_DDL = "`_cdc_increment` string, `_cdc_file` string, `_cdc_pos` bigint"
-#: The hidden partition column of a partitioned base table (registry ``partition_by``), and the
-#: prefix of its directories as Spark's ``partitionBy`` writes them (``_cdc_partition=<escaped value>``).
+#: The hidden partition column of a partitioned base table (registry ``partition_by``): its name in
+#: the metastore, in the tombstones' files and in every DataFrame of the job.
 PARTITION_COLUMN = "_cdc_partition"
 PARTITION_DDL = f"`{PARTITION_COLUMN}` string"
-PARTITION_DIR_PREFIX = f"{PARTITION_COLUMN}="
+#: The name the column has in the partition directories the job writes (``cdc_partition=<escaped
+#: value>``): Hadoop's ``FileInputFormat`` -- Hive's reader -- skips every path whose name starts with
+#: ``_``, so a directory named after :data:`PARTITION_COLUMN` reads as empty through Hive (issue 37).
+#: The metastore registers each partition at its location, so the column keeps its name there.
+#: A reserved column name (the registry refuses it), so Spark's partition discovery meets no clash.
+PARTITION_DIR_COLUMN = "cdc_partition"
+PARTITION_DIR_PREFIX = f"{PARTITION_DIR_COLUMN}="
+#: The prefix of the partition directories of versions written before: read as before, never renamed.
+OLD_PARTITION_DIR_PREFIX = f"{PARTITION_COLUMN}="
+
+
+def partition_dir_column(name: str) -> str | None:
+    """The column a partition directory's name stands for (``cdc_partition`` or, written before, ``_cdc_partition``)."""
+    for prefix in (PARTITION_DIR_PREFIX, OLD_PARTITION_DIR_PREFIX):
+        if name.startswith(prefix):
+            return prefix[:-1]
+    return None
+
+
+def partition_dir_value(name: str) -> str | None:
+    """The (un-escaped) value of a partition directory Spark's ``partitionBy`` wrote, else None.
+
+    ``cdc_partition=a%3Ab`` -> ``a:b``, and likewise ``_cdc_partition=a%3Ab``, the name of versions
+    written before (:data:`OLD_PARTITION_DIR_PREFIX`).  Every reader of directory names goes through here.
+    """
+    column = partition_dir_column(name)
+    return None if column is None else unquote(name[len(column) + 1 :])
+
+
 #: The NULL (and empty string) partition of ``partition_by``: Hive's default partition reads back as NULL.
 NULL_PARTITION = "__null__"
 
@@ -100,7 +129,7 @@ CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 SEQ_COLUMN = "_commit_seq"
 LAYOUT = 2
-#: Partitioned tables: the key index beside the data, ``index/_cdc_partition=<v>/`` -- each rewritten
+#: Partitioned tables: the key index beside the data, ``index/cdc_partition=<v>/`` -- each rewritten
 #: partition's key columns, sorted by key in small row groups, so that a compaction finds where a key
 #: lives by reading the index (pruned by key range) instead of every partition's key columns.
 INDEX_DIR = "index"

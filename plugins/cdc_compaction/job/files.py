@@ -21,7 +21,7 @@ import contextlib
 import logging
 from typing import Any, Protocol
 
-from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
+from cdc_compaction.job.contract import partition_dir_value
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ def is_data_name(name: str) -> bool:
 
 
 def _is_partition_dir(name: str) -> bool:
-    return name.startswith(PARTITION_DIR_PREFIX)
+    """A partition directory, named either way (``cdc_partition=``, or ``_cdc_partition=`` written before)."""
+    return partition_dir_value(name) is not None
 
 
 class JobFiles(Protocol):

@@ -18,8 +18,9 @@ count too.  A non-empty file that is neither Parquet nor a JSON record of the la
 erase cannot filter: the erase refuses, naming it, before it changes anything.
 
 Partition values (``partition_by``): a value whose every row is erased (over every version, rebuild
-and location) vanishes -- its ``_cdc_partition=<value>`` directories (data, tombstones, key index;
-kept versions and rebuilds) are deleted, the base table's metastore partition is dropped, and every
+and location) vanishes -- its ``cdc_partition=<value>`` directories (``_cdc_partition=<value>`` in versions
+written before issue 37; data, tombstones, key index; kept versions and rebuilds) are deleted, the base
+table's metastore partition is dropped, and every
 bookkeeping record naming it (commit records, plans, ``pointer.json``, ``_cdc_stats.json``,
 manifests) is rewritten without it (:func:`scrub`).  A value some kept row still holds stays.
 
@@ -70,7 +71,6 @@ import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import unquote
 
 from cdc_compaction.core.exceptions import ConcurrentCommitError, ConcurrentRunError, EraseError, ErasePredicateError
 from cdc_compaction.core.hive_types import arrow_type, decimal_parts
@@ -80,7 +80,7 @@ from cdc_compaction.core.ownership import require_owner
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.core.storage.base import FileInfo
-from cdc_compaction.job.contract import CHANGES_DIR, INDEX_DIR, PARTITION_DIR_PREFIX, partition_value
+from cdc_compaction.job.contract import CHANGES_DIR, INDEX_DIR, partition_dir_value, partition_value
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline.owned import remove_job_files, remove_version_files
 
@@ -977,16 +977,17 @@ def _partition_of(path: str) -> tuple[str, str, bool] | None:
     """(the partition directory, its value, whether it is a key index's) of a file in one, else None."""
     parts = path.split("/")
     for i in range(len(parts) - 2, -1, -1):
-        if parts[i].startswith(PARTITION_DIR_PREFIX):
+        value = partition_dir_value(parts[i])
+        if value is not None:
             above = parts[i - 1] if i else ""
             is_index = above == INDEX_DIR or above.startswith(f"{INDEX_DIR}-")
-            return "/".join(parts[: i + 1]), unquote(parts[i][len(PARTITION_DIR_PREFIX) :]), is_index
+            return "/".join(parts[: i + 1]), value, is_index
     return None
 
 
 def _component_value(name: str) -> str | None:
     """The value a path component names: a partition directory's (un-escaped) value, else None."""
-    return unquote(name[len(PARTITION_DIR_PREFIX) :]) if name.startswith(PARTITION_DIR_PREFIX) else None
+    return partition_dir_value(name)
 
 
 def _names_any(text: str, tokens: frozenset[str]) -> bool:

@@ -22,11 +22,11 @@ from cdc_compaction.core.keyindex import live_index
 from cdc_compaction.core.lake import EMPTY_VERSION, Commit, version_dir_of
 from cdc_compaction.core.lake import kept_seqs as kept_seqs  # retention.kept_seqs for callers
 from cdc_compaction.core.mode import mode_of
-from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, TOMBSTONES_DIR
+from cdc_compaction.job.contract import DATA_DIR, INDEX_DIR, TOMBSTONES_DIR, partition_dir_value
 from cdc_compaction.job.faults import fault_point
 from cdc_compaction.pipeline.owned import remove_named_files, remove_quarantine_entry, remove_version_files
 from cdc_compaction.pipeline.quarantine import Quarantine
-from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, partition_dir_value, read_json, utcnow
+from cdc_compaction.pipeline.runtime import VERSION_NAME, Runtime, read_json, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,10 @@ def decide_versions(
     keep = {c.version for c in kept}
     # Partitioned tables reuse untouched partitions by reference: an older version's directory
     # stays as long as a kept commit names one of its partitions, with only those partitions.
-    # (layout 1: base/<v>/_cdc_partition=x; layout 2: base/<v>/data/_cdc_partition=x).
+    # (layout 1: base/<v>/_cdc_partition=x; layout 2: base/<v>/data/cdc_partition=x, or _cdc_partition=x
+    # in versions written before issue 37).
     referenced = {loc.rstrip("/") for c in kept for loc in (c.partitions or {}).values()}
-    # Their key index likewise (README, "Key index"): base/<v>/index[-<token>]/_cdc_partition=x.
+    # Their key index likewise (README, "Key index"): base/<v>/index[-<token>]/cdc_partition=x.
     referenced |= {loc.rstrip("/") for c in kept for loc in (c.index or {}).values()}
     by_reference = {
         posixpath.basename(version_dir_of(loc)) for loc in referenced if posixpath.dirname(version_dir_of(loc)) == base

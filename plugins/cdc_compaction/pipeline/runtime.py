@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote
 
 from cdc_compaction.core import sql
 from cdc_compaction.core.deployment import deployment_id
@@ -23,7 +22,6 @@ from cdc_compaction.core.ownership import claim
 from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.settings import MetastoreEndpoint
 from cdc_compaction.integrations.engine import Engine
-from cdc_compaction.job.contract import PARTITION_DIR_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +97,6 @@ def version_seq(location: str | None) -> int | None:
     """
     m = VERSION_NAME.match(posixpath.basename(version_dir_of(location or "")))
     return int(m.group(1)) if m else None
-
-
-def partition_dir_value(name: str) -> str | None:
-    """The value of a partition directory Spark's ``partitionBy`` wrote (``_cdc_partition=a%3Ab`` -> ``a:b``)."""
-    return unquote(name[len(PARTITION_DIR_PREFIX) :]) if name.startswith(PARTITION_DIR_PREFIX) else None
 
 
 def lease_owner(run_id: str) -> str:

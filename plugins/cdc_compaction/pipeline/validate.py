@@ -32,8 +32,9 @@ from cdc_compaction.job.contract import (
     SEQ_COLUMN,
     STATS_FILE,
     TOMBSTONES_DIR,
+    partition_dir_value,
 )
-from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting, partition_dir_value, read_json, utcnow
+from cdc_compaction.pipeline.runtime import Runtime, load_plan, not_compacting, read_json, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def _output_files(storage: Storage, out: str, mode_dirs: Sequence[OutputDir] = (
 
     walk(posixpath.join(out, DATA_DIR), DATA_DIR, True)
     walk(posixpath.join(out, TOMBSTONES_DIR), TOMBSTONES_DIR, False)
-    # Partitioned tables: the key index, index/_cdc_partition=<v>/ (README, "Key index").
+    # Partitioned tables: the key index, index/cdc_partition=<v>/ (README, "Key index").
     walk(posixpath.join(out, INDEX_DIR), INDEX_DIR, True)
     # Tables with change_feed (cdc, keyless, snapshot): the commit's change, one file (README, "Change feed").
     walk(posixpath.join(out, CHANGES_DIR), CHANGES_DIR, False)

@@ -21,7 +21,6 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
@@ -59,7 +58,7 @@ from cdc_compaction.job.contract import (
     META_DDL,
     PARTITION_COLUMN,
     PARTITION_DDL,
-    PARTITION_DIR_PREFIX,
+    PARTITION_DIR_COLUMN,
     PROVENANCE,
     SEQ_COLUMN,
     STATS_FILE,
@@ -67,6 +66,8 @@ from cdc_compaction.job.contract import (
     JobStats,
     OutputFile,
     Plan,
+    partition_dir_column,
+    partition_dir_value,
 )
 from cdc_compaction.job.faults import fault_point
 
@@ -577,31 +578,34 @@ def assign_partitions(ranked_events: DataFrame, pk: list[str], partition_column:
     return ranked_events.withColumn(PARTITION_COLUMN, F.when(missing, in_base).otherwise(F.expr(partition_sql)))
 
 
-def partition_dir_value(name: str) -> str | None:
-    """The partition value of a directory Spark's ``partitionBy`` wrote, e.g. ``_cdc_partition=a%3Ab``."""
-    prefix = PARTITION_DIR_PREFIX
-    return unquote(name[len(prefix) :]) if name.startswith(prefix) else None
-
-
 def read_partitions(spark: SparkSession, schema_ddl: str, partitions: dict[str, str]) -> DataFrame:
     """The rows of the given partitions ({value: location}), with ``_cdc_partition``.
 
     Partitions live in the version directory that last rewrote them, so they are read in one
-    scan per version directory, and Spark's partition discovery supplies ``_cdc_partition``
-    (it un-escapes the directory names; the schema keeps the values strings).
+    scan per version directory, and Spark's partition discovery supplies the value (it
+    un-escapes the directory names; the schema keeps the values strings) under the directories'
+    column name: ``cdc_partition``, or ``_cdc_partition`` in versions written before, renamed.
     """
     schema = f"{schema_ddl}, {PARTITION_DDL}"
     if not partitions:
         return spark.createDataFrame([], schema)
-    by_parent: dict[str, list[str]] = {}
+    by_parent: dict[tuple[str, str], list[str]] = {}
     odd: dict[str, str] = {}
     for value, location in sorted(partitions.items()):
         loc = location.rstrip("/")
-        if partition_dir_value(posixpath.basename(loc)) == value:
-            by_parent.setdefault(posixpath.dirname(loc), []).append(loc)
+        name = posixpath.basename(loc)
+        column = partition_dir_column(name)
+        if column is not None and partition_dir_value(name) == value:
+            by_parent.setdefault((posixpath.dirname(loc), column), []).append(loc)
         else:
             odd[value] = loc  # registered somewhere else (by hand): read it on its own
-    frames = [spark.read.schema(schema).option("basePath", parent).parquet(*locs) for parent, locs in by_parent.items()]
+    frames = [
+        spark.read.schema(f"{schema_ddl}, `{column}` string")
+        .option("basePath", parent)
+        .parquet(*locs)
+        .withColumnRenamed(column, PARTITION_COLUMN)
+        for (parent, column), locs in by_parent.items()
+    ]
     frames += [
         spark.read.schema(schema_ddl).parquet(loc).withColumn(PARTITION_COLUMN, F.lit(value))
         for value, loc in odd.items()
@@ -905,6 +909,19 @@ def rank_tally_columns() -> list[Column]:
     ]
 
 
+def read_partitioned(spark: SparkSession, schema_ddl: str, path: str) -> DataFrame:
+    """What the job wrote partitioned under ``path`` (``cdc_partition=<v>`` directories), with ``_cdc_partition``.
+
+    Spark's partition discovery names the column after the directories: read as ``cdc_partition``
+    and renamed, or the schema's ``_cdc_partition`` would match no directory and read back NULL.
+    """
+    return (
+        spark.read.schema(f"{schema_ddl}, `{PARTITION_DIR_COLUMN}` string")
+        .parquet(path)
+        .withColumnRenamed(PARTITION_DIR_COLUMN, PARTITION_COLUMN)
+    )
+
+
 def _written_partitions(files: list[dict[str, Any]], data_dir: str, rel: str = DATA_DIR) -> dict[str, str]:
     """Partition value -> directory of every partition the job wrote under ``data_dir`` (files named ``<rel>/…``)."""
     dirs = {f["name"].split("/")[1] for f in files if f["name"].startswith(f"{rel}/") and f["name"].count("/") > 1}
@@ -920,16 +937,18 @@ def write_index(
     partition, read back: counted by the same Spark job) and ``index_mismatches``: keys (with
     their partition) not once in the index and once in the data (must be 0).
     """
+    # Directories named cdc_partition=<v>, as the data's (PARTITION_DIR_COLUMN: Hive skips names with a leading _).
     (
         index_frame(written, pk)
+        .withColumnRenamed(PARTITION_COLUMN, PARTITION_DIR_COLUMN)
         .write.mode(mode)
         .option("compression", compression)
         .option("parquet.block.size", INDEX_ROW_GROUP_BYTES)
-        .partitionBy(PARTITION_COLUMN)
+        .partitionBy(PARTITION_DIR_COLUMN)
         .parquet(index_out)
     )
     key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in written.schema if f.name in pk)
-    back = spark.read.schema(f"{key_ddl}, {PARTITION_DDL}").parquet(index_out)
+    back = read_partitioned(spark, key_ddl, index_out)
     # One Spark job: per key and partition, how often it is in the index and in the data (1 and 1).
     where = [*_keys(pk), F.col(PARTITION_COLUMN)]
     both = back.select(*where, F.lit(1).alias("_cdc_i"), F.lit(0).alias("_cdc_d")).unionByName(
@@ -1262,7 +1281,10 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         if part is not None:
             # One task per partition value, so one file per partition (split at max_records_per_file)
             # rather than one per task and partition; output_files is sized for a whole-table rewrite.
-            visible = visible.repartition(F.col(PARTITION_COLUMN))
+            # The directories are named cdc_partition=<v> (PARTITION_DIR_COLUMN): Hive skips names with a
+            # leading _, and the metastore registers each partition at its location, so the names may differ.
+            visible = visible.withColumnRenamed(PARTITION_COLUMN, PARTITION_DIR_COLUMN)
+            visible = visible.repartition(F.col(PARTITION_DIR_COLUMN))
         elif plan.output_files:
             # Files of about the registry's target size (see pipeline.plan.output_sizing): merge, never shuffle.
             visible = visible.coalesce(int(plan.output_files))
@@ -1274,7 +1296,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         if plan.max_records_per_file:
             writer = writer.option("maxRecordsPerFile", int(plan.max_records_per_file))
         if part is not None:
-            writer = writer.partitionBy(PARTITION_COLUMN)
+            writer = writer.partitionBy(PARTITION_DIR_COLUMN)
         describe(spark, plan, f"merge ({merge_path}) and write the base")
         writer.parquet(data_out)
         fault_point("compact.after_data", plan.table)
@@ -1306,7 +1328,11 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         partitioned: dict[str, Any] = {}
         out_schema = f"{base_schema}, {PARTITION_DDL}" if part is not None else base_schema
         written_tomb = spark.read.schema(out_schema).parquet(tomb_out)
-        written = spark.read.schema(out_schema).parquet(data_out)
+        written = (
+            read_partitioned(spark, base_schema, data_out)
+            if part is not None
+            else spark.read.schema(base_schema).parquet(data_out)
+        )
         all_keys = written.select(*_keys(pk)).unionByName(written_tomb.select(*_keys(pk)))
         if part is None:
             describe(spark, plan, "check the written keys")
