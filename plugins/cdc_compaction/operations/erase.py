@@ -826,7 +826,7 @@ def _count(lake: Lake, pred: Predicate, path: str) -> tuple[int, int] | None:
     kept = matched = 0
     try:
         with lake.storage.open_read(path) as fh:
-            for batch in _batches(pq.ParquetFile(fh, buffer_size=READ_BUFFER)):
+            for batch in _batches(pq.ParquetFile(fh, buffer_size=READ_BUFFER, pre_buffer=False)):
                 split = _filter(lake, pred, path, batch)
                 if split is None:
                     return None
@@ -843,6 +843,10 @@ def _count(lake: Lake, pred: Predicate, path: str) -> tuple[int, int] | None:
 ERASE_BATCH_BYTES = 4 << 20
 ERASE_BATCH_ROWS = 65_536
 #: Bytes of a column chunk read at a time (Arrow's buffered stream): unbuffered, Arrow reads whole column chunks.
+#: Every ``ParquetFile`` of the erase also passes ``pre_buffer=False``: pyarrow's default pre-buffering reads each
+#: row group's column chunks whole, before its first batch, ignoring the buffer (Python bytes through a Python file
+#: object, which Arrow's pool never counts: 172 MB for a file of one 170 MB row group, 417 MB above the imports at
+#: one 114 MB file of bench/datagen.py's columns).
 READ_BUFFER = 1 << 20
 
 
@@ -878,7 +882,7 @@ def _filtered_file(lake: Lake, pred: Predicate, path: str, local: str) -> tuple[
     kept = matched = 0
     try:
         with lake.storage.open_read(path) as fh:
-            pf = pq.ParquetFile(fh, buffer_size=READ_BUFFER)
+            pf = pq.ParquetFile(fh, buffer_size=READ_BUFFER, pre_buffer=False)
             with pq.ParquetWriter(local, pf.schema_arrow, **options) as writer:
                 for batch in _batches(pf):
                     split = _filter(lake, pred, path, batch)
