@@ -51,7 +51,6 @@ import logging
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -65,7 +64,7 @@ import floor_job
 import peer as peer_mod
 import report
 import spark_peer
-from measure import JobResult, Stopwatch, run_in_server, run_measured, start_logging, write_result
+from measure import JobResult, Stopwatch, run_in_server, run_measured, sigterm_unwinds, start_logging, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -806,10 +805,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -854,11 +849,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start_logging()
     # A SIGTERM (a timeout, a stopped CI job) unwinds like Ctrl-C: the finally blocks stop the servers.
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
+    with sigterm_unwinds():
         result = run(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     out = write_result(args.out, result)
     log.info("wrote %s (%.0f s in all)", out, result["total_s"])
     if not args.no_report:

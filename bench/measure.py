@@ -19,7 +19,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -180,6 +180,26 @@ class Stopwatch:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.monotonic() - self._start
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, a SIGTERM (a timeout, a stopped CI job, ``kill``) unwinds like Ctrl-C.
+
+    Python's default for SIGTERM ends the process at once, so no ``finally`` runs: the metastore, the
+    Spark Connect server and a running compaction (a session of its own, see :func:`run_measured`) would
+    be left behind. Raised as ``SystemExit(128 + 15)`` instead, the benchmark's ``finally`` blocks stop them
+    and it exits with the shell's code for a process ended by SIGTERM.
+    """
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def start_logging() -> None:

@@ -725,3 +725,53 @@ def test_scale_day_matches_the_reference_and_measures_every_airflow_side_task(tm
         assert all(v > 0 for v in t["peak_by_task_mb"].values())
         assert t["operations"]["changes"]["rows"] > 0
     assert _none_left_behind(work) == []
+
+
+@pytest.mark.spark
+@pytest.mark.metastore
+@pytest.mark.extended  # a real scale_day run up to its first spark-submit job: make test-extended
+def test_a_terminated_scale_day_leaves_no_metastore_or_job_behind(tmp_path: Path) -> None:
+    """SIGTERM while the first compaction's spark-submit runs: the benchmark exits, its job and metastore stop.
+
+    A 50M-row run takes hours, so stopping it is an ordinary thing to do; before, SIGTERM ended the Python
+    process at once and left the metastore and the compaction's JVM running.
+    """
+    work = tmp_path / "work"
+    log_path = tmp_path / "scale.log"
+    cmd = [
+        sys.executable,
+        str(BENCH / "scale_day.py"),
+        "--rows",
+        "20000",
+        "--tables",
+        "flat",
+        "--hours",
+        "2",
+        "--driver-memory",
+        "1g",
+        "--out",
+        str(tmp_path / "scale.json"),
+        "--work",
+        str(work),
+    ]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, env=_bench_env(), stdout=log_file, stderr=subprocess.STDOUT, cwd=BENCH)
+    try:
+        deadline = time.monotonic() + 900
+        job = None
+        while job is None:
+            assert proc.poll() is None, log_path.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no compaction job started: " + log_path.read_text()[-6000:]
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    if any(a.endswith("compact.py") for a in child.cmdline()):
+                        job = child
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 128 + signal.SIGTERM, log_path.read_text()[-6000:]
+    assert _none_left_behind(work) == [], log_path.read_text()[-6000:]
