@@ -532,6 +532,19 @@ def _left_behind(work: Path) -> list[str]:
     return found
 
 
+def _first_compaction_job(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 900) -> psutil.Process:
+    """The benchmark's first spark-submit compaction (``compact.py``) once it runs; fails if the run ends first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, log_path.read_text()[-6000:]
+        assert time.monotonic() < deadline, "no compaction job started: " + log_path.read_text()[-6000:]
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                if any(a.endswith("compact.py") for a in child.cmdline()):
+                    return child
+        time.sleep(0.5)
+
+
 def _none_left_behind(work: Path, wait_s: float = 60) -> list[str]:
     """``_left_behind`` once the stopped processes had time to exit (a JVM takes a moment)."""
     deadline = time.monotonic() + wait_s
@@ -632,16 +645,7 @@ def test_a_terminated_bench_leaves_no_server_or_job_behind(tmp_path: Path) -> No
         )
     try:
         # The server is up before the initial load: wait for that load's spark-submit job to run.
-        deadline = time.monotonic() + 900
-        job = None
-        while job is None:
-            assert proc.poll() is None, log_path.read_text()[-6000:]
-            assert time.monotonic() < deadline, "no compaction job started: " + log_path.read_text()[-6000:]
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    if any(a.endswith("compact.py") for a in child.cmdline()):
-                        job = child
-            time.sleep(0.5)
+        job = _first_compaction_job(proc, log_path)
         server_pid = int((work / "connect" / "connect.pid").read_text())
         assert psutil.pid_exists(server_pid)
         proc.send_signal(signal.SIGTERM)
@@ -757,16 +761,7 @@ def test_a_terminated_scale_day_leaves_no_metastore_or_job_behind(tmp_path: Path
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, env=_bench_env(), stdout=log_file, stderr=subprocess.STDOUT, cwd=BENCH)
     try:
-        deadline = time.monotonic() + 900
-        job = None
-        while job is None:
-            assert proc.poll() is None, log_path.read_text()[-6000:]
-            assert time.monotonic() < deadline, "no compaction job started: " + log_path.read_text()[-6000:]
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    if any(a.endswith("compact.py") for a in child.cmdline()):
-                        job = child
-            time.sleep(0.5)
+        _first_compaction_job(proc, log_path)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=300)
     finally:
