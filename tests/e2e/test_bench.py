@@ -545,6 +545,12 @@ def _first_compaction_job(proc: subprocess.Popen[bytes], log_path: Path, timeout
         time.sleep(0.5)
 
 
+def _terminate(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to the benchmark, as a timeout or a stopped CI job sends it; its exit code once it unwound."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=300)
+
+
 def _none_left_behind(work: Path, wait_s: float = 60) -> list[str]:
     """``_left_behind`` once the stopped processes had time to exit (a JVM takes a moment)."""
     deadline = time.monotonic() + wait_s
@@ -648,8 +654,7 @@ def test_a_terminated_bench_leaves_no_server_or_job_behind(tmp_path: Path) -> No
         job = _first_compaction_job(proc, log_path)
         server_pid = int((work / "connect" / "connect.pid").read_text())
         assert psutil.pid_exists(server_pid)
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=300)
+        rc = _terminate(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -762,8 +767,7 @@ def test_a_terminated_scale_day_leaves_no_metastore_or_job_behind(tmp_path: Path
         proc = subprocess.Popen(cmd, env=_bench_env(), stdout=log_file, stderr=subprocess.STDOUT, cwd=BENCH)
     try:
         _first_compaction_job(proc, log_path)
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=300)
+        rc = _terminate(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
