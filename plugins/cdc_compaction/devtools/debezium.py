@@ -37,6 +37,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,40 @@ def _properties(values: dict[str, Any]) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
 
-def kafka_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's ``Uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+def kafka_cluster_id(draw: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's ``Uuid``).
+
+    An id whose text starts with ``-`` (one draw in 64) is drawn again, as Kafka's own
+    ``Uuid.randomUuid`` does: ``kafka-storage format -t -abc…`` reads the id as an option and fails
+    with "argument --cluster-id/-t: expected one argument".
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(draw()).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def format_kafka_storage(classpath: str, config: Path, cluster_id: str) -> None:
+    """Format the KRaft storage that ``config`` names, with ``cluster_id`` (``kafka-storage format``).
+
+    Runs in ``config``'s directory and writes ``format.log`` there; a refusal raises
+    :class:`~cdc_compaction.devtools.local_services.ServiceError` with the log's last lines.
+    """
+    home = config.parent
+    fmt = subprocess.run(
+        [
+            *("java", *_JVM_OPTIONS, "-cp", classpath, "kafka.tools.StorageTool", "format"),
+            # The ``=`` form: the id is the option's value whatever its first character.
+            *(f"--cluster-id={cluster_id}", "-c", str(config), "--ignore-formatted"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=home,
+    )
+    (home / "format.log").write_text(fmt.stdout + fmt.stderr)
+    if fmt.returncode != 0:
+        raise ServiceError(f"formatting Kafka's storage failed (exit {fmt.returncode}):\n{tail(home / 'format.log')}")
 
 
 def connector_config(
@@ -356,21 +388,7 @@ class DebeziumStack:
         self.controller_port = self.controller_port or free_port()
         config = home / "server.properties"
         config.write_text(_properties(kafka_server_properties(home / "data", self.kafka_port, self.controller_port)))
-        fmt = subprocess.run(
-            [
-                *("java", *_JVM_OPTIONS, "-cp", classpath, "kafka.tools.StorageTool", "format"),
-                *("-t", kafka_cluster_id(), "-c", str(config), "--ignore-formatted"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=home,
-        )
-        (home / "format.log").write_text(fmt.stdout + fmt.stderr)
-        if fmt.returncode != 0:
-            raise ServiceError(
-                f"formatting Kafka's storage failed (exit {fmt.returncode}):\n{tail(home / 'format.log')}"
-            )
+        format_kafka_storage(classpath, config, kafka_cluster_id())
         self.kafka.start(classpath, "kafka.Kafka", str(config))
         deadline = time.monotonic() + timeout_s
         # Ready when our process says so: an open port alone may be another process's (a port taken
