@@ -348,3 +348,28 @@ def test_an_int96_and_an_int64_timestamp_of_one_instant_are_no_change_in_any_tim
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=tmp_path
     )
     assert out.stdout.split() == ["0", "0"]
+
+
+def test_a_row_group_larger_than_the_memory_limit_is_read_column_by_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Spark file's row group is up to 128 MB, as large as the diff's memory limit: DuckDB's prefetch read
+    the whole row group into one buffer and failed ("could not allocate block of size 128.5 MiB", ``changes``
+    at 5M rows). Scaled down here: one row group of about 40 MB under a 32 MB limit."""
+    import numpy as np
+
+    from cdc_compaction.pipeline.changes import VersionDiff
+
+    rows = 250_000
+    rng = np.random.default_rng(7)
+    strings = {f"s{i}": pa.array([b.hex() for b in np.frombuffer(rng.bytes(16 * rows), dtype="S16")]) for i in range(5)}
+    table = pa.table({"id": pa.array(np.arange(rows)), **strings})
+    path = tmp_path / "one_row_group.parquet"
+    pq.write_table(table, path, row_group_size=rows, compression="snappy")
+    assert pq.ParquetFile(path).metadata.num_row_groups == 1
+    assert path.stat().st_size > 36 << 20
+    monkeypatch.setattr(VersionDiff, "MEMORY_LIMIT", "32MB")
+    with VersionDiff("t", ["id"]) as diff:
+        diff.load_files("v", [str(path)], lambda names: list(names), "version 1")
+        (n, distinct) = diff._con.execute("SELECT count(*), count(DISTINCT s4) FROM v").fetchone()
+    assert (n, distinct) == (rows, len(set(strings["s4"].to_pylist())))
