@@ -10,6 +10,11 @@ PYTEST_ARGS ?=
 # make test's pytest workers (pytest-xdist; 0: one process). The suite waits on JVM starts, Airflow
 # processes and Spark jobs as much as it computes, so two workers use two cores better than one.
 TEST_WORKERS ?= 2
+# make test runs Spark's expressions interpreted, without whole-stage code generation: compiling each of
+# the suite's many tiny queries with Janino costs more CPU than their few rows (measured in
+# docs/development.md). Every JVM the tests start reads these as Java options; Spark takes spark.* system
+# properties as its defaults. make test-extended, make bench and make demo run Spark as shipped (compiled).
+SPARK_INTERPRETED_JAVA_OPTIONS ?= -Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN
 # make demo SOURCE=postgres: a real PostgreSQL table (wal2json) as the CDC source.
 SOURCE ?= files
 # make demo ENGINE=spark_submit: one spark-submit JVM per compaction instead of the warm Spark Connect server.
@@ -133,7 +138,7 @@ test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(D
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not extended" $(PYTEST_ARGS)
+	JDK_JAVA_OPTIONS="$(SPARK_INTERPRETED_JAVA_OPTIONS)" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not extended" $(PYTEST_ARGS)
 
 test-extended: install jars check-postgres $(BENCH_STAMP) $(DUCKDB_READERS_STAMP) $(ICEBERG_SPARK_STAMP) $(JAVA_STAMP)  ## the extended tier (.ci/run runs it after make test): more scenarios, examples, shapes and engines of what make test covers
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m extended $(PYTEST_ARGS)

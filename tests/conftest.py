@@ -50,7 +50,7 @@ from cdc_compaction.pipeline.runtime import Runtime  # noqa: E402
 from cdc_compaction.pipeline.validate import validate  # noqa: E402
 
 # A SIGTERM (a stopped CI job, a timeout, ``kill``) unwinds the session so that fixtures stop their servers.
-pytest_plugins = ["cdc_compaction.devtools.pytest_unwind"]
+pytest_plugins = ["cdc_compaction.devtools.pytest_unwind", "cdc_compaction.devtools.pytest_deadline"]
 
 SHARED_CONFORMANCE = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 
