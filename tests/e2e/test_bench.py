@@ -337,6 +337,55 @@ def test_report_renders_the_compaction_and_other_results(tmp_path: Path) -> None
     assert (tmp_path / "compaction.png").stat().st_size > 0
 
 
+def test_report_splits_ours_over_the_floor_into_a_fixed_and_a_proportional_part(tmp_path: Path) -> None:
+    """At a tiny change ours - floor is the fixed part; a larger change's excess beyond it is proportional."""
+    check = {"rows": 10, "tombstones": 1, "hash_all": "1", "hash_visible": "2"}
+
+    def dataset(name: str, fraction: float, events: int, floor: float, ours: float, warm: tuple[float, float]) -> dict:
+        job = {"cpu_s": 1.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0}
+        return {
+            "dataset": name,
+            "base_rows": 1_000_000,
+            "change_fraction": fraction,
+            "increment_rows": events,
+            "input_rows": 1_000_000 + events,
+            "jobs": {
+                "floor": {**job, "wall_s": floor},
+                "ours": {**job, "wall_s": ours},
+                "floor_warm": {**job, "wall_s": warm[0]},
+                "ours_warm": {**job, "wall_s": warm[1]},
+            },
+            "ratios": {"ours/floor": round(ours / floor, 3)},
+            "steps": {},
+            "checksums": {"ours": check},
+            "checksums_match": True,
+        }
+
+    # Listed out of order: the tiniest change of the size is the split's base whatever the order.
+    data = {
+        "datasets": [
+            dataset("1M x 10%", 0.1, 200_000, 30.0, 42.0, (20.0, 29.0)),
+            dataset("1M x 0.01%", 0.0001, 120, 20.0, 24.5, (10.0, 12.5)),
+            # Another size with no tiny change: no split for it.
+            {**dataset("5M x 1%", 0.01, 60_000, 50.0, 60.0, (40.0, 45.0)), "base_rows": 5_000_000},
+        ],
+        "initial_loads": [],
+    }
+    (tmp_path / "compaction.json").write_text(json.dumps(data))
+    text = report.write_report(tmp_path).read_text()
+    # cold: fixed 24.5 - 20 = 4.5; at 10 %: 42 - 30 = 12 over the floor, 12 - 4.5 = 7.5 of it proportional,
+    # 7.5 s per 200,000 events = 3.75 s per 100k. warm: fixed 2.5; 9 over, 6.5 proportional, 3.25 per 100k.
+    assert "| 1,000,000 | cold | 1M x 0.01%: 4.50 | 1M x 10% | 12.00 | 7.50 | 3.75 |" in text
+    assert "| 1,000,000 | warm | 1M x 0.01%: 2.50 | 1M x 10% | 9.00 | 6.50 | 3.25 |" in text
+    assert "5,000,000 |" not in text.split("fixed part s")[1].split("\n\n")[0]
+    # The target is the warm fixed part: 2.5 s is within 3 s.
+    target = "| compaction 1,000,000 rows, fixed part | ours - floor at a tiny change (1M x 0.01%, warm) <= 3 s |"
+    assert f"{target} 2.50 s | yes |" in text
+    data["datasets"][1]["jobs"]["ours_warm"]["wall_s"] = 13.5
+    (tmp_path / "compaction.json").write_text(json.dumps(data))
+    assert "| 3.50 s | **no** |" in report.write_report(tmp_path).read_text()
+
+
 def test_report_sets_ours_beside_the_spark_peers_and_says_what_is_missing(tmp_path: Path) -> None:
     """A run of its own (spark_peers.json): ours / delta-spark cold and warm, the read, the target, Iceberg and Hudi."""
     job = {"wall_s": 30.0, "cpu_s": 20.0, "peak_rss_mb": 900.0, "rows_per_s": 1000, "returncode": 0}
