@@ -34,6 +34,8 @@ BENCH_STAMP := $(VENV)/.bench-installed
 SCALE_ROWS ?= 50000000
 SCALE_PARTITIONED_ROWS ?= 20000000
 SCALE_HOURS ?= 24
+# make bench-scale: the unpartitioned table compacts once this many hours wait (a threshold policy; 1: every hour).
+SCALE_FLAT_COMPACT_EVERY ?= 12
 # DuckDB 1.4.4 with its delta, iceberg, avro and httpfs extensions, for reading only (requirements-duckdb-readers.txt).
 DUCKDB_READERS := $(VENV)/duckdb-readers
 DUCKDB_READERS_STAMP := $(VENV)/.duckdb-readers-installed
@@ -207,7 +209,7 @@ bench: install jars $(BENCH_STAMP)  ## benchmarks (not part of test): compaction
 	$(BIN)/python bench/report.py --results bench/results
 
 bench-scale: install jars $(BENCH_STAMP)  ## the scale benchmark (hours on 2 cores; not in bench): a 50M-row table and a 20M-row partitioned one through a day of hourly runs with the change feed, then status, changes, erase, rollback; every Airflow-side task's peak memory (bench/results/scale_day.json)
-	$(BIN)/python bench/scale_day.py --rows $(SCALE_ROWS) --partitioned-rows $(SCALE_PARTITIONED_ROWS) --hours $(SCALE_HOURS) --out bench/results/scale_day.json
+	$(BIN)/python bench/scale_day.py --rows $(SCALE_ROWS) --partitioned-rows $(SCALE_PARTITIONED_ROWS) --hours $(SCALE_HOURS) --flat-compact-every $(SCALE_FLAT_COMPACT_EVERY) --out bench/results/scale_day.json
 
 lock:  ## re-pin requirements.txt from requirements.in in a clean venv
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet -r requirements.in

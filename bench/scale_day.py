@@ -12,8 +12,12 @@ Both have ``change_feed: true``. Each is loaded and compacted once, then gets ``
 (default 24) of ``--hourly-fraction`` of its keys (70 % updates, 10 % key-only deletes, 20 % inserts; the
 partitioned table's changes fall on its newest days, where a real table's do), each followed by one whole run
 of the DAG's steps with the table's own ``spark.engine: spark_submit`` (the compaction is the DAG's own
-spark-submit command line). After the day: ``status``, ``versions``, ``changes`` between the last two versions,
-``erase`` of one key, ``rollback`` to the version before the last, and for the partitioned table ``index verify``.
+spark-submit command line). ``--flat-compact-every K`` gives the unpartitioned table a threshold policy instead,
+as a big unpartitioned table runs in production: every run refreshes its view, and the base is rewritten once K
+hours wait (a 5M-row rewrite took about three minutes on 2 cores: 24 rewrites of 50M rows would not fit in a day).
+After the day: ``status``, ``versions``, ``changes`` between the last two versions, ``erase`` of one key,
+``rollback`` to the version before the last, and for the partitioned table ``index verify``; a version is a
+compaction's, so under a threshold policy these reach back K hours.
 
 Every Airflow-side task and operation runs in a process of its own (``bench/scale_task.py``), which reports
 its own peak resident memory: what one Airflow worker's task process holds. Spark's JVMs are children and are
@@ -53,6 +57,7 @@ from partitioned import COLUMNS, _rows, day_of, submit_command
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
+from cdc_compaction.core import policy  # noqa: E402
 from cdc_compaction.core.lake import Lake  # noqa: E402
 from cdc_compaction.core.registry import TableConfig, load_table  # noqa: E402
 from cdc_compaction.devtools.local_services import LocalMetastore, free_port  # noqa: E402
@@ -74,6 +79,8 @@ RECENT_DAYS = 5
 #: What the checks compare, of the reference and of the live rows alike: count, and sums over (id, ts_ms).
 FIGURES = "count(*), coalesce(sum(id), 0), coalesce(sum(ts_ms), 0), coalesce(sum(hash(id, ts_ms) % 1000003), 0)"
 TASK = str(Path(__file__).resolve().parent / "scale_task.py")
+#: Files an hour lands (updates, deletes, inserts): a threshold policy counts pending files.
+FILES_PER_HOUR = 3
 
 
 # ---------------------------------------------------------------------------- data
@@ -118,6 +125,7 @@ def generate_hour(
         _rows(rng, dele, np.full(n_del, -1), "d", base_ts + rng.integers(0, 10**6, n_del)),
         _rows(rng, new, np.full(n_new, partitions - 1), "c", base_ts + rng.integers(0, 10**6, n_new)),
     ]
+    assert len(parts) == FILES_PER_HOUR
     for i, part in enumerate(parts):
         pq.write_table(part, directory / f"part-{i:05d}.parquet")
     return {"events": events, "updates": n_upd, "deletes": n_del, "inserts": n_new}
@@ -239,7 +247,9 @@ class Runner:
         tasks["ensure_tables"] = self.step(cfg, "ensure_tables")
         tasks["plan"] = self.step(cfg, order.PLAN, run_id=run_id, force=force)
         plan = str(tasks["plan"]["result"] or "")
-        if plan:
+        # As the DAG does: a plan that decided not to compact (compaction.policy) runs no job, and the steps
+        # after it skip themselves but refresh_view.
+        if plan and policy.deferred(json.loads(Path(plan).read_text(encoding="utf-8"))) is None:
             job = run_measured(
                 f"{cfg.table}-compact",
                 submit_command(cfg, plan),
@@ -273,6 +283,16 @@ def table_doc(name: str, lake: Path, partitioned: bool, args: argparse.Namespace
     }
     if partitioned:
         doc["partition_by"] = {"column": "event_day", "transform": "day"}
+    elif args.flat_compact_every > 1:
+        # As a 50M-row unpartitioned table would run in production: every run refreshes the view over the base
+        # and the pending hours, and the base is rewritten once that many hours' files wait (each hour lands
+        # FILES_PER_HOUR files), not every hour.
+        doc["compaction"] = {
+            "policy": "threshold",
+            "pending_files": FILES_PER_HOUR * args.flat_compact_every,
+            "pending_rows_ratio": None,
+            "pending_age": None,
+        }
     return doc
 
 
@@ -287,16 +307,31 @@ def day(args: argparse.Namespace, runner: Runner, cfg: TableConfig, rows: int, r
     generated_s = time.monotonic() - started
     load = runner.run(cfg, f"{cfg.table}_load", force=True)
     hours: list[dict[str, Any]] = []
-    seqs = [Lake(cfg).latest_commit().seq]
+    # (commit seq, the last hour it holds) of every version the day made: the load's, then each compaction's.
+    # Under a threshold policy a run that does not compact makes none; the base then holds the hours up to
+    # the last compaction (the view the ones after it).
+    versions = [(Lake(cfg).latest_commit().seq, 0)]
     for hour in range(1, args.hours + 1):
         name = hour_name(hour)
         made = generate_hour(data / name, rows, args.partitions, hour, args.hourly_fraction, recent)
         shutil.copytree(data / name, landing / name)
         tasks = runner.run(cfg, f"{cfg.table}_{name}")
-        seqs.append(Lake(cfg).latest_commit().seq)
+        if "compact_spark" in tasks:
+            versions.append((Lake(cfg).latest_commit().seq, hour))
         hours.append({"hour": hour, "increment": name, **made, "tasks": tasks})
-    all_events = [str(data / "*" / "*.parquet")]
-    checks: dict[str, Any] = {"after_day": {"live": live(cfg), "expected": reference(all_events, [], work)}}
+    if len(versions) < 3:
+        raise RuntimeError(f"{cfg.qualified_name}: {len(versions) - 1} compactions in the day; the rollback needs 2")
+
+    def events(through: int) -> list[str]:
+        """The generated events a version holding the hours up to ``through`` was compacted from."""
+        return [str(data / INITIAL / "*.parquet")] + [
+            str(data / hour_name(h) / "*.parquet") for h in range(1, through + 1)
+        ]
+
+    seqs = [seq for seq, _ in versions]
+    checks: dict[str, Any] = {
+        "after_day": {"live": live(cfg), "expected": reference(events(versions[-1][1]), [], work)}
+    }
     ops: dict[str, Any] = {}
     reg = ["--registry-dir", str(runner.registry)]
     ops["status"] = runner.cli(cfg, "status", ["status", cfg.qualified_name, *reg, "--json"])
@@ -323,16 +358,13 @@ def day(args: argparse.Namespace, runner: Runner, cfg: TableConfig, rows: int, r
     ops["changes"]["rows"] = pq.read_metadata(feed).num_rows
     erased = int(rows // 3)  # an initial key, in a middle partition
     ops["erase"] = runner.cli(cfg, "erase", ["erase", cfg.qualified_name, *reg, "--where", f"id = {erased}", "--yes"])
-    checks["after_erase"] = {"live": live(cfg), "expected": reference(all_events, [erased], work)}
+    checks["after_erase"] = {"live": live(cfg), "expected": reference(events(versions[-1][1]), [erased], work)}
     ops["rollback"] = runner.cli(
         cfg,
         "rollback",
         ["rollback", cfg.qualified_name, *reg, "--to", str(seqs[-2]), "--yes", "--metastore", runner.metastore],
     )
-    but_last = [str(data / INITIAL / "*.parquet")] + [
-        str(data / hour_name(h) / "*.parquet") for h in range(1, args.hours)
-    ]
-    checks["after_rollback"] = {"live": live(cfg), "expected": reference(but_last, [erased], work)}
+    checks["after_rollback"] = {"live": live(cfg), "expected": reference(events(versions[-2][1]), [erased], work)}
     if cfg.partition_by is not None:
         ops["index_verify"] = runner.cli(cfg, "index_verify", ["index", "verify", cfg.qualified_name, *reg])
     for check in checks.values():
@@ -357,6 +389,7 @@ def day(args: argparse.Namespace, runner: Runner, cfg: TableConfig, rows: int, r
         "peak_by_task_mb": _peak_by_task(load, hours, ops),
         "worst_airflow_peak": {"what": worst[0], "mb": worst[1]},
         "compact_wall_s": [h["tasks"]["compact_spark"]["wall_s"] for h in hours if "compact_spark" in h["tasks"]],
+        "versions": [{"seq": seq, "through_hour": through} for seq, through in versions],
         "total_s": round(time.monotonic() - started, 1),
     }
 
@@ -432,12 +465,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=int, default=24, help="hourly runs after the load")
     parser.add_argument("--hourly-fraction", type=float, default=0.001, help="an hour's events, as a share of the keys")
     parser.add_argument("--tables", default="flat,parted", help="which tables: flat, parted")
+    parser.add_argument(
+        "--flat-compact-every",
+        type=int,
+        default=1,
+        help="the unpartitioned table compacts once this many hours wait (compaction.policy threshold on its"
+        " pending files); every run still refreshes its view. 1: every hour (policy always)",
+    )
     parser.add_argument("--driver-memory", default="6g", help="spark.driver_memory of the compaction (Spark's side)")
     parser.add_argument("--target-file-mb", type=int, default=128)
     parser.add_argument("--work", default=str(ROOT / ".run" / "bench-scale"), help="work directory (wiped)")
     args = parser.parse_args(argv)
     if args.hours < 2:
         parser.error("--hours must be at least 2 (the rollback goes back one hour)")
+    if args.flat_compact_every < 1 or args.hours < 2 * args.flat_compact_every:
+        parser.error("--flat-compact-every must be at least 1 and at most half of --hours (the rollback needs two)")
     start_logging()
     # Hours at the default sizes, so being stopped is ordinary: SIGTERM unwinds, and the finally blocks stop
     # the metastore and the running compaction (tests/e2e/test_bench.py).

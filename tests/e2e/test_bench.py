@@ -758,6 +758,9 @@ def test_scale_day_matches_the_reference_and_measures_every_airflow_side_task(tm
         "--partitions",
         "10",
         "--hours",
+        "4",
+        # The unpartitioned table under a threshold policy: it compacts at hours 2 and 4 only.
+        "--flat-compact-every",
         "2",
         "--driver-memory",
         "1g",
@@ -766,7 +769,7 @@ def test_scale_day_matches_the_reference_and_measures_every_airflow_side_task(tm
         "--work",
         str(work),
     ]
-    proc = subprocess.run(cmd, env=_bench_env(), capture_output=True, text=True, timeout=2400, check=False, cwd=BENCH)
+    proc = subprocess.run(cmd, env=_bench_env(), capture_output=True, text=True, timeout=3000, check=False, cwd=BENCH)
     assert proc.returncode == 0, proc.stderr[-6000:]
     data = json.loads(out.read_text())
     assert data["all_equal"] is True
@@ -777,7 +780,12 @@ def test_scale_day_matches_the_reference_and_measures_every_airflow_side_task(tm
         # The erase took one row away; the rollback went back one hour (other rows, other sums).
         assert t["checks"]["after_erase"]["live"]["rows"] == t["checks"]["after_day"]["live"]["rows"] - 1
         assert t["checks"]["after_rollback"]["live"] != t["checks"]["after_erase"]["live"]
-        assert len(t["hours"]) == 2 and all("compact_spark" in h["tasks"] for h in t["hours"])
+        # Every run refreshes the view; the flat table's base is rewritten every other hour, the partitioned one's
+        # every hour. The rollback goes back to the version before the last compaction either way.
+        assert len(t["hours"]) == 4 and all("refresh_view" in h["tasks"] for h in t["hours"])
+        compacted = [h["hour"] for h in t["hours"] if "compact_spark" in h["tasks"]]
+        assert compacted == ([1, 2, 3, 4] if t["partitioned"] else [2, 4]), compacted
+        assert [v["through_hour"] for v in t["versions"]] == [0, *compacted]
         ops = {"status", "versions", "changes", "erase", "rollback"} | ({"index_verify"} if t["partitioned"] else set())
         assert set(t["peak_by_task_mb"]) == steps | ops
         assert all(v > 0 for v in t["peak_by_task_mb"].values())
