@@ -55,8 +55,13 @@ STATES: list[dict[int, str]] = [
 ]
 
 
-def _write_version(lake: Lake, seq: int, names: dict[int, str], partitioned: bool = False) -> Commit:
-    """Lay out version ``seq`` as publish does (data/, tombstones/), with the job's provenance columns."""
+def _write_version(
+    lake: Lake, seq: int, names: dict[int, str], partitioned: bool = False, kept: dict[str, str] | None = None
+) -> Commit:
+    """Lay out version ``seq`` as publish does (data/, tombstones/), with the job's provenance columns.
+
+    ``kept``: partitions this version keeps as an earlier one wrote them (partition -> that directory), as a
+    compaction keeps the partitions its events do not touch; their rows are not written again."""
     version = f"v{seq:08d}-p{seq}-a1"
     data = Path(lake.layout.data_dir(version))
     ids = sorted(names)
@@ -75,6 +80,9 @@ def _write_version(lake: Lake, seq: int, names: dict[int, str], partitioned: boo
     if partitioned:
         partitions = {}
         for parity in ("even", "odd"):
+            if parity in (kept or {}):
+                partitions[parity] = (kept or {})[parity]
+                continue
             d = data / f"_cdc_partition={parity}"
             d.mkdir(parents=True)
             keep = pa.array([(i % 2 == 0) == (parity == "even") for i in ids])
@@ -108,12 +116,12 @@ def _lake_with_states(cfg: TableConfig, partitioned: bool = False) -> Lake:
     return lake
 
 
-def _expected_feed(frm: int, to: int) -> list[tuple[int, str, str | None, int]]:
-    """(id, change type, full_name, commit) from STATES alone: net change, the last commit that touched the id."""
-    before, after = STATES[frm - 1] if frm else {}, STATES[to - 1]
+def _expected_feed(frm: int, to: int, states: list[dict[int, str]] = STATES) -> list[tuple[int, str, str | None, int]]:
+    """(id, change type, full_name, commit) from ``states`` alone: net change, the last commit that touched the id."""
+    before, after = states[frm - 1] if frm else {}, states[to - 1]
     last: dict[int, int] = {}
     for seq in range(frm + 1, to + 1):
-        prev, cur = STATES[seq - 2] if seq >= 2 else {}, STATES[seq - 1]
+        prev, cur = states[seq - 2] if seq >= 2 else {}, states[seq - 1]
         for i in set(prev) | set(cur):
             if prev.get(i) != cur.get(i):
                 last[i] = seq
@@ -155,6 +163,44 @@ def test_change_feed_is_the_net_change_with_the_commit_that_made_it(make_cfg, pa
     assert _got(feed) == _expected_feed(frm, to)
     assert feed.schema.field("_commit_version").type == pa.int64()
     assert "_cdc_file" not in feed.column_names, "provenance is not part of a row"
+
+
+#: Versions of a partitioned table (by id parity) where each commit rewrites one partition and keeps the other.
+KEEPING: list[dict[int, str]] = [
+    {1: "ann", 2: "bob", 3: "cid", 4: "dan"},
+    {1: "al", 2: "bob", 4: "dan", 5: "eve"},  # odd rewritten: 1 updated, 3 deleted, 5 inserted; even kept
+    {1: "al", 2: "bo", 4: "dan", 5: "eve", 6: "fay"},  # even rewritten: 2 updated, 6 inserted; odd kept
+]
+
+
+def test_a_diff_leaves_out_the_partitions_its_versions_share_and_is_the_same_change(make_cfg, monkeypatch) -> None:
+    """A compaction keeps the partitions it does not touch (the same directory in both versions): the diffs of
+    changes, the per-commit feed and status read only the rewritten ones, and the change is the same (20M rows
+    in 100 partitions: the whole versions did not fit DuckDB's memory limit, bench/scale_day.py)."""
+    from cdc_compaction.pipeline import changes
+
+    lake = Lake(make_cfg(keep_versions=5))
+    c1 = _write_version(lake, 1, KEEPING[0], partitioned=True)
+    c2 = _write_version(lake, 2, KEEPING[1], partitioned=True, kept={"even": c1.partitions["even"]})
+    _write_version(lake, 3, KEEPING[2], partitioned=True, kept={"odd": c2.partitions["odd"]})
+    listed: list[str] = []
+    real = changes.data_files
+
+    def spy(lake_: Lake, d: str) -> list[str]:
+        listed.append(d)
+        return real(lake_, d)
+
+    monkeypatch.setattr(changes, "data_files", spy)
+    # 1 -> 2 shares the even partition, 2 -> 3 the odd one, 1 -> 3 none: each diff reads the others.
+    for frm, to, shared in ((1, 2, c1.partitions["even"]), (2, 3, c2.partitions["odd"]), (1, 3, None)):
+        listed.clear()
+        assert _got(change_feed(lake, frm, to)) == _expected_feed(frm, to, KEEPING)
+        assert listed and (shared is None or shared not in listed), (frm, to, listed)
+    for seq in (2, 3):
+        listed.clear()
+        assert write_feed(lake, lake.read_commit(seq))
+        assert _got(_read_feed(lake, seq)) == [(i, k, n, seq) for i, k, n, _ in _expected_feed(seq - 1, seq, KEEPING)]
+        assert len(listed) == 2, listed  # the one rewritten partition, in the parent and in the commit
 
 
 def test_change_feed_from_the_empty_table_is_every_row_inserted(make_cfg) -> None:

@@ -38,7 +38,7 @@ from cdc_compaction.core.registry import TableConfig
 from cdc_compaction.core.storage.base import is_data_file
 from cdc_compaction.job.contract import CHANGE_TYPE, COMMIT_VERSION
 from cdc_compaction.job.faults import fault_point
-from cdc_compaction.pipeline.changes import VersionDiff
+from cdc_compaction.pipeline.changes import VersionDiff, shared_dirs
 
 if TYPE_CHECKING:
     from cdc_compaction.core.settings import MetastoreEndpoint
@@ -185,10 +185,12 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
         )
     latest = lake.latest_commit()
     commits = [kept_commit(lake, s, latest) for s in range(from_seq, to_seq + 1)]
+    # Partitions every version of the range holds as they were change in none of its diffs: left out.
+    skip = shared_dirs(lake, *commits)
     with VersionDiff(cfg.qualified_name, key) as d:
 
         def load(name: str, c: Commit) -> None:
-            d.load_version(name, lake, c, f"version {c.seq} ({c.version})")
+            d.load_version(name, lake, c, f"version {c.seq} ({c.version})", skip)
 
         multiset = key is None
         kj = ", ".join(f"k{j}" for j in range(len(key or ())))

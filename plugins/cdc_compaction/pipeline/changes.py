@@ -179,8 +179,9 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
         tempfile.TemporaryDirectory(prefix="cdc-feed-") as scratch,
         VersionDiff(cfg.qualified_name, feed_key(cfg)) as d,
     ):
-        d.load_version("before", lake, parent, f"version {parent.seq} ({parent.version})")
-        d.load_version("after", lake, commit, f"version {commit.seq} ({commit.version})")
+        skip = shared_dirs(lake, parent, commit)
+        d.load_version("before", lake, parent, f"version {parent.seq} ({parent.version})", skip)
+        d.load_version("after", lake, commit, f"version {commit.seq} ({commit.version})", skip)
         schema, batches = _feed_batches(cfg, d, commit.seq)
         local = posixpath.join(scratch, "feed.parquet")
         # Microsecond timestamps: Spark and Hive read no nanosecond Parquet timestamps (pyarrow reads INT96 as ns).
@@ -340,6 +341,22 @@ def _version_dirs(lake: Lake, commit: Commit) -> list[str]:
     return list((commit.partitions or {}).values()) if commit.partitions is not None else [lake.data_location(commit)]
 
 
+def shared_dirs(lake: Lake, *commits: Commit) -> frozenset[str]:
+    """The data directories every one of ``commits`` lists: partitions each kept as they were.
+
+    A commit never writes into a directory an earlier commit references, so a directory two versions
+    share holds the same rows in both: no change, and a diff of the versions may leave it out on both
+    sides. This is what keeps a diff of a partitioned table to the partitions its commits rewrote (20M
+    rows in 100 partitions, an hour rewriting a few: the whole versions did not fit DuckDB's limit). An
+    unpartitioned version has one directory of its own, so nothing is shared.
+
+    Left out, a shared partition is not searched for a key the version also holds in another partition;
+    the compaction refuses such a version before it is published (its duplicate-key check).
+    """
+    dirs = [set(_version_dirs(lake, c)) if c.seq else set() for c in commits]
+    return frozenset(set.intersection(*dirs)) if dirs else frozenset()
+
+
 def row_columns(lake: Lake, names: list[str]) -> list[str]:
     """Which of a data file's columns ``names`` are a row's: no ``_cdc_*``, none of the mode's own."""
     # The mode's own columns are bookkeeping, no part of a row (snapshot: operation and eff_start_date, which
@@ -414,6 +431,8 @@ class VersionDiff:
         self._con.execute("SET disable_parquet_prefetching = true")
         #: Per loaded version: lower-cased column -> (name, Arrow type, DuckDB type).
         self.columns: dict[str, dict[str, tuple[str, Any, str]]] = {}
+        #: Data files :meth:`load_version` read, over every version (what a partition left out saves).
+        self.loaded_files = 0
 
     def __enter__(self) -> VersionDiff:
         return self
@@ -453,11 +472,18 @@ class VersionDiff:
         if cols and not self.multiset:  # a multiset holds copies of a row by design
             self._refuse_twice(name, what)
 
-    def load_version(self, name: str, lake: Lake, commit: Commit, what: str) -> None:
+    def load_version(
+        self, name: str, lake: Lake, commit: Commit, what: str, skip: frozenset[str] = frozenset()
+    ) -> None:
         """Copy ``commit``'s visible rows into table ``name``, each data file scanned by DuckDB itself
         (:meth:`load_files`): a file on the local file system where it is, one on S3 first copied, a
-        chunk at a time, to the diff's temporary directory and removed once loaded."""
-        files = [f for d in _version_dirs(lake, commit) for f in data_files(lake, d)] if commit.seq else []
+        chunk at a time, to the diff's temporary directory and removed once loaded.
+
+        ``skip``: directories left out, the ones the other versions of the diff share (:func:`shared_dirs`).
+        """
+        dirs = [d for d in _version_dirs(lake, commit) if d not in skip] if commit.seq else []
+        files = [f for d in dirs for f in data_files(lake, d)]
+        self.loaded_files += len(files)
         self.load_files(name, self._local_copies(lake, files), lambda names: row_columns(lake, names), what)
 
     def _local_copies(self, lake: Lake, files: list[str]) -> Iterator[str]:
