@@ -431,8 +431,6 @@ class VersionDiff:
         self._con.execute("SET disable_parquet_prefetching = true")
         #: Per loaded version: lower-cased column -> (name, Arrow type, DuckDB type).
         self.columns: dict[str, dict[str, tuple[str, Any, str]]] = {}
-        #: Data files :meth:`load_version` read, over every version (what a partition left out saves).
-        self.loaded_files = 0
 
     def __enter__(self) -> VersionDiff:
         return self
@@ -483,7 +481,6 @@ class VersionDiff:
         """
         dirs = [d for d in _version_dirs(lake, commit) if d not in skip] if commit.seq else []
         files = [f for d in dirs for f in data_files(lake, d)]
-        self.loaded_files += len(files)
         self.load_files(name, self._local_copies(lake, files), lambda names: row_columns(lake, names), what)
 
     def _local_copies(self, lake: Lake, files: list[str]) -> Iterator[str]:
