@@ -147,7 +147,7 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
 
     if not mode_of(lake.cfg).has_change_feed or commit.seq == 0:
         return None
-    from cdc_compaction.pipeline.changes import VersionDiff, feed_key, feed_path, shared_dirs
+    from cdc_compaction.pipeline.changes import VersionDiff, feed_key, feed_path
 
     path = feed_path(lake, commit.seq)
     if lake.storage.exists(path):
@@ -163,9 +163,7 @@ def change_rows(lake: Lake, commit: Commit, kept: range) -> int | None:
         return None
     try:
         with VersionDiff(lake.cfg.qualified_name, feed_key(lake.cfg)) as d:
-            skip = shared_dirs(lake, parent, commit)
-            d.load_version("before", lake, parent, f"version {parent.seq} ({parent.version})", skip)
-            d.load_version("after", lake, commit, f"version {commit.seq} ({commit.version})", skip)
+            d.load_parent_and_commit(lake, parent, commit)
             return d.count(d.changes_sql("before", "after", []))
     except (OSError, CdcCompactionError):  # a version retention deleted meanwhile: unknown, as not kept
         return None

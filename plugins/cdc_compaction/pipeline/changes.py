@@ -179,9 +179,7 @@ def write_feed(lake: Lake, commit: Commit) -> bool:
         tempfile.TemporaryDirectory(prefix="cdc-feed-") as scratch,
         VersionDiff(cfg.qualified_name, feed_key(cfg)) as d,
     ):
-        skip = shared_dirs(lake, parent, commit)
-        d.load_version("before", lake, parent, f"version {parent.seq} ({parent.version})", skip)
-        d.load_version("after", lake, commit, f"version {commit.seq} ({commit.version})", skip)
+        d.load_parent_and_commit(lake, parent, commit)
         schema, batches = _feed_batches(cfg, d, commit.seq)
         local = posixpath.join(scratch, "feed.parquet")
         # Microsecond timestamps: Spark and Hive read no nanosecond Parquet timestamps (pyarrow reads INT96 as ns).
@@ -482,6 +480,12 @@ class VersionDiff:
         dirs = [d for d in _version_dirs(lake, commit) if d not in skip] if commit.seq else []
         files = [f for d in dirs for f in data_files(lake, d)]
         self.load_files(name, self._local_copies(lake, files), lambda names: row_columns(lake, names), what)
+
+    def load_parent_and_commit(self, lake: Lake, parent: Commit, commit: Commit) -> None:
+        """``parent``'s rows as table ``before`` and ``commit``'s as ``after``, the partitions both keep left out."""
+        skip = shared_dirs(lake, parent, commit)
+        self.load_version("before", lake, parent, f"version {parent.seq} ({parent.version})", skip)
+        self.load_version("after", lake, commit, f"version {commit.seq} ({commit.version})", skip)
 
     def _local_copies(self, lake: Lake, files: list[str]) -> Iterator[str]:
         """Each of ``files`` as a path on local disk, one at a time (a copy is removed once the next is asked for)."""
