@@ -155,9 +155,17 @@ def test_diff_rows_refuses_a_version_with_a_duplicate_key() -> None:
         diff_rows(["k"], [{"k": 1}, {"k": 1}], [])
 
 
+@pytest.mark.parametrize("bucket_rows", [None, 1, 2], ids=["whole", "bucket-of-1", "buckets-of-2"])
 @pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "partitioned"])
 @pytest.mark.parametrize(("frm", "to"), [(1, 2), (2, 3), (1, 3), (3, 3)])
-def test_change_feed_is_the_net_change_with_the_commit_that_made_it(make_cfg, partitioned, frm, to) -> None:
+def test_change_feed_is_the_net_change_with_the_commit_that_made_it(
+    make_cfg, monkeypatch, partitioned, frm, to, bucket_rows
+) -> None:
+    """``bucket_rows``: versions paired a bucket of keys at a time above that many rows (a 20M-row table's path)."""
+    if bucket_rows is not None:
+        from cdc_compaction.pipeline.changes import VersionDiff
+
+        monkeypatch.setattr(VersionDiff, "BUCKET_ROWS", bucket_rows)
     lake = _lake_with_states(make_cfg(keep_versions=5), partitioned)
     feed = change_feed(lake, frm, to)
     assert _got(feed) == _expected_feed(frm, to)

@@ -399,6 +399,8 @@ class VersionDiff:
     """
 
     MEMORY_LIMIT = "128MB"
+    #: Rows of a version above which a keyed diff pairs its rows a bucket of keys at a time (:meth:`changes_sql`).
+    BUCKET_ROWS = 2_000_000
     #: Rows of a batch of the change streamed out.
     BATCH_ROWS = 65_536
 
@@ -413,6 +415,8 @@ class VersionDiff:
         self.key = [k.lower() for k in key or ()]
         #: The sort columns ``k<j>`` of the last :meth:`changes_sql` (a multiset's: every output column).
         self._width = len(self.key)
+        #: Tables of changes gathered bucket by bucket (:meth:`changes_sql`), numbered.
+        self._gathered = 0
         self._dir = tempfile.TemporaryDirectory(prefix="cdc-change-diff-")
         self._con = duckdb.connect(posixpath.join(self._dir.name, "diff.duckdb"))
         self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
@@ -563,7 +567,15 @@ class VersionDiff:
                 out.setdefault(low, col)
         return out
 
-    def _side(self, name: str, columns: list[str], types: dict[str, tuple[str, Any, str]]) -> str:
+    def _side(
+        self,
+        name: str,
+        columns: list[str],
+        types: dict[str, tuple[str, Any, str]],
+        bucket: tuple[int, int] | None = None,
+    ) -> str:
+        """Version ``name``'s rows as ``c<i>`` (``columns``; one it lacks NULL) and ``present``; ``bucket``
+        ``(i, n)``: only the rows whose key hashes to bucket ``i`` of ``n``."""
         have = self.columns[name]
         sel = "".join(
             f"{_quote(have[c][0])} AS c{i}, " if c in have else f"CAST(NULL AS {types[c][2]}) AS c{i}, "
@@ -571,14 +583,50 @@ class VersionDiff:
         )
         if not have:  # an empty version (the empty table, or no file): no table, no row
             return f"SELECT {sel}TRUE AS present WHERE false"
-        return f"SELECT {sel}TRUE AS present FROM {_quote(name)}"
+        where = ""
+        if bucket is not None:
+            # Each key part cast to the pair's type (the newer version's), so that a key hashes the same in
+            # both versions after a widening (DuckDB hashes 5::INT and 5::BIGINT alike, -0.0 as 0.0, every
+            # NaN as one; the cast makes it not depend on that).
+            parts = ", ".join(f"CAST({_quote(have[k][0])} AS {types[k][2]})" if k in have else "NULL" for k in self.key)
+            where = f" WHERE hash({parts}) % {bucket[1]} = {bucket[0]}"
+        return f"SELECT {sel}TRUE AS present FROM {_quote(name)}{where}"
+
+    def _rows(self, name: str) -> int:
+        if not self.columns[name]:
+            return 0
+        # fetchall: a result left unfinished blocks the connection's next relation (DuckDB 2).
+        ((n,),) = self._con.execute(f"SELECT count(*) FROM {_quote(name)}").fetchall()
+        return int(n)
 
     def changes_sql(self, before: str, after: str, columns: list[str]) -> str:
         """The change from version ``before`` to ``after``: a relation of ``c<i>`` (``columns``, lower-cased
         names of the union), ``kind``, ``ord`` (0 before 1 within a key) and ``k<j>`` (the key; a multiset's:
-        ``columns`` again), unsorted."""
+        ``columns`` again), unsorted.
+
+        Versions of more than :attr:`BUCKET_ROWS` rows are paired a bucket of keys at a time (a key's
+        hash modulo the buckets; a key is in the same bucket in both versions, so a bucket's pairs are
+        the whole change of its keys) and the changes gathered in a table of the diff's database, which
+        the relation then reads: DuckDB's full outer join of two whole 20M-row versions ran out of its
+        memory limit (issue 38 item 2; docs/data.md, "Memory"), one of ~2M rows a side does not.  The
+        buckets' hash decides only which keys are paired together, never whether a row changed: that is
+        the exact comparison of every column, as without buckets.
+        """
         if self.multiset:
+            # One grouping of both versions' rows, which DuckDB spills to disk beyond its limit.
             return self._multiset_sql(before, after, columns)
+        n = -(-max(self._rows(before), self._rows(after)) // self.BUCKET_ROWS)
+        if n <= 1:
+            return self._keyed_sql(before, after, columns)
+        self._gathered += 1
+        table = _quote(f"cdc_changes_{self._gathered}")
+        for i in range(n):
+            part = self._keyed_sql(before, after, columns, (i, n))
+            self._con.execute(f"CREATE TABLE {table} AS {part}" if i == 0 else f"INSERT INTO {table} {part}")
+        return f"SELECT * FROM {table}"
+
+    def _keyed_sql(self, before: str, after: str, columns: list[str], bucket: tuple[int, int] | None = None) -> str:
+        """:meth:`changes_sql` of a keyed table, in one query (``bucket``: of the keys of that bucket only)."""
         types = self.union(after, before)
         every = list(types)
         idx = {c: i for i, c in enumerate(every)}
@@ -598,7 +646,8 @@ class VersionDiff:
 
         paired = (
             f"SELECT {out('b')}{out('a')}b.present AS bp, a.present AS ap, {keys} "
-            f"FROM ({self._side(before, every, types)}) b FULL OUTER JOIN ({self._side(after, every, types)}) a "
+            f"FROM ({self._side(before, every, types, bucket)}) b "
+            f"FULL OUTER JOIN ({self._side(after, every, types, bucket)}) a "
             f"ON {on} WHERE b.present IS NULL OR a.present IS NULL OR {changed}"
         )
         bc = ", ".join(f"bc{i} AS c{i}" for i in range(len(columns)))
