@@ -141,6 +141,29 @@ def test_the_job_writes_each_commits_feed(
     _check_feed(scn, tmp_path / "lake", suffix)
 
 
+@pytest.mark.parametrize("merge_path", ["window"], indirect=True)
+def test_a_table_of_several_files_still_gets_one_feed_and_one_tombstone_file(
+    inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path, merge_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table sized at more than one output file: the window path filters its winners in parallel and
+    shuffles only the rows written into the feed's and the tombstones' one file each (a 50M-row load
+    scanned every winner in one task before); the feed is still the contract's."""
+    from cdc_compaction.pipeline import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "sizing", lambda size, rows, target: {"output_files": 3, "max_records_per_file": 0})
+    scn = _feed_on(SCENARIO_DIR / "old_key_chain.json")
+    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix="_f3")
+    assert result.ok, "\n".join(result.failures)
+    assert "window" in merge_paths_taken(tmp_path / "lake")
+    _check_feed(scn, tmp_path / "lake", "_f3")
+    for stats in (tmp_path / "lake").rglob("_cdc_stats.json"):
+        names = [f["name"] for f in json.loads(stats.read_text()).get("output_files", [])]
+        for kind in ("tombstones/", "changes/"):
+            assert len([n for n in names if n.startswith(kind)]) <= 1, (stats, names)
+    plans = [json.loads(p.read_text()) for p in (tmp_path / "lake").rglob("_cdc/plans/*.json") if p.name.count(".") == 1]
+    assert plans and all(p.get("output_files") == 3 for p in plans), "not the case meant: a table of several files"
+
+
 def test_the_job_writes_the_feed_of_a_partitioned_table(
     inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
 ) -> None:

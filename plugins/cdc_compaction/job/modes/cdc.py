@@ -1300,17 +1300,26 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
         describe(spark, plan, f"merge ({merge_path}) and write the base")
         writer.parquet(data_out)
         fault_point("compact.after_data", plan.table)
+
+        # The tombstones and the change feed are one file each. coalesce(1) reads in the task that writes,
+        # which on the window path is a scan of every winner of the whole table: a 50M-row load spent 1,061 s
+        # in that one task (docs/benchmarks.md, "At scale"). There, with more than one output file, the
+        # winners are filtered in parallel and only the rows written go to one task (a shuffle); elsewhere
+        # the winners are the touched keys' few, and coalesce saves the shuffle's stage.
+        def one_file(df: DataFrame) -> DataFrame:
+            return df.repartition(1) if not lookup and (plan.output_files or 1) > 1 else df.coalesce(1)
+
         # Tombstones stay one small unpartitioned set (with their partition as a column).
-        deleted = deleted.coalesce(1).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
+        deleted = one_file(deleted).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
         describe(spark, plan, f"merge ({merge_path}) and write the tombstones")
         deleted.write.mode(mode).option("compression", compression).parquet(tomb_out)
         feed_rows_by_type: dict[str, int] | None = None
         if pairs is not None:
-            # One file (coalesced), from what the merge kept (cached): no scan of the base of its own.
+            # One file (one_file), from what the merge kept (cached): no scan of the base of its own.
             # Visible as written: a winner that is no delete (an expired tombstone is a delete too).
             obs_feed = Observation("cdc_compaction_feed")
             new_visible = F.coalesce(~is_delete, F.lit(False))
-            feed = feed_rows(pairs, columns, new_visible, int(plan.seq)).coalesce(1)
+            feed = one_file(feed_rows(pairs, columns, new_visible, int(plan.seq)))
             describe(spark, plan, f"merge ({merge_path}) and write the change feed")
             feed.observe(obs_feed, *feed_tally_columns()).write.mode(mode).option("compression", compression).parquet(
                 f"{out}/{CHANGES_DIR}"
