@@ -856,13 +856,31 @@ def without_old_row(events: DataFrame, old_type: T.DataType) -> DataFrame:
     return events.withColumn(OLD_ROW, F.lit(None).cast(old_type))
 
 
-def carry_old_row(ranked_rows: DataFrame, pk: list[str]) -> DataFrame:
+def carry_old_row(
+    ranked_rows: DataFrame, pk: list[str], stored_row: tuple[list[str], Column] | None = None
+) -> DataFrame:
     """Every ranked row of a key with the key's stored visible row (:data:`OLD_ROW`; one per key at most).
 
-    Over the key, as the rank is: no shuffle of its own where it follows the ranking.
+    Over the key, as the rank is: no shuffle of its own where it follows the ranking.  ``stored_row``
+    ``(columns, is_delete)``: the rows carry no :data:`OLD_ROW` (:func:`with_old_row`); it is taken
+    here from the key's stored row (``_cdc_src`` 0) that is no delete, after the shuffle -- so the
+    ranking's shuffle carries each stored row once, not twice (the feed's cost on the window path,
+    which shuffles the whole table).  Only where nothing rewrites a stored row on its way through
+    the ranking (:func:`late_old_row`).
     """
     by_key = Window.partitionBy(*_keys(pk))
-    return ranked_rows.withColumn(OLD_ROW, F.first(F.col(OLD_ROW), ignorenulls=True).over(by_key))
+    old = F.col(OLD_ROW)
+    if stored_row is not None:
+        columns, is_delete = stored_row
+        visible = (F.col("_cdc_src") == 0) & F.coalesce(~is_delete, F.lit(False))
+        old = F.when(visible, F.struct(*[F.col(f"`{c}`") for c in columns]))
+    return ranked_rows.withColumn(OLD_ROW, F.first(old, ignorenulls=True).over(by_key))
+
+
+def late_old_row(fills: Mapping[str, str], unchanged: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether a stored row reaches the ranking's window as readers saw it, so :func:`carry_old_row` may
+    take it there: not when left-out columns (registry ``unchanged``) are filled, which rewrites it."""
+    return not fills and not unchanged
 
 
 def feed_rows(pairs: DataFrame, columns: list[str], new_visible: Column, seq: int) -> DataFrame:
@@ -1025,6 +1043,8 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
 
     if part is None:
         base_data, base_tomb = read_base(spark, plan, base_schema, stored, rule.is_delete)
+        # As read: the window path takes the feed's stored rows after its shuffle (carry_old_row).
+        stored_data, stored_tomb = base_data, base_tomb
         if feed_on:
             base_data, base_tomb = with_old_row(base_data, base_tomb, columns, is_delete)
     else:
@@ -1205,8 +1225,12 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             visible = visible.withColumn("_cdc_rank", F.lit(1))
             deleted = deleted.withColumn("_cdc_rank", F.lit(1))
         else:
+            # The feed's stored rows taken after the ranking's shuffle, not carried through it (carry_old_row).
+            late = feed_on and late_old_row(fills, unchanged)
+            if late:
+                fresh = fresh.drop(OLD_ROW)
             if part is None:
-                base_all = base_data.unionByName(base_tomb)
+                base_all = (stored_data if late else base_data).unionByName(stored_tomb if late else base_tomb)
                 ranked_events = fill_and_rank(_sourced(base_all, fresh, unchanged), rule.rank, fills, unchanged)
             else:
                 fresh_rows = increment_rows - rejected_rows + retired_keys
@@ -1241,7 +1265,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                     touched = sorted(set(touched) | set(base_map))
                 base = read_partitions(spark, base_schema, {v: base_map[v] for v in touched if v in base_map})
                 base = base.select(*[F.col(f"`{c}`") for c in [*stored, *META_COLUMNS, PARTITION_COLUMN]])
-                if feed_on:
+                if feed_on and not late:
                     # Touched partitions are read whole: a key's stored row is there wherever it moves to.
                     base, base_tomb = with_old_row(base, base_tomb, columns, is_delete)
                 base_all = base.unionByName(base_tomb)
@@ -1257,7 +1281,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             base_tally = [F.count_if(F.col("_cdc_src") == 0).alias("base_read")]
             if feed_on:
                 # Each key's winner learns the key's stored row, over the key as the rank (no shuffle of its own).
-                ranked_events = carry_old_row(ranked_events, pk)
+                ranked_events = carry_old_row(ranked_events, pk, (columns, is_delete) if late else None)
             # How the keys' rankings went: counted as the winners are first computed (no pass of its own).
             ranked_events = with_rank_flags(ranked_events, pk, list(plan.order_by or columns)).observe(
                 obs_ranks, *rank_tally_columns(), *base_tally
