@@ -197,9 +197,15 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
         load("v_from", commits[0])
         prev = "v_from"
         pairs: list[tuple[str, str, int]] = []
+        # One commit's change (a range of one step, what a downstream of each commit asks): every key of the
+        # net change was changed by that commit, so the per-step key diffs (another whole pairing) are skipped.
+        one_step = len(commits) == 2
         for i, c in enumerate(commits[1:], start=1):
             cur = f"v_{i}"
             load(cur, c)
+            if one_step:
+                prev = cur
+                continue
             if multiset:
                 # A row has no key to name it by: it is named by every column, known once all are loaded.
                 pairs.append((prev, cur, c.seq))
@@ -233,6 +239,8 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
         net = f"({d.changes_sql('v_from', prev, columns)}) n"
         if len(commits) == 1:  # a version against itself: no change
             sql = f"SELECT {cols}, CAST(NULL AS BIGINT) FROM {net} WHERE false"
+        elif one_step:
+            sql = f"SELECT {cols}, CAST({commits[1].seq} AS BIGINT) FROM {net} ORDER BY {d.order_by('n.')}"
         else:
             on = " AND ".join(
                 f"n.k{j} IS NOT DISTINCT FROM l.k{j}" for j in range(len(columns) if multiset else len(key or ()))
