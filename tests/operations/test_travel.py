@@ -173,6 +173,25 @@ def test_change_feed_is_the_net_change_with_the_commit_that_made_it(
     assert "_cdc_file" not in feed.column_names, "provenance is not part of a row"
 
 
+def test_a_range_keeps_only_the_change_it_is_reading(make_cfg, monkeypatch) -> None:
+    """Paired in buckets, each step of a range gathers its change in a table: dropped once counted, so the diff's
+    database holds the net change's table alone when the output streams, however long the range."""
+    from cdc_compaction.pipeline.changes import VersionDiff
+
+    monkeypatch.setattr(VersionDiff, "BUCKET_ROWS", 1)
+    seen: list[list[str]] = []
+    execute = VersionDiff.execute
+
+    def spy(self: VersionDiff, sql: str, schema: pa.Schema):  # type: ignore[no-untyped-def]
+        seen.append([t for t in self.table_names() if t.startswith("cdc_changes")])
+        return execute(self, sql, schema)
+
+    monkeypatch.setattr(VersionDiff, "execute", spy)
+    lake = _lake_with_states(make_cfg(keep_versions=5))
+    assert _got(change_feed(lake, 1, 3)) == _expected_feed(1, 3)
+    assert len(seen) == 1 and len(seen[0]) == 1, seen  # two steps' changes dropped, the net change's kept
+
+
 #: Versions of a partitioned table (by id parity) where each commit rewrites one partition and keeps the other.
 KEEPING: list[dict[int, str]] = [
     {1: "ann", 2: "bob", 3: "cid", 4: "dan"},

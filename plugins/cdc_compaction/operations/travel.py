@@ -212,6 +212,7 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
             else:
                 changed = f"SELECT DISTINCT {kj}, {c.seq} AS seq FROM ({d.changes_sql(prev, cur, [])})"
                 d.run(f"INSERT INTO last_change {changed}" if i > 1 else f"CREATE TABLE last_change AS {changed}")
+                d.drop_gathered()  # the step's change is in last_change now
                 if prev != "v_from":
                     d.run(f"DROP TABLE IF EXISTS {prev}")
             prev = cur
@@ -228,6 +229,7 @@ def change_batches(lake: Lake, from_seq: int, to_seq: int) -> Iterator[tuple[Any
             for i, (older, newer, seq) in enumerate(pairs):
                 changed = f"SELECT DISTINCT {kj}, {seq} AS seq FROM ({d.changes_sql(older, newer, columns)})"
                 d.run(f"INSERT INTO last_change {changed}" if i else f"CREATE TABLE last_change AS {changed}")
+                d.drop_gathered()
         schema = pa.schema(
             [
                 *(pa.field(n, t) for n, t, _ in types.values()),

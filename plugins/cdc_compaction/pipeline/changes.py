@@ -415,8 +415,9 @@ class VersionDiff:
         self.key = [k.lower() for k in key or ()]
         #: The sort columns ``k<j>`` of the last :meth:`changes_sql` (a multiset's: every output column).
         self._width = len(self.key)
-        #: Tables of changes gathered bucket by bucket (:meth:`changes_sql`), numbered.
+        #: Tables of changes gathered bucket by bucket (:meth:`changes_sql`), numbered; those not yet dropped.
         self._gathered = 0
+        self._gathered_live: list[str] = []
         self._dir = tempfile.TemporaryDirectory(prefix="cdc-change-diff-")
         self._con = duckdb.connect(posixpath.join(self._dir.name, "diff.duckdb"))
         self._con.execute(f"SET memory_limit = '{self.MEMORY_LIMIT}'")
@@ -620,6 +621,7 @@ class VersionDiff:
             return self._keyed_sql(before, after, columns)
         self._gathered += 1
         table = _quote(f"cdc_changes_{self._gathered}")
+        self._gathered_live.append(table)
         for i in range(n):
             part = self._keyed_sql(before, after, columns, (i, n))
             self._con.execute(f"CREATE TABLE {table} AS {part}" if i == 0 else f"INSERT INTO {table} {part}")
@@ -701,6 +703,19 @@ class VersionDiff:
 
     def run(self, sql: str) -> None:
         self._con.execute(sql)
+
+    def drop_gathered(self) -> None:
+        """Drop the tables :meth:`changes_sql` gathered changes in, once what read them has run.
+
+        A range's per-step diffs (``changes --from --to``) each gather one: kept to the end, the diff's
+        database would grow by a step's change per step of the range.
+        """
+        while self._gathered_live:
+            self._con.execute(f"DROP TABLE IF EXISTS {self._gathered_live.pop()}")
+
+    def table_names(self) -> list[str]:
+        """The tables of the diff's database, sorted (what a long diff keeps on disk)."""
+        return sorted(n for (n,) in self._con.execute("SELECT table_name FROM duckdb_tables()").fetchall())
 
     def count(self, sql: str) -> int:
         """The rows of ``sql``, counted in DuckDB."""
