@@ -200,7 +200,7 @@ docs: install $(DOCS_STAMP)  ## the docs site (docs/, MkDocs Material; reference
 	@echo "open .run/site/index.html (or: $(BIN)/mkdocs serve -a 127.0.0.1:8000)"
 
 bench: install jars $(BENCH_STAMP)  ## benchmarks (not part of test): compaction vs floor/DuckDB/Polars/delta-rs and the Spark peers (delta-spark MERGE, copy-on-write and deletion vectors; cold and warm), partitions, DAG parsing, an hourly run, a day under each compaction policy; results in bench/results/
-	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --warm-repeats $(BENCH_WARM_REPEATS) --out bench/results/compaction.json --no-report
+	$(BIN)/python bench/compaction.py --sizes $(BENCH_SIZES) --warm-repeats $(BENCH_WARM_REPEATS) --change-feed --out bench/results/compaction.json --no-report
 	$(BIN)/python bench/partitioned.py --out bench/results/partitioned.json
 	$(BIN)/python bench/parse_dags.py --out bench/results/parse.json
 	$(BIN)/python bench/hourly_run.py --out bench/results/hourly_run.json

@@ -63,6 +63,8 @@ SPARK_PEERS_MISSING = (
 #: of a compaction (stages, driver time), whatever the change; issue 38's target for it, warm, in seconds.
 TINY_FRACTION = 0.001
 FIXED_TARGET_S = 3.0
+#: Issue 38's target for the change feed: a compaction with ``change_feed`` on takes at most this times as long.
+FEED_TARGET = 1.10
 
 
 def _num(v: Any, digits: int = 1) -> str:
@@ -240,6 +242,59 @@ def steps_table(data: dict[str, Any]) -> str:
     return _table(["run", "ensure_tables s", "plan s", "compact (spark-submit) s", "validate s"], rows)
 
 
+def has_feed(data: dict[str, Any]) -> bool:
+    """True if the run measured ours with the change feed on too (``bench/compaction.py --change-feed``)."""
+    return any("ours_feed" in d["jobs"] for d in data.get("datasets", []))
+
+
+def feed_table(data: dict[str, Any]) -> str:
+    """One row per dataset: ours with the feed on over off, cold and warm, the feed's rows, the old diff's time."""
+    rows = []
+    for d in data["datasets"]:
+        r, jobs = d["ratios"], d["jobs"]
+        if "ours_feed" not in jobs:
+            continue
+        fed, fed_warm = jobs["ours_feed"], jobs.get("ours_feed_warm") or {}
+        rows.append(
+            [
+                d["dataset"],
+                f"{_num(jobs['ours']['wall_s'])} / {_num(fed['wall_s'])}",
+                _num(r.get("ours_feed/ours"), 2),
+                f"{_num((jobs.get('ours_warm') or {}).get('wall_s'))} / {_num(fed_warm.get('wall_s'))}",
+                _num(r.get("ours_feed/ours (warm)"), 2),
+                ", ".join(_num(x) for x in fed_warm.get("runs_wall_s", [])) or "-",
+                _num(sum(((fed.get("feed") or {}).get("rows") or {}).values())),
+                _num(d["steps"].get("publish_diff_s"), 1),
+            ]
+        )
+    header = [
+        "dataset",
+        "cold s (off / on)",
+        "on / off (cold)",
+        "warm s (off / on)",
+        "on / off (warm)",
+        "feed-on warm runs s",
+        "feed rows",
+        "publish's fallback diff s",
+    ]
+    return _table(header, rows)
+
+
+def feed_markdown(data: dict[str, Any]) -> list[str]:
+    """The change feed's price: text and table (nothing if the run did not measure it)."""
+    if not has_feed(data):
+        return []
+    return [
+        "",
+        "The change feed's price: ours again on the same planned files with the plan's `change_feed` on, cold "
+        "(one more spark-submit) and warm (in the same rounds as floor and ours, the median run). Its feed must "
+        "equal the diff `publish` falls back to for a commit without one (both versions paired in DuckDB, "
+        f"`changes.write_feed`), timed here in the bench's process. Target: on / off <= {FEED_TARGET:.2f}.",
+        "",
+        feed_table(data),
+    ]
+
+
 def has_spark_peers(data: dict[str, Any]) -> bool:
     return any(p in d["jobs"] for d in data.get("datasets", []) for p in SPARK_PEER_LABELS)
 
@@ -350,6 +405,7 @@ def compaction_markdown(data: dict[str, Any]) -> str:
         ratio_table(data),
         *warm_markdown(data),
         *fixed_markdown(data),
+        *feed_markdown(data),
         *spark_peers_markdown(data),
         "",
         "The pipeline's other steps (not part of the ratios):",
@@ -517,6 +573,18 @@ def targets_table(results: Path) -> str:
                         "yes" if warm <= target else "**no**",
                     ]
                 )
+        for d in data.get("datasets", []):
+            for key, how in (("ours_feed/ours", "cold"), ("ours_feed/ours (warm)", "warm")):
+                ratio = d["ratios"].get(key)
+                if ratio is not None:
+                    rows.append(
+                        [
+                            f"compaction {d['dataset']} change feed, {how}",
+                            f"ours with the feed / without <= {FEED_TARGET:.2f} ({how})",
+                            _num(ratio, 2),
+                            "yes" if ratio <= FEED_TARGET else "**no**",
+                        ]
+                    )
         for p in fixed_parts(data):
             if p["how"] == "warm":
                 rows.append(

@@ -642,12 +642,15 @@ def test_bench_runs_the_iceberg_peers_on_spark_4_1_with_ours_checksum(tmp_path: 
 @pytest.mark.metastore
 @pytest.mark.extended  # a real bench run (make bench runs it whole): make test-extended
 def test_bench_measures_ours_and_the_floor_warm_beside_cold(tmp_path: Path) -> None:
-    """A tiny run: floor and ours cold (spark-submit) and warm (Spark Connect), and delta-rs; the report has both."""
+    """A tiny run: floor and ours cold (spark-submit) and warm (Spark Connect), and delta-rs; the report has both.
+
+    With ``--change-feed`` ours runs again with the feed on, cold and in the warm rounds: the feed's price.
+    """
     pytest.importorskip("deltalake")
     pytest.importorskip("matplotlib")
     work, results = tmp_path / "work", tmp_path / "results"
     proc = subprocess.run(
-        _bench_cmd(work, results, "--peers", "delta", "--warm-repeats", "2"),
+        _bench_cmd(work, results, "--peers", "delta", "--warm-repeats", "2", "--change-feed"),
         env=_bench_env(),
         capture_output=True,
         text=True,
@@ -665,7 +668,11 @@ def test_bench_measures_ours_and_the_floor_warm_beside_cold(tmp_path: Path) -> N
     (d,) = data["datasets"]
     for key in ("ours/floor", "ours/floor (warm)", "ours/floor (warm, cpu)", "ours/delta (warm)"):
         assert isinstance(d["ratios"][key], float) and d["ratios"][key] > 0, (key, d["ratios"])
-    for engine in ("floor_warm", "ours_warm"):
+    for key in ("ours_feed/ours", "ours_feed/ours (warm)"):
+        assert isinstance(d["ratios"][key], float) and d["ratios"][key] > 0, (key, d["ratios"])
+    # The job's feed equals the publish-time diff it replaced.
+    assert d["jobs"]["ours_feed"]["feed_equals_publish_diff"] is True
+    for engine in ("floor_warm", "ours_warm", "ours_feed_warm"):
         job = d["jobs"][engine]
         assert job["engine"] == "spark_connect" and job["repeats"] == 2
         assert len(job["runs_wall_s"]) == 2 and all(w > 0 for w in job["runs_wall_s"])
@@ -682,6 +689,8 @@ def test_bench_measures_ours_and_the_floor_warm_beside_cold(tmp_path: Path) -> N
     assert header in text
     assert f"| 2k x 10% | {d['input_rows']:,} | **ours (warm)** |" in text
     assert f"| 2k x 10% | {d['input_rows']:,} | floor (warm) |" in text
+    assert "| compaction 2k x 10% change feed, warm | ours with the feed / without <= 1.10 (warm) |" in text
+    assert "| dataset | cold s (off / on) | on / off (cold) | warm s (off / on) | on / off (warm) |" in text
 
 
 @pytest.mark.spark
