@@ -8,6 +8,8 @@ high-water mark (``VmHWM``) is printed as JSON, with the imports' alone.
     python bench/diff_memory.py generate ROWS DIR          # the two versions, DIR/before and DIR/after
     python bench/diff_memory.py run DIR [--via files|arrow]  # files: DuckDB reads them (what the diff does);
                                                              # arrow: the rows copied in as record batches
+                                    [--bucket-rows N]        # pair in buckets above N rows a version
+                                                             # (VersionDiff.BUCKET_ROWS), at a smaller size
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def generate(rows: int, directory: Path) -> None:
         pq.write_table(after.filter(pa.array(ids % 1000 != 3)), directory / "after" / f"part-{i:05d}.parquet")
 
 
-def run(directory: Path, via: str) -> dict[str, float | int]:
+def run(directory: Path, via: str, bucket_rows: int | None = None) -> dict[str, float | int]:
     import duckdb  # noqa: F401 - the imports' own memory is no part of the diff's
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -68,12 +70,15 @@ def run(directory: Path, via: str) -> dict[str, float | int]:
             yield from pf.iter_batches(batch_size=8_192)
 
     rows = 0
+    if bucket_rows:
+        VersionDiff.BUCKET_ROWS = bucket_rows
     with VersionDiff("bench.diff_memory", ["id"]) as d:
         for side in ("before", "after"):
             if via == "files":
                 d.load_files(side, (str(p) for p in sorted((directory / side).glob("*.parquet"))), list, side)
             else:
                 d.load(side, batches(side), side)
+        loaded = time.monotonic()
         types = d.union("after", "before")
         columns = list(types)
         schema = pa.schema([*(pa.field(n, t) for n, t, _ in types.values()), pa.field(CHANGE_TYPE, pa.string())])
@@ -89,6 +94,9 @@ def run(directory: Path, via: str) -> dict[str, float | int]:
         "peak_mb": round(hwm_mb(), 1),
         "changed_rows": rows,
         "wall_s": round(time.monotonic() - start, 1),
+        "load_s": round(loaded - start, 1),
+        "pair_s": round(time.monotonic() - loaded, 1),
+        "bucket_rows": VersionDiff.BUCKET_ROWS,
     }
 
 
@@ -101,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("directory", type=Path)
     r.add_argument("--via", choices=("files", "arrow"), default="files")
+    r.add_argument("--bucket-rows", type=int, help="pair in buckets above this many rows a version")
     args = parser.parse_args(argv)
     if args.what == "generate":
         generate(args.rows, args.directory)
     else:
-        sys.stdout.write(json.dumps(run(args.directory, args.via)) + "\n")
+        sys.stdout.write(json.dumps(run(args.directory, args.via, args.bucket_rows)) + "\n")
     return 0
 
 
