@@ -107,18 +107,6 @@ def test_the_diff_is_the_contracts_change_of_random_versions(before, after, grow
     assert _comparable(rows) == _comparable(_expected(old, new))
 
 
-def test_a_column_named_like_the_diffs_bucket_column_is_a_column_like_any_other(monkeypatch) -> None:
-    """Paired in buckets, a version is sorted with its bucket in a column of its own: a version's column of that
-    name (any case) is compared, not taken for it."""
-    monkeypatch.setattr(VersionDiff, "BUCKET_ROWS", 1)
-    schema = pa.schema([pa.field("k", pa.int64()), pa.field("_CDC_DIFF_BUCKET", pa.int64())])
-    old = pa.Table.from_pylist([{"k": k, "_CDC_DIFF_BUCKET": k % 2} for k in range(6)], schema=schema)
-    rows = [{"k": k, "_CDC_DIFF_BUCKET": 1 if k == 4 else k % 2} for k in range(1, 7)]
-    new = pa.Table.from_pylist(rows, schema=schema)
-    got = [(r["_change_type"], r["k"], r["_CDC_DIFF_BUCKET"]) for r in diff_tables(["k"], old, new).to_pylist()]
-    assert got == [("delete", 0, 0), ("update_before", 4, 0), ("update_after", 4, 1), ("insert", 6, 0)]
-
-
 def test_a_version_holding_a_key_twice_is_refused_naming_the_key() -> None:
     twice = pa.Table.from_pylist([{"k1": None, "k2": "a", "v": 1.0, "w": None}] * 2, schema=BEFORE)
     with pytest.raises(TimeTravelError, match=r"the newer version holds key \{'k1': None, 'k2': 'a'\} twice"):

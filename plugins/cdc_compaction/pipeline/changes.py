@@ -382,11 +382,6 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-#: The column a version sorted by its key's bucket keeps the bucket in (:meth:`VersionDiff._sort_by_bucket`);
-#: ``_`` is appended while a column of the version has the name.
-BUCKET_COLUMN = "_cdc_diff_bucket"
-
-
 class VersionDiff:
     """Versions' rows in a DuckDB database on local disk, paired by key in SQL (issue 38 items 1, 2).
 
@@ -439,9 +434,6 @@ class VersionDiff:
         self._con.execute("SET disable_parquet_prefetching = true")
         #: Per loaded version: lower-cased column -> (name, Arrow type, DuckDB type).
         self.columns: dict[str, dict[str, tuple[str, Any, str]]] = {}
-        #: Per version table sorted by its key's bucket (:meth:`_sort_by_bucket`): the buckets and key types,
-        #: and the column holding the bucket.
-        self._bucketed: dict[str, tuple[tuple[int, tuple[str, ...]], str]] = {}
 
     def __enter__(self) -> VersionDiff:
         return self
@@ -457,7 +449,6 @@ class VersionDiff:
         cols: dict[str, tuple[str, Any, str]] = {}
         schema = None
         self._con.execute(f"DROP TABLE IF EXISTS {_quote(name)}")
-        self._bucketed.pop(name, None)
         for batch in batches:
             if batch.num_columns == 0:
                 continue
@@ -532,7 +523,6 @@ class VersionDiff:
 
         cols: dict[str, tuple[str, Any, str]] = {}
         self._con.execute(f"DROP TABLE IF EXISTS {_quote(name)}")
-        self._bucketed.pop(name, None)
         for local in paths:
             schema = pq.read_schema(local)  # the footer alone: the Arrow types the feed is written in
             columns = row_of(schema.names)
@@ -586,8 +576,7 @@ class VersionDiff:
         bucket: tuple[int, int] | None = None,
     ) -> str:
         """Version ``name``'s rows as ``c<i>`` (``columns``; one it lacks NULL) and ``present``; ``bucket``
-        ``(i, n)``: only the rows whose key hashes to bucket ``i`` of ``n`` (the version sorted by
-        :meth:`_sort_by_bucket` first)."""
+        ``(i, n)``: only the rows whose key hashes to bucket ``i`` of ``n``."""
         have = self.columns[name]
         sel = "".join(
             f"{_quote(have[c][0])} AS c{i}, " if c in have else f"CAST(NULL AS {types[c][2]}) AS c{i}, "
@@ -597,45 +586,12 @@ class VersionDiff:
             return f"SELECT {sel}TRUE AS present WHERE false"
         where = ""
         if bucket is not None:
-            # Sorted by bucket (changes_sql): DuckDB skips the other buckets' row groups by their min and max.
-            where = f" WHERE {_quote(self._bucketed[name][1])} = {bucket[0]}"
+            # Each key part cast to the pair's type (the newer version's), so that a key hashes the same in
+            # both versions after a widening (DuckDB hashes 5::INT and 5::BIGINT alike, -0.0 as 0.0, every
+            # NaN as one; the cast makes it not depend on that).
+            parts = ", ".join(f"CAST({_quote(have[k][0])} AS {types[k][2]})" if k in have else "NULL" for k in self.key)
+            where = f" WHERE hash({parts}) % {bucket[1]} = {bucket[0]}"
         return f"SELECT {sel}TRUE AS present FROM {_quote(name)}{where}"
-
-    def _bucket_of(self, name: str, types: dict[str, tuple[str, Any, str]]) -> str:
-        """The hash of version ``name``'s key, each part cast to the pair's type (the newer version's), so
-        that a key hashes the same in both versions after a widening (DuckDB hashes 5::INT and 5::BIGINT
-        alike, -0.0 as 0.0, every NaN as one; the cast makes it not depend on that)."""
-        have = self.columns[name]
-        parts = ", ".join(f"CAST({_quote(have[k][0])} AS {types[k][2]})" if k in have else "NULL" for k in self.key)
-        return f"hash({parts})"
-
-    def _bucket_sig(self, types: dict[str, tuple[str, Any, str]], n: int) -> tuple[int, tuple[str, ...]]:
-        return n, tuple(types[k][2] if k in types else "NULL" for k in self.key)
-
-    def _sort_by_bucket(self, name: str, types: dict[str, tuple[str, Any, str]], n: int) -> None:
-        """Rewrite version ``name`` sorted by its key's bucket of ``n``, kept as a column of its own.
-
-        Filtered by a hash, each bucket's pairing read every row of both versions: at 50M rows, 25 buckets
-        were 50 scans of a whole version (`changes` took 48 min). Sorted once, a bucket's rows are a run of
-        row groups and DuckDB reads only those. Done again only for other buckets or key types (a range's
-        pairings mostly share them); the rows themselves are the same.
-        """
-        have = self.columns[name]
-        sig = self._bucket_sig(types, n)
-        if not have or self._bucketed.get(name, (None,))[0] == sig:
-            return
-        col = BUCKET_COLUMN
-        while col in have:  # DuckDB's names are case-insensitive, and have's keys lower-cased
-            col += "_"
-        cols = ", ".join(_quote(c[0]) for c in have.values())
-        table, sorted_ = _quote(name), _quote(f"{name}__by_bucket")
-        self._con.execute(
-            f"CREATE TABLE {sorted_} AS SELECT {cols}, {self._bucket_of(name, types)} % {n} AS {_quote(col)} "
-            f"FROM {table} ORDER BY {_quote(col)}"
-        )
-        self._con.execute(f"DROP TABLE {table}")
-        self._con.execute(f"ALTER TABLE {sorted_} RENAME TO {table}")
-        self._bucketed[name] = (sig, col)
 
     def _rows(self, name: str) -> int:
         if not self.columns[name]:
@@ -663,9 +619,6 @@ class VersionDiff:
         n = -(-max(self._rows(before), self._rows(after)) // self.BUCKET_ROWS)
         if n <= 1:
             return self._keyed_sql(before, after, columns)
-        types = self.union(after, before)
-        self._sort_by_bucket(before, types, n)
-        self._sort_by_bucket(after, types, n)
         self._gathered += 1
         table = _quote(f"cdc_changes_{self._gathered}")
         self._gathered_live.append(table)
