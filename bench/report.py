@@ -248,7 +248,7 @@ def has_feed(data: dict[str, Any]) -> bool:
 
 
 def feed_table(data: dict[str, Any]) -> str:
-    """One row per dataset: ours with the feed on over off, cold and warm, the feed's rows, the old diff's time."""
+    """One row per dataset: ours with the feed on over off, cold and warm, the feed's rows, publish's fallback diff."""
     rows = []
     for d in data["datasets"]:
         r, jobs = d["ratios"], d["jobs"]
