@@ -166,6 +166,31 @@ def test_a_table_of_several_files_still_gets_one_feed_and_one_tombstone_file(
     assert plans and all(p.get("output_files") == 3 for p in plans), "not the case meant: a table of several files"
 
 
+@pytest.mark.parametrize("merge_path", ["broadcast", "window"], indirect=True)
+def test_many_events_build_the_feed_and_tombstones_in_parallel_into_one_file_each(
+    inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path, merge_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above ``ONE_FILE_SHUFFLE_MIN_EVENTS`` the change rows and the tombstones are built where the winners
+    are cached and shuffled to the one task that writes each (a 5M x 10 % feed spent 17 s reading every
+    cached winner in that task): still one file of each per commit, the contract's rows, down each path."""
+    from cdc_compaction.job.modes import cdc as cdc_job
+
+    monkeypatch.setattr(cdc_job, "ONE_FILE_SHUFFLE_MIN_EVENTS", 0)
+    scn = _feed_on(SCENARIO_DIR / "old_key_chain.json")
+    suffix = f"_fp_{merge_path[0]}"
+    result = conf.run_scenario(scn, inprocess, readers, tmp_path / "lake", suffix=suffix)
+    assert result.ok, "\n".join(result.failures)
+    assert set(merge_paths_taken(tmp_path / "lake")) == {merge_path}
+    _check_feed(scn, tmp_path / "lake", suffix)
+    written = Counter()
+    for stats in (tmp_path / "lake").rglob("_cdc_stats.json"):
+        names = [f["name"] for f in json.loads(stats.read_text()).get("output_files", [])]
+        for kind in ("tombstones/", "changes/"):
+            assert len([n for n in names if n.startswith(kind)]) <= 1, (stats, names)
+            written[kind] += len([n for n in names if n.startswith(kind)])
+    assert written["changes/"] >= 2 and written["tombstones/"] >= 2, f"not the case meant: {written}"
+
+
 def test_the_job_writes_the_feed_of_a_partitioned_table(
     inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path
 ) -> None:

@@ -829,6 +829,11 @@ def with_rank_flags(ranked_events: DataFrame, pk: list[str], order_by: list[str]
 #: columns on the base's visible rows, NULL on its tombstones and on events; carried to the key's winner.
 OLD_ROW = "_cdc_old"
 
+#: Above this many accepted events the tombstones' and the change feed's rows are filtered and built in
+#: parallel, then shuffled to the task that writes each one file (:func:`run_cdc`); at or below it the task
+#: that writes reads the cached winners itself, which saves a stage.
+ONE_FILE_SHUFFLE_MIN_EVENTS = 100_000
+
 
 def with_old_row(
     base_data: DataFrame, base_tomb: DataFrame, columns: list[str], is_delete: Column
@@ -1179,6 +1184,10 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             if feed_on:
                 # Each ranked row learns its key's stored row, over the key as the rank (no shuffle of its own).
                 touched_ranks = carry_old_row(touched_ranks, pk)
+                # Kept only where it is read (the key's winner, the feed's pair): the cache held every ranked
+                # row's copy, 328 MB against 22 MB without the feed at 5M x 10 %, squeezing the base's write.
+                rank1 = F.col("_cdc_rank") == 1
+                touched_ranks = touched_ranks.withColumn(OLD_ROW, F.when(rank1, F.col(OLD_ROW)))
             touched_ranks = touched_ranks.persist()
             cached.append(touched_ranks)
             # One pass over the cached ranking: the losers, and how the keys' rankings went.
@@ -1327,11 +1336,16 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
 
         # The tombstones and the change feed are one file each. coalesce(1) reads in the task that writes,
         # which on the window path is a scan of every winner of the whole table: a 50M-row load spent 1,061 s
-        # in that one task (docs/benchmarks.md, "At scale"). There, with more than one output file, the
-        # winners are filtered in parallel and only the rows written go to one task (a shuffle); elsewhere
-        # the winners are the touched keys' few, and coalesce saves the shuffle's stage.
+        # in that one task (docs/benchmarks.md, "At scale"), and at 5M x 10 % (610,006 events) the feed's
+        # change rows took 17 s there. So where the winners are many -- every key's with more than one output
+        # file, or the touched keys' of many events -- they are filtered (and the feed's rows built) in
+        # parallel and only the rows written go to one task (a shuffle); where they are few, coalesce saves
+        # the shuffle's stage.
+        many = increment_rows - rejected_rows + retired_keys > ONE_FILE_SHUFFLE_MIN_EVENTS
+
         def one_file(df: DataFrame) -> DataFrame:
-            return df.repartition(1) if not lookup and (plan.output_files or 1) > 1 else df.coalesce(1)
+            every_key = not lookup and (plan.output_files or 1) > 1
+            return df.repartition(1) if every_key or many else df.coalesce(1)
 
         # Tombstones stay one small unpartitioned set (with their partition as a column).
         deleted = one_file(deleted).observe(obs_written_tomb, *written_tally_columns(is_delete, tombstones=True))
