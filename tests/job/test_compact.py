@@ -1407,7 +1407,7 @@ def _spark_job_ids(spark: Any) -> set[int]:
 
 #: The most Spark jobs one small compaction may start, per merge path, as measured (bench/job_actions.py,
 #: docs/benchmarks.md "The job's Spark jobs"): a job more is a stage more of fixed cost in every run.
-MOST_SPARK_JOBS = {"broadcast": 19, "window": 18, "window, every key": 10}
+MOST_SPARK_JOBS = {"broadcast": 19, "window": 16, "window, every key": 10}
 
 
 # Four compactions (~20 s): the job's results down every merge path are this file's other tests in make test;

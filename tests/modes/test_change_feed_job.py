@@ -141,6 +141,18 @@ def test_the_job_writes_each_commits_feed(
     _check_feed(scn, tmp_path / "lake", suffix)
 
 
+def _one_feed_and_one_tombstone_file_each(lake_dir: Path) -> Counter:
+    """Assert that no commit's stats name more than one feed file or one tombstone file; count them."""
+    written: Counter = Counter()
+    for stats in lake_dir.rglob("_cdc_stats.json"):
+        names = [f["name"] for f in json.loads(stats.read_text()).get("output_files", [])]
+        for kind in ("tombstones/", "changes/"):
+            mine = [n for n in names if n.startswith(kind)]
+            assert len(mine) <= 1, (stats, names)
+            written[kind] += len(mine)
+    return written
+
+
 @pytest.mark.parametrize("merge_path", ["window"], indirect=True)
 def test_a_table_of_several_files_still_gets_one_feed_and_one_tombstone_file(
     inprocess: conf.InProcessRunner, readers: Any, tmp_path: Path, merge_path: str, monkeypatch: pytest.MonkeyPatch
@@ -157,10 +169,7 @@ def test_a_table_of_several_files_still_gets_one_feed_and_one_tombstone_file(
     assert result.ok, "\n".join(result.failures)
     assert "window" in merge_paths_taken(tmp_path / "lake")
     _check_feed(scn, tmp_path / "lake", "_f3")
-    for stats in (tmp_path / "lake").rglob("_cdc_stats.json"):
-        names = [f["name"] for f in json.loads(stats.read_text()).get("output_files", [])]
-        for kind in ("tombstones/", "changes/"):
-            assert len([n for n in names if n.startswith(kind)]) <= 1, (stats, names)
+    _one_feed_and_one_tombstone_file_each(tmp_path / "lake")
     plan_files = (tmp_path / "lake").rglob("_cdc/plans/*.json")
     plans = [json.loads(p.read_text()) for p in plan_files if p.name.count(".") == 1]  # not *.validated.json
     assert plans and all(p.get("output_files") == 3 for p in plans), "not the case meant: a table of several files"
@@ -182,12 +191,7 @@ def test_many_events_build_the_feed_and_tombstones_in_parallel_into_one_file_eac
     assert result.ok, "\n".join(result.failures)
     assert set(merge_paths_taken(tmp_path / "lake")) == {merge_path}
     _check_feed(scn, tmp_path / "lake", suffix)
-    written = Counter()
-    for stats in (tmp_path / "lake").rglob("_cdc_stats.json"):
-        names = [f["name"] for f in json.loads(stats.read_text()).get("output_files", [])]
-        for kind in ("tombstones/", "changes/"):
-            assert len([n for n in names if n.startswith(kind)]) <= 1, (stats, names)
-            written[kind] += len([n for n in names if n.startswith(kind)])
+    written = _one_feed_and_one_tombstone_file_each(tmp_path / "lake")
     assert written["changes/"] >= 2 and written["tombstones/"] >= 2, f"not the case meant: {written}"
 
 
@@ -269,8 +273,9 @@ def test_an_expired_tombstone_is_no_change(
 
 def test_the_touched_keys_ranking_stays_narrow_with_the_feed(spark: Any) -> None:
     """The feed takes each key's stored row along as one column (``_cdc_old``): the ranking of the touched
-    keys shuffles keys, order and provenance and that column, not every column of base rows and events
-    (issue 38 item 1: the feed's price over a compaction without it)."""
+    keys shuffles the stored rows' keys, order and provenance and that column, not their every column
+    (issue 38 item 1: the feed's price over a compaction without it). The events are whole: their
+    winners are written from the ranking."""
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
     from cdc_compaction.job.modes import cdc
@@ -282,6 +287,27 @@ def test_the_touched_keys_ranking_stays_narrow_with_the_feed(spark: Any) -> None
     fresh = fresh.withColumn("_cdc_old", F.lit(None).cast(base.schema["_cdc_old"].dataType))
     rank = "row_number() OVER (PARTITION BY id ORDER BY lsn DESC, _cdc_increment DESC, _cdc_pos DESC)"
     ranks = cdc.rank_touched_keys(base, fresh, ["id"], ["lsn"], rank)
-    assert "note" not in ranks.columns, ranks.columns
-    got = {(r["_cdc_src"], r["_cdc_rank"], r["_cdc_old"] and r["_cdc_old"]["note"]) for r in ranks.collect()}
-    assert got == {(1, 1, None), (0, 2, "stored")}
+    got = {(r["_cdc_src"], r["_cdc_rank"], r["_cdc_old"] and r["_cdc_old"]["note"], r["note"]) for r in ranks.collect()}
+    assert got == {(1, 1, None, "event"), (0, 2, "stored", None)}
+
+
+def test_the_touched_keys_ranking_reads_the_stored_rows_narrow_and_the_events_whole(spark: Any, tmp_path: Path) -> None:
+    """Without the feed the base's Parquet scan reads keys, order and provenance only; the winning event
+    comes out of the ranking whole (its winner is written from there, no join back to the events)."""
+    from cdc_compaction.job.modes import cdc
+
+    ddl = "id bigint, note string, lsn bigint, _cdc_increment string, _cdc_file string, _cdc_pos bigint"
+    spark.createDataFrame([(1, "stored", 1, "i0", "f0", 0), (2, "other", 1, "i0", "f0", 1)], ddl).write.parquet(
+        str(tmp_path / "base")
+    )
+    base = spark.read.schema(ddl).parquet(str(tmp_path / "base"))
+    fresh = spark.createDataFrame([(1, "event", 2, "i1", "f1", 0), (1, "older", 0, "i1", "f1", 1)], ddl)
+    rank = "row_number() OVER (PARTITION BY id ORDER BY lsn DESC, _cdc_increment DESC, _cdc_pos DESC)"
+    ranks = cdc.rank_touched_keys(base, fresh, ["id"], ["lsn"], rank)
+    got = {(r["_cdc_src"], r["_cdc_rank"], r["note"]) for r in ranks.collect()}
+    assert got == {(1, 1, "event"), (0, 2, None), (1, 3, "older")}
+    plan = spark.sparkContext._jvm.PythonSQLUtils.explainString(ranks._jdf.queryExecution(), "simple")
+    scans = [line for line in plan.splitlines() if "FileScan parquet" in line]
+    # The base is the only Parquet scan (an adaptive plan may show it twice: as planned and as run).
+    assert scans and all("ReadSchema: struct<id:bigint,lsn:bigint,_cdc_increment" in s for s in scans), plan
+    assert not [s for s in scans if "note" in s], scans

@@ -185,31 +185,27 @@ def rank_touched_keys(
 ) -> DataFrame:
     """``ranked`` over the events of the keys ``fresh`` touches only: their base rows and every event.
 
-    Narrow on purpose (keys, ordering columns, provenance, the left-out columns to fill, and
-    ``_cdc_src``: 0 for a base row, 1 for an event): only these rows are shuffled and sorted,
-    not the whole table.  With the bookkeeping of left-out columns (``unchanged``) whole rows:
-    a base row that still wins may be filled anew, and is written from here.
+    Events whole (``_cdc_src`` 1): a winning event is written from here, so the events are read
+    and shuffled once, not once more to join the winners back to them.  Base rows (``_cdc_src``
+    0) narrow on purpose -- keys, ordering columns, provenance, the left-out columns to fill, the
+    change feed's stored row (:data:`OLD_ROW`), every other column NULL: the base's other
+    columns are never read here.  With the bookkeeping of left-out columns (``unchanged``) base
+    rows whole too: a base row that still wins may be filled anew, and is written from here.
     """
     fills, unchanged = fills or {}, unchanged or {}
-    # The change feed (OLD_ROW on the base) takes the stored row along as one column: the winning
-    # event's new row comes from the events (winning_events), so the rest stays narrow here too.
+    # The change feed (OLD_ROW on the base) takes the stored row along as one column.
     old_row = [OLD_ROW] if OLD_ROW in base.columns else []
     names = list(base.columns) if unchanged else [*pk, *order_by, *PROVENANCE, *fills, *old_row]
     cols = [F.col(f"`{c}`") for c in dict.fromkeys(names)]
     keys = fresh.select(*[F.col(f"`{c}`") for c in pk]).distinct()
     touched = stored_events(key_join(base.select(*cols), keys, pk, "left_semi", broadcast=True), unchanged)
-    events = touched.unionByName(fresh.select(*cols).withColumn("_cdc_src", F.lit(1)))
+    padding = [F.lit(None).cast(base.schema[c].dataType).alias(c) for c in fresh.columns if c not in touched.columns]
+    events = touched.select("*", *padding).unionByName(fresh.withColumn("_cdc_src", F.lit(1)))
     return fill_and_rank(events, rank_sql, fills, unchanged)
 
 
-def winning_events(
-    fresh: DataFrame,
-    won: DataFrame,
-    pk: list[str],
-    fills: Mapping[str, str] | None = None,
-    broadcast: bool = False,
-) -> DataFrame:
-    """The events of ``fresh`` that ``won`` (winners of ``rank_touched_keys``) names, left-out columns filled.
+def winning_events(fresh: DataFrame, won: DataFrame, pk: list[str], broadcast: bool = False) -> DataFrame:
+    """The events of ``fresh`` that ``won`` (the winners of :func:`broadcast_decisions`) names.
 
     An event is named by its provenance and key: a key change (registry ``old_key``) is two
     rows of one event, its old key's retirement and its new key's upsert.  Where both have
@@ -218,13 +214,11 @@ def winning_events(
     (it is one row per key of a broadcast merge): with the stored rows along it outgrows Spark's
     own broadcast threshold, and a shuffle of both sides would cost more than the version's write.
     """
-    fills = dict(fills or {})
     # The key's stored row rides along (one winner per key and provenance, so inner is the semi-join).
     carried = {OLD_ROW: "_cdc_wold"} if OLD_ROW in won.columns and OLD_ROW in fresh.columns else {}
     w = won.select(
         *[F.col(c).alias(f"_cdc_w{c}") for c in PROVENANCE],
         *[F.col(f"`{c}`").alias(f"_cdc_k{i}") for i, c in enumerate(pk)],
-        *[F.col(f"`{c}`").alias(f"_cdc_f{i}") for i, c in enumerate(fills)],
         *[F.col(c).alias(a) for c, a in carried.items()],
     )
     cond = functools.reduce(
@@ -234,10 +228,9 @@ def winning_events(
     )
     if broadcast:
         w = F.broadcast(w)
-    if not fills and not carried:
+    if not carried:
         return fresh.join(w, cond, "left_semi")
-    taken = {c: F.col(f"_cdc_f{i}").alias(c) for i, c in enumerate(fills)}
-    taken |= {c: F.col(a).alias(c) for c, a in carried.items()}
+    taken = {c: F.col(a).alias(c) for c, a in carried.items()}
     return fresh.join(w, cond, "inner").select(*[taken.get(c, F.col(f"`{c}`")) for c in fresh.columns])
 
 
@@ -1205,6 +1198,7 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
             touched_keys = touched_ranks.filter(F.col("_cdc_rank") == 1).select(*_keys(pk))
             rank_tallies = {"tied_winners": int(tally["tied_winners"]), "late_events": int(tally["late_events"])}
             src, rank = F.col("_cdc_src"), F.col("_cdc_rank")
+            # The winners are written from the cached ranking (events whole there): no join back to the events.
             if unchanged:
                 # Whole rows were ranked: a base row that still wins is written from the ranking too,
                 # if a value of it was filled (a late event may have filled it anew).
@@ -1212,17 +1206,14 @@ def run_cdc(spark: SparkSession, plan: Plan | Mapping[str, Any], attempt: str | 
                 refilled = functools.reduce(operator.or_, lefts)
                 rewritten = (src == 1) | refilled
                 losers = touched_ranks.filter((src == 0) & ((rank > 1) | refilled)).select(*_keys(pk))
-                fresh_winners = touched_ranks.filter((rank == 1) & rewritten).select(*base_data.columns).persist()
+                fresh_winners = touched_ranks.filter((rank == 1) & rewritten).select(*base_data.columns)
             else:
                 losers = touched_ranks.filter((src == 0) & (rank > 1)).select(*_keys(pk))
-                won = touched_ranks.filter((src == 1) & (rank == 1))
-                # Kept: both outputs take their share (one join back to the events, not one per output).
-                fresh_winners = winning_events(fresh, won, pk, fills).persist()
+                fresh_winners = touched_ranks.filter((src == 1) & (rank == 1)).select(*base_data.columns)
                 if feed_on:
                     # A stored row that still wins is unchanged (nothing refills it): only winning events
-                    # change a key, and each took its key's stored row along (winning_events).
+                    # change a key, and each took its key's stored row along (carry_old_row).
                     pairs = fresh_winners
-            cached.append(fresh_winners)
             # The base is read once per output and never shuffled: untouched keys pass as they are.
             visible = key_join(base_data, losers, pk, "left_anti", broadcast=True).unionByName(
                 fresh_winners.filter(~is_delete)
