@@ -11,10 +11,12 @@ PYTEST_ARGS ?=
 # processes and Spark jobs as much as it computes, so two workers use two cores better than one.
 TEST_WORKERS ?= 2
 # make test runs Spark's expressions interpreted, without whole-stage code generation: compiling each of
-# the suite's many tiny queries with Janino costs more CPU than their few rows (measured in
-# docs/development.md). Every JVM the tests start reads these as Java options; Spark takes spark.* system
-# properties as its defaults. make test-extended, make bench and make demo run Spark as shipped (compiled).
-SPARK_INTERPRETED_JAVA_OPTIONS ?= -Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN
+# the suite's many tiny queries with Janino costs more CPU than their few rows. Its JVMs live minutes and
+# run small jobs, so they stop at the quick JIT tier (C1) and collect with one thread: C2's compiler threads
+# and G1's workers took CPU the two cores need for tests (both measured in docs/development.md). Every JVM
+# the tests start reads these as Java options; Spark takes spark.* system properties as its defaults.
+# make test-extended, make bench and make demo run Spark and the JVM as shipped.
+TEST_JAVA_OPTIONS ?= -Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 # make demo SOURCE=postgres: a real PostgreSQL table (wal2json) as the CDC source.
 SOURCE ?= files
 # make demo ENGINE=spark_submit: one spark-submit JVM per compaction instead of the warm Spark Connect server.
@@ -140,7 +142,7 @@ test: install jars check-postgres check-browser $(BENCH_STAMP) $(DOCS_STAMP) $(D
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --quiet
-	JDK_JAVA_OPTIONS="$(SPARK_INTERPRETED_JAVA_OPTIONS)" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not extended" $(PYTEST_ARGS)
+	JDK_JAVA_OPTIONS="$(TEST_JAVA_OPTIONS)" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m "not extended" $(PYTEST_ARGS)
 
 test-extended: install jars check-postgres $(BENCH_STAMP) $(DUCKDB_READERS_STAMP) $(ICEBERG_SPARK_STAMP) $(JAVA_STAMP)  ## the extended tier (.ci/run runs it after make test): more scenarios, examples, shapes and engines of what make test covers
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 -m extended $(PYTEST_ARGS)
