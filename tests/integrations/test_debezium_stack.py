@@ -517,6 +517,14 @@ def test_stop_leaves_no_process_running(stack: DebeziumStack) -> None:
     pids = stack.pids()
     assert len(pids) == 4  # Connect, Kafka, the schema registry, PostgreSQL's postmaster
     tree = {p.pid for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]}
+    # Every port the stack opens is on 127.0.0.1: none on every interface (Quarkus's management interface
+    # defaults to 0.0.0.0:9000, which also collides with a second registry on the machine).
+    listening = [
+        (pid, c.laddr) for pid in tree for c in psutil.Process(pid).net_connections("inet") if c.status == "LISTEN"
+    ]
+    assert {pid for pid, _ in listening} == set(pids), listening  # each of the four listens, none of their children
+    wide = [(pid, a) for pid, a in listening if a.ip in ("0.0.0.0", "::")]
+    assert wide == [], f"listening on every interface: {wide}"
     started = time.monotonic()
     stack.stop()
     print(f"stack stopped in {time.monotonic() - started:.1f}s")

@@ -86,6 +86,9 @@ class ApicurioRegistry:
 
     home: Path
     port: int = 0
+    #: Quarkus's management interface (health, metrics): 0.0.0.0:9000 unless told, which a second
+    #: registry on the machine (another test worker, a leftover) finds taken and exits on.
+    management_port: int = 0
     pid: int | None = None
     heap: str = "256m"
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
@@ -123,6 +126,8 @@ class ApicurioRegistry:
             "-XX:+UseSerialGC",
             f"-Dquarkus.http.host={HOST}",
             f"-Dquarkus.http.port={self.port}",
+            f"-Dquarkus.management.host={HOST}",
+            f"-Dquarkus.management.port={self.management_port}",
             "-Dapicurio.storage.kind=sql",
             "-Dapicurio.storage.sql.kind=h2",
             "-jar",
@@ -153,6 +158,7 @@ class ApicurioRegistry:
         self._java = find_java(MIN_JAVA, who=f"Apicurio Registry {VERSION}")
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
+        self.management_port = self.management_port or free_port()
         with open(self.log_file, "ab") as out:
             self._proc = subprocess.Popen(
                 self.command(self._java),
